@@ -1,0 +1,5 @@
+"""`python -m approxdist` runs the command-line tool."""
+
+from approxdist.cli.main import main
+
+raise SystemExit(main())

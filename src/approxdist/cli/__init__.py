@@ -1,0 +1,1 @@
+"""The `approxdist` command line: one module per subcommand."""

@@ -1,0 +1,45 @@
+"""Entry point of `approxdist`: builds the subcommand parsers and maps domain errors to exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from approxdist import __version__
+from approxdist.cli import bench, train_cmd
+from approxdist.errors import ApproxDistError
+
+#: each module has `register(subparsers)` that adds its parser and sets `func`
+SUBCOMMANDS = (train_cmd, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="approxdist",
+        description="Distributed training where what crosses the network is tunable and measured.",
+    )
+    parser.add_argument("--version", action="version", version=f"approxdist {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list:
+        args_list = ["train"]  # the main job: `approxdist` alone trains the default run
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ApproxDistError as exc:
+        print(f"approxdist: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("approxdist: interrupted", file=sys.stderr)
+        return 130

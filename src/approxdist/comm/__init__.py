@@ -1,0 +1,1 @@
+"""Everything that crosses the network: codecs, approximate channel, link emulation, collectives."""

@@ -1,0 +1,92 @@
+"""The per-rank distributed context, passed explicitly (never a global)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from approxdist.errors import ConfigError, LaunchError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job; `world_size == 1` needs no process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str = "none"
+    timeout_s: float = 120.0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend != "none"
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """`auto` picks this rank's GPU when one is visible, else the CPU."""
+    if device not in DEVICES:
+        raise ConfigError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if device == "cuda":
+            raise ConfigError("device 'cuda' was asked for but no GPU is visible; use --device cpu")
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def backend_for(device: torch.device) -> str:
+    """gloo on CPU, NCCL when this rank has a GPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def prefer_loopback(master_addr: str) -> None:
+    """Keep gloo's data connections on loopback when the rendezvous is local."""
+    if master_addr in ("127.0.0.1", "localhost", "::1"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def init_from_env(device: str = "auto", timeout_s: float = 120.0) -> DistContext:
+    """Join the job described by torchrun-style env vars (RANK, WORLD_SIZE, MASTER_ADDR...).
+
+    Without those variables this is a single-process run and no group is created.
+    """
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return DistContext(device=resolve_device(device), timeout_s=timeout_s)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    backend = backend_for(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    prefer_loopback(os.environ.get("MASTER_ADDR", ""))
+    try:
+        dist.init_process_group(
+            backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except Exception as exc:  # noqa: BLE001 - re-raised with the rank named
+        raise LaunchError(f"rank {rank}: could not join the process group ({exc})") from exc
+    return DistContext(rank, world, local_rank, dev, backend, timeout_s)
+
+
+def shutdown(ctx: DistContext) -> None:
+    """Leave the process group if this context joined one."""
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
