@@ -7,9 +7,11 @@ imported (fast), enforces a timeout, and reports which rank failed and why.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -52,15 +54,15 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, args: tupl
         backend = "gloo" if world > 1 else "none"
         ctx = DistContext(rank, world, rank, torch.device("cpu"), backend, timeout_s)
         out = fn(ctx, *args)
-        results.put((rank, True, out))
+        # plain pickle: tensors travel by value, not as shared-memory handles that die
+        # with this process
+        results.put((rank, True, pickle.dumps(out)))
     except BaseException:  # noqa: BLE001 - reported to the parent with the rank
         results.put((rank, False, traceback.format_exc()))
     finally:
         if world > 1 and dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):  # best effort at teardown
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - best effort at teardown
-                pass
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
@@ -119,7 +121,7 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
         lines = [f"rank {r} failed:\n{msg}" for r, msg in sorted(failures.items())]
         lines += [f"rank {r} did not finish within {timeout_s:.0f} s" for r in missing]
         raise LaunchError("\n".join(lines))
-    return [outs[r] for r in range(world_size)]
+    return [pickle.loads(outs[r]) for r in range(world_size)]
 
 
 def _drain(results: Any, outs: dict[int, Any], failures: dict[int, str]) -> None:

@@ -1,0 +1,136 @@
+"""`approxdist train`: train a model single-process or data-parallel; the main job."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
+from approxdist.config.schema import Config
+from approxdist.data import DATASETS, load_dataset
+from approxdist.errors import ConfigError
+from approxdist.launch.local import launch_local
+from approxdist.models import MODELS, build_model
+from approxdist.train.worker import run_worker
+
+#: flag -> (section, key); flags override the config file, `--set` overrides flags
+FLAG_KEYS = {
+    "parallel": ("train", "parallel"), "world_size": ("train", "world_size"),
+    "epochs": ("train", "epochs"), "device": ("train", "device"), "out": ("train", "out"),
+    "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
+    "data_dir": ("data", "data_dir"), "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"),
+}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "train", help="train a model (the main job)",
+        description="Train a model. With no arguments: digits, ResNet-20, 2 local workers, "
+                    "data-parallel. Precedence: defaults < --config < flags < --set.",
+    )
+    p.add_argument("--parallel", choices=["single", "dp"], help="parallelism (default dp)")
+    p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
+    p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}")
+    p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
+    p.add_argument("--data-dir", help="local directory of cifar10 / mnist files")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int, help="global mini-batch size (split over ranks)")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--out", help="run directory (default runs/<timestamp>)")
+    p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set optim.momentum=0.8 (repeatable)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
+    p.set_defaults(func=run)
+
+
+def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    layer: dict[str, dict[str, Any]] = {}
+    for flag, (section, key) in FLAG_KEYS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            layer.setdefault(section, {})[key] = value
+    if args.parallel == "single" and args.world_size is None:
+        layer["train"]["world_size"] = 1
+    return layer
+
+
+def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
+    """The config and run directory of this invocation (a resumed run keeps its own)."""
+    if args.resume:
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.toml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {args.resume!r}: no config.toml there; pass a run directory")
+        base = read_toml(saved)
+        layers = [base, flag_layer(args), parse_overrides(args.set)]
+        cfg = load_config(args.config, *layers) if args.config else load_config(None, *layers)
+        return cfg, run_dir, True
+    cfg = load_config(args.config, flag_layer(args), parse_overrides(args.set))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.train.out or f"runs/{stamp}-{cfg.model.name}-{cfg.train.parallel}")
+    return cfg, run_dir, False
+
+
+def preflight(cfg: Config) -> None:
+    """Catch bad data paths and model/data mismatches here, before any worker starts."""
+    data = load_dataset(cfg.data)
+    build_model(cfg.model, data.input_shape, data.num_classes)
+    n = data.train_x.shape[0]
+    if cfg.data.batch_size > n:
+        raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
+                          f"set ({n} samples); use a batch size <= {n}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return run_under_torchrun(args)
+    cfg, run_dir, resume = resolve(args)
+    preflight(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, run_dir / "config.toml")
+    print(f"approxdist: {cfg.train.parallel} x{cfg.train.world_size}  {cfg.model.name} on "
+          f"{cfg.data.dataset}  -> {run_dir}")
+    if cfg.train.world_size == 1:
+        summary = run_worker(to_dict(cfg), str(run_dir), resume)
+    else:
+        summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
+                               resume)[0]
+    return finish(run_dir, summary)
+
+
+def run_under_torchrun(args: argparse.Namespace) -> int:
+    """Already inside a torchrun worker: the world comes from the environment."""
+    cfg, run_dir, resume = resolve(args)
+    world = int(os.environ["WORLD_SIZE"])
+    sections = to_dict(cfg)
+    sections["train"]["world_size"] = world
+    if world > 1 and cfg.train.parallel == "single":
+        sections["train"]["parallel"] = "dp"
+    cfg = load_config(None, sections)
+    if int(os.environ["RANK"]) == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(cfg, run_dir / "config.toml")
+    summary = run_worker(to_dict(cfg), str(run_dir), resume)
+    return finish(run_dir, summary) if int(os.environ["RANK"]) == 0 else 0
+
+
+def finish(run_dir: Path, summary: dict[str, Any]) -> int:
+    from approxdist.train.metrics import write_summary
+
+    write_summary(run_dir, summary)
+    acc = summary["test_accuracy"]
+    print(
+        f"done: test accuracy {100 * acc:.2f}%  train loss {summary['train_loss']:.4f}  "
+        f"time {summary['wall_time_s']:.1f} s  {summary['samples_per_s']:.0f} samples/s  "
+        f"bytes sent {summary['bytes_sent'] / 1e6:.1f} MB\n"
+        f"run directory: {run_dir} (config.toml, metrics.jsonl, summary.json, checkpoint.pt)"
+    )
+    json.dumps(summary)
+    return 0

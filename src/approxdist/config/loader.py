@@ -1,0 +1,141 @@
+"""Building a `Config` from TOML files and overrides, type-checked, and writing it back."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from approxdist.config.schema import Config
+from approxdist.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+Sections = dict[str, dict[str, Any]]
+
+
+def _section_types() -> dict[str, type]:
+    return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(where: str, value: Any, typ: Any) -> Any:
+    """Check `value` against `typ`; ints are accepted for floats and lists for tuples."""
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        (inner, _) = typing.get_args(typ)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} = {value!r} must be a list of {inner.__name__}")
+        return tuple(_coerce(f"{where}[{i}]", v, inner) for i, v in enumerate(value))
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where} = {value!r} must be true or false")
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where} = {value!r} must be an integer")
+    if not isinstance(value, typ):
+        raise ConfigError(f"{where} = {value!r} must be of type {typ.__name__}")
+    return value
+
+
+def build_config(sections: Mapping[str, Mapping[str, Any]]) -> Config:
+    """Validate every key and type, then construct the frozen config."""
+    types = _section_types()
+    built: dict[str, Any] = {}
+    for name, values in sections.items():
+        if name not in types:
+            raise ConfigError(f"unknown config section {name!r}; valid: {', '.join(types)}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"config section [{name}] must be a table of keys")
+        fields = _field_types(types[name])
+        kwargs = {}
+        for key, value in values.items():
+            if key not in fields:
+                raise ConfigError(
+                    f"unknown key {name}.{key}; valid keys of [{name}]: {', '.join(fields)}"
+                )
+            kwargs[key] = _coerce(f"{name}.{key}", value, fields[key])
+        built[name] = types[name](**kwargs)
+    return Config(**built)
+
+
+def merge(base: Sections, extra: Mapping[str, Mapping[str, Any]]) -> Sections:
+    """A new nested dict with `extra`'s keys laid over `base`'s."""
+    out = {k: dict(v) for k, v in base.items()}
+    for section, values in extra.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def read_toml(path: str | Path) -> Sections:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing TOML file")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    for key, value in data.items():
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"config file {str(p)!r}: top-level key {key!r} must be a [section]; "
+                f"valid sections: {', '.join(_section_types())}"
+            )
+    return data
+
+
+def _parse_value(text: str) -> Any:
+    """TOML value syntax (`0.1`, `true`, `[3, 32, 32]`, `"x"`); bare words are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: Iterable[str]) -> Sections:
+    """`["optim.lr=0.05", "data.augment=false"]` -> nested dict."""
+    out: Sections = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not section or not name:
+            raise ConfigError(
+                f"override {item!r} must look like section.key=value, e.g. optim.lr=0.05"
+            )
+        out.setdefault(section, {})[name] = _parse_value(text.strip())
+    return out
+
+
+def load_config(path: str | Path | None = None, *layers: Mapping[str, Mapping[str, Any]]) -> Config:
+    """Defaults, then the TOML file (if any), then each layer of overrides in order."""
+    sections: Sections = read_toml(path) if path else {}
+    for layer in layers:
+        sections = merge(sections, layer)
+    return build_config(sections)
+
+
+def to_dict(cfg: Config) -> Sections:
+    """Plain nested dict (tuples become lists) suitable for TOML/JSON."""
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    return {
+        f.name: {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
+        for f in dataclasses.fields(cfg)
+    }
+
+
+def write_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(tomli_w.dumps(to_dict(cfg)))

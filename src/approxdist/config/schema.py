@@ -1,0 +1,151 @@
+"""The config sections. Each is frozen and validates itself on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from approxdist.errors import ConfigError
+
+PARALLEL_MODES = ("single", "dp")
+LR_SCHEDULES = ("constant", "step", "cosine")
+SHORTCUTS = ("A", "B")
+
+
+def _positive(section: str, name: str, value: float, hint: str = "") -> None:
+    if value <= 0:
+        raise ConfigError(f"{section}.{name} = {value!r} must be > 0{hint}")
+
+
+def _non_negative(section: str, name: str, value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{section}.{name} = {value!r} must be >= 0")
+
+
+def _one_of(section: str, name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{section}.{name} = {value!r} is not one of: {', '.join(valid)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How the run is organised: epochs, parallelism, devices, logging, outputs."""
+
+    parallel: str = "dp"
+    world_size: int = 2
+    epochs: int = 15
+    seed: int = 0
+    device: str = "auto"
+    out: str = ""
+    log_every: int = 10
+    progress: bool = True
+    threads: int = 0
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        _one_of("train", "parallel", self.parallel, PARALLEL_MODES)
+        _one_of("train", "device", self.device, ("auto", "cpu", "cuda"))
+        if self.world_size < 1:
+            raise ConfigError(f"train.world_size = {self.world_size} must be >= 1")
+        if self.parallel == "single" and self.world_size != 1:
+            raise ConfigError(
+                f"train.world_size = {self.world_size} with parallel 'single'; "
+                "use --world-size 1 or --parallel dp"
+            )
+        _positive("train", "epochs", self.epochs)
+        _positive("train", "log_every", self.log_every)
+        _non_negative("train", "threads", self.threads)
+        _positive("train", "timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data set, where it lives, and how it is batched and augmented."""
+
+    dataset: str = "digits"
+    data_dir: str = ""
+    batch_size: int = 64
+    test_batch_size: int = 512
+    augment: bool = True
+    synthetic_shape: tuple[int, ...] = (3, 32, 32)
+    synthetic_classes: int = 10
+    synthetic_samples: int = 2048
+
+    def __post_init__(self) -> None:
+        _positive("data", "batch_size", self.batch_size)
+        _positive("data", "test_batch_size", self.test_batch_size)
+        _positive("data", "synthetic_classes", self.synthetic_classes)
+        _positive("data", "synthetic_samples", self.synthetic_samples)
+        if not self.synthetic_shape or any(s <= 0 for s in self.synthetic_shape):
+            raise ConfigError(
+                f"data.synthetic_shape = {list(self.synthetic_shape)} must be a non-empty list "
+                "of positive sizes, e.g. [3, 32, 32]"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model name and the knobs of the model families."""
+
+    name: str = "resnet20"
+    shortcut: str = "A"
+    width: int = 16
+    hidden: int = 256
+    depth: int = 3
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _one_of("model", "shortcut", self.shortcut, SHORTCUTS)
+        _positive("model", "width", self.width)
+        _positive("model", "hidden", self.hidden)
+        _positive("model", "depth", self.depth)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout = {self.dropout} must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """SGD with momentum and weight decay, and the learning-rate rule (per step)."""
+
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+    schedule: str = "cosine"
+    step_size: int = 1000
+    gamma: float = 0.1
+    warmup_epochs: float = 0.0
+    scale_lr: bool = False
+    base_batch: int = 256
+
+    def __post_init__(self) -> None:
+        _positive("optim", "lr", self.lr)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"optim.momentum = {self.momentum} must be in [0, 1)")
+        _non_negative("optim", "weight_decay", self.weight_decay)
+        _one_of("optim", "schedule", self.schedule, LR_SCHEDULES)
+        _positive("optim", "step_size", self.step_size, " (iterations between LR drops)")
+        _positive("optim", "gamma", self.gamma)
+        _non_negative("optim", "warmup_epochs", self.warmup_epochs)
+        _positive("optim", "base_batch", self.base_batch)
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("optim.nesterov = true needs optim.momentum > 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run. Cross-section rules are checked here."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        world = self.train.world_size
+        if self.data.batch_size % world:
+            lo = self.data.batch_size - self.data.batch_size % world
+            hint = f"try {lo}" if lo else f"try {world}"
+            raise ConfigError(
+                f"data.batch_size ({self.data.batch_size}) must be divisible by the world size "
+                f"({world}) so every rank gets the same share; {hint} or {lo + world}"
+            )

@@ -1,0 +1,52 @@
+"""Models by name; each builder adapts to the input shape and class count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from approxdist.config.schema import ModelConfig
+from approxdist.errors import ModelError
+from approxdist.models.alexnet import alexnet_small
+from approxdist.models.mlp import mlp
+from approxdist.models.resnet import resnet_cifar
+from approxdist.registry import Registry
+
+Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Sequential]
+MODELS: Registry[Builder] = Registry("model", ModelError)
+
+
+def _resnet(depth: int) -> Builder:
+    def build(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequential:
+        _need_image("resnet", shape)
+        return resnet_cifar(depth, shape, classes, cfg.width, cfg.shortcut)
+
+    return build
+
+
+def _need_image(name: str, shape: tuple[int, ...]) -> None:
+    if len(shape) != 3:
+        raise ModelError(
+            f"model {name} needs image input (C, H, W); the data set gives shape {list(shape)}; "
+            "use --model mlp"
+        )
+
+
+for _depth in (20, 32, 44, 56, 110):
+    MODELS.add(f"resnet{_depth}", _resnet(_depth))
+
+
+def _alexnet(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequential:
+    _need_image("alexnet", shape)
+    return alexnet_small(shape, classes, hidden=cfg.hidden, dropout=cfg.dropout)
+
+
+MODELS.add("alexnet", _alexnet)
+MODELS.add("mlp", lambda cfg, shape, classes: mlp(shape, classes, cfg.hidden, cfg.depth,
+                                                  cfg.dropout))
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], classes: int) -> nn.Sequential:
+    """The model named by `cfg.name` as an `nn.Sequential` of blocks."""
+    return MODELS.get(cfg.name)(cfg, input_shape, classes)

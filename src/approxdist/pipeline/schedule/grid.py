@@ -1,0 +1,74 @@
+"""Text views of a schedule: a time-step x rank grid (like torch.distributed.pipelining's)
+plus the numbers that tell schedules apart: bubble fraction and in-flight activations.
+
+Time steps come from `simulate` with every forward and backward taking one step; with
+`with_comm`, each send and receive post also takes a step of its own. GPipe and
+PipeDream-Flush (1F1B) share the bubble (P-1)/(M+P-1) (seed 002) but differ in memory.
+"""
+
+from __future__ import annotations
+
+from approxdist.pipeline.schedule.action import Kind, Order
+from approxdist.pipeline.schedule.simulate import Durations, Timeline, simulate
+
+IDLE = "."
+
+
+def timeline_of(order: Order, num_stages: int | None = None,
+                with_comm: bool = False) -> Timeline:
+    """Unit-time simulation: compute takes 1 step; comm takes 1 step if shown, else 0."""
+    return simulate(order, num_stages, Durations(comm=1.0 if with_comm else 0.0))
+
+
+def format_grid(order: Order, num_stages: int | None = None, with_comm: bool = False) -> str:
+    """Rows are ranks, columns time steps; idle steps print as '.'; a deadlock is noted."""
+    timeline = timeline_of(order, num_stages, with_comm)
+    steps = int(timeline.makespan)
+    cells = {r: [IDLE] * steps for r in order}
+    for r, actions in order.items():
+        for a, t0, t1 in zip(actions, timeline.start[r], timeline.end[r]):
+            for t in range(int(t0), int(t1)):
+                cells[r][t] = str(a)
+    width = max([len(IDLE), len(str(max(steps - 1, 0)))]
+                + [len(c) for row in cells.values() for c in row])
+    label = max(len(f"rank {r}") for r in order) if order else 4
+    lines = [f"{'step':<{label}} " + " ".join(f"{t:>{width}}" for t in range(steps))]
+    for r in sorted(order):
+        lines.append(f"{f'rank {r}':<{label}} "
+                     + " ".join(f"{c:>{width}}" for c in cells[r]))
+    if not timeline.completed:
+        lines.append("deadlock: " + "; ".join(
+            f"rank {r} blocked at {a} waiting for {timeline.waiting_for[r]}"
+            for r, a in sorted(timeline.stuck.items())))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def theoretical_bubble(num_stages: int, num_microbatches: int) -> float:
+    """(P-1)/(M+P-1): idle share of GPipe and 1F1B when forward and backward take equal time."""
+    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+
+
+def peak_in_flight(order: Order) -> dict[int, int]:
+    """Per rank, the most micro-batches whose forward ran and backward did not yet."""
+    peaks: dict[int, int] = {}
+    for r, actions in order.items():
+        live = peak = 0
+        for a in actions:
+            live += {Kind.FORWARD: 1, Kind.BACKWARD: -1}.get(a.kind, 0)
+            peak = max(peak, live)
+        peaks[r] = peak
+    return peaks
+
+
+def summary(order: Order, num_stages: int, num_microbatches: int) -> str:
+    """Bubble fraction (theory and unit-time simulation) and peak in-flight activations."""
+    p, m = num_stages, num_microbatches
+    simulated = timeline_of(order, num_stages).bubble_fraction()
+    peaks = peak_in_flight(order)
+    return "\n".join([
+        f"bubble fraction: theory (P-1)/(M+P-1) = {p - 1}/{m + p - 1} = "
+        f"{theoretical_bubble(p, m):.3f}; simulated (forward = backward = 1 step) = "
+        f"{simulated:.3f}",
+        "peak in-flight activations per stage: "
+        + ", ".join(f"stage {r}: {peaks[r]}" for r in sorted(peaks)),
+    ])

@@ -1,0 +1,144 @@
+"""Run a schedule on paper: start/end time of every action, or the ranks that deadlock.
+
+The execution model is the executor contract of docs/pipeline.md (seed 002's
+"precomputed send/receive order"): each rank runs its list in order; sends are
+non-blocking and buffered (never wait for the receiver); posting a receive never
+blocks; a forward/backward that consumes received data blocks until the matching send
+has completed. On each channel (stage -> neighbour, one direction) messages are FIFO:
+the k-th receive posted gets the k-th message sent. When no rank can move and some are
+unfinished, the schedule deadlocks and `Timeline.stuck` names where each rank waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from approxdist.pipeline.schedule.action import Action, Kind, Order
+from approxdist.pipeline.schedule.comm import inputs_of
+
+Slot = tuple[int, int]  # (rank, index in that rank's list)
+
+
+@dataclass(frozen=True)
+class Durations:
+    """How long each kind of action takes; the default counts compute steps only."""
+
+    forward: float = 1.0
+    backward: float = 1.0
+    comm: float = 0.0
+
+    def of(self, action: Action) -> float:
+        if action.kind is Kind.FORWARD:
+            return self.forward
+        if action.kind is Kind.BACKWARD:
+            return self.backward
+        return self.comm
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Start and end of each executed action per rank; `stuck` is empty when all ran."""
+
+    order: Order
+    start: dict[int, list[float]]
+    end: dict[int, list[float]]
+    stuck: dict[int, Action] = field(default_factory=dict)
+    waiting_for: dict[int, Action] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> bool:
+        return not self.stuck
+
+    @property
+    def makespan(self) -> float:
+        return max((max(e, default=0.0) for e in self.end.values()), default=0.0)
+
+    def busy(self, rank: int) -> float:
+        """Time rank `rank` spends in forwards and backwards."""
+        return sum(e - s for a, s, e in zip(self.order[rank], self.start[rank], self.end[rank])
+                   if a.is_compute)
+
+    def bubble_fraction(self) -> float:
+        """Share of rank-time not spent computing: 1 - busy / (ranks x makespan)."""
+        total = len(self.order) * self.makespan
+        return 0.0 if total == 0 else 1.0 - sum(map(self.busy, self.order)) / total
+
+
+def simulate(order: Order, num_stages: int | None = None,
+             durations: Durations | None = None) -> Timeline:
+    """Execute `order` under the executor contract; never raises on a bad schedule."""
+    sim = _Simulation(order, len(order) if num_stages is None else num_stages)
+    dur = durations or Durations()
+    clock = {r: 0.0 for r in order}
+    start: dict[int, list[float]] = {r: [] for r in order}
+    end: dict[int, list[float]] = {r: [] for r in order}
+    moved = True
+    while moved:
+        moved = False
+        for r, actions in order.items():
+            while len(end[r]) < len(actions):
+                i = len(end[r])
+                ready = sim.ready(r, actions[i])
+                if ready is None:
+                    break
+                start[r].append(max(clock[r], ready))
+                clock[r] = start[r][-1] + dur.of(actions[i])
+                end[r].append(clock[r])
+                sim.ended[(r, i)] = clock[r]
+                moved = True
+    stuck = {r: a[len(end[r])] for r, a in order.items() if len(end[r]) < len(a)}
+    waiting = {r: sim.waiting_for(r, a) for r, a in stuck.items()}
+    return Timeline(order, start, end, stuck, waiting)
+
+
+class _Simulation:
+    """Channel bookkeeping: FIFO index of each receive, sends per channel, what has run."""
+
+    def __init__(self, order: Order, num_stages: int) -> None:
+        self.order = order
+        self.num_stages = num_stages
+        self.ended: dict[Slot, float] = {}
+        self.sends: dict[tuple[int, int], list[Slot]] = {}
+        self.recv_k: dict[Slot, int] = {}
+        self.recv_at: dict[tuple[int, Action], int] = {}
+        counts: dict[tuple[int, tuple[int, int]], int] = {}
+        for r, actions in order.items():
+            for i, a in enumerate(actions):
+                if a.is_send:
+                    self.sends.setdefault(a.channel, []).append((r, i))
+                elif a.is_recv:
+                    key = (r, a.channel)
+                    self.recv_k[(r, i)] = counts.get(key, 0)
+                    counts[key] = self.recv_k[(r, i)] + 1
+                    self.recv_at.setdefault((r, a), i)
+
+    def ready(self, rank: int, action: Action) -> float | None:
+        """When `action` may start given its input, or None while the input is missing."""
+        recv = self._input_recv(action)
+        if recv is None:
+            return 0.0
+        send = self._input_send(rank, recv)
+        return None if send is None else self.ended.get(send)
+
+    def waiting_for(self, rank: int, action: Action) -> Action:
+        """What a blocked `action` waits for: a send on the peer, or its own receive."""
+        recv = self._input_recv(action)
+        if recv is None:
+            return action
+        if (rank, self.recv_at.get((rank, recv), -1)) not in self.ended:
+            return recv  # the receive was never posted before its consumer
+        send = self._input_send(rank, recv)
+        return recv.matching() if send is None else self.order[send[0]][send[1]]
+
+    def _input_recv(self, action: Action) -> Action | None:
+        recvs = inputs_of(action, self.num_stages)
+        return recvs[0] if recvs else None
+
+    def _input_send(self, rank: int, recv: Action) -> Slot | None:
+        """The send whose data the posted `recv` gets (FIFO), or None if none can come."""
+        i = self.recv_at.get((rank, recv))
+        if i is None or (rank, i) not in self.ended:
+            return None
+        k = self.recv_k[(rank, i)]
+        channel = self.sends.get(recv.channel, [])
+        return channel[k] if k < len(channel) else None

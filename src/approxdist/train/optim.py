@@ -1,0 +1,54 @@
+"""SGD with momentum and weight decay, and per-step learning-rate rules.
+
+Rules (all per iteration, like Caffe in seed 001):
+- `constant`: the peak rate throughout;
+- `step`: peak * gamma ** (step // step_size)  (Caffe's "step" policy: base_lr, stepsize, gamma);
+- `cosine`: peak * (1 + cos(pi * t)) / 2 over the whole run after warm-up.
+The peak is `lr`, or `lr * global_batch / base_batch` with `scale_lr` (linear scaling,
+Goyal et al. 2017). Warm-up (Goyal et al.'s gradual warm-up) ramps linearly over
+`warmup_epochs` from `lr` (the unscaled rate) to the peak when scaling, or from
+`peak / 10` otherwise, then the rule applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from approxdist.config.schema import OptimConfig
+
+
+def make_sgd(model: nn.Module, cfg: OptimConfig) -> torch.optim.SGD:
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+
+
+class LRRule:
+    """Learning rate as a pure function of the global step."""
+
+    def __init__(self, cfg: OptimConfig, global_batch: int, steps_per_epoch: int,
+                 epochs: int) -> None:
+        self.cfg = cfg
+        factor = global_batch / cfg.base_batch if cfg.scale_lr else 1.0
+        self.peak = cfg.lr * factor
+        self.start = cfg.lr if cfg.scale_lr else self.peak / 10
+        self.warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+        self.total = max(1, epochs * steps_per_epoch)
+
+    def __call__(self, step: int) -> float:
+        cfg = self.cfg
+        if step < self.warmup:
+            return self.start + (self.peak - self.start) * step / self.warmup
+        if cfg.schedule == "constant":
+            return self.peak
+        if cfg.schedule == "step":
+            return self.peak * cfg.gamma ** (step // cfg.step_size)
+        t = (step - self.warmup) / max(1, self.total - self.warmup)
+        return self.peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

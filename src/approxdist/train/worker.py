@@ -1,0 +1,56 @@
+"""What each worker process runs: join the group, agree on the run directory, train."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from approxdist.config.loader import build_config
+from approxdist.launch.context import DistContext, init_from_env, shutdown
+from approxdist.train.loop import build_trainer
+
+
+def set_threads(ctx: DistContext, requested: int) -> None:
+    """`requested` threads, or an even share of this machine's cores among local ranks."""
+    if requested:
+        torch.set_num_threads(requested)
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+
+
+def agree_on_run_dir(ctx: DistContext, run_dir: str) -> Path:
+    """Rank 0's choice wins (under torchrun each rank may have picked its own default)."""
+    box = [run_dir]
+    if ctx.distributed:
+        dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def record_worker(run_dir: Path, ctx: DistContext) -> None:
+    """workers/rankN.json: pid and host of each rank (for operators, and the fault test)."""
+    wdir = run_dir / "workers"
+    wdir.mkdir(parents=True, exist_ok=True)
+    info = {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()}
+    (wdir / f"rank{ctx.rank}.json").write_text(json.dumps(info))
+
+
+def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict[str, Any]:
+    """The entry point of every rank; returns rank 0's summary (others return theirs)."""
+    cfg = build_config(cfg_sections)
+    ctx = init_from_env(cfg.train.device, cfg.train.timeout_s)
+    try:
+        set_threads(ctx, cfg.train.threads)
+        path = agree_on_run_dir(ctx, run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        record_worker(path, ctx)
+        trainer = build_trainer(cfg, ctx, path, resume)
+        return trainer.run()
+    finally:
+        shutdown(ctx)

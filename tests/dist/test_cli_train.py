@@ -1,0 +1,103 @@
+"""`approxdist train` end to end: the elastic launcher, run outputs, bad input, a killed worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli.main import main
+
+FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "approxdist", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_main_job_reaches_95_percent_and_writes_all_outputs(tmp_path: Path) -> None:
+    """The main job as the README runs it (defaults: digits, ResNet-20, 2 workers, dp)."""
+    out = tmp_path / "run"
+    res = _cli("train", "--out", str(out), "--set", "train.progress=false", timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "test accuracy" in res.stdout
+    assert {"config.toml", "metrics.jsonl", "summary.json", "checkpoint.pt"} <= {
+        p.name for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 15
+    assert summary["bytes_sent"] > 0 and summary["test_accuracy"] >= 0.95
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == list(range(1, 16))
+    assert {"train_loss", "test_accuracy", "samples_per_s", "bytes_sent", "time_compute_s",
+            "time_comm_s", "time_wait_s"} <= set(epochs[0])
+    assert sorted(p.name for p in (out / "workers").iterdir()) == ["rank0.json", "rank1.json"]
+
+
+def test_single_in_process_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "single"
+    assert main(["train", "--parallel", "single", "--epochs", "1", "--out", str(out), *FAST]) == 0
+    assert main(["train", "--resume", str(out), "--epochs", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["world_size"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "0"], "train.world_size = 0 must be >= 1"),
+        (["--batch-size", "63"], "must be divisible by the world size (2)"),
+        (["--set", "optim.bogus=1"], "unknown key optim.bogus"),
+        (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "does not exist"),
+        (["--resume", "/nonexistent"], "no config.toml there"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not path.is_file():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_worker_ends_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "fault"
+    proc = subprocess.Popen([sys.executable, "-m", "approxdist", "train", "--epochs", "500",
+                             "--out", str(out), *FAST], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(out / "workers" / "rank1.json", 60)
+        _wait_for(out / "checkpoint.pt", 60)  # mid-run: at least one epoch done
+        pids = {r: json.loads((out / "workers" / f"rank{r}.json").read_text())["pid"] for r in (0, 1)}
+        os.kill(pids[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "rank 1 failed" in err and "SIGKILL" in err, err
+    end = time.monotonic() + 10
+    while _alive(pids[0]) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _alive(pids[0]), "rank 0 was left running"

@@ -1,0 +1,37 @@
+"""Learning-rate rules: step (Caffe), cosine, linear scaling with warm-up."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from approxdist.config.schema import OptimConfig
+from approxdist.train.optim import LRRule
+
+
+def test_step_rule_is_caffes() -> None:
+    rule = LRRule(OptimConfig(lr=0.1, schedule="step", step_size=10, gamma=0.5), 64, 5, 10)
+    assert [rule(s) for s in (0, 9, 10, 25)] == pytest.approx([0.1, 0.1, 0.05, 0.025])
+
+
+def test_cosine_ends_at_zero() -> None:
+    rule = LRRule(OptimConfig(lr=0.2, schedule="cosine"), 64, 10, 4)
+    assert rule(0) == pytest.approx(0.2)
+    assert rule(20) == pytest.approx(0.1)
+    assert rule(40) == pytest.approx(0.0, abs=1e-12)
+    assert rule(30) == pytest.approx(0.2 * 0.5 * (1 + math.cos(math.pi * 0.75)))
+
+
+def test_linear_scaling_with_warmup() -> None:
+    cfg = OptimConfig(lr=0.1, schedule="constant", scale_lr=True, base_batch=256, warmup_epochs=2)
+    rule = LRRule(cfg, 1024, 10, 10)  # k = 4, 20 warm-up steps from 0.1 to 0.4
+    assert rule(0) == pytest.approx(0.1)
+    assert rule(10) == pytest.approx(0.25)
+    assert rule(20) == pytest.approx(0.4)
+    assert rule(99) == pytest.approx(0.4)
+
+
+def test_warmup_without_scaling_starts_at_a_tenth() -> None:
+    rule = LRRule(OptimConfig(lr=1.0, schedule="constant", warmup_epochs=1), 64, 10, 3)
+    assert rule(0) == pytest.approx(0.1) and rule(10) == pytest.approx(1.0)
