@@ -22,7 +22,7 @@ FLAG_KEYS = {
     "parallel": ("train", "parallel"), "world_size": ("train", "world_size"),
     "epochs": ("train", "epochs"), "device": ("train", "device"), "out": ("train", "out"),
     "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
-    "data_dir": ("data", "data_dir"), "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"),
+    "data_dir": ("data", "data_dir"), "link": ("comm", "link"), "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"),
 }
 
 
@@ -42,6 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--link", help="emulated link for every transfer, e.g. bw=100mbit,lat=1ms")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",

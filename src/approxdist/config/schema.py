@@ -132,6 +132,19 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class CommConfig:
+    """What every transfer of the run goes through: the emulated link (DESIGN.md "Link spec")."""
+
+    link: str = ""
+
+    def __post_init__(self) -> None:
+        if self.link:
+            from approxdist.comm.netem import parse_link
+
+            parse_link(self.link)  # raises SpecError naming the bad part
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run. Cross-section rules are checked here."""
 
@@ -139,9 +152,15 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
 
     def __post_init__(self) -> None:
         world = self.train.world_size
+        if self.comm.link and self.train.parallel == "dp" and world > 1:
+            raise ConfigError(
+                f"comm.link = {self.comm.link!r}: the plain dp engine reduces with dist.all_reduce, "
+                "which the link emulation cannot shape; drop --link for --parallel dp"
+            )
         if self.data.batch_size % world:
             lo = self.data.batch_size - self.data.batch_size % world
             hint = f"try {lo}" if lo else f"try {world}"
