@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from approxdist.cli import bench_codec
+
 #: each module has `register(subparsers)`; later issues add allreduce, dp, pipeline
-BENCHES: tuple[Any, ...] = ()
+BENCHES: tuple[Any, ...] = (bench_codec,)
 
 
 def register(sub: Any) -> None:

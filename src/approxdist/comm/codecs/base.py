@@ -66,6 +66,20 @@ class Codec(ABC):
     def lossless(self) -> bool:
         return False
 
+    @property
+    def code_bits(self) -> int:
+        """Width in bits of one value's code on the wire (what the channel corrupts)."""
+        return int(self.bits_per_value)
+
+    def codes_offset(self, numel: int) -> int:
+        """Byte offset of the value codes in the payload (header and metadata come first).
+
+        Codes form an LSB-first bit stream: code i occupies stream bits
+        [i * code_bits, (i + 1) * code_bits), its least significant bit first; stream bit p is
+        bit p % 8 of byte p // 8. The "top" bits of a code are its most significant ones.
+        """
+        return self.payload_nbytes(numel) - (numel * self.code_bits + 7) // 8
+
     def wire_bytes(self, payload: Payload) -> int:
         return payload.wire_bytes
 

@@ -1,0 +1,51 @@
+"""`approxdist bench codec`: runs on a small size, writes the documented JSON keys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli import bench_codec
+from approxdist.errors import ConfigError, SpecError
+
+KEYS = {"codec", "encode_gbps", "decode_gbps", "roundtrip_gbps", "bits_per_value",
+        "ratio_vs_fp16_roundtrip", "break_even_gbit"}
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    bench_codec.register(parser.add_subparsers())
+    args = parser.parse_args(["codec", *argv])
+    return int(args.func(args))
+
+
+@pytest.mark.parametrize("alloc", [[], ["--alloc"]])
+def test_bench_writes_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                           alloc: list[str]) -> None:
+    out = tmp_path / "codec.json"
+    codecs = "fp16,bits:s0e2+2m0,table4,bits:auto4"
+    assert run(["--size", "4K", "--repeats", "2", "--codecs", codecs, "--json", str(out),
+                *alloc]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["codec"] for r in rows] == ["copy_", "fp16-cast", *codecs.split(",")]
+    assert all(set(r) == KEYS for r in rows)
+    by_name = {r["codec"]: r for r in rows}
+    assert by_name["fp16-cast"]["ratio_vs_fp16_roundtrip"] == pytest.approx(1.0)
+    assert by_name["bits:s0e2+2m0"]["bits_per_value"] == 4
+    assert by_name["copy_"]["break_even_gbit"] == 0.0
+    assert by_name["table4"]["break_even_gbit"] > 0
+    assert "x fp16 rt" in capsys.readouterr().out
+
+
+def test_sizes_and_bad_input() -> None:
+    assert bench_codec.parse_size("16M") == 16 << 20
+    assert bench_codec.parse_size("1k") == 1024 and bench_codec.parse_size("100") == 100
+    with pytest.raises(ConfigError, match="16M"):
+        bench_codec.parse_size("lots")
+    with pytest.raises(ConfigError, match="repeats"):
+        run(["--size", "1K", "--repeats", "0"])
+    with pytest.raises(SpecError, match="valid forms"):
+        run(["--size", "1K", "--codecs", "fp7"])
