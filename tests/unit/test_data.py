@@ -118,3 +118,11 @@ def test_eval_shards_cover_test_set() -> None:
     ds = make_synthetic((3,), 2, 50)
     parts = [eval_shard(ds, r, 3)[1] for r in range(3)]
     assert torch.equal(torch.cat(parts), ds.test_y)
+
+
+def test_mnist1d_generated_locally() -> None:
+    a = load_dataset(DataConfig(dataset="mnist1d"))
+    assert a.train_x.shape == (4000, 1, 40) and a.test_x.shape == (1000, 1, 40)
+    assert set(a.train_y.tolist()) == set(range(10))
+    b = load_dataset(DataConfig(dataset="mnist1d"))
+    assert torch.equal(a.train_x, b.train_x)  # fixed seed: the same data everywhere

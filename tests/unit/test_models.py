@@ -53,3 +53,11 @@ def test_unknown_and_mismatched() -> None:
     with pytest.raises(ModelError, match="needs image input"):
         build_model(ModelConfig(name="resnet20"), (40,), 10)
     assert "resnet56" in MODELS
+
+
+def test_resnet1d_on_signals() -> None:
+    model = build_model(ModelConfig(name="resnet1d", depth=2), (1, 40), 10)
+    assert len(model) == 3 * 2 + 2
+    assert model(torch.randn(5, 1, 40)).shape == (5, 10)
+    with pytest.raises(ModelError, match="needs signal input"):
+        build_model(ModelConfig(name="resnet1d"), (1, 8, 8), 10)

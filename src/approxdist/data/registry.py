@@ -9,6 +9,7 @@ from approxdist.data.base import TensorDataset
 from approxdist.data.cifar import load_cifar10
 from approxdist.data.digits import load_digits_dataset
 from approxdist.data.mnist import load_mnist
+from approxdist.data.mnist1d import load_mnist1d
 from approxdist.data.synthetic import make_synthetic
 from approxdist.errors import DataError
 from approxdist.registry import Registry
@@ -25,6 +26,7 @@ def _needs_dir(cfg: DataConfig, name: str) -> str:
 DATASETS.add("digits", lambda cfg: load_digits_dataset())
 DATASETS.add("cifar10", lambda cfg: load_cifar10(_needs_dir(cfg, "cifar10")))
 DATASETS.add("mnist", lambda cfg: load_mnist(_needs_dir(cfg, "mnist")))
+DATASETS.add("mnist1d", lambda cfg: load_mnist1d())
 DATASETS.add(
     "synthetic",
     lambda cfg: make_synthetic(cfg.synthetic_shape, cfg.synthetic_classes, cfg.synthetic_samples),

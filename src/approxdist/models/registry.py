@@ -11,6 +11,7 @@ from approxdist.errors import ModelError
 from approxdist.models.alexnet import alexnet_small
 from approxdist.models.mlp import mlp
 from approxdist.models.resnet import resnet_cifar
+from approxdist.models.resnet1d import resnet1d
 from approxdist.registry import Registry
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Sequential]
@@ -50,3 +51,15 @@ MODELS.add("mlp", lambda cfg, shape, classes: mlp(shape, classes, cfg.hidden, cf
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], classes: int) -> nn.Sequential:
     """The model named by `cfg.name` as an `nn.Sequential` of blocks."""
     return MODELS.get(cfg.name)(cfg, input_shape, classes)
+
+
+def _resnet1d(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequential:
+    if len(shape) != 2:
+        raise ModelError(
+            f"model resnet1d needs signal input (C, L); the data set gives shape {list(shape)}; "
+            "use a 2-D model such as resnet20"
+        )
+    return resnet1d(shape, classes, cfg.width, cfg.depth)
+
+
+MODELS.add("resnet1d", _resnet1d)
