@@ -1,0 +1,134 @@
+"""`approxdist bench allreduce`: our all-reduce algorithms against `dist.all_reduce` (seed 001).
+
+    approxdist bench allreduce --world-size 4 --sizes 4K,64K,1M,16M,64M --algorithms all \
+        --codec fp32,bf16 --link bw=1gbit --json out.json
+
+Runs on N local gloo ranks (`run_on_ranks`), interleaves every algorithm with `native`
+in the same run and prints median / p10 latency, bus bandwidth and the ratio to
+`native` (method: `approxdist.comm.collectives.bench`). `--calibrate` fits hybrid's
+thresholds from the measured medians and writes them to `--calibration` (default
+`allreduce-calibration.json`); when `hybrid` is asked for, everything is then measured
+again in one run with `hybrid` reading that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from approxdist.comm.codecs import get_codec
+from approxdist.comm.collectives import DEFAULT_PATH, algorithm_names, fit, get_algorithm
+from approxdist.comm.collectives.bench import (
+    BASELINE,
+    BenchPlan,
+    Combo,
+    Row,
+    measure_rank,
+    measurements,
+    summarize,
+    table,
+)
+from approxdist.comm.netem import parse_link
+from approxdist.errors import ConfigError
+from approxdist.launch.spawn import run_on_ranks
+
+_SIZE = re.compile(r"(\d+)([KMG]?)(I?B?)", re.IGNORECASE)
+_SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("allreduce", help="all-reduce algorithms vs dist.all_reduce",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
+    p.add_argument("--sizes", default="4K,64K,1M,16M,64M",
+                   help="message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
+    p.add_argument("--algorithms", default="all",
+                   help=f"all or a comma list of {', '.join(algorithm_names())}")
+    p.add_argument("--codec", default="fp32", help="comma list of codec specs (default fp32)")
+    p.add_argument("--link", default=None, help="emulated link, e.g. bw=1gbit,lat=100us")
+    p.add_argument("--repeats", type=int, default=100, help="most rounds per size (default 100)")
+    p.add_argument("--budget", type=float, default=6.0,
+                   help="seconds per size that set the rounds between 5 and --repeats")
+    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit hybrid's thresholds and write them to --calibration")
+    p.add_argument("--calibration", type=Path, default=None,
+                   help=f"calibration file hybrid reads (and --calibrate writes; default "
+                        f"{DEFAULT_PATH})")
+    p.set_defaults(func=run)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`4K,64K,1M` -> bytes; each must be a positive multiple of 4 (fp32 values)."""
+    sizes = []
+    for part in text.split(","):
+        m = _SIZE.fullmatch(part.strip())
+        if not m:
+            raise ConfigError(f"size {part!r} is not <number>[K|M|G]; e.g. --sizes 4K,1M,16M")
+        n = int(m.group(1)) * _SCALE[m.group(2).upper()]
+        if n <= 0 or n % 4:
+            raise ConfigError(f"size {part!r} = {n} bytes must be a positive multiple of 4 "
+                              f"(fp32 values)")
+        sizes.append(n)
+    return tuple(sizes)
+
+
+def parse_algorithms(text: str) -> list[str]:
+    """`all` or a comma list; every name is checked against the registry."""
+    if text.strip() == "all":
+        return algorithm_names()
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    for name in names:
+        get_algorithm(name)
+    return names
+
+
+def combos_for(algorithms: list[str], codecs: list[str]) -> tuple[Combo, ...]:
+    """`native` fp32 first (the baseline), then each other algorithm with each codec."""
+    out = [BASELINE] + [(a, c) for c in codecs for a in algorithms if a != "native"]
+    return tuple(dict.fromkeys(out))
+
+
+def _measure(args: argparse.Namespace, plan: BenchPlan) -> list[Row]:
+    per_rank = run_on_ranks(measure_rank, args.world_size, plan, timeout_s=3600,
+                            comm_timeout_s=300)
+    return summarize(per_rank, args.world_size, plan.link)
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes, algorithms = parse_sizes(args.sizes), parse_algorithms(args.algorithms)
+    codecs = [get_codec(c).spec for c in args.codec.split(",")]
+    link = parse_link(args.link)
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size {args.world_size} must be >= 1")
+    cal_path: Path | None = args.calibration or (DEFAULT_PATH if args.calibrate else None)
+
+    def plan(names: list[str], calibration: Path | None) -> BenchPlan:
+        return BenchPlan(sizes, combos_for(names, codecs), link.spec if link else None,
+                         str(calibration) if calibration else None, args.repeats,
+                         budget_s=args.budget)
+
+    if not args.calibrate:
+        rows = _measure(args, plan(algorithms, cal_path))
+    else:
+        assert cal_path is not None
+        rows = _measure(args, plan([a for a in algorithms if a != "hybrid"], None))
+        cal = fit(measurements(rows, codecs[0]), args.world_size,
+                  link.spec if link else "none", codecs[0])
+        print(f"calibration written to {cal.save(cal_path)}: " + ", ".join(
+            f"<= {m} B: {a}" if m is not None else f"above: {a}" for m, a in cal.thresholds))
+        if "hybrid" in algorithms:  # measure again, hybrid included, in one run
+            rows = _measure(args, plan(algorithms, cal_path))
+    print(table(rows))
+    print(f"reproduce: approxdist bench allreduce --world-size {args.world_size} "
+          f"--sizes {args.sizes} --algorithms {args.algorithms} --codec {args.codec}"
+          + (f" --link {args.link}" if args.link else "")
+          + (" --calibrate" if args.calibrate else "")
+          + (f" --calibration {args.calibration}" if args.calibration else ""))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.as_json() for r in rows], indent=1) + "\n")
+    return 0

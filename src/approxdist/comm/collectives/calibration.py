@@ -1,0 +1,157 @@
+"""Hybrid's calibration file: measured size thresholds plus fitted alpha-beta terms (seed 001).
+
+`approxdist bench allreduce --calibrate` measures every algorithm over sizes on the
+current world and link, then `fit` keeps, for each measured size, the fastest algorithm
+(by the median over rounds of its time over `native`'s time in the same round, which
+drifting machine load does not bias; by median time when that is missing);
+consecutive sizes with different winners get a threshold where the two algorithms'
+fitted models cross (or the geometric mean of the sizes when they do not cross between
+them). The file is JSON:
+
+    {"version": 1, "world_size": 4, "link": "none", "codec": "fp32",
+     "thresholds": [{"max_bytes": 262144, "algorithm": "brd"},
+                    {"max_bytes": null, "algorithm": "vhd"}],
+     "models": {"brd": {"alpha_s": 0.0004, "beta_s_per_byte": 1e-09}, ...},
+     "measured": [{"algorithm": "brd", "size_bytes": 4096, "median_s": 0.0008}, ...]}
+
+`hybrid` reads it only when given explicitly (`get_algorithm("hybrid", calibration=path)`,
+`--calibration PATH` on the command line); sizes are fp32 message bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from approxdist.comm.collectives.model import AlphaBeta, cost_terms
+from approxdist.errors import ConfigError
+
+VERSION = 1
+DEFAULT_PATH = Path("allreduce-calibration.json")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    algorithm: str
+    size_bytes: int
+    median_s: float
+    #: median over rounds of time / the baseline's time in the same round (lower wins);
+    #: more robust than medians when the machine's load drifts during the run
+    paired_ratio: float | None = None
+
+    def score(self) -> float:
+        return self.median_s if self.paired_ratio is None else self.paired_ratio
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Thresholds `(max_bytes or None, algorithm)` in increasing order, and fitted models."""
+
+    world_size: int
+    thresholds: tuple[tuple[int | None, str], ...]
+    models: dict[str, AlphaBeta] = field(default_factory=dict)
+    link: str = "none"
+    codec: str = "fp32"
+    measured: tuple[Measurement, ...] = ()
+
+    def choose(self, nbytes: int) -> str:
+        """The algorithm for a message of `nbytes` fp32 bytes."""
+        for limit, name in self.thresholds:
+            if limit is None or nbytes <= limit:
+                return name
+        return self.thresholds[-1][1]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "version": VERSION, "world_size": self.world_size, "link": self.link,
+            "codec": self.codec,
+            "thresholds": [{"max_bytes": m, "algorithm": a} for m, a in self.thresholds],
+            "models": {a: {"alpha_s": m.alpha_s, "beta_s_per_byte": m.beta_s_per_byte}
+                       for a, m in self.models.items()},
+            "measured": [vars(m) for m in self.measured],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> Calibration:
+        try:
+            raw = json.loads(Path(path).read_text())
+            if raw.get("version") != VERSION:
+                raise ConfigError(f"calibration file {path} has version {raw.get('version')!r}, "
+                                  f"expected {VERSION}; re-run approxdist bench allreduce "
+                                  f"--calibrate")
+            return Calibration(
+                int(raw["world_size"]),
+                tuple((t["max_bytes"], str(t["algorithm"])) for t in raw["thresholds"]),
+                {a: AlphaBeta(float(m["alpha_s"]), float(m["beta_s_per_byte"]))
+                 for a, m in raw.get("models", {}).items()},
+                str(raw.get("link", "none")), str(raw.get("codec", "fp32")),
+                tuple(Measurement(**m) for m in raw.get("measured", [])))
+        except OSError as exc:
+            raise ConfigError(f"cannot read calibration file {path}: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"calibration file {path} is malformed ({exc!r}); re-run "
+                              f"approxdist bench allreduce --calibrate") from None
+
+
+def fit_model(algorithm: str, world: int, points: Sequence[Measurement]) -> AlphaBeta:
+    """Fit t = alpha*steps + beta*bytes by least squares on relative error (alpha, beta >= 0)."""
+    steps, per_byte = cost_terms(algorithm, world, 1.0)
+    xs = [p.size_bytes * per_byte for p in points]
+    ts = [p.median_s for p in points]
+    ws = [1.0 / t ** 2 for t in ts]
+    sw = sum(ws)
+    sx, st = sum(w * x for w, x in zip(ws, xs)), sum(w * t for w, t in zip(ws, ts))
+    sxx = sum(w * x * x for w, x in zip(ws, xs))
+    sxt = sum(w * x * t for w, x, t in zip(ws, xs, ts))
+    det = sw * sxx - sx * sx
+    slope = (sw * sxt - sx * st) / det if det > 0 else 0.0
+    slope = max(slope, 0.0)
+    intercept = max((st - slope * sx) / sw, 0.0)
+    return AlphaBeta(intercept / max(steps, 1.0), slope)
+
+
+def fit(measurements: Iterable[Measurement], world: int, link: str = "none",
+        codec: str = "fp32") -> Calibration:
+    """Thresholds from the fastest algorithm at each size; models fitted per algorithm."""
+    rows = [m for m in measurements if m.algorithm != "hybrid"]
+    if not rows:
+        raise ConfigError("no measurements to calibrate from; benchmark some algorithms")
+    names = sorted({m.algorithm for m in rows})
+    models = {a: fit_model(a, world, [m for m in rows if m.algorithm == a]) for a in names}
+    sizes = sorted({m.size_bytes for m in rows})
+    winners = [_winner([m for m in rows if m.size_bytes == s]) for s in sizes]
+    thresholds: list[tuple[int | None, str]] = []
+    for i in range(len(sizes) - 1):
+        if winners[i] != winners[i + 1]:
+            cut = _crossover(models, world, winners[i], winners[i + 1], sizes[i], sizes[i + 1])
+            thresholds.append((cut, winners[i]))
+    thresholds.append((None, winners[-1]))
+    return Calibration(world, tuple(thresholds), models, link, codec, tuple(rows))
+
+
+def _winner(rows: list[Measurement]) -> str:
+    """Fastest by paired ratio when every row has one, else by median."""
+    if all(m.paired_ratio is not None for m in rows):
+        return min(rows, key=Measurement.score).algorithm
+    return min(rows, key=lambda m: m.median_s).algorithm
+
+
+def _crossover(models: dict[str, AlphaBeta], world: int, a: str, b: str, lo: int, hi: int) -> int:
+    """Bytes in [lo, hi) where the models of a and b predict equal times, else sqrt(lo*hi)."""
+    (sa, pa), (sb, pb) = cost_terms(a, world, 1.0), cost_terms(b, world, 1.0)
+    ia, ib = models[a].alpha_s * sa, models[b].alpha_s * sb
+    ka, kb = models[a].beta_s_per_byte * pa, models[b].beta_s_per_byte * pb
+    if ka != kb:
+        cut = (ib - ia) / (ka - kb)
+        if lo <= cut < hi:
+            return int(cut)
+    return int(math.sqrt(lo * hi))

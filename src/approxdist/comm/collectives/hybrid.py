@@ -1,0 +1,51 @@
+"""`hybrid`: pick the all-reduce by message size, as seed 001 proposes (and MPICH/NCCL do).
+
+With a `Calibration` (measured thresholds, `calibration.py`) it follows the thresholds;
+without one it predicts each of ring, brb, brd and vhd with the alpha-beta model
+(`model.DEFAULT`, plus the emulated link's latency and bandwidth) on the wire bytes
+after the codec, and takes the fastest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from approxdist.comm.collectives.algorithm import Algorithm
+from approxdist.comm.collectives.calibration import Calibration
+from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, predict
+from approxdist.comm.collectives.wire import Wire
+from approxdist.comm.netem import LinkSpec
+from approxdist.errors import ConfigError
+
+MODEL_CANDIDATES = ("brd", "brb", "vhd", "ring")
+
+
+class Hybrid(Algorithm):
+    name = "hybrid"
+
+    def __init__(self, lookup: Callable[[str], Algorithm], calibration: Calibration | None = None,
+                 link: LinkSpec | None = None, wire_fraction: float = 1.0,
+                 model: AlphaBeta = DEFAULT) -> None:
+        self._lookup, self.calibration = lookup, calibration
+        self.model = model.with_link(link)
+        self.wire_fraction = wire_fraction
+
+    def choose(self, nbytes: int, world_size: int) -> str:
+        """The algorithm name for `nbytes` fp32 bytes on `world_size` ranks."""
+        cal = self.calibration
+        if cal is not None:
+            if cal.world_size != world_size:
+                raise ConfigError(f"the all-reduce calibration was measured on {cal.world_size} "
+                                  f"ranks but this run has {world_size}; re-run approxdist bench "
+                                  f"allreduce --calibrate --world-size {world_size}")
+            return cal.choose(nbytes)
+        wire = nbytes * self.wire_fraction
+        return min(MODEL_CANDIDATES, key=lambda a: predict(a, world_size, wire, self.model))
+
+    def select(self, nbytes: int, world_size: int) -> Algorithm:
+        return self._lookup(self.choose(nbytes, world_size))
+
+    def run(self, wire: Wire, x: torch.Tensor) -> None:
+        self.select(x.numel() * 4, wire.world_size).run(wire, x)

@@ -1,0 +1,43 @@
+"""All-reduce algorithms by name: native, ring, brb, brd, vhd, hybrid (seed 001)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from approxdist.comm.collectives.algorithm import Algorithm
+from approxdist.comm.collectives.brb import Brb
+from approxdist.comm.collectives.brd import Brd
+from approxdist.comm.collectives.calibration import Calibration
+from approxdist.comm.collectives.hybrid import Hybrid
+from approxdist.comm.collectives.native import Native
+from approxdist.comm.collectives.ring import Ring
+from approxdist.comm.collectives.vhd import Vhd
+from approxdist.comm.netem import LinkSpec
+from approxdist.errors import SpecError
+from approxdist.registry import Registry
+
+#: the fixed algorithms; `hybrid` is built by `get_algorithm` around them
+ALGORITHMS: Registry[type[Algorithm]] = Registry("all-reduce algorithm", SpecError)
+for _cls in (Native, Ring, Brb, Brd, Vhd, Hybrid):
+    ALGORITHMS.add(_cls.name, _cls)
+
+
+def algorithm_names() -> list[str]:
+    """Every registered name, the baseline `native` first."""
+    return ["native"] + [n for n in ALGORITHMS.names() if n != "native"]
+
+
+def get_algorithm(name: str, *, calibration: Calibration | str | Path | None = None,
+                  link: LinkSpec | None = None, wire_fraction: float = 1.0) -> Algorithm:
+    """The algorithm called `name`. Only `hybrid` uses the other arguments.
+
+    `calibration` is a `Calibration` or the path of a file written by
+    `approxdist bench allreduce --calibrate`; without it hybrid uses the alpha-beta
+    model with `link`'s latency and bandwidth and `wire_fraction` (codec bits / 32).
+    """
+    cls = ALGORITHMS.get(name)
+    if cls is not Hybrid:
+        return cls()
+    if calibration is not None and not isinstance(calibration, Calibration):
+        calibration = Calibration.load(calibration)
+    return Hybrid(get_algorithm, calibration, link, wire_fraction)

@@ -1,0 +1,223 @@
+"""Codec-aware messages for one all-reduce call: pack, unpack, receive in place (seed 001).
+
+Rules every algorithm follows through this class, so that lossy codecs work and all
+ranks end bitwise identical:
+
+* **Reduce hops** send `pack(x)` (encode, then the channel corrupts the payload once),
+  the receiver decodes and accumulates in fp32.
+* **Distribution hops** (all-gather, broadcast, the return to folded ranks) move the
+  bytes made once by `share(x)`; every rank, the owner included, ends with the decoded
+  value of those same bytes. Forwarding never re-encodes, so codecs that are not
+  idempotent (Table-N) stay identical too.
+* `fp32` with no channel takes a raw path: the values' own bytes travel (no codec
+  header) and receives land directly in the result tensor; nothing is copied.
+* Zero-element messages are never sent (both ends know every size).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from approxdist.comm.channel import Channel
+from approxdist.comm.codecs import Codec, Payload
+from approxdist.comm.codecs.framed import Workspace
+from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send, bounds
+
+_EMPTY_BYTES = torch.empty(0, dtype=torch.uint8)
+#: reduce steps move messages in pieces of this many fp32 bytes to overlap adds and transfers
+SEGMENT_BYTES = 1 << 20
+
+
+class Wire:
+    """One rank's codec-aware view of a `PeerComm` for one collective call."""
+
+    def __init__(self, comm: PeerComm, codec: Codec, channel: Channel | None,
+                 scratch: Workspace, device: torch.device, decode_into: bool = False) -> None:
+        self.comm, self.codec, self.scratch, self.device = comm, codec, scratch, device
+        self.channel = None if channel is None or channel.is_identity else channel
+        self.exact = codec.lossless and self.channel is None
+        self.raw = self.exact and codec.spec == "fp32"
+        self.segment_bytes = SEGMENT_BYTES
+        self._nonfinite = [0]  # shared with sub-wires
+        # whether codec.decode takes `out=` (no allocation per message); see `decodes_into`
+        self._decode_into = decode_into
+
+    @property
+    def nonfinite(self) -> int:
+        """Decoded values a channel's guard set to 0 (NaN/Inf), this call and sub-wires."""
+        return self._nonfinite[0]
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    def sub(self, comm: PeerComm) -> Wire:
+        """The same codec and buffers over another comm (e.g. the folded core group)."""
+        wire = Wire(comm, self.codec, self.channel, self.scratch, self.device,
+                    self._decode_into)
+        wire.segment_bytes = self.segment_bytes
+        wire._nonfinite = self._nonfinite
+        return wire
+
+    # -- sizes and conversions --------------------------------------------------------------
+    def nbytes(self, numel: int) -> int:
+        """Bytes on the wire for `numel` values (0 for an empty message)."""
+        if numel == 0:
+            return 0
+        return 4 * numel if self.raw else self.codec.payload_nbytes(numel)
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """The bytes for the values of `x` (a contiguous 1-D fp32 range)."""
+        if x.numel() == 0:
+            return _EMPTY_BYTES.to(x.device)
+        if self.raw:
+            return x.view(torch.uint8)
+        payload = self.codec.encode(x)
+        if self.channel is not None:
+            payload = self.channel.corrupt(payload, self.codec)
+        return payload.data
+
+    def unpack(self, data: torch.Tensor, numel: int, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """The fp32 values of a received message of `numel` values (into `out` if given,
+        a contiguous fp32 tensor, when the codec can decode in place)."""
+        if numel == 0:
+            return torch.empty(0, dtype=torch.float32, device=data.device)
+        if self.raw:
+            return data.view(torch.float32)
+        payload = Payload(data, torch.Size([numel]))
+        if out is not None and self._decode_into:
+            x = self.codec.decode(payload, out=out)  # type: ignore[call-arg]
+        else:
+            x = self.codec.decode(payload)
+        if self.channel is not None:
+            x, bad = self.channel.guard(x)
+            self._nonfinite[0] += bad
+        return x
+
+    def share(self, x: torch.Tensor) -> torch.Tensor:
+        """Encode `x` once for distribution and replace `x` by what receivers will decode."""
+        data = self.pack(x)
+        if not self.exact and x.numel():
+            self.land(x, data)
+        return data
+
+    # -- receive targets -------------------------------------------------------------------
+    def into(self, dest: torch.Tensor) -> int | torch.Tensor:
+        """Receive target for bytes that will land in `dest` (in place on the raw path)."""
+        return dest.view(torch.uint8) if self.raw and dest.numel() else self.nbytes(dest.numel())
+
+    def land(self, dest: torch.Tensor, data: torch.Tensor) -> None:
+        """Store received bytes (from `into(dest)`) as values in `dest`."""
+        if dest.numel() == 0 or (self.raw and data.data_ptr() == dest.data_ptr()):
+            return
+        values = self.unpack(data, dest.numel(), out=dest)
+        if values.data_ptr() != dest.data_ptr():
+            dest.copy_(values)
+
+    def temp(self, numel: int, slot: int = 0) -> int | torch.Tensor:
+        """A reusable receive buffer for a message of `numel` values (`slot` keeps several)."""
+        n = self.nbytes(numel)
+        if n == 0:
+            return 0
+        return self.scratch.get(f"wire{slot}", n, torch.uint8, self.device)
+
+    def accumulate(self, dest: torch.Tensor, data: torch.Tensor) -> None:
+        """`dest += values of data` in fp32."""
+        if dest.numel():
+            out = None if self.raw else \
+                self.scratch.get("decoded", dest.numel(), torch.float32, self.device)
+            dest.add_(self.unpack(data, dest.numel(), out=out))
+
+    # -- messages ---------------------------------------------------------------------------
+    def start(self, sends: Sequence[Send], recvs: Sequence[Recv]) -> _WirePending:
+        """Post sends and receives together; empty messages are skipped (received empty)."""
+        sent_keep = [i for i, (_, d) in enumerate(sends) if d.numel()]
+        keep = [i for i, (_, r) in enumerate(recvs) if _size(r)]
+        inner = self.comm.start([sends[i] for i in sent_keep], [recvs[i] for i in keep]) \
+            if sent_keep or keep else None
+        return _WirePending(inner, keep, sent_keep)
+
+    def exchange(self, sends: Sequence[Send], recvs: Sequence[Recv]) -> list[torch.Tensor]:
+        """`start`, wait for every receive, then for the sends; the received bytes in order."""
+        pending = self.start(sends, recvs)
+        out = [pending.recv(i) for i in range(len(recvs))]
+        pending.finish()
+        return out
+
+    def segments(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """`x` cut into pieces of about `segment_bytes` fp32 bytes (the same cut on every rank)."""
+        parts = max(1, -(-x.numel() * 4 // self.segment_bytes))
+        return [x[a:b] for a, b in bounds(x.numel(), parts)] if parts > 1 else [x]
+
+    def reduce_step(self, send_to: int | None, source: torch.Tensor, recv_from: int | None,
+                    dest: torch.Tensor, *, shared: bool = False) -> None:
+        """Send `source`'s values to `send_to` and add those from `recv_from` into `dest`.
+
+        Both move in segments, all posted at once; each received segment is added as soon
+        as it arrives, overlapping the additions (and decodes) with the transfer. With
+        `shared=True` (`source` is `dest`, as in BRD) each sent segment is `share`d so both
+        partners add the same decoded values.
+        """
+        sends: list[Send] = []
+        if send_to is not None and source.numel():
+            sends = [(send_to, self.share(s) if shared else self.pack(s))
+                     for s in self.segments(source)]
+        parts = self.segments(dest) if recv_from is not None and dest.numel() else []
+        recvs: list[Recv] = []
+        if parts:
+            sizes = [self.nbytes(p.numel()) for p in parts]
+            buf = self.scratch.get("reduce", sum(sizes), torch.uint8, self.device)
+            at = 0
+            for n in sizes:
+                recvs.append((recv_from, buf[at:at + n]))  # type: ignore[arg-type]
+                at += n
+        if not sends and not recvs:
+            return
+        pending = self.comm.start(sends, recvs)
+        for i, part in enumerate(parts):
+            data = pending.recv(i)
+            if shared:
+                pending.sent(i)  # our bytes of this segment may still be on their way
+            self.accumulate(part, data)
+        pending.finish()
+
+
+class _WirePending:
+    """A batch posted through `Wire.start` (indices count the skipped empty messages too)."""
+
+    def __init__(self, inner: Pending | None, keep: list[int], sent_keep: list[int]) -> None:
+        self.inner = inner
+        self.index = {i: j for j, i in enumerate(keep)}
+        self.sent_index = {i: j for j, i in enumerate(sent_keep)}
+
+    def recv(self, i: int) -> torch.Tensor:
+        if i not in self.index:
+            return _EMPTY_BYTES
+        assert self.inner is not None
+        return self.inner.recv(self.index[i])
+
+    def sent(self, i: int) -> None:
+        """Wait until send `i` has left."""
+        if self.inner is not None and i in self.sent_index:
+            self.inner.sent(self.sent_index[i])
+
+    def finish(self) -> None:
+        if self.inner is not None:
+            self.inner.finish()
+
+
+def decodes_into(codec: Codec) -> bool:
+    """Whether `codec.decode` accepts `out=` (the FramedCodec family does)."""
+    return "out" in inspect.signature(codec.decode).parameters
+
+
+def _size(r: int | torch.Tensor) -> int:
+    return int(r.numel()) if isinstance(r, torch.Tensor) else int(r)

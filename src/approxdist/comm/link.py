@@ -1,0 +1,236 @@
+"""The link layer: tensors between two ranks through codec -> channel -> netem -> torch.distributed.
+
+Every byte that crosses the network in approxdist goes through a `Link` (DESIGN.md
+principle 2): pipeline activations and gradients, and every all-reduce of seed 001 except
+`native`. One `Link` belongs to one rank (built from its `DistContext`) and carries:
+
+* the emulated link (`netem.Shaper`, when a link spec is given): sends are released on a
+  background thread when their directed link's clock allows, receives are unchanged;
+* byte accounting (`link.stats`, bytes handed to torch.distributed per peer/direction);
+* an optional trace hook called with a `TransferEvent` per completed transfer.
+
+Matching: messages between two ranks are matched in posting order per direction, like
+MPI with a single tag; every receive must be posted in the same order as the peer's
+sends. Independent streams (e.g. one per communication thread) need their own `Link`
+with a distinct `tag` (gloo) or `group`. Transfers are either *sized* (the receiver
+passes the shape or byte count; only the payload travels) or *self-describing* (the
+sender passes `describe=True`, an 80-byte shape header precedes the payload, the
+receiver passes `shape=None`); both ends must agree. No reply is ever needed.
+
+Ops posted inside `with link.batch():` go to torch.distributed together
+(`batch_isend_irecv`), which NCCL needs for simultaneous exchanges; gloo posts them one
+by one either way.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from approxdist.comm.channel import Channel
+from approxdist.comm.codecs import Codec, Payload, get_codec
+from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
+from approxdist.comm.netem import LinkSpec, Shaper, parse_link
+from approxdist.comm.transfer import LinkStats, TraceHook, shape_header
+from approxdist.errors import CommError
+from approxdist.launch.context import DistContext
+
+__all__ = ["Link", "RecvHandle", "SendHandle"]
+
+T = TypeVar("T")
+
+
+class Link:
+    """This rank's end of every link; see the module docstring for matching rules."""
+
+    def __init__(self, ctx: DistContext, spec: LinkSpec | str | None = None, *,
+                 hook: TraceHook | None = None, group: Any = None, tag: int = 0) -> None:
+        self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
+        self.timeout_s = ctx.timeout_s
+        self.spec = parse_link(spec) if isinstance(spec, str) or spec is None else spec
+        if self.spec is not None and ctx.backend == "nccl":
+            raise CommError("link emulation (--link) posts sends from a shaper thread, which "
+                            "NCCL exchanges cannot do; use --device cpu (gloo) to emulate links")
+        self.hook, self.group, self.tag = hook, group, tag
+        self.stats = LinkStats()
+        self._shaper = Shaper(self.spec) if self.spec is not None else None
+        self._pending: dict[int, collections.deque[RecvHandle[Any]]] = \
+            collections.defaultdict(collections.deque)
+        self._batch: list[_Op] | None = None
+        self._fp32 = get_codec("fp32")
+        self._pg: Any = None
+        self._ranks: list[int] | None = None
+
+    def process_group(self) -> Any:
+        """The torch.distributed process group the link's requests go to."""
+        if self._pg is None:
+            self._pg = self.group if self.group is not None else dist.group.WORLD
+        return self._pg
+
+    def group_ranks(self) -> list[int]:
+        """Each global rank numbered inside the link's group (identity for the world)."""
+        if self._ranks is None:
+            self._ranks = list(range(self.world_size)) if self.group is None else \
+                [dist.get_group_rank(self.group, r) for r in range(self.world_size)]
+        return self._ranks
+
+    # -- posting -------------------------------------------------------------------------
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise CommError(f"rank {self.rank}: peer {peer} is not another rank of this "
+                            f"world of {self.world_size}")
+
+    def _post(self, direction: Direction, peer: int, buf: torch.Tensor) -> _Op:
+        shaped = direction == "send" and self._shaper is not None
+        op = _Op(self, direction, peer, buf, shaped)
+        self.stats.count(direction, peer, buf.numel())
+        if shaped:
+            self._shaper.submit(peer, buf.numel(), op.post)  # type: ignore[union-attr]
+        elif self._batch is not None:
+            self._batch.append(op)
+        else:
+            op.post()
+        return op
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Post the sends and sized receives made inside the block together."""
+        outer, self._batch = self._batch, []
+        try:
+            yield
+        finally:
+            ops, self._batch = self._batch, outer
+            if ops and self.device.type == "cuda":
+                works = dist.batch_isend_irecv([op.p2p() for op in ops])
+                for op, work in zip(ops, works):
+                    op.work = work
+            else:
+                for op in ops:
+                    op.post()
+
+    def _pump(self, peer: int, until: RecvHandle[Any] | None) -> None:
+        """Post queued receives from `peer` in order, blocking on headers up to `until`."""
+        queue = self._pending[peer]
+        while queue:
+            head = queue[0]
+            block = until is not None and (head is until or until in queue)
+            if not head._post_next(block):
+                return
+            queue.popleft()
+
+    # -- bytes ---------------------------------------------------------------------------
+    def post_bytes(self, sends: Sequence[tuple[int, torch.Tensor]],
+                   recvs: Sequence[tuple[int, int | torch.Tensor]]
+                   ) -> tuple[list[Any], list[_Op]]:
+        """Post sized byte receives, then sends, together (the all-reduce hot path).
+
+        Returns (receive handles, send handles); each has `wait()`, the receive's returning
+        its bytes. Same matching rules as `irecv_bytes` / `isend_bytes`.
+        """
+        if self.device.type == "cuda":
+            with self.batch():
+                return self._post_bytes(sends, recvs)
+        return self._post_bytes(sends, recvs)
+
+    def _post_bytes(self, sends: Sequence[tuple[int, torch.Tensor]],
+                    recvs: Sequence[tuple[int, int | torch.Tensor]]
+                    ) -> tuple[list[Any], list[_Op]]:
+        rops: list[Any] = []
+        for peer, r in recvs:
+            if self._pending.get(peer):  # self-describing receives queued before it
+                rops.append(self.irecv_bytes(peer, r))
+                continue
+            self._check_peer(peer)
+            buf = r if isinstance(r, torch.Tensor) else \
+                torch.empty(r, dtype=torch.uint8, device=self.device)
+            rops.append(self._post("recv", peer, buf))
+        sops = []
+        for peer, data in sends:
+            self._check_peer(peer)
+            sops.append(self._post("send", peer, data))
+        return rops, sops
+
+    def isend_bytes(self, data: torch.Tensor, peer: int) -> SendHandle:
+        """Send a 1-D uint8 tensor as is; the receiver must know its length."""
+        self._check_peer(peer)
+        return SendHandle([self._post("send", peer, data)])
+
+    def irecv_bytes(self, peer: int, nbytes: int | torch.Tensor) -> RecvHandle[torch.Tensor]:
+        """Receive `nbytes` bytes (or into the given 1-D uint8 buffer); wait() returns them."""
+        self._check_peer(peer)
+        out = nbytes if isinstance(nbytes, torch.Tensor) else None
+        n = int(out.numel()) if out is not None else int(nbytes)
+        return self._irecv(peer, n, out, torch.Size([n]), lambda buf, shape: buf)
+
+    def _irecv(self, peer: int, nbytes: int | None, out: torch.Tensor | None,
+               shape: torch.Size | None, finish: Callable[[torch.Tensor, torch.Size], T]
+               ) -> RecvHandle[T]:
+        handle = RecvHandle(self, peer, nbytes, out, shape, finish)
+        queue = self._pending[peer]
+        if queue or nbytes is None:
+            queue.append(handle)
+            self._pump(peer, until=None)
+        else:
+            handle._post_next(block=False)  # nothing queued before it: post at once
+        return handle
+
+    # -- tensors -------------------------------------------------------------------------
+    def isend(self, x: torch.Tensor, peer: int, codec: Codec | None = None,
+              channel: Channel | None = None, *, describe: bool = True) -> SendHandle:
+        """Encode `x` (any shape) with `codec` (default fp32), corrupt it on `channel`, send.
+
+        With `describe=True` an 80-byte shape header goes first and the receiver calls
+        `irecv(peer, None, codec)`; with `describe=False` the receiver passes the shape.
+        """
+        self._check_peer(peer)
+        codec = codec or self._fp32
+        payload = codec.encode(x.detach())
+        if channel is not None:
+            payload = channel.corrupt(payload, codec)
+        ops = []
+        if describe:
+            header = shape_header(payload.wire_bytes, list(x.shape), self.device)
+            ops.append(self._post("send", peer, header))
+        ops.append(self._post("send", peer, payload.data))
+        return SendHandle(ops)
+
+    def irecv(self, peer: int, shape: Sequence[int] | int | None = None,
+              codec: Codec | None = None, channel: Channel | None = None
+              ) -> RecvHandle[torch.Tensor]:
+        """Receive one tensor; `shape=None` for a self-describing send. wait() -> fp32 tensor.
+
+        With a `channel`, non-finite decoded values are set to 0 and counted in
+        `stats.nonfinite`.
+        """
+        self._check_peer(peer)
+        codec = codec or self._fp32
+        size = None if shape is None else torch.Size([shape] if isinstance(shape, int) else shape)
+        nbytes = None if size is None else codec.payload_nbytes(size.numel())
+        return self._irecv(peer, nbytes, None, size,
+                           lambda buf, shp: self._decode(buf, shp, codec, channel))
+
+    def _decode(self, buf: torch.Tensor, shape: torch.Size, codec: Codec,
+                channel: Channel | None) -> torch.Tensor:
+        x = codec.decode(Payload(buf, shape))
+        if channel is not None:
+            x, bad = channel.guard(x)
+            self.stats.nonfinite += bad
+        return x
+
+    def send(self, x: torch.Tensor, peer: int, codec: Codec | None = None,
+             channel: Channel | None = None, *, describe: bool = True) -> None:
+        self.isend(x, peer, codec, channel, describe=describe).wait()
+
+    def recv(self, peer: int, shape: Sequence[int] | int | None = None,
+             codec: Codec | None = None, channel: Channel | None = None) -> torch.Tensor:
+        return self.irecv(peer, shape, codec, channel).wait()
+
+    def close(self) -> None:
+        """Release held sends and stop the shaper thread (call before leaving the group)."""
+        if self._shaper is not None:
+            self._shaper.close()

@@ -1,0 +1,144 @@
+"""Requests and handles of the link layer: one torch.distributed send or receive each.
+
+`_Op` is one request to torch.distributed (posted at once, in a batch, or later by the
+netem shaper thread); `SendHandle` and `RecvHandle` are what `Link.isend` / `Link.irecv`
+return. A gloo request must be waited exactly once, so `_Op.wait` remembers it.
+Requests go straight to the process group object (`pg.send` / `pg.recv`, what
+`dist.isend` calls after its argument checks): the all-reduce fast path posts a few
+per step and every microsecond of CPU counts when ranks outnumber cores (seed 001).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from approxdist.comm.transfer import TransferEvent, header_buffer, parse_header
+from approxdist.errors import CommError
+
+if TYPE_CHECKING:
+    from approxdist.comm.link import Link
+
+T = TypeVar("T")
+Direction = Literal["send", "recv"]
+
+
+class _Op:
+    """One torch.distributed request, posted now, in a batch, or later by the shaper."""
+
+    __slots__ = ("link", "direction", "peer", "buf", "work", "error", "ready", "start", "done")
+
+    def __init__(self, link: Link, direction: Direction, peer: int, buf: torch.Tensor,
+                 shaped: bool) -> None:
+        self.link, self.direction, self.peer, self.buf = link, direction, peer, buf
+        self.work: Any = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event() if shaped else None
+        self.start = time.perf_counter() if link.hook is not None else 0.0
+        self.done = False
+
+    def p2p(self) -> dist.P2POp:
+        fn = dist.isend if self.direction == "send" else dist.irecv
+        return dist.P2POp(fn, self.buf, self.peer, self.link.group, self.link.tag)
+
+    def post(self) -> None:
+        link = self.link
+        try:
+            pg = link._pg or link.process_group()
+            peer = (link._ranks or link.group_ranks())[self.peer]
+            if self.direction == "send":
+                self.work = pg.send([self.buf], peer, link.tag)
+            else:
+                self.work = pg.recv([self.buf], peer, link.tag)
+        except BaseException as exc:  # noqa: BLE001 - raised in wait() on the caller's thread
+            self.error = exc
+        if self.ready is not None:
+            self.ready.set()
+
+    def describe(self) -> str:
+        return f"rank {self.link.rank}: {self.direction} of {self.buf.numel()} bytes " \
+               f"{_dir(self.direction)} rank {self.peer}"
+
+    def wait(self) -> torch.Tensor:
+        """Wait once and return the buffer; later calls return at once (a gloo request
+        must not be waited twice)."""
+        if self.done:
+            return self.buf
+        if self.ready is not None:
+            self.ready.wait()
+        elif self.work is None and self.error is None:
+            raise CommError(f"{self.describe()} waited on inside link.batch(); wait after "
+                            f"the batch block")
+        try:
+            if self.error is not None:
+                raise self.error
+            self.work.wait()
+        except CommError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - re-raised with ranks and sizes
+            raise CommError(f"{self.describe()} failed: {exc}") from exc
+        self.done = True
+        if self.link.hook is not None:
+            self.link.hook(TransferEvent(self.direction, self.link.rank, self.peer,
+                                         self.buf.numel(), self.start, time.perf_counter()))
+        return self.buf
+
+
+def _dir(direction: str) -> str:
+    return "to" if direction == "send" else "from"
+
+
+class SendHandle:
+    """A posted send; `wait()` returns once the bytes have left (the buffer may be reused)."""
+
+    def __init__(self, ops: Sequence[_Op]) -> None:
+        self._ops = ops
+
+    def wait(self) -> None:
+        for op in self._ops:
+            op.wait()
+
+
+class RecvHandle(Generic[T]):
+    """A posted receive; `wait()` returns the received value."""
+
+    def __init__(self, link: Link, peer: int, nbytes: int | None, out: torch.Tensor | None,
+                 shape: torch.Size | None, finish: Callable[[torch.Tensor, torch.Size], T]) -> None:
+        self.link, self.peer, self._finish = link, peer, finish
+        self._nbytes, self._out, self._shape = nbytes, out, shape
+        self._header: _Op | None = None
+        self._payload: _Op | None = None
+        self._result: T | None = None
+        self._done = False
+
+    def _post_next(self, block: bool) -> bool:
+        """Post what can be posted; True once the payload receive is posted."""
+        if self._payload is not None:
+            return True
+        if self._nbytes is None and self._header is None:
+            self._header = self.link._post("recv", self.peer, header_buffer(self.link.device))
+        if self._nbytes is None:
+            if not block:
+                return False
+            assert self._header is not None
+            self._header.wait()
+            self._nbytes, self._shape = parse_header(self._header.buf, self.peer)
+        if self._out is None:
+            self._out = torch.empty(self._nbytes, dtype=torch.uint8, device=self.link.device)
+        self._payload = self.link._post("recv", self.peer, self._out[:self._nbytes])
+        return True
+
+    def wait(self) -> T:
+        if not self._done:
+            if self._payload is None:
+                self.link._pump(self.peer, until=self)
+            assert self._payload is not None and self._shape is not None
+            self._payload.wait()
+            self._result = self._finish(self._payload.buf, self._shape)
+            self._done = True
+        return self._result  # type: ignore[return-value]

@@ -1,0 +1,132 @@
+"""What `approxdist analyze` prints: the run's context and the bottleneck tables.
+
+`RunInfo.load(run_dir, trace)` reads the run's context: the pipeline shape from
+`config.toml` (stages, micro-batches, schedule; else from `otherData.ranks[*].pipeline`
+in the trace), the last epoch record of `metrics.jsonl` and each rank's clock;
+`format_report` renders an `Analysis` with it as plain text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from approxdist.trace.analysis import Analysis, RankFigures
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Pipeline shape (when a pipeline run), last epoch metrics, clock of each rank."""
+
+    stages: int | None = None
+    microbatches: int | None = None
+    schedule: str = ""
+    epoch: dict[str, Any] = field(default_factory=dict)
+    clocks: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def load(run_dir: str | Path, trace: dict[str, Any]) -> RunInfo:
+        run_dir = Path(run_dir)
+        stages = microbatches = None
+        schedule = ""
+        if (run_dir / "config.toml").is_file():
+            from approxdist.config.loader import read_toml
+
+            cfg = read_toml(run_dir / "config.toml")
+            pipe = cfg.get("pipeline", {})
+            if cfg.get("train", {}).get("parallel") == "pipeline":
+                stages, microbatches = pipe.get("stages"), pipe.get("microbatches")
+                schedule = str(pipe.get("schedule", ""))
+        ranks = trace.get("otherData", {}).get("ranks", {})
+        recorded: dict[str, Any] = next(
+            (info["pipeline"] for info in ranks.values() if "pipeline" in info), {})
+        if stages is None and recorded:  # the engine recorded its shape in the trace
+            stages, microbatches = recorded.get("stages"), recorded.get("microbatches")
+            schedule = str(recorded.get("schedule", ""))
+        epochs = [r for r in _records(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
+        clocks = {r: info.get("clock", {}) for r, info in ranks.items()}
+        return RunInfo(stages, microbatches, schedule, epochs[-1] if epochs else {}, clocks)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _rank_table(ranks: list[RankFigures]) -> list[str]:
+    lines = ["per rank (fractions of its traced step window; they sum to 1)",
+             f"{'rank':>4} {'steps':>5} {'window ms':>10} {'compute':>8} {'comm':>7} "
+             f"{'waiting':>8} {'bubble':>7} {'busy/step ms':>13}"]
+    for f in ranks:
+        lines.append(f"{f.rank:>4} {f.steps:>5} {f.window_s * 1e3:>10.2f} {f.compute:>8.3f} "
+                     f"{f.comm:>7.3f} {f.waiting:>8.3f} {f.bubble:>7.3f} "
+                     f"{f.busy_per_step_s * 1e3:>13.3f}")
+    return lines
+
+
+def _link_table(analysis: Analysis) -> list[str]:
+    if not analysis.links:
+        return ["per link: no transfer events (install rec.transfer_hook() on the Link)"]
+    lines = ["per link and direction (transfer time = union of in-flight intervals)",
+             f"{'link':>6} {'messages':>8} {'bytes':>12} {'time ms':>9} {'MB/s':>9} {'matched':>7}"]
+    for k in analysis.links:
+        lines.append(f"{k.src:>3}->{k.dst:<2} {k.messages:>8} {k.nbytes:>12,} "
+                     f"{k.time_s * 1e3:>9.3f} {k.bandwidth_bps / 1e6:>9.2f} "
+                     f"{'yes' if k.matched else 'no':>7}")
+    return lines
+
+
+def _top(items: dict[str, float], n: int = 3) -> str:
+    best = sorted(((v, k) for k, v in items.items() if v > 0), reverse=True)[:n]
+    return ", ".join(f"{k} {v * 1e3:.2f} ms" for v, k in best) or "nothing"
+
+
+def _slowest(analysis: Analysis) -> list[str]:
+    if analysis.slowest is None:
+        return []
+    f = next(r for r in analysis.ranks if r.rank == analysis.slowest)
+    return [f"slowest stage: rank {f.rank}, busy {f.busy_per_step_s * 1e3:.3f} ms per step "
+            f"(compute {f.compute:.1%}, comm {f.comm:.1%}, waiting {f.waiting:.1%}, "
+            f"bubble {f.bubble:.1%})",
+            f"  idle in: {_top(f.stalls)}",
+            f"  links in flight while it waited: {_top(f.waits_on)}"]
+
+
+def _bubble(analysis: Analysis, info: RunInfo) -> list[str]:
+    b = analysis.bubble
+    if b is None:
+        return []
+    p, m = b.stages, b.microbatches
+    return [f"pipeline bubble ({info.schedule or 'pipeline'}, P={p}, M={m}): theory "
+            f"(P-1)/(M+P-1) = {p - 1}/{m + p - 1} = {b.theory:.3f}; measured bubble "
+            f"{b.measured:.3f} (mean over ranks); not computing {b.idle:.3f}"]
+
+
+def _metrics(info: RunInfo) -> list[str]:
+    e = info.epoch
+    if not e:
+        return []
+    sent = ", ".join(f"{k} {v:,}" for k, v in sorted(e.get("bytes_sent", {}).items()))
+    return [f"metrics.jsonl, epoch {e.get('epoch')}: step {e.get('step_time_s', 0) * 1e3:.2f} ms, "
+            f"{e.get('samples_per_s', 0):.0f} samples/s; bytes sent per epoch: {sent or 'none'}"]
+
+
+def format_report(analysis: Analysis, info: RunInfo, title: str) -> str:
+    bounds = [c.get("error_bound_us", 0.0) for c in info.clocks.values()]
+    methods = sorted({str(c.get("method", "?")) for c in info.clocks.values()})
+    head = (f"{title}: {len(analysis.ranks)} ranks; clock {', '.join(methods) or 'unknown'}"
+            f" (alignment error <= {max(bounds, default=0.0):.1f} us)")
+    parts = [[head], _rank_table(analysis.ranks), _link_table(analysis), _slowest(analysis),
+             _bubble(analysis, info), _metrics(info)]
+    return "\n\n".join("\n".join(p) for p in parts if p)
+
+
+def report_dict(analysis: Analysis, info: RunInfo) -> dict[str, Any]:
+    """The `--json` document: the analysis plus the run context it was read with."""
+    return {**analysis.to_dict(), "pipeline": {"stages": info.stages,
+                                               "microbatches": info.microbatches,
+                                               "schedule": info.schedule},
+            "clock": info.clocks, "metrics_last_epoch": info.epoch}

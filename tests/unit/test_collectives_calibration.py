@@ -1,0 +1,134 @@
+"""Hybrid's choice: the alpha-beta model, calibration fitting and files, bench helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from approxdist.cli.bench_allreduce import combos_for, parse_algorithms, parse_sizes
+from approxdist.comm.collectives import Calibration, Measurement, fit, get_algorithm
+from approxdist.comm.collectives.bench import p10, summarize, table
+from approxdist.comm.collectives.calibration import fit_model
+from approxdist.comm.collectives.hybrid import Hybrid
+from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, cost_terms, predict
+from approxdist.comm.collectives.sim import simulate
+from approxdist.comm.netem import parse_link
+from approxdist.errors import ConfigError
+
+M = 1 << 20
+
+
+def test_cost_terms_match_seed_001_table() -> None:
+    assert cost_terms("brd", 8, M) == (3, 3 * M)
+    assert cost_terms("brb", 8, M) == (6, 6 * M)
+    assert cost_terms("vhd", 8, M) == (6, 2 * M * 7 / 8)
+    assert cost_terms("ring", 8, M) == (14, 2 * M * 7 / 8)
+    assert cost_terms("brd", 6, M) == (2 + 2, 2 * M + 2 * M)  # folded: two extra steps
+    assert cost_terms("vhd", 1, M) == (0, 0)
+
+
+def test_default_model_picks_brd_small_and_bandwidth_optimal_large() -> None:
+    hybrid = get_algorithm("hybrid")
+    assert isinstance(hybrid, Hybrid)
+    assert hybrid.choose(4096, 4) == "brd"
+    assert hybrid.choose(64 * M, 4) in ("vhd", "ring")
+    assert hybrid.choose(64 * M, 3) in ("vhd", "ring")
+    # a slow link makes bytes dominate sooner; compression makes them matter later
+    slow = Hybrid(get_algorithm, link=parse_link("bw=10mbit"))
+    assert slow.choose(256 * 1024, 4) in ("vhd", "ring")
+    assert predict("vhd", 4, M, DEFAULT.with_link(parse_link("bw=1gbit"))) > predict("vhd", 4, M)
+
+
+def test_fit_recovers_alpha_beta() -> None:
+    truth = AlphaBeta(5e-4, 2e-9)
+    sizes = [4096, 65536, M, 16 * M]
+    points = [Measurement("vhd", s, truth.time(*cost_terms("vhd", 4, s))) for s in sizes]
+    model = fit_model("vhd", 4, points)
+    assert model.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
+    assert model.beta_s_per_byte == pytest.approx(truth.beta_s_per_byte, rel=1e-6)
+
+
+def _measured() -> list[Measurement]:
+    small, large = AlphaBeta(1e-3, 3e-9), AlphaBeta(2e-3, 1e-9)
+    rows = []
+    for s in (4096, 65536, M, 16 * M):
+        rows.append(Measurement("brd", s, small.time(*cost_terms("brd", 4, s))))
+        rows.append(Measurement("vhd", s, large.time(*cost_terms("vhd", 4, s))))
+        rows.append(Measurement("hybrid", s, 1.0))  # never a candidate
+    return rows
+
+
+def test_thresholds_follow_the_measured_winners(tmp_path: Path) -> None:
+    cal = fit(_measured(), 4, link="none", codec="fp32")
+    assert cal.thresholds[-1] == (None, "vhd")
+    assert [a for _, a in cal.thresholds] == ["brd", "vhd"]
+    cut = cal.thresholds[0][0]
+    assert cut is not None and 4096 <= cut < 16 * M
+    assert cal.choose(4096) == "brd" and cal.choose(16 * M) == "vhd"
+    path = cal.save(tmp_path / "cal.json")
+    assert json.loads(path.read_text())["thresholds"][0]["algorithm"] == "brd"
+    again = Calibration.load(path)
+    assert again.thresholds == cal.thresholds and again.models == cal.models
+    hybrid = get_algorithm("hybrid", calibration=path)
+    assert isinstance(hybrid, Hybrid) and hybrid.choose(16 * M, 4) == "vhd"
+
+
+def test_winner_by_paired_ratio_when_measured() -> None:
+    """Medians favour brb, but round by round against native brd was faster: brd wins."""
+    rows = [Measurement("brb", 4096, 1.0e-3, 0.9), Measurement("brd", 4096, 1.1e-3, 0.7),
+            Measurement("native", 4096, 1.2e-3, 1.0)]
+    assert fit(rows, 4).thresholds == ((None, "brd"),)
+    plain = [Measurement(m.algorithm, m.size_bytes, m.median_s) for m in rows]
+    assert fit(plain, 4).thresholds == ((None, "brb"),)
+
+
+def test_calibration_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read calibration file"):
+        Calibration.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1}')
+    with pytest.raises(ConfigError, match="malformed.*--calibrate"):
+        Calibration.load(bad)
+    cal = fit(_measured(), 4)
+    with pytest.raises(ConfigError, match="measured on 4 ranks but this run has 3"):
+        simulate("hybrid", [torch.ones(8)] * 3, calibration=cal)
+
+
+def test_hybrid_with_calibration_runs_the_chosen_algorithm() -> None:
+    cal = Calibration(2, ((100, "brb"), (None, "ring")))
+    for n in (10, 1000):
+        outs = simulate("hybrid", [torch.ones(n), torch.ones(n)], calibration=cal)
+        assert torch.equal(outs[0], torch.full((n,), 2.0))
+
+
+def test_bench_argument_parsing() -> None:
+    assert parse_sizes("4K,64K,1M,16M,64M") == (4096, 65536, M, 16 * M, 64 * M)
+    assert parse_sizes("12") == (12,)
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        parse_sizes("6")
+    with pytest.raises(ConfigError, match="not <number>"):
+        parse_sizes("4X")
+    assert parse_algorithms("all")[0] == "native"
+    with pytest.raises(Exception, match="valid: .*vhd"):
+        parse_algorithms("ring,bogus")
+    assert combos_for(["native", "ring"], ["fp32", "bf16"]) == (
+        ("native", "fp32"), ("ring", "fp32"), ("ring", "bf16"))
+
+
+def test_summary_rows_use_the_slowest_rank_and_native_ratio() -> None:
+    rank0 = {("native", "fp32", 1000): [1.0, 2.0, 3.0], ("ring", "fp32", 1000): [1.0, 1.0, 1.0]}
+    rank1 = {("native", "fp32", 1000): [2.0, 1.0, 3.0], ("ring", "fp32", 1000): [0.5, 4.0, 0.5]}
+    rows = {r.algorithm: r for r in summarize([rank0, rank1], 2, None)}
+    assert rows["native"].median_s == 2.0  # max per repetition: 2, 2, 3
+    assert rows["ring"].median_s == 1.0    # 1, 4, 1
+    assert rows["ring"].ratio_vs_native == 0.5
+    assert rows["ring"].extra["paired_ratio"] == 0.5  # median of 1/2, 4/2, 1/3
+    assert rows["ring"].busbw_gbps == pytest.approx(1000 / 1.0 * 1.0 / 1e9)
+    assert set(rows["ring"].as_json()) >= {"algorithm", "codec", "size_bytes", "world_size",
+                                           "median_s", "p10_s", "busbw_gbps",
+                                           "ratio_vs_native"}
+    assert "ring" in table(list(rows.values()))
+    assert p10([5.0, 1.0, 3.0]) == 1.0 and p10(list(range(1, 21))) == 2
