@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from approxdist.cli import bench_allreduce, bench_codec
+from approxdist.cli import bench_allreduce, bench_codec, bench_dp, bench_pipeline
 
 #: each module has `register(subparsers)`; later issues add allreduce, dp, pipeline
-BENCHES: tuple[Any, ...] = (bench_codec, bench_allreduce)
+BENCHES: tuple[Any, ...] = (bench_codec, bench_allreduce, bench_dp, bench_pipeline)
 
 
 def register(sub: Any) -> None:

@@ -15,14 +15,28 @@ from approxdist.data import DATASETS, load_dataset
 from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
+from approxdist.pipeline.runtime import check_run
 from approxdist.train.worker import run_worker
+
+#: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
+PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd_codec",
+                  "bwd_codec", "fwd_channel", "bwd_channel", "recompute")
+
+#: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
+DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
+            "error_feedback": "error_feedback", "bucket_mb": "bucket_mb", "threads": "threads",
+            "chunk_kb": "chunk_kb", "overlap": "overlap", "early_forward": "early_forward",
+            "codec_rule": "codec_rules", "find_unused": "find_unused"}
 
 #: flag -> (section, key); flags override the config file, `--set` overrides flags
 FLAG_KEYS = {
     "parallel": ("train", "parallel"), "world_size": ("train", "world_size"),
     "epochs": ("train", "epochs"), "device": ("train", "device"), "out": ("train", "out"),
     "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
-    "data_dir": ("data", "data_dir"), "link": ("comm", "link"), "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"),
+    "data_dir": ("data", "data_dir"), "link": ("comm", "link"),
+    "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"),
+    **{name: ("pipeline", name) for name in PIPELINE_FLAGS},
+    **{flag: ("dp", key) for flag, key in DP_FLAGS.items()},
 }
 
 
@@ -32,7 +46,8 @@ def register(sub: Any) -> None:
         description="Train a model. With no arguments: digits, ResNet-20, 2 local workers, "
                     "data-parallel. Precedence: defaults < --config < flags < --set.",
     )
-    p.add_argument("--parallel", choices=["single", "dp"], help="parallelism (default dp)")
+    p.add_argument("--parallel", choices=["single", "dp", "pipeline"],
+                   help="parallelism (default dp)")
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
     p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}")
     p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
@@ -43,12 +58,51 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--link", help="emulated link for every transfer, e.g. bw=100mbit,lat=1ms")
+    add_pipeline_flags(p)
+    add_dp_flags(p)
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set optim.momentum=0.8 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
     p.set_defaults(func=run)
+
+
+def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pipeline (--parallel pipeline; docs/pipeline.md)")
+    g.add_argument("--stages", type=int, help="pipeline stages, one per rank (default: world size)")
+    g.add_argument("--split", help="first block of stages 1, 2, ...: e.g. 3 or 3,7")
+    g.add_argument("--balance", choices=["params", "time"], help="partition by cost instead")
+    g.add_argument("--microbatches", type=int, help="micro-batches per mini-batch (default 4)")
+    g.add_argument("--schedule", help="pipeline schedule: gpipe (default) or 1f1b")
+    g.add_argument("--fwd-codec", help="wire format of activations, e.g. bits:s0e2+2m0")
+    g.add_argument("--bwd-codec", help="wire format of gradients, e.g. bf16")
+    g.add_argument("--fwd-channel", help="bit errors on activations, e.g. ber:1e-3@5")
+    g.add_argument("--bwd-channel", help="bit errors on gradients")
+    g.add_argument("--recompute", action="store_true", default=None,
+                   help="keep only stage inputs, recompute the forward in backward (GPipe)")
+
+
+def add_dp_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data parallel (--parallel dp; docs/data_parallel.md)")
+    g.add_argument("--dp-engine", choices=["approxdist", "plain"],
+                   help="approxdist (default: buckets, overlap, codecs) or plain dist.all_reduce")
+    g.add_argument("--algorithm", help="all-reduce: hybrid (default), ring, brb, brd, vhd, native")
+    g.add_argument("--codec", help="gradient wire format, e.g. bf16, fp8-e5m2, bits:s1e6m1")
+    g.add_argument("--codec-rule", action="append", metavar="PATTERN=CODEC",
+                   help="per-parameter codec, e.g. type:Conv2d.weight=fp8-e5m2 or *.bias=fp32 "
+                        "(repeatable, first match wins)")
+    g.add_argument("--error-feedback", action="store_true", default=None,
+                   help="keep what a lossy codec dropped and add it to the next step")
+    g.add_argument("--bucket-mb", type=float, help="gradient bucket size in MiB (default 1)")
+    g.add_argument("--threads", type=int, help="communication threads (default 2)")
+    g.add_argument("--chunk-kb", type=float, help="fragment size over threads, KiB (default 0 = off)")
+    g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
+                   help="reduce after backward instead of during it")
+    g.add_argument("--early-forward", action="store_true", default=None,
+                   help="update each bucket as it arrives; next forward waits per layer")
+    g.add_argument("--find-unused", action="store_true", default=None,
+                   help="leave .grad None for parameters no rank used (one extra small all-reduce)")
 
 
 def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -59,6 +113,11 @@ def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             layer.setdefault(section, {})[key] = value
     if args.parallel == "single" and args.world_size is None:
         layer["train"]["world_size"] = 1
+    if args.parallel == "pipeline":  # one rank per stage: either flag sets both
+        if args.stages is not None and args.world_size is None:
+            layer["train"]["world_size"] = args.stages
+        elif args.world_size is not None and args.stages is None:
+            layer.setdefault("pipeline", {})["stages"] = args.world_size
     return layer
 
 
@@ -82,11 +141,13 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
 def preflight(cfg: Config) -> None:
     """Catch bad data paths and model/data mismatches here, before any worker starts."""
     data = load_dataset(cfg.data)
-    build_model(cfg.model, data.input_shape, data.num_classes)
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
     n = data.train_x.shape[0]
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
                           f"set ({n} samples); use a batch size <= {n}")
+    if cfg.train.parallel == "pipeline":
+        check_run(cfg.pipeline, cfg.train.world_size, len(model), cfg.data.batch_size)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from approxdist.config.dp import DPConfig
+from approxdist.config.pipeline import PipelineConfig
 from approxdist.errors import ConfigError
 
-PARALLEL_MODES = ("single", "dp")
+PARALLEL_MODES = ("single", "dp", "pipeline")
 LR_SCHEDULES = ("constant", "step", "cosine")
 SHORTCUTS = ("A", "B")
 
@@ -153,15 +155,17 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    dp: DPConfig = field(default_factory=DPConfig)
 
     def __post_init__(self) -> None:
         world = self.train.world_size
-        if self.comm.link and self.train.parallel == "dp" and world > 1:
+        if self.comm.link and self.train.parallel == "dp" and world > 1 and self.dp.engine == "plain":
             raise ConfigError(
                 f"comm.link = {self.comm.link!r}: the plain dp engine reduces with dist.all_reduce, "
-                "which the link emulation cannot shape; drop --link for --parallel dp"
+                "which the link emulation cannot shape; drop --link or use --dp-engine approxdist"
             )
-        if self.data.batch_size % world:
+        if self.data.batch_size % world and self.train.parallel != "pipeline":  # stages share a batch
             lo = self.data.batch_size - self.data.batch_size % world
             hint = f"try {lo}" if lo else f"try {world}"
             raise ConfigError(

@@ -9,6 +9,8 @@ before every evaluation and checkpoint, so replicas stay identical.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +22,8 @@ from approxdist.launch.context import DistContext
 
 class PlainAllReduce:
     """Averages gradients over all ranks with one flat all-reduce; counts bytes and time."""
+
+    owns_step = False
 
     def __init__(self, model: nn.Module, ctx: DistContext) -> None:
         self.model = model
@@ -55,3 +59,13 @@ class PlainAllReduce:
         flat.div_(self.ctx.world_size)
         for b, synced in zip(bufs, _unflatten_dense_tensors(flat, bufs)):
             b.copy_(synced)
+
+    def world_link_bytes(self) -> dict[str, int]:
+        """gloo's all-reduce is not split by link: one total for this rank."""
+        return {"allreduce:native": self.bytes_sent}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        """Stateless."""

@@ -15,7 +15,7 @@ from torch.nn import functional as F  # noqa: N812
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset, load_dataset
 from approxdist.data.loader import _mix
-from approxdist.data_parallel.plain import PlainAllReduce
+from approxdist.data_parallel.sync import GradientSync, build_sync
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.train import log
@@ -46,9 +46,10 @@ class Trainer:
     optimizer: torch.optim.SGD
     batches: ShardedBatches
     lr_rule: LRRule
-    sync: PlainAllReduce | None
+    sync: GradientSync | None
     writer: MetricsWriter
     progress: Progress = field(default_factory=Progress)
+    link_bytes: dict[str, int] = field(default_factory=dict)  # per link, at the last epoch
 
     # -- one epoch ---------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -88,7 +89,8 @@ class Trainer:
         loss.backward()
         if self.sync:
             self.sync.sync_gradients()
-        self.optimizer.step()
+        if not (self.sync and self.sync.owns_step):  # early forward steps bucket by bucket
+            self.optimizer.step()
         return float(loss.item()), float((out.argmax(1) == y).sum().item())
 
     # -- the run ------------------------------------------------------------------
@@ -104,7 +106,7 @@ class Trainer:
             bytes_now = self.sync.bytes_sent if self.sync else 0
             record = {"kind": "epoch", "epoch": prog.epoch, "step": prog.step, **stats,
                       "test_accuracy": acc, "test_loss": test_loss,
-                      "bytes_sent": {"allreduce:native": bytes_now - prog.bytes_sent},
+                      "bytes_sent": self._link_bytes_delta(),
                       "time_wait_s": 0.0}
             prog.bytes_sent = bytes_now
             prog.history.append(record)
@@ -112,36 +114,28 @@ class Trainer:
             log.info(ctx, f"epoch {prog.epoch:3d}/{cfg.train.epochs}  loss {stats['train_loss']:.4f}"
                           f"  train {100 * stats['train_accuracy']:.2f}%  test {100 * acc:.2f}%"
                           f"  {stats['samples_per_s']:.0f} samples/s")
+            state = self.state_dict()  # on every rank: the dp engine gathers per-rank state
             if ctx.is_main:
-                save_checkpoint(self.run_dir, self.state_dict())
+                save_checkpoint(self.run_dir, state)
         return self.summary()
 
+    def _link_bytes_delta(self) -> dict[str, int]:
+        """Bytes sent per directed link during the last epoch (a collective)."""
+        now = self.sync.world_link_bytes() if self.sync else {}
+        delta = {k: v - self.link_bytes.get(k, 0) for k, v in now.items()}
+        self.link_bytes = now
+        return delta
+
     def summary(self) -> dict[str, Any]:
-        hist = self.progress.history
-        last = hist[-1] if hist else {}
-        samples = sum(h["samples_per_s"] * h["epoch_time_s"] for h in hist)
-        return {
-            "test_accuracy": last.get("test_accuracy"),
-            "best_test_accuracy": max((h["test_accuracy"] for h in hist), default=None),
-            "train_loss": last.get("train_loss"),
-            "train_accuracy": last.get("train_accuracy"),
-            "epochs": self.progress.epoch,
-            "steps": self.progress.step,
-            "wall_time_s": self.progress.elapsed_s,
-            "samples_per_s": samples / self.progress.elapsed_s if self.progress.elapsed_s else None,
-            "bytes_sent": self.progress.bytes_sent,
-            "world_size": self.ctx.world_size,
-            "parallel": self.cfg.train.parallel,
-            "model": self.cfg.model.name,
-            "dataset": self.cfg.data.dataset,
-        }
+        return run_summary(self.progress, self.cfg, self.ctx.world_size)
 
     # -- checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         p = self.progress
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "epoch": p.epoch, "step": p.step, "elapsed_s": p.elapsed_s,
-                "bytes_sent": p.bytes_sent, "history": p.history}
+                "bytes_sent": p.bytes_sent, "history": p.history,
+                "dp": self.sync.checkpoint_state() if self.sync else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -150,6 +144,29 @@ class Trainer:
                                  state["bytes_sent"], list(state["history"]))
         if self.sync:
             self.sync.bytes_sent = self.progress.bytes_sent
+            self.sync.load_checkpoint_state(state.get("dp", {}))
+
+
+def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, Any]:
+    """summary.json's figures from the epoch history (shared by the dp and pipeline trainers)."""
+    hist = progress.history
+    last = hist[-1] if hist else {}
+    samples = sum(h["samples_per_s"] * h["epoch_time_s"] for h in hist)
+    return {
+        "test_accuracy": last.get("test_accuracy"),
+        "best_test_accuracy": max((h["test_accuracy"] for h in hist), default=None),
+        "train_loss": last.get("train_loss"),
+        "train_accuracy": last.get("train_accuracy"),
+        "epochs": progress.epoch,
+        "steps": progress.step,
+        "wall_time_s": progress.elapsed_s,
+        "samples_per_s": samples / progress.elapsed_s if progress.elapsed_s else None,
+        "bytes_sent": progress.bytes_sent,
+        "world_size": world_size,
+        "parallel": cfg.train.parallel,
+        "model": cfg.model.name,
+        "dataset": cfg.data.dataset,
+    }
 
 
 def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool) -> Trainer:
@@ -157,8 +174,8 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool) ->
     data = load_dataset(cfg.data)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
-    sync = PlainAllReduce(model, ctx) if ctx.distributed else None
     optimizer = make_sgd(model, cfg.optim)
+    sync = build_sync(cfg, model, optimizer, ctx) if ctx.distributed else None
     batches = ShardedBatches(data, cfg.data.batch_size, ctx.rank, ctx.world_size,
                              cfg.train.seed, cfg.data.augment)
     rule = LRRule(cfg.optim, cfg.data.batch_size, batches.steps_per_epoch, cfg.train.epochs)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from approxdist.config.loader import build_config
 from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.train.loop import build_trainer
+from approxdist.train.pipeline_loop import build_pipeline_trainer
 
 
 def set_threads(ctx: DistContext, requested: int) -> None:
@@ -50,6 +51,8 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
+        if cfg.train.parallel == "pipeline":
+            return build_pipeline_trainer(cfg, ctx, path, resume).run()
         trainer = build_trainer(cfg, ctx, path, resume)
         return trainer.run()
     finally:

@@ -1,0 +1,120 @@
+"""`approxdist bench dp`: our data-parallel engine vs torch DDP, same model and batch, one run.
+
+    approxdist bench dp --world-size 2 --model resnet20 --codec fp32,bf16 --json dp.json
+    approxdist bench dp --model resnet56 --link bw=1gbit
+    approxdist bench dp --model mlp --codec bf16,bits:s0e2+2m0 --error-feedback \
+        --ddp-codec fp16 --link bw=1gbit
+
+Prints the median step of `local` (no communication: the lower bound), `ddp` and our
+engine per codec, the ratio to DDP and the share of communication hidden behind
+compute (method: `approxdist.data_parallel.bench`). `--json` writes the rows with keys
+engine, codec, link, median_step_s, ratio_vs_ddp, hidden_comm_fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from approxdist.comm.codecs import get_codec
+from approxdist.comm.netem import parse_link
+from approxdist.data_parallel.bench import DPBenchPlan, measure_rank, split_label, summarize
+from approxdist.errors import ConfigError
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.models import MODELS
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("dp", help="data-parallel engine vs torch DDP (step time)",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--world-size", type=int, default=2, help="local ranks (default 2)")
+    p.add_argument("--model", default="resnet20", help=f"{', '.join(MODELS.names())}")
+    p.add_argument("--hidden", type=int, default=1536,
+                   help="MLP width (default 1536: 3 hidden layers, 9.5M parameters)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank (default 32)")
+    p.add_argument("--codec", default="fp32",
+                   help="comma list of our engine's codecs; append +ef for error feedback on one")
+    p.add_argument("--error-feedback", action="store_true", help="error feedback for lossy codecs")
+    p.add_argument("--ddp-codec", default="fp32", choices=["fp32", "fp16"],
+                   help="DDP's wire: fp32 or fp16 (torch's fp16 hook, or ours with --link)")
+    p.add_argument("--link", default=None, help="emulated link, e.g. bw=1gbit,lat=100us")
+    p.add_argument("--algorithm", default="hybrid", help="our engine's all-reduce")
+    p.add_argument("--bucket-mb", type=float, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--chunk-kb", type=float, default=None)
+    p.add_argument("--early-forward", action="store_true")
+    p.add_argument("--calibration", default=None,
+                   help="hybrid's thresholds from approxdist bench allreduce --calibrate")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per variant per round")
+    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    p.set_defaults(func=run)
+
+
+def plan_from(args: argparse.Namespace) -> DPBenchPlan:
+    if args.world_size < 2:
+        raise ConfigError(f"--world-size {args.world_size}: data parallelism needs >= 2 ranks")
+    MODELS.get(args.model)
+    codecs = tuple(_label(c.strip()) for c in args.codec.split(",") if c.strip())
+    link = parse_link(args.link)
+    options: dict[str, Any] = {"algorithm": args.algorithm, "early_forward": args.early_forward}
+    for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    return DPBenchPlan(args.model, args.hidden, 3, args.batch_size, codecs, args.error_feedback,
+                       link.spec if link else None, args.ddp_codec, options, args.rounds,
+                       args.steps)
+
+
+def _label(text: str) -> str:
+    """A codec spec, canonicalised, keeping a `+ef` suffix (error feedback for that codec)."""
+    codec, ef = split_label(text)
+    return get_codec(codec).spec + ("+ef" if ef else "")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'engine':<11} {'codec':<20} {'link':<10} {'step ms':>8} {'vs ddp':>7} "
+             f"{'hidden':>7} {'bytes/step':>11}"]
+    for r in rows:
+        hidden = f"{100 * r['hidden_comm_fraction']:.0f}%" if r["hidden_comm_fraction"] \
+            is not None else "-"
+        nbytes = f"{r['bytes_per_step_rank0'] / 1e6:.2f}MB" if r.get("bytes_per_step_rank0") \
+            else "-"
+        lines.append(f"{r['engine']:<11} {r['codec']:<20} {r['link']:<10} "
+                     f"{1e3 * r['median_step_s']:8.1f} {r['ratio_vs_ddp']:6.2f}x {hidden:>7} "
+                     f"{nbytes:>11}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from(args)
+    per_rank = run_on_ranks(measure_rank, args.world_size, plan, timeout_s=3600,
+                            comm_timeout_s=300)
+    rows = summarize(per_rank, plan)
+    for r in rows:
+        r["model"], r["world_size"] = plan.model, args.world_size
+    print(table(rows))
+    print("reproduce: approxdist bench dp " + " ".join(_argv(args)))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    out = [f"--world-size {args.world_size}", f"--model {args.model}", f"--codec {args.codec}",
+           f"--batch-size {args.batch_size}", f"--ddp-codec {args.ddp_codec}"]
+    if args.model == "mlp":
+        out.append(f"--hidden {args.hidden}")
+    if args.link:
+        out.append(f"--link {args.link}")
+    if args.error_feedback:
+        out.append("--error-feedback")
+    if args.early_forward:
+        out.append("--early-forward")
+    for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
+        if getattr(args, key) is not None:
+            out.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
+    return out

@@ -1,0 +1,122 @@
+"""`approxdist bench pipeline`: our pipeline engine vs `torch.distributed.pipelining` (seed 002).
+
+    approxdist bench pipeline --model mlp --stages 2 --microbatches 4,8 \
+        --schedule gpipe,1f1b --json pipeline.json
+
+Both engines run the same model, cut at the same blocks, with the same schedule
+(GPipe = ScheduleGPipe, 1F1B = Schedule1F1B), micro-batches and data, on P local gloo
+ranks started by `run_on_ranks`, one torch thread each; rounds alternate which engine
+goes first (method: `approxdist.pipeline.runtime_bench`). The table gives the median
+samples/s, the ratio to torch and our measured bubble next to (P-1)/(M+P-1). `--link`
+shapes our transfers only: torch's p2p bypasses the link layer, so its row stays an
+unshaped baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ConfigError
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
+from approxdist.pipeline.schedule.grid import theoretical_bubble
+
+#: per-sample input shape of each benchmark model (an MLP on 1024 features, CIFAR images)
+INPUTS = {"mlp": (1024,), "resnet20": (3, 32, 32), "resnet56": (3, 32, 32)}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("pipeline", help="pipeline engine vs torch.distributed.pipelining",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--model", default="mlp", choices=sorted(INPUTS),
+                   help="mlp (8 blocks of 1024, the default) or a CIFAR ResNet")
+    p.add_argument("--stages", type=int, default=2, help="pipeline stages = ranks (default 2)")
+    p.add_argument("--microbatches", default="4,8", help="comma list (default %(default)s)")
+    p.add_argument("--schedule", default="gpipe,1f1b", help="comma list of gpipe, 1f1b")
+    p.add_argument("--batch-size", type=int, default=64, help="mini-batch (default 64)")
+    p.add_argument("--split", default="", help="explicit cut, e.g. 4 (default: by parameters)")
+    p.add_argument("--balance", default="", choices=["", "params", "time"],
+                   help="partition by parameters (default) or by profiled block times")
+    p.add_argument("--link", default="", help="emulated link for our engine, e.g. bw=1gbit")
+    p.add_argument("--fwd-codec", default="fp32", help="our activations' wire format")
+    p.add_argument("--bwd-codec", default="fp32", help="our gradients' wire format")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
+    p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
+    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--{what} {text!r} is not a comma list of integers, e.g. 4,8") from None
+    if any(v < 1 for v in values):
+        raise ConfigError(f"--{what} {text!r}: every value must be >= 1")
+    return values
+
+
+def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
+    """One case per (schedule, micro-batch count); each is validated before any rank starts."""
+    cases = [BenchCase(args.model, INPUTS[args.model], args.stages, m, s.strip(),
+                       batch_size=args.batch_size, split=args.split,
+                       balance="" if args.split else args.balance, link=args.link,
+                       fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec)
+             for s in args.schedule.split(",") for m in _ints(args.microbatches, "microbatches")]
+    for case in cases:
+        if case.microbatches > case.batch_size:
+            raise ConfigError(f"--microbatches {case.microbatches} exceeds --batch-size "
+                              f"{case.batch_size}; use 1..{case.batch_size}")
+        case.pipeline_config()  # raises ConfigError naming a bad schedule or codec
+    if args.stages < 2:
+        raise ConfigError(f"--stages {args.stages}: a pipeline benchmark needs 2 or more stages")
+    return cases
+
+
+def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
+              steps: int) -> list[dict[str, Any]]:
+    """Rows: median samples/s per engine (rank 0's clock), ratio to torch, bubbles."""
+    rows = []
+    for i, case in enumerate(cases):
+        rounds = per_rank[0][i]["rounds"]
+        rate = {name: steps * case.batch_size / statistics.median(ts) for name, ts in rounds.items()}
+        bubble = statistics.mean(r[i]["bubble"] for r in per_rank)
+        for engine, sps in rate.items():
+            rows.append({"engine": engine, "model": case.model, "schedule": case.schedule,
+                         "stages": case.stages, "microbatches": case.microbatches,
+                         "batch_size": case.batch_size, "link": case.link or "none",
+                         "samples_per_s": sps, "ratio_vs_torch": sps / rate["torch"],
+                         "bubble_measured": bubble if engine == "approxdist" else None,
+                         "bubble_theory": theoretical_bubble(case.stages, case.microbatches)})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'model':<9} {'schedule':<8} {'P':>2} {'M':>3} {'engine':<11} {'samples/s':>10} "
+            f"{'vs torch':>8} {'bubble':>7} {'theory':>7}")
+    lines = [head]
+    for r in rows:
+        bubble = f"{r['bubble_measured']:.3f}" if r["bubble_measured"] is not None else "-"
+        lines.append(f"{r['model']:<9} {r['schedule']:<8} {r['stages']:>2} {r['microbatches']:>3} "
+                     f"{r['engine']:<11} {r['samples_per_s']:>10.1f} "
+                     f"{r['ratio_vs_torch']:>7.3f}x {bubble:>7} {r['bubble_theory']:>7.3f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    cases = plan_cases(args)
+    timing = Timing(rounds=args.rounds, steps=args.steps)
+    per_rank = run_on_ranks(measure_rank, args.stages, cases, timing, timeout_s=3600,
+                            comm_timeout_s=300)
+    rows = summarize(cases, per_rank, args.steps)
+    print(table(rows))
+    print(f"(medians of {args.rounds} rounds of {args.steps} mini-batches; bubble = share of "
+          "each rank's step time not computing, averaged over ranks)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"rows written to {args.json}")
+    return 0

@@ -1,0 +1,57 @@
+"""The `[dp]` config section: which data-parallel engine and how its gradients travel (seeds 001, 004).
+
+`engine = "approxdist"` is `approxdist.DataParallel` (buckets, overlap, threads, codecs,
+early forward); `engine = "plain"` is the one-flat-`dist.all_reduce` baseline, which
+takes none of the other options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from approxdist.errors import ConfigError
+
+DP_ENGINES = ("approxdist", "plain")
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    """Data-parallel engine options; see docs/data_parallel.md for what each one does."""
+
+    engine: str = "approxdist"
+    algorithm: str = "hybrid"
+    codec: str = "fp32"
+    error_feedback: bool = False
+    bucket_mb: float = 1.0
+    first_bucket_mb: float = 0.25
+    threads: int = 2
+    chunk_kb: float = 0.0
+    overlap: bool = True
+    early_forward: bool = False
+    find_unused: bool = False
+    codec_rules: tuple[str, ...] = ()
+    calibration: str = ""
+
+    def __post_init__(self) -> None:
+        if self.engine not in DP_ENGINES:
+            raise ConfigError(f"dp.engine = {self.engine!r} is not one of: {', '.join(DP_ENGINES)}")
+        if self.engine == "plain":
+            self._check_plain()
+            return
+        from approxdist.comm.collectives import algorithm_names
+        from approxdist.data_parallel.buckets import check_sizes
+        from approxdist.data_parallel.codec_rules import CodecRules
+
+        if self.algorithm not in algorithm_names():
+            raise ConfigError(f"dp.algorithm = {self.algorithm!r} is not one of: "
+                              f"{', '.join(algorithm_names())}")
+        check_sizes(self.bucket_mb, self.first_bucket_mb, self.chunk_kb, self.threads)
+        CodecRules.parse(self.codec_rules, self.codec).validate()
+
+    def _check_plain(self) -> None:
+        default = DPConfig()
+        changed = [f.name for f in fields(self)
+                   if f.name != "engine" and getattr(self, f.name) != getattr(default, f.name)]
+        if changed:
+            raise ConfigError(f"dp.engine = 'plain' takes none of dp.{', dp.'.join(changed)}; "
+                              f"use dp.engine = 'approxdist' (--dp-engine approxdist)")

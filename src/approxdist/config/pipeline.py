@@ -1,0 +1,93 @@
+"""The `[pipeline]` config section: stages, cut, micro-batches, schedule, wire formats per direction.
+
+Seed 000 cuts a network into two stages and sends the forward activations through a
+lossy wire format; its future work asks for the backward gradients too, so each
+direction has its own codec (DESIGN.md "Codec spec strings") and channel ("Channel
+spec"). Self-checks happen here; checks that need the model, the data or the world
+size live in `approxdist.pipeline.runtime.check_run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from approxdist.errors import ApproxDistError, ConfigError
+
+BALANCE_CHOICES = ("", "params", "time")
+
+
+def _check_spec(name: str, value: str, kind: str) -> None:
+    """Build the codec / channel once so a bad spec fails here, naming the key."""
+    from approxdist.comm.channel import get_channel
+    from approxdist.comm.codecs import get_codec
+
+    try:
+        get_codec(value) if kind == "codec" else get_channel(value)
+    except ApproxDistError as exc:
+        lines = str(exc).splitlines()
+        rest = "; ".join(" ".join(line.split()) for line in lines[1:])
+        raise ConfigError(f"pipeline.{name} = {value!r}: {lines[0]}"
+                          + (f" {rest}" if rest else "")) from None
+
+
+def _check_split(split: str) -> None:
+    """Syntax only: comma-separated increasing integers >= 1 (range needs the model)."""
+    try:
+        cuts = [int(part) for part in split.split(",")]
+    except ValueError:
+        raise ConfigError(f"pipeline.split = {split!r} is not a comma-separated list of block "
+                          f"indices; e.g. '3' or '3,7'") from None
+    if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
+        raise ConfigError(f"pipeline.split = {split!r} must be increasing block indices >= 1; "
+                          f"e.g. '3' or '3,7'")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How `--parallel pipeline` cuts and runs the model (GPipe; PipeDream-Flush; seed 000).
+
+    `split` ("3", "3,7") names the first block of stages 1, 2, ...; otherwise `balance`
+    ("params" by default, or "time") lets the partitioner choose. `recompute` keeps only
+    each stage's inputs and recomputes the forward in backward (GPipe's rematerialisation).
+    """
+
+    stages: int = 2
+    split: str = ""
+    balance: str = ""
+    microbatches: int = 4
+    schedule: str = "gpipe"
+    fwd_codec: str = "fp32"
+    bwd_codec: str = "fp32"
+    fwd_channel: str = "none"
+    bwd_channel: str = "none"
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stages < 1:
+            raise ConfigError(f"pipeline.stages = {self.stages} must be >= 1 (one stage per rank)")
+        if self.microbatches < 1:
+            raise ConfigError(f"pipeline.microbatches = {self.microbatches} must be >= 1")
+        if self.balance not in BALANCE_CHOICES:
+            raise ConfigError(f"pipeline.balance = {self.balance!r} is not one of: params, time")
+        if self.split and self.balance:
+            raise ConfigError(f"pipeline.split = {self.split!r} and pipeline.balance = "
+                              f"{self.balance!r}: give one of them, not both")
+        if self.split:
+            _check_split(self.split)
+        self._check_schedule()
+        for name in ("fwd_codec", "bwd_codec"):
+            _check_spec(name, getattr(self, name), "codec")
+        for name in ("fwd_channel", "bwd_channel"):
+            _check_spec(name, getattr(self, name), "channel")
+
+    def _check_schedule(self) -> None:
+        from approxdist.pipeline.schedule import schedule_names
+
+        if self.schedule not in schedule_names():
+            raise ConfigError(f"pipeline.schedule = {self.schedule!r} is not one of: "
+                              f"{', '.join(schedule_names())}")
+
+    @property
+    def balance_method(self) -> str | None:
+        """The partitioner's cost when no split is given ("params" by default)."""
+        return None if self.split else (self.balance or "params")

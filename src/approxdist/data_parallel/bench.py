@@ -1,0 +1,211 @@
+"""Data-parallel step-time benchmark: our engine vs torch DDP, measured in the same run.
+
+Every rank builds one model and gives an identical copy to each *variant*:
+* `local`: no communication at all (the lower bound of a step);
+* `ddp`: `torch.nn.parallel.DistributedDataParallel`; with an emulated link it sends
+  through our comm hook (`ddp_hook.py`, algorithm `native`, `ddp_codec`) so it pays the
+  same link as our engine; without one it uses gloo directly (`fp16`: torch's own
+  `fp16_compress_hook`);
+* `approxdist` per codec: `DataParallel` with the plan's options.
+A step is forward, backward and optimizer step (SGD, momentum) on a fixed batch. Rounds
+interleave the variants (`steps` timed steps each, after warm-up) so drift hits all
+alike; the figure is the median step. Communication alone is timed per codec on a twin
+engine (`reduce_gradients()` on the same gradients), giving
+
+    hidden_comm_fraction = clamp((t_local + t_comm - t_step) / t_comm, 0, 1)
+
+the share of the communication time that did not lengthen the step.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.config.schema import ModelConfig
+from approxdist.data_parallel.ddp_hook import register_hook
+from approxdist.data_parallel.engine import DataParallel
+from approxdist.launch.context import DistContext
+from approxdist.models import build_model
+
+INPUT_SHAPE = (3, 32, 32)
+CLASSES = 10
+
+
+@dataclass(frozen=True)
+class DPBenchPlan:
+    """What every rank measures."""
+
+    model: str = "resnet20"
+    hidden: int = 1536
+    depth: int = 3
+    batch_size: int = 32  # per rank
+    codecs: tuple[str, ...] = ("fp32",)  # labels: a codec spec, `+ef` for error feedback
+    error_feedback: bool = False
+    link: str | None = None
+    ddp_codec: str = "fp32"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 5
+    steps: int = 4
+    warmup: int = 2
+
+
+Step = Callable[[], None]
+
+
+def _model(plan: DPBenchPlan) -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(ModelConfig(name=plan.model, hidden=plan.hidden, depth=plan.depth),
+                       INPUT_SHAPE, CLASSES)
+
+
+def _stepper(model: nn.Module, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(wrapped(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _early_stepper(dp: DataParallel, x: torch.Tensor, y: torch.Tensor) -> Step:
+    """Early forward: the engine applies the optimizer step bucket by bucket."""
+    def step() -> None:
+        F.cross_entropy(dp(x), y).backward()
+
+    return step
+
+
+def _ddp(ctx: DistContext, model: nn.Module, plan: DPBenchPlan) -> nn.Module:
+    ddp = nn.parallel.DistributedDataParallel(model)
+    if plan.link:
+        register_hook(ddp, ctx, algorithm="native", codec=plan.ddp_codec, link=plan.link)
+    elif plan.ddp_codec == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        ddp.register_comm_hook(None, fp16_compress_hook)
+    return ddp
+
+
+def split_label(label: str) -> tuple[str, bool]:
+    """`"bits:s0e2+2m0+ef"` -> (codec, error feedback): `+ef` asks for error feedback."""
+    return (label[:-3], True) if label.endswith("+ef") else (label, False)
+
+
+def _engine(ctx: DistContext, model: nn.Module, label: str, plan: DPBenchPlan,
+            opt: torch.optim.Optimizer | None = None, **extra: Any) -> DataParallel:
+    codec, ef = split_label(label)
+    options = {**plan.engine_options, **extra}
+    return DataParallel(model, ctx=ctx, codec=codec, link=plan.link, optimizer=opt,
+                        error_feedback=ef or plan.error_feedback, **options)
+
+
+def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
+    """Per-variant step times and per-codec communication times on this rank."""
+    base = _model(plan)
+    gen = torch.Generator().manual_seed(1 + ctx.rank)
+    x = torch.randn(plan.batch_size, *INPUT_SHAPE, generator=gen)
+    y = torch.randint(0, CLASSES, (plan.batch_size,), generator=gen)
+    steps: dict[str, Step] = {}
+    finish: dict[str, Step] = {}
+    m = copy.deepcopy(base)
+    steps["local"] = _stepper(m, m, x, y)
+    m = copy.deepcopy(base)
+    steps["ddp"] = _stepper(m, _ddp(ctx, m, plan), x, y)
+    engines: dict[str, DataParallel] = {}
+    for codec in plan.codecs:
+        m = copy.deepcopy(base)
+        early = bool(plan.engine_options.get("early_forward"))
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) if early else None
+        dp = _engine(ctx, m, codec, plan, opt)
+        engines[codec] = dp
+        steps[f"approxdist:{codec}"] = _early_stepper(dp, x, y) if early else _stepper(m, dp, x, y)
+        finish[f"approxdist:{codec}"] = dp.wait
+    times = _interleave(steps, finish, plan)
+    comm = {codec: _comm_only(ctx, base, codec, plan, x, y) for codec in plan.codecs}
+    n_steps = plan.warmup + plan.rounds * plan.steps
+    sent = {codec: dp.bytes_sent // n_steps for codec, dp in engines.items()}
+    for dp in engines.values():
+        dp.close()
+    return {"times": times, "comm": comm, "bytes": sent}
+
+
+def _interleave(steps: dict[str, Step], finish: dict[str, Step], plan: DPBenchPlan
+                ) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for name, step in steps.items():
+        for _ in range(plan.warmup):
+            step()
+        finish.get(name, _noop)()
+    for _ in range(plan.rounds):
+        for name, step in steps.items():
+            for _ in range(plan.steps):
+                t0 = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - t0)
+            finish.get(name, _noop)()
+    return times
+
+
+def _noop() -> None:
+    return None
+
+
+def _comm_only(ctx: DistContext, base: nn.Module, codec: str, plan: DPBenchPlan,
+               x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """Time `reduce_gradients()` alone on a twin engine (no overlap, no early forward)."""
+    m = copy.deepcopy(base)
+    F.cross_entropy(m(x), y).backward()
+    dp = _engine(ctx, m, codec, plan, early_forward=False, overlap=False, broadcast=False)
+    grads = [p.grad.clone() if p.grad is not None else None for p in m.parameters()]
+    out = []
+    for i in range(plan.warmup + plan.rounds * plan.steps):
+        for p, g in zip(m.parameters(), grads):
+            if p.grad is not None and g is not None:
+                p.grad.copy_(g)
+        t0 = time.perf_counter()
+        dp.reduce_gradients()
+        if i >= plan.warmup:
+            out.append(time.perf_counter() - t0)
+    dp.close()
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[str, Any]]:
+    """One row per variant; a step's time is the slowest rank's."""
+    def slowest(key: str, name: str) -> list[float]:
+        return [max(r[key][name][i] for r in per_rank) for i in range(len(per_rank[0][key][name]))]
+
+    link = plan.link or "none"
+    t_local = median(slowest("times", "local"))
+    t_ddp = median(slowest("times", "ddp"))
+    rows = [_row("local", "-", link, t_local, t_ddp, None, 0),
+            _row("ddp", plan.ddp_codec, link, t_ddp, t_ddp, None, None)]
+    for codec in plan.codecs:
+        t = median(slowest("times", f"approxdist:{codec}"))
+        t_comm = median(slowest("comm", codec))
+        hidden = min(1.0, max(0.0, (t_local + t_comm - t) / t_comm)) if t_comm > 0 else None
+        rows.append(_row("approxdist", codec, link, t, t_ddp, hidden, per_rank[0]["bytes"][codec],
+                         comm_only_s=t_comm))
+    return rows
+
+
+def _row(engine: str, codec: str, link: str, t: float, t_ddp: float, hidden: float | None,
+         nbytes: int | None, **extra: float) -> dict[str, Any]:
+    return {"engine": engine, "codec": codec, "link": link, "median_step_s": t,
+            "ratio_vs_ddp": t / t_ddp if t_ddp else None, "hidden_comm_fraction": hidden,
+            "bytes_per_step_rank0": nbytes, **extra}

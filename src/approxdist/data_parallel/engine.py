@@ -1,0 +1,278 @@
+"""`DataParallel`: a DDP-like wrapper whose gradients cross our link layer (seeds 001 and 004).
+
+    dp = DataParallel(model, algorithm="hybrid", codec="bf16", link="bw=1gbit")
+    loss = F.cross_entropy(dp(x), y)
+    optimizer.zero_grad(); loss.backward(); optimizer.step()   # grads are averaged
+
+What happens (docs/data_parallel.md has the whole story):
+* construction: the ranks check they hold the same model (`checks.py`), rank 0's weights
+  are broadcast, gradients are planned into buckets (`buckets.py`), each bucket's codec
+  comes from `codec_rules` (`codec_rules.py`, seed 004's per-layer precision);
+* backward: each parameter's hook copies its gradient into its bucket; full buckets go
+  to the communication threads in order, fragmented (`reducer.py`, `threads.py`), while
+  backward continues (seed 001's overlap); `loss.backward()` returns once every mean has
+  been written back into `.grad` — unless `early_forward`, where each bucket's optimizer
+  step runs on the thread that finished it and the next forward of each layer waits
+  only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
+* lossy codecs may keep error-feedback residuals (`feedback.py`), which travel in
+  `state_dict()` as extra state.
+Unused parameters: a parameter with no gradient on a rank contributes zeros (or its
+existing `.grad`); with `find_unused_parameters=True` one small exact all-reduce per step
+finds parameters no rank used, whose `.grad` then stays None (no weight decay, no
+momentum step), exactly as single-process training. Frozen parameters
+(`requires_grad=False` at construction) are never reduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from approxdist.comm.collectives import Calibration
+from approxdist.data_parallel.buckets import ParamInfo, check_sizes, plan_buckets
+from approxdist.data_parallel.checks import check_same_model, context_of
+from approxdist.data_parallel.codec_rules import CodecRules, param_owners
+from approxdist.data_parallel.early_forward import StepApplier
+from approxdist.data_parallel.hooks import BackwardHooks, ForwardGate
+from approxdist.data_parallel.reducer import BucketState, Reducer
+from approxdist.data_parallel.threads import CommPool, CommThread
+from approxdist.data_parallel.usage import UsageFlags
+from approxdist.errors import ConfigError
+from approxdist.launch.context import DistContext
+
+MB = 1 << 20
+
+
+class DataParallel(nn.Module):
+    """Wraps `module`; gradients are averaged over all ranks through approxdist's link layer."""
+
+    def __init__(self, module: nn.Module, *, ctx: DistContext | None = None,
+                 algorithm: str = "hybrid", codec: str = "fp32",
+                 codec_rules: Sequence[str] | Mapping[str, str] | None = None,
+                 error_feedback: bool = False, link: str | None = None,
+                 bucket_mb: float = 1.0, first_bucket_mb: float = 0.25, solo_mb: float = 1.0,
+                 threads: int = 2,
+                 chunk_kb: float = 0.0, overlap: bool = True, early_forward: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 find_unused_parameters: bool = False, broadcast: bool = True,
+                 calibration: Calibration | str | Path | None = None) -> None:
+        super().__init__()
+        check_sizes(bucket_mb, first_bucket_mb, chunk_kb, threads)
+        if early_forward and optimizer is None:
+            raise ConfigError("early_forward=True needs the optimizer: DataParallel(model, "
+                              "optimizer=opt, early_forward=True) applies its step per bucket")
+        self.module = module
+        self.ctx = ctx or context_of(module)
+        self.rules = CodecRules.parse(codec_rules, codec)
+        self.rules.validate()
+        check_same_model(module, self.ctx)
+        self.early_forward = early_forward
+        self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
+        self._byte_offset = 0
+        self._buckets = self._make_buckets(bucket_mb, first_bucket_mb, solo_mb, error_feedback)
+        self._pool = CommPool(self.ctx, link, threads, algorithm, calibration)
+        self._usage = UsageFlags(self._buckets, self._pool) if find_unused_parameters else None
+        self._applier = StepApplier(optimizer, self._buckets) \
+            if early_forward and optimizer is not None else None
+        self._reducer = Reducer(self._buckets, self._pool, overlap=overlap,
+                                chunk_numel=int(chunk_kb * 1024) // 4, on_reduced=self._on_reduced)
+        slots = [(p, b.plan.index, s) for b in self._buckets for s, p in enumerate(b.params)]
+        self._hooks = BackwardHooks(slots, self._on_start, self._on_grad, self._on_end)
+        self._gate = ForwardGate(module, self._buckets) if early_forward else None
+        if broadcast:
+            self.broadcast_parameters()
+
+    def _make_buckets(self, bucket_mb: float, first_mb: float, solo_mb: float,
+                      ef: bool) -> list[BucketState]:
+        owners = param_owners(self.module)
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        infos = [ParamInfo(n, p.numel(), self.rules.codec_for(n, owners[n]), i)
+                 for i, (n, p) in enumerate(named)]
+        plans = plan_buckets(infos, int(bucket_mb * MB), int(first_mb * MB), int(solo_mb * MB))
+        return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef)
+                for plan in plans]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._hooks.in_backward = False  # a backward that raised never reached its end callback
+        return self.module(*args, **kwargs)
+
+    # -- the hooks ----------------------------------------------------------------------
+    def _on_start(self) -> None:
+        t0 = time.perf_counter()
+        self._reducer.start()  # waits for the previous step's buckets (early forward)
+        self._waited += time.perf_counter() - t0
+        if self._applier is not None:
+            self._applier.snapshot()
+        if self._usage is not None:
+            self._usage.reset()
+
+    def _on_grad(self, bucket: int, slot: int, param: nn.Parameter) -> None:
+        assert param.grad is not None
+        held = self._reducer.add(bucket, slot, param.grad)
+        if self.early_forward:
+            param.grad = None  # the engine owns the gradient; the update uses the bucket
+        elif held.dtype == param.dtype:
+            param.grad = held  # the mean lands in .grad in place: nothing to copy back
+
+    def _on_end(self) -> None:
+        used = self._reducer.finish()
+        if self._usage is not None:
+            self._usage.reduce(used, [[p.grad is not None for p in b.params]
+                                      for b in self._buckets])
+        if self.early_forward:
+            return
+        t0 = time.perf_counter()
+        self._reducer.wait_all()
+        self._waited += time.perf_counter() - t0
+        for b in self._buckets:
+            self._write_back(b)
+
+    def _on_reduced(self, bucket: BucketState, thread: CommThread) -> None:
+        used = self._usage.wait(bucket) if self._usage is not None else None
+        if self._applier is not None:
+            self._applier.apply(bucket, used)
+
+    def _write_back(self, b: BucketState) -> None:
+        used = self._usage.wait(b) if self._usage is not None else None
+        for slot, (p, view) in enumerate(zip(b.params, b.views)):
+            if used is not None and not used[slot]:
+                continue
+            if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
+                continue  # .grad is the bucket's view or the reduced tensor itself
+            if p.grad is None:
+                p.grad = view.to(p.dtype, copy=True)
+            else:
+                p.grad.copy_(view)
+
+    # -- what DDP users expect ----------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside the block only accumulate local gradients."""
+        with self._hooks.disabled():
+            yield
+
+    def reduce_gradients(self) -> None:
+        """Average the current `.grad`s now, outside backward (e.g. gradients set by hand).
+
+        Also how benchmarks time communication alone. With early forward this applies
+        the optimizer step too; `wait()` for it to finish.
+        """
+        self._on_start()
+        for b in self._buckets:
+            for slot, p in enumerate(b.params):
+                if p.grad is not None:
+                    self._on_grad(b.plan.index, slot, p)
+        self._on_end()
+
+    def wait(self) -> None:
+        """Block until every launched reduction (and early-forward update) has finished."""
+        t0 = time.perf_counter()
+        self._reducer.wait_all()
+        self._waited += time.perf_counter() - t0
+
+    # -- the Trainer's interface (same as plain.PlainAllReduce) -------------------------
+    @property
+    def comm_seconds(self) -> float:
+        """Seconds the training thread waited for communication (early forward included)."""
+        return self._waited + (self._gate.wait_s if self._gate is not None else 0.0)
+
+    @property
+    def owns_step(self) -> bool:
+        """True when the engine applies the optimizer step (early forward)."""
+        return self.early_forward
+
+    def broadcast_parameters(self) -> None:
+        """Copy rank 0's parameters and buffers to every rank (seed 001: weights broadcast)."""
+        self.wait()
+        if self.ctx.world_size == 1 or not dist.is_initialized():
+            return
+        with torch.no_grad():
+            for t in list(self.module.parameters()) + list(self.module.buffers()):
+                dist.broadcast(t.data, src=0)
+
+    def sync_gradients(self) -> None:
+        """Nothing to do: the gradient hooks reduced them during backward."""
+
+    def sync_buffers(self) -> None:
+        """Finish pending updates; average float buffers (batch-norm statistics) exactly."""
+        self.wait()
+        bufs = [b for b in self.module.buffers() if b.is_floating_point()]
+        if bufs and self.ctx.world_size > 1:
+            flat = torch.cat([b.detach().reshape(-1).float() for b in bufs])
+            self._pool.control_reducer(flat, op="mean")
+            at = 0
+            for b in bufs:
+                b.copy_(flat[at:at + b.numel()].view(b.shape))
+                at += b.numel()
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank handed to torch.distributed for gradients and buffers."""
+        return self._byte_offset + self._pool.bytes_sent()
+
+    @bytes_sent.setter
+    def bytes_sent(self, value: int) -> None:
+        self._byte_offset = value - self._pool.bytes_sent()
+
+    def link_bytes(self) -> dict[str, int]:
+        """This rank's bytes sent per directed link: `{"0->1": n, "0->2": m}`."""
+        return self._pool.link_bytes()
+
+    def world_link_bytes(self) -> dict[str, int]:
+        """Every rank's `link_bytes()` merged (a collective: call on every rank)."""
+        mine = self.link_bytes()
+        if self.ctx.world_size == 1 or not dist.is_initialized():
+            return mine
+        every: list[dict[str, int] | None] = [None] * self.ctx.world_size
+        dist.all_gather_object(every, mine)
+        return {k: v for d in every for k, v in sorted((d or {}).items())}
+
+    @property
+    def buckets(self) -> list[BucketState]:
+        return list(self._buckets)
+
+    # -- error-feedback state -----------------------------------------------------------
+    def get_extra_state(self) -> dict[str, Any]:
+        self.wait()
+        res: dict[str, torch.Tensor] = {}
+        for b in self._buckets:
+            if b.residuals is not None:
+                res.update(b.residuals.state_dict())
+        return {"residuals": res}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.wait()
+        for b in self._buckets:
+            if b.residuals is not None:
+                b.residuals.load_state_dict(state.get("residuals", {}))
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every rank's extra state on every rank (a collective), for a rank-0 checkpoint."""
+        mine = self.get_extra_state()
+        if self.ctx.world_size == 1 or not dist.is_initialized():
+            return {"ranks": [mine]}
+        every: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(every, mine)
+        return {"ranks": every}
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        ranks = state.get("ranks", [])
+        if self.ctx.rank < len(ranks):
+            self.set_extra_state(ranks[self.ctx.rank])
+
+    def close(self) -> None:
+        """Finish, remove every hook and stop the communication threads."""
+        self.wait()
+        self._hooks.remove()
+        if self._gate is not None:
+            self._gate.remove()
+        if self._applier is not None:
+            self._applier.remove()
+        self._pool.close()

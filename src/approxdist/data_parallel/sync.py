@@ -1,0 +1,64 @@
+"""What the Trainer needs from a data-parallel engine, and the factory that picks one from config.
+
+Both engines — `plain.PlainAllReduce` (one flat `dist.all_reduce` after backward) and
+`engine.DataParallel` (buckets, overlap, threads, codecs, early forward; seeds 001, 004) —
+offer the same small interface, so `train/loop.py` never asks which one it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from approxdist.config.schema import Config
+from approxdist.launch.context import DistContext
+
+
+class GradientSync(Protocol):
+    """The Trainer's view of a data-parallel engine."""
+
+    bytes_sent: int  # bytes this rank handed to torch.distributed (settable on resume)
+
+    @property
+    def comm_seconds(self) -> float:
+        """Seconds the training thread waited for communication."""
+
+    @property
+    def owns_step(self) -> bool:
+        """True when the engine applies the optimizer step itself (early forward)."""
+
+    def broadcast_parameters(self) -> None: ...
+
+    def sync_gradients(self) -> None: ...
+
+    def sync_buffers(self) -> None: ...
+
+    def world_link_bytes(self) -> dict[str, int]:
+        """Bytes sent so far per directed link `"i->j"` (a collective)."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every rank's engine state (a collective), for rank 0's checkpoint."""
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
+               ctx: DistContext) -> GradientSync:
+    """The engine `cfg.dp.engine` names, around `model`; weights are broadcast later."""
+    dp = cfg.dp
+    if dp.engine == "plain":
+        from approxdist.data_parallel.plain import PlainAllReduce
+
+        return PlainAllReduce(model, ctx)
+    from approxdist.data_parallel.engine import DataParallel
+
+    return DataParallel(model, ctx=ctx, algorithm=dp.algorithm, codec=dp.codec,
+                        codec_rules=dp.codec_rules, error_feedback=dp.error_feedback,
+                        link=cfg.comm.link or None, bucket_mb=dp.bucket_mb,
+                        first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,
+                        chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,
+                        optimizer=optimizer, find_unused_parameters=dp.find_unused,
+                        broadcast=False, calibration=dp.calibration or None)

@@ -1,0 +1,136 @@
+"""Communication threads, each with its own stream to the other ranks (seeds 001 and 002).
+
+Seed 001 runs the all-reduces on CPU threads while the accelerator continues backward,
+and cuts large gradients into fragments that several threads carry at once. Seed 002
+warns against too many threads. A `CommPool` holds `threads` workers; each owns:
+
+* its own process group and `Link` (so its messages never match another thread's: the
+  link layer matches messages in posting order per stream), and one `AllReduce` per
+  codec (their work buffers are not shared between threads);
+* a FIFO job queue. Jobs are submitted in the same order on every rank and each thread
+  runs its queue in order, so every rank performs the same collectives in the same
+  order on every stream.
+
+All streams of a rank share one emulated link (one `netem.Shaper`): a link's bandwidth
+is a property of the wire, not of the number of threads using it. A control stream for
+the main thread (small exact reductions: usage flags, buffers) completes the pool.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from approxdist.comm.collectives import AllReduce, Calibration
+from approxdist.comm.link import Link
+from approxdist.comm.netem import parse_link
+from approxdist.launch.context import DistContext
+
+Job = Callable[["CommThread"], None]
+
+
+class CommThread:
+    """One worker: a stream (group + link), reducers per codec, and a job queue."""
+
+    def __init__(self, name: str, link: Link, algorithm: str,
+                 calibration: Calibration | str | Path | None) -> None:
+        self.name, self.link = name, link
+        self.algorithm, self.calibration = algorithm, calibration
+        self.busy_s = 0.0
+        self._reducers: dict[str, AllReduce] = {}
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def reducer(self, codec: str) -> AllReduce:
+        """This thread's all-reduce for `codec` (built on first use, then kept)."""
+        ar = self._reducers.get(codec)
+        if ar is None:
+            ar = AllReduce(self.link, self.algorithm, codec, calibration=self.calibration)
+            self._reducers[codec] = ar
+        elif ar.check:
+            # the first call checked that every rank agrees (length, codec, algorithm); the
+            # layout is fixed at construction, so later calls skip the extra messages
+            ar.check = False
+        return ar
+
+    def submit(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            t0 = time.perf_counter()
+            job(self)  # jobs report their own errors (see reducer.py); nothing escapes here
+            self.busy_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30.0)
+
+
+class CommPool:
+    """`threads` communication threads plus a control stream for the main thread."""
+
+    def __init__(self, ctx: DistContext, link: str | None, threads: int, algorithm: str,
+                 calibration: Calibration | str | Path | None = None, name: str = "dp") -> None:
+        self.ctx = ctx
+        spec = parse_link(link)
+        links = [Link(ctx, spec, group=_new_group(ctx)) for _ in range(threads + 1)]
+        _share_shaper(links)
+        self.control = links[0]
+        self.control_reducer = AllReduce(self.control, "brd" if ctx.world_size > 1 else "ring",
+                                         "fp32", check=False)
+        self.threads = [CommThread(f"approxdist-{name}-comm{i}", lk, algorithm, calibration)
+                        for i, lk in enumerate(links[1:])]
+        self._next = 0
+
+    def submit(self, job: Job) -> None:
+        """Give `job` to the next thread, round robin (the same thread on every rank)."""
+        self.threads[self._next].submit(job)
+        self._next = (self._next + 1) % len(self.threads)
+
+    @property
+    def links(self) -> list[Link]:
+        return [self.control] + [t.link for t in self.threads]
+
+    def bytes_sent(self) -> int:
+        return sum(lk.stats.bytes_sent for lk in self.links)
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes this rank sent per directed link, `{"0->1": n, ...}`."""
+        out: dict[str, int] = {}
+        for lk in self.links:
+            for peer, n in lk.stats.sent.items():
+                key = f"{self.ctx.rank}->{peer}"
+                out[key] = out.get(key, 0) + n
+        return out
+
+    def busy_seconds(self) -> float:
+        return sum(t.busy_s for t in self.threads)
+
+    def close(self) -> None:
+        for t in self.threads:
+            t.close()
+        self.control.close()  # the shared shaper: posts what it still holds, then stops
+
+
+def _new_group(ctx: DistContext) -> Any:
+    """A process group of every rank (its own stream), or None without torch.distributed."""
+    if ctx.world_size == 1 or not dist.is_initialized():
+        return None
+    return dist.new_group(list(range(ctx.world_size)))
+
+
+def _share_shaper(links: list[Link]) -> None:
+    """Make every link use the first one's emulated wire (adapter: Link has no `shaper=`)."""
+    for lk in links[1:]:
+        lk._shaper = links[0]._shaper  # noqa: SLF001 - see module docstring

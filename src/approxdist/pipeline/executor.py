@@ -1,0 +1,241 @@
+"""Runs any valid schedule's action list on one rank (GPipe, PipeDream-Flush; seeds 000 and 002).
+
+The executor follows the contract in docs/pipeline.md and nothing else: it never looks at
+a schedule's name, only at the actions of this rank, in order.
+
+* `RF`/`RB` post a sized receive through the stage's transport and return;
+* `F`/`B` are the only blocking points: they wait for their receive, then compute;
+* `SF`/`SB` post a send (encoded at once, so the tensor can be dropped) and return;
+* at the end of a step every send is waited for; the caller then steps the optimiser.
+
+Evaluation runs the same schedule with its backward actions removed (`forward_only`):
+forwards depend only on earlier stages, so the filtered list cannot deadlock.
+A receive that fails (a neighbour died, the link timed out) raises a `PipelineError`
+naming this stage, the action and the neighbour stage and rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from approxdist.errors import ApproxDistError
+from approxdist.pipeline.errors import PipelineError
+from approxdist.pipeline.microbatch import Batch, loss_weights, microbatch_sizes, split_batch
+from approxdist.pipeline.schedule.action import Action, Kind
+from approxdist.pipeline.stage import StageCompute
+from approxdist.pipeline.transport import PendingRecv, StageTransport
+
+FORWARD_KINDS = (Kind.FORWARD, Kind.SEND_ACT, Kind.RECV_ACT)
+
+
+def forward_only(actions: list[Action]) -> list[Action]:
+    """The forward part of a rank's action list (evaluation), in the same order."""
+    return [a for a in actions if a.kind in FORWARD_KINDS]
+
+
+@dataclass
+class StepTimes:
+    """Seconds of one rank: compute (forward/backward), comm (encode/decode/post), wait (blocked)."""
+
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    wait_s: float = 0.0
+    wall_s: float = 0.0
+
+    def __iadd__(self, other: StepTimes) -> StepTimes:
+        self.compute_s += other.compute_s
+        self.comm_s += other.comm_s
+        self.wait_s += other.wait_s
+        self.wall_s += other.wall_s
+        return self
+
+    @property
+    def bubble(self) -> float:
+        """Share of the wall time this rank did not compute (idle + communication)."""
+        return 1.0 - self.compute_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One mini-batch on this rank; `loss` and `correct` are meaningful on the last stage."""
+
+    loss: float
+    correct: int
+    samples: int
+    peak_activation_bytes: int
+    times: StepTimes
+
+
+@dataclass
+class _Step:
+    """Per-step state: micro-batch data, posted receives, gradients waiting to be sent."""
+
+    sizes: list[int]
+    weights: list[float]
+    inputs: list[Any]
+    labels: list[Any]
+    acts: dict[int, PendingRecv] = field(default_factory=dict)
+    grads: dict[int, PendingRecv] = field(default_factory=dict)
+    outbox: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+Handler = Callable[[Action, _Step], None]
+
+
+class PipelineExecutor:
+    """Executes this rank's actions for each mini-batch; `orders(M)` gives the list for M."""
+
+    def __init__(self, orders: Callable[[int], list[Action]], compute: StageCompute,
+                 transport: StageTransport, num_microbatches: int, rank: int) -> None:
+        self.compute, self.transport = compute, transport
+        self.num_microbatches, self.rank = num_microbatches, rank
+        self._orders = orders
+        self._cache: dict[tuple[int, bool], list[Action]] = {}
+        self._times = StepTimes()
+        self._train = {Kind.RECV_ACT: self._recv_act, Kind.RECV_GRAD: self._recv_grad,
+                       Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
+                       Kind.SEND_ACT: self._send_act, Kind.SEND_GRAD: self._send_grad}
+        self._eval = {Kind.RECV_ACT: self._recv_act, Kind.FORWARD: self._eval_forward,
+                      Kind.SEND_ACT: self._eval_send}
+
+    def actions(self, num_microbatches: int, train: bool = True) -> list[Action]:
+        key = (num_microbatches, train)
+        if key not in self._cache:
+            actions = list(self._orders(num_microbatches))
+            self._cache[key] = actions if train else forward_only(actions)
+        return self._cache[key]
+
+    # -- steps ------------------------------------------------------------------------
+    def train_step(self, inputs: Batch | None, labels: torch.Tensor | None,
+                   batch_size: int) -> StepResult:
+        """Forward and backward of one mini-batch in M micro-batches; gradients accumulate.
+
+        Stage 0 needs `inputs`, the last stage `labels`; every stage needs `batch_size`.
+        """
+        self.compute.reset_step()
+        step = self._prepare(inputs, labels, batch_size, self.num_microbatches)
+        times = self._execute(self.actions(len(step.sizes)), self._train, step)
+        c = self.compute
+        return StepResult(float(c.loss_sum), int(c.correct), batch_size, c.memory.peak, times)
+
+    @torch.no_grad()
+    def eval_batch(self, inputs: Batch | None, labels: torch.Tensor | None,
+                   batch_size: int) -> StepTimes:
+        """Forward-only pipeline over one test batch; the last stage adds loss and hits to
+        `compute.loss_sum` / `compute.correct` (reset them with `compute.reset_step()`)."""
+        m = min(self.num_microbatches, batch_size)
+        step = self._prepare(inputs, labels, batch_size, m)
+        return self._execute(self.actions(m, train=False), self._eval, step)
+
+    def _prepare(self, inputs: Batch | None, labels: torch.Tensor | None, batch_size: int,
+                 num_microbatches: int) -> _Step:
+        sizes = microbatch_sizes(batch_size, num_microbatches)
+        none: list[Any] = [None] * num_microbatches
+        if self.transport.is_first:
+            if inputs is None:
+                raise PipelineError("stage 0 is the first stage and needs the inputs of every "
+                                    "mini-batch")
+            xs: list[Any] = split_batch(inputs, num_microbatches)
+        else:
+            xs = none
+        if self.transport.is_last:
+            if labels is None:
+                raise PipelineError(f"stage {self.transport.stage} is the last stage and needs "
+                                    "the labels of every mini-batch")
+            ys: list[Any] = list(torch.split(labels, sizes))
+        else:
+            ys = none
+        return _Step(sizes, loss_weights(sizes), xs, ys)
+
+    def _execute(self, actions: list[Action], handlers: Mapping[Kind, Handler],
+                 step: _Step) -> StepTimes:
+        t = self.transport
+        send0, decode0 = t.send_seconds, t.decode_seconds
+        self._times = times = StepTimes()
+        start = time.perf_counter()
+        for action in actions:
+            handlers[action.kind](action, step)
+        t0 = time.perf_counter()
+        try:
+            t.wait_sends()
+        except (ApproxDistError, RuntimeError) as exc:
+            raise self._lost(actions[-1], "its sends to be delivered", exc) from exc
+        times.wait_s += time.perf_counter() - t0
+        times.wall_s = time.perf_counter() - start
+        decode = t.decode_seconds - decode0  # decoding ran inside the receive waits
+        times.comm_s += t.send_seconds - send0 + decode
+        times.wait_s -= decode
+        return times
+
+    # -- action handlers ----------------------------------------------------------------
+    def _recv_act(self, a: Action, step: _Step) -> None:
+        t0 = time.perf_counter()
+        step.acts[a.microbatch] = self.transport.post_recv_act(a.microbatch,
+                                                               step.sizes[a.microbatch])
+        self._times.comm_s += time.perf_counter() - t0
+
+    def _recv_grad(self, a: Action, step: _Step) -> None:
+        t0 = time.perf_counter()
+        step.grads[a.microbatch] = self.transport.post_recv_grad(a.microbatch,
+                                                                 step.sizes[a.microbatch])
+        self._times.comm_s += time.perf_counter() - t0
+
+    def _forward(self, a: Action, step: _Step) -> None:
+        m = a.microbatch
+        x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
+        t0 = time.perf_counter()
+        self.compute.forward(m, x, step.labels[m], step.weights[m])
+        self._times.compute_s += time.perf_counter() - t0
+
+    def _backward(self, a: Action, step: _Step) -> None:
+        m = a.microbatch
+        grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
+        t0 = time.perf_counter()
+        grad_in = self.compute.backward(m, grad)
+        self._times.compute_s += time.perf_counter() - t0
+        if grad_in is not None:
+            step.outbox[m] = grad_in
+
+    def _send_act(self, a: Action, step: _Step) -> None:
+        self.transport.send_act(a.microbatch, self.compute.output(a.microbatch))
+
+    def _send_grad(self, a: Action, step: _Step) -> None:
+        self.transport.send_grad(a.microbatch, step.outbox.pop(a.microbatch))
+
+    def _eval_forward(self, a: Action, step: _Step) -> None:
+        m = a.microbatch
+        x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
+        t0 = time.perf_counter()
+        step.outbox[m] = self.compute.evaluate(x, step.labels[m])
+        self._times.compute_s += time.perf_counter() - t0
+
+    def _eval_send(self, a: Action, step: _Step) -> None:
+        self.transport.send_act(a.microbatch, step.outbox.pop(a.microbatch))
+
+    # -- waiting ------------------------------------------------------------------------
+    def _wait(self, a: Action, handle: PendingRecv) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            x = handle.wait()
+        except (ApproxDistError, RuntimeError) as exc:
+            what = "the activation" if a.kind == Kind.FORWARD else "the gradient"
+            raise self._lost(a, f"{what} of micro-batch {a.microbatch}", exc) from exc
+        self._times.wait_s += time.perf_counter() - t0
+        return x
+
+    def _lost(self, a: Action, what: str, exc: BaseException) -> PipelineError:
+        t = self.transport
+        peers = [s for s in (t.stage - 1, t.stage + 1) if 0 <= s < t.num_stages]
+        if a.kind == Kind.FORWARD:
+            peers = [t.stage - 1]
+        elif a.kind == Kind.BACKWARD:
+            peers = [t.stage + 1]
+        names = " or ".join(f"stage {s} (rank {t.peer(s)})" for s in peers)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return PipelineError(f"stage {t.stage} (rank {self.rank}) stopped at {a} waiting for "
+                             f"{what} from {names}, which may have died: {first}")

@@ -1,0 +1,116 @@
+"""Assemble one rank's pipeline: partition, stage module, link, transport, executor (seed 000).
+
+`check_run` holds the cross-checks a pipeline run needs before any worker starts (the
+CLI's preflight calls it; workers call it again under torchrun). `build_runtime` does
+the per-rank assembly: every rank builds the whole model from the same seed, keeps its
+stage's blocks, agrees with the others on the partition, learns its boundary shapes, and
+gets an executor for the named schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.comm.link import Link
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.launch.context import DistContext
+from approxdist.pipeline.errors import PipelineError
+from approxdist.pipeline.executor import PipelineExecutor
+from approxdist.pipeline.microbatch import microbatch_sizes
+from approxdist.pipeline.partition import (
+    Partition,
+    blocks_of,
+    check_stage_count,
+    parse_split,
+    plan_partition,
+    stage_module,
+)
+from approxdist.pipeline.profiler import profile_times
+from approxdist.pipeline.schedule import Action, build_schedule
+from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
+from approxdist.pipeline.transport import StageTransport, WireFormat
+
+
+def check_run(pcfg: PipelineConfig, world_size: int, num_blocks: int, batch_size: int) -> None:
+    """Stages vs ranks and blocks, split range, micro-batches vs batch; `PipelineError` naming them."""
+    if pcfg.stages != world_size:
+        raise PipelineError(
+            f"pipeline.stages ({pcfg.stages}) must equal the number of ranks ({world_size}), "
+            f"one stage per rank; pass --world-size {pcfg.stages} or --stages {world_size}")
+    check_stage_count(pcfg.stages, num_blocks)
+    if pcfg.split:
+        plan = parse_split(pcfg.split, num_blocks)
+        if plan.num_stages != pcfg.stages:
+            raise PipelineError(
+                f"split {pcfg.split!r} makes {plan.num_stages} stages but pipeline.stages is "
+                f"{pcfg.stages}; give {pcfg.stages - 1} boundaries in 1..{num_blocks - 1}")
+    microbatch_sizes(batch_size, pcfg.microbatches)
+
+
+def agree_partition(pcfg: PipelineConfig, model: nn.Module, sample: torch.Tensor,
+                    ctx: DistContext) -> Partition:
+    """The partition of rank 0 (time profiles differ between ranks), broadcast to all."""
+    box: list[Partition | None] = [None]
+    if ctx.rank == 0:
+        times = profile_times(model, sample) if pcfg.balance_method == "time" else None
+        box[0] = plan_partition(model, num_stages=pcfg.stages, split=pcfg.split or None,
+                                balance=pcfg.balance_method, block_times=times)
+    if ctx.distributed:
+        dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+@dataclass
+class PipelineRuntime:
+    """One rank's view of the pipeline; `close()` releases the link's shaper thread."""
+
+    partition: Partition
+    module: nn.Sequential
+    link: Link
+    transport: StageTransport
+    compute: StageCompute
+    executor: PipelineExecutor
+
+    @property
+    def stage(self) -> int:
+        return self.transport.stage
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def schedule_orders(name: str, num_stages: int, stage: int) -> Callable[[int], list[Action]]:
+    """M -> this stage's validated action list of schedule `name`."""
+    return lambda m: build_schedule(name, num_stages, m)[stage]
+
+
+def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
+                  sample: torch.Tensor, *, link_spec: str = "", seed: int = 0,
+                  loss_fn: LossFn = F.cross_entropy,
+                  partition: Partition | None = None) -> PipelineRuntime:
+    """This rank's stage of `model` ready to run; `sample` is a batch of real inputs.
+
+    Collective over all ranks (partition broadcast and the shape exchange).
+    """
+    check_stage_count(pcfg.stages, len(blocks_of(model)))
+    plan = partition or agree_partition(pcfg, model, sample, ctx)
+    stage = ctx.rank
+    module = stage_module(model, plan, stage)
+    link = Link(ctx, link_spec or None)
+    transport = StageTransport(link, stage, plan.num_stages,
+                               WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
+                               WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), seed=seed)
+    transport.exchange_shapes(tuple(sample.shape[1:]),
+                              lambda shape: output_shape(module, shape, ctx.device))
+    compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
+                           loss_fn=loss_fn, recompute=pcfg.recompute)
+    executor = PipelineExecutor(schedule_orders(pcfg.schedule, plan.num_stages, stage),
+                                compute, transport, pcfg.microbatches, ctx.rank)
+    return PipelineRuntime(plan, module, link, transport, compute, executor)

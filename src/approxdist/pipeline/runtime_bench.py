@@ -1,0 +1,155 @@
+"""Measures our pipeline runtime against `torch.distributed.pipelining` on the same ranks (seed 002).
+
+`measure_rank` runs on every rank (through `launch.spawn.run_on_ranks`): for each case it
+builds one model from a seed, cuts it with our partitioner, and gives one copy to our
+executor and one to torch's `PipelineStage` with `ScheduleGPipe` / `Schedule1F1B` (same
+blocks, same micro-batches, same data, gloo). Timed rounds alternate which engine goes
+first; each round is `steps` mini-batches plus an optimiser step each, between barriers.
+Our engine also reports its measured bubble: the share of each rank's step time spent
+not computing, averaged over ranks, to compare with (P-1)/(M+P-1).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.schema import ModelConfig
+from approxdist.launch.context import DistContext
+from approxdist.models import build_model
+from approxdist.pipeline.executor import StepTimes
+from approxdist.pipeline.partition import Partition, stage_module
+from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+
+TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One configuration: model, input, pipeline shape, wire formats and link."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    stages: int
+    microbatches: int
+    schedule: str
+    batch_size: int = 64
+    hidden: int = 1024
+    depth: int = 7
+    classes: int = 10
+    split: str = ""
+    balance: str = ""
+    link: str = ""
+    fwd_codec: str = "fp32"
+    bwd_codec: str = "fp32"
+
+    def pipeline_config(self) -> PipelineConfig:
+        return PipelineConfig(stages=self.stages, split=self.split, balance=self.balance,
+                              microbatches=self.microbatches, schedule=self.schedule,
+                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How many rounds, of how many steps, after how many warm-up steps."""
+
+    rounds: int = 5
+    steps: int = 10
+    warmup: int = 3
+
+
+def _model(case: BenchCase) -> nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(name=case.model, hidden=case.hidden, depth=case.depth)
+    return build_model(cfg, case.input_shape, case.classes)
+
+
+def _data(case: BenchCase) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn((case.batch_size, *case.input_shape), generator=gen)
+    return x, torch.randint(0, case.classes, (case.batch_size,), generator=gen)
+
+
+def _ours(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
+          sink: list[StepTimes]) -> Callable[[], None]:
+    opt = torch.optim.SGD(rt.module.parameters(), lr=1e-3)
+    first, last = rt.transport.is_first, rt.transport.is_last
+
+    def step() -> None:
+        res = rt.executor.train_step(x if first else None, y if last else None, x.shape[0])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sink.append(res.times)
+
+    return step
+
+
+def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
+           x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    from torch.distributed import pipelining
+
+    module = stage_module(model, plan, ctx.rank)
+    stage = pipelining.PipelineStage(module, ctx.rank, case.stages, ctx.device)
+    cls = getattr(pipelining, TORCH_SCHEDULES[case.schedule])
+    sched = cls(stage, case.microbatches, loss_fn=F.cross_entropy)
+    opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+    first, last = ctx.rank == 0, ctx.rank == case.stages - 1
+
+    def step() -> None:
+        if first:
+            sched.step(x, return_outputs=False)
+        elif last:
+            sched.step(target=y, losses=[], return_outputs=False)
+        else:
+            sched.step(return_outputs=False)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _timed(step: Callable[[], None], steps: int) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
+    """Round times of both engines on this rank, and our compute/wall split."""
+    model = _model(case)
+    x, y = _data(case)
+    rt = build_runtime(case.pipeline_config(), copy.deepcopy(model), ctx,
+                       x[: max(1, case.batch_size // case.microbatches)], link_spec=case.link)
+    sink: list[StepTimes] = []
+    engines = {"approxdist": _ours(rt, x, y, sink),
+               "torch": _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)}
+    for step in engines.values():
+        _timed(step, timing.warmup)
+    rounds: dict[str, list[float]] = {name: [] for name in engines}
+    sink.clear()  # forget the warm-up
+    for r in range(timing.rounds):
+        names = list(engines) if r % 2 == 0 else list(reversed(engines))
+        for name in names:
+            rounds[name].append(_timed(engines[name], timing.steps))
+    rt.close()
+    total = StepTimes()
+    for t in sink:
+        total += t
+    return {"rounds": rounds, "bubble": total.bubble}
+
+
+def measure_rank(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
+    """Entry point for `run_on_ranks`: every case in order, on every rank."""
+    return [measure_case(ctx, case, timing) for case in cases]

@@ -1,0 +1,220 @@
+"""One stage's compute on micro-batches: forward, backward, loss, optional recomputation (GPipe).
+
+`StageCompute` keeps, per micro-batch in flight, what its backward needs: the input (a
+leaf that collects the input gradient) and the output with its autograd graph, or with
+`recompute=True` only the input (GPipe's re-materialisation, Huang et al. 2019 §2.3):
+the forward then runs without a graph and backward runs it again first. The re-run
+draws the same random numbers (dropout) and leaves batch-norm running statistics as
+they were, so a recomputed step is identical to a stored one. The last stage turns its
+output into `weight * loss_fn(output, labels)` (docs/pipeline.md, "Micro-batches").
+
+`ActivationMemory` measures what is held for backward: stored inputs plus the tensors
+autograd saves (parameters excluded, shared storage counted once); its `peak` over a
+step is the number `--recompute` reduces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: CPU generator state, and the device generator's when the stage runs on a GPU
+RngState = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def rng_state(device: torch.device) -> RngState:
+    gpu = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), gpu
+
+
+@contextlib.contextmanager
+def replayed_rng(state: RngState, device: torch.device) -> Iterator[None]:
+    """Run the block with the generators set to `state`; restore the current ones afterwards."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], device)
+        yield
+
+
+class ActivationMemory:
+    """Live and peak bytes a stage keeps for backward (inputs + autograd-saved activations)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.live = 0
+        self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+    def release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    @contextlib.contextmanager
+    def saved(self, inputs: torch.Tensor) -> Iterator[list[int]]:
+        """Count the bytes autograd saves inside the block (yields a 1-element total)."""
+        seen = {inputs.untyped_storage().data_ptr()} | self._params
+        total = [0]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total[0] += t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield total
+
+
+@dataclass
+class _InFlight:
+    """What micro-batch m keeps between its forward and its backward."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor | None
+    weight: float
+    output: torch.Tensor | None  # with graph (stored mode); None once sent (recompute)
+    loss: torch.Tensor | None
+    rng: RngState | None
+    nbytes: int
+
+
+class StageCompute:
+    """Forward/backward of one stage's module on micro-batches, keyed by micro-batch index."""
+
+    def __init__(self, module: nn.Module, *, is_first: bool, is_last: bool, loss_fn: LossFn,
+                 recompute: bool = False) -> None:
+        self.module, self.is_first, self.is_last = module, is_first, is_last
+        self.loss_fn, self.recompute = loss_fn, recompute
+        self.memory = ActivationMemory(module)
+        self._live: dict[int, _InFlight] = {}
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.correct = torch.zeros((), dtype=torch.int64)
+
+    def reset_step(self) -> None:
+        """Forget the previous step's loss and accuracy sums and the memory peak."""
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.correct = torch.zeros((), dtype=torch.int64)
+        self.memory.peak = self.memory.live
+
+    # -- training ---------------------------------------------------------------------
+    def forward(self, m: int, x: torch.Tensor, labels: torch.Tensor | None,
+                weight: float) -> None:
+        """Run micro-batch m forward and keep what its backward needs."""
+        if not self.is_first:
+            x.requires_grad_(True)
+        rng = rng_state(x.device) if self.recompute else None
+        nbytes = x.nelement() * x.element_size()
+        if self.recompute:
+            with torch.no_grad():
+                out, loss = self._run(x, labels, weight)
+        else:
+            with self.memory.saved(x) as saved:
+                out, loss = self._run(x, labels, weight)
+            nbytes += saved[0]
+        self.memory.add(nbytes)
+        self._live[m] = _InFlight(x, labels, weight, out, loss, rng, nbytes)
+
+    def _run(self, x: torch.Tensor, labels: torch.Tensor | None,
+             weight: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.module(x)
+        if not self.is_last:
+            return out, None
+        assert labels is not None, "the last stage needs the labels of every micro-batch"
+        loss = self.loss_fn(out, labels) * weight
+        self.loss_sum += loss.detach().double()
+        self.correct += (out.detach().argmax(1) == labels).sum()
+        return out, loss
+
+    def output(self, m: int) -> torch.Tensor:
+        """Micro-batch m's output to send on; with recompute it is not kept afterwards."""
+        item = self._live[m]
+        assert item.output is not None, f"output of micro-batch {m} already sent"
+        out = item.output.detach()
+        if self.recompute:
+            item.output = None
+        return out
+
+    def backward(self, m: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """Back-propagate micro-batch m (`grad` of its output; None on the last stage).
+
+        Returns the gradient of the stage input to send back (None on the first stage).
+        Parameter gradients accumulate in `.grad`.
+        """
+        item = self._live.pop(m)
+        extra = self._recompute(item) if self.recompute else 0
+        root = item.loss if self.is_last else item.output
+        assert root is not None
+        if grad is None:
+            root.backward()
+        else:
+            torch.autograd.backward(root, grad)
+        self.memory.release(item.nbytes + extra)
+        return None if self.is_first else item.inputs.grad
+
+    def _recompute(self, item: _InFlight) -> int:
+        """Re-run the forward with a graph, same random numbers, batch-norm stats untouched."""
+        assert item.rng is not None
+        with replayed_rng(item.rng, item.inputs.device), frozen_batchnorm_stats(self.module), \
+                self.memory.saved(item.inputs) as saved:
+            out = self.module(item.inputs)
+        item.output = out
+        if self.is_last:
+            assert item.labels is not None
+            item.loss = self.loss_fn(out, item.labels) * item.weight
+        self.memory.add(saved[0])
+        return saved[0]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    # -- evaluation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """Forward only; on the last stage add the summed loss and the correct count."""
+        out = self.module(x)
+        if self.is_last:
+            assert labels is not None
+            self.loss_sum += self.loss_fn(out, labels).double() * labels.numel()
+            self.correct += (out.argmax(1) == labels).sum()
+        return out
+
+
+@contextlib.contextmanager
+def frozen_batchnorm_stats(module: nn.Module) -> Iterator[None]:
+    """Restore batch-norm running statistics on exit (a recomputed forward must not count twice)."""
+    norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    saved = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)
+              if b is not None] for m in norms]
+    try:
+        yield
+    finally:
+        for m, bufs in zip(norms, saved):
+            live = [b for b in (m.running_mean, m.running_var, m.num_batches_tracked)
+                    if b is not None]
+            for b, old in zip(live, bufs):
+                b.copy_(old)
+
+
+@torch.no_grad()
+def output_shape(module: nn.Module, sample_shape: tuple[int, ...],
+                 device: torch.device) -> tuple[int, ...]:
+    """Per-sample output shape of `module` for per-sample input `sample_shape` (eval mode, 2 samples)."""
+    was_training = module.training
+    module.eval()
+    try:
+        out = module(torch.zeros((2, *sample_shape), device=device))
+    finally:
+        module.train(was_training)
+    return tuple(out.shape[1:])

@@ -1,0 +1,233 @@
+"""A stage's transfers: activations forward and gradients backward through the link layer (seed 000).
+
+Each direction has its own codec and channel (`--fwd-codec`/`--fwd-channel` for the
+activations, `--bwd-codec`/`--bwd-channel` for the gradients), so seed 000's experiment
+(lossy forward, exact backward) and its future work (lossy backward too) are both one
+flag away. Every byte goes through `comm.link.Link` (DESIGN.md principle 2): codecs,
+bit-error channels, bandwidth emulation and byte accounting apply as for all-reduce.
+
+Receives are *sized*: at start-up the stages pass the per-sample shape of each boundary
+down the pipeline once (`exchange_shapes`, one 80-byte link header per boundary), so
+every later receive can be posted before its data exists (contract item 2 in
+docs/pipeline.md) and no shape travels with the payloads.
+
+Buffers are reused: the payload of each (direction, micro-batch) is encoded into, and
+received into, the same bytes every step, and decoded into the same fp32 storage (a fresh
+large allocation costs more than the copy, ANCHORS.md). This is why the adapter encodes
+and decodes itself around the link's byte transfers (`isend_bytes` / `irecv_bytes`):
+same codec, channel, shaping and accounting as `Link.isend` / `Link.irecv`, which take
+no output buffers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from approxdist.comm.channel import Channel, get_channel
+from approxdist.comm.codecs import Codec, Payload, get_codec
+from approxdist.comm.codecs.framed import FramedCodec
+from approxdist.comm.link import Link, RecvHandle, SendHandle
+from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
+
+Shape = tuple[int, ...]
+
+
+class TimedCodec(Codec):
+    """Delegates to `inner` and adds up the seconds spent in encode and decode."""
+
+    def __init__(self, inner: Codec) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+        self.seconds = 0.0
+
+    @property
+    def bits_per_value(self) -> float:
+        return self.inner.bits_per_value
+
+    def payload_nbytes(self, numel: int) -> int:
+        return self.inner.payload_nbytes(numel)
+
+    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> Payload:
+        """Encode, into `out` (exactly `payload_nbytes` bytes) when the codec can."""
+        t0 = time.perf_counter()
+        framed = out is not None and isinstance(self.inner, FramedCodec)
+        payload = self.inner.encode(x, out=out) if framed else self.inner.encode(x)  # type: ignore[call-arg]
+        self.seconds += time.perf_counter() - t0
+        return payload
+
+    def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode, into `out` (contiguous fp32 of the payload's shape) when the codec can."""
+        t0 = time.perf_counter()
+        framed = out is not None and isinstance(self.inner, FramedCodec)
+        x = self.inner.decode(payload, out=out) if framed else self.inner.decode(payload)  # type: ignore[call-arg]
+        self.seconds += time.perf_counter() - t0
+        return x
+
+    @property
+    def lossless(self) -> bool:
+        return self.inner.lossless
+
+    @property
+    def code_bits(self) -> int:
+        return self.inner.code_bits
+
+    def codes_offset(self, numel: int) -> int:
+        return self.inner.codes_offset(numel)
+
+
+class BufferPool:
+    """Flat buffers by key, grown as needed; `get` returns the first `numel` elements."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._bufs: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
+
+    def get(self, name: str, index: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        key = (name, index, dtype)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=self.device)
+            self._bufs[key] = buf
+        return buf[:numel]
+
+
+class PendingRecv:
+    """A posted sized receive; `wait()` returns the decoded fp32 tensor (non-finite values
+    set to 0 and counted in `stats.nonfinite` when a channel is set, like `Link.irecv`)."""
+
+    def __init__(self, handle: RecvHandle[torch.Tensor], out: torch.Tensor, codec: TimedCodec,
+                 channel: Channel | None, stats: LinkStats) -> None:
+        self.handle, self.out, self.codec = handle, out, codec
+        self.channel, self.stats = channel, stats
+
+    def wait(self) -> torch.Tensor:
+        data = self.handle.wait()
+        x = self.codec.decode(Payload(data, self.out.shape), out=self.out)
+        if self.channel is not None:
+            x, bad = self.channel.guard(x)
+            self.stats.nonfinite += bad
+        return x
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """Codec and channel spec strings of one direction (DESIGN.md spec strings)."""
+
+    codec: str = "fp32"
+    channel: str = "none"
+
+
+@dataclass
+class _Direction:
+    """This rank's codec instances (one to send, one to receive) and channel of one direction."""
+
+    send_codec: TimedCodec
+    recv_codec: TimedCodec
+    channel: Channel | None
+
+    @classmethod
+    def build(cls, wire: WireFormat, seed: int) -> _Direction:
+        channel = get_channel(wire.channel, seed)
+        return cls(TimedCodec(get_codec(wire.codec)), TimedCodec(get_codec(wire.codec)),
+                   None if channel.is_identity else channel)
+
+
+class StageTransport:
+    """Stage `stage` of `num_stages`: posts receives and sends to its neighbours over `link`.
+
+    `rank_of(stage)` maps a stage to its rank (identity with one stage per rank).
+    """
+
+    def __init__(self, link: Link, stage: int, num_stages: int, fwd: WireFormat,
+                 bwd: WireFormat, rank_of: Callable[[int], int] = int, seed: int = 0) -> None:
+        self.link, self.stage, self.num_stages = link, stage, num_stages
+        self.rank_of = rank_of
+        self.fwd = _Direction.build(fwd, seed * 1009 + 2 * stage)
+        self.bwd = _Direction.build(bwd, seed * 1009 + 2 * stage + 1)
+        self.in_shape: Shape = ()
+        self.out_shape: Shape = ()
+        self._pool = BufferPool(link.device)
+        self._sends: list[SendHandle] = []
+        self.send_seconds = 0.0
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def peer(self, stage: int) -> int:
+        return self.rank_of(stage)
+
+    # -- start-up ---------------------------------------------------------------------
+    def exchange_shapes(self, input_shape: Shape, infer: Callable[[Shape], Shape]) -> None:
+        """Learn this stage's per-sample input shape from the previous stage, tell the next.
+
+        `input_shape` is the sample shape of the data (used on stage 0); `infer` maps an
+        input sample shape to this stage's output sample shape.
+        """
+        if self.is_first:
+            self.in_shape = tuple(input_shape)
+        else:
+            buf = self.link.irecv_bytes(self.peer(self.stage - 1), SHAPE_WORDS * 8).wait()
+            self.in_shape = tuple(parse_header(buf, self.peer(self.stage - 1))[1])
+        self.out_shape = tuple(infer(self.in_shape))
+        if not self.is_last:
+            header = shape_header(0, self.out_shape, self.link.device)
+            self.link.isend_bytes(header, self.peer(self.stage + 1)).wait()
+
+    # -- per micro-batch ----------------------------------------------------------------
+    def post_recv_act(self, m: int, size: int) -> PendingRecv:
+        """Post the receive of micro-batch m's activation (`size` samples) from stage - 1."""
+        return self._recv("act", m, (size, *self.in_shape), self.stage - 1, self.fwd)
+
+    def post_recv_grad(self, m: int, size: int) -> PendingRecv:
+        """Post the receive of micro-batch m's output gradient (`size` samples) from stage + 1."""
+        return self._recv("grad", m, (size, *self.out_shape), self.stage + 1, self.bwd)
+
+    def _recv(self, name: str, m: int, shape: Shape, stage: int, d: _Direction) -> PendingRecv:
+        numel = math.prod(shape)
+        data = self._pool.get(f"recv-{name}", m, d.recv_codec.payload_nbytes(numel), torch.uint8)
+        out = self._pool.get(f"out-{name}", m, numel, torch.float32).view(shape)
+        handle = self.link.irecv_bytes(self.peer(stage), data)
+        return PendingRecv(handle, out, d.recv_codec, d.channel, self.link.stats)
+
+    def send_act(self, m: int, x: torch.Tensor) -> None:
+        self._send("act", m, x, self.stage + 1, self.fwd)
+
+    def send_grad(self, m: int, g: torch.Tensor) -> None:
+        self._send("grad", m, g, self.stage - 1, self.bwd)
+
+    def _send(self, name: str, m: int, x: torch.Tensor, stage: int, d: _Direction) -> None:
+        """Encode into this (direction, micro-batch)'s buffer, corrupt, post; the buffer is
+        reused next step, after `wait_sends`."""
+        t0 = time.perf_counter()
+        codec = d.send_codec
+        buf = self._pool.get(f"send-{name}", m, codec.payload_nbytes(x.numel()), torch.uint8)
+        payload = codec.encode(x.detach(), out=buf)
+        if d.channel is not None:
+            payload = d.channel.corrupt(payload, codec.inner)
+        self._sends.append(self.link.isend_bytes(payload.data, self.peer(stage)))
+        self.send_seconds += time.perf_counter() - t0
+
+    def wait_sends(self) -> None:
+        """Wait until every posted send has left (end of a step, contract item 6)."""
+        sends, self._sends = self._sends, []
+        for handle in sends:
+            handle.wait()
+
+    @property
+    def codec_seconds(self) -> float:
+        """Seconds spent encoding and decoding, both directions, since start."""
+        return sum(c.seconds for d in (self.fwd, self.bwd) for c in (d.send_codec, d.recv_codec))
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.fwd.recv_codec.seconds + self.bwd.recv_codec.seconds

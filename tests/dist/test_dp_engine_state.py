@@ -1,0 +1,140 @@
+"""Error-feedback state in checkpoints, the DDP comm hook, and the Trainer on our engine.
+
+* residuals of a lossy codec are saved by `state_dict()` and restored by
+  `load_state_dict()`: a restored engine continues exactly like the original;
+* through the Trainer, a resumed run with error feedback equals an uninterrupted one
+  (every rank's residuals travel in rank 0's checkpoint); metrics count bytes per link;
+* our DDP comm hook with fp32 equals plain DDP.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.config.loader import build_config
+from approxdist.data_parallel import DataParallel
+from approxdist.data_parallel.ddp_hook import register_hook
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.train.loop import build_trainer
+
+
+def _net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(8, 10, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+
+def _steps(dp: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
+    for s in steps:
+        x, y = _batch(rank, s)
+        opt.zero_grad()
+        F.cross_entropy(dp(x), y).backward()
+        opt.step()
+
+
+def _ef_round_trip(ctx: DistContext) -> dict[str, Any]:
+    kw = {"codec": "bits:s1e8m3", "error_feedback": True, "algorithm": "ring"}
+    a = _net()
+    dp_a = DataParallel(a, ctx=ctx, **kw)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    _steps(dp_a, opt_a, ctx.rank, range(3))
+    saved = dp_a.state_dict()
+    b = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
+    dp_b = DataParallel(b, ctx=ctx, broadcast=False, **kw)
+    dp_b.load_state_dict(saved)
+    fresh = DataParallel(_net(), ctx=ctx, **kw)  # same weights, no residuals
+    fresh.module.load_state_dict(a.state_dict())
+    for dp, m in ((dp_a, a), (dp_b, b), (fresh, fresh.module)):
+        _steps(dp, torch.optim.SGD(m.parameters(), lr=0.1), ctx.rank, range(3, 5))
+        dp.close()
+    return {"residual_norm": sum(float(r.norm()) for r in saved["_extra_state"]["residuals"].values()),
+            "a": a.state_dict(), "b": b.state_dict(), "fresh": fresh.module.state_dict()}
+
+
+def _ddp_vs_hook(ctx: DistContext) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("ddp", "hook fp32", "hook bf16"):
+        m = _net()
+        ddp = nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.001)
+        state = register_hook(ddp, ctx, algorithm="ring", codec=name[-4:]) if "hook" in name else None
+        _steps(ddp, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), ctx.rank, range(3))
+        out[name] = m.state_dict()
+        if state is not None:
+            out[name + ":bytes"] = state.bytes_sent()
+            state.close()
+    return out
+
+
+def _both(ctx: DistContext) -> dict[str, Any]:
+    return {"ef": _ef_round_trip(ctx), "hook": _ddp_vs_hook(ctx)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict[str, Any]]:
+    """One 2-rank run for the two tests below (process start-up dominates their cost)."""
+    return run_on_ranks(_both, 2)
+
+
+def test_error_feedback_residuals_round_trip_through_state_dict(two_ranks: list[dict[str, Any]]
+                                                                 ) -> None:
+    ranks = [r["ef"] for r in two_ranks]
+    assert ranks[0]["residual_norm"] > 0  # the lossy codec left something to feed back
+    for k, v in ranks[0]["a"].items():
+        assert torch.equal(ranks[0]["b"][k], v), k
+        assert torch.equal(ranks[1]["b"][k], v), k
+    assert any(not torch.equal(ranks[0]["fresh"][k], v) for k, v in ranks[0]["a"].items())
+
+
+def test_ddp_comm_hook_fp32_equals_plain_ddp(two_ranks: list[dict[str, Any]]) -> None:
+    ranks = [r["hook"] for r in two_ranks]
+    for k, v in ranks[0]["ddp"].items():
+        torch.testing.assert_close(ranks[0]["hook fp32"][k], v, atol=1e-6, rtol=0, msg=k)
+        torch.testing.assert_close(ranks[0]["hook bf16"][k], v, atol=1e-2, rtol=0, msg=k)
+        assert torch.equal(ranks[1]["hook bf16"][k], ranks[0]["hook bf16"][k]), k
+    assert 0 < ranks[0]["hook bf16:bytes"] < 0.6 * ranks[0]["hook fp32:bytes"]
+
+
+SECTIONS: dict[str, dict[str, Any]] = {
+    "train": {"progress": False, "seed": 3, "world_size": 2},
+    "data": {"dataset": "synthetic", "synthetic_shape": [12], "synthetic_samples": 64,
+             "batch_size": 16, "augment": False},
+    "model": {"name": "mlp", "hidden": 32, "depth": 2},
+    "optim": {"lr": 0.05, "schedule": "step", "step_size": 5, "gamma": 0.5},
+    "dp": {"codec": "bf16", "error_feedback": True, "early_forward": True, "bucket_mb": 0.002},
+}
+
+
+def _run(ctx: DistContext, root: str) -> dict[str, Any]:
+    def train(name: str, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
+        sec = {k: dict(v) for k, v in SECTIONS.items()}
+        sec["train"]["epochs"] = epochs
+        trainer = build_trainer(build_config(sec), ctx, Path(root) / name, resume)
+        trainer.run()
+        return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    return {"full": train("full", 3, False), "part": train("part", 2, False),
+            "resumed": train("part", 3, True)}
+
+
+def test_trainer_resume_with_error_feedback_is_bit_exact(tmp_path: Path) -> None:
+    ranks = run_on_ranks(_run, 2, str(tmp_path))
+    for k, v in ranks[0]["full"].items():
+        assert torch.equal(ranks[0]["resumed"][k], v), k
+        assert torch.equal(ranks[1]["resumed"][k], v), k
+    ckpt = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
+    assert len(ckpt["dp"]["ranks"]) == 2 and ckpt["dp"]["ranks"][1]["residuals"]
+    epoch = [json.loads(s) for s in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+             if '"epoch"' in s and '"test_accuracy"' in s][-1]
+    assert set(epoch["bytes_sent"]) == {"0->1", "1->0"} and epoch["bytes_sent"]["0->1"] > 0

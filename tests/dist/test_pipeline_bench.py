@@ -1,0 +1,51 @@
+"""`approxdist bench pipeline`: both engines run the same tiny case; rows, ratios and checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli import bench_pipeline
+from approxdist.errors import ConfigError
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
+
+KEYS = {"engine", "schedule", "stages", "microbatches", "samples_per_s", "ratio_vs_torch",
+        "bubble_measured", "bubble_theory"}
+
+
+def test_both_engines_run_the_same_case_and_rows_have_the_json_keys(tmp_path: Path) -> None:
+    cases = [BenchCase("mlp", (16,), 2, m, s, batch_size=8, hidden=16, depth=2)
+             for s, m in (("gpipe", 4), ("1f1b", 2))]
+    per_rank = run_on_ranks(measure_rank, 2, cases, Timing(rounds=1, steps=1, warmup=1))
+    rows = bench_pipeline.summarize(cases, per_rank, steps=1)
+    assert len(rows) == 4 and all(KEYS <= set(r) for r in rows)
+    for case, (ours, torch_row) in zip(cases, zip(rows[::2], rows[1::2])):
+        assert (ours["engine"], torch_row["engine"]) == ("approxdist", "torch")
+        assert ours["ratio_vs_torch"] == pytest.approx(
+            ours["samples_per_s"] / torch_row["samples_per_s"])
+        assert torch_row["ratio_vs_torch"] == 1.0 and torch_row["bubble_measured"] is None
+        assert 0.0 <= ours["bubble_measured"] < 1.0
+        assert ours["bubble_theory"] == pytest.approx(1 / (case.microbatches + 1))
+    out = tmp_path / "rows.json"
+    out.write_text(json.dumps(rows))
+    assert "approxdist" in bench_pipeline.table(json.loads(out.read_text()))
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"microbatches": "4,x"}, "not a comma list of integers"),
+    ({"microbatches": "80"}, "--microbatches 80 exceeds --batch-size 64"),
+    ({"schedule": "zb"}, "pipeline.schedule = 'zb' is not one of"),
+    ({"stages": 1}, "needs 2 or more stages"),
+])
+def test_bad_bench_input_is_refused_before_any_rank_starts(flags: dict[str, object],
+                                                           message: str) -> None:
+    args = {"model": "mlp", "stages": 2, "microbatches": "4", "schedule": "gpipe",
+            "batch_size": 64, "split": "", "balance": "", "link": "", "fwd_codec": "fp32",
+            "bwd_codec": "fp32"}
+    args.update(flags)
+    with pytest.raises(ConfigError, match=message):
+        bench_pipeline.plan_cases(argparse.Namespace(**args))

@@ -1,0 +1,160 @@
+"""The pipeline executor against the single-process oracle (GPipe, 1F1B; 2-4 stages; 1-8 micro-batches).
+
+Each `run_on_ranks` call runs many cases in one set of processes (one case = a fresh
+runtime, a training step, a forward-only evaluation, and the same training step again,
+which reuses every transfer buffer and must accumulate exactly twice the gradient). The oracle accumulates
+`weight_m * loss_m` over the same micro-batches in one process; the loss and every
+parameter gradient must agree within 1e-5. The same runs check the byte accounting:
+each link carries exactly the codec's payload for every micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.comm.codecs import get_codec
+from approxdist.comm.transfer import SHAPE_WORDS
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.models.mlp import mlp
+from approxdist.pipeline.microbatch import microbatch_sizes, split_microbatches
+from approxdist.pipeline.runtime import build_runtime
+
+FEATURES, CLASSES, HIDDEN = 12, 5, 16
+
+
+@dataclass(frozen=True)
+class Case:
+    stages: int
+    microbatches: int
+    schedule: str
+    batch: int = 16
+    recompute: bool = False
+    fwd_codec: str = "fp32"
+    bwd_codec: str = "fp32"
+
+    def config(self) -> PipelineConfig:
+        return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
+                              schedule=self.schedule, recompute=self.recompute,
+                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec)
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=4)  # 5 blocks, no batch norm
+
+
+def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, FEATURES, generator=gen), torch.randint(0, CLASSES, (n,), generator=gen)
+
+
+def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
+    out = []
+    for case in cases:
+        x, y = _data(case.batch)
+        rt = build_runtime(case.config(), _model(), ctx, x[:2])
+        first, last = rt.transport.is_first, rt.transport.is_last
+        res = rt.executor.train_step(x if first else None, y if last else None, case.batch)
+        grads = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
+        sent_train = dict(rt.link.stats.sent)
+        xt, yt = _data(7, seed=2)
+        rt.compute.reset_step()
+        rt.executor.eval_batch(xt if first else None, yt if last else None, 7)
+        ev = (float(rt.compute.loss_sum), int(rt.compute.correct))
+        again = rt.executor.train_step(x if first else None, y if last else None, case.batch)
+        twice = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
+        out.append({"loss": res.loss, "correct": res.correct, "grads": grads, "eval": ev,
+                    "sent": sent_train, "loss2": again.loss, "twice": twice})
+        rt.close()
+    return out
+
+
+def _oracle(case: Case) -> tuple[float, int, dict[str, torch.Tensor], tuple[float, int]]:
+    model, (x, y) = _model(), _data(case.batch)
+    loss_total, correct = 0.0, 0
+    for mb in split_microbatches(x, y, case.microbatches):
+        out = model(mb.inputs)
+        loss = F.cross_entropy(out, mb.labels) * mb.weight
+        loss.backward()
+        loss_total += float(loss.detach())
+        correct += int((out.argmax(1) == mb.labels).sum())
+    xt, yt = _data(7, seed=2)
+    with torch.no_grad():
+        out = model(xt)
+        ev = (float(F.cross_entropy(out, yt, reduction="sum")), int((out.argmax(1) == yt).sum()))
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss_total, correct, grads, ev
+
+
+def _boundary_width(case: Case) -> int:
+    return HIDDEN  # every boundary of this MLP carries `HIDDEN` features per sample
+
+
+def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
+    loss, correct, grads, ev = _oracle(case)
+    last = ranks[-1]
+    assert last["loss"] == pytest.approx(loss, abs=1e-5), case
+    assert last["correct"] == correct, case
+    assert last["eval"][0] == pytest.approx(ev[0], abs=1e-4) and last["eval"][1] == ev[1], case
+    seen: set[str] = set()
+    assert last["loss2"] == pytest.approx(loss, abs=1e-5), case  # reused buffers, same step
+    for r in ranks:
+        for name, g in r["grads"].items():
+            torch.testing.assert_close(g, grads[name], atol=1e-5, rtol=0, msg=f"{case} {name}")
+            torch.testing.assert_close(r["twice"][name], 2 * grads[name], atol=2e-5, rtol=0)
+            seen.add(name)
+    assert seen == set(grads), f"{case}: parameters without a stage: {set(grads) - seen}"
+    _check_bytes(case, ranks)
+
+
+def _check_bytes(case: Case, ranks: list[dict[str, Any]]) -> None:
+    """Each boundary carries exactly the codec's payload per micro-batch, both ways (plus the
+    one shape header stage s sends stage s+1 at start-up)."""
+    fwd, bwd = get_codec(case.fwd_codec), get_codec(case.bwd_codec)
+    sizes = microbatch_sizes(case.batch, case.microbatches)
+    width = _boundary_width(case)
+    for s in range(case.stages - 1):
+        assert ranks[s]["sent"].get(s + 1) == SHAPE_WORDS * 8 + sum(
+            fwd.payload_nbytes(n * width) for n in sizes)
+        assert ranks[s + 1]["sent"].get(s) == sum(bwd.payload_nbytes(n * width) for n in sizes)
+
+
+ORACLE_CASES = {
+    2: [Case(2, m, s) for s in ("gpipe", "1f1b") for m in (1, 2, 3, 5, 8)]
+       + [Case(2, 4, "1f1b", batch=10), Case(2, 8, "gpipe", recompute=True),
+          Case(2, 3, "1f1b", batch=10, recompute=True)],
+    3: [Case(3, m, s) for s in ("gpipe", "1f1b") for m in (1, 4, 7)]
+       + [Case(3, 6, "1f1b", recompute=True)],
+    4: [Case(4, m, s) for s in ("gpipe", "1f1b") for m in (2, 3, 8)]
+       + [Case(4, 5, "gpipe", batch=10, recompute=True)],
+}
+
+
+@pytest.mark.parametrize("stages", sorted(ORACLE_CASES))
+def test_loss_and_every_gradient_match_single_process(stages: int) -> None:
+    cases = ORACLE_CASES[stages]
+    ranks = run_on_ranks(_run_cases, stages, cases, timeout_s=120)
+    for i, case in enumerate(cases):
+        _check(case, [r[i] for r in ranks])
+
+
+def test_lossy_forward_codec_sends_fewer_bytes_and_still_trains() -> None:
+    """Seed 000's 4-bit activations (and bf16 gradients): exact payload sizes, fewer bytes."""
+    lossy = Case(2, 4, "gpipe", batch=128, fwd_codec="bits:s0e2+2m0", bwd_codec="bf16")
+    exact = Case(2, 4, "gpipe", batch=128)
+    ranks = run_on_ranks(_run_cases, 2, [exact, lossy], timeout_s=120)
+    _check_bytes(exact, [r[0] for r in ranks])
+    _check_bytes(lossy, [r[1] for r in ranks])
+    assert ranks[0][1]["sent"][1] * 6 < ranks[0][0]["sent"][1]  # 4 vs 32 bits + headers
+    assert ranks[1][1]["sent"][0] * 1.9 < ranks[1][0]["sent"][0]
+    loss, _, grads, _ = _oracle(lossy)
+    assert ranks[1][1]["loss"] == pytest.approx(loss, rel=0.2)  # approximate, not broken
+    assert all(torch.isfinite(g).all() for r in ranks for g in r[1]["grads"].values())

@@ -1,0 +1,122 @@
+"""`approxdist train --parallel pipeline`: outputs, per-stage checkpoints and resume, a dead stage,
+and bad input through the CLI (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from approxdist.cli.main import main
+from approxdist.config.loader import build_config
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.errors import LaunchError
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.models.mlp import mlp
+from approxdist.pipeline.runtime import build_runtime
+from approxdist.train.metrics import read_jsonl
+from approxdist.train.pipeline_loop import build_pipeline_trainer
+
+FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
+
+SECTIONS: dict[str, dict[str, Any]] = {
+    "train": {"parallel": "pipeline", "world_size": 2, "progress": False, "seed": 3},
+    "data": {"dataset": "synthetic", "synthetic_shape": [12], "synthetic_samples": 96,
+             "batch_size": 16, "augment": False},
+    "model": {"name": "mlp", "hidden": 32, "depth": 3, "dropout": 0.1},
+    "optim": {"lr": 0.05, "schedule": "step", "step_size": 7, "gamma": 0.5},
+    "pipeline": {"schedule": "1f1b", "microbatches": 3, "recompute": True},
+}
+
+
+def _train(ctx: DistContext, run_dir: Path, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
+    sec = {k: dict(v) for k, v in SECTIONS.items()}
+    sec["train"]["epochs"] = epochs
+    trainer = build_pipeline_trainer(build_config(sec), ctx, run_dir, resume)
+    trainer.run()
+    return {k: v.clone() for k, v in trainer.runtime.module.state_dict().items()}
+
+
+def _full_and_resumed(ctx: DistContext, root: str) -> tuple[dict[str, torch.Tensor], ...]:
+    """3 epochs straight, and 1 epoch then a resume to 3, in the same processes."""
+    full = _train(ctx, Path(root) / "full", 3, False)
+    _train(ctx, Path(root) / "part", 1, False)
+    return full, _train(ctx, Path(root) / "part", 3, True)
+
+
+def test_resume_from_stage_checkpoints_is_bit_exact(tmp_path: Path) -> None:
+    ranks = run_on_ranks(_full_and_resumed, 2, str(tmp_path))
+    assert (tmp_path / "part" / "stage0" / "checkpoint.pt").is_file()
+    assert (tmp_path / "part" / "stage1" / "checkpoint.pt").is_file()
+    for stage, (full, resumed) in enumerate(ranks):
+        assert full.keys() == resumed.keys()
+        for name, ref in full.items():
+            assert torch.equal(resumed[name], ref), (stage, name)
+    epochs = [r for r in read_jsonl(tmp_path / "part" / "metrics.jsonl") if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3]
+
+
+def test_cli_pipeline_run_writes_per_link_metrics_and_stage_checkpoints(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--parallel", "pipeline", "--epochs", "2", "--microbatches", "4",
+            "--schedule", "1f1b", "--fwd-codec", "bits:s0e8m0", "--bwd-codec", "bf16",
+            "--split", "2", "--out", str(out), *FAST]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["stages"] == 2 and summary["parallel"] == "pipeline"
+    assert summary["fwd_codec"] == "bits:s0e8m0" and summary["bytes_sent"] > 0
+    assert summary["test_accuracy"] > 0.15  # above chance (0.1) after 2 short epochs
+    assert {p.name for p in out.iterdir()} >= {"config.toml", "metrics.jsonl", "summary.json",
+                                               "stage0", "stage1"}
+    assert (out / "stage1" / "checkpoint.pt").is_file()
+    epochs = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert epochs[1]["train_loss"] < epochs[0]["train_loss"]
+    record = epochs[-1]
+    assert {"train_loss", "test_accuracy", "samples_per_s", "time_compute_s", "time_comm_s",
+            "time_wait_s", "stages"} <= set(record)
+    sent = record["bytes_sent"]
+    assert set(sent) == {"0->1", "1->0"} and sent["0->1"] * 1.8 < sent["1->0"]  # 8 vs 16 bits
+    assert [s["stage"] for s in record["stages"]] == [0, 1]
+
+
+def _stage_dies(ctx: DistContext) -> None:
+    torch.manual_seed(0)
+    model = mlp((12,), 5, hidden=16, depth=3)
+    x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    rt = build_runtime(PipelineConfig(stages=3, microbatches=4), model, ctx, x[:2])
+    if ctx.rank == 2:
+        os._exit(3)  # the last stage dies before its first forward
+    for _ in range(3):
+        rt.executor.train_step(x if ctx.rank == 0 else None, None, 16)
+
+
+def test_dead_stage_stops_the_others_with_an_error_naming_it() -> None:
+    with pytest.raises(LaunchError) as info:
+        run_on_ranks(_stage_dies, 3, timeout_s=60, comm_timeout_s=10)
+    text = str(info.value)
+    assert "rank 2 failed" in text
+    assert "stage 1 (rank 1) stopped at" in text and "from stage 2 (rank 2)" in text, text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--split", "9"], "split index 9 out of range for a model of 4 blocks; valid boundaries "
+                       "are 1..3"),
+    (["--stages", "5"], "5 stages for a model of 4 blocks; use 1..4 stages"),
+    (["--stages", "3", "--world-size", "2"], "pipeline.stages (3) must equal the number of "
+                                             "ranks (2)"),
+    (["--microbatches", "100", "--batch-size", "64"], "micro-batches (100) exceed the batch "
+                                                      "size (64); use 1..64"),
+    (["--fwd-codec", "bits:x"], "pipeline.fwd_codec = 'bits:x'"),
+    (["--schedule", "zb"], "pipeline.schedule = 'zb' is not one of: 1f1b, gpipe"),
+])
+def test_bad_pipeline_input_is_one_line_exit_2(args: list[str], message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--parallel", "pipeline", *args, *FAST]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

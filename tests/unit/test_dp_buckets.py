@@ -1,0 +1,54 @@
+"""Bucket planning and fragments (pure, seed 001): order, caps, codecs, solo parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from approxdist.data_parallel.buckets import (
+    ParamInfo,
+    check_sizes,
+    forward_order,
+    fragments,
+    plan_buckets,
+)
+from approxdist.errors import ConfigError
+
+
+def _params(*numels: int, codecs: tuple[str, ...] = ()) -> list[ParamInfo]:
+    return [ParamInfo(f"p{i}", n, codecs[i] if codecs else "fp32", i) for i, n in enumerate(numels)]
+
+
+def test_buckets_follow_backward_order_and_lay_out_forward_order() -> None:
+    plans = plan_buckets(_params(10, 10, 10, 10), bucket_bytes=80, first_bucket_bytes=40)
+    assert [p.names for p in plans] == [("p3",), ("p1", "p2"), ("p0",)]
+    assert plans[1].offsets == (0, 10) and plans[1].numel == 20
+    assert forward_order(len(plans)) == [2, 1, 0]
+
+
+def test_codec_change_closes_a_bucket() -> None:
+    plans = plan_buckets(_params(1, 1, 1, codecs=("fp32", "bf16", "bf16")), bucket_bytes=1000)
+    assert [(p.names, p.codec) for p in plans] == [(("p1", "p2"), "bf16"), (("p0",), "fp32")]
+
+
+def test_solo_and_oversized_parameters_get_their_own_bucket() -> None:
+    plans = plan_buckets(_params(2, 100, 2, 2), bucket_bytes=64, first_bucket_bytes=64,
+                         solo_bytes=200)
+    assert [p.names for p in plans] == [("p2", "p3"), ("p1",), ("p0",)]
+    per_param = plan_buckets(_params(2, 2, 2), bucket_bytes=0, first_bucket_bytes=0)
+    assert [p.names for p in per_param] == [("p2",), ("p1",), ("p0",)]
+
+
+def test_fragments_cover_the_bucket_without_overlap() -> None:
+    assert fragments(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert fragments(10, 0) == [(0, 10)]
+    assert fragments(0, 4) == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((-1.0, 1.0, 0.0, 1), "bucket sizes must be >= 0"),
+    ((25.0, 1.0, -2.0, 1), "chunk_kb = -2.0 must be >= 0"),
+    ((25.0, 1.0, 0.0, 0), "threads = 0 must be >= 1"),
+])
+def test_bad_sizes_are_named(args: tuple[float, float, float, int], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_sizes(*args)

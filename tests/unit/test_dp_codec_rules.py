@@ -1,0 +1,40 @@
+"""Per-parameter codec rules (seed 004: fp8 convolutions, Table-N linear layers, fp32 biases)."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from approxdist.data_parallel.codec_rules import CodecRules, param_owners
+from approxdist.errors import ConfigError, SpecError
+
+
+def _net() -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4, 2), nn.BatchNorm1d(2))
+
+
+def test_seed_004_rules_pick_by_module_type_and_name() -> None:
+    rules = CodecRules.parse(["*.bias=fp32", "type:Conv2d.weight=fp8-e5m2",
+                              "type:Linear=table2"], default="bf16")
+    owners = param_owners(_net())
+    picked = {n: rules.codec_for(n, owners[n]) for n in owners}
+    assert picked == {"0.weight": "fp8-e5m2", "0.bias": "fp32", "2.weight": "table2",
+                      "2.bias": "fp32", "3.weight": "bf16", "3.bias": "fp32"}
+    rules.validate()
+
+
+def test_first_matching_rule_wins_and_mappings_keep_order() -> None:
+    rules = CodecRules.parse({"2.*": "fp16", "*": "bf16"})
+    owners = param_owners(_net())
+    assert rules.codec_for("2.bias", owners["2.bias"]) == "fp16"
+    assert rules.codec_for("0.bias", owners["0.bias"]) == "bf16"
+    assert rules.specs() == ["fp32", "fp16", "bf16"]
+
+
+def test_bad_rules_say_how_to_write_one() -> None:
+    with pytest.raises(ConfigError, match="has no '='"):
+        CodecRules.parse(["type:Conv2d"])
+    with pytest.raises(ConfigError, match="incomplete"):
+        CodecRules.parse(["type:=fp32"])
+    with pytest.raises(SpecError, match="unknown codec spec"):
+        CodecRules.parse(["*=fp7"]).validate()

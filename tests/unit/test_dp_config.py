@@ -1,0 +1,53 @@
+"""The [dp] section and its flags: defaults, validation, and the link rule per engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli.main import build_parser
+from approxdist.cli.train_cmd import flag_layer
+from approxdist.config import load_config, write_config
+from approxdist.config.loader import build_config
+from approxdist.errors import ConfigError, SpecError
+
+
+def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
+    cfg = build_config({"dp": {"codec_rules": ["*.bias=fp32", "type:Conv2d.weight=bf16"]}})
+    assert (cfg.dp.engine, cfg.dp.algorithm, cfg.dp.codec) == ("approxdist", "hybrid", "fp32")
+    assert cfg.dp.codec_rules == ("*.bias=fp32", "type:Conv2d.weight=bf16")
+    write_config(cfg, tmp_path / "c.toml")
+    assert load_config(tmp_path / "c.toml") == cfg
+
+
+@pytest.mark.parametrize(("dp", "error", "message"), [
+    ({"engine": "nccl"}, ConfigError, "dp.engine = 'nccl' is not one of: approxdist, plain"),
+    ({"engine": "plain", "codec": "bf16"}, ConfigError, "'plain' takes none of dp.codec"),
+    ({"algorithm": "tree"}, ConfigError, "dp.algorithm = 'tree' is not one of"),
+    ({"codec": "fp7"}, SpecError, "unknown codec spec 'fp7'"),
+    ({"codec_rules": ["conv"]}, ConfigError, "has no '='"),
+    ({"threads": 0}, ConfigError, "threads = 0 must be >= 1"),
+])
+def test_bad_dp_values_are_named(dp: dict, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        build_config({"dp": dp})
+
+
+def test_link_needs_our_engine() -> None:
+    assert build_config({"comm": {"link": "bw=1gbit"}}).comm.link == "bw=1gbit"
+    with pytest.raises(ConfigError, match="use --dp-engine approxdist"):
+        build_config({"comm": {"link": "bw=1gbit"}, "dp": {"engine": "plain"}})
+
+
+def test_flags_land_in_the_dp_section() -> None:
+    args = build_parser().parse_args([
+        "train", "--dp-engine", "approxdist", "--algorithm", "ring", "--codec", "bf16",
+        "--error-feedback", "--bucket-mb", "4", "--threads", "3", "--chunk-kb", "256",
+        "--no-overlap", "--early-forward", "--codec-rule", "*.bias=fp32", "--find-unused"])
+    cfg = build_config(flag_layer(args))
+    assert cfg.dp.algorithm == "ring" and cfg.dp.codec == "bf16" and cfg.dp.error_feedback
+    assert (cfg.dp.bucket_mb, cfg.dp.threads, cfg.dp.chunk_kb) == (4.0, 3, 256.0)
+    assert not cfg.dp.overlap and cfg.dp.early_forward and cfg.dp.find_unused
+    assert cfg.dp.codec_rules == ("*.bias=fp32",)
+    assert build_config(flag_layer(build_parser().parse_args(["train"]))).dp.overlap
