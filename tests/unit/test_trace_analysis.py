@@ -126,6 +126,21 @@ def test_skipping_warm_up_steps_drops_their_time_and_transfers() -> None:
         analyze({"traceEvents": events}, skip=2)
 
 
+def test_transfers_outside_the_steps_of_their_rank_are_left_out() -> None:
+    """Start-up and evaluation traffic of a trainer is not part of the link figures."""
+    def move(pid: int, name: str, t0: float, t1: float, nbytes: int) -> dict[str, Any]:
+        return _x(pid, 1000, name, t0, t1, src=0, dst=1, bytes=nbytes)
+
+    events = [_x(0, 0, "step", 1, 5), _x(1, 0, "step", 1, 5), _x(0, 0, "step", 7, 9),
+              move(0, "send 0->1", 0, 0.5, 80), move(1, "recv 0->1", 0, 0.6, 80),  # start-up
+              move(0, "send 0->1", 2, 3, 10), move(1, "recv 0->1", 1.5, 3, 10),
+              move(0, "send 0->1", 4.5, 5.5, 20), move(1, "recv 0->1", 4, 6, 20),  # overlaps
+              move(0, "send 0->1", 6, 6.5, 7), move(1, "recv 0->1", 6, 6.6, 7)]  # evaluation
+    (link,) = analyze({"traceEvents": events}).links
+    assert link.matched and (link.messages, link.nbytes) == (2, 30)
+    assert link.time_s == pytest.approx(2e-3)  # [2, 3] and [4.5, 5.5]
+
+
 def test_transfers_are_matched_within_their_stream() -> None:
     def move(pid: int, name: str, t0: float, t1: float, stream: str) -> dict[str, Any]:
         return _x(pid, 1000, name, t0, t1, src=0, dst=1, bytes=10, stream=stream)

@@ -16,6 +16,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
 from approxdist.pipeline.runtime import check_run
+from approxdist.trace.gather import TRACE_FILE
 from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
@@ -34,7 +35,7 @@ FLAG_KEYS = {
     "epochs": ("train", "epochs"), "device": ("train", "device"), "out": ("train", "out"),
     "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
     "data_dir": ("data", "data_dir"), "link": ("comm", "link"),
-    "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"),
+    "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"), "trace": ("train", "trace"),
     **{name: ("pipeline", name) for name in PIPELINE_FLAGS},
     **{flag: ("dp", key) for flag, key in DP_FLAGS.items()},
 }
@@ -58,6 +59,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--link", help="emulated link for every transfer, e.g. bw=100mbit,lat=1ms")
+    p.add_argument("--trace", action="store_true", default=None,
+                   help="record every rank's timeline to RUN_DIR/trace.json (docs/tracing.md); "
+                        "read it with `approxdist analyze RUN_DIR`")
     add_pipeline_flags(p)
     add_dp_flags(p)
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
@@ -164,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
                                resume)[0]
-    return finish(run_dir, summary)
+    return finish(run_dir, summary, cfg.train.trace)
 
 
 def run_under_torchrun(args: argparse.Namespace) -> int:
@@ -180,10 +184,10 @@ def run_under_torchrun(args: argparse.Namespace) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_config(cfg, run_dir / "config.toml")
     summary = run_worker(to_dict(cfg), str(run_dir), resume)
-    return finish(run_dir, summary) if int(os.environ["RANK"]) == 0 else 0
+    return finish(run_dir, summary, cfg.train.trace) if int(os.environ["RANK"]) == 0 else 0
 
 
-def finish(run_dir: Path, summary: dict[str, Any]) -> int:
+def finish(run_dir: Path, summary: dict[str, Any], traced: bool = False) -> int:
     from approxdist.train.metrics import write_summary
 
     write_summary(run_dir, summary)
@@ -194,5 +198,17 @@ def finish(run_dir: Path, summary: dict[str, Any]) -> int:
         f"bytes sent {summary['bytes_sent'] / 1e6:.1f} MB\n"
         f"run directory: {run_dir} (config.toml, metrics.jsonl, summary.json, checkpoint.pt)"
     )
+    if traced:
+        print_trace_hint(run_dir)
     json.dumps(summary)
     return 0
+
+
+def print_trace_hint(run_dir: Path) -> None:
+    """Where the merged timeline is and how to read it (`--trace`)."""
+    path = run_dir / TRACE_FILE
+    if not path.is_file():
+        print(f"trace: {path} was not written; see the workers' errors above")
+        return
+    print(f"trace: {path} (open it in https://ui.perfetto.dev)\n"
+          f"next: approxdist analyze {run_dir}")

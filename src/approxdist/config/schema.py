@@ -42,6 +42,7 @@ class TrainConfig:
     progress: bool = True
     threads: int = 0
     timeout_s: float = 120.0
+    trace: bool = False  # record every rank's timeline -> trace.json (docs/tracing.md)
 
     def __post_init__(self) -> None:
         _one_of("train", "parallel", self.parallel, PARALLEL_MODES)

@@ -15,7 +15,9 @@ What happens (docs/data_parallel.md has the whole story):
   step runs on the thread that finished it and the next forward of each layer waits
   only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
 * lossy codecs may keep error-feedback residuals (`feedback.py`), which travel in
-  `state_dict()` as extra state.
+  `state_dict()` as extra state;
+* `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
+  transfers, and the caller's thread a `wait` span wherever it blocks on them.
 Unused parameters: a parameter with no gradient on a rank contributes zeros (or its
 existing `.grad`); with `find_unused_parameters=True` one small exact all-reduce per step
 finds parameters no rank used, whose `.grad` then stays None (no weight decay, no
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ from approxdist.data_parallel.threads import CommPool, CommThread
 from approxdist.data_parallel.usage import UsageFlags
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
+from approxdist.trace.phases import OPTIMIZER, WAIT
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 MB = 1 << 20
 
@@ -62,7 +66,8 @@ class DataParallel(nn.Module):
                  chunk_kb: float = 0.0, overlap: bool = True, early_forward: bool = False,
                  optimizer: torch.optim.Optimizer | None = None,
                  find_unused_parameters: bool = False, broadcast: bool = True,
-                 calibration: Calibration | str | Path | None = None) -> None:
+                 calibration: Calibration | str | Path | None = None,
+                 recorder: Recorder = NULL_RECORDER) -> None:
         super().__init__()
         check_sizes(bucket_mb, first_bucket_mb, chunk_kb, threads)
         if early_forward and optimizer is None:
@@ -74,10 +79,11 @@ class DataParallel(nn.Module):
         self.rules.validate()
         check_same_model(module, self.ctx)
         self.early_forward = early_forward
+        self.recorder = recorder
         self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
         self._byte_offset = 0
         self._buckets = self._make_buckets(bucket_mb, first_bucket_mb, solo_mb, error_feedback)
-        self._pool = CommPool(self.ctx, link, threads, algorithm, calibration)
+        self._pool = CommPool(self.ctx, link, threads, algorithm, calibration, rec=recorder)
         self._usage = UsageFlags(self._buckets, self._pool) if find_unused_parameters else None
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None
@@ -85,7 +91,7 @@ class DataParallel(nn.Module):
                                 chunk_numel=int(chunk_kb * 1024) // 4, on_reduced=self._on_reduced)
         slots = [(p, b.plan.index, s) for b in self._buckets for s, p in enumerate(b.params)]
         self._hooks = BackwardHooks(slots, self._on_start, self._on_grad, self._on_end)
-        self._gate = ForwardGate(module, self._buckets) if early_forward else None
+        self._gate = ForwardGate(module, self._buckets, recorder) if early_forward else None
         if broadcast:
             self.broadcast_parameters()
 
@@ -104,10 +110,15 @@ class DataParallel(nn.Module):
         return self.module(*args, **kwargs)
 
     # -- the hooks ----------------------------------------------------------------------
-    def _on_start(self) -> None:
+    def _blocked(self, wait: Callable[[], None]) -> None:
+        """Run `wait` on the caller's thread as a `wait` span, counted in `comm_seconds`."""
         t0 = time.perf_counter()
-        self._reducer.start()  # waits for the previous step's buckets (early forward)
+        with self.recorder.span(WAIT):
+            wait()
         self._waited += time.perf_counter() - t0
+
+    def _on_start(self) -> None:
+        self._blocked(self._reducer.start)  # waits for the previous step's buckets
         if self._applier is not None:
             self._applier.snapshot()
         if self._usage is not None:
@@ -128,16 +139,15 @@ class DataParallel(nn.Module):
                                       for b in self._buckets])
         if self.early_forward:
             return
-        t0 = time.perf_counter()
-        self._reducer.wait_all()
-        self._waited += time.perf_counter() - t0
+        self._blocked(self._reducer.wait_all)
         for b in self._buckets:
             self._write_back(b)
 
     def _on_reduced(self, bucket: BucketState, thread: CommThread) -> None:
         used = self._usage.wait(bucket) if self._usage is not None else None
         if self._applier is not None:
-            self._applier.apply(bucket, used)
+            with self.recorder.span(OPTIMIZER, bucket=bucket.plan.index):
+                self._applier.apply(bucket, used)
 
     def _write_back(self, b: BucketState) -> None:
         used = self._usage.wait(b) if self._usage is not None else None
@@ -173,9 +183,7 @@ class DataParallel(nn.Module):
 
     def wait(self) -> None:
         """Block until every launched reduction (and early-forward update) has finished."""
-        t0 = time.perf_counter()
-        self._reducer.wait_all()
-        self._waited += time.perf_counter() - t0
+        self._blocked(self._reducer.wait_all)
 
     # -- the Trainer's interface (same as plain.PlainAllReduce) -------------------------
     @property

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from approxdist.data_parallel.reducer import BucketState
+from approxdist.trace.phases import WAIT
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 def queue_end_of_backward(fn: Callable[[], None]) -> None:
@@ -75,8 +77,10 @@ class BackwardHooks:
 class ForwardGate:
     """Forward pre-hooks that wait for the buckets of each module's own parameters."""
 
-    def __init__(self, module: nn.Module, buckets: Sequence[BucketState]) -> None:
+    def __init__(self, module: nn.Module, buckets: Sequence[BucketState],
+                 rec: Recorder = NULL_RECORDER) -> None:
         where = {id(p): b for b in buckets for p in b.params}
+        self.rec = rec
         self.wait_s = 0.0
         self._handles = []
         for mod in module.modules():
@@ -90,7 +94,8 @@ class ForwardGate:
             for b in buckets:
                 if not b.done.is_set():
                     t0 = time.perf_counter()
-                    b.done.wait()
+                    with self.rec.span(WAIT, bucket=b.plan.index):
+                        b.done.wait()
                     self.wait_s += time.perf_counter() - t0
                 b.wait()  # raises the bucket's error, if any
 

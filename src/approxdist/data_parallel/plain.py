@@ -18,6 +18,8 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from approxdist.launch.context import DistContext
+from approxdist.trace.phases import SYNC
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 class PlainAllReduce:
@@ -25,9 +27,10 @@ class PlainAllReduce:
 
     owns_step = False
 
-    def __init__(self, model: nn.Module, ctx: DistContext) -> None:
+    def __init__(self, model: nn.Module, ctx: DistContext, rec: Recorder = NULL_RECORDER) -> None:
         self.model = model
         self.ctx = ctx
+        self.rec = rec
         self.bytes_sent = 0
         self.comm_seconds = 0.0
 
@@ -41,11 +44,12 @@ class PlainAllReduce:
         if not grads:
             return
         t0 = time.perf_counter()
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
-        flat.div_(self.ctx.world_size)
-        for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            g.copy_(synced)
+        with self.rec.span(SYNC):
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            flat.div_(self.ctx.world_size)
+            for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(synced)
         self.comm_seconds += time.perf_counter() - t0
         self.bytes_sent += flat.numel() * flat.element_size()
 

@@ -150,7 +150,8 @@ class Reducer:
         b.done.clear()
         b._left = len(pieces)
         for start, stop in pieces:
-            self.pool.submit(functools.partial(self._reduce, b, start, stop))
+            self.pool.submit(functools.partial(self._reduce, b, start, stop),
+                             bucket=b.plan.index)
 
     def _reduce(self, b: BucketState, start: int, stop: int, thread: CommThread) -> None:
         try:

@@ -15,6 +15,7 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.launch.context import DistContext
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 class GradientSync(Protocol):
@@ -46,13 +47,16 @@ class GradientSync(Protocol):
 
 
 def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
-               ctx: DistContext) -> GradientSync:
-    """The engine `cfg.dp.engine` names, around `model`; weights are broadcast later."""
+               ctx: DistContext, rec: Recorder = NULL_RECORDER) -> GradientSync:
+    """The engine `cfg.dp.engine` names, around `model`; weights are broadcast later.
+
+    `rec` records the engine's phases (sync, waits, transfers; docs/tracing.md).
+    """
     dp = cfg.dp
     if dp.engine == "plain":
         from approxdist.data_parallel.plain import PlainAllReduce
 
-        return PlainAllReduce(model, ctx)
+        return PlainAllReduce(model, ctx, rec)
     from approxdist.data_parallel.engine import DataParallel
 
     return DataParallel(model, ctx=ctx, algorithm=dp.algorithm, codec=dp.codec,
@@ -61,4 +65,4 @@ def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
                         first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,
                         chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,
                         optimizer=optimizer, find_unused_parameters=dp.find_unused,
-                        broadcast=False, calibration=dp.calibration or None)
+                        broadcast=False, calibration=dp.calibration or None, recorder=rec)

@@ -14,6 +14,10 @@ warns against too many threads. A `CommPool` holds `threads` workers; each owns:
 All streams of a rank share one emulated link (one `netem.Shaper`): a link's bandwidth
 is a property of the wire, not of the number of threads using it. A control stream for
 the main thread (small exact reductions: usage flags, buffers) completes the pool.
+
+Tracing (docs/tracing.md): each thread records its jobs as `sync` spans on its own row
+("comm0", "comm1", ...) and each link reports its transfers on its own stream, named
+alike on every rank ("control", "comm0", ...).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from approxdist.comm.collectives import AllReduce, Calibration
 from approxdist.comm.link import Link
 from approxdist.comm.netem import parse_link
 from approxdist.launch.context import DistContext
+from approxdist.trace.phases import SYNC
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 Job = Callable[["CommThread"], None]
 
@@ -39,12 +45,14 @@ class CommThread:
     """One worker: a stream (group + link), reducers per codec, and a job queue."""
 
     def __init__(self, name: str, link: Link, algorithm: str,
-                 calibration: Calibration | str | Path | None) -> None:
+                 calibration: Calibration | str | Path | None,
+                 rec: Recorder = NULL_RECORDER, row: str = "") -> None:
         self.name, self.link = name, link
         self.algorithm, self.calibration = algorithm, calibration
+        self.rec, self.row = rec, row or name
         self.busy_s = 0.0
         self._reducers: dict[str, AllReduce] = {}
-        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Job, dict[str, Any]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -60,16 +68,20 @@ class CommThread:
             ar.check = False
         return ar
 
-    def submit(self, job: Job) -> None:
-        self._queue.put(job)
+    def submit(self, job: Job, **span: Any) -> None:
+        """Queue `job`; `span` are the arguments of its `sync` span (e.g. `bucket=3`)."""
+        self._queue.put((job, span))
 
     def _run(self) -> None:
+        self.rec.name_thread(self.row)
         while True:
-            job = self._queue.get()
-            if job is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            job, span = item
             t0 = time.perf_counter()
-            job(self)  # jobs report their own errors (see reducer.py); nothing escapes here
+            with self.rec.span(SYNC, **span):
+                job(self)  # jobs report their own errors (see reducer.py); nothing escapes
             self.busy_s += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -81,21 +93,24 @@ class CommPool:
     """`threads` communication threads plus a control stream for the main thread."""
 
     def __init__(self, ctx: DistContext, link: str | None, threads: int, algorithm: str,
-                 calibration: Calibration | str | Path | None = None, name: str = "dp") -> None:
+                 calibration: Calibration | str | Path | None = None, name: str = "dp",
+                 rec: Recorder = NULL_RECORDER) -> None:
         self.ctx = ctx
         spec = parse_link(link)
-        links = [Link(ctx, spec, group=_new_group(ctx)) for _ in range(threads + 1)]
+        streams = ["control"] + [f"comm{i}" for i in range(threads)]
+        links = [Link(ctx, spec, group=_new_group(ctx), hook=rec.transfer_hook(s))
+                 for s in streams]
         _share_shaper(links)
         self.control = links[0]
         self.control_reducer = AllReduce(self.control, "brd" if ctx.world_size > 1 else "ring",
                                          "fp32", check=False)
-        self.threads = [CommThread(f"approxdist-{name}-comm{i}", lk, algorithm, calibration)
-                        for i, lk in enumerate(links[1:])]
+        self.threads = [CommThread(f"approxdist-{name}-{s}", lk, algorithm, calibration, rec, s)
+                        for s, lk in zip(streams[1:], links[1:])]
         self._next = 0
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job, **span: Any) -> None:
         """Give `job` to the next thread, round robin (the same thread on every rank)."""
-        self.threads[self._next].submit(job)
+        self.threads[self._next].submit(job, **span)
         self._next = (self._next + 1) % len(self.threads)
 
     @property

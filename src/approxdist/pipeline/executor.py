@@ -12,6 +12,12 @@ Evaluation runs the same schedule with its backward actions removed (`forward_on
 forwards depend only on earlier stages, so the filtered list cannot deadlock.
 A receive that fails (a neighbour died, the link timed out) raises a `PipelineError`
 naming this stage, the action and the neighbour stage and rank.
+
+With a recorder (docs/tracing.md) every action is a span in seed 002's vocabulary:
+posting and awaiting a receive are `receive_for` / `receive_back` (the blocked part a
+`wait` inside), compute is `run_for` / `run_back`, posting a send `send_for` /
+`send_back`, and the end-of-step wait for the sends a `wait` (`on="sends"`) inside the
+phase of the last send.
 """
 
 from __future__ import annotations
@@ -29,6 +35,16 @@ from approxdist.pipeline.microbatch import Batch, loss_weights, microbatch_sizes
 from approxdist.pipeline.schedule.action import Action, Kind
 from approxdist.pipeline.stage import StageCompute
 from approxdist.pipeline.transport import PendingRecv, StageTransport
+from approxdist.trace.phases import (
+    RECEIVE_BACK,
+    RECEIVE_FOR,
+    RUN_BACK,
+    RUN_FOR,
+    SEND_BACK,
+    SEND_FOR,
+    WAIT,
+)
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 FORWARD_KINDS = (Kind.FORWARD, Kind.SEND_ACT, Kind.RECV_ACT)
 
@@ -36,6 +52,13 @@ FORWARD_KINDS = (Kind.FORWARD, Kind.SEND_ACT, Kind.RECV_ACT)
 def forward_only(actions: list[Action]) -> list[Action]:
     """The forward part of a rank's action list (evaluation), in the same order."""
     return [a for a in actions if a.kind in FORWARD_KINDS]
+
+
+def _last_send_phase(actions: list[Action]) -> str:
+    """The phase of the sends a step's final wait is for: its last send's (the report then
+    says `wait in send_back`); `send_for` when the list sends nothing."""
+    last = next((a for a in reversed(actions) if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD)), None)
+    return SEND_BACK if last is not None and last.kind == Kind.SEND_GRAD else SEND_FOR
 
 
 @dataclass
@@ -91,9 +114,10 @@ class PipelineExecutor:
     """Executes this rank's actions for each mini-batch; `orders(M)` gives the list for M."""
 
     def __init__(self, orders: Callable[[int], list[Action]], compute: StageCompute,
-                 transport: StageTransport, num_microbatches: int, rank: int) -> None:
+                 transport: StageTransport, num_microbatches: int, rank: int,
+                 rec: Recorder = NULL_RECORDER) -> None:
         self.compute, self.transport = compute, transport
-        self.num_microbatches, self.rank = num_microbatches, rank
+        self.num_microbatches, self.rank, self.rec = num_microbatches, rank, rec
         self._orders = orders
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
@@ -162,7 +186,8 @@ class PipelineExecutor:
             handlers[action.kind](action, step)
         t0 = time.perf_counter()
         try:
-            t.wait_sends()
+            with self.rec.span(_last_send_phase(actions)), self.rec.span(WAIT, on="sends"):
+                t.wait_sends()
         except (ApproxDistError, RuntimeError) as exc:
             raise self._lost(actions[-1], "its sends to be delivered", exc) from exc
         times.wait_s += time.perf_counter() - t0
@@ -175,53 +200,64 @@ class PipelineExecutor:
     # -- action handlers ----------------------------------------------------------------
     def _recv_act(self, a: Action, step: _Step) -> None:
         t0 = time.perf_counter()
-        step.acts[a.microbatch] = self.transport.post_recv_act(a.microbatch,
-                                                               step.sizes[a.microbatch])
+        with self.rec.span(RECEIVE_FOR, mb=a.microbatch):
+            step.acts[a.microbatch] = self.transport.post_recv_act(a.microbatch,
+                                                                   step.sizes[a.microbatch])
         self._times.comm_s += time.perf_counter() - t0
 
     def _recv_grad(self, a: Action, step: _Step) -> None:
         t0 = time.perf_counter()
-        step.grads[a.microbatch] = self.transport.post_recv_grad(a.microbatch,
-                                                                 step.sizes[a.microbatch])
+        with self.rec.span(RECEIVE_BACK, mb=a.microbatch):
+            step.grads[a.microbatch] = self.transport.post_recv_grad(a.microbatch,
+                                                                     step.sizes[a.microbatch])
         self._times.comm_s += time.perf_counter() - t0
 
     def _forward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
         x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
         t0 = time.perf_counter()
-        self.compute.forward(m, x, step.labels[m], step.weights[m])
+        with self.rec.span(RUN_FOR, mb=m):
+            self.compute.forward(m, x, step.labels[m], step.weights[m])
         self._times.compute_s += time.perf_counter() - t0
 
     def _backward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
         grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
         t0 = time.perf_counter()
-        grad_in = self.compute.backward(m, grad)
+        with self.rec.span(RUN_BACK, mb=m):
+            grad_in = self.compute.backward(m, grad)
         self._times.compute_s += time.perf_counter() - t0
         if grad_in is not None:
             step.outbox[m] = grad_in
 
     def _send_act(self, a: Action, step: _Step) -> None:
-        self.transport.send_act(a.microbatch, self.compute.output(a.microbatch))
+        with self.rec.span(SEND_FOR, mb=a.microbatch):
+            self.transport.send_act(a.microbatch, self.compute.output(a.microbatch))
 
     def _send_grad(self, a: Action, step: _Step) -> None:
-        self.transport.send_grad(a.microbatch, step.outbox.pop(a.microbatch))
+        with self.rec.span(SEND_BACK, mb=a.microbatch):
+            self.transport.send_grad(a.microbatch, step.outbox.pop(a.microbatch))
 
     def _eval_forward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
         x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
         t0 = time.perf_counter()
-        step.outbox[m] = self.compute.evaluate(x, step.labels[m])
+        with self.rec.span(RUN_FOR, mb=m):
+            step.outbox[m] = self.compute.evaluate(x, step.labels[m])
         self._times.compute_s += time.perf_counter() - t0
 
     def _eval_send(self, a: Action, step: _Step) -> None:
-        self.transport.send_act(a.microbatch, step.outbox.pop(a.microbatch))
+        with self.rec.span(SEND_FOR, mb=a.microbatch):
+            self.transport.send_act(a.microbatch, step.outbox.pop(a.microbatch))
 
     # -- waiting ------------------------------------------------------------------------
     def _wait(self, a: Action, handle: PendingRecv) -> torch.Tensor:
+        """The received tensor of `a`'s micro-batch: a `wait` inside its receive phase."""
+        phase = RECEIVE_FOR if a.kind == Kind.FORWARD else RECEIVE_BACK
         t0 = time.perf_counter()
         try:
-            x = handle.wait()
+            with self.rec.span(phase, mb=a.microbatch), self.rec.span(WAIT):
+                x = handle.wait()
         except (ApproxDistError, RuntimeError) as exc:
             what = "the activation" if a.kind == Kind.FORWARD else "the gradient"
             raise self._lost(a, f"{what} of micro-batch {a.microbatch}", exc) from exc

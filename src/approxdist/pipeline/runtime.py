@@ -4,7 +4,8 @@
 CLI's preflight calls it; workers call it again under torchrun). `build_runtime` does
 the per-rank assembly: every rank builds the whole model from the same seed, keeps its
 stage's blocks, agrees with the others on the partition, learns its boundary shapes, and
-gets an executor for the named schedule.
+gets an executor for the named schedule. A recorder (docs/tracing.md) given to
+`build_runtime` gets the link's transfers, the executor's phases and the pipeline's shape.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.transport import StageTransport, WireFormat
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 def check_run(pcfg: PipelineConfig, world_size: int, num_blocks: int, batch_size: int) -> None:
@@ -94,23 +96,28 @@ def schedule_orders(name: str, num_stages: int, stage: int) -> Callable[[int], l
 def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                   sample: torch.Tensor, *, link_spec: str = "", seed: int = 0,
                   loss_fn: LossFn = F.cross_entropy,
-                  partition: Partition | None = None) -> PipelineRuntime:
+                  partition: Partition | None = None,
+                  rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
     """This rank's stage of `model` ready to run; `sample` is a batch of real inputs.
 
-    Collective over all ranks (partition broadcast and the shape exchange).
+    Collective over all ranks (partition broadcast and the shape exchange); `rec`
+    records the stage's phases and transfers.
     """
     check_stage_count(pcfg.stages, len(blocks_of(model)))
     plan = partition or agree_partition(pcfg, model, sample, ctx)
     stage = ctx.rank
     module = stage_module(model, plan, stage)
-    link = Link(ctx, link_spec or None)
+    if rec.enabled:  # lets `approxdist analyze` compute the bubble from the trace alone
+        rec.meta["pipeline"] = {"stages": plan.num_stages, "microbatches": pcfg.microbatches,
+                                "schedule": pcfg.schedule}
+    link = Link(ctx, link_spec or None, hook=rec.transfer_hook())
     transport = StageTransport(link, stage, plan.num_stages,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
-                               WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), seed=seed)
+                               WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), seed=seed, rec=rec)
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute)
     executor = PipelineExecutor(schedule_orders(pcfg.schedule, plan.num_stages, stage),
-                                compute, transport, pcfg.microbatches, ctx.rank)
+                                compute, transport, pcfg.microbatches, ctx.rank, rec)
     return PipelineRuntime(plan, module, link, transport, compute, executor)

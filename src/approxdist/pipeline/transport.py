@@ -16,7 +16,8 @@ received into, the same bytes every step, and decoded into the same fp32 storage
 large allocation costs more than the copy, ANCHORS.md). This is why the adapter encodes
 and decodes itself around the link's byte transfers (`isend_bytes` / `irecv_bytes`):
 same codec, channel, shaping and accounting as `Link.isend` / `Link.irecv`, which take
-no output buffers.
+no output buffers. With a recorder (docs/tracing.md) encoding and decoding are `encode` /
+`decode` spans inside the executor's send and receive phases.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link import Link, RecvHandle, SendHandle
 from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
+from approxdist.trace.phases import DECODE, ENCODE
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 Shape = tuple[int, ...]
 
@@ -101,16 +104,17 @@ class PendingRecv:
     set to 0 and counted in `stats.nonfinite` when a channel is set, like `Link.irecv`)."""
 
     def __init__(self, handle: RecvHandle[torch.Tensor], out: torch.Tensor, codec: TimedCodec,
-                 channel: Channel | None, stats: LinkStats) -> None:
+                 channel: Channel | None, stats: LinkStats, rec: Recorder = NULL_RECORDER) -> None:
         self.handle, self.out, self.codec = handle, out, codec
-        self.channel, self.stats = channel, stats
+        self.channel, self.stats, self.rec = channel, stats, rec
 
     def wait(self) -> torch.Tensor:
         data = self.handle.wait()
-        x = self.codec.decode(Payload(data, self.out.shape), out=self.out)
-        if self.channel is not None:
-            x, bad = self.channel.guard(x)
-            self.stats.nonfinite += bad
+        with self.rec.span(DECODE):
+            x = self.codec.decode(Payload(data, self.out.shape), out=self.out)
+            if self.channel is not None:
+                x, bad = self.channel.guard(x)
+                self.stats.nonfinite += bad
         return x
 
 
@@ -140,13 +144,15 @@ class _Direction:
 class StageTransport:
     """Stage `stage` of `num_stages`: posts receives and sends to its neighbours over `link`.
 
-    `rank_of(stage)` maps a stage to its rank (identity with one stage per rank).
+    `rank_of(stage)` maps a stage to its rank (identity with one stage per rank); `rec`
+    records encoding and decoding.
     """
 
     def __init__(self, link: Link, stage: int, num_stages: int, fwd: WireFormat,
-                 bwd: WireFormat, rank_of: Callable[[int], int] = int, seed: int = 0) -> None:
+                 bwd: WireFormat, rank_of: Callable[[int], int] = int, seed: int = 0,
+                 rec: Recorder = NULL_RECORDER) -> None:
         self.link, self.stage, self.num_stages = link, stage, num_stages
-        self.rank_of = rank_of
+        self.rank_of, self.rec = rank_of, rec
         self.fwd = _Direction.build(fwd, seed * 1009 + 2 * stage)
         self.bwd = _Direction.build(bwd, seed * 1009 + 2 * stage + 1)
         self.in_shape: Shape = ()
@@ -197,7 +203,7 @@ class StageTransport:
         data = self._pool.get(f"recv-{name}", m, d.recv_codec.payload_nbytes(numel), torch.uint8)
         out = self._pool.get(f"out-{name}", m, numel, torch.float32).view(shape)
         handle = self.link.irecv_bytes(self.peer(stage), data)
-        return PendingRecv(handle, out, d.recv_codec, d.channel, self.link.stats)
+        return PendingRecv(handle, out, d.recv_codec, d.channel, self.link.stats, self.rec)
 
     def send_act(self, m: int, x: torch.Tensor) -> None:
         self._send("act", m, x, self.stage + 1, self.fwd)
@@ -211,9 +217,10 @@ class StageTransport:
         t0 = time.perf_counter()
         codec = d.send_codec
         buf = self._pool.get(f"send-{name}", m, codec.payload_nbytes(x.numel()), torch.uint8)
-        payload = codec.encode(x.detach(), out=buf)
-        if d.channel is not None:
-            payload = d.channel.corrupt(payload, codec.inner)
+        with self.rec.span(ENCODE):
+            payload = codec.encode(x.detach(), out=buf)
+            if d.channel is not None:
+                payload = d.channel.corrupt(payload, codec.inner)
         self._sends.append(self.link.isend_bytes(payload.data, self.peer(stage)))
         self.send_seconds += time.perf_counter() - t0
 

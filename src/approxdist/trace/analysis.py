@@ -21,9 +21,11 @@ pair is *in flight* from the send's post until the earlier of the two ends retur
 its wait (both are upper bounds of the arrival; transports buffer, so data moves before
 the receive is posted), and *unsent* from the receive's post until the send's post.
 When the two sides recorded different counts, each event's own interval counts as in
-flight. Per link and direction: bytes (sender's count), transfer time (union of the
-in-flight intervals) and effective bandwidth (bytes / time: a lower bound of the link's
-rate, as a late receiver lengthens the flight). The *slowest stage* is the rank with
+flight. Only transfers that overlap a step span of the rank that recorded them count
+(`in_steps`): start-up, evaluation and checkpoint traffic stay out. Per link and
+direction: bytes (sender's count), transfer time (union of the in-flight intervals) and
+effective bandwidth (bytes / time: a lower bound of the link's rate, as a late receiver
+lengthens the flight). The *slowest stage* is the rank with
 the most compute + comm time per step; `stalls` say in which wait spans it
 stood idle, `waits_on` how long each of its links was in flight while it waited. For
 a pipeline run the measured bubble (mean over ranks) is set against the theory
@@ -32,6 +34,7 @@ a pipeline run the measured bubble (mean over ranks) is set against the theory
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -265,11 +268,33 @@ def skip_steps(spans: list[Span], transfers: list[Transfer], n: int
             [t for t in transfers if t.start >= cutoff])
 
 
+def in_steps(spans: list[Span], transfers: list[Transfer]) -> list[Transfer]:
+    """The transfers that overlap a step span of the rank that recorded them (a trainer
+    also moves data outside its steps: shape exchange, evaluation); a rank without step
+    spans keeps all of its transfers."""
+    windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for s in spans:
+        if s.cls == STEP_CLASS:
+            windows[s.rank].append((s.start, s.end))
+    merged = {r: IntervalSet.of(w).spans for r, w in windows.items()}
+    ends = {r: [b for _, b in w] for r, w in merged.items()}
+
+    def overlaps(t: Transfer) -> bool:
+        if t.rank not in merged:
+            return True
+        i = bisect.bisect_left(ends[t.rank], t.start)  # first step ending at or after it
+        return i < len(ends[t.rank]) and merged[t.rank][i][0] <= t.end
+
+    return [t for t in transfers if overlaps(t)]
+
+
 def analyze(trace: dict[str, Any], stages: int | None = None, microbatches: int | None = None,
             skip: int = 0) -> Analysis:
     """Fractions per rank, figures per link, slowest stage and (for pipelines) the bubble;
-    `skip` leaves out each rank's first steps (see `skip_steps`)."""
+    `skip` leaves out each rank's first steps (see `skip_steps`), transfers outside the
+    steps are left out (see `in_steps`)."""
     spans, transfers = skip_steps(*parse_events(trace), skip)
+    transfers = in_steps(spans, transfers)
     if not spans:
         raise TraceError("the trace holds no spans; record phases with `rec.span(...)`")
     times, links = _link_times(transfers)

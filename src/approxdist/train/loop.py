@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from approxdist.data.loader import _mix
 from approxdist.data_parallel.sync import GradientSync, build_sync
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
+from approxdist.trace import DATA, NULL_RECORDER, OPTIMIZER, RUN_BACK, RUN_FOR, STEP, Recorder
 from approxdist.train import log
 from approxdist.train.checkpoint import load_checkpoint, save_checkpoint
 from approxdist.train.evaluate import all_mean, evaluate
@@ -50,6 +52,7 @@ class Trainer:
     writer: MetricsWriter
     progress: Progress = field(default_factory=Progress)
     link_bytes: dict[str, int] = field(default_factory=dict)  # per link, at the last epoch
+    rec: Recorder = NULL_RECORDER  # timeline phases (docs/tracing.md)
 
     # -- one epoch ---------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -61,8 +64,11 @@ class Trainer:
         bar = log.progress(ctx, self.batches.steps_per_epoch,
                            f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
         t_epoch = time.perf_counter()
-        for x, y in self.batches.epoch(epoch):
-            loss, correct = self.train_step(x.to(ctx.device), y.to(ctx.device))
+        batches = self.batches.epoch(epoch)
+        for _ in range(self.batches.steps_per_epoch):
+            with self.rec.span(STEP, step=self.progress.step):
+                x, y = self.next_batch(batches)
+                loss, correct = self.train_step(x, y)
             sums["loss"] += loss * y.numel()
             sums["correct"] += correct
             sums["seen"] += y.numel()
@@ -81,16 +87,27 @@ class Trainer:
                 "samples_per_s": self.batches.steps_per_epoch * self.cfg.data.batch_size / wall,
                 "time_comm_s": comm, "time_compute_s": wall - comm}
 
+    def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.rec.span(DATA):
+            x, y = next(batches)
+            return x.to(self.ctx.device), y.to(self.ctx.device)
+
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        rec = self.rec
         set_lr(self.optimizer, self.lr_rule(self.progress.step))
-        out = self.model(x)
-        loss = F.cross_entropy(out, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        with rec.span(RUN_FOR):
+            out = self.model(x)
+            loss = F.cross_entropy(out, y)
+        with rec.span(OPTIMIZER):
+            self.optimizer.zero_grad(set_to_none=True)
+        with rec.span(RUN_BACK):
+            loss.backward()
         if self.sync:
             self.sync.sync_gradients()
         if not (self.sync and self.sync.owns_step):  # early forward steps bucket by bucket
-            self.optimizer.step()
+            with rec.span(OPTIMIZER):
+                self.optimizer.step()
         return float(loss.item()), float((out.argmax(1) == y).sum().item())
 
     # -- the run ------------------------------------------------------------------
@@ -169,18 +186,20 @@ def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, A
     }
 
 
-def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool) -> Trainer:
+def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
+                  rec: Recorder = NULL_RECORDER) -> Trainer:
+    """This rank's trainer (collective when distributed); `rec` records its phases."""
     run_dir.mkdir(parents=True, exist_ok=True)
     data = load_dataset(cfg.data)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
     optimizer = make_sgd(model, cfg.optim)
-    sync = build_sync(cfg, model, optimizer, ctx) if ctx.distributed else None
+    sync = build_sync(cfg, model, optimizer, ctx, rec) if ctx.distributed else None
     batches = ShardedBatches(data, cfg.data.batch_size, ctx.rank, ctx.world_size,
                              cfg.train.seed, cfg.data.augment)
     rule = LRRule(cfg.optim, cfg.data.batch_size, batches.steps_per_epoch, cfg.train.epochs)
     trainer = Trainer(cfg, ctx, run_dir, data, model, optimizer, batches, rule, sync,
-                      MetricsWriter(run_dir, ctx.is_main))
+                      MetricsWriter(run_dir, ctx.is_main), rec=rec)
     if resume:
         state = [load_checkpoint(run_dir) if ctx.is_main else None]
         if ctx.distributed:

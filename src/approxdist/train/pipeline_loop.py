@@ -7,12 +7,14 @@ schedule, then every stage takes one optimiser step on its own parameters. Evalu
 is a forward-only pipeline; accuracy and loss come from the last stage and reach rank 0
 (which writes `metrics.jsonl`) by an all-reduce, as do per-link bytes and the per-stage
 compute / communication / wait times. Each rank checkpoints its own stage under
-`stage<s>/checkpoint.pt`.
+`stage<s>/checkpoint.pt`. A recorder (docs/tracing.md) gets each mini-batch as a
+`step` span holding `data`, the executor's phases and `optimizer`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from approxdist.models import build_model
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import StepTimes
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime, check_run
+from approxdist.trace import DATA, NULL_RECORDER, OPTIMIZER, STEP, Recorder
 from approxdist.train import log
 from approxdist.train.checkpoint import load_checkpoint, save_checkpoint
 from approxdist.train.loop import Progress, run_summary
@@ -60,6 +63,7 @@ class PipelineTrainer:
     lr_rule: LRRule
     writer: MetricsWriter
     progress: Progress = field(default_factory=Progress)
+    rec: Recorder = NULL_RECORDER  # timeline phases (docs/tracing.md)
 
     @property
     def first(self) -> bool:
@@ -84,12 +88,15 @@ class PipelineTrainer:
         bar = log.progress(ctx, self.batches.steps_per_epoch,
                            f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
         t_epoch = time.perf_counter()
-        for x, y in self.batches.epoch(epoch):
-            set_lr(self.optimizer, self.lr_rule(self.progress.step))
-            res = rt.executor.train_step(x.to(ctx.device) if self.first else None,
-                                         y.to(ctx.device) if self.last else None, y.numel())
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        batches = self.batches.epoch(epoch)
+        for _ in range(self.batches.steps_per_epoch):
+            with self.rec.span(STEP, step=self.progress.step):
+                x, y, n = self.next_batch(batches)
+                set_lr(self.optimizer, self.lr_rule(self.progress.step))
+                res = rt.executor.train_step(x, y, n)
+                with self.rec.span(OPTIMIZER):
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
             times += res.times
             peak = max(peak, res.peak_activation_bytes)
             losses.append(res.loss)
@@ -104,6 +111,15 @@ class PipelineTrainer:
         table = gather_rows([times.compute_s, times.comm_s, times.wait_s, peak, *sums, *sent], ctx)
         self._log_steps(epoch, losses)
         return self._epoch_stats(table, wall)
+
+    def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """(inputs on stage 0, labels on the last stage, batch size), on this rank's device."""
+        with self.rec.span(DATA):
+            x, y = next(batches)
+            dev = self.ctx.device
+            return (x.to(dev) if self.first else None, y.to(dev) if self.last else None,
+                    y.numel())
 
     def _log_steps(self, epoch: int, losses: list[float]) -> None:
         """Step records (loss from the last stage) for every `log_every`-th step."""
@@ -215,9 +231,10 @@ class PipelineTrainer:
                 + "; a stage died while saving, restart from scratch")
 
 
-def build_pipeline_trainer(cfg: Config, ctx: DistContext, run_dir: Path,
-                           resume: bool) -> PipelineTrainer:
-    """Build this rank's stage and trainer (collective: all ranks call it together)."""
+def build_pipeline_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
+                           rec: Recorder = NULL_RECORDER) -> PipelineTrainer:
+    """Build this rank's stage and trainer (collective: all ranks call it together);
+    `rec` records its phases and transfers."""
     run_dir.mkdir(parents=True, exist_ok=True)
     data = load_dataset(cfg.data)
     torch.manual_seed(cfg.train.seed)
@@ -225,13 +242,13 @@ def build_pipeline_trainer(cfg: Config, ctx: DistContext, run_dir: Path,
     check_run(cfg.pipeline, ctx.world_size, len(model), cfg.data.batch_size)
     micro = max(1, cfg.data.batch_size // cfg.pipeline.microbatches)
     runtime = build_runtime(cfg.pipeline, model, ctx, data.train_x[:micro].to(ctx.device),
-                            link_spec=cfg.comm.link, seed=cfg.train.seed)
+                            link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec)
     optimizer = make_sgd(runtime.module, cfg.optim)
     augment = cfg.data.augment and runtime.transport.is_first  # labels do not depend on it
     batches = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed, augment)
     rule = LRRule(cfg.optim, cfg.data.batch_size, batches.steps_per_epoch, cfg.train.epochs)
     trainer = PipelineTrainer(cfg, ctx, run_dir, data, runtime, optimizer, batches, rule,
-                              MetricsWriter(run_dir, ctx.is_main))
+                              MetricsWriter(run_dir, ctx.is_main), rec=rec)
     if resume:
         trainer.load_state_dict(_load_stage_checkpoint(trainer.stage_dir, ctx))
     return trainer

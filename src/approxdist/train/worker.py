@@ -1,7 +1,12 @@
-"""What each worker process runs: join the group, agree on the run directory, train."""
+"""What each worker process runs: join the group, agree on the run directory, train.
+
+With `train.trace` every rank records its timeline (`approxdist.trace`) and rank 0
+writes the merged `trace.json` into the run directory after training.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -12,7 +17,9 @@ import torch
 import torch.distributed as dist
 
 from approxdist.config.loader import build_config
+from approxdist.config.schema import Config
 from approxdist.launch.context import DistContext, init_from_env, shutdown
+from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
 from approxdist.train.loop import build_trainer
 from approxdist.train.pipeline_loop import build_pipeline_trainer
 
@@ -51,9 +58,28 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
-        if cfg.train.parallel == "pipeline":
-            return build_pipeline_trainer(cfg, ctx, path, resume).run()
-        trainer = build_trainer(cfg, ctx, path, resume)
-        return trainer.run()
+        label = f"stage {ctx.rank}" if cfg.train.parallel == "pipeline" else ""
+        rec = open_recorder(ctx, cfg.train.trace, label=label)  # collective when tracing
+        return train_traced(cfg, ctx, path, resume, rec)
     finally:
         shutdown(ctx)
+
+
+def train_traced(cfg: Config, ctx: DistContext, path: Path, resume: bool,
+                 rec: Recorder) -> dict[str, Any]:
+    """Train, then write the merged trace (a collective, only when every rank got there).
+
+    A rank whose training raised writes only its own `trace.rank<N>.json` (no
+    collective: the other ranks may be gone) and lets the error propagate.
+    """
+    try:
+        if cfg.train.parallel == "pipeline":
+            summary = build_pipeline_trainer(cfg, ctx, path, resume, rec).run()
+        else:
+            summary = build_trainer(cfg, ctx, path, resume, rec).run()
+    except BaseException:
+        with contextlib.suppress(Exception):  # never hide the training error
+            save_rank_trace(rec, path)
+        raise
+    finish_trace(rec, ctx, path)
+    return summary
