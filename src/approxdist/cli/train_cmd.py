@@ -196,11 +196,10 @@ def finish(run_dir: Path, summary: dict[str, Any], traced: bool = False) -> int:
         f"done: test accuracy {100 * acc:.2f}%  train loss {summary['train_loss']:.4f}  "
         f"time {summary['wall_time_s']:.1f} s  {summary['samples_per_s']:.0f} samples/s  "
         f"bytes sent {summary['bytes_sent'] / 1e6:.1f} MB\n"
-        f"run directory: {run_dir} (config.toml, metrics.jsonl, summary.json, checkpoint.pt)"
+        f"run directory: {run_dir} ({', '.join(sorted(p.name for p in run_dir.iterdir()))})"
     )
     if traced:
         print_trace_hint(run_dir)
-    json.dumps(summary)
     return 0
 
 
