@@ -7,11 +7,19 @@ import sys
 from collections.abc import Sequence
 
 from approxdist import __version__
-from approxdist.cli import analyze_cmd, bench, inspect_cmd, schedule_cmd, train_cmd
+from approxdist.cli import (
+    analyze_cmd,
+    bench,
+    experiment_cmd,
+    inspect_cmd,
+    report_cmd,
+    schedule_cmd,
+    train_cmd,
+)
 from approxdist.errors import ApproxDistError
 
 #: each module has `register(subparsers)` that adds its parser and sets `func`
-SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, analyze_cmd)
+SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, analyze_cmd, experiment_cmd, report_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,70 @@
+"""`approxdist experiment NAME`: run a preset that reproduces a seed study, write CSVs, plots, report.
+
+    approxdist experiment list
+    approxdist experiment seed000-bits --quick --out exp/bits
+    approxdist experiment seed000-bits --out exp/bits --data-dir ~/data/cifar-10-batches-py --seeds 3
+    approxdist experiment all --quick --out exp          # every preset into exp/<name>/
+
+Presets and their run times: docs/experiments.md. `approxdist report DIR` regenerates
+the plots and report.md of a finished experiment from its CSVs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ConfigError
+from approxdist.experiments import Settings, get_preset, preset_names, run_experiment
+
+ALL = "all"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("experiment", help="run a preset reproducing a seed study (CSV, PNG, report)",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("name", metavar="NAME", help="a preset, 'all', or 'list' to show the presets")
+    p.add_argument("--out", type=Path, help="output directory (required unless NAME is list)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="CI-size runs: all presets together in under 10 minutes on 2 cores")
+    size.add_argument("--smoke", action="store_true",
+                      help="tiny runs on the digits that only check the machinery (tests)")
+    p.add_argument("--data-dir", default="",
+                   help="CIFAR-10 directory: the accuracy presets then train the seed's ResNet "
+                        "on CIFAR-10 instead of MNIST-1D")
+    p.add_argument("--seeds", type=int, default=0,
+                   help="training seeds per configuration (default 3; 1 with --quick)")
+    p.set_defaults(func=run)
+
+
+def list_presets() -> str:
+    lines = []
+    for name in preset_names():
+        preset = get_preset(name)
+        times = ", ".join(f"{k} {v}" for k, v in preset.run_time.items())
+        lines.append(f"{name:<20} {preset.summary}\n{'':<20} ({preset.seed_ref}; {times})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.name == "list":
+        print(list_presets())
+        return 0
+    names = preset_names() if args.name == ALL else [get_preset(args.name).name]
+    if args.out is None:
+        raise ConfigError(f"experiment {args.name!r} needs --out DIR, the directory for its CSVs, "
+                          f"plots and report.md")
+    size = "quick" if args.quick else "smoke" if args.smoke else "full"
+    start = time.perf_counter()
+    for name in names:
+        out = args.out / name if args.name == ALL else args.out
+        settings = Settings(out=out, size=size, data_dir=args.data_dir, seeds=args.seeds)
+        t0 = time.perf_counter()
+        report = run_experiment(name, settings)
+        print(f"{name}: {time.perf_counter() - t0:.0f} s, report {report}", flush=True)
+    if len(names) > 1:
+        print(f"all {len(names)} presets: {time.perf_counter() - start:.0f} s")
+    return 0

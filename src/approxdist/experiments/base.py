@@ -1,0 +1,75 @@
+"""What an experiment preset is: settings of one invocation, and the preset's two halves.
+
+A preset reproduces one study of the seed documents (`/work/shared/SEEDS.md`). Its
+`collect` half executes the runs (training runs or benchmark calls) and writes CSV
+files with documented columns into the output directory; its `render` half reads only
+those CSVs (and `experiment.json`) and writes PNG plots plus the Markdown body of the
+report, so `approxdist report DIR` can regenerate everything without re-running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ConfigError
+
+#: run sizes: `smoke` checks the machinery in seconds (tests), `quick` is CI-size,
+#: `full` is the documented reproduction
+SIZES = ("smoke", "quick", "full")
+
+Meta = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One invocation: `approxdist experiment NAME [--quick] --out DIR [--data-dir D] [--seeds N]`."""
+
+    out: Path
+    size: str = "full"
+    data_dir: str = ""
+    seeds: int = 0  # 0: the preset's default for the size (1 for smoke/quick, 3 for full)
+
+    def __post_init__(self) -> None:
+        if self.size not in SIZES:
+            raise ConfigError(f"experiment size {self.size!r} is not one of: {', '.join(SIZES)}")
+        if self.seeds < 0:
+            raise ConfigError(f"--seeds {self.seeds} must be >= 1 (or 0 for the default)")
+
+    def seed_list(self, full_default: int = 3) -> list[int]:
+        """Training seeds 0..n-1: `--seeds`, else 1 (smoke, quick) or `full_default`."""
+        n = self.seeds or (full_default if self.size == "full" else 1)
+        return list(range(n))
+
+    def pick(self, smoke: Any, quick: Any, full: Any) -> Any:
+        """The value for this size."""
+        return {"smoke": smoke, "quick": quick, "full": full}[self.size]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"out": str(self.out), "size": self.size, "data_dir": self.data_dir,
+                "seeds": self.seeds}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number or claim of the seed, quoted from SEEDS.md, for the side-by-side tables."""
+
+    what: str
+    seed: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named experiment: how to run it, how to report it, what its CSVs hold."""
+
+    name: str
+    title: str
+    seed_ref: str  # e.g. "seed 000, Figs. 3-4"
+    summary: str  # one line for `experiment list`
+    csv_columns: dict[str, tuple[str, ...]]  # file name -> documented columns
+    collect: Callable[[Settings], Meta]  # runs; writes the CSVs into settings.out
+    render: Callable[[Path, Meta], str]  # CSVs -> PNGs, returns the report's Markdown body
+    run_time: dict[str, str] = field(default_factory=dict)  # size -> expected time on 2 cores

@@ -1,0 +1,34 @@
+"""The experiment presets by name; an unknown name lists the valid ones (STYLE practice 4)."""
+
+from __future__ import annotations
+
+from approxdist.errors import ConfigError
+from approxdist.experiments.base import Preset
+from approxdist.registry import Registry
+
+PRESETS: Registry[Preset] = Registry("experiment", ConfigError)
+
+
+def _register_all() -> None:
+    """Import the preset modules (lazily: they import torch-heavy code) and register them."""
+    from approxdist.experiments.seed000_bandwidth import PRESET as BANDWIDTH
+    from approxdist.experiments.seed000_ber import PRESET as BER
+    from approxdist.experiments.seed000_bits import PRESET as BITS
+    from approxdist.experiments.seed000_histogram import PRESET as HISTOGRAM
+    from approxdist.experiments.seed001_allreduce import PRESET as ALLREDUCE
+    from approxdist.experiments.seed001_scaling import PRESET as SCALING
+
+    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING):
+        if preset.name not in PRESETS:
+            PRESETS.add(preset.name, preset)
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; `ConfigError` listing the valid names otherwise."""
+    _register_all()
+    return PRESETS.get(name)
+
+
+def preset_names() -> list[str]:
+    _register_all()
+    return PRESETS.names()

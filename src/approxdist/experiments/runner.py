@@ -1,0 +1,99 @@
+"""Run a preset into a directory, and (re)write its report from the CSVs it left there.
+
+Layout of an experiment directory:
+`experiment.json` (preset name, settings, machine, timings and what the preset's
+`collect` returned), the preset's CSV files, `runs/` (one run directory per training
+run, as `approxdist train` writes them), the PNG plots and `report.md`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from approxdist.errors import DataError
+from approxdist.experiments.base import Meta, Settings
+from approxdist.experiments.csvio import read_csv
+from approxdist.experiments.registry import get_preset
+
+META_FILE = "experiment.json"
+REPORT_FILE = "report.md"
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures were measured (the report states it next to the seed's V100s)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python":
+            platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.cuda.is_available(), "load_avg_1min_at_start": round(load, 2)}
+
+
+def command_line(name: str, settings: Settings) -> str:
+    parts = ["approxdist experiment", name, "--out", str(settings.out)]
+    if settings.size != "full":
+        parts.append(f"--{settings.size}")
+    if settings.data_dir:
+        parts += ["--data-dir", settings.data_dir]
+    if settings.seeds:
+        parts += ["--seeds", str(settings.seeds)]
+    return " ".join(parts)
+
+
+def run_experiment(name: str, settings: Settings) -> Path:
+    """Execute preset `name` into `settings.out`; write experiment.json and the report."""
+    preset = get_preset(name)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    meta: Meta = {"experiment": name, "settings": settings.as_dict(), "machine": machine(),
+                  "command": command_line(name, settings),
+                  "started": datetime.datetime.now().isoformat(timespec="seconds")}
+    meta.update(preset.collect(settings))
+    meta["duration_s"] = round(time.perf_counter() - start, 1)
+    (settings.out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return render_report(settings.out)
+
+
+def load_meta(out: Path) -> Meta:
+    path = out / META_FILE
+    if not path.is_file():
+        raise DataError(f"{str(out)!r} is not an experiment directory (no {META_FILE}); pass the "
+                        f"--out directory of `approxdist experiment NAME --out DIR`")
+    return dict(json.loads(path.read_text()))
+
+
+def render_report(out: Path) -> Path:
+    """Regenerate the plots and report.md of `out` from its CSVs and experiment.json."""
+    meta = load_meta(out)
+    preset = get_preset(meta["experiment"])
+    for name, columns in preset.csv_columns.items():
+        read_csv(out / name, columns)  # fails early, naming a missing file or column
+    body = preset.render(out, meta)
+    path = out / REPORT_FILE
+    path.write_text(header(meta, preset.title, preset.seed_ref) + "\n\n" + body + "\n")
+    return path
+
+
+def header(meta: Meta, title: str, seed_ref: str) -> str:
+    m, s = meta["machine"], meta["settings"]
+    lines = [f"# {meta['experiment']}: {title}", "",
+             f"Reproduces {seed_ref} (`/work/shared/SEEDS.md`). Command: `{meta['command']}` "
+             f"(size `{s['size']}`), {meta['duration_s']:.0f} s on {m['cpus']} CPU cores "
+             f"(torch {m['torch']}, GPU: {'yes' if m['cuda'] else 'no'}, load average "
+             f"{m['load_avg_1min_at_start']} at start), started {meta['started']}. "
+             f"Regenerate this page and its plots with `approxdist report {s['out']}`."]
+    task = meta.get("task")
+    if task:
+        options = ", ".join(f"{k}={v}" for k, v in task["model"].items() if k != "name")
+        lines += ["", f"**Task.** `{task['dataset']}`, model `{task['model']['name']}`"
+                      f"{f' ({options})' if options else ''}, split `{task['split']}` "
+                      f"(first block of stage 1), batch {task['batch_size']}, "
+                      f"lr {task['lr']}, {task['epochs']} epochs, {task['microbatches']} "
+                      f"micro-batches, {task['schedule']}. {task['why']}"]
+    return "\n".join(lines)

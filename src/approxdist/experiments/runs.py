@@ -1,0 +1,86 @@
+"""Executing one run of an experiment: a config -> a run directory, like `approxdist train`.
+
+Each run goes through the engines' public builders (`build_trainer`,
+`build_pipeline_trainer`) on N local gloo ranks started by `launch.spawn.run_on_ranks`
+(a fork server with torch preloaded: seconds instead of the elastic launcher's start-up).
+The run directory holds what `approxdist train` writes: `config.toml`, `metrics.jsonl`,
+`summary.json`. A directory whose `config.toml` equals the new config and that holds a
+`summary.json` is reused, so an interrupted experiment continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from approxdist.config.loader import build_config, to_dict, write_config
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.train.metrics import read_jsonl, write_summary
+
+Sections = dict[str, dict[str, Any]]
+
+#: what a finished run leaves besides its figures; removed to keep experiment folders small
+_BULKY = ("checkpoint.pt", "stage0", "stage1", "stage2", "stage3", "workers")
+
+
+def _train_rank(ctx: DistContext, sections: Sections, run_dir: str) -> dict[str, Any]:
+    """One rank of a training run (module level: `run_on_ranks` pickles it)."""
+    from approxdist.train.loop import build_trainer
+    from approxdist.train.pipeline_loop import build_pipeline_trainer
+
+    cfg = build_config(sections)
+    path = Path(run_dir)
+    if cfg.train.parallel == "pipeline":
+        return build_pipeline_trainer(cfg, ctx, path, False).run()
+    return build_trainer(cfg, ctx, path, False).run()
+
+
+def _finished(run_dir: Path, config_text: str) -> dict[str, Any] | None:
+    summary, config = run_dir / "summary.json", run_dir / "config.toml"
+    if summary.is_file() and config.is_file() and config.read_text() == config_text:
+        return dict(json.loads(summary.read_text()))
+    return None
+
+
+#: wall-clock limit per epoch of a run (CIFAR-10 / ResNet-56 on a CPU takes hours per epoch);
+#: a hung collective is caught much earlier by the process group's `train.timeout_s`
+EPOCH_LIMIT_S = 6 * 3600.0
+
+
+def train_run(sections: Sections, run_dir: Path) -> dict[str, Any]:
+    """Train once with `sections` (validated first) into `run_dir`; return summary.json's dict."""
+    cfg = build_config(sections)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    probe = run_dir / ".config.new.toml"
+    write_config(cfg, probe)
+    text = probe.read_text()
+    probe.unlink()
+    done = _finished(run_dir, text)
+    if done is not None:
+        return done
+    for name in ("metrics.jsonl", "summary.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    (run_dir / "config.toml").write_text(text)
+    summary = run_on_ranks(_train_rank, cfg.train.world_size, to_dict(cfg), str(run_dir),
+                           timeout_s=EPOCH_LIMIT_S * cfg.train.epochs,
+                           comm_timeout_s=cfg.train.timeout_s)[0]
+    _tidy(run_dir)
+    write_summary(run_dir, summary)
+    return dict(summary)
+
+
+def _tidy(run_dir: Path) -> None:
+    for name in _BULKY:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def epochs_of(run_dir: Path) -> list[dict[str, Any]]:
+    """The epoch records of a run's metrics.jsonl, in order."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]

@@ -1,0 +1,58 @@
+"""Every multi-rank preset at smoke size: real runs (2-4 gloo ranks), CSVs, PNGs, report.
+
+The smoke size trains a small MLP on the digits for one epoch (or times a few tiny
+steps): it checks the machinery end to end, not the seeds' figures (docs/experiments.md
+has those). `report` must then rebuild the plots and the page from the CSVs alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli import report_cmd
+from approxdist.experiments import Settings, get_preset, run_experiment
+from approxdist.experiments.csvio import read_csv
+
+MULTI_RANK = ["seed000-bits", "seed000-ber", "seed000-bandwidth", "seed001-allreduce",
+              "seed001-scaling"]
+
+
+def _report(path: Path) -> None:
+    parser = argparse.ArgumentParser(prog="approxdist")
+    report_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["report", str(path)])
+    assert args.func(args) == 0
+
+
+@pytest.mark.parametrize("name", MULTI_RANK)
+def test_smoke_run_writes_csvs_plots_and_report(name: str, tmp_path: Path) -> None:
+    out = tmp_path / name
+    report = run_experiment(name, Settings(out, size="smoke"))
+    preset = get_preset(name)
+    for csv_name, columns in preset.csv_columns.items():
+        rows = read_csv(out / csv_name, columns)
+        assert rows and list(rows[0]) == list(columns)
+    pngs = sorted(out.glob("*.png"))
+    assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
+    text = report.read_text()
+    assert text.startswith(f"# {name}: ") and "## Trends of the seed" in text
+    for png in pngs:
+        assert f"]({png.name})" in text
+        png.unlink()
+    report.unlink()
+    _report(out)
+    assert all(p.stat().st_size > 10_000 for p in pngs) and report.read_text() == text
+
+
+def test_finished_runs_are_reused(tmp_path: Path) -> None:
+    """Re-running a preset into the same directory skips training runs already done."""
+    out = tmp_path / "bits"
+    run_experiment("seed000-bits", Settings(out, size="smoke"))
+    summaries = sorted(out.glob("runs/*/summary.json"))
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+    assert len(summaries) == 2
+    run_experiment("seed000-bits", Settings(out, size="smoke"))
+    assert [p.stat().st_mtime_ns for p in summaries] == stamps

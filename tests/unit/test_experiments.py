@@ -1,0 +1,129 @@
+"""Experiment presets: registry, settings, CSV files, CLI parsing, pure helpers (one process)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from approxdist.cli import experiment_cmd, report_cmd
+from approxdist.comm.codecs import get_codec
+from approxdist.errors import ConfigError, DataError
+from approxdist.experiments import Settings, get_preset, preset_names, render_report, run_experiment
+from approxdist.experiments.csvio import read_csv, spread, write_csv
+from approxdist.experiments.seed000_histogram import COVER_COLUMNS, HIST_COLUMNS, representable
+from approxdist.experiments.seed001_scaling import speedup
+from approxdist.experiments.task import task_for
+
+NAMES = ["seed000-bandwidth", "seed000-ber", "seed000-bits", "seed000-histogram",
+         "seed001-allreduce", "seed001-scaling"]
+
+
+def _cli(module: object, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="approxdist")
+    module.register(parser.add_subparsers())  # type: ignore[attr-defined]
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_registry_lists_the_six_presets() -> None:
+    assert preset_names() == NAMES
+    for name in NAMES:
+        preset = get_preset(name)
+        assert preset.name == name and preset.csv_columns and "seed 00" in preset.seed_ref
+        assert set(preset.run_time) == {"quick", "full"}
+
+
+def test_unknown_preset_lists_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown experiment 'seed009'; valid: seed000-bandwidth,"):
+        get_preset("seed009")
+    with pytest.raises(ConfigError, match="valid: .*seed001-scaling"):
+        _cli(experiment_cmd, ["experiment", "seed009", "--out", str(tmp_path)])
+
+
+def test_cli_list_and_missing_out(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli(experiment_cmd, ["experiment", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in NAMES) and "quick" in out
+    with pytest.raises(ConfigError, match="needs --out DIR"):
+        _cli(experiment_cmd, ["experiment", "seed000-bits", "--quick"])
+
+
+def test_report_of_a_directory_without_experiment_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="holds no experiment.json"):
+        _cli(report_cmd, ["report", str(tmp_path)])
+    with pytest.raises(DataError, match="not an experiment directory"):
+        render_report(tmp_path)
+
+
+def test_settings_validate_and_pick_seeds(tmp_path: Path) -> None:
+    assert Settings(tmp_path).seed_list() == [0, 1, 2]
+    assert Settings(tmp_path, size="quick").seed_list() == [0]
+    assert Settings(tmp_path, size="quick", seeds=2).seed_list() == [0, 1]
+    with pytest.raises(ConfigError, match="not one of: smoke, quick, full"):
+        Settings(tmp_path, size="huge")
+    with pytest.raises(ConfigError, match="--seeds -1"):
+        Settings(tmp_path, seeds=-1)
+
+
+def test_task_choice() -> None:
+    assert task_for(Settings(Path("x"))).dataset == "mnist1d"
+    assert task_for(Settings(Path("x"), size="smoke")).dataset == "digits"
+    cifar = task_for(Settings(Path("x"), data_dir="/data/cifar"))
+    assert cifar.dataset == "cifar10" and cifar.model["name"] == "resnet56"
+    sections = cifar.sections(1, fwd_codec="bits:s0e2+2m0", link="bw=1gbit")
+    assert sections["pipeline"]["microbatches"] == 4 and sections["data"]["batch_size"] == 256
+    assert sections["comm"]["link"] == "bw=1gbit" and sections["train"]["seed"] == 1
+
+
+def test_csv_round_trip_and_missing_column(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "a.csv", ("name", "x"), [{"name": "fp32", "x": 0.5}])
+    assert read_csv(path, ("name", "x")) == [{"name": "fp32", "x": 0.5}]
+    with pytest.raises(DataError, match="lacks column"):
+        read_csv(path, ("name", "x", "y"))
+    with pytest.raises(DataError, match="row lacks column"):
+        write_csv(tmp_path / "b.csv", ("name", "x"), [{"name": "fp32"}])
+    with pytest.raises(DataError, match="not found"):
+        read_csv(tmp_path / "none.csv", ("x",))
+
+
+def test_spread_is_sample_std() -> None:
+    s = spread([0.9, 0.92, 0.94])
+    assert s["n"] == 3 and math.isclose(s["mean"], 0.92) and math.isclose(s["std"], 0.02)
+    assert spread([0.5])["std"] == 0.0 and spread([])["n"] == 0
+
+
+def test_speedup_is_seed001_equation_1() -> None:
+    assert speedup(1.0, 1.0, 4, 256, 256) == 4.0
+    assert speedup(1.0, 0.5, 64, 64, 256) == 32.0  # 1/0.5 * 64/256 * 64
+
+
+def test_representable_exponents_match_the_codec() -> None:
+    """The green bars of the histogram are exactly the exponents bits:s0e2+2m0 reproduces."""
+    exps = torch.arange(1, 255)
+    x = torch.exp2(exps.double() - 127).float()
+    y = get_codec("bits:s0e2+2m0").decode(get_codec("bits:s0e2+2m0").encode(x))
+    kept = {int(e) for e, a, b in zip(exps, x, y) if a == b}
+    assert kept == set(representable(2, 2)) - {0, 255}
+    assert representable(8, 0) == list(range(256))
+
+
+def test_histogram_preset_smoke_writes_csvs_plot_and_report(tmp_path: Path) -> None:
+    """The one single-process preset, end to end at smoke size; then `report` redoes it."""
+    out = tmp_path / "hist"
+    report = run_experiment("seed000-histogram", Settings(out, size="smoke"))
+    hist = read_csv(out / "histogram.csv", HIST_COLUMNS)
+    cover = read_csv(out / "coverage.csv", COVER_COLUMNS)
+    assert len(hist) == 256 and sum(r["count"] for r in hist) == cover[0]["total_values"] > 0
+    assert {"bits:s0e2+2m0", "bits:s0e8m0", "bits:auto4"} <= {r["scheme"] for r in cover}
+    png = out / "exponent_histogram.png"
+    assert png.stat().st_size > 10_000
+    text = report.read_text()
+    assert "| seed 000, epoch 1 | 1,000,000 | ~18 %" in text and "## Trends of the seed" in text
+    png.unlink()
+    report.unlink()
+    assert _cli(report_cmd, ["report", str(tmp_path)]) == 0  # a folder of experiments
+    assert png.stat().st_size > 10_000 and report.read_text() == text

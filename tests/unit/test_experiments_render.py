@@ -1,0 +1,143 @@
+"""Reports from CSVs alone: each preset's render on made-up rows, and its computed verdicts.
+
+No run happens here: the rows are written as the presets document them, `render_report`
+draws the PNGs and the Markdown, and the trend verdicts must follow the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from approxdist.experiments import render_report
+from approxdist.experiments.csvio import write_csv
+from approxdist.experiments.runner import META_FILE
+from approxdist.experiments.seed000_bandwidth import COLUMNS as BW_COLUMNS
+from approxdist.experiments.seed000_ber import COLUMNS as BER_COLUMNS
+from approxdist.experiments.seed000_bits import COLUMNS as BITS_COLUMNS
+from approxdist.experiments.seed000_bits import SCHEMES
+from approxdist.experiments.seed001_allreduce import COLUMNS as AR_COLUMNS
+from approxdist.experiments.seed001_scaling import COLUMNS as SC_COLUMNS
+
+TASK = {"key": "mnist1d", "dataset": "mnist1d", "model": {"name": "resnet1d", "width": 4},
+        "split": "2", "epochs": 2, "batch_size": 64, "lr": 0.1, "microbatches": 4,
+        "schedule": "gpipe", "cut": "after block 1", "why": "Why this task: test."}
+
+
+def _meta(out: Path, name: str, **extra: Any) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"experiment": name, "settings": {"out": str(out), "size": "quick", "data_dir": "",
+                                             "seeds": 0},
+            "machine": {"cpus": 2, "torch": "x", "cuda": False, "load_avg_1min_at_start": 1.0},
+            "command": f"approxdist experiment {name} --quick", "started": "now",
+            "duration_s": 1.0, **extra}
+    (out / META_FILE).write_text(json.dumps(meta))
+
+
+def _epochs(keys: dict[str, Any], final: float, seeds: int = 3) -> list[dict[str, Any]]:
+    return [{**keys, "seed": s, "epoch": e, "train_accuracy": final * e / 2 + 0.001 * s,
+             "test_accuracy": final * e / 2 - 0.001 * s, "train_loss": 1.0, "test_loss": 1.0,
+             "epoch_time_s": 1.0, "bytes_fwd": 1e5} for s in range(seeds) for e in (1, 2)]
+
+
+def _pngs(out: Path) -> list[Path]:
+    pngs = sorted(out.glob("*.png"))
+    assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
+    return pngs
+
+
+def test_bits_report(tmp_path: Path) -> None:
+    finals = {"fp32": 0.93, "no-sign 8+0": 0.92, "sign 1+7": 0.10, "proposed 2+2": 0.85}
+    rows = [r for s in SCHEMES if s.name in finals
+            for r in _epochs({"scheme": s.name, "codec": s.codec, "bits_per_value": s.bits},
+                             finals[s.name])]
+    _meta(tmp_path, "seed000-bits", task=TASK, seeds=[0, 1, 2])
+    write_csv(tmp_path / "curves.csv", BITS_COLUMNS, rows)
+    text = render_report(tmp_path).read_text()
+    assert len(_pngs(tmp_path)) == 2
+    assert ("| proposed 2+2 | `bits:s0e2+2m0` | 4 | 85.1 ± 0.1 % (n=3) | 84.9 ± 0.1 % (n=3) | "
+            "-8.0 pts | -0.8 / -1.0 pts |") in text
+    assert "| no exponent bits (sign 1+7): does not learn, ~10 % | 9.9 ± 0.1 % (n=3) | holds |" in text
+    assert "| the 4-bit proposal is within ~2 points of 8-bit no-sign 8+0 | -7.0 pts" in text
+    assert "**does not hold here**" in text and "Why this task: test." in text
+
+
+def test_ber_report(tmp_path: Path) -> None:
+    finals = {(0.0, 32): 0.93, (1e-5, 2): 0.3, (1e-5, 5): 0.925, (1e-5, 9): 0.93,
+              (1e-4, 2): 0.2, (1e-4, 5): 0.7}
+    rows = [r for (rate, p), acc in finals.items() for r in _epochs(
+        {"protected_bits": p, "ber": rate, "channel": f"ber:{rate:g}@{p}"}, acc)]
+    _meta(tmp_path, "seed000-ber", task=TASK, seeds=[0, 1, 2], rates=[1e-5, 1e-4])
+    write_csv(tmp_path / "ber.csv", BER_COLUMNS, rows)
+    text = render_report(tmp_path).read_text()
+    _pngs(tmp_path)
+    assert "| 1e-05 | top 5 bits protected | 92.6 ± 0.1 % (n=3) | 92.4 ± 0.1 % (n=3) | -0.5 pts |" \
+        in text
+    assert "(rate 1e-05) | worst of P >= 5: P = 5, train -0.5 pts | holds |" in text
+    assert "(rate 0.0001) | worst of P >= 5: P = 5, train -23.0 pts | **does not hold here** |" \
+        in text
+    assert "| fewer protected bits hurt (rate 1e-05) | P = 2: train -63.0 pts, test -63.0 pts | " \
+        "holds |" in text
+
+
+def test_bandwidth_report(tmp_path: Path) -> None:
+    rows = []
+    for link, bps, t in (("1gbit", 1e9, 2.0), ("500mbit", 5e8, 2.1), ("2mbit", 2e6, 20.0)):
+        for config, fwd, bwd, scale in (("fp32", "fp32", "fp32", 1.0),
+                                        ("4-bit fwd", "bits:s0e2+2m0", "fp32", 0.6),
+                                        ("4-bit fwd + bf16 bwd", "bits:s0e2+2m0", "bf16", 0.3)):
+            tt = t if bps > 1e8 else 2.0 + (t - 2.0) * scale
+            rows.append({"link": link, "bw_bps": bps, "config": config, "fwd_codec": fwd,
+                         "bwd_codec": bwd, "epochs": 1, "epoch_time_s": tt,
+                         "step_time_s": tt / 62, "compute_s_stage0": 0.01,
+                         "compute_s_stage1": 0.012, "comm_s_stage0": 0.001,
+                         "comm_s_stage1": 0.001, "wait_s_stage0": 0.02, "wait_s_stage1": 0.01,
+                         "bytes_fwd_per_step": 4e4 * scale, "bytes_bwd_per_step": 4e4,
+                         "link_time_s_per_step": 8 * 8e4 / bps})
+    _meta(tmp_path, "seed000-bandwidth", task=TASK, seeds=[0], epochs_per_run=1)
+    write_csv(tmp_path / "bandwidth.csv", BW_COLUMNS, rows)
+    text = render_report(tmp_path).read_text()
+    assert len(_pngs(tmp_path)) == 2
+    assert "| 10.0x at 2mbit | holds |" in text
+    assert "recovers 40 % at 2mbit" in text and "recovers 70 % at 2mbit" in text
+    assert "| 1gbit | fp32 | 2.00 | 1.00x |" in text and "33.29 s" in text
+
+
+def test_allreduce_report(tmp_path: Path) -> None:
+    times = {"native": (1.0, 10.0), "brb": (2.0, 12.0), "brd": (0.5, 20.0), "vhd": (3.0, 8.0),
+             "ring": (2.5, 9.0), "hybrid": (0.55, 8.5)}
+    rows = [{"world_size": n, "algorithm": a, "codec": "fp32", "size_bytes": size,
+             "median_s": t[i] / 1e3, "p10_s": t[i] / 1e3, "busbw_gbps": 1.0,
+             "ratio_vs_native": 1.0, "paired_ratio": 1.0, "repeats": 5}
+            for n in (2, 4) for a, t in times.items() for i, size in enumerate((4096, 1 << 24))]
+    _meta(tmp_path, "seed001-allreduce", sizes=[4096, 1 << 24], budget_s=1.0)
+    write_csv(tmp_path / "allreduce.csv", AR_COLUMNS, rows)
+    text = render_report(tmp_path).read_text()
+    _pngs(tmp_path)
+    assert "| N=4: recursive doubling (BRD) wins small messages | 4K: brd | holds |" in text
+    assert "| N=2: halving-doubling (VHD) or ring wins large messages | 16M: vhd | holds |" in text
+    assert "within 25 % of the best at 100 % of sizes | holds |" in text
+
+
+def test_scaling_report(tmp_path: Path) -> None:
+    t = {(1, 32): 0.4, (2, 32): 0.45, (4, 32): 0.9, (1, 8): 0.12, (2, 8): 0.2, (4, 8): 0.4}
+    rows = [{"nodes": n, "per_node_batch": b, "ref_batch": 32, "median_step_s": s,
+             "p10_step_s": s, "steps": 3, "speedup": 0.4 / s * b / 32 * n, "ideal": n}
+            for (n, b), s in t.items()]
+    _meta(tmp_path, "seed001-scaling", model="alexnet", input_shape=[3, 32, 32], ref_batch=32)
+    write_csv(tmp_path / "scaling.csv", SC_COLUMNS, rows)
+    text = render_report(tmp_path).read_text()
+    _pngs(tmp_path)
+    assert "s(2,32) = 1.78 (89 % of 2) | holds |" in text
+    assert "s(4,32) = 1.78 vs s(2,32) = 1.78 | **does not hold here** |" in text
+    assert "s(2,8) = 1.00 vs s(2,32) = 1.78 | holds |" in text
+
+
+def test_render_names_a_missing_column(tmp_path: Path) -> None:
+    _meta(tmp_path, "seed001-scaling", model="alexnet", input_shape=[3, 32, 32], ref_batch=32)
+    write_csv(tmp_path / "scaling.csv", ("nodes",), [{"nodes": 1}])
+    with pytest.raises(Exception, match="scaling.csv lacks column"):
+        render_report(tmp_path)
