@@ -14,6 +14,7 @@ from approxdist.comm.codecs import get_codec
 from approxdist.errors import ConfigError, DataError
 from approxdist.experiments import Settings, get_preset, preset_names, render_report, run_experiment
 from approxdist.experiments.csvio import read_csv, spread, write_csv
+from approxdist.experiments.runner import LOCK_FILE, exclusive
 from approxdist.experiments.seed000_histogram import COVER_COLUMNS, HIST_COLUMNS, representable
 from approxdist.experiments.seed001_scaling import speedup
 from approxdist.experiments.task import task_for
@@ -57,6 +58,19 @@ def test_report_of_a_directory_without_experiment_is_an_error(tmp_path: Path) ->
         _cli(report_cmd, ["report", str(tmp_path)])
     with pytest.raises(DataError, match="not an experiment directory"):
         render_report(tmp_path)
+
+
+def test_one_experiment_per_directory_at_a_time(tmp_path: Path) -> None:
+    """A second writer into the same directory is refused; a stale lock is taken over."""
+    outer = exclusive(tmp_path)
+    outer.__enter__()
+    with pytest.raises(ConfigError, match=r"another experiment \(pid \d+\) is writing"):
+        exclusive(tmp_path).__enter__()
+    outer.__exit__(None, None, None)
+    (tmp_path / LOCK_FILE).write_text("0")  # left by a killed run
+    with exclusive(tmp_path):
+        assert (tmp_path / LOCK_FILE).read_text() != "0"
+    assert not (tmp_path / LOCK_FILE).exists()
 
 
 def test_settings_validate_and_pick_seeds(tmp_path: Path) -> None:

@@ -8,23 +8,26 @@ run, as `approxdist train` writes them), the PNG plots and `report.md`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from approxdist.errors import DataError
+from approxdist.errors import ConfigError, DataError
 from approxdist.experiments.base import Meta, Settings
 from approxdist.experiments.csvio import read_csv
 from approxdist.experiments.registry import get_preset
 
 META_FILE = "experiment.json"
 REPORT_FILE = "report.md"
+LOCK_FILE = ".experiment.lock"
 
 
 def machine() -> dict[str, Any]:
@@ -50,6 +53,45 @@ def run_experiment(name: str, settings: Settings) -> Path:
     """Execute preset `name` into `settings.out`; write experiment.json and the report."""
     preset = get_preset(name)
     settings.out.mkdir(parents=True, exist_ok=True)
+    with exclusive(settings.out):
+        return _run(preset.name, settings)
+
+
+@contextlib.contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Refuse a second experiment writing into `out` at the same time (its runs would mix)."""
+    lock = out / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        pid = int(lock.read_text().strip() or 0)
+        if _alive(pid):
+            raise ConfigError(f"another experiment (pid {pid}) is writing into {str(out)!r}; "
+                              f"wait for it or pass another --out") from None
+        lock.unlink()  # left by a run that was killed
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _run(name: str, settings: Settings) -> Path:
+    preset = get_preset(name)
     start = time.perf_counter()
     meta: Meta = {"experiment": name, "settings": settings.as_dict(), "machine": machine(),
                   "command": command_line(name, settings),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.config.loader import build_config, to_dict, write_config
+from approxdist.errors import DataError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.metrics import read_jsonl, write_summary
@@ -82,5 +83,10 @@ def _tidy(run_dir: Path) -> None:
 
 
 def epochs_of(run_dir: Path) -> list[dict[str, Any]]:
-    """The epoch records of a run's metrics.jsonl, in order."""
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
+    """The epoch records of a run's metrics.jsonl, in order; each epoch exactly once."""
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
+    numbers = [r["epoch"] for r in records]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise DataError(f"{run_dir / 'metrics.jsonl'} holds epochs {numbers}, not 1..N once each "
+                        f"(two experiments wrote into it?); delete {str(run_dir)!r} and run again")
+    return records
