@@ -77,12 +77,13 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
     curves(ax_curve, shown, "protected_bits", "train_accuracy", _label, float(NO_ERRORS))
     plots.label(ax_curve, "epoch", "train accuracy (%)",
                 f"train accuracy per epoch at bit-error rate {first:g} (seed 000 Fig. 2)")
-    for rate, fin in rates.items():
+    for i, (rate, fin) in enumerate(rates.items()):
         ps = sorted(fin)
         for metric, style in (("train_accuracy", "-o"), ("test_accuracy", ":s")):
             ax_final.errorbar(ps, plots.finite([100 * fin[p][metric]["mean"] for p in ps]),
                               yerr=[100 * fin[p][metric]["std"] for p in ps], fmt=style,
-                              capsize=3, label=f"{metric.split('_')[0]}, rate {rate:g}")
+                              color=f"C{i}", capsize=3,
+                              label=f"{metric.split('_')[0]}, rate {rate:g}")
     if ref is not None:
         ax_final.axhline(100 * ref["train_accuracy"]["mean"], color="0.3", linestyle="--",
                          linewidth=1, label="train, no errors")
@@ -122,7 +123,7 @@ def _rate_trends(rate: float, fin: dict[float, Stats], ref: Stats) -> list[md.Tr
     if safe:
         worst = min(safe, key=lambda p: fin[p]["train_accuracy"]["mean"])
         d = fin[worst]["train_accuracy"]["mean"] - ref["train_accuracy"]["mean"]
-        ok = d >= -0.01 or d >= -2 * max(ref["train_accuracy"]["std"], 0.005)
+        ok = d >= -0.01  # "unchanged": the mean moves by less than one point
         out.append((f"{SEED_CLAIM} (rate {rate:g})",
                     f"worst of P >= 5: P = {int(worst)}, train {md.points(d)}", ok,
                     md.join(noise(fin[worst]["train_accuracy"], ref["train_accuracy"]),
@@ -132,8 +133,8 @@ def _rate_trends(rate: float, fin: dict[float, Stats], ref: Stats) -> list[md.Tr
         ok_t = dt >= -0.02
         out.append((f"(not in the seed) test accuracy too, P >= 5 (rate {rate:g})",
                     f"P = {int(worst)}: test {md.points(dt)}", ok_t,
-                    md.why(ok_t, "", "batch norm's running statistics absorb the rare huge "
-                           "values during training, and evaluation uses them")))
+                    md.why(ok_t, "", "rare huge values most likely reach batch norm's running "
+                           "statistics during training, and evaluation uses them")))
     low = [p for p in fin if p < 5]
     if low:
         p = min(low)
