@@ -40,6 +40,31 @@ def test_default_model_picks_brd_small_and_bandwidth_optimal_large() -> None:
     slow = Hybrid(get_algorithm, link=parse_link("bw=10mbit"))
     assert slow.choose(256 * 1024, 4) in ("vhd", "ring")
     assert predict("vhd", 4, M, DEFAULT.with_link(parse_link("bw=1gbit"))) > predict("vhd", 4, M)
+    link = parse_link("bw=1gbit,lat=1ms")
+    assert predict("vhd", 4, M, link=link) == pytest.approx(
+        predict("vhd", 4, M, DEFAULT.with_link(link)))
+
+
+def test_native_is_a_candidate_only_for_exact_fp32() -> None:
+    """gloo's C++ ring costs less per byte: exact fp32 calls pick it for large messages."""
+    exact = get_algorithm("hybrid", native_ok=True)
+    lossy = get_algorithm("hybrid", native_ok=False)
+    assert isinstance(exact, Hybrid) and isinstance(lossy, Hybrid)
+    assert exact.choose(4096, 2) == "brd" and exact.choose(4096, 4) == "brd"
+    assert exact.choose(64 * M, 2) == "native" and exact.choose(64 * M, 4) == "native"
+    assert lossy.choose(64 * M, 2) != "native" and "native" not in lossy.candidates
+    assert predict("native", 4, M) < predict("ring", 4, M)
+
+
+def test_allreduce_lets_hybrid_pick_native_only_for_exact_fp32() -> None:
+    from approxdist.comm.collectives import AllReduce
+    from approxdist.comm.collectives.sim import SimWorld
+
+    world = SimWorld(2)
+    for codec, channel, ok in (("fp32", None, True), ("bf16", None, False),
+                               ("fp32", "ber:1e-6@5", False)):
+        hybrid = AllReduce(world.comm(0), "hybrid", codec, channel).algorithm
+        assert isinstance(hybrid, Hybrid) and ("native" in hybrid.candidates) == ok
 
 
 def test_fit_recovers_alpha_beta() -> None:
@@ -74,6 +99,21 @@ def test_thresholds_follow_the_measured_winners(tmp_path: Path) -> None:
     assert again.thresholds == cal.thresholds and again.models == cal.models
     hybrid = get_algorithm("hybrid", calibration=path)
     assert isinstance(hybrid, Hybrid) and hybrid.choose(16 * M, 4) == "vhd"
+
+
+def test_calibrated_native_falls_back_when_not_allowed() -> None:
+    """A calibration that names native serves lossy calls with their fastest measured peer."""
+    rows = [Measurement("native", 4096, 3e-3), Measurement("brb", 4096, 1e-3),
+            Measurement("native", 16 * M, 20e-3), Measurement("ring", 16 * M, 24e-3),
+            Measurement("vhd", 16 * M, 22e-3), Measurement("brb", 16 * M, 40e-3)]
+    cal = fit(rows, 2)
+    assert cal.choose(16 * M) == "native"
+    assert cal.choose(16 * M, ("ring", "vhd", "brb", "brd")) == "vhd"
+    assert cal.choose(64 * M, ("ring", "vhd")) == "vhd"  # nearest measured size: 16M
+    assert cal.choose(4096, ("ring", "vhd", "brb", "brd")) == "brb"
+    bare = Calibration(2, ((None, "native"),))
+    with pytest.raises(ConfigError, match="no measurement of ring"):
+        bare.choose(M, ("ring",))
 
 
 def test_winner_by_paired_ratio_when_measured() -> None:

@@ -50,7 +50,9 @@ class AllReduce:
             else channel
         self.algorithm = get_algorithm(algorithm, calibration=calibration,
                                        link=link.spec if link else None,
-                                       wire_fraction=self.codec.bits_per_value / 32)
+                                       wire_fraction=self.codec.bits_per_value / 32,
+                                       native_ok=self.codec.spec == "fp32"
+                                       and self.channel.is_identity)
         if not self.algorithm.any_codec:
             cast_dtype(self.codec.spec, not self.channel.is_identity)
         self.check = check

@@ -57,12 +57,32 @@ class Calibration:
     codec: str = "fp32"
     measured: tuple[Measurement, ...] = ()
 
-    def choose(self, nbytes: int) -> str:
-        """The algorithm for a message of `nbytes` fp32 bytes."""
-        for limit, name in self.thresholds:
+    def choose(self, nbytes: int, allowed: Sequence[str] | None = None) -> str:
+        """The algorithm for a message of `nbytes` fp32 bytes, one of `allowed` if given.
+
+        When the threshold's algorithm is not allowed (native for a lossy codec), the
+        fastest allowed algorithm measured at the nearest size (log scale) wins; without
+        measurements, the fastest by the fitted models.
+        """
+        name = self.thresholds[-1][1]
+        for limit, alg in self.thresholds:
             if limit is None or nbytes <= limit:
-                return name
-        return self.thresholds[-1][1]
+                name = alg
+                break
+        if allowed is None or name in allowed:
+            return name
+        rows = [m for m in self.measured if m.algorithm in allowed]
+        if rows:
+            near = min({m.size_bytes for m in rows},
+                       key=lambda s: abs(math.log(s) - math.log(max(nbytes, 1))))
+            return _winner([m for m in rows if m.size_bytes == near])
+        fitted = [a for a in allowed if a in self.models]
+        if not fitted:
+            raise ConfigError(f"the all-reduce calibration has no measurement of "
+                              f"{', '.join(allowed)}; re-run approxdist bench allreduce "
+                              f"--calibrate --algorithms all")
+        return min(fitted, key=lambda a: self.models[a].time(
+            *cost_terms(a, self.world_size, float(nbytes))))
 
     def to_json(self) -> dict[str, object]:
         return {

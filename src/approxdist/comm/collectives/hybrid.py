@@ -1,9 +1,12 @@
 """`hybrid`: pick the all-reduce by message size, as seed 001 proposes (and MPICH/NCCL do).
 
 With a `Calibration` (measured thresholds, `calibration.py`) it follows the thresholds;
-without one it predicts each of ring, brb, brd and vhd with the alpha-beta model
-(`model.DEFAULT`, plus the emulated link's latency and bandwidth) on the wire bytes
-after the codec, and takes the fastest.
+without one it predicts each candidate with the alpha-beta model (`model.DEFAULT`, plus
+the emulated link's latency and bandwidth) on the wire bytes after the codec, and takes
+the fastest. Candidates: ring, brb, brd, vhd, and `native` when the call is exact fp32
+(codec fp32, no channel): native sums in the codec's own dtype, so with any other codec
+it would change the arithmetic, not just the speed. A calibration that names native
+for a size where native is not allowed falls back to its fastest measured candidate.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ class Hybrid(Algorithm):
 
     def __init__(self, lookup: Callable[[str], Algorithm], calibration: Calibration | None = None,
                  link: LinkSpec | None = None, wire_fraction: float = 1.0,
-                 model: AlphaBeta = DEFAULT) -> None:
+                 model: AlphaBeta = DEFAULT, native_ok: bool = False) -> None:
         self._lookup, self.calibration = lookup, calibration
-        self.model = model.with_link(link)
+        self.model, self.link = model, link
         self.wire_fraction = wire_fraction
+        self.candidates = (*MODEL_CANDIDATES, "native") if native_ok else MODEL_CANDIDATES
 
     def choose(self, nbytes: int, world_size: int) -> str:
         """The algorithm name for `nbytes` fp32 bytes on `world_size` ranks."""
@@ -40,9 +44,10 @@ class Hybrid(Algorithm):
                 raise ConfigError(f"the all-reduce calibration was measured on {cal.world_size} "
                                   f"ranks but this run has {world_size}; re-run approxdist bench "
                                   f"allreduce --calibrate --world-size {world_size}")
-            return cal.choose(nbytes)
+            return cal.choose(nbytes, self.candidates)
         wire = nbytes * self.wire_fraction
-        return min(MODEL_CANDIDATES, key=lambda a: predict(a, world_size, wire, self.model))
+        return min(self.candidates,
+                   key=lambda a: predict(a, world_size, wire, self.model, self.link))
 
     def select(self, nbytes: int, world_size: int) -> Algorithm:
         return self._lookup(self.choose(nbytes, world_size))

@@ -10,13 +10,16 @@ on the wire (after the codec):
 | brb | 2 ceil(log2 N) | 2 M ceil(log2 N) |
 | brd | log2 p (+2 if N != p) | M log2 p (+2 M) |
 | vhd | 2 log2 p (+2 if N != p) | 2 M (p-1)/p (+2 M) |
-| native | as ring | as ring |
+| native | as ring | as ring, x `NATIVE_BYTE_FACTOR` on the machine's beta |
 
 `DEFAULT` (alpha 0.5 ms, beta 1.5 ns/byte, about 0.7 GB/s) is the order of magnitude
 measured with 4 gloo ranks on a 2-core machine over loopback, where a step costs a
 fraction of a scheduler tick when ranks outnumber cores (docs/collectives.md). It only
-steers `hybrid` when no calibration file is given. With an emulated link, the link's
-latency adds to alpha and 8/bandwidth to beta.
+steers `hybrid` when no calibration file is given. `native` is gloo's ring in C++: the
+same steps and bytes as ours, but each byte costs less CPU (no Python between segments,
+adds fused into the receive loop); `NATIVE_BYTE_FACTOR` = 0.8 is the ratio measured for
+1-16 MB messages on 2 ranks. With an emulated link, the link's latency adds to alpha and
+8/bandwidth to beta (for native too: its emulation holds it for the ring's link time).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class AlphaBeta:
 
 
 DEFAULT = AlphaBeta(alpha_s=5e-4, beta_s_per_byte=1.5e-9)
+#: `native`'s machine cost per byte relative to ours (see the module docstring)
+NATIVE_BYTE_FACTOR = 0.8
 
 
 def cost_terms(algorithm: str, world: int, nbytes: float) -> tuple[float, float]:
@@ -67,7 +72,11 @@ def cost_terms(algorithm: str, world: int, nbytes: float) -> tuple[float, float]
     raise ValueError(f"no cost model for all-reduce {algorithm!r}")
 
 
-def predict(algorithm: str, world: int, nbytes: float, model: AlphaBeta = DEFAULT) -> float:
-    """Predicted seconds for one all-reduce of `nbytes` wire bytes."""
+def predict(algorithm: str, world: int, nbytes: float, model: AlphaBeta = DEFAULT,
+            link: LinkSpec | None = None) -> float:
+    """Predicted seconds for one all-reduce of `nbytes` wire bytes on `model`'s machine,
+    plus `link`'s latency per step and transmission time per byte when emulated."""
     steps, sent = cost_terms(algorithm, world, nbytes)
-    return model.time(steps, sent)
+    factor = NATIVE_BYTE_FACTOR if algorithm == "native" else 1.0
+    t = model.alpha_s * steps + model.beta_s_per_byte * factor * sent
+    return t if link is None else t + link.latency_s * steps + 8.0 * sent / link.bandwidth_bps
