@@ -16,10 +16,9 @@ paired_ratio (median of per-round ratios to native), repeats.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
-
-import dataclasses
 
 from approxdist.comm.collectives import algorithm_names, fit
 from approxdist.comm.collectives.bench import (
