@@ -1,10 +1,10 @@
 """`PeerComm`s on real ranks: over the link layer, and renumbered subgroups for folding (seed 001).
 
 `LinkComm` posts each batch through one `Link` (so netem, byte accounting and tracing
-apply) and waits with the link's timeout. `native_sum` is `dist.all_reduce`; it cannot be
-shaped packet by packet, so with an emulated link it is held until the time gloo's ring
-would need on that link (2(N-1) messages of M/N bytes to the ring neighbour) and those
-bytes are counted on the neighbour links.
+apply) and waits with the link's timeout. `native_sum` is `dist.all_reduce`; its bytes are
+counted as gloo's ring moves them (2(N-1) messages of M/N bytes to the ring neighbour),
+and as it cannot be shaped packet by packet, with an emulated link it is held until the
+time those messages would need on that link.
 
 `SubComm` renumbers a subset of ranks 0..k-1, which is how folded algorithms run their
 power-of-two core.
@@ -54,16 +54,17 @@ class LinkComm:
     def native_sum(self, x: torch.Tensor) -> None:
         start = time.monotonic()
         dist.all_reduce(x, group=self.link.group)
-        spec = self.link.spec
-        if spec is None or self.world_size == 1:
+        if self.world_size == 1:
             return
         n, hops = self.world_size, 2 * (self.world_size - 1)
         chunk = x.numel() * x.element_size() // n
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
-        for _ in range(hops):
+        for _ in range(hops):  # what gloo's ring moves, counted like our own messages
             self.link.stats.count("send", right, chunk)
             self.link.stats.count("recv", left, chunk)
-        time.sleep(max(0.0, start + hops * spec.transfer_s(chunk) - time.monotonic()))
+        spec = self.link.spec
+        if spec is not None:
+            time.sleep(max(0.0, start + hops * spec.transfer_s(chunk) - time.monotonic()))
 
 
 class SubComm:
