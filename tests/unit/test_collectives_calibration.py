@@ -13,7 +13,7 @@ from approxdist.comm.collectives import Calibration, Measurement, fit, get_algor
 from approxdist.comm.collectives.bench import p10, summarize, table
 from approxdist.comm.collectives.calibration import fit_model
 from approxdist.comm.collectives.hybrid import Hybrid
-from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, cost_terms, predict
+from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, codec_work, cost_terms, predict
 from approxdist.comm.collectives.sim import simulate
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
@@ -56,6 +56,19 @@ def test_native_is_a_candidate_only_for_exact_fp32() -> None:
     assert predict("native", 4, M) < predict("ring", 4, M)
 
 
+def test_codec_work_steers_lossy_messages_to_ring() -> None:
+    """brd shares and adds the whole vector; ring encodes each chunk once: on 2 ranks
+    a large compressed message goes to ring, a small one still to brd (fewest steps)."""
+    assert codec_work("ring", 2, 100) == 250 and codec_work("brd", 2, 100) == 300
+    assert codec_work("brd", 3, 100) == 600 and codec_work("native", 4, 100) == 0
+    lossy = get_algorithm("hybrid", wire_fraction=0.5, encodes=True)
+    raw = get_algorithm("hybrid", wire_fraction=0.5)
+    assert isinstance(lossy, Hybrid) and isinstance(raw, Hybrid)
+    assert lossy.choose(16 * M, 2) == "ring" and lossy.choose(4096, 2) == "brd"
+    assert raw.choose(16 * M, 2) == "brd"
+    assert predict("ring", 2, M, codec_values=M / 4) > predict("ring", 2, M)
+
+
 def test_allreduce_lets_hybrid_pick_native_only_for_exact_fp32() -> None:
     from approxdist.comm.collectives import AllReduce
     from approxdist.comm.collectives.sim import SimWorld
@@ -65,6 +78,7 @@ def test_allreduce_lets_hybrid_pick_native_only_for_exact_fp32() -> None:
                                ("fp32", "ber:1e-6@5", False)):
         hybrid = AllReduce(world.comm(0), "hybrid", codec, channel).algorithm
         assert isinstance(hybrid, Hybrid) and ("native" in hybrid.candidates) == ok
+        assert hybrid.encodes == (not ok)
 
 
 def test_fit_recovers_alpha_beta() -> None:

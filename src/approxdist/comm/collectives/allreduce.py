@@ -48,11 +48,12 @@ class AllReduce:
         self.codec = get_codec(codec) if isinstance(codec, str) else codec
         self.channel = get_channel(channel) if channel is None or isinstance(channel, str) \
             else channel
+        exact_fp32 = self.codec.spec == "fp32" and self.channel.is_identity
         self.algorithm = get_algorithm(algorithm, calibration=calibration,
                                        link=link.spec if link else None,
                                        wire_fraction=self.codec.bits_per_value / 32,
-                                       native_ok=self.codec.spec == "fp32"
-                                       and self.channel.is_identity)
+                                       native_ok=exact_fp32,
+                                       encodes=not exact_fp32)
         if not self.algorithm.any_codec:
             cast_dtype(self.codec.spec, not self.channel.is_identity)
         self.check = check

@@ -29,17 +29,19 @@ def algorithm_names() -> list[str]:
 
 def get_algorithm(name: str, *, calibration: Calibration | str | Path | None = None,
                   link: LinkSpec | None = None, wire_fraction: float = 1.0,
-                  native_ok: bool = False) -> Algorithm:
+                  native_ok: bool = False, encodes: bool = False) -> Algorithm:
     """The algorithm called `name`. Only `hybrid` uses the other arguments.
 
     `calibration` is a `Calibration` or the path of a file written by
     `approxdist bench allreduce --calibrate`; without it hybrid uses the alpha-beta
     model with `link`'s latency and bandwidth and `wire_fraction` (codec bits / 32).
-    `native_ok`: the call is exact fp32, so hybrid may pick `native`.
+    `native_ok`: the call is exact fp32, so hybrid may pick `native`; `encodes`: the codec
+    does CPU work per value (hybrid then counts it, `model.codec_work`).
     """
     cls = ALGORITHMS.get(name)
     if cls is not Hybrid:
         return cls()
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration.load(calibration)
-    return Hybrid(get_algorithm, calibration, link, wire_fraction, native_ok=native_ok)
+    return Hybrid(get_algorithm, calibration, link, wire_fraction, native_ok=native_ok,
+                  encodes=encodes)
