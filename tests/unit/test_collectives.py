@@ -151,3 +151,14 @@ def test_bytes_per_rank_follow_seed_001_table() -> None:
         for t in threads:
             t.join()
         assert sim.sent_bytes == [per_rank] * world, algorithm
+
+
+def test_link_segments_carry_enough_wire_bytes() -> None:
+    """On an emulated link, sub-byte codecs get longer segments (fewer fixed per-message costs)."""
+    from approxdist.comm.collectives.wire import LINK_SEGMENT_WIRE_BYTES, SEGMENT_BYTES, link_segment
+
+    assert link_segment(32) == link_segment(16) == link_segment(8) == SEGMENT_BYTES
+    assert link_segment(4) == 2 * SEGMENT_BYTES and link_segment(1) == 8 * SEGMENT_BYTES
+    for bits in (1, 2, 3, 4, 5, 8, 16, 32):
+        seg = link_segment(bits)
+        assert seg % 4 == 0 and seg * bits / 32 >= min(LINK_SEGMENT_WIRE_BYTES, SEGMENT_BYTES * bits / 32)

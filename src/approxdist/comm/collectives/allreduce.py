@@ -27,7 +27,7 @@ from approxdist.comm.collectives.check import CheckedComm, Signature
 from approxdist.comm.collectives.native import cast_dtype
 from approxdist.comm.collectives.peers import LinkComm
 from approxdist.comm.collectives.registry import get_algorithm
-from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire, decodes_into
+from approxdist.comm.collectives.wire import Wire, decodes_into, link_segment
 from approxdist.comm.link import Link
 from approxdist.errors import CommError, SpecError
 
@@ -98,8 +98,8 @@ class AllReduce:
     def _reduce(self, work: torch.Tensor, dtype: torch.dtype, op: str) -> None:
         algorithm = self.algorithm.select(work.numel() * 4, self.world_size)
         # on an emulated link, small segments keep it busy while ranks encode, add, decode
-        segment = self.segment_bytes or (SEGMENT_BYTES if self.emulated
-                                         else algorithm.segment_bytes)
+        segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
+                                         if self.emulated else algorithm.segment_bytes)
         comm = self.comm
         if self.check and algorithm.name != "native" and self.world_size > 1:
             sig = Signature(work.numel(), dtype, op, algorithm.name, self.codec.spec,
