@@ -37,7 +37,8 @@ def test_main_job_reaches_95_percent_and_writes_all_outputs(tmp_path: Path) -> N
               if json.loads(line)["kind"] == "epoch"]
     assert [e["epoch"] for e in epochs] == list(range(1, 16))
     assert {"train_loss", "test_accuracy", "samples_per_s", "bytes_sent", "time_compute_s",
-            "time_comm_s", "time_wait_s"} <= set(epochs[0])
+            "time_comm_s", "time_wait_s", "step_time_s"} <= set(epochs[0])
+    assert 0 < epochs[0]["step_time_s"] < epochs[0]["epoch_time_s"]
     assert sorted(p.name for p in (out / "workers").iterdir()) == ["rank0.json", "rank1.json"]
 
 

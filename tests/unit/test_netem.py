@@ -106,3 +106,25 @@ def test_shaper_releases_per_peer_in_order_and_links_are_independent() -> None:
     shaper.close()
     assert done.is_set()
     assert posted.index("a1") < posted.index("a2")
+
+
+def test_links_of_one_rank_can_share_one_wire() -> None:
+    """Comm-thread streams pass the first link's shaper; only its owner stops it."""
+    from approxdist.comm.link import Link
+    from approxdist.errors import CommError
+    from approxdist.launch.context import DistContext
+
+    ctx = DistContext()
+    owner = Link(ctx, "bw=1gbit")
+    other = Link(ctx, "bw=1gbit", shaper=owner.shaper)
+    assert other.shaper is owner.shaper and owner.shaper is not None
+    with pytest.raises(CommError, match="shared emulated wire must have this link's spec"):
+        Link(ctx, "bw=100mbit", shaper=owner.shaper)
+    with pytest.raises(CommError, match="none"):
+        Link(ctx, None, shaper=owner.shaper)
+    done: list[int] = []
+    other.close()  # not the owner: the wire keeps working
+    owner.shaper.submit(1, 10, lambda: done.append(1))
+    owner.close()  # posts what it holds, then stops
+    assert done == [1]
+    assert Link(ctx).shaper is None

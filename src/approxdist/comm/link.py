@@ -49,7 +49,8 @@ class Link:
     """This rank's end of every link; see the module docstring for matching rules."""
 
     def __init__(self, ctx: DistContext, spec: LinkSpec | str | None = None, *,
-                 hook: TraceHook | None = None, group: Any = None, tag: int = 0) -> None:
+                 hook: TraceHook | None = None, group: Any = None, tag: int = 0,
+                 shaper: Shaper | None = None) -> None:
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
         self.timeout_s = ctx.timeout_s
         self.spec = parse_link(spec) if isinstance(spec, str) or spec is None else spec
@@ -58,7 +59,13 @@ class Link:
                             "NCCL exchanges cannot do; use --device cpu (gloo) to emulate links")
         self.hook, self.group, self.tag = hook, group, tag
         self.stats = LinkStats()
-        self._shaper = Shaper(self.spec) if self.spec is not None else None
+        if shaper is not None and (self.spec is None or shaper.spec != self.spec):
+            raise CommError(f"a shared emulated wire must have this link's spec "
+                            f"({self.spec.spec if self.spec else 'none'}), got {shaper.spec.spec}")
+        # streams of one rank (comm threads) share one wire: pass the first link's `shaper`
+        self._owns_shaper = shaper is None
+        self._shaper = shaper if shaper is not None else \
+            (Shaper(self.spec) if self.spec is not None else None)
         self._pending: dict[int, collections.deque[RecvHandle[Any]]] = \
             collections.defaultdict(collections.deque)
         self._batch: list[_Op] | None = None
@@ -230,7 +237,15 @@ class Link:
              codec: Codec | None = None, channel: Channel | None = None) -> torch.Tensor:
         return self.irecv(peer, shape, codec, channel).wait()
 
+    @property
+    def shaper(self) -> Shaper | None:
+        """This link's emulated wire (None without emulation), to share with `shaper=`."""
+        return self._shaper
+
     def close(self) -> None:
-        """Release held sends and stop the shaper thread (call before leaving the group)."""
-        if self._shaper is not None:
+        """Release held sends and stop the shaper thread (call before leaving the group).
+
+        A link given someone else's `shaper` leaves it running: its owner closes it.
+        """
+        if self._shaper is not None and self._owns_shaper:
             self._shaper.close()

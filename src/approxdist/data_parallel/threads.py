@@ -98,10 +98,10 @@ class CommPool:
         self.ctx = ctx
         spec = parse_link(link)
         streams = ["control"] + [f"comm{i}" for i in range(threads)]
-        links = [Link(ctx, spec, group=_new_group(ctx), hook=rec.transfer_hook(s))
-                 for s in streams]
-        _share_shaper(links)
-        self.control = links[0]
+        control = Link(ctx, spec, group=_new_group(ctx), hook=rec.transfer_hook(streams[0]))
+        links = [control] + [Link(ctx, spec, group=_new_group(ctx), hook=rec.transfer_hook(s),
+                                  shaper=control.shaper) for s in streams[1:]]
+        self.control = control
         self.control_reducer = AllReduce(self.control, "brd" if ctx.world_size > 1 else "ring",
                                          "fp32", check=False)
         self.threads = [CommThread(f"approxdist-{name}-{s}", lk, algorithm, calibration, rec, s)
@@ -143,9 +143,3 @@ def _new_group(ctx: DistContext) -> Any:
     if ctx.world_size == 1 or not dist.is_initialized():
         return None
     return dist.new_group(list(range(ctx.world_size)))
-
-
-def _share_shaper(links: list[Link]) -> None:
-    """Make every link use the first one's emulated wire (adapter: Link has no `shaper=`)."""
-    for lk in links[1:]:
-        lk._shaper = links[0]._shaper  # noqa: SLF001 - see module docstring

@@ -110,7 +110,9 @@ def _metrics(info: RunInfo) -> list[str]:
     if not e:
         return []
     sent = ", ".join(f"{k} {v:,}" for k, v in sorted(e.get("bytes_sent", {}).items()))
-    return [f"metrics.jsonl, epoch {e.get('epoch')}: step {e.get('step_time_s', 0) * 1e3:.2f} ms, "
+    step = e.get("step_time_s")
+    step_text = f"{step * 1e3:.2f} ms" if isinstance(step, (int, float)) else "not recorded"
+    return [f"metrics.jsonl, epoch {e.get('epoch')}: step {step_text}, "
             f"{e.get('samples_per_s', 0):.0f} samples/s; bytes sent per epoch: {sent or 'none'}"]
 
 

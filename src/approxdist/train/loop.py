@@ -84,6 +84,7 @@ class Trainer:
         loss_mean, acc, = all_mean([sums["loss"] / sums["seen"], sums["correct"] / sums["seen"]],
                                    ctx)
         return {"train_loss": loss_mean, "train_accuracy": acc, "epoch_time_s": wall,
+                "step_time_s": wall / max(1, self.batches.steps_per_epoch),
                 "samples_per_s": self.batches.steps_per_epoch * self.cfg.data.batch_size / wall,
                 "time_comm_s": comm, "time_compute_s": wall - comm}
 
