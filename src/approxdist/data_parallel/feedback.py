@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from approxdist.comm.codecs import Codec, Payload
+from approxdist.comm.codecs import Codec
 from approxdist.errors import ConfigError
 
 
@@ -38,8 +38,8 @@ class Residuals:
         """x += r; r = x - Q(x), for the fragment `x` starting at `start` in the bucket."""
         r = self.flat[start:start + x.numel()]
         x.add_(r)
-        sent = codec.decode(Payload(codec.encode(x).data, x.shape))
-        torch.sub(x, sent, out=r)
+        codec.roundtrip(x, out=r)  # r = Q(x) (a bit mask or a cast for most codecs) ...
+        torch.sub(x, r, out=r)     # ... then r = x - Q(x)
         torch.nan_to_num_(r, nan=0.0, posinf=0.0, neginf=0.0)  # never carry a non-finite error
 
     def state_dict(self) -> dict[str, torch.Tensor]:

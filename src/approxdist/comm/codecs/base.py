@@ -62,6 +62,16 @@ class Codec(ABC):
         different codec.
         """
 
+    def roundtrip(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """What a receiver decodes from `encode(x)`, bit for bit, into `out` if given (fp32,
+        same shape; may be `x` itself). Error feedback needs only this, not the bytes:
+        codecs override it with a cheaper path (a bit mask, a cast) where one exists."""
+        y = self.decode(self.encode(x))
+        if out is None:
+            return y
+        out.copy_(y.view(out.shape))
+        return out
+
     @property
     def lossless(self) -> bool:
         return False

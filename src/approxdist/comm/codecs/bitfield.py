@@ -102,6 +102,19 @@ class BitFieldCodec(FramedCodec):
     def code_bits(self) -> int:
         return self.layout.width
 
+    def roundtrip(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decoding keeps the sent bits in place and zeroes the rest: one mask, no codes."""
+        x = x.detach().float().contiguous()
+        out = torch.empty_like(x) if out is None else out
+        torch.bitwise_and(x.view(torch.int32), self._mask, out=out.view(torch.int32))
+        return out
+
+    @property
+    def _mask(self) -> int:
+        """The kept fp32 bits as a signed int32 mask."""
+        bits = sum(1 << b for b in self.layout.kept_bits())
+        return bits - (1 << 32) if bits >= 1 << 31 else bits
+
     @property
     def lossless(self) -> bool:
         return self.layout.width == 32

@@ -25,6 +25,12 @@ class CastCodec(FramedCodec):
     def lossless(self) -> bool:
         return self.dtype == torch.float32
 
+    def roundtrip(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The cast there and back, without headers or byte buffers."""
+        x = x.detach().float()
+        out = torch.empty_like(x) if out is None else out
+        return out.copy_(x.to(self.dtype))
+
     def _encode_chunk(self, x: torch.Tensor, codes: torch.Tensor, state: object) -> None:
         typed(codes, self.dtype).copy_(x)
 

@@ -1,0 +1,36 @@
+"""`approxdist bench dp`'s summary: slowest-rank step times, exposed communication, hidden share."""
+
+from __future__ import annotations
+
+import pytest
+
+from approxdist.data_parallel.bench import DPBenchPlan, summarize
+
+
+def _rank(step: list[float], blocked: list[float]) -> dict[str, object]:
+    return {"times": {"local": [1.0, 1.0, 1.0], "ddp": [1.2, 1.2, 1.2], "approxdist:fp32": step},
+            "blocked": {"approxdist:fp32": blocked},
+            "comm": {"fp32": [0.10, 0.10, 0.10]}, "bytes": {"fp32": 1000}}
+
+
+def test_hidden_share_comes_from_the_last_ranks_wait_not_from_skew() -> None:
+    """Rank 0 finishes backward early and waits 50 ms for rank 1 (skew); rank 1, the last
+    to finish, waits 10 ms for communication backward did not hide: 90 % hidden."""
+    per_rank = [_rank([1.08, 1.10, 1.09], [0.06, 0.05, 0.07]),
+                _rank([1.07, 1.10, 1.08], [0.01, 0.01, 0.02])]
+    rows = {r["engine"]: r for r in summarize(per_rank, DPBenchPlan())}  # type: ignore[arg-type]
+    ours = rows["approxdist"]
+    assert ours["median_step_s"] == pytest.approx(1.09)   # slowest rank per step: 1.08, 1.10, 1.09
+    assert ours["blocked_s"] == pytest.approx(0.01)        # least-waiting rank per step: .01 .01 .02
+    assert ours["hidden_comm_fraction"] == pytest.approx(0.9)
+    # the wall estimate charges every slowdown to communication: (1.0 + 0.1 - 1.09) / 0.1
+    assert ours["hidden_comm_fraction_wall"] == pytest.approx(0.1)
+    assert ours["interference_s"] == pytest.approx(1.09 - 1.0 - 0.01)
+    assert ours["ratio_vs_ddp"] == pytest.approx(1.09 / 1.2)
+    assert rows["local"]["hidden_comm_fraction"] is None
+
+
+def test_shares_are_clamped_to_0_and_1() -> None:
+    per_rank = [_rank([1.5, 1.5, 1.5], [0.3, 0.3, 0.3])] * 2
+    ours = summarize(per_rank, DPBenchPlan())[-1]  # type: ignore[arg-type]
+    assert ours["hidden_comm_fraction"] == 0.0 and ours["hidden_comm_fraction_wall"] == 0.0
