@@ -28,6 +28,7 @@ def test_both_engines_run_the_same_case_and_rows_have_the_json_keys(tmp_path: Pa
         assert ours["ratio_vs_torch"] == pytest.approx(
             ours["samples_per_s"] / torch_row["samples_per_s"])
         assert torch_row["ratio_vs_torch"] == 1.0 and torch_row["bubble_measured"] is None
+        assert torch_row["paired_ratio"] == 1.0 and ours["paired_ratio"] > 0
         assert 0.0 <= ours["bubble_measured"] < 1.0
         assert ours["bubble_theory"] == pytest.approx(1 / (case.microbatches + 1))
     out = tmp_path / "rows.json"

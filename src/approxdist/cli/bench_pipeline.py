@@ -79,17 +79,25 @@ def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
 
 def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
               steps: int) -> list[dict[str, Any]]:
-    """Rows: median samples/s per engine (rank 0's clock), ratio to torch, bubbles."""
+    """Rows: median samples/s per engine (rank 0's clock), ratio to torch, bubbles.
+
+    `ratio_vs_torch` is the ratio of the medians; `paired_ratio` the median over rounds of
+    torch's round time over ours in the same round (the two run back to back), which load
+    that drifts during the run does not bias.
+    """
     rows = []
     for i, case in enumerate(cases):
         rounds = per_rank[0][i]["rounds"]
         rate = {name: steps * case.batch_size / statistics.median(ts) for name, ts in rounds.items()}
+        paired = {name: statistics.median(t / o for t, o in zip(rounds["torch"], ts))
+                  for name, ts in rounds.items()}
         bubble = statistics.mean(r[i]["bubble"] for r in per_rank)
         for engine, sps in rate.items():
             rows.append({"engine": engine, "model": case.model, "schedule": case.schedule,
                          "stages": case.stages, "microbatches": case.microbatches,
                          "batch_size": case.batch_size, "link": case.link or "none",
                          "samples_per_s": sps, "ratio_vs_torch": sps / rate["torch"],
+                         "paired_ratio": paired[engine],
                          "bubble_measured": bubble if engine == "approxdist" else None,
                          "bubble_theory": theoretical_bubble(case.stages, case.microbatches)})
     return rows
@@ -97,13 +105,14 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'model':<9} {'schedule':<8} {'P':>2} {'M':>3} {'engine':<11} {'samples/s':>10} "
-            f"{'vs torch':>8} {'bubble':>7} {'theory':>7}")
+            f"{'vs torch':>8} {'paired':>7} {'bubble':>7} {'theory':>7}")
     lines = [head]
     for r in rows:
         bubble = f"{r['bubble_measured']:.3f}" if r["bubble_measured"] is not None else "-"
+        paired = f"{r['paired_ratio']:.3f}x" if r.get("paired_ratio") is not None else "-"
         lines.append(f"{r['model']:<9} {r['schedule']:<8} {r['stages']:>2} {r['microbatches']:>3} "
                      f"{r['engine']:<11} {r['samples_per_s']:>10.1f} "
-                     f"{r['ratio_vs_torch']:>7.3f}x {bubble:>7} {r['bubble_theory']:>7.3f}")
+                     f"{r['ratio_vs_torch']:>7.3f}x {paired:>7} {bubble:>7} {r['bubble_theory']:>7.3f}")
     return "\n".join(lines)
 
 
@@ -114,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
                             comm_timeout_s=300)
     rows = summarize(cases, per_rank, args.steps)
     print(table(rows))
-    print(f"(medians of {args.rounds} rounds of {args.steps} mini-batches; bubble = share of "
-          "each rank's step time not computing, averaged over ranks)")
+    print(f"(medians of {args.rounds} rounds of {args.steps} mini-batches; paired = median over "
+          "rounds of torch's time / ours in the same round; bubble = share of each rank's step "
+          "time not computing, averaged over ranks)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"rows written to {args.json}")
