@@ -223,4 +223,4 @@ PRESET = Preset(
     summary="time per epoch and per-step compute/transfer vs emulated link bandwidth",
     csv_columns={"bandwidth.csv": COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~2 min (3 links x 3 wire formats, 1 epoch each)",
-              "full": "~8 min (8 links x 3 wire formats, 3 epochs each)"})
+              "full": "~7.5 min (8 links x 3 wire formats, 3 epochs each)"})

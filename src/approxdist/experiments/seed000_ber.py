@@ -174,4 +174,4 @@ PRESET = Preset(
     summary="accuracy vs protected top bits of fp32 activations at bit-error rates 1e-5, 1e-4",
     csv_columns={"ber.csv": COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~1.5 min (5 runs x 4 epochs, rate 1e-5, 1 seed)",
-              "full": "~25 min (2 rates x 5 protections + reference, 3 seeds, 10 epochs)"})
+              "full": "~14 min (2 rates x 5 protections + reference, 3 seeds, 10 epochs)"})

@@ -196,4 +196,4 @@ PRESET = Preset(
     summary="all-reduce time vs size for native, ring, brb, brd, vhd, hybrid on N = 2 and 4",
     csv_columns={"allreduce.csv": COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~1 min (4 sizes up to 16 MiB, two runs per world)",
-              "full": "~12 min (8 sizes up to 64 MiB, two runs per world)"})
+              "full": "~3 min (8 sizes up to 64 MiB, two runs per world)"})
