@@ -97,6 +97,8 @@ class BitFieldCodec(FramedCodec):
         self.runs = layout.runs()
         self._lut = CachedLut(layout.width, self._code_values) if layout.width <= 16 else None
         self._top16: dict[torch.device, torch.Tensor] = {}
+        kept = sum(1 << b for b in layout.kept_bits())
+        self._mask = kept - (1 << 32) if kept >= 1 << 31 else kept  # kept bits, signed int32
 
     @property
     def code_bits(self) -> int:
@@ -108,12 +110,6 @@ class BitFieldCodec(FramedCodec):
         out = torch.empty_like(x) if out is None else out
         torch.bitwise_and(x.view(torch.int32), self._mask, out=out.view(torch.int32))
         return out
-
-    @property
-    def _mask(self) -> int:
-        """The kept fp32 bits as a signed int32 mask."""
-        bits = sum(1 << b for b in self.layout.kept_bits())
-        return bits - (1 << 32) if bits >= 1 << 31 else bits
 
     @property
     def lossless(self) -> bool:

@@ -118,4 +118,4 @@ def predict(algorithm: str, world: int, nbytes: float, model: AlphaBeta = DEFAUL
     factor = NATIVE_BYTE_FACTOR if algorithm == "native" else 1.0
     t = model.alpha_s * steps + model.beta_s_per_byte * factor * sent
     t += CODEC_S_PER_VALUE * codec_work(algorithm, world, codec_values)
-    return t if link is None else t + link.latency_s * steps + 8.0 * sent / link.bandwidth_bps
+    return t if link is None else t + AlphaBeta(0.0, 0.0).with_link(link).time(steps, sent)
