@@ -72,6 +72,11 @@ class Codec(ABC):
         out.copy_(y.view(out.shape))
         return out
 
+    def decode_add(self, payload: Payload, dest: torch.Tensor) -> None:
+        """`dest += decode(payload)` in fp32 (`dest` has the payload's element count); codecs
+        fuse the two where they can (one pass, no decoded temporary), with the same sums."""
+        dest.add_(self.decode(payload).view(dest.shape))
+
     @property
     def lossless(self) -> bool:
         return False

@@ -121,6 +121,21 @@ class FramedCodec(Codec):
                                flat[lo:hi], state)
         return y
 
+    def decode_add(self, payload: Payload, dest: torch.Tensor) -> None:
+        """`dest += decode(payload)`, chunk by chunk through `_decode_add_chunk`."""
+        n, data = payload.numel, payload.data
+        if dest.dtype != torch.float32 or dest.numel() != n or not dest.is_contiguous() \
+                or dest.device != data.device:
+            super().decode_add(payload, dest)
+            return
+        check_header(data, self.family, self.spec, n, self.payload_nbytes(n))
+        start = self.codes_offset(n)
+        state = self._load(data[HEADER_NBYTES:start])
+        flat = dest.view(-1)
+        for lo, hi in self._chunks(n):
+            self._decode_add_chunk(data[start + self._byte(lo): start + self._byte(hi)],
+                                   flat[lo:hi], state)
+
     def _byte(self, index: int) -> int:
         return (index * self.code_bits + 7) // 8
 
@@ -174,3 +189,9 @@ class FramedCodec(Codec):
     @abstractmethod
     def _decode_chunk(self, codes: torch.Tensor, y: torch.Tensor, state: object) -> None:
         """Fill flat contiguous fp32 `y` from the uint8 region `codes`."""
+
+    def _decode_add_chunk(self, codes: torch.Tensor, y: torch.Tensor, state: object) -> None:
+        """`y += ` the values of the uint8 region `codes` (decoded into a work buffer)."""
+        tmp = self.work.get("decode_add", y.numel(), torch.float32, y.device)
+        self._decode_chunk(codes, tmp, state)
+        y.add_(tmp)

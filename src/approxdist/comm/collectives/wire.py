@@ -147,9 +147,14 @@ class Wire:
 
     def accumulate(self, dest: torch.Tensor, data: torch.Tensor) -> None:
         """`dest += values of data` in fp32."""
-        if dest.numel():
-            out = None if self.raw else \
-                self.scratch.get("decoded", dest.numel(), torch.float32, self.device)
+        if not dest.numel():
+            return
+        if self.raw:
+            dest.add_(data.view(torch.float32))
+        elif self.channel is None:  # fused where the codec can; a channel's guard needs the values
+            self.codec.decode_add(Payload(data, dest.shape), dest)
+        else:
+            out = self.scratch.get("decoded", dest.numel(), torch.float32, self.device)
             dest.add_(self.unpack(data, dest.numel(), out=out))
 
     # -- messages ---------------------------------------------------------------------------
