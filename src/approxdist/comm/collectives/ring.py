@@ -56,9 +56,10 @@ class Ring(Algorithm):
         received = [chunks[(r - s - 1) % n] for s in range(n - 1)] + \
                    [chunks[(r - s) % n] for s in range(n - 1)]
         steps = [[seg for seg in wire.segments(c) if seg.numel()] for c in received]
-        first = [(right, wire.pack(seg)) for seg in wire.segments(chunks[r]) if seg.numel()]
-        pending = wire.comm.start(first, _recv_targets(wire, steps, n - 1))
-        later: list[Pending] = []
+        pending = wire.comm.start([], _recv_targets(wire, steps, n - 1))
+        # each first segment leaves as soon as it is encoded
+        later: list[Pending] = [wire.comm.start([(right, wire.pack(seg))], [])
+                                for seg in wire.segments(chunks[r]) if seg.numel()]
         index = 0
         for s, segs in enumerate(steps):
             for seg in segs:

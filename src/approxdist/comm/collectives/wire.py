@@ -182,15 +182,15 @@ class Wire:
                     dest: torch.Tensor, *, shared: bool = False) -> None:
         """Send `source`'s values to `send_to` and add those from `recv_from` into `dest`.
 
-        Both move in segments, all posted at once; each received segment is added as soon
-        as it arrives, overlapping the additions (and decodes) with the transfer. With
-        `shared=True` (`source` is `dest`, as in BRD) each sent segment is `share`d so both
-        partners add the same decoded values.
+        Both move in segments. The receives are posted first, then each segment is sent
+        as soon as it is encoded (the link starts after one segment's encode, not the
+        whole message's); each received segment is added as soon as it arrives,
+        overlapping the additions (and decodes) with the transfer. With `shared=True`
+        (`source` is `dest`, as in BRD) each sent segment is `share`d so both partners add
+        the same decoded values.
         """
-        sends: list[Send] = []
-        if send_to is not None and source.numel():
-            sends = [(send_to, self.share(s) if shared else self.pack(s))
-                     for s in self.segments(source)]
+        send_parts = self.segments(source) if send_to is not None and source.numel() else []
+        to = -1 if send_to is None else send_to  # only used when there are parts to send
         parts = self.segments(dest) if recv_from is not None and dest.numel() else []
         recvs: list[Recv] = []
         if parts:
@@ -200,15 +200,21 @@ class Wire:
             for n in sizes:
                 recvs.append((recv_from, buf[at:at + n]))  # type: ignore[arg-type]
                 at += n
-        if not sends and not recvs:
+        if not send_parts and not recvs:
             return
-        pending = self.comm.start(sends, recvs)
+        pending = self.comm.start([], recvs) if recvs else None
+        sent = [self.comm.start([(to, self.share(s) if shared else self.pack(s))], [])
+                for s in send_parts]
         for i, part in enumerate(parts):
+            assert pending is not None
             data = pending.recv(i)
             if shared:
-                pending.sent(i)  # our bytes of this segment may still be on their way
+                sent[i].finish()  # our bytes of this segment may still be on their way
             self.accumulate(part, data)
-        pending.finish()
+        if pending is not None:
+            pending.finish()
+        for p in sent:
+            p.finish()
 
 
 class _WirePending:
