@@ -104,6 +104,7 @@ class Reducer:
             b.missing = len(b.params)
             b.launched = False
         self._next = 0
+        self.pool.new_round()
 
     def add(self, bucket: int, slot: int, grad: torch.Tensor) -> torch.Tensor:
         """Take one parameter's gradient; the tensor that now holds it (see `hold`)."""
@@ -151,7 +152,7 @@ class Reducer:
         b._left = len(pieces)
         for start, stop in pieces:
             self.pool.submit(functools.partial(self._reduce, b, start, stop),
-                             bucket=b.plan.index)
+                             weight=float(stop - start), bucket=b.plan.index)
 
     def _reduce(self, b: BucketState, start: int, stop: int, thread: CommThread) -> None:
         try:
