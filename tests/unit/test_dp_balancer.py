@@ -1,4 +1,4 @@
-"""Comm-thread assignment: big all-reduces spread over threads, the same on every rank."""
+"""Comm threads: big all-reduces spread over threads (the same on every rank); the GIL switch."""
 
 from __future__ import annotations
 
@@ -34,3 +34,26 @@ def test_reset_starts_a_round_afresh() -> None:
     first = [b.pick(w) for w in MLP]
     b.reset()
     assert [b.pick(w) for w in MLP] == first
+
+
+def test_gil_switch_is_only_ever_lowered() -> None:
+    import sys
+
+    import pytest
+
+    from approxdist.data_parallel.threads import shorten_gil_switch
+    from approxdist.errors import ConfigError
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        shorten_gil_switch(0.5)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        shorten_gil_switch(2.0)  # never raised again
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        shorten_gil_switch(None)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        with pytest.raises(ConfigError, match="gil_switch_ms = 0"):
+            shorten_gil_switch(0)
+    finally:
+        sys.setswitchinterval(before)

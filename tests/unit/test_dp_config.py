@@ -28,6 +28,7 @@ def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
     ({"codec": "fp7"}, SpecError, "unknown codec spec 'fp7'"),
     ({"codec_rules": ["conv"]}, ConfigError, "has no '='"),
     ({"threads": 0}, ConfigError, "threads = 0 must be >= 1"),
+    ({"gil_switch_ms": -1.0}, ConfigError, "dp.gil_switch_ms = -1.0 must be >= 0"),
 ])
 def test_bad_dp_values_are_named(dp: dict, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):

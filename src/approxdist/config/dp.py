@@ -31,6 +31,7 @@ class DPConfig:
     find_unused: bool = False
     codec_rules: tuple[str, ...] = ()
     calibration: str = ""
+    gil_switch_ms: float = 0.5  # 0: leave Python's GIL switch interval (5 ms) alone
 
     def __post_init__(self) -> None:
         if self.engine not in DP_ENGINES:
@@ -46,6 +47,9 @@ class DPConfig:
             raise ConfigError(f"dp.algorithm = {self.algorithm!r} is not one of: "
                               f"{', '.join(algorithm_names())}")
         check_sizes(self.bucket_mb, self.first_bucket_mb, self.chunk_kb, self.threads)
+        if self.gil_switch_ms < 0:
+            raise ConfigError(f"dp.gil_switch_ms = {self.gil_switch_ms} must be >= 0 "
+                              f"(0 leaves Python's 5 ms); e.g. 0.5")
         CodecRules.parse(self.codec_rules, self.codec).validate()
 
     def _check_plain(self) -> None:

@@ -17,7 +17,10 @@ What happens (docs/data_parallel.md has the whole story):
 * lossy codecs may keep error-feedback residuals (`feedback.py`), which travel in
   `state_dict()` as extra state;
 * `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
-  transfers, and the caller's thread a `wait` span wherever it blocks on them.
+  transfers, and the caller's thread a `wait` span wherever it blocks on them;
+* `gil_switch_ms` (default 0.5) lowers the interpreter's GIL switch interval so that the
+  comm threads' Python never holds the training thread up for Python's default 5 ms
+  (`threads.shorten_gil_switch`; process-wide; None leaves it).
 Unused parameters: a parameter with no gradient on a rank contributes zeros (or its
 existing `.grad`); with `find_unused_parameters=True` one small exact all-reduce per step
 finds parameters no rank used, whose `.grad` then stays None (no weight decay, no
@@ -44,7 +47,7 @@ from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.data_parallel.early_forward import StepApplier
 from approxdist.data_parallel.hooks import BackwardHooks, ForwardGate
 from approxdist.data_parallel.reducer import BucketState, Reducer
-from approxdist.data_parallel.threads import CommPool, CommThread
+from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
 from approxdist.data_parallel.usage import UsageFlags
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
@@ -67,6 +70,7 @@ class DataParallel(nn.Module):
                  optimizer: torch.optim.Optimizer | None = None,
                  find_unused_parameters: bool = False, broadcast: bool = True,
                  calibration: Calibration | str | Path | None = None,
+                 gil_switch_ms: float | None = GIL_SWITCH_MS,
                  recorder: Recorder = NULL_RECORDER) -> None:
         super().__init__()
         check_sizes(bucket_mb, first_bucket_mb, chunk_kb, threads)
@@ -83,7 +87,8 @@ class DataParallel(nn.Module):
         self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
         self._byte_offset = 0
         self._buckets = self._make_buckets(bucket_mb, first_bucket_mb, solo_mb, error_feedback)
-        self._pool = CommPool(self.ctx, link, threads, algorithm, calibration, rec=recorder)
+        self._pool = CommPool(self.ctx, link, threads, algorithm, calibration, rec=recorder,
+                              gil_switch_ms=gil_switch_ms)
         self._usage = UsageFlags(self._buckets, self._pool) if find_unused_parameters else None
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None

@@ -65,4 +65,5 @@ def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
                         first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,
                         chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,
                         optimizer=optimizer, find_unused_parameters=dp.find_unused,
-                        broadcast=False, calibration=dp.calibration or None, recorder=rec)
+                        broadcast=False, calibration=dp.calibration or None,
+                        gil_switch_ms=dp.gil_switch_ms or None, recorder=rec)

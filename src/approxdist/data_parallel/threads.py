@@ -23,6 +23,7 @@ alike on every rank ("control", "comm0", ...).
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from approxdist.comm.collectives import AllReduce, Calibration
 from approxdist.comm.link import Link
 from approxdist.comm.netem import parse_link
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.trace.phases import SYNC
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -89,6 +91,29 @@ class CommThread:
         self._thread.join(timeout=30.0)
 
 
+#: GIL switch interval (ms) while comm threads run; Python's default is 5 ms
+GIL_SWITCH_MS = 0.5
+
+
+def shorten_gil_switch(ms: float | None) -> None:
+    """Lower the interpreter's GIL switch interval to at most `ms` milliseconds (never raise it).
+
+    Comm threads run Python between their C calls (posting messages, codec glue), and the
+    training thread needs the GIL for its autograd hooks and the modules' forward. At
+    Python's default of 5 ms a thread that wants the GIL can wait that long behind a comm
+    thread holding it, many times per step (ResNet-56, 2 ranks, 1 Gbit/s, bf16 gradients:
+    0.94x -> 0.86x of DDP-fp16's step with 0.5 ms). A process-wide setting, like
+    `torch.set_num_threads`; None leaves it alone.
+    """
+    if ms is None:
+        return
+    if not ms > 0:
+        raise ConfigError(f"gil_switch_ms = {ms} must be > 0 (Python's default is 5); e.g. 0.5, "
+                          f"or None to leave the interpreter's setting")
+    if sys.getswitchinterval() > ms / 1000:
+        sys.setswitchinterval(ms / 1000)
+
+
 class Balancer:
     """Which thread takes the next job: the one with the least weight so far (ties: the lowest).
 
@@ -117,7 +142,9 @@ class CommPool:
 
     def __init__(self, ctx: DistContext, link: str | None, threads: int, algorithm: str,
                  calibration: Calibration | str | Path | None = None, name: str = "dp",
-                 rec: Recorder = NULL_RECORDER) -> None:
+                 rec: Recorder = NULL_RECORDER, gil_switch_ms: float | None = GIL_SWITCH_MS
+                 ) -> None:
+        shorten_gil_switch(gil_switch_ms)
         self.ctx = ctx
         spec = parse_link(link)
         streams = ["control"] + [f"comm{i}" for i in range(threads)]
