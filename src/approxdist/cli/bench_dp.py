@@ -48,6 +48,9 @@ def register(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--chunk-kb", type=float, default=None)
     p.add_argument("--early-forward", action="store_true")
+    p.add_argument("--gil-switch-ms", type=float, default=None,
+                   help="GIL switch interval while comm threads run, for both engines "
+                        "(default 0.5; 0 leaves Python's 5 ms)")
     p.add_argument("--calibration", default=None,
                    help="hybrid's thresholds from approxdist bench allreduce --calibrate")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
@@ -66,6 +69,11 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
     for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
+    if args.gil_switch_ms is not None:
+        if args.gil_switch_ms < 0:
+            raise ConfigError(f"--gil-switch-ms {args.gil_switch_ms} must be >= 0 (0 leaves "
+                              f"Python's 5 ms); e.g. 0.5")
+        options["gil_switch_ms"] = args.gil_switch_ms or None
     return DPBenchPlan(args.model, args.hidden, 3, args.batch_size, codecs, args.error_feedback,
                        link.spec if link else None, args.ddp_codec, options, args.rounds,
                        args.steps)
@@ -121,7 +129,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append("--error-feedback")
     if args.early_forward:
         out.append("--early-forward")
-    for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
+    for key in ("bucket_mb", "threads", "chunk_kb", "calibration", "gil_switch_ms"):
         if getattr(args, key) is not None:
             out.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
     return out

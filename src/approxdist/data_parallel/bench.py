@@ -43,6 +43,7 @@ from torch.nn import functional as F  # noqa: N812
 from approxdist.config.schema import ModelConfig
 from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.data_parallel.engine import DataParallel
+from approxdist.data_parallel.threads import GIL_SWITCH_MS
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 
@@ -99,7 +100,8 @@ def _early_stepper(dp: DataParallel, x: torch.Tensor, y: torch.Tensor) -> Step:
 def _ddp(ctx: DistContext, model: nn.Module, plan: DPBenchPlan) -> nn.Module:
     ddp = nn.parallel.DistributedDataParallel(model)
     if plan.link:
-        register_hook(ddp, ctx, algorithm="native", codec=plan.ddp_codec, link=plan.link)
+        register_hook(ddp, ctx, algorithm="native", codec=plan.ddp_codec, link=plan.link,
+                      gil_switch_ms=plan.engine_options.get("gil_switch_ms", GIL_SWITCH_MS))
     elif plan.ddp_codec == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
