@@ -78,6 +78,20 @@ static int64_t pack(const uint32_t *restrict c, int64_t n, int width, uint8_t *r
         if (n & 1) out[full] = (uint8_t)c[n - 1];
         return (n + 1) / 2;
     }
+    if (width == 1) {
+        int64_t full = n / 8;
+        for (int64_t b = 0; b < full; b++) {
+            const uint32_t *g = c + 8 * b;
+            out[b] = (uint8_t)(g[0] | (g[1] << 1) | (g[2] << 2) | (g[3] << 3) | (g[4] << 4) |
+                               (g[5] << 5) | (g[6] << 6) | (g[7] << 7));
+        }
+        if (n & 7) {
+            uint32_t acc = 0;
+            for (int64_t k = full * 8; k < n; k++) acc |= c[k] << (k - full * 8);
+            out[full] = (uint8_t)acc;
+        }
+        return (n + 7) / 8;
+    }
     if (width == 2) {
         int64_t full = n / 4;
         for (int64_t b = 0; b < full; b++)
@@ -146,6 +160,16 @@ static int64_t unpack(const uint8_t *restrict in, int64_t n, int width, uint32_t
         }
         if (n & 1) c[n - 1] = in[full] & 15u;
         return (n + 1) / 2;
+    }
+    if (width == 1) {
+        int64_t full = n / 8;
+        for (int64_t b = 0; b < full; b++) {
+            uint32_t v = in[b];
+            uint32_t *g = c + 8 * b;
+            for (int j = 0; j < 8; j++) g[j] = (v >> j) & 1u;
+        }
+        for (int64_t k = full * 8; k < n; k++) c[k] = (in[full] >> (k - full * 8)) & 1u;
+        return (n + 7) / 8;
     }
     if (width == 2) {
         int64_t full = n / 4;
