@@ -101,9 +101,9 @@ def shorten_gil_switch(ms: float | None) -> None:
     Comm threads run Python between their C calls (posting messages, codec glue), and the
     training thread needs the GIL for its autograd hooks and the modules' forward. At
     Python's default of 5 ms a thread that wants the GIL can wait that long behind a comm
-    thread holding it, many times per step (ResNet-56, 2 ranks, 1 Gbit/s, bf16 gradients:
-    0.94x -> 0.86x of DDP-fp16's step with 0.5 ms). A process-wide setting, like
-    `torch.set_num_threads`; None leaves it alone.
+    thread holding it, many times per step (ResNet-56, 2 ranks, 1 Gbit/s: a few percent
+    of the step, within run-to-run noise; docs/data_parallel.md). A process-wide setting,
+    like `torch.set_num_threads`; None leaves it alone.
     """
     if ms is None:
         return

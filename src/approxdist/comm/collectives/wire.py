@@ -190,7 +190,6 @@ class Wire:
         the same decoded values.
         """
         send_parts = self.segments(source) if send_to is not None and source.numel() else []
-        to = -1 if send_to is None else send_to  # only used when there are parts to send
         parts = self.segments(dest) if recv_from is not None and dest.numel() else []
         recvs: list[Recv] = []
         if parts:
@@ -203,8 +202,8 @@ class Wire:
         if not send_parts and not recvs:
             return
         pending = self.comm.start([], recvs) if recvs else None
-        sent = [self.comm.start([(to, self.share(s) if shared else self.pack(s))], [])
-                for s in send_parts]
+        sent = [self.comm.start([(send_to, self.share(s) if shared else self.pack(s))], [])
+                for s in send_parts] if send_to is not None else []
         for i, part in enumerate(parts):
             assert pending is not None
             data = pending.recv(i)
