@@ -158,12 +158,16 @@ class Shaper:
         """Schedule `post()` for when `nbytes` to `peer` have crossed the emulated link."""
         with self._cv:
             release = self.release_time(peer, nbytes)
+            head = self._heap[0].release if self._heap else None
             heapq.heappush(self._heap, _Held(release, next(self._seq), post))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="approxdist-netem",
                                                 daemon=True)
                 self._thread.start()
-            self._cv.notify()
+            if head is None or release < head:
+                # the worker sleeps until the earliest release; wake it only if this one is
+                # earlier (each needless wake-up is a context switch on a busy machine)
+                self._cv.notify()
         return release
 
     def _run(self) -> None:
