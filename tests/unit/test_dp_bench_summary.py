@@ -34,3 +34,17 @@ def test_shares_are_clamped_to_0_and_1() -> None:
     per_rank = [_rank([1.5, 1.5, 1.5], [0.3, 0.3, 0.3])] * 2
     ours = summarize(per_rank, DPBenchPlan())[-1]  # type: ignore[arg-type]
     assert ours["hidden_comm_fraction"] == 0.0 and ours["hidden_comm_fraction_wall"] == 0.0
+
+
+def test_bench_dp_gil_switch_option_reaches_the_plan_and_rejects_negatives() -> None:
+    from approxdist.cli.bench_dp import plan_from
+    from approxdist.cli.main import build_parser
+    from approxdist.errors import ConfigError
+
+    parser = build_parser()
+    plan = plan_from(parser.parse_args(["bench", "dp", "--gil-switch-ms", "0"]))
+    assert plan.engine_options["gil_switch_ms"] is None  # 0: leave Python's interval
+    plan = plan_from(parser.parse_args(["bench", "dp", "--gil-switch-ms", "0.25"]))
+    assert plan.engine_options["gil_switch_ms"] == 0.25
+    with pytest.raises(ConfigError, match="--gil-switch-ms -1.0 must be >= 0"):
+        plan_from(parser.parse_args(["bench", "dp", "--gil-switch-ms", "-1"]))
