@@ -140,3 +140,10 @@ def test_a_fresh_cache_builds_once_and_reuses_the_library(tmp_path: Path) -> Non
     mtime = built[0].stat().st_mtime_ns
     assert _status_in_subprocess(env) == first
     assert built[0].stat().st_mtime_ns == mtime, "the cached library was rebuilt"
+
+
+def test_an_unwritable_cache_falls_back_with_the_reason(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    out = _status_in_subprocess({"APPROXDIST_KERNEL_CACHE": str(blocked / "kernels")})
+    assert out.startswith("False") and "kernel build failed" in out

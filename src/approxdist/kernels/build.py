@@ -80,10 +80,15 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
     if compiler is None:
         return None, KernelStatus(False, "no C compiler (cc/gcc) on PATH; using torch ops. "
                                          "Install one (e.g. apt install gcc) for faster codecs")
-    source = b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)
+    try:
+        source = b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)
+        folder = cache_dir()
+    except (OSError, RuntimeError) as exc:  # no source shipped, no home directory
+        return None, KernelStatus(False, f"kernel source or cache folder unavailable ({exc}); "
+                                         f"using torch ops. Set APPROXDIST_KERNEL_CACHE")
     errors: list[str] = []
     for flags in _FLAG_SETS:
-        path = cache_dir() / f"approxdist-kernels-{_key(source, compiler, flags)}.so"
+        path = folder / f"approxdist-kernels-{_key(source, compiler, flags)}.so"
         try:
             if not path.exists():
                 _compile(compiler, flags, path)
