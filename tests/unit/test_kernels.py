@@ -12,9 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from approxdist.comm.codecs import get_codec
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.codecs.bitfield import BitFieldCodec, BitLayout
 from approxdist.kernels import kernel_status
+from tests.unit.test_codec_bits import layouts  # the same random layouts as the codec's own tests
 
 needs_kernels = pytest.mark.skipif(not kernel_status().available,
                                    reason=f"C kernels unavailable: {kernel_status().detail}")
@@ -35,14 +37,6 @@ def values(n: int, seed: int) -> torch.Tensor:
     if n > 4:
         x[:4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")])
     return x
-
-
-@st.composite
-def layouts(draw: st.DrawFn) -> tuple[int, int, int, int]:
-    sign, top = draw(st.integers(0, 1)), draw(st.integers(0, 8))
-    bottom = draw(st.integers(0, 8 - top))
-    mantissa = draw(st.integers(0, 23))
-    return sign, top, bottom, mantissa if sign + top + bottom + mantissa else 1
 
 
 @needs_kernels
@@ -72,15 +66,6 @@ def test_decode_add_is_the_same_fp32_sum(spec: tuple[int, int, int, int], n: int
     assert torch.equal(dest.view(torch.int32), expected.view(torch.int32))
 
 
-def test_decode_add_without_kernels_matches_decode_then_add() -> None:
-    _, ops = pair(0, 2, 2, 0)
-    x, dest = values(3001, 3), values(3001, 4)
-    payload = ops.encode(x)
-    expected = dest + ops.decode(payload)
-    ops.decode_add(payload, dest)
-    assert torch.equal(dest.view(torch.int32), expected.view(torch.int32))
-
-
 def test_decode_add_takes_a_non_contiguous_destination() -> None:
     fused, _ = pair(1, 8, 0, 7)
     base = values(40, 5)
@@ -91,11 +76,11 @@ def test_decode_add_takes_a_non_contiguous_destination() -> None:
     assert torch.equal(dest.view(torch.int32), expected.view(torch.int32))
 
 
-@pytest.mark.parametrize("spec", ["fp16", "bf16"])
-def test_cast_decode_add_is_the_same_fp32_sum(spec: str) -> None:
-    from approxdist.comm.codecs import get_codec
-    codec = get_codec(spec)
-    x, dest = values(1000, 7), values(1000, 8)
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "bits-without-kernels"])
+def test_other_decode_adds_are_decode_then_add(spec: str) -> None:
+    """The cast codecs' fused add and the torch-ops fallback give decode-then-add's sums."""
+    codec = pair(0, 2, 2, 0)[1] if spec == "bits-without-kernels" else get_codec(spec)
+    x, dest = values(3001, 7), values(3001, 8)
     payload = codec.encode(x)
     expected = dest + codec.decode(payload)
     codec.decode_add(payload, dest)
