@@ -48,3 +48,13 @@ def test_bench_dp_gil_switch_option_reaches_the_plan_and_rejects_negatives() -> 
     assert plan.engine_options["gil_switch_ms"] == 0.25
     with pytest.raises(ConfigError, match="--gil-switch-ms -1.0 must be >= 0"):
         plan_from(parser.parse_args(["bench", "dp", "--gil-switch-ms", "-1"]))
+
+
+def test_paired_ratio_pairs_steps_of_the_same_round() -> None:
+    """Per step ours / DDP is 0.5, 0.9, 2.0: the paired ratio is their median, 0.9, while
+    the ratio of the two medians (1.8 / 1.0) mixes steps from different moments."""
+    rank = _rank([0.5, 1.8, 1.9], [0.0, 0.0, 0.0])
+    rank["times"]["ddp"] = [1.0, 2.0, 0.95]  # type: ignore[index]
+    ours = summarize([rank, rank], DPBenchPlan())[-1]  # type: ignore[arg-type]
+    assert ours["paired_ratio_vs_ddp"] == pytest.approx(0.9)
+    assert ours["ratio_vs_ddp"] == pytest.approx(1.8)

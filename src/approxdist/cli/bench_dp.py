@@ -10,7 +10,8 @@ engine per codec, the ratio to DDP and the share of communication hidden behind
 compute: `hidden` from the time the training thread waited for communication, `wall est`
 from the step times (method and caveats: `approxdist.data_parallel.bench`). `--json`
 writes the rows with keys engine, codec, link, median_step_s, ratio_vs_ddp,
-hidden_comm_fraction (+ hidden_comm_fraction_wall, comm_only_s, blocked_s,
+hidden_comm_fraction (+ paired_ratio_vs_ddp: the median over steps of ours / DDP's at the
+same place in the same round, hidden_comm_fraction_wall, comm_only_s, blocked_s,
 interference_s, bytes_per_step_rank0, model, world_size).
 """
 
@@ -87,13 +88,15 @@ def _label(text: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'engine':<11} {'codec':<20} {'link':<10} {'step ms':>8} {'vs ddp':>7} "
-             f"{'comm ms':>8} {'hidden':>7} {'wall est':>8} {'bytes/step':>11}"]
+             f"{'paired':>7} {'comm ms':>8} {'hidden':>7} {'wall est':>8} {'bytes/step':>11}"]
     for r in rows:
         comm = f"{1e3 * r['comm_only_s']:.1f}" if r.get("comm_only_s") is not None else "-"
         nbytes = f"{r['bytes_per_step_rank0'] / 1e6:.2f}MB" if r.get("bytes_per_step_rank0") \
             else "-"
+        pair = f"{r['paired_ratio_vs_ddp']:.2f}x" if r.get("paired_ratio_vs_ddp") is not None \
+            else "-"
         lines.append(f"{r['engine']:<11} {r['codec']:<20} {r['link']:<10} "
-                     f"{1e3 * r['median_step_s']:8.1f} {r['ratio_vs_ddp']:6.2f}x {comm:>8} "
+                     f"{1e3 * r['median_step_s']:8.1f} {r['ratio_vs_ddp']:6.2f}x {pair:>7} {comm:>8} "
                      f"{_pct(r.get('hidden_comm_fraction')):>7} "
                      f"{_pct(r.get('hidden_comm_fraction_wall')):>8} {nbytes:>11}")
     return "\n".join(lines)

@@ -216,6 +216,11 @@ def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[st
     def last_rank(key: str, name: str) -> list[float]:
         return [min(r[key][name][i] for r in per_rank) for i in range(len(per_rank[0][key][name]))]
 
+    def paired(name: str) -> float:
+        """Median over steps of this variant's step over DDP's at the same place in its round
+        (adjacent in time, so load that drifts during the run cancels)."""
+        return median([t / d for t, d in zip(slowest("times", name), slowest("times", "ddp"))])
+
     link = plan.link or "none"
     t_local = median(slowest("times", "local"))
     t_ddp = median(slowest("times", "ddp"))
@@ -229,7 +234,7 @@ def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[st
         hidden = _clamp(1.0 - t_blocked / t_comm) if t_comm > 0 else None
         wall = _clamp((t_local + t_comm - t) / t_comm) if t_comm > 0 else None
         rows.append(_row("approxdist", codec, link, t, t_ddp, hidden, per_rank[0]["bytes"][codec],
-                         comm_only_s=t_comm, blocked_s=t_blocked,
+                         paired_ratio_vs_ddp=paired(name), comm_only_s=t_comm, blocked_s=t_blocked,
                          hidden_comm_fraction_wall=wall,
                          interference_s=t - t_local - t_blocked))
     return rows
