@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -113,12 +114,7 @@ class FramedCodec(Codec):
         n, data = payload.numel, payload.data
         check_header(data, self.family, self.spec, n, self.payload_nbytes(n))
         y = self._output_buffer(payload, out)
-        start = self.codes_offset(n)
-        state = self._load(data[HEADER_NBYTES:start])
-        flat = y.view(-1)
-        for lo, hi in self._chunks(n):
-            self._decode_chunk(data[start + self._byte(lo): start + self._byte(hi)],
-                               flat[lo:hi], state)
+        self._each_chunk(data, y.view(-1), self._decode_chunk)
         return y
 
     def decode_add(self, payload: Payload, dest: torch.Tensor) -> None:
@@ -129,12 +125,17 @@ class FramedCodec(Codec):
             super().decode_add(payload, dest)
             return
         check_header(data, self.family, self.spec, n, self.payload_nbytes(n))
+        self._each_chunk(data, dest.view(-1), self._decode_add_chunk)
+
+    def _each_chunk(self, data: torch.Tensor, flat: torch.Tensor,
+                    per_chunk: Callable[[torch.Tensor, torch.Tensor, object], None]) -> None:
+        """Load the payload's metadata, then call `per_chunk(codes, values, state)` for each
+        chunk of the (header-checked) payload `data` and the flat fp32 `flat`."""
+        n = flat.numel()
         start = self.codes_offset(n)
         state = self._load(data[HEADER_NBYTES:start])
-        flat = dest.view(-1)
         for lo, hi in self._chunks(n):
-            self._decode_add_chunk(data[start + self._byte(lo): start + self._byte(hi)],
-                                   flat[lo:hi], state)
+            per_chunk(data[start + self._byte(lo): start + self._byte(hi)], flat[lo:hi], state)
 
     def _byte(self, index: int) -> int:
         return (index * self.code_bits + 7) // 8
