@@ -39,11 +39,13 @@ class Case:
     recompute: bool = False
     fwd_codec: str = "fp32"
     bwd_codec: str = "fp32"
+    fuse: bool = True  # fused weight-gradient accumulation (the default)
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
                               schedule=self.schedule, recompute=self.recompute,
-                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec)
+                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec,
+                              fuse_accumulation=self.fuse)
 
 
 def _model() -> nn.Sequential:
@@ -117,20 +119,26 @@ def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
 
 def _check_bytes(case: Case, ranks: list[dict[str, Any]]) -> None:
     """Each boundary carries exactly the codec's payload per micro-batch, both ways (plus the
-    one shape header stage s sends stage s+1 at start-up)."""
-    fwd, bwd = get_codec(case.fwd_codec), get_codec(case.bwd_codec)
+    one shape header stage s sends stage s+1 at start-up); exact fp32 travels raw, the
+    values' own 4 bytes each with no codec header."""
     sizes = microbatch_sizes(case.batch, case.microbatches)
     width = _boundary_width(case)
     for s in range(case.stages - 1):
         assert ranks[s]["sent"].get(s + 1) == SHAPE_WORDS * 8 + sum(
-            fwd.payload_nbytes(n * width) for n in sizes)
-        assert ranks[s + 1]["sent"].get(s) == sum(bwd.payload_nbytes(n * width) for n in sizes)
+            _wire_nbytes(case.fwd_codec, n * width) for n in sizes)
+        assert ranks[s + 1]["sent"].get(s) == sum(_wire_nbytes(case.bwd_codec, n * width)
+                                                  for n in sizes)
+
+
+def _wire_nbytes(spec: str, numel: int) -> int:
+    return 4 * numel if spec == "fp32" else get_codec(spec).payload_nbytes(numel)
 
 
 ORACLE_CASES = {
     2: [Case(2, m, s) for s in ("gpipe", "1f1b") for m in (1, 2, 3, 5, 8)]
        + [Case(2, 4, "1f1b", batch=10), Case(2, 8, "gpipe", recompute=True),
-          Case(2, 3, "1f1b", batch=10, recompute=True)],
+          Case(2, 3, "1f1b", batch=10, recompute=True), Case(2, 5, "1f1b", fuse=False),
+          Case(2, 3, "gpipe", recompute=True, fuse=False)],
     3: [Case(3, m, s) for s in ("gpipe", "1f1b") for m in (1, 4, 7)]
        + [Case(3, 6, "1f1b", recompute=True)],
     4: [Case(4, m, s) for s in ("gpipe", "1f1b") for m in (2, 3, 8)]

@@ -43,7 +43,8 @@ from approxdist.train import worker
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false",
         "--epochs", "1"]
 MODES = {"dp": ["--parallel", "dp", "--world-size", "2"],
-         "pipeline": ["--parallel", "pipeline", "--stages", "2", "--microbatches", "4"]}
+         "pipeline": ["--parallel", "pipeline", "--stages", "2", "--microbatches", "4",
+                      "--fwd-codec", "bf16"]}
 
 
 def _spans(trace: dict[str, Any]) -> Counter[tuple[int, str]]:

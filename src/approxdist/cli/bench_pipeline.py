@@ -44,6 +44,8 @@ def register(sub: Any) -> None:
     p.add_argument("--link", default="", help="emulated link for our engine, e.g. bw=1gbit")
     p.add_argument("--fwd-codec", default="fp32", help="our activations' wire format")
     p.add_argument("--bwd-codec", default="fp32", help="our gradients' wire format")
+    p.add_argument("--no-fuse-accumulation", dest="fuse_accumulation", action="store_false",
+                   help="our engine lets autograd accumulate Linear weight gradients (A/B)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")
@@ -65,7 +67,8 @@ def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
     cases = [BenchCase(args.model, INPUTS[args.model], args.stages, m, s.strip(),
                        batch_size=args.batch_size, split=args.split,
                        balance="" if args.split else args.balance, link=args.link,
-                       fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec)
+                       fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec,
+                       fuse_accumulation=args.fuse_accumulation)
              for s in args.schedule.split(",") for m in _ints(args.microbatches, "microbatches")]
     for case in cases:
         if case.microbatches > case.batch_size:

@@ -20,7 +20,7 @@ from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
 PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd_codec",
-                  "bwd_codec", "fwd_channel", "bwd_channel", "recompute")
+                  "bwd_codec", "fwd_channel", "bwd_channel", "recompute", "fuse_accumulation")
 
 #: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
 DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
@@ -84,6 +84,9 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bwd-channel", help="bit errors on gradients")
     g.add_argument("--recompute", action="store_true", default=None,
                    help="keep only stage inputs, recompute the forward in backward (GPipe)")
+    g.add_argument("--no-fuse-accumulation", dest="fuse_accumulation", action="store_false",
+                   default=None, help="let autograd accumulate nn.Linear weight gradients across "
+                   "micro-batches (default: fused into the GEMM)")
 
 
 def add_dp_flags(p: argparse.ArgumentParser) -> None:

@@ -49,6 +49,8 @@ class PipelineConfig:
     `split` ("3", "3,7") names the first block of stages 1, 2, ...; otherwise `balance`
     ("params" by default, or "time") lets the partitioner choose. `recompute` keeps only
     each stage's inputs and recomputes the forward in backward (GPipe's rematerialisation).
+    `fuse_accumulation` adds each micro-batch's `nn.Linear` weight gradients into `.grad`
+    inside the GEMM (docs/pipeline.md, "Fused gradient accumulation").
     """
 
     stages: int = 2
@@ -61,6 +63,7 @@ class PipelineConfig:
     fwd_channel: str = "none"
     bwd_channel: str = "none"
     recompute: bool = False
+    fuse_accumulation: bool = True
 
     def __post_init__(self) -> None:
         if self.stages < 1:

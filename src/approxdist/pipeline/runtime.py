@@ -85,6 +85,7 @@ class PipelineRuntime:
         return self.transport.stage
 
     def close(self) -> None:
+        self.compute.close()
         self.link.close()
 
 
@@ -117,7 +118,8 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
-                           loss_fn=loss_fn, recompute=pcfg.recompute)
+                           loss_fn=loss_fn, recompute=pcfg.recompute,
+                           fuse_accumulation=pcfg.fuse_accumulation)
     executor = PipelineExecutor(schedule_orders(pcfg.schedule, plan.num_stages, stage),
                                 compute, transport, pcfg.microbatches, ctx.rank, rec)
     return PipelineRuntime(plan, module, link, transport, compute, executor)

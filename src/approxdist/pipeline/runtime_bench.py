@@ -51,11 +51,13 @@ class BenchCase:
     link: str = ""
     fwd_codec: str = "fp32"
     bwd_codec: str = "fp32"
+    fuse_accumulation: bool = True
 
     def pipeline_config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, split=self.split, balance=self.balance,
                               microbatches=self.microbatches, schedule=self.schedule,
-                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec)
+                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec,
+                              fuse_accumulation=self.fuse_accumulation)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,10 @@ draws the same random numbers (dropout) and leaves batch-norm running statistics
 they were, so a recomputed step is identical to a stored one. The last stage turns its
 output into `weight * loss_fn(output, labels)` (docs/pipeline.md, "Micro-batches").
 
+With `fuse_accumulation` (the default) the stage's `nn.Linear` layers add each
+micro-batch's weight gradient into `.grad` inside the GEMM instead of autograd's
+separate pass (`accumulate.WeightGradFusion`, Megatron-LM's gradient-accumulation fusion).
+
 `ActivationMemory` measures what is held for backward: stored inputs plus the tensors
 autograd saves (parameters excluded, shared storage counted once); its `peak` over a
 step is the number `--recompute` reduces.
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from approxdist.pipeline.accumulate import WeightGradFusion
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: CPU generator state, and the device generator's when the stage runs on a GPU
@@ -116,9 +122,10 @@ class StageCompute:
     """Forward/backward of one stage's module on micro-batches, keyed by micro-batch index."""
 
     def __init__(self, module: nn.Module, *, is_first: bool, is_last: bool, loss_fn: LossFn,
-                 recompute: bool = False) -> None:
+                 recompute: bool = False, fuse_accumulation: bool = True) -> None:
         self.module, self.is_first, self.is_last = module, is_first, is_last
         self.loss_fn, self.recompute = loss_fn, recompute
+        self.fusion = WeightGradFusion(module) if fuse_accumulation else None
         self.memory = ActivationMemory(module)
         self._live: dict[int, _InFlight] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
@@ -142,7 +149,7 @@ class StageCompute:
             with torch.no_grad():
                 out, loss = self._run(x, labels, weight)
         else:
-            with self.memory.saved(x) as saved:
+            with self.memory.saved(x) as saved, self._fused():
                 out, loss = self._run(x, labels, weight)
             nbytes += saved[0]
         self.memory.add(nbytes)
@@ -195,7 +202,7 @@ class StageCompute:
         """
         assert item.rng is not None
         with replayed_rng(item.rng, item.inputs.device), frozen_batchnorm_stats(self.module), \
-                self.memory.saved(item.inputs, hooked=True) as saved:
+                self.memory.saved(item.inputs, hooked=True) as saved, self._fused():
             out = self.module(item.inputs)
         item.output = out
         if self.is_last:
@@ -203,6 +210,15 @@ class StageCompute:
             item.loss = self.loss_fn(out, item.labels) * item.weight
         self.memory.add(saved[0])
         return saved[0]
+
+    def _fused(self) -> contextlib.AbstractContextManager[None]:
+        return self.fusion.active() if self.fusion is not None else contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Give the module's layers back their own forward (see `fuse_accumulation`)."""
+        if self.fusion is not None:
+            self.fusion.remove()
+            self.fusion = None
 
     @property
     def in_flight(self) -> int:

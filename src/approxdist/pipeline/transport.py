@@ -13,7 +13,11 @@ docs/pipeline.md) and no shape travels with the payloads.
 
 Buffers are reused: the payload of each (direction, micro-batch) is encoded into, and
 received into, the same bytes every step, and decoded into the same fp32 storage (a fresh
-large allocation costs more than the copy, ANCHORS.md). This is why the adapter encodes
+large allocation costs more than the copy, ANCHORS.md). An exact `fp32` direction with
+no channel is *raw*, as the all-reduce wire's raw path: the tensor's own bytes are sent
+(kept alive until `wait_sends`) and received straight into the fp32 storage the stage
+reads, so nothing is encoded, decoded or copied (both ends know every size and the codec
+is checked once at start-up, so no header is needed). This is why the adapter encodes
 and decodes itself around the link's byte transfers (`isend_bytes` / `irecv_bytes`):
 same codec, channel, shaping and accounting as `Link.isend` / `Link.irecv`, which take
 no output buffers. With a recorder (docs/tracing.md) encoding and decoding are `encode` /
@@ -103,13 +107,16 @@ class PendingRecv:
     """A posted sized receive; `wait()` returns the decoded fp32 tensor (non-finite values
     set to 0 and counted in `stats.nonfinite` when a channel is set, like `Link.irecv`)."""
 
-    def __init__(self, handle: RecvHandle[torch.Tensor], out: torch.Tensor, codec: TimedCodec,
-                 channel: Channel | None, stats: LinkStats, rec: Recorder = NULL_RECORDER) -> None:
+    def __init__(self, handle: RecvHandle[torch.Tensor], out: torch.Tensor,
+                 codec: TimedCodec | None, channel: Channel | None, stats: LinkStats,
+                 rec: Recorder = NULL_RECORDER) -> None:
         self.handle, self.out, self.codec = handle, out, codec
         self.channel, self.stats, self.rec = channel, stats, rec
 
     def wait(self) -> torch.Tensor:
         data = self.handle.wait()
+        if self.codec is None:  # raw: the bytes landed in `out` itself
+            return self.out
         with self.rec.span(DECODE):
             x = self.codec.decode(Payload(data, self.out.shape), out=self.out)
             if self.channel is not None:
@@ -133,6 +140,11 @@ class _Direction:
     send_codec: TimedCodec
     recv_codec: TimedCodec
     channel: Channel | None
+
+    @property
+    def raw(self) -> bool:
+        """Exact fp32 with no channel: the values' own bytes travel (module docstring)."""
+        return self.channel is None and self.send_codec.spec == "fp32"
 
     @classmethod
     def build(cls, wire: WireFormat, seed: int) -> _Direction:
@@ -200,10 +212,14 @@ class StageTransport:
 
     def _recv(self, name: str, m: int, shape: Shape, stage: int, d: _Direction) -> PendingRecv:
         numel = math.prod(shape)
+        flat = self._pool.get(f"out-{name}", m, numel, torch.float32)
+        if d.raw:
+            handle = self.link.irecv_bytes(self.peer(stage), flat.view(torch.uint8))
+            return PendingRecv(handle, flat.view(shape), None, None, self.link.stats, self.rec)
         data = self._pool.get(f"recv-{name}", m, d.recv_codec.payload_nbytes(numel), torch.uint8)
-        out = self._pool.get(f"out-{name}", m, numel, torch.float32).view(shape)
         handle = self.link.irecv_bytes(self.peer(stage), data)
-        return PendingRecv(handle, out, d.recv_codec, d.channel, self.link.stats, self.rec)
+        return PendingRecv(handle, flat.view(shape), d.recv_codec, d.channel, self.link.stats,
+                           self.rec)
 
     def send_act(self, m: int, x: torch.Tensor) -> None:
         self._send("act", m, x, self.stage + 1, self.fwd)
@@ -215,6 +231,11 @@ class StageTransport:
         """Encode into this (direction, micro-batch)'s buffer, corrupt, post; the buffer is
         reused next step, after `wait_sends`."""
         t0 = time.perf_counter()
+        if d.raw:  # the link's op holds `x` until the send has left
+            values = x.detach().to(torch.float32).contiguous().view(-1)
+            self._sends.append(self.link.isend_bytes(values.view(torch.uint8), self.peer(stage)))
+            self.send_seconds += time.perf_counter() - t0
+            return
         codec = d.send_codec
         buf = self._pool.get(f"send-{name}", m, codec.payload_nbytes(x.numel()), torch.uint8)
         with self.rec.span(ENCODE):

@@ -200,7 +200,8 @@ class PipelineTrainer:
         return {**run_summary(self.progress, self.cfg, self.ctx.world_size),
                 "stages": rt.partition.num_stages, "partition": rt.partition.describe(),
                 "schedule": p.schedule, "microbatches": p.microbatches,
-                "fwd_codec": p.fwd_codec, "bwd_codec": p.bwd_codec, "recompute": p.recompute}
+                "fwd_codec": p.fwd_codec, "bwd_codec": p.bwd_codec, "recompute": p.recompute,
+                "fuse_accumulation": p.fuse_accumulation}
 
     # -- checkpoints (one per stage) --------------------------------------------------
     @property
