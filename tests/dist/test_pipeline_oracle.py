@@ -74,7 +74,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         again = rt.executor.train_step(x if first else None, y if last else None, case.batch)
         twice = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
         out.append({"loss": res.loss, "correct": res.correct, "grads": grads, "eval": ev,
-                    "sent": sent_train, "loss2": again.loss, "twice": twice})
+                    "sent": sent_train, "loss2": again.loss, "twice": twice,
+                    "codec_s": rt.transport.codec_seconds})
         rt.close()
     return out
 
@@ -161,6 +162,8 @@ def test_lossy_forward_codec_sends_fewer_bytes_and_still_trains() -> None:
     ranks = run_on_ranks(_run_cases, 2, [exact, lossy], timeout_s=120)
     _check_bytes(exact, [r[0] for r in ranks])
     _check_bytes(lossy, [r[1] for r in ranks])
+    assert all(r[0]["codec_s"] == 0 for r in ranks)  # raw fp32: nothing encoded or decoded
+    assert all(r[1]["codec_s"] > 0 for r in ranks)
     assert ranks[0][1]["sent"][1] * 6 < ranks[0][0]["sent"][1]  # 4 vs 32 bits + headers
     assert ranks[1][1]["sent"][0] * 1.9 < ranks[1][0]["sent"][0]
     loss, _, grads, _ = _oracle(lossy)
