@@ -46,7 +46,7 @@ def test_bad_bench_input_is_refused_before_any_rank_starts(flags: dict[str, obje
                                                            message: str) -> None:
     args = {"model": "mlp", "stages": 2, "microbatches": "4", "schedule": "gpipe",
             "batch_size": 64, "split": "", "balance": "", "link": "", "fwd_codec": "fp32",
-            "bwd_codec": "fp32", "fuse_accumulation": True}
+            "bwd_codec": "fp32", "fuse_accumulation": "auto"}
     args.update(flags)
     with pytest.raises(ConfigError, match=message):
         bench_pipeline.plan_cases(argparse.Namespace(**args))

@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from approxdist.pipeline.accumulate import WeightGradFusion, _LinearAccumulate
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.errors import ConfigError
+from approxdist.pipeline.accumulate import MIN_WEIGHTS, WeightGradFusion, _LinearAccumulate
 from approxdist.pipeline.stage import StageCompute
 
 
@@ -42,7 +44,7 @@ def test_fused_gradients_equal_autograd_over_microbatches(bias: bool, shape: tup
     xs = [torch.randn(shape, generator=gen) for _ in range(5)]
     plain, plain_in = _accumulate(_net(bias), xs, None)
     net = _net(bias)
-    fusion = WeightGradFusion(net)
+    fusion = WeightGradFusion(net, min_weights=0)
     assert len(fusion.layers) == 3 and fusion.weights == 12 * 16 + 16 * 16 + 16 * 5
     fused, fused_in = _accumulate(net, xs, fusion)
     assert fused.keys() == plain.keys()
@@ -55,7 +57,7 @@ def test_fused_gradients_equal_autograd_over_microbatches(bias: bool, shape: tup
 
 def test_fused_nodes_only_inside_active() -> None:
     net = _net()
-    fusion = WeightGradFusion(net)
+    fusion = WeightGradFusion(net, min_weights=0)
     x = torch.randn(2, 12)
     assert "LinearAccumulate" not in type(net[0](x).grad_fn).__name__
     with fusion.active():
@@ -77,7 +79,7 @@ def test_hooked_frozen_and_subclassed_layers_keep_plain_autograd() -> None:
     seen: list[str] = []
     net[0].weight.register_post_accumulate_grad_hook(lambda p: seen.append("hook"))
     net[2].weight.requires_grad_(False)
-    fusion = WeightGradFusion(net)
+    fusion = WeightGradFusion(net, min_weights=0)
     assert fusion.layers == [net[0], net[2]]  # a subclass with its own forward is left alone
     with fusion.active():
         net(torch.randn(3, 4)).sum().backward()
@@ -87,7 +89,7 @@ def test_hooked_frozen_and_subclassed_layers_keep_plain_autograd() -> None:
 
 def test_update_between_forward_and_backward_is_refused() -> None:
     net = _net()
-    fusion = WeightGradFusion(net)
+    fusion = WeightGradFusion(net, min_weights=0)
     with fusion.active():
         out = net(torch.randn(2, 12))
     with torch.no_grad():
@@ -98,7 +100,7 @@ def test_update_between_forward_and_backward_is_refused() -> None:
 
 def test_deepcopy_of_a_fused_module_runs_its_own_weights() -> None:
     net = _net()
-    WeightGradFusion(net)
+    WeightGradFusion(net, min_weights=0)
     twin = copy.deepcopy(net)
     with torch.no_grad():
         for p in twin.parameters():
@@ -106,20 +108,30 @@ def test_deepcopy_of_a_fused_module_runs_its_own_weights() -> None:
     assert twin(torch.randn(2, 12)).abs().sum() == 0
 
 
-def test_stage_compute_fuses_by_default_and_close_restores() -> None:
-    net = _net()
+def test_stage_compute_fuses_large_layers_by_default_and_close_restores() -> None:
+    net = nn.Sequential(nn.Linear(1024, MIN_WEIGHTS // 1024), nn.ReLU(),
+                        nn.Linear(MIN_WEIGHTS // 1024, 10))
     stage = StageCompute(net, is_first=True, is_last=False, loss_fn=nn.functional.cross_entropy)
-    assert stage.fusion is not None and len(stage.fusion.layers) == 3
+    assert stage.fusion is not None and stage.fusion.layers == [net[0]]  # "auto": big ones
     stage.close()
     assert stage.fusion is None and "forward" not in vars(net[0])
+    every = StageCompute(_net(), is_first=True, is_last=False,
+                         loss_fn=nn.functional.cross_entropy, fuse_accumulation="all")
+    assert every.fusion is not None and len(every.fusion.layers) == 3
     off = StageCompute(_net(), is_first=True, is_last=False,
-                       loss_fn=nn.functional.cross_entropy, fuse_accumulation=False)
+                       loss_fn=nn.functional.cross_entropy, fuse_accumulation="off")
     assert off.fusion is None
+
+
+def test_bad_fuse_setting_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="pipeline.fuse_accumulation = 'yes' is not one of: "
+                                          "auto, all, off"):
+        PipelineConfig(fuse_accumulation="yes")
 
 
 def test_double_backward_is_refused_not_silently_wrong() -> None:
     w = nn.Parameter(torch.randn(3, 3))
     x = torch.randn(2, 3, requires_grad=True)
     out = _LinearAccumulate.apply(x, w, None)
-    with pytest.raises(RuntimeError, match="create_graph=True.*--no-fuse-accumulation"):
+    with pytest.raises(RuntimeError, match="create_graph=True.*--fuse-accumulation off"):
         torch.autograd.grad(out.sum(), x, create_graph=True)

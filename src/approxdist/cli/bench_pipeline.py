@@ -44,8 +44,8 @@ def register(sub: Any) -> None:
     p.add_argument("--link", default="", help="emulated link for our engine, e.g. bw=1gbit")
     p.add_argument("--fwd-codec", default="fp32", help="our activations' wire format")
     p.add_argument("--bwd-codec", default="fp32", help="our gradients' wire format")
-    p.add_argument("--no-fuse-accumulation", dest="fuse_accumulation", action="store_false",
-                   help="our engine lets autograd accumulate Linear weight gradients (A/B)")
+    p.add_argument("--fuse-accumulation", default="auto", choices=["auto", "all", "off"],
+                   help="our stages' fused Linear weight-gradient accumulation (default auto)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")

@@ -84,9 +84,9 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bwd-channel", help="bit errors on gradients")
     g.add_argument("--recompute", action="store_true", default=None,
                    help="keep only stage inputs, recompute the forward in backward (GPipe)")
-    g.add_argument("--no-fuse-accumulation", dest="fuse_accumulation", action="store_false",
-                   default=None, help="let autograd accumulate nn.Linear weight gradients across "
-                   "micro-batches (default: fused into the GEMM)")
+    g.add_argument("--fuse-accumulation", choices=["auto", "all", "off"],
+                   help="add nn.Linear weight gradients into .grad inside the GEMM: auto "
+                   "(default: layers of 2^19+ weights), all, or off (autograd's own pass)")
 
 
 def add_dp_flags(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from approxdist.errors import ApproxDistError, ConfigError
 
 BALANCE_CHOICES = ("", "params", "time")
+FUSE_CHOICES = ("auto", "all", "off")
 
 
 def _check_spec(name: str, value: str, kind: str) -> None:
@@ -49,8 +50,9 @@ class PipelineConfig:
     `split` ("3", "3,7") names the first block of stages 1, 2, ...; otherwise `balance`
     ("params" by default, or "time") lets the partitioner choose. `recompute` keeps only
     each stage's inputs and recomputes the forward in backward (GPipe's rematerialisation).
-    `fuse_accumulation` adds each micro-batch's `nn.Linear` weight gradients into `.grad`
-    inside the GEMM (docs/pipeline.md, "Fused gradient accumulation").
+    `fuse_accumulation` ("auto", "all", "off") adds each micro-batch's `nn.Linear` weight
+    gradients into `.grad` inside the GEMM: "auto" for layers of 2^19 weights or more
+    (docs/pipeline.md, "Fused gradient accumulation").
     """
 
     stages: int = 2
@@ -63,7 +65,7 @@ class PipelineConfig:
     fwd_channel: str = "none"
     bwd_channel: str = "none"
     recompute: bool = False
-    fuse_accumulation: bool = True
+    fuse_accumulation: str = "auto"
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -72,6 +74,9 @@ class PipelineConfig:
             raise ConfigError(f"pipeline.microbatches = {self.microbatches} must be >= 1")
         if self.balance not in BALANCE_CHOICES:
             raise ConfigError(f"pipeline.balance = {self.balance!r} is not one of: params, time")
+        if self.fuse_accumulation not in FUSE_CHOICES:
+            raise ConfigError(f"pipeline.fuse_accumulation = {self.fuse_accumulation!r} is not "
+                              f"one of: {', '.join(FUSE_CHOICES)}")
         if self.split and self.balance:
             raise ConfigError(f"pipeline.split = {self.split!r} and pipeline.balance = "
                               f"{self.balance!r}: give one of them, not both")

@@ -8,7 +8,8 @@ layer of W weights that is an extra 3W floats of memory traffic, plus the alloca
 per micro-batch; on small micro-batches it costs as much as the GEMM itself (1024x1024
 layers, 8 rows: ~1.3x faster forward + backward with fusion, docs/pipeline.md).
 
-`WeightGradFusion(module)` gives every plain `nn.Linear` inside `module` a forward that,
+`WeightGradFusion(module, min_weights)` gives every plain `nn.Linear` inside `module`
+with at least `min_weights` weights (`MIN_WEIGHTS` = 2^19 by default) a forward that,
 *only inside* `fusion.active()` and with grad mode on, runs `_LinearAccumulate`: its
 backward computes the input gradient as usual and adds the weight (and bias) gradient
 straight into `.grad` with one `addmm_` (`mm` on the first micro-batch). The values are
@@ -36,6 +37,12 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 _FLAG = "_approxdist_fused_accumulation"
+#: `auto` fuses layers of at least this many weights (2 MiB of fp32 gradient): below it
+#: the accumulation pass stays in a core's L2 cache and the Python of a custom autograd
+#: function costs as much as it saves (measured, docs/pipeline.md)
+MIN_WEIGHTS = 1 << 19
+#: `fuse_accumulation` settings: the smallest layer each one fuses (None: no fusion)
+MODES = {"auto": MIN_WEIGHTS, "all": 0, "off": None}
 
 
 class _LinearAccumulate(torch.autograd.Function):
@@ -53,7 +60,7 @@ class _LinearAccumulate(torch.autograd.Function):
         if torch.is_grad_enabled():  # backward(create_graph=True): no graph through .grad
             raise RuntimeError("fused weight-gradient accumulation cannot build a graph of the "
                                "gradients (create_graph=True); run this stage with "
-                               "fuse_accumulation=False (--no-fuse-accumulation)")
+                               "fuse_accumulation='off' (--fuse-accumulation off)")
         x, w = ctx.saved_tensors
         weight, bias = ctx.params
         grad_in = grad.matmul(w) if ctx.needs_input_grad[0] else None
@@ -86,19 +93,19 @@ def _accumulates_plainly(p: torch.Tensor | None, dtype: torch.dtype) -> bool:
 
 
 def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if getattr(module, _FLAG, False) and torch.is_grad_enabled() \
-            and _accumulates_plainly(module.weight, x.dtype) \
-            and _accumulates_plainly(module.bias, x.dtype):
+    if module.__dict__[_FLAG] and torch.is_grad_enabled() and x.dtype == module.weight.dtype:
         return _LinearAccumulate.apply(x, module.weight, module.bias)
     return nn.Linear.forward(module, x)
 
 
 class WeightGradFusion:
-    """Fused accumulation for the plain `nn.Linear` layers of `module` (module docstring)."""
+    """Fused accumulation for the plain `nn.Linear` layers of `module` holding at least
+    `min_weights` weights (module docstring)."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, min_weights: int = MIN_WEIGHTS) -> None:
         self.layers = [m for m in module.modules()
-                       if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward]
+                       if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
+                       and m.weight.numel() >= min_weights]
         for m in self.layers:
             setattr(m, _FLAG, False)
             m.forward = functools.partial(_forward, m)  # type: ignore[method-assign]
@@ -110,9 +117,12 @@ class WeightGradFusion:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Forwards inside the block record fused backward nodes."""
+        """Forwards inside the block record fused backward nodes (for the layers whose
+        parameters `AccumulateGrad` would treat plainly right now)."""
         for m in self.layers:
-            setattr(m, _FLAG, True)
+            dtype = m.weight.dtype
+            setattr(m, _FLAG, _accumulates_plainly(m.weight, dtype)
+                    and _accumulates_plainly(m.bias, dtype))
         try:
             yield
         finally:

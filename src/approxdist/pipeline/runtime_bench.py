@@ -51,7 +51,7 @@ class BenchCase:
     link: str = ""
     fwd_codec: str = "fp32"
     bwd_codec: str = "fp32"
-    fuse_accumulation: bool = True
+    fuse_accumulation: str = "auto"
 
     def pipeline_config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, split=self.split, balance=self.balance,

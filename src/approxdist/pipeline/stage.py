@@ -8,9 +8,10 @@ draws the same random numbers (dropout) and leaves batch-norm running statistics
 they were, so a recomputed step is identical to a stored one. The last stage turns its
 output into `weight * loss_fn(output, labels)` (docs/pipeline.md, "Micro-batches").
 
-With `fuse_accumulation` (the default) the stage's `nn.Linear` layers add each
-micro-batch's weight gradient into `.grad` inside the GEMM instead of autograd's
-separate pass (`accumulate.WeightGradFusion`, Megatron-LM's gradient-accumulation fusion).
+With `fuse_accumulation` ("auto", the default: layers of 2^19 weights or more; "all";
+"off") the stage's `nn.Linear` layers add each micro-batch's weight gradient into
+`.grad` inside the GEMM instead of autograd's separate pass
+(`accumulate.WeightGradFusion`, Megatron-LM's gradient-accumulation fusion).
 
 `ActivationMemory` measures what is held for backward: stored inputs plus the tensors
 autograd saves (parameters excluded, shared storage counted once); its `peak` over a
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from approxdist.pipeline.accumulate import MODES as FUSION_MODES
 from approxdist.pipeline.accumulate import WeightGradFusion
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -122,10 +124,11 @@ class StageCompute:
     """Forward/backward of one stage's module on micro-batches, keyed by micro-batch index."""
 
     def __init__(self, module: nn.Module, *, is_first: bool, is_last: bool, loss_fn: LossFn,
-                 recompute: bool = False, fuse_accumulation: bool = True) -> None:
+                 recompute: bool = False, fuse_accumulation: str = "auto") -> None:
         self.module, self.is_first, self.is_last = module, is_first, is_last
         self.loss_fn, self.recompute = loss_fn, recompute
-        self.fusion = WeightGradFusion(module) if fuse_accumulation else None
+        smallest = FUSION_MODES[fuse_accumulation]
+        self.fusion = WeightGradFusion(module, smallest) if smallest is not None else None
         self.memory = ActivationMemory(module)
         self._live: dict[int, _InFlight] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
