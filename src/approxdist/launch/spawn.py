@@ -42,8 +42,10 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, args: tupl
     import torch.distributed as dist
 
     from approxdist.launch.context import DistContext
+    from approxdist.launch.malloc import hold_freed_memory
 
     torch.set_num_threads(1)
+    hold_freed_memory()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         if world > 1:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
 from approxdist.launch.context import DistContext, init_from_env, shutdown
+from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
 from approxdist.train.loop import build_trainer
 from approxdist.train.pipeline_loop import build_pipeline_trainer
@@ -55,6 +56,7 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict
     ctx = init_from_env(cfg.train.device, cfg.train.timeout_s)
     try:
         set_threads(ctx, cfg.train.threads)
+        hold_freed_memory()  # launch.malloc: no page faults from a trimmed heap every step
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
