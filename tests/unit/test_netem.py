@@ -128,3 +128,19 @@ def test_links_of_one_rank_can_share_one_wire() -> None:
     owner.close()  # posts what it holds, then stops
     assert done == [1]
     assert Link(ctx).shaper is None
+
+
+def test_a_backend_ring_books_its_hops_on_the_shared_wire() -> None:
+    """`native` all-reduces (gloo's ring) book the rank's wire like shaped messages: two
+    calls at once queue, and a message posted meanwhile waits behind them."""
+    clock = LinkClock(LinkSpec(8e6, latency_s=0.01))  # 1 MB/s, 10 ms
+    first = clock.reserve_chain(0.0, 100_000, hops=2)  # 2 x (0.1 s + 10 ms)
+    assert first == pytest.approx(0.22)
+    second = clock.reserve_chain(0.0, 100_000, hops=2)  # starts when the wire is free
+    assert second == pytest.approx(0.21 + 0.22)
+    assert clock.reserve(0.05, 1_000) == pytest.approx(0.42 + 0.001 + 0.01)
+    shaper = Shaper(LinkSpec(8e6), clock=lambda: 5.0)
+    assert shaper.book_chain(1, 1_000_000, hops=1, since=1.0) == pytest.approx(2.0)
+    assert shaper.book_chain(1, 1_000_000, hops=1) == pytest.approx(6.0)  # now = 5.0
+    assert shaper.book_chain(2, 1_000_000, hops=1, since=1.0) == pytest.approx(2.0)  # own link
+    shaper.close()

@@ -237,6 +237,14 @@ class Link:
              codec: Codec | None = None, channel: Channel | None = None) -> torch.Tensor:
         return self.irecv(peer, shape, codec, channel).wait()
 
+    def book_chain(self, peer: int, nbytes: int, hops: int, since: float) -> float | None:
+        """Book this rank's emulated wire to `peer` for `hops` dependent messages of
+        `nbytes` that a backend collective (gloo's ring) sent from `since` (monotonic
+        clock); the time the last arrives, or None without emulation."""
+        if self._shaper is None:
+            return None
+        return self._shaper.book_chain(peer, nbytes, hops, since)
+
     @property
     def shaper(self) -> Shaper | None:
         """This link's emulated wire (None without emulation), to share with `shaper=`."""

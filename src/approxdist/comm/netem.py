@@ -124,6 +124,14 @@ class LinkClock:
         self.busy_until = start + self.spec.serialize_s(nbytes)
         return self.busy_until + self.spec.latency_s
 
+    def reserve_chain(self, now: float, nbytes: int, hops: int) -> float:
+        """Book `hops` dependent messages of `nbytes` (each sent when the previous one has
+        arrived, as in a ring); return the last one's delivery time."""
+        start = max(now, self.busy_until)
+        done = start + hops * self.spec.transfer_s(nbytes)
+        self.busy_until = done - self.spec.latency_s
+        return done
+
 
 @dataclass(order=True)
 class _Held:
@@ -153,6 +161,14 @@ class Shaper:
         """Reserve the link to `peer` for `nbytes` now; the time the message may leave."""
         link = self._links.setdefault(peer, LinkClock(self.spec))
         return link.reserve(self._now(), nbytes)
+
+    def book_chain(self, peer: int, nbytes: int, hops: int, since: float | None = None) -> float:
+        """Book the link to `peer` for `hops` dependent messages of `nbytes` posted at
+        `since` (default now): a backend collective that cannot be shaped message by
+        message. Returns the time the last one arrives."""
+        with self._cv:
+            link = self._links.setdefault(peer, LinkClock(self.spec))
+            return link.reserve_chain(self._now() if since is None else since, nbytes, hops)
 
     def submit(self, peer: int, nbytes: int, post: Callable[[], None]) -> float:
         """Schedule `post()` for when `nbytes` to `peer` have crossed the emulated link."""

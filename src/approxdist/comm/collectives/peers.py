@@ -4,7 +4,9 @@
 apply) and waits with the link's timeout. `native_sum` is `dist.all_reduce`; its bytes are
 counted as gloo's ring moves them (2(N-1) messages of M/N bytes to the ring neighbour),
 and as it cannot be shaped packet by packet, with an emulated link it is held until the
-time those messages would need on that link.
+time those messages would need on that link, booked on the rank's one emulated wire
+(`Link.book_chain`), so concurrent calls from several communication threads queue
+behind each other and behind shaped messages instead of each getting the whole bandwidth.
 
 `SubComm` renumbers a subset of ranks 0..k-1, which is how folded algorithms run their
 power-of-two core.
@@ -62,9 +64,9 @@ class LinkComm:
         for _ in range(hops):  # what gloo's ring moves, counted like our own messages
             self.link.stats.count("send", right, chunk)
             self.link.stats.count("recv", left, chunk)
-        spec = self.link.spec
-        if spec is not None:
-            time.sleep(max(0.0, start + hops * spec.transfer_s(chunk) - time.monotonic()))
+        done = self.link.book_chain(right, chunk, hops, start)
+        if done is not None:
+            time.sleep(max(0.0, done - time.monotonic()))
 
 
 class SubComm:
