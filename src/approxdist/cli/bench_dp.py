@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.host import HostWatch
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
 from approxdist.data_parallel.bench import DPBenchPlan, measure_rank, split_label, summarize
@@ -108,12 +109,15 @@ def _pct(x: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from(args)
-    per_rank = run_on_ranks(measure_rank, args.world_size, plan, timeout_s=3600,
-                            comm_timeout_s=300)
+    with HostWatch() as host:
+        per_rank = run_on_ranks(measure_rank, args.world_size, plan, timeout_s=3600,
+                                comm_timeout_s=300)
     rows = summarize(per_rank, plan)
     for r in rows:
         r["model"], r["world_size"] = plan.model, args.world_size
+        r["host_steal_fraction"] = host.steal
     print(table(rows))
+    print(host.line())
     print("reproduce: approxdist bench dp " + " ".join(_argv(args)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.host import HostWatch
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
@@ -122,13 +123,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     cases = plan_cases(args)
     timing = Timing(rounds=args.rounds, steps=args.steps)
-    per_rank = run_on_ranks(measure_rank, args.stages, cases, timing, timeout_s=3600,
-                            comm_timeout_s=300)
+    with HostWatch() as host:
+        per_rank = run_on_ranks(measure_rank, args.stages, cases, timing, timeout_s=3600,
+                                comm_timeout_s=300)
     rows = summarize(cases, per_rank, args.steps)
+    for r in rows:
+        r["host_steal_fraction"] = host.steal
     print(table(rows))
     print(f"(medians of {args.rounds} rounds of {args.steps} mini-batches; paired = median over "
           "rounds of torch's time / ours in the same round; bubble = share of each rank's step "
           "time not computing, averaged over ranks)")
+    print(host.line())
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"rows written to {args.json}")
