@@ -38,9 +38,19 @@ class Hybrid(Algorithm):
         self.wire_fraction = wire_fraction
         self.encodes = encodes  # the codec does CPU work per value (not the raw fp32 path)
         self.candidates = (*MODEL_CANDIDATES, "native") if native_ok else MODEL_CANDIDATES
+        self._chosen: dict[tuple[int, int], str] = {}  # a training step repeats its sizes
 
     def choose(self, nbytes: int, world_size: int) -> str:
         """The algorithm name for `nbytes` fp32 bytes on `world_size` ranks."""
+        key = (nbytes, world_size)
+        name = self._chosen.get(key)
+        if name is None:
+            if len(self._chosen) > 1024:
+                self._chosen.clear()
+            name = self._chosen[key] = self._choose(nbytes, world_size)
+        return name
+
+    def _choose(self, nbytes: int, world_size: int) -> str:
         cal = self.calibration
         if cal is not None:
             if cal.world_size != world_size:
