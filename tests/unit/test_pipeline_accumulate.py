@@ -8,9 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.pipeline import FUSE_CHOICES, PipelineConfig
 from approxdist.errors import ConfigError
-from approxdist.pipeline.accumulate import MIN_WEIGHTS, WeightGradFusion, _LinearAccumulate
+from approxdist.pipeline.accumulate import (
+    MIN_WEIGHTS,
+    MODES,
+    WeightGradFusion,
+    _LinearAccumulate,
+)
 from approxdist.pipeline.stage import StageCompute
 
 
@@ -124,9 +129,13 @@ def test_stage_compute_fuses_large_layers_by_default_and_close_restores() -> Non
 
 
 def test_bad_fuse_setting_is_a_config_error() -> None:
+    assert tuple(MODES) == FUSE_CHOICES  # the config's choices are the stage's modes
     with pytest.raises(ConfigError, match="pipeline.fuse_accumulation = 'yes' is not one of: "
                                           "auto, all, off"):
         PipelineConfig(fuse_accumulation="yes")
+    with pytest.raises(ConfigError, match="fuse_accumulation = True is not one of"):
+        StageCompute(_net(), is_first=True, is_last=False, loss_fn=nn.functional.cross_entropy,
+                     fuse_accumulation=True)  # type: ignore[arg-type]
 
 
 def test_double_backward_is_refused_not_silently_wrong() -> None:

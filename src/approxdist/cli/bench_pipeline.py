@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.cli.host import HostWatch
+from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
@@ -45,7 +46,7 @@ def register(sub: Any) -> None:
     p.add_argument("--link", default="", help="emulated link for our engine, e.g. bw=1gbit")
     p.add_argument("--fwd-codec", default="fp32", help="our activations' wire format")
     p.add_argument("--bwd-codec", default="fp32", help="our gradients' wire format")
-    p.add_argument("--fuse-accumulation", default="auto", choices=["auto", "all", "off"],
+    p.add_argument("--fuse-accumulation", default="auto", choices=FUSE_CHOICES,
                    help="our stages' fused Linear weight-gradient accumulation (default auto)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
+from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.config.schema import Config
 from approxdist.data import DATASETS, load_dataset
 from approxdist.errors import ConfigError
@@ -84,7 +85,7 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bwd-channel", help="bit errors on gradients")
     g.add_argument("--recompute", action="store_true", default=None,
                    help="keep only stage inputs, recompute the forward in backward (GPipe)")
-    g.add_argument("--fuse-accumulation", choices=["auto", "all", "off"],
+    g.add_argument("--fuse-accumulation", choices=FUSE_CHOICES,
                    help="add nn.Linear weight gradients into .grad inside the GEMM: auto "
                    "(default: layers of 2^19+ weights), all, or off (autograd's own pass)")
 

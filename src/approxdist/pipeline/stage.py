@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from approxdist.errors import ConfigError
 from approxdist.pipeline.accumulate import MODES as FUSION_MODES
 from approxdist.pipeline.accumulate import WeightGradFusion
 
@@ -127,6 +128,9 @@ class StageCompute:
                  recompute: bool = False, fuse_accumulation: str = "auto") -> None:
         self.module, self.is_first, self.is_last = module, is_first, is_last
         self.loss_fn, self.recompute = loss_fn, recompute
+        if fuse_accumulation not in FUSION_MODES:
+            raise ConfigError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
+                              f"{', '.join(FUSION_MODES)}")
         smallest = FUSION_MODES[fuse_accumulation]
         self.fusion = WeightGradFusion(module, smallest) if smallest is not None else None
         self.memory = ActivationMemory(module)

@@ -13,14 +13,14 @@ docs/pipeline.md) and no shape travels with the payloads.
 
 Buffers are reused: the payload of each (direction, micro-batch) is encoded into, and
 received into, the same bytes every step, and decoded into the same fp32 storage (a fresh
-large allocation costs more than the copy, ANCHORS.md). An exact `fp32` direction with
-no channel is *raw*, as the all-reduce wire's raw path: the tensor's own bytes are sent
-(kept alive until `wait_sends`) and received straight into the fp32 storage the stage
-reads, so nothing is encoded, decoded or copied (both ends know every size and the codec
-is checked once at start-up, so no header is needed). This is why the adapter encodes
+large allocation costs more than the copy, ANCHORS.md). This is why the adapter encodes
 and decodes itself around the link's byte transfers (`isend_bytes` / `irecv_bytes`):
 same codec, channel, shaping and accounting as `Link.isend` / `Link.irecv`, which take
-no output buffers. With a recorder (docs/tracing.md) encoding and decoding are `encode` /
+no output buffers. An exact `fp32` direction with no channel is *raw*, as the all-reduce
+wire's raw path: the tensor's own bytes are sent (kept alive until `wait_sends`) and
+received straight into the fp32 storage the stage reads, so nothing is encoded, decoded
+or copied (both ends know every size and the codec is checked once at start-up, so no
+header is needed). With a recorder (docs/tracing.md) encoding and decoding are `encode` /
 `decode` spans inside the executor's send and receive phases.
 """
 
