@@ -144,3 +144,19 @@ def test_a_backend_ring_books_its_hops_on_the_shared_wire() -> None:
     assert shaper.book_chain(1, 1_000_000, hops=1) == pytest.approx(6.0)  # now = 5.0
     assert shaper.book_chain(2, 1_000_000, hops=1, since=1.0) == pytest.approx(2.0)  # own link
     shaper.close()
+
+
+def test_links_sharing_a_wire_book_native_calls_on_it() -> None:
+    """Two comm threads' links share one wire: their native calls queue on it."""
+    from approxdist.comm.link import Link
+    from approxdist.launch.context import DistContext
+
+    ctx = DistContext()
+    assert Link(ctx).book_chain(1, 1000, 2, since=0.0) is None  # no emulation
+    owner = Link(ctx, "bw=8mbit")  # 1 MB/s
+    other = Link(ctx, "bw=8mbit", shaper=owner.shaper)
+    first = owner.book_chain(1, 500_000, 1, since=0.0)
+    second = other.book_chain(1, 500_000, 1, since=0.0)
+    assert first == pytest.approx(0.5) and second == pytest.approx(1.0)
+    other.close()
+    owner.close()
