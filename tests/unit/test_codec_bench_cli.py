@@ -12,7 +12,7 @@ from approxdist.cli import bench_codec
 from approxdist.errors import ConfigError, SpecError
 
 KEYS = {"codec", "encode_gbps", "decode_gbps", "roundtrip_gbps", "bits_per_value",
-        "ratio_vs_fp16_roundtrip", "break_even_gbit"}
+        "ratio_vs_fp16_roundtrip", "break_even_gbit", "host_steal_fraction"}
 
 
 def run(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.host import HostWatch
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import DEFAULT_PATH, algorithm_names, fit, get_algorithm
 from approxdist.comm.collectives.bench import (
@@ -111,18 +112,20 @@ def run(args: argparse.Namespace) -> int:
                          str(calibration) if calibration else None, args.repeats,
                          budget_s=args.budget)
 
-    if not args.calibrate:
-        rows = _measure(args, plan(algorithms, cal_path))
-    else:
-        assert cal_path is not None
-        rows = _measure(args, plan([a for a in algorithms if a != "hybrid"], None))
-        cal = fit(measurements(rows, codecs[0]), args.world_size,
-                  link.spec if link else "none", codecs[0])
-        print(f"calibration written to {cal.save(cal_path)}: " + ", ".join(
-            f"<= {m} B: {a}" if m is not None else f"above: {a}" for m, a in cal.thresholds))
-        if "hybrid" in algorithms:  # measure again, hybrid included, in one run
+    with HostWatch() as host:
+        if not args.calibrate:
             rows = _measure(args, plan(algorithms, cal_path))
+        else:
+            assert cal_path is not None
+            rows = _measure(args, plan([a for a in algorithms if a != "hybrid"], None))
+            cal = fit(measurements(rows, codecs[0]), args.world_size,
+                      link.spec if link else "none", codecs[0])
+            print(f"calibration written to {cal.save(cal_path)}: " + ", ".join(
+                f"<= {m} B: {a}" if m is not None else f"above: {a}" for m, a in cal.thresholds))
+            if "hybrid" in algorithms:  # measure again, hybrid included, in one run
+                rows = _measure(args, plan(algorithms, cal_path))
     print(table(rows))
+    print(host.line())
     print(f"reproduce: approxdist bench allreduce --world-size {args.world_size} "
           f"--sizes {args.sizes} --algorithms {args.algorithms} --codec {args.codec}"
           + (f" --link {args.link}" if args.link else "")
@@ -130,5 +133,6 @@ def run(args: argparse.Namespace) -> int:
           + (f" --calibration {args.calibration}" if args.calibration else ""))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([r.as_json() for r in rows], indent=1) + "\n")
+        args.json.write_text(json.dumps([{**r.as_json(), "host_steal_fraction": host.steal}
+                                         for r in rows], indent=1) + "\n")
     return 0

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from approxdist.cli.host import HostWatch
 from approxdist.comm.codecs import DEFAULT_SPECS, Codec, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.errors import ConfigError
@@ -172,12 +173,15 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(f"--device {args.device!r} is not usable here ({exc}); "
                           f"e.g. --device cpu") from None
-    rows = measure(x, codecs, args.repeats, args.alloc)
+    with HostWatch() as host:
+        rows = measure(x, codecs, args.repeats, args.alloc)
     mode = "allocating" if args.alloc else "preallocated buffers"
     print(f"codec throughput: {n} fp32 values on {device}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats}, {mode}; baseline fp16-cast round trip")
     print(table(rows))
+    print(host.line())
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        args.json.write_text(json.dumps([{**asdict(r), "host_steal_fraction": host.steal}
+                                         for r in rows], indent=1) + "\n")
         print(f"rows written to {args.json}")
     return 0
