@@ -32,7 +32,15 @@ class LaunchError(ApproxDistError):
 
 
 class CommError(ApproxDistError):
-    """A transfer or collective failed: mismatched peers, dead peer, timeout."""
+    """A transfer or collective failed: mismatched peers, dead peer, timeout.
+
+    `peer` is the global rank of the other end when one is known (a dead peer), so
+    that a caller who knows the topology can say where that rank sat.
+    """
+
+    def __init__(self, message: str, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 def unknown_name(kind: str, name: str, valid: list[str] | tuple[str, ...]) -> str:

@@ -97,7 +97,7 @@ def test_killed_worker_ends_the_run(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert "rank 1 failed" in err and "SIGKILL" in err, err
+    assert "rank 1 (stage 0, replica 1) failed" in err and "SIGKILL" in err, err
     end = time.monotonic() + 10
     while _alive(pids[0]) and time.monotonic() < end:
         time.sleep(0.2)

@@ -23,7 +23,7 @@ from approxdist.data_parallel import DataParallel
 from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.train.loop import build_trainer
+from approxdist.train.build import build_trainer
 
 
 def _net() -> nn.Sequential:
@@ -122,7 +122,7 @@ def _run(ctx: DistContext, root: str) -> dict[str, Any]:
         sec["train"]["epochs"] = epochs
         trainer = build_trainer(build_config(sec), ctx, Path(root) / name, resume)
         trainer.run()
-        return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
 
     return {"full": train("full", 3, False), "part": train("part", 2, False),
             "resumed": train("part", 3, True)}

@@ -10,7 +10,7 @@ import torch
 from approxdist.config.loader import build_config
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.train.loop import build_trainer
+from approxdist.train.build import build_trainer
 
 SECTIONS: dict[str, dict[str, Any]] = {
     "train": {"epochs": 2, "progress": False, "seed": 3},
@@ -31,7 +31,7 @@ def _cfg(world: int, epochs: int) -> Any:
 def _train(ctx: DistContext, run_dir: str, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
     trainer = build_trainer(_cfg(ctx.world_size, epochs), ctx, Path(run_dir), resume)
     trainer.run()
-    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
 
 
 def test_dp_matches_single_process_on_combined_batch(tmp_path: Path) -> None:

@@ -96,4 +96,4 @@ def test_transfers_accounting_and_trace(spec: str | None) -> None:
     assert sum(n for d, p, n, ok in r0["events"] if d == "send" and ok) == to1 + to2
     assert sum(n for d, p, n, ok in r1["events"] if d == "recv" and ok) == to1
     for r in (r0, r1, r2):
-        assert len(r["errors"]) == 2 and all("is not another rank" in e for e in r["errors"])
+        assert len(r["errors"]) == 2 and all("is not another member" in e for e in r["errors"])

@@ -20,7 +20,7 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.mlp import mlp
 from approxdist.pipeline.runtime import build_runtime
 from approxdist.train.metrics import read_jsonl
-from approxdist.train.pipeline_loop import build_pipeline_trainer
+from approxdist.train.build import build_trainer
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
@@ -37,9 +37,9 @@ SECTIONS: dict[str, dict[str, Any]] = {
 def _train(ctx: DistContext, run_dir: Path, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
     sec = {k: dict(v) for k, v in SECTIONS.items()}
     sec["train"]["epochs"] = epochs
-    trainer = build_pipeline_trainer(build_config(sec), ctx, run_dir, resume)
+    trainer = build_trainer(build_config(sec), ctx, run_dir, resume)
     trainer.run()
-    return {k: v.clone() for k, v in trainer.runtime.module.state_dict().items()}
+    return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
 
 
 def _full_and_resumed(ctx: DistContext, root: str) -> tuple[dict[str, torch.Tensor], ...]:
@@ -79,10 +79,10 @@ def test_cli_pipeline_run_writes_per_link_metrics_and_stage_checkpoints(tmp_path
     assert epochs[1]["train_loss"] < epochs[0]["train_loss"]
     record = epochs[-1]
     assert {"train_loss", "test_accuracy", "samples_per_s", "time_compute_s", "time_comm_s",
-            "time_wait_s", "stages"} <= set(record)
+            "time_wait_s", "ranks"} <= set(record)
     sent = record["bytes_sent"]
     assert set(sent) == {"0->1", "1->0"} and sent["0->1"] * 1.8 < sent["1->0"]  # 8 vs 16 bits
-    assert [s["stage"] for s in record["stages"]] == [0, 1]
+    assert [(r["rank"], r["stage"]) for r in record["ranks"]] == [(0, 0), (1, 1)]
 
 
 def _stage_dies(ctx: DistContext) -> None:
@@ -108,8 +108,12 @@ def test_dead_stage_stops_the_others_with_an_error_naming_it() -> None:
     (["--split", "9"], "split index 9 out of range for a model of 4 blocks; valid boundaries "
                        "are 1..3"),
     (["--stages", "5"], "5 stages for a model of 4 blocks; use 1..4 stages"),
-    (["--stages", "3", "--world-size", "2"], "pipeline.stages (3) must equal the number of "
-                                             "ranks (2)"),
+    (["--stages", "3", "--world-size", "2"], "places 3 rank(s) but the job has 2; start 3 "
+                                             "workers (--world-size 3)"),
+    (["--stages", "3", "--placement", "2,0,0"], "placement [2, 0, 0] must name every rank of a "
+                                                "world of 3 (0..2) exactly once"),
+    (["--stages", "3", "--placement", "0,1"], "pipeline.placement = [0, 1] names 2 rank(s) for 3 "
+                                              "stages"),
     (["--microbatches", "100", "--batch-size", "64"], "micro-batches (100) exceed the batch "
                                                       "size (64); use 1..64"),
     (["--fwd-codec", "bits:x"], "pipeline.fwd_codec = 'bits:x'"),

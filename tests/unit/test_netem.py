@@ -151,7 +151,7 @@ def test_links_sharing_a_wire_book_native_calls_on_it() -> None:
     from approxdist.comm.link import Link
     from approxdist.launch.context import DistContext
 
-    ctx = DistContext()
+    ctx = DistContext(rank=0, world_size=2)  # a world of two; no process group is needed
     assert Link(ctx).book_chain(1, 1000, 2, since=0.0) is None  # no emulation
     owner = Link(ctx, "bw=8mbit")  # 1 MB/s
     other = Link(ctx, "bw=8mbit", shaper=owner.shaper)

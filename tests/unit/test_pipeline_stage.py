@@ -121,16 +121,15 @@ def test_config_defaults_and_balance() -> None:
     assert PipelineConfig(split="3").balance_method is None
 
 
-@pytest.mark.parametrize("kwargs, world, blocks, batch, message", [
-    ({"stages": 3}, 2, 8, 64, r"pipeline.stages \(3\) must equal the number of ranks \(2\)"),
-    ({"stages": 5}, 5, 4, 64, r"5 stages for a model of 4 blocks; use 1..4 stages"),
-    ({"stages": 2, "split": "9"}, 2, 4, 64, r"split index 9 out of range for a model of 4 "
+@pytest.mark.parametrize("kwargs, blocks, batch, message", [
+    ({"stages": 5}, 4, 64, r"5 stages for a model of 4 blocks; use 1..4 stages"),
+    ({"stages": 2, "split": "9"}, 4, 64, r"split index 9 out of range for a model of 4 "
                                             r"blocks; valid boundaries are 1..3"),
-    ({"stages": 3, "split": "2"}, 3, 4, 64, r"split '2' makes 2 stages but pipeline.stages is 3"),
-    ({"stages": 2, "microbatches": 80}, 2, 4, 64, r"micro-batches \(80\) exceed the batch size "
+    ({"stages": 3, "split": "2"}, 4, 64, r"split '2' makes 2 stages but pipeline.stages is 3"),
+    ({"stages": 2, "microbatches": 80}, 4, 64, r"micro-batches \(80\) exceed the batch size "
                                                   r"\(64\); use 1..64"),
 ])
-def test_run_cross_checks(kwargs: dict[str, object], world: int, blocks: int, batch: int,
+def test_run_cross_checks(kwargs: dict[str, object], blocks: int, batch: int,
                           message: str) -> None:
     with pytest.raises(PipelineError, match=message):
-        check_run(PipelineConfig(**kwargs), world, blocks, batch)
+        check_run(PipelineConfig(**kwargs), blocks, batch)

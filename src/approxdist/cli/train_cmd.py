@@ -16,12 +16,16 @@ from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
 from approxdist.pipeline.runtime import check_run
+from approxdist.topology import parse_ints
+from approxdist.topology.groups import check_world
 from approxdist.trace.gather import TRACE_FILE
+from approxdist.train.build import topology_of
 from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
 PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd_codec",
-                  "bwd_codec", "fwd_channel", "bwd_channel", "recompute", "fuse_accumulation")
+                  "bwd_codec", "fwd_channel", "bwd_channel", "recompute", "fuse_accumulation",
+                  "placement")
 
 #: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
 DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
@@ -75,6 +79,9 @@ def register(sub: Any) -> None:
 def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pipeline (--parallel pipeline; docs/pipeline.md)")
     g.add_argument("--stages", type=int, help="pipeline stages, one per rank (default: world size)")
+    g.add_argument("--placement", type=_ranks, metavar="R0,R1,...",
+                   help="the rank of each stage, e.g. 2,0,1 puts stage 0 on rank 2 (default: "
+                        "stage s on rank s); `approxdist plan show` prints the topology")
     g.add_argument("--split", help="first block of stages 1, 2, ...: e.g. 3 or 3,7")
     g.add_argument("--balance", choices=["params", "time"], help="partition by cost instead")
     g.add_argument("--microbatches", type=int, help="micro-batches per mini-batch (default 4)")
@@ -110,6 +117,10 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
                    help="update each bucket as it arrives; next forward waits per layer")
     g.add_argument("--find-unused", action="store_true", default=None,
                    help="leave .grad None for parameters no rank used (one extra small all-reduce)")
+
+
+def _ranks(text: str) -> list[int]:
+    return list(parse_ints(text, "--placement"))
 
 
 def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -153,8 +164,9 @@ def preflight(cfg: Config) -> None:
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
                           f"set ({n} samples); use a batch size <= {n}")
+    check_world(topology_of(cfg), cfg.train.world_size)
     if cfg.train.parallel == "pipeline":
-        check_run(cfg.pipeline, cfg.train.world_size, len(model), cfg.data.batch_size)
+        check_run(cfg.pipeline, len(model), cfg.data.batch_size)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         summary = run_worker(to_dict(cfg), str(run_dir), resume)
     else:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
-                               resume)[0]
+                               resume, describe=topology_of(cfg).describe_rank)[0]
     return finish(run_dir, summary, cfg.train.trace)
 
 

@@ -9,10 +9,15 @@ principle 2): pipeline activations and gradients, and every all-reduce of seed 0
 * byte accounting (`link.stats`, bytes handed to torch.distributed per peer/direction);
 * an optional trace hook called with a `TransferEvent` per completed transfer.
 
+A link runs inside a `launch.group.Group` (the world by default): peers are named by
+their index in that group (`link.rank` is this process's), so the same code serves the
+world, a stage's replicas or a pipeline placed on any ranks. Byte counts, trace events
+and error messages name *global* ranks, which is what an operator sees.
+
 Matching: messages between two ranks are matched in posting order per direction, like
 MPI with a single tag; every receive must be posted in the same order as the peer's
 sends. Independent streams (e.g. one per communication thread) need their own `Link`
-with a distinct `tag` (gloo) or `group`. Transfers are either *sized* (the receiver
+with a distinct `tag` (gloo) or group stream (`Group.fork()`). Transfers are either *sized* (the receiver
 passes the shape or byte count; only the payload travels) or *self-describing* (the
 sender passes `describe=True`, an 80-byte shape header precedes the payload, the
 receiver passes `shape=None`); both ends must agree. No reply is ever needed.
@@ -39,6 +44,7 @@ from approxdist.comm.netem import LinkSpec, Shaper, parse_link
 from approxdist.comm.transfer import LinkStats, TraceHook, shape_header
 from approxdist.errors import CommError
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group, world_group
 
 __all__ = ["Link", "RecvHandle", "SendHandle"]
 
@@ -46,18 +52,23 @@ T = TypeVar("T")
 
 
 class Link:
-    """This rank's end of every link; see the module docstring for matching rules."""
+    """This rank's end of every link in `group`; see the module docstring for matching rules."""
 
     def __init__(self, ctx: DistContext, spec: LinkSpec | str | None = None, *,
-                 hook: TraceHook | None = None, group: Any = None, tag: int = 0,
+                 hook: TraceHook | None = None, group: Group | None = None, tag: int = 0,
                  shaper: Shaper | None = None) -> None:
-        self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
-        self.timeout_s = ctx.timeout_s
+        self.group = group if group is not None else world_group(ctx)
+        if self.group.me != ctx.rank:
+            raise CommError(f"a link of rank {ctx.rank} was given {self.group!r} of rank "
+                            f"{self.group.me}")
+        #: this process's index in `group`, and the group's size (peers are indices too)
+        self.rank, self.world_size = self.group.rank, self.group.size
+        self.device, self.timeout_s = ctx.device, ctx.timeout_s
         self.spec = parse_link(spec) if isinstance(spec, str) or spec is None else spec
         if self.spec is not None and ctx.backend == "nccl":
             raise CommError("link emulation (--link) posts sends from a shaper thread, which "
                             "NCCL exchanges cannot do; use --device cpu (gloo) to emulate links")
-        self.hook, self.group, self.tag = hook, group, tag
+        self.hook, self.tag = hook, tag
         self.stats = LinkStats()
         if shaper is not None and (self.spec is None or shaper.spec != self.spec):
             raise CommError(f"a shared emulated wire must have this link's spec "
@@ -70,34 +81,32 @@ class Link:
             collections.defaultdict(collections.deque)
         self._batch: list[_Op] | None = None
         self._fp32 = get_codec("fp32")
-        self._pg: Any = None
-        self._ranks: list[int] | None = None
 
-    def process_group(self) -> Any:
-        """The torch.distributed process group the link's requests go to."""
-        if self._pg is None:
-            self._pg = self.group if self.group is not None else dist.group.WORLD
-        return self._pg
+    @property
+    def me(self) -> int:
+        """This process's global rank."""
+        return self.group.me
 
-    def group_ranks(self) -> list[int]:
-        """Each global rank numbered inside the link's group (identity for the world)."""
-        if self._ranks is None:
-            self._ranks = list(range(self.world_size)) if self.group is None else \
-                [dist.get_group_rank(self.group, r) for r in range(self.world_size)]
-        return self._ranks
+    def global_rank(self, peer: int) -> int:
+        """The global rank of member `peer` of the link's group."""
+        return self.group.ranks[peer]
 
     # -- posting -------------------------------------------------------------------------
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
-            raise CommError(f"rank {self.rank}: peer {peer} is not another rank of this "
-                            f"world of {self.world_size}")
+            raise CommError(f"rank {self.me}: peer {peer} is not another member of "
+                            f"{self.group.describe()}")
+
+    def account(self, direction: Direction, peer: int, nbytes: int) -> None:
+        """Count `nbytes` moved to or from member `peer` by a backend collective."""
+        self.stats.count(direction, self.group.ranks[peer], nbytes)
 
     def _post(self, direction: Direction, peer: int, buf: torch.Tensor) -> _Op:
         shaped = direction == "send" and self._shaper is not None
         op = _Op(self, direction, peer, buf, shaped)
-        self.stats.count(direction, peer, buf.numel())
+        self.stats.count(direction, op.global_peer, buf.numel())
         if shaped:
-            self._shaper.submit(peer, buf.numel(), op.post)  # type: ignore[union-attr]
+            self._shaper.submit(op.global_peer, buf.numel(), op.post)  # type: ignore[union-attr]
         elif self._batch is not None:
             self._batch.append(op)
         else:
@@ -238,12 +247,12 @@ class Link:
         return self.irecv(peer, shape, codec, channel).wait()
 
     def book_chain(self, peer: int, nbytes: int, hops: int, since: float) -> float | None:
-        """Book this rank's emulated wire to `peer` for `hops` dependent messages of
+        """Book this rank's emulated wire to member `peer` for `hops` dependent messages of
         `nbytes` that a backend collective (gloo's ring) sent from `since` (monotonic
         clock); the time the last arrives, or None without emulation."""
         if self._shaper is None:
             return None
-        return self._shaper.book_chain(peer, nbytes, hops, since)
+        return self._shaper.book_chain(self.group.ranks[peer], nbytes, hops, since)
 
     @property
     def shaper(self) -> Shaper | None:

@@ -31,11 +31,14 @@ Direction = Literal["send", "recv"]
 class _Op:
     """One torch.distributed request, posted now, in a batch, or later by the shaper."""
 
-    __slots__ = ("link", "direction", "peer", "buf", "work", "error", "ready", "start", "done")
+    __slots__ = ("link", "direction", "peer", "global_peer", "buf", "work", "error", "ready",
+                 "start", "done")
 
     def __init__(self, link: Link, direction: Direction, peer: int, buf: torch.Tensor,
                  shaped: bool) -> None:
+        """`peer` is a member index of the link's group; `global_peer` its global rank."""
         self.link, self.direction, self.peer, self.buf = link, direction, peer, buf
+        self.global_peer = link.group.ranks[peer]
         self.work: Any = None
         self.error: BaseException | None = None
         self.ready = threading.Event() if shaped else None
@@ -44,25 +47,25 @@ class _Op:
 
     def p2p(self) -> dist.P2POp:
         fn = dist.isend if self.direction == "send" else dist.irecv
-        return dist.P2POp(fn, self.buf, self.peer, self.link.group, self.link.tag)
+        return dist.P2POp(fn, self.buf, self.global_peer, self.link.group.pg, self.link.tag)
 
     def post(self) -> None:
         link = self.link
         try:
-            pg = link._pg or link.process_group()
-            peer = (link._ranks or link.group_ranks())[self.peer]
+            group = link.group
+            peer = group.backend_rank(self.peer)
             if self.direction == "send":
-                self.work = pg.send([self.buf], peer, link.tag)
+                self.work = group.pg.send([self.buf], peer, link.tag)
             else:
-                self.work = pg.recv([self.buf], peer, link.tag)
+                self.work = group.pg.recv([self.buf], peer, link.tag)
         except BaseException as exc:  # noqa: BLE001 - raised in wait() on the caller's thread
             self.error = exc
         if self.ready is not None:
             self.ready.set()
 
     def describe(self) -> str:
-        return f"rank {self.link.rank}: {self.direction} of {self.buf.numel()} bytes " \
-               f"{_dir(self.direction)} rank {self.peer}"
+        return f"rank {self.link.me}: {self.direction} of {self.buf.numel()} bytes " \
+               f"{_dir(self.direction)} rank {self.global_peer}"
 
     def wait(self) -> torch.Tensor:
         """Wait once and return the buffer; later calls return at once (a gloo request
@@ -81,10 +84,10 @@ class _Op:
         except CommError:
             raise
         except Exception as exc:  # noqa: BLE001 - re-raised with ranks and sizes
-            raise CommError(f"{self.describe()} failed: {exc}") from exc
+            raise CommError(f"{self.describe()} failed: {exc}", peer=self.global_peer) from exc
         self.done = True
         if self.link.hook is not None:
-            self.link.hook(TransferEvent(self.direction, self.link.rank, self.peer,
+            self.link.hook(TransferEvent(self.direction, self.link.me, self.global_peer,
                                          self.buf.numel(), self.start, time.perf_counter()))
         return self.buf
 

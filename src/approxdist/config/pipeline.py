@@ -52,7 +52,9 @@ class PipelineConfig:
     each stage's inputs and recomputes the forward in backward (GPipe's rematerialisation).
     `fuse_accumulation` ("auto", "all", "off") adds each micro-batch's `nn.Linear` weight
     gradients into `.grad` inside the GEMM: "auto" for layers of 2^19 weights or more
-    (docs/pipeline.md, "Fused gradient accumulation").
+    (docs/pipeline.md, "Fused gradient accumulation"). `placement` names the rank of each
+    stage ([2, 0, 1]: stage 0 on rank 2); it must name every rank once (the topology
+    checks it).
     """
 
     stages: int = 2
@@ -66,6 +68,7 @@ class PipelineConfig:
     bwd_channel: str = "none"
     recompute: bool = False
     fuse_accumulation: str = "auto"
+    placement: tuple[int, ...] = ()  # rank of each stage (default: stage s on rank s)
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -82,6 +85,10 @@ class PipelineConfig:
                               f"{self.balance!r}: give one of them, not both")
         if self.split:
             _check_split(self.split)
+        if self.placement and len(self.placement) != self.stages:
+            raise ConfigError(f"pipeline.placement = {list(self.placement)} names "
+                              f"{len(self.placement)} rank(s) for {self.stages} stages; give one "
+                              f"rank per stage, e.g. {list(range(self.stages))[::-1]}")
         self._check_schedule()
         for name in ("fwd_codec", "bwd_codec"):
             _check_spec(name, getattr(self, name), "codec")

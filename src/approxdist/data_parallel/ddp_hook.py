@@ -25,6 +25,7 @@ from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives import Calibration
 from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group, world_group
 
 
 class HookState:
@@ -33,11 +34,12 @@ class HookState:
     def __init__(self, ctx: DistContext, names: Mapping[int, str], algorithm: str = "hybrid",
                  codec: str = "fp32", link: str | None = None, error_feedback: bool = False,
                  calibration: Calibration | str | Path | None = None,
-                 gil_switch_ms: float | None = GIL_SWITCH_MS) -> None:
+                 gil_switch_ms: float | None = GIL_SWITCH_MS, group: Group | None = None) -> None:
+        """`group`: the ranks of DDP's process group (default the world)."""
         self.codec, self.error_feedback = codec, error_feedback
         self.names = dict(names)  # id(param) -> name
-        self.pool = CommPool(ctx, link, 1, algorithm, calibration, name="ddp",
-                             gil_switch_ms=gil_switch_ms)
+        self.pool = CommPool(ctx, group if group is not None else world_group(ctx), link, 1,
+                             algorithm, calibration, name="ddp", gil_switch_ms=gil_switch_ms)
         self.residuals: dict[str, torch.Tensor] = {}
 
     def reduce(self, flat: torch.Tensor, params: list[torch.Tensor], thread: CommThread) -> None:

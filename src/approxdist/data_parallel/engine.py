@@ -4,9 +4,13 @@
     loss = F.cross_entropy(dp(x), y)
     optimizer.zero_grad(); loss.backward(); optimizer.step()   # grads are averaged
 
+The engine averages over `group` (a `launch.group.Group`; the whole world by default), so
+several engines can train independent replicas side by side on sub-groups, or a
+hybrid run can average each pipeline stage over its own replicas.
+
 What happens (docs/data_parallel.md has the whole story):
-* construction: the ranks check they hold the same model (`checks.py`), rank 0's weights
-  are broadcast, gradients are planned into buckets (`buckets.py`), each bucket's codec
+* construction: the members check they hold the same model (`checks.py`), the group's
+  first rank's weights are broadcast, gradients are planned into buckets (`buckets.py`), each bucket's codec
   comes from `codec_rules` (`codec_rules.py`, seed 004's per-layer precision);
 * backward: each parameter's hook copies its gradient into its bucket; full buckets go
   to the communication threads in order, fragmented (`reducer.py`, `threads.py`), while
@@ -41,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from approxdist.comm.collectives import Calibration
@@ -55,6 +58,7 @@ from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
 from approxdist.data_parallel.usage import UsageFlags
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group, world_group
 from approxdist.launch.malloc import hold_freed_memory as keep_heap
 from approxdist.trace.phases import OPTIMIZER, WAIT
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -63,10 +67,10 @@ MB = 1 << 20
 
 
 class DataParallel(nn.Module):
-    """Wraps `module`; gradients are averaged over all ranks through approxdist's link layer."""
+    """Wraps `module`; gradients are averaged over `group` through approxdist's link layer."""
 
     def __init__(self, module: nn.Module, *, ctx: DistContext | None = None,
-                 algorithm: str = "hybrid", codec: str = "fp32",
+                 group: Group | None = None, algorithm: str = "hybrid", codec: str = "fp32",
                  codec_rules: Sequence[str] | Mapping[str, str] | None = None,
                  error_feedback: bool = False, link: str | None = None,
                  bucket_mb: float = 1.0, first_bucket_mb: float = 0.25, solo_mb: float = 1.0,
@@ -85,18 +89,19 @@ class DataParallel(nn.Module):
                               "optimizer=opt, early_forward=True) applies its step per bucket")
         self.module = module
         self.ctx = ctx or context_of(module)
+        self.group = group if group is not None else world_group(self.ctx)
         if hold_freed_memory:
             keep_heap()
         self.rules = CodecRules.parse(codec_rules, codec)
         self.rules.validate()
-        check_same_model(module, self.ctx)
+        check_same_model(module, self.group)
         self.early_forward = early_forward
         self.recorder = recorder
         self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
         self._byte_offset = 0
         self._buckets = self._make_buckets(bucket_mb, first_bucket_mb, solo_mb, error_feedback)
-        self._pool = CommPool(self.ctx, link, threads, algorithm, calibration, rec=recorder,
-                              gil_switch_ms=gil_switch_ms)
+        self._pool = CommPool(self.ctx, self.group, link, threads, algorithm, calibration,
+                              rec=recorder, gil_switch_ms=gil_switch_ms)
         self._usage = UsageFlags(self._buckets, self._pool) if find_unused_parameters else None
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None
@@ -210,13 +215,14 @@ class DataParallel(nn.Module):
         return self.early_forward
 
     def broadcast_parameters(self) -> None:
-        """Copy rank 0's parameters and buffers to every rank (seed 001: weights broadcast)."""
+        """Copy the group's first rank's parameters and buffers to every member (seed 001:
+        weights broadcast)."""
         self.wait()
-        if self.ctx.world_size == 1 or not dist.is_initialized():
+        if not self.group.distributed:
             return
         with torch.no_grad():
             for t in list(self.module.parameters()) + list(self.module.buffers()):
-                dist.broadcast(t.data, src=0)
+                self.group.broadcast(t.data)
 
     def sync_gradients(self) -> None:
         """Nothing to do: the gradient hooks reduced them during backward."""
@@ -225,7 +231,7 @@ class DataParallel(nn.Module):
         """Finish pending updates; average float buffers (batch-norm statistics) exactly."""
         self.wait()
         bufs = [b for b in self.module.buffers() if b.is_floating_point()]
-        if bufs and self.ctx.world_size > 1:
+        if bufs and self.group.size > 1:
             flat = torch.cat([b.detach().reshape(-1).float() for b in bufs])
             self._pool.control_reducer(flat, op="mean")
             at = 0
@@ -243,17 +249,18 @@ class DataParallel(nn.Module):
         self._byte_offset = value - self._pool.bytes_sent()
 
     def link_bytes(self) -> dict[str, int]:
-        """This rank's bytes sent per directed link: `{"0->1": n, "0->2": m}`."""
+        """This rank's bytes sent per directed link: `{"0->1": n, "0->2": m}` (global ranks)."""
         return self._pool.link_bytes()
 
-    def world_link_bytes(self) -> dict[str, int]:
-        """Every rank's `link_bytes()` merged (a collective: call on every rank)."""
-        mine = self.link_bytes()
-        if self.ctx.world_size == 1 or not dist.is_initialized():
-            return mine
-        every: list[dict[str, int] | None] = [None] * self.ctx.world_size
-        dist.all_gather_object(every, mine)
-        return {k: v for d in every for k, v in sorted((d or {}).items())}
+    def group_link_bytes(self) -> dict[str, int]:
+        """Every member's `link_bytes()` merged (a collective over the group)."""
+        return {k: v for d in self.group.all_gather_object(self.link_bytes())
+                for k, v in sorted(d.items())}
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the communication threads spent on jobs (mostly hidden behind backward)."""
+        return self._pool.busy_seconds()
 
     @property
     def buckets(self) -> list[BucketState]:
@@ -275,18 +282,14 @@ class DataParallel(nn.Module):
                 b.residuals.load_state_dict(state.get("residuals", {}))
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Every rank's extra state on every rank (a collective), for a rank-0 checkpoint."""
-        mine = self.get_extra_state()
-        if self.ctx.world_size == 1 or not dist.is_initialized():
-            return {"ranks": [mine]}
-        every: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(every, mine)
-        return {"ranks": every}
+        """Every member's extra state, in member order (a collective over the group), for
+        a checkpoint written by one member."""
+        return {"ranks": self.group.all_gather_object(self.get_extra_state())}
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         ranks = state.get("ranks", [])
-        if self.ctx.rank < len(ranks):
-            self.set_extra_state(ranks[self.ctx.rank])
+        if self.group.rank < len(ranks):
+            self.set_extra_state(ranks[self.group.rank])
 
     def close(self) -> None:
         """Finish, remove every hook and stop the communication threads."""

@@ -1,6 +1,7 @@
 """The plain data-parallel baseline: one `dist.all_reduce` of all gradients after backward.
 
-Weights are broadcast from rank 0 at start (seed 001: "weights broadcast at start").
+Weights are broadcast from the group's first rank at start (seed 001: "weights broadcast
+at start"); gradients are averaged over the engine's group (the world by default).
 Batch norm: each replica normalises with its own local batch statistics during training
 (like DDP without SyncBatchNorm); running means/variances are averaged across replicas
 before every evaluation and checkpoint, so replicas stay identical.
@@ -13,31 +14,31 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group
 from approxdist.trace.phases import SYNC
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 class PlainAllReduce:
-    """Averages gradients over all ranks with one flat all-reduce; counts bytes and time."""
+    """Averages gradients over `group` with one flat all-reduce; counts bytes and time."""
 
     owns_step = False
 
-    def __init__(self, model: nn.Module, ctx: DistContext, rec: Recorder = NULL_RECORDER) -> None:
+    def __init__(self, model: nn.Module, group: Group, rec: Recorder = NULL_RECORDER) -> None:
         self.model = model
-        self.ctx = ctx
+        self.group = group
         self.rec = rec
         self.bytes_sent = 0
         self.comm_seconds = 0.0
+        self.busy_seconds = 0.0
 
     def broadcast_parameters(self) -> None:
         with torch.no_grad():
             for t in list(self.model.parameters()) + list(self.model.buffers()):
-                dist.broadcast(t.data, src=0)
+                self.group.broadcast(t.data)
 
     def sync_gradients(self) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -46,11 +47,12 @@ class PlainAllReduce:
         t0 = time.perf_counter()
         with self.rec.span(SYNC):
             flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat)
-            flat.div_(self.ctx.world_size)
+            self.group.all_reduce(flat)
+            flat.div_(self.group.size)
             for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 g.copy_(synced)
         self.comm_seconds += time.perf_counter() - t0
+        self.busy_seconds = self.comm_seconds  # the training thread itself communicates
         self.bytes_sent += flat.numel() * flat.element_size()
 
     def sync_buffers(self) -> None:
@@ -59,17 +61,20 @@ class PlainAllReduce:
         if not bufs:
             return
         flat = _flatten_dense_tensors(bufs)
-        dist.all_reduce(flat)
-        flat.div_(self.ctx.world_size)
+        self.group.all_reduce(flat)
+        flat.div_(self.group.size)
         for b, synced in zip(bufs, _unflatten_dense_tensors(flat, bufs)):
             b.copy_(synced)
 
-    def world_link_bytes(self) -> dict[str, int]:
+    def link_bytes(self) -> dict[str, int]:
         """gloo's all-reduce is not split by link: one total for this rank."""
-        return {"allreduce:native": self.bytes_sent}
+        return {f"{self.group.me}->allreduce": self.bytes_sent}
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         """Stateless."""
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -2,7 +2,8 @@
 
 Both engines — `plain.PlainAllReduce` (one flat `dist.all_reduce` after backward) and
 `engine.DataParallel` (buckets, overlap, threads, codecs, early forward; seeds 001, 004) —
-offer the same small interface, so `train/loop.py` never asks which one it holds.
+offer the same small interface, so the trainer's data-parallel engine
+(`train/engines/replicated.py`) never asks which one it holds.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
@@ -28,6 +30,10 @@ class GradientSync(Protocol):
         """Seconds the training thread waited for communication."""
 
     @property
+    def busy_seconds(self) -> float:
+        """Seconds spent communicating (by communication threads, or the training thread)."""
+
+    @property
     def owns_step(self) -> bool:
         """True when the engine applies the optimizer step itself (early forward)."""
 
@@ -37,18 +43,21 @@ class GradientSync(Protocol):
 
     def sync_buffers(self) -> None: ...
 
-    def world_link_bytes(self) -> dict[str, int]:
-        """Bytes sent so far per directed link `"i->j"` (a collective)."""
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes this rank sent so far per directed link `"i->j"` (global ranks)."""
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Every rank's engine state (a collective), for rank 0's checkpoint."""
+        """Every member's engine state (a collective over the group), for one checkpoint."""
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
-               ctx: DistContext, rec: Recorder = NULL_RECORDER) -> GradientSync:
-    """The engine `cfg.dp.engine` names, around `model`; weights are broadcast later.
+               ctx: DistContext, group: Group, rec: Recorder = NULL_RECORDER) -> GradientSync:
+    """The engine `cfg.dp.engine` names, around `model`, averaging over `group`; weights
+    are broadcast later (`broadcast_parameters`).
 
     `rec` records the engine's phases (sync, waits, transfers; docs/tracing.md).
     """
@@ -56,10 +65,10 @@ def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
     if dp.engine == "plain":
         from approxdist.data_parallel.plain import PlainAllReduce
 
-        return PlainAllReduce(model, ctx, rec)
+        return PlainAllReduce(model, group, rec)
     from approxdist.data_parallel.engine import DataParallel
 
-    return DataParallel(model, ctx=ctx, algorithm=dp.algorithm, codec=dp.codec,
+    return DataParallel(model, ctx=ctx, group=group, algorithm=dp.algorithm, codec=dp.codec,
                         codec_rules=dp.codec_rules, error_feedback=dp.error_feedback,
                         link=cfg.comm.link or None, bucket_mb=dp.bucket_mb,
                         first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,

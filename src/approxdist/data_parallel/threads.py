@@ -4,9 +4,10 @@ Seed 001 runs the all-reduces on CPU threads while the accelerator continues bac
 and cuts large gradients into fragments that several threads carry at once. Seed 002
 warns against too many threads. A `CommPool` holds `threads` workers; each owns:
 
-* its own process group and `Link` (so its messages never match another thread's: the
-  link layer matches messages in posting order per stream), and one `AllReduce` per
-  codec (their work buffers are not shared between threads);
+* its own stream of the engine's group (`Group.fork()`, a process group over the same
+  ranks) and `Link` (so its messages never match another thread's: the link layer
+  matches messages in posting order per stream), and one `AllReduce` per codec (their
+  work buffers are not shared between threads);
 * a FIFO job queue. Jobs are submitted in the same order on every rank and each thread
   runs its queue in order, so every rank performs the same collectives in the same
   order on every stream.
@@ -30,13 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from approxdist.comm.collectives import AllReduce, Calibration
 from approxdist.comm.link import Link
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group
 from approxdist.trace.phases import SYNC
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
@@ -138,21 +138,23 @@ class Balancer:
 
 
 class CommPool:
-    """`threads` communication threads plus a control stream for the main thread."""
+    """`threads` communication threads plus a control stream for the main thread, all
+    over `group` (each on its own fork of it; the members build their pools in the same
+    order)."""
 
-    def __init__(self, ctx: DistContext, link: str | None, threads: int, algorithm: str,
-                 calibration: Calibration | str | Path | None = None, name: str = "dp",
-                 rec: Recorder = NULL_RECORDER, gil_switch_ms: float | None = GIL_SWITCH_MS
-                 ) -> None:
+    def __init__(self, ctx: DistContext, group: Group, link: str | None, threads: int,
+                 algorithm: str, calibration: Calibration | str | Path | None = None,
+                 name: str = "dp", rec: Recorder = NULL_RECORDER,
+                 gil_switch_ms: float | None = GIL_SWITCH_MS) -> None:
         shorten_gil_switch(gil_switch_ms)
-        self.ctx = ctx
+        self.ctx, self.group = ctx, group
         spec = parse_link(link)
         streams = ["control"] + [f"comm{i}" for i in range(threads)]
-        control = Link(ctx, spec, group=_new_group(ctx), hook=rec.transfer_hook(streams[0]))
-        links = [control] + [Link(ctx, spec, group=_new_group(ctx), hook=rec.transfer_hook(s),
+        control = Link(ctx, spec, group=group.fork(), hook=rec.transfer_hook(streams[0]))
+        links = [control] + [Link(ctx, spec, group=group.fork(), hook=rec.transfer_hook(s),
                                   shaper=control.shaper) for s in streams[1:]]
         self.control = control
-        self.control_reducer = AllReduce(self.control, "brd" if ctx.world_size > 1 else "ring",
+        self.control_reducer = AllReduce(self.control, "brd" if group.size > 1 else "ring",
                                          "fp32", check=False)
         self.threads = [CommThread(f"approxdist-{name}-{s}", lk, algorithm, calibration, rec, s)
                         for s, lk in zip(streams[1:], links[1:])]
@@ -174,11 +176,11 @@ class CommPool:
         return sum(lk.stats.bytes_sent for lk in self.links)
 
     def link_bytes(self) -> dict[str, int]:
-        """Bytes this rank sent per directed link, `{"0->1": n, ...}`."""
+        """Bytes this rank sent per directed link, `{"0->1": n, ...}` (global ranks)."""
         out: dict[str, int] = {}
         for lk in self.links:
             for peer, n in lk.stats.sent.items():
-                key = f"{self.ctx.rank}->{peer}"
+                key = f"{lk.me}->{peer}"
                 out[key] = out.get(key, 0) + n
         return out
 
@@ -189,10 +191,3 @@ class CommPool:
         for t in self.threads:
             t.close()
         self.control.close()  # the shared shaper: posts what it still holds, then stops
-
-
-def _new_group(ctx: DistContext) -> Any:
-    """A process group of every rank (its own stream), or None without torch.distributed."""
-    if ctx.world_size == 1 or not dist.is_initialized():
-        return None
-    return dist.new_group(list(range(ctx.world_size)))

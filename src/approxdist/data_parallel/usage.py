@@ -40,7 +40,7 @@ class UsageFlags:
                               for a, b in zip(ha, hb)], dtype=torch.float32,
                              device=self.pool.ctx.device)
         try:
-            if flags.numel() and self.pool.ctx.world_size > 1:
+            if flags.numel() and self.pool.group.size > 1:
                 self.pool.control_reducer(flags, op="sum")
             values = (flags > 0).tolist()
             at = 0

@@ -1,7 +1,7 @@
 """Executing one run of an experiment: a config -> a run directory, like `approxdist train`.
 
-Each run goes through the engines' public builders (`build_trainer`,
-`build_pipeline_trainer`) on N local gloo ranks started by `launch.spawn.run_on_ranks`
+Each run goes through the trainer's public builder (`train.build.build_trainer`, every
+parallel mode) on N local gloo ranks started by `launch.spawn.run_on_ranks`
 (a fork server with torch preloaded: seconds instead of the elastic launcher's start-up).
 The run directory holds what `approxdist train` writes: `config.toml`, `metrics.jsonl`,
 `summary.json`. A directory whose `config.toml` equals the new config and that holds a
@@ -29,14 +29,9 @@ _BULKY = ("checkpoint.pt", "stage0", "stage1", "stage2", "stage3", "workers")
 
 def _train_rank(ctx: DistContext, sections: Sections, run_dir: str) -> dict[str, Any]:
     """One rank of a training run (module level: `run_on_ranks` pickles it)."""
-    from approxdist.train.loop import build_trainer
-    from approxdist.train.pipeline_loop import build_pipeline_trainer
+    from approxdist.train.build import build_trainer
 
-    cfg = build_config(sections)
-    path = Path(run_dir)
-    if cfg.train.parallel == "pipeline":
-        return build_pipeline_trainer(cfg, ctx, path, False).run()
-    return build_trainer(cfg, ctx, path, False).run()
+    return build_trainer(build_config(sections), ctx, Path(run_dir), False).run()
 
 
 def _finished(run_dir: Path, config_text: str) -> dict[str, Any] | None:

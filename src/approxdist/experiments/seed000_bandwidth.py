@@ -79,9 +79,9 @@ def _row(link: str, config: str, records: list[dict[str, Any]]) -> Row:
                 "step_time_s": last["step_time_s"],
                 "bytes_fwd_per_step": fwd, "bytes_bwd_per_step": bwd,
                 "link_time_s_per_step": 8 * (fwd + bwd) / spec.bandwidth_bps}
-    for stage in last["stages"][:2]:
+    for rank in sorted(last["ranks"], key=lambda r: r["stage"])[:2]:
         for key in STAGE_KEYS:
-            row[f"{key}_stage{stage['stage']}"] = stage[key]
+            row[f"{key}_stage{rank['stage']}"] = rank[key]
     return row
 
 

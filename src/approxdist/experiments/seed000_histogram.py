@@ -55,7 +55,7 @@ class CutSampler:
 def _sample(settings: Settings) -> tuple[dict[int, torch.Tensor], Meta]:
     """Train single-process with the sampler on the cut; values per kept epoch (1-based)."""
     from approxdist.launch.context import DistContext
-    from approxdist.train.loop import build_trainer
+    from approxdist.train.build import build_trainer
 
     task = task_for(settings)
     sections = task.sections(0)
@@ -65,20 +65,18 @@ def _sample(settings: Settings) -> tuple[dict[int, torch.Tensor], Meta]:
     run_dir = settings.out / "runs" / "fp32-single"
     trainer = build_trainer(cfg, DistContext(), run_dir, False)
     cut = int(task.split.split(",")[0])
-    model = trainer.model
+    model = trainer.engine.module
     assert isinstance(model, torch.nn.Sequential)
     with torch.no_grad():
         per_sample = model[:cut](trainer.data.train_x[:2]).numel() // 2
     sampler = CutSampler(per_sample * trainer.data.train_x.shape[0])
     sampler.keep = {0, cfg.train.epochs - 1}
     handle = model[cut - 1].register_forward_hook(sampler)
-    original = trainer.train_epoch
 
-    def train_epoch(epoch: int) -> dict[str, Any]:
+    def at_epoch(epoch: int) -> None:
         sampler.epoch = epoch
-        return original(epoch)
 
-    trainer.train_epoch = train_epoch  # type: ignore[method-assign]
+    trainer.epoch_hooks.append(at_epoch)
     print(f"[{NAME}] training {cfg.model.name} on {cfg.data.dataset} for {cfg.train.epochs} "
           f"epoch(s), sampling the cut after block {cut - 1}", flush=True)
     trainer.run()

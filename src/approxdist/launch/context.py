@@ -86,6 +86,14 @@ def init_from_env(device: str = "auto", timeout_s: float = 120.0) -> DistContext
     return DistContext(rank, world, local_rank, dev, backend, timeout_s)
 
 
+def current_context(device: torch.device) -> DistContext:
+    """The context of a process group someone else started (a user's own `torchrun`
+    script); a single-process context when there is none."""
+    if not dist.is_available() or not dist.is_initialized():
+        return DistContext(device=device)
+    return DistContext(dist.get_rank(), dist.get_world_size(), 0, device, str(dist.get_backend()))
+
+
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group if this context joined one."""
     if ctx.distributed and dist.is_initialized():

@@ -31,8 +31,13 @@ def _signal_name(code: int) -> str:
         return ""
 
 
-def launch_local(entry: Callable[..., Any], world_size: int, *args: Any) -> dict[int, Any]:
-    """Run `entry(*args)` on `world_size` local ranks; return each rank's return value."""
+def launch_local(entry: Callable[..., Any], world_size: int, *args: Any,
+                 describe: Callable[[int], str] | None = None) -> dict[int, Any]:
+    """Run `entry(*args)` on `world_size` local ranks; return each rank's return value.
+
+    `describe(rank)` names a failed rank in the error (e.g. with its place in the
+    topology: "rank 2 (stage 1, replica 0)"); default "rank N".
+    """
     if world_size < 1:
         raise LaunchError(f"world size {world_size} must be >= 1")
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
@@ -53,6 +58,7 @@ def launch_local(entry: Callable[..., Any], world_size: int, *args: Any) -> dict
             code = failure.exitcode
             msg = failure.message if isinstance(failure.message, str) else ""
             detail = msg.strip().splitlines()[-1] if msg.strip() else ""
-            parts.append(f"rank {rank} failed with exit code {code}{_signal_name(code)}"
+            name = describe(rank) if describe is not None else f"rank {rank}"
+            parts.append(f"{name} failed with exit code {code}{_signal_name(code)}"
                          + (f": {detail}" if detail else ""))
         raise LaunchError("; ".join(parts) + "; the other workers were stopped") from None

@@ -12,7 +12,12 @@ if TYPE_CHECKING:
 
 
 class PipelineError(ApproxDistError):
-    """A pipeline request is impossible: split, balance, stage or micro-batch count."""
+    """A pipeline request is impossible (split, balance, stage or micro-batch count), or
+    a stage lost a neighbour; `peer` is then the neighbour's global rank."""
+
+    def __init__(self, message: str, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class ScheduleError(PipelineError):

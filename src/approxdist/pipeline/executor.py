@@ -45,6 +45,7 @@ from approxdist.trace.phases import (
     WAIT,
 )
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
+from approxdist.trace.times import StepTimes
 
 FORWARD_KINDS = (Kind.FORWARD, Kind.SEND_ACT, Kind.RECV_ACT)
 
@@ -59,28 +60,6 @@ def _last_send_phase(actions: list[Action]) -> str:
     says `wait in send_back`); `send_for` when the list sends nothing."""
     last = next((a for a in reversed(actions) if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD)), None)
     return SEND_BACK if last is not None and last.kind == Kind.SEND_GRAD else SEND_FOR
-
-
-@dataclass
-class StepTimes:
-    """Seconds of one rank: compute (forward/backward), comm (encode/decode/post), wait (blocked)."""
-
-    compute_s: float = 0.0
-    comm_s: float = 0.0
-    wait_s: float = 0.0
-    wall_s: float = 0.0
-
-    def __iadd__(self, other: StepTimes) -> StepTimes:
-        self.compute_s += other.compute_s
-        self.comm_s += other.comm_s
-        self.wait_s += other.wait_s
-        self.wall_s += other.wall_s
-        return self
-
-    @property
-    def bubble(self) -> float:
-        """Share of the wall time this rank did not compute (idle + communication)."""
-        return 1.0 - self.compute_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -114,10 +93,10 @@ class PipelineExecutor:
     """Executes this rank's actions for each mini-batch; `orders(M)` gives the list for M."""
 
     def __init__(self, orders: Callable[[int], list[Action]], compute: StageCompute,
-                 transport: StageTransport, num_microbatches: int, rank: int,
+                 transport: StageTransport, num_microbatches: int,
                  rec: Recorder = NULL_RECORDER) -> None:
         self.compute, self.transport = compute, transport
-        self.num_microbatches, self.rank, self.rec = num_microbatches, rank, rec
+        self.num_microbatches, self.rec = num_microbatches, rec
         self._orders = orders
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
@@ -271,7 +250,10 @@ class PipelineExecutor:
             peers = [t.stage - 1]
         elif a.kind == Kind.BACKWARD:
             peers = [t.stage + 1]
-        names = " or ".join(f"stage {s} (rank {t.peer(s)})" for s in peers)
+        names = " or ".join(f"stage {s} (rank {t.global_rank(s)})" for s in peers)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return PipelineError(f"stage {t.stage} (rank {self.rank}) stopped at {a} waiting for "
-                             f"{what} from {names}, which may have died: {first}")
+        peer = getattr(exc, "peer", None)
+        if peer is None and len(peers) == 1:
+            peer = t.global_rank(peers[0])
+        return PipelineError(f"stage {t.stage} (rank {t.link.me}) stopped at {a} waiting for "
+                             f"{what} from {names}, which may have died: {first}", peer=peer)

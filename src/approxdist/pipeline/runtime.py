@@ -4,7 +4,9 @@
 CLI's preflight calls it; workers call it again under torchrun). `build_runtime` does
 the per-rank assembly: every rank builds the whole model from the same seed, keeps its
 stage's blocks, agrees with the others on the partition, learns its boundary shapes, and
-gets an executor for the named schedule. A recorder (docs/tracing.md) given to
+gets an executor for the named schedule. The pipeline runs on a `Group` whose member s
+runs stage s: the whole world in rank order by default, or any ranks in any order (a
+placement such as [2, 0, 3], the rest of the world free for other work). A recorder (docs/tracing.md) given to
 `build_runtime` gets the link's transfers, the executor's phases and the pipeline's shape.
 """
 
@@ -14,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from approxdist.comm.link import Link
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group, world_group
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import PipelineExecutor
 from approxdist.pipeline.microbatch import microbatch_sizes
@@ -39,12 +41,10 @@ from approxdist.pipeline.transport import StageTransport, WireFormat
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
-def check_run(pcfg: PipelineConfig, world_size: int, num_blocks: int, batch_size: int) -> None:
-    """Stages vs ranks and blocks, split range, micro-batches vs batch; `PipelineError` naming them."""
-    if pcfg.stages != world_size:
-        raise PipelineError(
-            f"pipeline.stages ({pcfg.stages}) must equal the number of ranks ({world_size}), "
-            f"one stage per rank; pass --world-size {pcfg.stages} or --stages {world_size}")
+def check_run(pcfg: PipelineConfig, num_blocks: int, batch_size: int) -> None:
+    """Stages vs blocks, split range, micro-batches vs batch; `PipelineError` naming them.
+
+    Which ranks run the stages is the topology's business (`approxdist.topology`)."""
     check_stage_count(pcfg.stages, num_blocks)
     if pcfg.split:
         plan = parse_split(pcfg.split, num_blocks)
@@ -56,17 +56,16 @@ def check_run(pcfg: PipelineConfig, world_size: int, num_blocks: int, batch_size
 
 
 def agree_partition(pcfg: PipelineConfig, model: nn.Module, sample: torch.Tensor,
-                    ctx: DistContext) -> Partition:
-    """The partition of rank 0 (time profiles differ between ranks), broadcast to all."""
-    box: list[Partition | None] = [None]
-    if ctx.rank == 0:
+                    group: Group) -> Partition:
+    """The partition of stage 0's rank (time profiles differ between ranks), sent to all."""
+    plan: Partition | None = None
+    if group.is_root:
         times = profile_times(model, sample) if pcfg.balance_method == "time" else None
-        box[0] = plan_partition(model, num_stages=pcfg.stages, split=pcfg.split or None,
-                                balance=pcfg.balance_method, block_times=times)
-    if ctx.distributed:
-        dist.broadcast_object_list(box, src=0)
-    assert box[0] is not None
-    return box[0]
+        plan = plan_partition(model, num_stages=pcfg.stages, split=pcfg.split or None,
+                              balance=pcfg.balance_method, block_times=times)
+    plan = group.broadcast_object(plan)
+    assert plan is not None
+    return plan
 
 
 @dataclass
@@ -95,23 +94,28 @@ def schedule_orders(name: str, num_stages: int, stage: int) -> Callable[[int], l
 
 
 def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
-                  sample: torch.Tensor, *, link_spec: str = "", seed: int = 0,
-                  loss_fn: LossFn = F.cross_entropy,
+                  sample: torch.Tensor, *, group: Group | None = None, link_spec: str = "",
+                  seed: int = 0, loss_fn: LossFn = F.cross_entropy,
                   partition: Partition | None = None,
                   rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
     """This rank's stage of `model` ready to run; `sample` is a batch of real inputs.
 
-    Collective over all ranks (partition broadcast and the shape exchange); `rec`
-    records the stage's phases and transfers.
+    `group` holds the pipeline's ranks in stage order (member s runs stage s; default
+    the world). Collective over the group (partition broadcast and the shape exchange);
+    `rec` records the stage's phases and transfers.
     """
+    group = group if group is not None else world_group(ctx)
+    if group.size != pcfg.stages:
+        raise PipelineError(f"pipeline.stages ({pcfg.stages}) must equal the ranks of the "
+                            f"pipeline's group, {group.describe()}: one stage per rank")
     check_stage_count(pcfg.stages, len(blocks_of(model)))
-    plan = partition or agree_partition(pcfg, model, sample, ctx)
-    stage = ctx.rank
+    plan = partition or agree_partition(pcfg, model, sample, group)
+    stage = group.rank
     module = stage_module(model, plan, stage)
     if rec.enabled:  # lets `approxdist analyze` compute the bubble from the trace alone
         rec.meta["pipeline"] = {"stages": plan.num_stages, "microbatches": pcfg.microbatches,
                                 "schedule": pcfg.schedule}
-    link = Link(ctx, link_spec or None, hook=rec.transfer_hook())
+    link = Link(ctx, link_spec or None, hook=rec.transfer_hook(), group=group)
     transport = StageTransport(link, stage, plan.num_stages,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
                                WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), seed=seed, rec=rec)
@@ -121,5 +125,5 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation)
     executor = PipelineExecutor(schedule_orders(pcfg.schedule, plan.num_stages, stage),
-                                compute, transport, pcfg.microbatches, ctx.rank, rec)
+                                compute, transport, pcfg.microbatches, rec)
     return PipelineRuntime(plan, module, link, transport, compute, executor)

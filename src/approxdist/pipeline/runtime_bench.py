@@ -26,9 +26,9 @@ from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
-from approxdist.pipeline.executor import StepTimes
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.trace.times import StepTimes
 
 TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 

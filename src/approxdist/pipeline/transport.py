@@ -156,15 +156,16 @@ class _Direction:
 class StageTransport:
     """Stage `stage` of `num_stages`: posts receives and sends to its neighbours over `link`.
 
-    `rank_of(stage)` maps a stage to its rank (identity with one stage per rank); `rec`
-    records encoding and decoding.
+    `member_of(stage)` maps a stage to the member of the link's group that runs it
+    (identity when the group is the pipeline in stage order); `rec` records encoding
+    and decoding.
     """
 
     def __init__(self, link: Link, stage: int, num_stages: int, fwd: WireFormat,
-                 bwd: WireFormat, rank_of: Callable[[int], int] = int, seed: int = 0,
+                 bwd: WireFormat, member_of: Callable[[int], int] = int, seed: int = 0,
                  rec: Recorder = NULL_RECORDER) -> None:
         self.link, self.stage, self.num_stages = link, stage, num_stages
-        self.rank_of, self.rec = rank_of, rec
+        self.member_of, self.rec = member_of, rec
         self.fwd = _Direction.build(fwd, seed * 1009 + 2 * stage)
         self.bwd = _Direction.build(bwd, seed * 1009 + 2 * stage + 1)
         self.in_shape: Shape = ()
@@ -182,7 +183,12 @@ class StageTransport:
         return self.stage == self.num_stages - 1
 
     def peer(self, stage: int) -> int:
-        return self.rank_of(stage)
+        """The member of the link's group that runs `stage`."""
+        return self.member_of(stage)
+
+    def global_rank(self, stage: int) -> int:
+        """The global rank that runs `stage` (for messages)."""
+        return self.link.global_rank(self.member_of(stage))
 
     # -- start-up ---------------------------------------------------------------------
     def exchange_shapes(self, input_shape: Shape, infer: Callable[[Shape], Shape]) -> None:

@@ -21,8 +21,7 @@ from approxdist.config.schema import Config
 from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
-from approxdist.train.loop import build_trainer
-from approxdist.train.pipeline_loop import build_pipeline_trainer
+from approxdist.train.build import build_trainer, topology_of
 
 
 def set_threads(ctx: DistContext, requested: int) -> None:
@@ -60,7 +59,8 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
-        label = f"stage {ctx.rank}" if cfg.train.parallel == "pipeline" else ""
+        topology = topology_of(cfg)
+        label = f"stage {topology.place(ctx.rank).stage}" if topology.num_stages > 1 else ""
         rec = open_recorder(ctx, cfg.train.trace, label=label)  # collective when tracing
         return train_traced(cfg, ctx, path, resume, rec)
     finally:
@@ -75,10 +75,7 @@ def train_traced(cfg: Config, ctx: DistContext, path: Path, resume: bool,
     collective: the other ranks may be gone) and lets the error propagate.
     """
     try:
-        if cfg.train.parallel == "pipeline":
-            summary = build_pipeline_trainer(cfg, ctx, path, resume, rec).run()
-        else:
-            summary = build_trainer(cfg, ctx, path, resume, rec).run()
+        summary = build_trainer(cfg, ctx, path, resume, rec).run()
     except BaseException:
         with contextlib.suppress(Exception):  # never hide the training error
             save_rank_trace(rec, path)

@@ -4,6 +4,9 @@
     reduce = AllReduce(link, "hybrid", codec="bf16")    # keep it: buffers are reused
     reduce(grad, op="mean")                             # in place, returns grad
 
+The call reduces over the members of the link's group (`Link(ctx, group=...)`, the
+world by default), so the same algorithms serve a stage's replicas or any sub-group.
+
 Input: any floating tensor of any shape; it is reduced in fp32 and written back in its
 own dtype. All ranks must pass the same length, dtype, op, algorithm, codec and segment
 size; with `check=True` (default) a mismatch raises a `CommError` naming the ranks and
@@ -43,6 +46,8 @@ class AllReduce:
                  segment_bytes: int | None = None, device: torch.device | None = None) -> None:
         link = transport if isinstance(transport, Link) else None
         self.comm: PeerComm = LinkComm(transport) if isinstance(transport, Link) else transport
+        #: how errors name the members: global ranks on a link's group
+        self.names = list(link.group.ranks) if link is not None else None
         self.emulated = link is not None and link.spec is not None
         self.device = device or (link.device if link is not None else torch.device("cpu"))
         self.codec = get_codec(codec) if isinstance(codec, str) else codec
@@ -67,6 +72,7 @@ class AllReduce:
 
     @property
     def world_size(self) -> int:
+        """Members taking part (the link's group; each call reduces over all of them)."""
         return self.comm.world_size
 
     def __call__(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -104,7 +110,7 @@ class AllReduce:
         if self.check and algorithm.name != "native" and self.world_size > 1:
             sig = Signature(work.numel(), dtype, op, algorithm.name, self.codec.spec,
                             self.world_size, segment)
-            comm = CheckedComm(self.comm, sig, self._encoded(sig), self.scratch)
+            comm = CheckedComm(self.comm, sig, self._encoded(sig), self.scratch, self.names)
         wire = Wire(comm, self.codec, self.channel, self.scratch, self.device, self._decode_into)
         wire.segment_bytes = segment
         algorithm.run(wire, work)

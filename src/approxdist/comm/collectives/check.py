@@ -169,8 +169,10 @@ class CheckedComm:
     """A `PeerComm` whose first message to and from each peer carries the `Signature`."""
 
     def __init__(self, inner: PeerComm, signature: Signature, encoded: torch.Tensor,
-                 scratch: Workspace | None = None) -> None:
+                 scratch: Workspace | None = None, names: Sequence[int] | None = None) -> None:
+        """`names[i]` is how errors name member i (its global rank; default i itself)."""
         self.inner, self.signature, self._sig = inner, signature, encoded
+        self.names = list(names) if names is not None else list(range(inner.world_size))
         self.scratch = scratch or Workspace()
         self.rank, self.world_size = inner.rank, inner.world_size
         self.cap = 0 if encoded.device.type == "cuda" else HEAD_CAP
@@ -223,11 +225,12 @@ class CheckedComm:
         """Raise `CommError` unless `peer`'s signature equals this rank's."""
         if torch.equal(data, self._sig):
             return
-        theirs = Signature.decode(data, peer)
-        sigs = {self.rank: self.signature, peer: theirs}
+        me, them = self.names[self.rank], self.names[peer]
+        theirs = Signature.decode(data, them)
+        sigs = {me: self.signature, them: theirs}
         message = mismatch_message([sigs[r] for r in sorted(sigs)], sorted(sigs)) or \
-            f"the all-reduce signature of rank {peer} differs from this rank's ({theirs})"
-        raise CommError(f"rank {self.rank}: {message}")
+            f"the all-reduce signature of rank {them} differs from this rank's ({theirs})"
+        raise CommError(f"rank {me}: {message}")
 
     def close(self) -> None:
         """For length 0 (nothing was exchanged), swap heads with every rank to check them."""

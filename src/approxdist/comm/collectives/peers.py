@@ -44,7 +44,7 @@ class _LinkPending:
 
 
 class LinkComm:
-    """A `PeerComm` over this rank's `Link`."""
+    """A `PeerComm` over this rank's `Link`: ranks are member indices of the link's group."""
 
     def __init__(self, link: Link) -> None:
         self.link = link
@@ -54,16 +54,16 @@ class LinkComm:
         return _LinkPending(*self.link.post_bytes(sends, recvs))
 
     def native_sum(self, x: torch.Tensor) -> None:
-        start = time.monotonic()
-        dist.all_reduce(x, group=self.link.group)
         if self.world_size == 1:
             return
+        start = time.monotonic()
+        dist.all_reduce(x, group=self.link.group.pg)
         n, hops = self.world_size, 2 * (self.world_size - 1)
         chunk = x.numel() * x.element_size() // n
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
         for _ in range(hops):  # what gloo's ring moves, counted like our own messages
-            self.link.stats.count("send", right, chunk)
-            self.link.stats.count("recv", left, chunk)
+            self.link.account("send", right, chunk)
+            self.link.account("recv", left, chunk)
         done = self.link.book_chain(right, chunk, hops, start)
         if done is not None:
             time.sleep(max(0.0, done - time.monotonic()))
@@ -81,4 +81,4 @@ class SubComm:
         return self.comm.start([(m[p], d) for p, d in sends], [(m[p], r) for p, r in recvs])
 
     def native_sum(self, x: torch.Tensor) -> None:
-        raise NotImplementedError("native_sum runs on the whole world only")
+        raise NotImplementedError("native_sum runs on a link's whole group only")

@@ -1,7 +1,7 @@
 """Pipeline schedules as data (seed 002; GPipe; PipeDream-Flush): build, check, print.
 
     order = build_schedule("1f1b", num_stages=4, num_microbatches=8)  # validated
-    order[rank]  # the actions rank `rank` (stage `rank`) executes, in order
+    order[r]  # the actions pipeline rank r (stage r) executes, in order
 """
 
 from approxdist.pipeline.schedule import gpipe, one_f_one_b  # noqa: F401  (registers)

@@ -1,6 +1,7 @@
 """One step of a pipeline schedule, printed like torch.distributed.pipelining's `1F0`.
 
-A schedule is data (seed 002, GPipe, PipeDream-Flush): per rank, a list of `Action`s.
+A schedule is data (seed 002, GPipe, PipeDream-Flush): per pipeline rank (a position in
+the pipeline's group, not a global rank), a list of `Action`s.
 `str(Action(1, Kind.FORWARD, 0)) == "1F0"` reads "stage 1, forward, micro-batch 0".
 Communication actions use two-letter kinds: `SF`/`RF` send/receive a forward
 activation, `SB`/`RB` send/receive a backward gradient, so `0SF2` is "stage 0 sends the
@@ -101,7 +102,9 @@ class Action:
         return Action(self.stage, Kind.FORWARD if is_act else Kind.BACKWARD, self.microbatch)
 
 
-#: rank -> the actions that rank executes, in order (one stage per rank: rank s runs stage s)
+#: pipeline rank -> the actions it executes, in order. A pipeline rank is a position in the
+#: pipeline's group (member s runs stage s); which global rank holds it is the topology's
+#: choice (`approxdist.topology`), resolved by the transport, never by the schedule.
 Order = dict[int, list[Action]]
 
 

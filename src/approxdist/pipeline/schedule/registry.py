@@ -41,7 +41,9 @@ def build_schedule(name: str, num_stages: int, num_microbatches: int,
                    validate: bool = True) -> Order:
     """The named schedule for P stages and M micro-batches, checked by the validator.
 
-    `order[rank]` is the list of actions rank `rank` (which runs stage `rank`) executes.
+    `order[r]` is the list of actions pipeline rank `r` (which runs stage `r`) executes;
+    pipeline ranks are positions in the pipeline's group, mapped to global ranks by the
+    topology.
     """
     fn = SCHEDULES.get(name)
     check_sizes(num_stages, num_microbatches)

@@ -1,0 +1,171 @@
+"""An ordered set of ranks that talk among themselves: the world, a stage's replicas, a pipeline.
+
+Everything that communicates (links, all-reduces, `DataParallel`, pipeline stages) is
+handed a `Group` and numbers its peers *inside* it: member `i` of a group is global rank
+`group.ranks[i]`, and `group.rank` is this process's index. Nothing below the launcher
+asks torch.distributed for the world's size or rank, so the same code runs on the whole
+world, on a stage's replicas or on a pipeline placed on ranks [2, 0, 3] (picotron's
+process-group manager; torch.distributed.pipelining's `stage_index_to_group_rank`).
+
+A group owns one torch.distributed process group, its *stream*: messages and
+collectives of different streams never match each other. `fork()` makes another stream
+over the same members (communication threads each need their own); only the members
+call it, all in the same order. torch numbers a group's members in sorted order
+whatever order they were given in; `Group` keeps that mapping (`backend_rank`) so
+callers never see it. `new_group` (a collective over the whole world, torch's rule)
+makes sub-groups; `approxdist.topology.make_groups` calls it for every group of a
+topology, once, in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from approxdist.errors import CommError, ConfigError
+from approxdist.launch.context import DistContext
+
+
+def check_ranks(ranks: Sequence[int], world_size: int, what: str = "group") -> tuple[int, ...]:
+    """`ranks` as a tuple, or `ConfigError` if they are empty, repeated or outside the world."""
+    out = tuple(int(r) for r in ranks)
+    if not out:
+        raise ConfigError(f"{what} has no ranks; name at least one of 0..{world_size - 1}")
+    outside = [r for r in out if not 0 <= r < world_size]
+    if outside:
+        raise ConfigError(f"{what} names rank(s) {', '.join(map(str, outside))} outside the world "
+                          f"of {world_size} ranks (0..{world_size - 1}); use ranks in that range "
+                          f"or start more workers (--world-size)")
+    repeated = sorted({r for r in out if out.count(r) > 1})
+    if repeated:
+        raise ConfigError(f"{what} names rank(s) {', '.join(map(str, repeated))} more than once "
+                          f"({list(out)}); give each rank once")
+    return out
+
+
+class Group:
+    """This process's view of an ordered set of global ranks and one stream among them."""
+
+    def __init__(self, ranks: Sequence[int], me: int, pg: Any = None, *, name: str = "world",
+                 backend_ranks: Sequence[int] | None = None) -> None:
+        self.ranks = tuple(int(r) for r in ranks)
+        if me not in self.ranks:
+            raise CommError(f"rank {me} is not a member of {name} (ranks {list(self.ranks)})")
+        self.me, self.name = me, name
+        self.rank = self.ranks.index(me)
+        self._pg = pg  # None: the default (world) group of torch.distributed, if any
+        self._backend = tuple(backend_ranks) if backend_ranks is not None else self.ranks
+
+    # -- who is who -------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def root(self) -> int:
+        """The global rank of member 0 (broadcasts start there)."""
+        return self.ranks[0]
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def global_rank(self, member: int) -> int:
+        """The global rank of member `member` (an index in this group)."""
+        return self.ranks[member]
+
+    def member(self, global_rank: int) -> int:
+        """The index in this group of `global_rank` (`CommError` if it is not a member)."""
+        try:
+            return self.ranks.index(global_rank)
+        except ValueError:
+            raise CommError(f"rank {global_rank} is not a member of {self.describe()}") from None
+
+    def backend_rank(self, member: int) -> int:
+        """The rank torch.distributed gives member `member` inside this group's stream."""
+        return self._backend[member]
+
+    def describe(self) -> str:
+        return f"{self.name} (global ranks {', '.join(map(str, self.ranks))})"
+
+    def __repr__(self) -> str:
+        return f"Group({self.name!r}, ranks={list(self.ranks)}, rank={self.rank})"
+
+    # -- the stream ---------------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        """Whether messages can flow: more than one member and a process group exists."""
+        return self.size > 1 and dist.is_available() and dist.is_initialized()
+
+    @property
+    def pg(self) -> Any:
+        """The torch.distributed process group of this stream."""
+        return self._pg if self._pg is not None else dist.group.WORLD
+
+    def fork(self, name: str | None = None) -> Group:
+        """Another stream over the same members (only the members call it, in the same order)."""
+        label = name or self.name
+        if not self.distributed:
+            return Group(self.ranks, self.me, self._pg, name=label, backend_ranks=self._backend)
+        pg = dist.new_group(list(self.ranks), use_local_synchronization=True)
+        return Group(self.ranks, self.me, pg, name=label, backend_ranks=_backend_ranks(pg, self.ranks))
+
+    # -- small collectives over the members ----------------------------------------------
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Member `root`'s `obj` on every member."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.ranks[root], group=self._pg)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every member's `obj`, in member order."""
+        if not self.distributed:
+            return [obj]
+        every: list[Any] = [None] * self.size
+        dist.all_gather_object(every, obj, group=self._pg)
+        return [every[self._backend[i]] for i in range(self.size)]
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over the members in place (exact, the backend's own all-reduce)."""
+        if self.distributed:
+            dist.all_reduce(t, group=self._pg)
+        return t
+
+    def broadcast(self, t: torch.Tensor, root: int = 0) -> torch.Tensor:
+        """Member `root`'s `t` into every member's `t`, in place."""
+        if self.distributed:
+            dist.broadcast(t, src=self.ranks[root], group=self._pg)
+        return t
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self._pg)
+
+
+def _backend_ranks(pg: Any, ranks: Sequence[int]) -> tuple[int, ...]:
+    return tuple(dist.get_group_rank(pg, r) for r in ranks)
+
+
+def world_group(ctx: DistContext) -> Group:
+    """Every rank of the job, in rank order, on torch.distributed's default stream."""
+    return Group(range(ctx.world_size), ctx.rank, name="world")
+
+
+def new_group(ctx: DistContext, ranks: Sequence[int], name: str = "group") -> Group | None:
+    """A sub-group of `ranks` in the given order; None on ranks outside it.
+
+    A collective over the whole world: every rank calls it with the same arguments, in
+    the same order (torch.distributed's rule for `new_group`).
+    """
+    members = check_ranks(ranks, ctx.world_size, name)
+    if not (ctx.distributed and dist.is_initialized()):
+        return Group(members, ctx.rank, name=name) if ctx.rank in members else None
+    pg = dist.new_group(sorted(members))
+    if ctx.rank not in members:
+        return None
+    return Group(members, ctx.rank, pg, name=name, backend_ranks=_backend_ranks(pg, members))

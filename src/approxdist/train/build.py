@@ -1,0 +1,54 @@
+"""Assemble this rank's trainer: topology and groups, data, the mode's engine, batches, resume.
+
+    trainer = build_trainer(cfg, ctx, run_dir, resume=False)   # collective: every rank
+    summary = trainer.run()
+
+`topology_of` is the run's `Topology` from its config (pure): one stage for single and
+data-parallel runs, one rank per stage (placed by `pipeline.placement`) for pipelines.
+The groups are made once here (`topology.make_groups`) and handed to the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from approxdist.config.schema import Config
+from approxdist.data import ShardedBatches, load_dataset
+from approxdist.launch.context import DistContext
+from approxdist.topology import Topology
+from approxdist.topology.groups import make_groups
+from approxdist.trace import NULL_RECORDER, Recorder
+from approxdist.train import engines  # noqa: F401  (registers the engines)
+from approxdist.train.engine import ENGINES
+from approxdist.train.metrics import MetricsWriter
+from approxdist.train.optim import LRRule
+from approxdist.train.trainer import Trainer
+
+
+def topology_of(cfg: Config) -> Topology:
+    """The ranks of the run and their places, from `train.parallel` and `[pipeline]`."""
+    mode = cfg.train.parallel
+    if mode == "pipeline":
+        return Topology.pipeline(cfg.pipeline.stages, cfg.pipeline.placement or None)
+    if mode == "dp":
+        return Topology.data_parallel(cfg.train.world_size)
+    return Topology.single()
+
+
+def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
+                  rec: Recorder = NULL_RECORDER) -> Trainer:
+    """This rank's trainer (collective over the world); `rec` records its phases."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    groups = make_groups(topology_of(cfg), ctx)
+    data = load_dataset(cfg.data)
+    engine = ENGINES.get(cfg.train.parallel)(cfg, ctx, groups, data, rec)
+    index, count = engine.shard
+    batches = ShardedBatches(data, cfg.data.batch_size, index, count, cfg.train.seed,
+                             cfg.data.augment and engine.feeds_inputs)
+    rule = LRRule(cfg.optim, cfg.data.batch_size, batches.steps_per_epoch, cfg.train.epochs)
+    trainer = Trainer(cfg, ctx, run_dir, data, engine, groups, batches, rule,
+                      MetricsWriter(run_dir, ctx.is_main), rec=rec)
+    if resume:
+        trainer.resume()
+    engine.start()
+    return trainer

@@ -1,0 +1,94 @@
+"""The interface between the one trainer and a parallel mode: an `Engine` per mode.
+
+The trainer (`train/trainer.py`) owns epochs, the learning-rate rule, evaluation,
+metrics, checkpoints and resume; an engine owns what differs between parallel modes:
+how one mini-batch becomes a step on this rank (forward, backward, communication,
+optimiser), how an evaluation batch is run, what this rank's state is, and what it sent.
+Single-process, data-parallel and pipeline training are engines today
+(`train/engines/`); a new mode is a new engine registered in `ENGINES`, never a new loop
+(docs/architecture.md walks through adding one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from approxdist.errors import ConfigError
+from approxdist.registry import Registry
+from approxdist.trace.times import StepTimes
+
+if TYPE_CHECKING:
+    from approxdist.config.schema import Config
+    from approxdist.data import TensorDataset
+    from approxdist.launch.context import DistContext
+    from approxdist.topology.groups import TopologyGroups
+    from approxdist.trace.recorder import Recorder
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One mini-batch on this rank. Loss and hits count only the samples whose loss this
+    rank computed (`samples`; 0 on ranks that compute no loss, e.g. early pipeline stages)."""
+
+    loss_sum: float
+    correct: int
+    samples: int
+    times: StepTimes = field(default_factory=StepTimes)
+    peak_activation_bytes: int = 0
+
+    @property
+    def loss(self) -> float | None:
+        return self.loss_sum / self.samples if self.samples else None
+
+
+class Engine(Protocol):
+    """One parallel mode on this rank, as the trainer sees it."""
+
+    #: what this rank trains: the whole model, or its stage of it (train/eval mode, state)
+    module: nn.Module
+    #: the optimisers whose learning rate the trainer sets each step
+    optimizers: list[torch.optim.Optimizer]
+    #: whether this rank needs the inputs / the labels of each mini-batch
+    feeds_inputs: bool
+    feeds_labels: bool
+    #: (index, count): this rank draws shard `index` of `count` of every global batch
+    shard: tuple[int, int]
+
+    def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> StepOutcome:
+        """One mini-batch of `batch_size` samples: forward, backward, communication, update."""
+
+    def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> tuple[float, int]:
+        """(summed loss, correct) of one test batch, on ranks with `feeds_labels`."""
+
+    def end_epoch(self) -> None:
+        """Before evaluation and the checkpoint (e.g. averaging batch-norm statistics)."""
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes this rank has handed to torch.distributed so far, per link `"i->j"`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state (may be a collective over the engine's groups)."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def start(self) -> None:
+        """After construction and any resume, before the first step (weights broadcast)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Mode-specific figures for summary.json."""
+
+    def close(self) -> None: ...
+
+
+#: builds the engine of a parallel mode on this rank; collective over the topology's groups
+EngineBuilder = Callable[["Config", "DistContext", "TopologyGroups", "TensorDataset", "Recorder"],
+                         Engine]
+
+ENGINES: Registry[EngineBuilder] = Registry("parallel mode", ConfigError)

@@ -1,0 +1,120 @@
+"""Single-process and data-parallel training: the whole model on every rank (seeds 001, 004).
+
+One stage whose replicas each take a shard of every global batch (`data.ShardedBatches`)
+and average their gradients over the stage's replica group through a `GradientSync`
+(`approxdist.DataParallel`, or the plain one-`dist.all_reduce` baseline); with one rank
+there is nothing to average. The time the training thread waited for communication is
+the engine's `wait`; the time the communication threads worked, its `comm`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.config.schema import Config
+from approxdist.data import TensorDataset
+from approxdist.data_parallel.sync import GradientSync, build_sync
+from approxdist.launch.context import DistContext
+from approxdist.models import build_model
+from approxdist.topology.groups import TopologyGroups
+from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, Recorder
+from approxdist.trace.times import StepTimes
+from approxdist.train.engine import ENGINES, StepOutcome
+from approxdist.train.optim import make_sgd
+
+
+class ReplicatedEngine:
+    """`model` on this rank; `sync` (None on one rank) averages gradients over its replicas."""
+
+    feeds_inputs = True
+    feeds_labels = True
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 groups: TopologyGroups, sync: GradientSync | None, rec: Recorder) -> None:
+        self.module, self.optimizer, self.sync, self.rec = model, optimizer, sync, rec
+        self.optimizers = [optimizer]
+        self.shard = (groups.place.replica, groups.replicas.size)
+        # DataParallel is the module users call; the plain engine works on the model itself
+        self._forward: nn.Module = sync if isinstance(sync, nn.Module) else model
+
+    def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> StepOutcome:
+        assert x is not None and y is not None
+        rec, sync = self.rec, self.sync
+        waited, worked = (sync.comm_seconds, sync.busy_seconds) if sync else (0.0, 0.0)
+        t0 = time.perf_counter()
+        with rec.span(RUN_FOR):
+            out = self._forward(x)
+            loss = F.cross_entropy(out, y)
+        with rec.span(OPTIMIZER):
+            self.optimizer.zero_grad(set_to_none=True)
+        with rec.span(RUN_BACK):
+            loss.backward()
+        if sync:
+            sync.sync_gradients()
+        if not (sync and sync.owns_step):  # early forward steps bucket by bucket
+            with rec.span(OPTIMIZER):
+                self.optimizer.step()
+        wall = time.perf_counter() - t0
+        wait = sync.comm_seconds - waited if sync else 0.0
+        comm = sync.busy_seconds - worked if sync else 0.0
+        n = y.numel()
+        return StepOutcome(float(loss.item()) * n, int((out.argmax(1) == y).sum().item()), n,
+                           StepTimes(compute_s=wall - wait, comm_s=comm, wait_s=wait, wall_s=wall))
+
+    @torch.no_grad()
+    def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> tuple[float, int]:
+        assert x is not None and y is not None
+        out = self.module(x)
+        return (float(F.cross_entropy(out, y, reduction="sum").item()),
+                int((out.argmax(1) == y).sum().item()))
+
+    def end_epoch(self) -> None:
+        if self.sync:
+            self.sync.sync_buffers()
+
+    def link_bytes(self) -> dict[str, int]:
+        return self.sync.link_bytes() if self.sync else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "dp": self.sync.checkpoint_state() if self.sync else {}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sync:
+            self.sync.load_checkpoint_state(state.get("dp", {}))
+
+    def start(self) -> None:
+        if self.sync:
+            self.sync.broadcast_parameters()
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        if self.sync:
+            self.sync.close()
+
+
+def build_replicated(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
+                     rec: Recorder) -> ReplicatedEngine:
+    """The model from `cfg.train.seed`, an SGD optimiser and, with replicas, `cfg.dp`'s sync."""
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
+    optimizer = make_sgd(model, cfg.optim)
+    sync = build_sync(cfg, model, optimizer, ctx, groups.replicas, rec) \
+        if groups.replicas.size > 1 else None
+    return ReplicatedEngine(model, optimizer, groups, sync, rec)
+
+
+ENGINES.add("single", build_replicated)
+ENGINES.add("dp", build_replicated)

@@ -1,0 +1,72 @@
+"""Where checkpoints go and how every rank agrees on resuming from them.
+
+One checkpoint per pipeline stage, written by the stage's first replica (the replicas
+hold the same weights; per-replica state such as error-feedback residuals is gathered
+into it by the engine): `RUN_DIR/checkpoint.pt` when the topology has one stage (single
+process, data parallel), `RUN_DIR/stage<s>/checkpoint.pt` otherwise. On resume each
+stage's first replica reads its file and hands it to its replicas; first every rank
+learns whether every stage found a readable checkpoint at the same epoch, so a missing or
+stale file is one error on every rank, never a hang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.topology.groups import TopologyGroups
+from approxdist.train.checkpoint import load_checkpoint, save_checkpoint
+
+_PROGRESS = ("epoch", "step", "elapsed_s", "bytes_sent", "history")
+
+
+@dataclass
+class Progress:
+    """What a checkpoint must carry besides the engine's state to continue bit-exactly."""
+
+    epoch: int = 0
+    step: int = 0
+    elapsed_s: float = 0.0
+    bytes_sent: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def checkpoint_dir(run_dir: Path, groups: TopologyGroups) -> Path:
+    """The directory of this rank's stage's checkpoint."""
+    if groups.topology.num_stages == 1:
+        return run_dir
+    return run_dir / f"stage{groups.place.stage}"
+
+
+def save_progress(directory: Path, progress: Progress, engine_state: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(directory, {**engine_state, **{k: getattr(progress, k) for k in _PROGRESS}})
+
+
+def load_agreed(directory: Path, groups: TopologyGroups) -> tuple[Progress, dict[str, Any]]:
+    """(progress, engine state) of this rank's stage, once every stage agrees (collective)."""
+    state: dict[str, Any] | None = None
+    problem = ""
+    if groups.replicas.is_root:
+        try:
+            state = load_checkpoint(directory)
+        except ApproxDistError as exc:
+            problem = str(exc)
+    found = (groups.replicas.is_root, groups.place.stage, problem,
+             state["epoch"] if state is not None else None)
+    readers = [f[1:] for f in groups.world.all_gather_object(found) if f[0]]
+    missing = [f"stage {s}: {p}" for s, p, _ in readers if p]
+    if missing:
+        raise ConfigError("cannot resume: " + "; ".join(dict.fromkeys(missing)))
+    epochs = {s: e for s, _, e in readers}
+    if len(set(epochs.values())) > 1:
+        raise ConfigError("stage checkpoints disagree: " + ", ".join(
+            f"stage {s} at epoch {e}" for s, e in sorted(epochs.items()))
+            + "; a stage died while saving, restart from scratch")
+    state = groups.replicas.broadcast_object(state)
+    assert state is not None
+    progress = Progress(*(state[k] for k in _PROGRESS))
+    progress.history = list(progress.history)
+    return progress, {k: v for k, v in state.items() if k not in _PROGRESS}

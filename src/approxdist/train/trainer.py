@@ -1,0 +1,213 @@
+"""The one training loop: epochs, learning rate, evaluation, metrics, checkpoints, resume.
+
+The trainer holds an `Engine` (`train/engine.py`) for the run's parallel mode and owns
+everything the modes share: the epoch loop and progress bar, the learning-rate rule
+set on the engine's optimisers every step, evaluation on this rank's shard of the test
+set, `metrics.jsonl` (step and epoch records, `train/epoch.py`), `summary.json`'s
+figures, atomic checkpoints and bit-exact resume (`train/resume.py`), and the error a
+run ends with when a peer dies: naming that rank and its place in the topology. A
+recorder (docs/tracing.md) gets each mini-batch as a `step` span holding `data` and the
+engine's phases.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from approxdist.config.schema import Config
+from approxdist.data import ShardedBatches, TensorDataset
+from approxdist.data.loader import _mix, eval_shard
+from approxdist.errors import ApproxDistError, CommError
+from approxdist.launch.context import DistContext
+from approxdist.topology.groups import TopologyGroups
+from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
+from approxdist.train import log
+from approxdist.train.engine import Engine
+from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
+from approxdist.train.metrics import MetricsWriter
+from approxdist.train.optim import LRRule, set_lr
+from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
+
+#: called with the epoch index (0-based) before each epoch trains (e.g. to sample activations)
+EpochHook = Callable[[int], None]
+
+
+@dataclass
+class Trainer:
+    """Trains `engine` on `data` for `cfg.train.epochs`, writing into `run_dir`."""
+
+    cfg: Config
+    ctx: DistContext
+    run_dir: Path
+    data: TensorDataset
+    engine: Engine
+    groups: TopologyGroups
+    batches: ShardedBatches
+    lr_rule: LRRule
+    writer: MetricsWriter
+    progress: Progress = field(default_factory=Progress)
+    rec: Recorder = NULL_RECORDER
+    epoch_hooks: list[EpochHook] = field(default_factory=list)
+
+    # -- one epoch -------------------------------------------------------------------------
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        cfg, ctx, engine = self.cfg, self.ctx, self.engine
+        torch.manual_seed(_mix(cfg.train.seed, epoch, ctx.rank))  # dropout etc. per epoch
+        engine.module.train()
+        steps = self.batches.steps_per_epoch
+        tally = EpochTally(steps)
+        sent0 = engine.link_bytes()
+        bar = log.progress(ctx, steps, f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
+        t_epoch = time.perf_counter()
+        batches = self.batches.epoch(epoch)
+        for i in range(steps):
+            with self.rec.span(STEP, step=self.progress.step):
+                x, y = self.next_batch(batches)
+                lr = self.lr_rule(self.progress.step)
+                for opt in engine.optimizers:
+                    set_lr(opt, lr)
+                res = engine.train_step(x, y, self.batches.local_batch)
+            tally.add(i, res)
+            self.progress.step += 1
+            bar.update(1)
+            if res.loss is not None:
+                bar.set_postfix(loss=f"{res.loss:.3f}")
+        bar.close()
+        wall = time.perf_counter() - t_epoch
+        self._log_steps(epoch, step_losses(tally, self.groups.world))
+        return gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
+                            self.groups.topology, wall, self.cfg.data.batch_size)
+
+    def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This rank's share of the next batch: the inputs and labels its engine needs."""
+        with self.rec.span(DATA):
+            x, y = next(batches)
+            dev = self.ctx.device
+            return (x.to(dev) if self.engine.feeds_inputs else None,
+                    y.to(dev) if self.engine.feeds_labels else None)
+
+    def _log_steps(self, epoch: int, losses: list[float | None]) -> None:
+        """Step records (the whole mini-batch's loss) for every `log_every`-th step."""
+        first_step = self.progress.step - len(losses)
+        for i, loss in enumerate(losses):
+            step = first_step + i + 1
+            if step % self.cfg.train.log_every == 0:
+                self.writer.write({"kind": "step", "epoch": epoch + 1, "step": step,
+                                   "loss": loss, "lr": self.lr_rule(step - 1)})
+
+    # -- evaluation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """(test accuracy, mean test loss) over the whole test set (a collective)."""
+        engine, bs = self.engine, self.cfg.data.test_batch_size
+        engine.module.eval()
+        x_all, y_all = eval_shard(self.data, *engine.shard)
+        sums = torch.zeros(3, dtype=torch.float64)
+        dev = self.ctx.device
+        for lo in range(0, x_all.shape[0], bs):
+            x, y = x_all[lo:lo + bs], y_all[lo:lo + bs]
+            loss, correct = engine.eval_batch(x.to(dev) if engine.feeds_inputs else None,
+                                              y.to(dev) if engine.feeds_labels else None,
+                                              y.numel())
+            if engine.feeds_labels:
+                sums += torch.tensor([loss, correct, y.numel()], dtype=torch.float64)
+        engine.module.train()
+        self.groups.world.all_reduce(sums)
+        return float(sums[1] / sums[2]), float(sums[0] / sums[2])
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train the remaining epochs; summary.json's figures. A lost peer ends the run with
+        an error naming it and its place in the topology."""
+        try:
+            for epoch in range(self.progress.epoch, self.cfg.train.epochs):
+                self.run_epoch(epoch)
+        except (ApproxDistError, RuntimeError) as exc:
+            raise self._named(exc) from exc
+        finally:
+            self.engine.close()
+        return self.summary()
+
+    def run_epoch(self, epoch: int) -> None:
+        cfg, prog = self.cfg, self.progress
+        for hook in self.epoch_hooks:
+            hook(epoch)
+        stats = self.train_epoch(epoch)
+        self.engine.end_epoch()
+        acc, test_loss = self.evaluate()
+        prog.epoch = epoch + 1
+        prog.elapsed_s += stats["epoch_time_s"]
+        prog.bytes_sent += sum(stats["bytes_sent"].values())
+        record = {"kind": "epoch", "epoch": prog.epoch, "step": prog.step, **stats,
+                  "test_accuracy": acc, "test_loss": test_loss}
+        prog.history.append(record)
+        self.writer.write(record)
+        log.info(self.ctx, f"epoch {prog.epoch:3d}/{cfg.train.epochs}  loss "
+                           f"{stats['train_loss']:.4f}  train {100 * stats['train_accuracy']:.2f}%"
+                           f"  test {100 * acc:.2f}%  {stats['samples_per_s']:.0f} samples/s")
+        self.save()
+
+    def _named(self, exc: BaseException) -> BaseException:
+        """`exc`, or a `CommError` naming the lost peer's place when one is known."""
+        peer = getattr(exc, "peer", None)
+        topo = self.groups.topology
+        if peer is None or not 0 <= peer < topo.world_size:
+            return exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return CommError(f"lost {topo.describe_rank(peer)}, which may have died; "
+                         f"{topo.describe_rank(self.ctx.rank)} stopped: {first}", peer=peer)
+
+    def summary(self) -> dict[str, Any]:
+        return {**run_summary(self.progress, self.cfg, self.ctx.world_size),
+                "topology": {"stages": self.groups.topology.num_stages,
+                             "replicas": list(self.groups.topology.replicas),
+                             "ranks": [list(r) for r in self.groups.topology.stages]},
+                **self.engine.summary()}
+
+    # -- checkpoints -------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return checkpoint_dir(self.run_dir, self.groups)
+
+    def save(self) -> None:
+        """This stage's checkpoint, written by its first replica (every rank calls it: the
+        engine's state may be gathered over the replicas)."""
+        state = self.engine.state_dict()
+        if self.groups.replicas.is_root:
+            save_progress(self.checkpoint_dir, self.progress, state)
+
+    def resume(self) -> None:
+        """Continue from the run directory's checkpoints (a collective; every rank raises
+        the same error if any stage lacks one or the stages disagree)."""
+        progress, state = load_agreed(self.checkpoint_dir, self.groups)
+        self.engine.load_state_dict(state)
+        self.progress = progress
+
+
+def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, Any]:
+    """summary.json's figures from the epoch history (the keys every mode writes)."""
+    hist = progress.history
+    last = hist[-1] if hist else {}
+    samples = sum(h["samples_per_s"] * h["epoch_time_s"] for h in hist)
+    return {
+        "test_accuracy": last.get("test_accuracy"),
+        "best_test_accuracy": max((h["test_accuracy"] for h in hist), default=None),
+        "train_loss": last.get("train_loss"),
+        "train_accuracy": last.get("train_accuracy"),
+        "epochs": progress.epoch,
+        "steps": progress.step,
+        "wall_time_s": progress.elapsed_s,
+        "samples_per_s": samples / progress.elapsed_s if progress.elapsed_s else None,
+        "bytes_sent": progress.bytes_sent,
+        "world_size": world_size,
+        "parallel": cfg.train.parallel,
+        "model": cfg.model.name,
+        "dataset": cfg.data.dataset,
+    }
