@@ -124,3 +124,55 @@ def test_bad_pipeline_input_is_one_line_exit_2(args: list[str], message: str,
     assert main(["train", "--parallel", "pipeline", *args, *FAST]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _placed(ctx: DistContext, root: str, placement: list[int]) -> dict[str, torch.Tensor]:
+    sec = {k: dict(v) for k, v in SECTIONS.items()}
+    sec["train"]["epochs"] = 2
+    sec["pipeline"]["placement"] = placement
+    trainer = build_trainer(build_config(sec), ctx, Path(root) / "-".join(map(str, placement)),
+                            False)
+    trainer.run()
+    return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
+
+
+def _both_placements(ctx: DistContext, root: str) -> tuple[dict[str, torch.Tensor], ...]:
+    return _placed(ctx, root, [0, 1]), _placed(ctx, root, [1, 0])
+
+
+def test_placement_moves_stages_without_changing_the_numbers(tmp_path: Path) -> None:
+    """Stage 0 on rank 1 and stage 1 on rank 0 train bitwise as the default placement
+    (dropout included: per-rank seeds follow the place in the topology, not the rank)."""
+    ranks = run_on_ranks(_both_placements, 2, str(tmp_path))
+    for stage in (0, 1):
+        default, swapped = ranks[stage][0], ranks[1 - stage][1]
+        assert default.keys() == swapped.keys()
+        for name, ref in default.items():
+            assert torch.equal(swapped[name], ref), (stage, name)
+    assert (tmp_path / "1-0" / "stage0" / "checkpoint.pt").is_file()
+    record = [r for r in read_jsonl(tmp_path / "1-0" / "metrics.jsonl") if r["kind"] == "epoch"][-1]
+    assert [(r["rank"], r["stage"]) for r in record["ranks"]] == [(0, 1), (1, 0)]
+    assert set(record["bytes_sent"]) == {"0->1", "1->0"}
+
+
+def _dies_in_training(ctx: DistContext, root: str) -> None:
+    sec = {k: dict(v) for k, v in SECTIONS.items()}
+    sec["train"].update(epochs=3, world_size=3)
+    sec["pipeline"].update(stages=3, placement=[2, 0, 1])
+    trainer = build_trainer(build_config(sec), ctx, Path(root), False)
+
+    def die(epoch: int) -> None:
+        if epoch == 1 and ctx.rank == 1:
+            os._exit(3)  # rank 1 holds stage 2
+
+    trainer.epoch_hooks.append(die)
+    trainer.run()
+
+
+def test_a_dead_rank_is_named_with_its_place_in_the_topology(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as info:
+        run_on_ranks(_dies_in_training, 3, str(tmp_path), timeout_s=90, comm_timeout_s=10)
+    text = str(info.value)
+    assert "rank 1 failed" in text
+    assert "lost rank 1 (stage 2, replica 0), which may have died; rank 0 (stage 1, replica 0) " \
+           "stopped" in text, text

@@ -12,6 +12,7 @@ from approxdist.cli import (
     bench,
     experiment_cmd,
     inspect_cmd,
+    plan_cmd,
     report_cmd,
     schedule_cmd,
     train_cmd,
@@ -19,7 +20,8 @@ from approxdist.cli import (
 from approxdist.errors import ApproxDistError
 
 #: each module has `register(subparsers)` that adds its parser and sets `func`
-SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, analyze_cmd, experiment_cmd, report_cmd)
+SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, analyze_cmd, experiment_cmd,
+               report_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

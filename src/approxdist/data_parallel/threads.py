@@ -191,3 +191,5 @@ class CommPool:
         for t in self.threads:
             t.close()
         self.control.close()  # the shared shaper: posts what it still holds, then stops
+        for lk in self.links:
+            lk.group.release()  # the streams go back to the group for the next engine

@@ -8,17 +8,22 @@ world, on a stage's replicas or on a pipeline placed on ranks [2, 0, 3] (picotro
 process-group manager; torch.distributed.pipelining's `stage_index_to_group_rank`).
 
 A group owns one torch.distributed process group, its *stream*: messages and
-collectives of different streams never match each other. `fork()` makes another stream
-over the same members (communication threads each need their own); only the members
-call it, all in the same order. torch numbers a group's members in sorted order
-whatever order they were given in; `Group` keeps that mapping (`backend_rank`) so
-callers never see it. `new_group` (a collective over the whole world, torch's rule)
-makes sub-groups; `approxdist.topology.make_groups` calls it for every group of a
-topology, once, in the same order on every rank.
+collectives of different streams never match each other. `fork()` hands out another
+stream over the same members (communication threads each need their own) and
+`release()` gives it back; the members fork and release in the same order. Creating a
+process group is a collective over the whole world (torch.distributed's rule; its
+members-only variant names groups by how many each rank already has, which differs
+between ranks that belong to different sub-groups), so a sub-group's spare streams are
+made with it: `new_group(ctx, ranks, streams=k)`. Only the world's own streams are made
+on demand, when every rank forks (every rank is a member). torch numbers a group's
+members in sorted order whatever order they were given in; `Group` keeps that mapping
+(`backend_rank`) so callers never see it. `approxdist.topology.make_groups` calls
+`new_group` for every group of a topology, once, in the same order on every rank.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +55,8 @@ class Group:
     """This process's view of an ordered set of global ranks and one stream among them."""
 
     def __init__(self, ranks: Sequence[int], me: int, pg: Any = None, *, name: str = "world",
-                 backend_ranks: Sequence[int] | None = None) -> None:
+                 backend_ranks: Sequence[int] | None = None,
+                 spares: collections.deque[Any] | None = None) -> None:
         self.ranks = tuple(int(r) for r in ranks)
         if me not in self.ranks:
             raise CommError(f"rank {me} is not a member of {name} (ranks {list(self.ranks)})")
@@ -58,6 +64,9 @@ class Group:
         self.rank = self.ranks.index(me)
         self._pg = pg  # None: the default (world) group of torch.distributed, if any
         self._backend = tuple(backend_ranks) if backend_ranks is not None else self.ranks
+        #: streams over the same members not in use, shared by every fork of this group
+        self._spares: collections.deque[Any] = spares if spares is not None else collections.deque()
+        self._forked = False
 
     # -- who is who -------------------------------------------------------------------
     @property
@@ -105,13 +114,37 @@ class Group:
         """The torch.distributed process group of this stream."""
         return self._pg if self._pg is not None else dist.group.WORLD
 
+    @property
+    def spare_streams(self) -> int:
+        return len(self._spares)
+
     def fork(self, name: str | None = None) -> Group:
-        """Another stream over the same members (only the members call it, in the same order)."""
+        """Another stream over the same members: a spare one, or for the world a new one.
+
+        Every member calls it, in the same order; `release()` the result when done.
+        """
         label = name or self.name
         if not self.distributed:
-            return Group(self.ranks, self.me, self._pg, name=label, backend_ranks=self._backend)
-        pg = dist.new_group(list(self.ranks), use_local_synchronization=True)
-        return Group(self.ranks, self.me, pg, name=label, backend_ranks=_backend_ranks(pg, self.ranks))
+            return Group(self.ranks, self.me, self._pg, name=label, backend_ranks=self._backend,
+                         spares=self._spares)
+        if self._spares:
+            pg = self._spares.popleft()
+        elif sorted(self.ranks) == list(range(dist.get_world_size())):
+            pg = dist.new_group(list(self.ranks))  # every rank is a member and forks with us
+        else:
+            raise CommError(f"{self.describe()} has no spare stream left; create it with more "
+                            f"(new_group(ctx, ranks, streams=N) gives N - 1 to fork; DataParallel "
+                            f"with T communication threads forks T + 1)")
+        forked = Group(self.ranks, self.me, pg, name=label, backend_ranks=self._backend,
+                       spares=self._spares)
+        forked._forked = True
+        return forked
+
+    def release(self) -> None:
+        """Give a stream from `fork()` back to the group's spares (members in the same order)."""
+        if self._forked:
+            self._forked = False
+            self._spares.append(self._pg)
 
     # -- small collectives over the members ----------------------------------------------
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
@@ -156,16 +189,21 @@ def world_group(ctx: DistContext) -> Group:
     return Group(range(ctx.world_size), ctx.rank, name="world")
 
 
-def new_group(ctx: DistContext, ranks: Sequence[int], name: str = "group") -> Group | None:
-    """A sub-group of `ranks` in the given order; None on ranks outside it.
+def new_group(ctx: DistContext, ranks: Sequence[int], name: str = "group",
+              streams: int = 1) -> Group | None:
+    """A sub-group of `ranks` in the given order with `streams` streams (one to use, the
+    rest spares for `fork()`); None on ranks outside it.
 
     A collective over the whole world: every rank calls it with the same arguments, in
     the same order (torch.distributed's rule for `new_group`).
     """
     members = check_ranks(ranks, ctx.world_size, name)
+    if streams < 1:
+        raise ConfigError(f"{name}: streams = {streams} must be >= 1")
     if not (ctx.distributed and dist.is_initialized()):
         return Group(members, ctx.rank, name=name) if ctx.rank in members else None
-    pg = dist.new_group(sorted(members))
+    pgs = [dist.new_group(sorted(members)) for _ in range(streams)]
     if ctx.rank not in members:
         return None
-    return Group(members, ctx.rank, pg, name=name, backend_ranks=_backend_ranks(pg, members))
+    return Group(members, ctx.rank, pgs[0], name=name,
+                 backend_ranks=_backend_ranks(pgs[0], members), spares=collections.deque(pgs[1:]))

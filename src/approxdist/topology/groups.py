@@ -41,16 +41,22 @@ def check_world(topology: Topology, world_size: int) -> None:
             f"{topology.world_size}) or change the topology (--stages, --placement)")
 
 
-def make_groups(topology: Topology, ctx: DistContext) -> TopologyGroups:
-    """Create every sub-group of `topology` (collective over the world); this rank's groups."""
+def make_groups(topology: Topology, ctx: DistContext, replica_streams: int = 1) -> TopologyGroups:
+    """Create every sub-group of `topology` (collective over the world); this rank's groups.
+
+    A stage's replica group gets `replica_streams` streams (its own and spares to fork:
+    a data-parallel engine with T threads forks T + 1, so needs T + 2); the world's are
+    made when forked.
+    """
     check_world(topology, ctx.world_size)
     world = world_group(ctx)
     mine: dict[str, Group] = {}
     for spec in topology.group_specs():
+        streams = replica_streams if spec.name.endswith("replicas") else 1
         if spec.ranks == world.ranks:
             group: Group | None = Group(world.ranks, ctx.rank, name=spec.name)
         else:
-            group = new_group(ctx, spec.ranks, spec.name)
+            group = new_group(ctx, spec.ranks, spec.name, streams)
         if group is not None:
             mine[spec.name] = group
     place = topology.place(ctx.rank)

@@ -144,6 +144,12 @@ class Topology:
         raise TopologyError(f"rank {rank} is not in this topology of {self.world_size} ranks "
                             f"(0..{self.world_size - 1})")
 
+    def slot(self, rank: int) -> int:
+        """`rank`'s position in stage-major order (stage 0's replicas first): what seeds
+        per-rank randomness, so a run's numbers do not depend on its placement."""
+        p = self.place(rank)
+        return sum(self.replicas[:p.stage]) + p.replica
+
     def describe_rank(self, rank: int) -> str:
         """`"rank 3 (stage 1, replica 0)"`, for messages."""
         return f"rank {rank} ({self.place(rank)})"

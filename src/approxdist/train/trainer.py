@@ -58,7 +58,8 @@ class Trainer:
     # -- one epoch -------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
         cfg, ctx, engine = self.cfg, self.ctx, self.engine
-        torch.manual_seed(_mix(cfg.train.seed, epoch, ctx.rank))  # dropout etc. per epoch
+        # dropout etc., per epoch and place in the topology (so placement changes nothing)
+        torch.manual_seed(_mix(cfg.train.seed, epoch, self.groups.topology.slot(ctx.rank)))
         engine.module.train()
         steps = self.batches.steps_per_epoch
         tally = EpochTally(steps)

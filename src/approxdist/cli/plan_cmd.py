@@ -1,0 +1,71 @@
+"""`approxdist plan show`: a topology (ranks -> stage, replica) and each rank's groups, no processes.
+
+    approxdist plan show --stages 3 --replicas 2,1,1
+    approxdist plan show --stages 3 --placement 2,0,1
+    approxdist plan show plan.json
+
+A plan file is JSON (DESIGN.md "Plan file"); this command reads its `world_size` and
+`stages` (replicas and optional ranks per stage) and prints the grid. Choosing a plan
+(profiling, cost model, solver) is the planner's job and not available yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ConfigError
+from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="show a parallel topology or plan file",
+                       description="Print which rank runs which pipeline stage and replica, "
+                                   "and the groups every rank talks in.")
+    kinds = p.add_subparsers(dest="plan_command", metavar="ACTION")
+    show = kinds.add_parser("show", help="print a topology as a grid",
+                            description=__doc__.split("\n\n")[0] if __doc__ else None)
+    show.add_argument("file", nargs="?", help="a plan file (JSON) to read the topology from")
+    show.add_argument("--stages", type=int, help="pipeline stages (default 1)")
+    show.add_argument("--replicas", help="ranks per stage: one count for all, or one per stage "
+                                         "(e.g. 2,1,1; default 1)")
+    show.add_argument("--placement", help="global ranks in stage-major order (stage 0's "
+                                          "replicas first; default 0,1,2,...)")
+    show.set_defaults(func=run_show)
+    p.set_defaults(func=lambda a: _missing(p))
+
+
+def topology_from(args: argparse.Namespace) -> Topology:
+    """The topology the arguments describe: a plan file, or --stages/--replicas/--placement."""
+    if args.file:
+        if args.stages is not None or args.replicas or args.placement:
+            raise ConfigError("give a plan file or --stages/--replicas/--placement, not both")
+        return from_plan(_read_plan(Path(args.file)))
+    stages = 1 if args.stages is None else args.stages
+    replicas = parse_replicas(args.replicas) if args.replicas else 1
+    placement = parse_ints(args.placement, "--placement") if args.placement else None
+    return Topology.grid(stages, replicas, placement)
+
+
+def _read_plan(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"plan file {str(path)!r} does not exist; pass a JSON plan file")
+    try:
+        plan = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(plan, dict):
+        raise ConfigError(f"plan file {str(path)!r} must hold one JSON object with 'stages'")
+    return plan
+
+
+def run_show(args: argparse.Namespace) -> int:
+    print(render(topology_from(args)))
+    return 0
+
+
+def _missing(p: argparse.ArgumentParser) -> int:
+    p.print_help()
+    return 2
