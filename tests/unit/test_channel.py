@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import BitErrorChannel, Channel, flip_positions, get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.codecs.bitpack import unpack_codes
-from approxdist.comm.codecs.framed import Workspace
 from approxdist.errors import SpecError
 
 X = torch.randn(3001, generator=torch.Generator().manual_seed(0))
@@ -21,7 +21,7 @@ SPECS = ["fp32", "fp16", "bf16", "fp8-e4m3", "bits:s0e2+2m0", "bits:s1e6m1", "bi
 def codes_of(data: torch.Tensor, spec: str, n: int) -> torch.Tensor:
     codec = get_codec(spec)
     region = data[codec.codes_offset(n):]
-    return unpack_codes(region, codec.code_bits, n, Workspace()).clone().to(torch.int64)
+    return unpack_codes(region, codec.code_bits, n, BufferPool()).clone().to(torch.int64)
 
 
 @pytest.mark.parametrize("spec", SPECS)

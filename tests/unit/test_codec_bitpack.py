@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.codecs.bitpack import code_dtype, pack_codes, packed_nbytes, unpack_codes
-from approxdist.comm.codecs.framed import Workspace
 
 
 def reference_pack(codes: list[int], width: int) -> list[int]:
@@ -34,7 +34,7 @@ def width_and_codes(draw: st.DrawFn) -> tuple[int, list[int]]:
 @given(width_and_codes())
 def test_pack_matches_reference_and_unpacks(case: tuple[int, list[int]]) -> None:
     width, codes = case
-    work = Workspace()
+    work = BufferPool()
     out = torch.empty(packed_nbytes(len(codes), width), dtype=torch.uint8)
     pack_codes(as_code_tensor(codes, width), width, out, work)
     assert out.tolist() == reference_pack(codes, width)
@@ -43,7 +43,7 @@ def test_pack_matches_reference_and_unpacks(case: tuple[int, list[int]]) -> None
 
 
 def test_every_width_packs_to_ceil_bytes() -> None:
-    work = Workspace()
+    work = BufferPool()
     for width in range(1, 33):
         for n in (0, 1, 7, 8, 9, 1001):
             codes = [(i * 2654435761) % (1 << width) for i in range(n)]
@@ -55,5 +55,5 @@ def test_every_width_packs_to_ceil_bytes() -> None:
 
 def test_four_bit_codes_low_nibble_first() -> None:
     out = torch.empty(1, dtype=torch.uint8)
-    pack_codes(torch.tensor([0x3, 0xA], dtype=torch.uint8), 4, out, Workspace())
+    pack_codes(torch.tensor([0x3, 0xA], dtype=torch.uint8), 4, out, BufferPool())
     assert out.item() == 0xA3

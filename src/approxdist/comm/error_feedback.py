@@ -1,77 +1,73 @@
-"""Error feedback (1-bit SGD, Seide et al. 2014): carry each step's coding error into the next.
+"""Error feedback (1-bit SGD, Seide et al. 2014; EF-SGD, Karimireddy et al. 2019): what a lossy
+codec dropped from a gradient is added to the next step's, so nothing is lost for good.
 
-The residual-memory scheme used with 1-bit SGD and by DeepSpeed's 1-bit Adam / GRACE
-(ANCHORS.md): before encoding tensor `key`, add what the codec lost the last time that
-key was sent; after encoding, remember the new loss. Over steps the receiver sees the
-full signal, only delayed. The residuals are plain tensors keyed by name, so they can be
-checkpointed (`state_dict`) and survive bucket rebuilds when keys name parameters.
+With a lossy codec Q, a rank sends Q(g + r) instead of g and keeps the residual
+r <- (g + r) - Q(g + r) — how seed 004's low-precision all-reduces keep accuracy, and
+what DeepSpeed's 1-bit Adam and GRACE call the compressor's memory. Only this rank's own
+contribution (the first encoding) is compensated; partial sums re-encoded inside an
+all-reduce algorithm are not.
+
+One implementation serves every user (`DataParallel`'s buckets, the DDP comm hook): the
+residual of a flat buffer of *named* slices (a gradient bucket: one slice per
+parameter) lives in one flat tensor, compensated in place fragment by fragment (several
+communication threads may each take a fragment), and is saved and restored per name, so
+it survives a change of bucket layout (DDP's rebuild after the first step, another
+bucket size) and travels in checkpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from approxdist.comm.codecs.base import Codec, Payload
-from approxdist.errors import CodecError
+from approxdist.comm.codecs import Codec
+from approxdist.errors import ConfigError
+
+#: (name, offset, numel) of one named slice of a flat buffer
+Slice = tuple[str, int, int]
 
 
 class ErrorFeedback:
-    """Residual memory around one codec: `encode(key, x)` sends x + residual[key].
+    """Residual memory of one flat buffer laid out as named slices."""
 
-    A key seen with a new shape, dtype or device starts again from a zero residual.
-    """
+    def __init__(self, layout: Sequence[Slice], numel: int | None = None,
+                 device: torch.device | None = None) -> None:
+        self.layout = list(layout)
+        size = numel if numel is not None else max((o + n for _, o, n in self.layout), default=0)
+        self.flat = torch.zeros(size, dtype=torch.float32, device=device or torch.device("cpu"))
 
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-        self.residuals: dict[str, torch.Tensor] = {}
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.layout]
 
-    def encode(self, key: str, x: torch.Tensor) -> tuple[Payload, torch.Tensor]:
-        """Encode x plus the residual of `key`; return the payload and what the receiver decodes.
-
-        The residual becomes (x + old residual) - decoded.
-        """
-        corrected = x.detach().float()
-        residual = self._residual(key, corrected)
-        if residual is not None:
-            corrected = corrected + residual
-        payload = self.codec.encode(corrected)
-        decoded = self.codec.roundtrip(corrected)  # = decode(payload), cheaper for most codecs
-        new = corrected - decoded  # non-finite errors are not carried forward
-        self.residuals[key] = torch.nan_to_num_(new, nan=0.0, posinf=0.0, neginf=0.0)
-        return payload, decoded
-
-    def _residual(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
-        old = self.residuals.get(key)
-        if old is None or old.shape != like.shape or old.device != like.device:
-            return None
-        return old
+    def compensate(self, x: torch.Tensor, start: int, codec: Codec) -> None:
+        """x += r; r = x - Q(x), for `x` = the buffer's values from `start` on (in place:
+        `x` then holds what to encode)."""
+        r = self.flat[start:start + x.numel()]
+        x.add_(r)
+        codec.roundtrip(x, out=r)  # r = Q(x) (a bit mask or a cast for most codecs) ...
+        torch.sub(x, r, out=r)     # ... then r = x - Q(x)
+        torch.nan_to_num_(r, nan=0.0, posinf=0.0, neginf=0.0)  # never carry a non-finite error
 
     def residual_norm(self) -> float:
-        """L2 norm of all residuals together (0.0 when empty)."""
-        total = sum(float(r.double().pow(2).sum()) for r in self.residuals.values())
-        return total ** 0.5
+        return float(self.flat.double().norm())
 
-    def reset(self, key: str | None = None) -> None:
-        """Forget the residual of `key`, or all residuals."""
-        if key is None:
-            self.residuals.clear()
-        else:
-            self.residuals.pop(key, None)
+    def reset(self) -> None:
+        self.flat.zero_()
 
-    def state_dict(self) -> dict[str, object]:
-        return {"codec": self.codec.spec,
-                "residuals": {k: v.detach().clone() for k, v in self.residuals.items()}}
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The residual of every named slice (a copy)."""
+        return {name: self.flat[o:o + n].clone() for name, o, n in self.layout}
 
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
-        """Restore residuals saved by `state_dict`; the codec spec must match."""
-        spec = state.get("codec")
-        if spec != self.codec.spec:
-            raise CodecError(f"error-feedback state was saved for codec {spec!r}, not "
-                             f"{self.codec.spec!r}; load it into ErrorFeedback of {spec!r}")
-        residuals = state.get("residuals")
-        if not isinstance(residuals, Mapping):
-            raise CodecError("error-feedback state has no 'residuals' mapping; "
-                             "pass the dict returned by ErrorFeedback.state_dict()")
-        self.residuals = {str(k): torch.as_tensor(v).float().clone() for k, v in residuals.items()}
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Residuals by name; a slice without a saved residual starts from zero."""
+        for name, o, n in self.layout:
+            if name not in state:
+                continue
+            value = state[name]
+            if value.numel() != n:
+                raise ConfigError(f"error-feedback residual of {name!r} has {value.numel()} "
+                                  f"values but the parameter has {n}; was the checkpoint saved "
+                                  f"from another model?")
+            self.flat[o:o + n].copy_(value.reshape(-1))

@@ -7,9 +7,11 @@ bucket to one communication thread (its own process group and `Link`, so the emu
 link, byte counts and codecs apply exactly as in `DataParallel`) and returns a Future
 that completes with the bucket's mean. With `fp32` it equals plain DDP.
 
-Error feedback keeps one residual per *parameter* (found through
-`GradBucket.parameters()`), so it survives DDP's bucket rebuild after the first
-iteration and is saved by `state_dict()` under parameter names.
+Error feedback (`comm.error_feedback`, the one `DataParallel` uses) keeps its residuals
+per *parameter* (found through `GradBucket.parameters()`): each bucket layout gets its
+own `ErrorFeedback`, and a new layout (DDP's bucket rebuild after the first iteration)
+starts from the residuals saved under the same parameter names; `state_dict()` saves
+them under those names.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at run time
@@ -23,13 +25,14 @@ from torch import nn
 
 from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives import Calibration
+from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
 
 
 class HookState:
-    """The hook's thread, codec and per-parameter residuals."""
+    """The hook's thread, codec and error feedback per bucket layout."""
 
     def __init__(self, ctx: DistContext, names: Mapping[int, str], algorithm: str = "hybrid",
                  codec: str = "fp32", link: str | None = None, error_feedback: bool = False,
@@ -40,7 +43,8 @@ class HookState:
         self.names = dict(names)  # id(param) -> name
         self.pool = CommPool(ctx, group if group is not None else world_group(ctx), link, 1,
                              algorithm, calibration, name="ddp", gil_switch_ms=gil_switch_ms)
-        self.residuals: dict[str, torch.Tensor] = {}
+        self._feedback: dict[tuple[str, ...], ErrorFeedback] = {}
+        self._saved: dict[str, torch.Tensor] = {}  # loaded residuals not yet in a layout
 
     def reduce(self, flat: torch.Tensor, params: list[torch.Tensor], thread: CommThread) -> None:
         reducer = thread.reducer(self.codec)
@@ -49,26 +53,34 @@ class HookState:
         reducer(flat, op="mean")
 
     def _compensate(self, flat: torch.Tensor, params: list[torch.Tensor], codec: Codec) -> None:
-        r = torch.cat([self._residual(p) for p in params]) if params else flat.new_zeros(0)
-        if r.numel() != flat.numel():  # a bucket padded for alignment: compensate none of it
-            return
-        flat.add_(r)
-        sent = codec.roundtrip(flat)  # what the wire carries of our contribution
-        new = flat - sent
-        at = 0
-        for p in params:
-            self.residuals[self.names[id(p)]] = new[at:at + p.numel()].clone()
-            at += p.numel()
+        if sum(p.numel() for p in params) != flat.numel():
+            return  # a bucket padded for alignment: compensate none of it
+        self._feedback_for(params, flat.device).compensate(flat, 0, codec)
 
-    def _residual(self, p: torch.Tensor) -> torch.Tensor:
-        r = self.residuals.get(self.names[id(p)])
-        return r if r is not None else torch.zeros(p.numel(), device=p.device)
+    def _feedback_for(self, params: list[torch.Tensor], device: torch.device) -> ErrorFeedback:
+        names = tuple(self.names[id(p)] for p in params)
+        ef = self._feedback.get(names)
+        if ef is None:  # a new layout: carry over what earlier layouts kept for these names
+            layout, at = [], 0
+            for name, p in zip(names, params):
+                layout.append((name, at, p.numel()))
+                at += p.numel()
+            ef = ErrorFeedback(layout, at, device)
+            ef.load_state_dict(self.state_dict())
+            self._feedback[names] = ef
+        return ef
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.residuals.items()}
+        """Residuals per parameter name (the latest layout holding a name wins)."""
+        out = dict(self._saved)
+        for ef in self._feedback.values():
+            out.update(ef.state_dict())
+        return out
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.residuals = {k: v.clone().reshape(-1) for k, v in state.items()}
+        self._saved = {k: v.clone().reshape(-1) for k, v in state.items()}
+        for ef in self._feedback.values():
+            ef.load_state_dict(self._saved)
 
     def bytes_sent(self) -> int:
         return self.pool.bytes_sent()

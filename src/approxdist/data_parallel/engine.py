@@ -18,8 +18,8 @@ What happens (docs/data_parallel.md has the whole story):
   been written back into `.grad` — unless `early_forward`, where each bucket's optimizer
   step runs on the thread that finished it and the next forward of each layer waits
   only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
-* lossy codecs may keep error-feedback residuals (`feedback.py`), which travel in
-  `state_dict()` as extra state;
+* lossy codecs may keep error-feedback residuals (`comm.error_feedback`), which travel
+  in `state_dict()` as extra state;
 * `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
   transfers, and the caller's thread a `wait` span wherever it blocks on them;
 * `hold_freed_memory` (default True) keeps freed heap memory in the process

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.data_parallel.buckets import BucketPlan, forward_order, fragments
-from approxdist.data_parallel.feedback import Residuals
 from approxdist.data_parallel.threads import CommPool, CommThread
 from approxdist.errors import CommError
 
@@ -44,8 +44,8 @@ class BucketState:
                            for o, n, p in zip(plan.offsets, plan.numels, self.params)]
         self.flat, self.views = self._own, list(self._own_views)
         self.solo = len(self.params) == 1 and self.params[0].dtype == torch.float32
-        self.residuals = Residuals(list(zip(plan.names, plan.offsets, plan.numels)), plan.numel,
-                                   device) if error_feedback else None
+        self.residuals = ErrorFeedback(list(zip(plan.names, plan.offsets, plan.numels)),
+                                       plan.numel, device) if error_feedback else None
         self.have = [False] * len(self.params)
         self.missing = len(self.params)
         self.launched = False
@@ -159,7 +159,7 @@ class Reducer:
             reducer = thread.reducer(b.plan.codec)
             x = b.flat[start:stop]
             if b.residuals is not None and not reducer.codec.lossless and reducer.world_size > 1:
-                b.residuals.apply(x, start, reducer.codec)
+                b.residuals.compensate(x, start, reducer.codec)
             reducer(x, op="mean")
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
             b.error = b.error or exc

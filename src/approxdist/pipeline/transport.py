@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
@@ -85,22 +86,6 @@ class TimedCodec(Codec):
 
     def codes_offset(self, numel: int) -> int:
         return self.inner.codes_offset(numel)
-
-
-class BufferPool:
-    """Flat buffers by key, grown as needed; `get` returns the first `numel` elements."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._bufs: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
-
-    def get(self, name: str, index: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        key = (name, index, dtype)
-        buf = self._bufs.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=dtype, device=self.device)
-            self._bufs[key] = buf
-        return buf[:numel]
 
 
 class PendingRecv:
@@ -218,11 +203,12 @@ class StageTransport:
 
     def _recv(self, name: str, m: int, shape: Shape, stage: int, d: _Direction) -> PendingRecv:
         numel = math.prod(shape)
-        flat = self._pool.get(f"out-{name}", m, numel, torch.float32)
+        flat = self._pool.get(f"out-{name}", numel, torch.float32, index=m)
         if d.raw:
             handle = self.link.irecv_bytes(self.peer(stage), flat.view(torch.uint8))
             return PendingRecv(handle, flat.view(shape), None, None, self.link.stats, self.rec)
-        data = self._pool.get(f"recv-{name}", m, d.recv_codec.payload_nbytes(numel), torch.uint8)
+        data = self._pool.get(f"recv-{name}", d.recv_codec.payload_nbytes(numel), torch.uint8,
+                              index=m)
         handle = self.link.irecv_bytes(self.peer(stage), data)
         return PendingRecv(handle, flat.view(shape), d.recv_codec, d.channel, self.link.stats,
                            self.rec)
@@ -243,7 +229,7 @@ class StageTransport:
             self.send_seconds += time.perf_counter() - t0
             return
         codec = d.send_codec
-        buf = self._pool.get(f"send-{name}", m, codec.payload_nbytes(x.numel()), torch.uint8)
+        buf = self._pool.get(f"send-{name}", codec.payload_nbytes(x.numel()), torch.uint8, index=m)
         with self.rec.span(ENCODE):
             payload = codec.encode(x.detach(), out=buf)
             if d.channel is not None:

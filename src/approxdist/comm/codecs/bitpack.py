@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from approxdist.comm.codecs.framed import Workspace, typed
+from approxdist.comm.buffers import BufferPool
+from approxdist.comm.codecs.framed import typed
 
 _ACC = ((8, torch.uint8), (16, torch.int16), (32, torch.int32), (64, torch.int64))
 
@@ -45,7 +46,7 @@ def _acc(nbits: int) -> tuple[torch.dtype, int, int]:
     return torch.int64, 64, (nbits + 63) // 64
 
 
-def pack_codes(codes: torch.Tensor, width: int, out: torch.Tensor, work: Workspace) -> None:
+def pack_codes(codes: torch.Tensor, width: int, out: torch.Tensor, work: BufferPool) -> None:
     """Pack 1-D `codes` (dtype `code_dtype(width)`, values < 2**width) into the uint8 `out`."""
     n = codes.numel()
     g, b = group_shape(width)
@@ -61,7 +62,7 @@ def pack_codes(codes: torch.Tensor, width: int, out: torch.Tensor, work: Workspa
         out[full * b:].copy_(tail[: out.numel() - full * b])
 
 
-def _pack_groups(groups: torch.Tensor, width: int, out: torch.Tensor, work: Workspace) -> None:
+def _pack_groups(groups: torch.Tensor, width: int, out: torch.Tensor, work: BufferPool) -> None:
     ng, g = groups.shape
     if g == 1:  # whole-byte codes: the stream is their little-endian image
         if groups.data_ptr() == out.data_ptr() and groups.dtype == torch.uint8:
@@ -97,7 +98,7 @@ def _pack_groups(groups: torch.Tensor, width: int, out: torch.Tensor, work: Work
 _WORD = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _pack_bytes_mul(groups: torch.Tensor, width: int, out: torch.Tensor, work: Workspace) -> None:
+def _pack_bytes_mul(groups: torch.Tensor, width: int, out: torch.Tensor, work: BufferPool) -> None:
     """Sub-byte codes (one per byte, G per word) -> packed bytes with one multiply per word.
 
     Byte j of a word sits at bit 8j and must move to bit j*width. Multiplying by
@@ -115,7 +116,7 @@ def _pack_bytes_mul(groups: torch.Tensor, width: int, out: torch.Tensor, work: W
     out.copy_(tmp)
 
 
-def unpack_codes(data: torch.Tensor, width: int, numel: int, work: Workspace) -> torch.Tensor:
+def unpack_codes(data: torch.Tensor, width: int, numel: int, work: BufferPool) -> torch.Tensor:
     """The `numel` codes of the packed uint8 `data`, as int32 (a work buffer, overwritten later)."""
     g, b = group_shape(width)
     ng = (numel + g - 1) // g
@@ -130,7 +131,7 @@ def unpack_codes(data: torch.Tensor, width: int, numel: int, work: Workspace) ->
     return codes[:numel]
 
 
-def _unpack_groups(rows: torch.Tensor, width: int, codes: torch.Tensor, work: Workspace) -> None:
+def _unpack_groups(rows: torch.Tensor, width: int, codes: torch.Tensor, work: BufferPool) -> None:
     ng, b = rows.shape
     g = codes.shape[1]
     if width in (8, 16, 32):

@@ -7,31 +7,10 @@ from collections.abc import Callable
 
 import torch
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.codecs.base import Codec, Payload
 from approxdist.comm.codecs.header import HEADER_NBYTES, check_header, write_header
 from approxdist.errors import CodecError
-
-
-class Workspace:
-    """Work buffers reused across calls: one flat buffer per (name, dtype, device), grown as needed.
-
-    `get` returns a contiguous view of the first `numel` elements, so a codec that sees the
-    same (or a smaller) size again allocates nothing.
-    """
-
-    def __init__(self) -> None:
-        self._bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        key = (name, dtype, device)
-        buf = self._bufs.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(numel, dtype=dtype, device=device)
-            self._bufs[key] = buf
-        return buf[:numel]
-
-    def clear(self) -> None:
-        self._bufs.clear()
 
 
 def as_fp32(x: torch.Tensor, spec: str) -> torch.Tensor:
@@ -74,7 +53,7 @@ class FramedCodec(Codec):
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
-        self.work = Workspace()
+        self.work = BufferPool()
 
     @property
     def bits_per_value(self) -> float:

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.codecs.bitpack import unpack_codes
-from approxdist.comm.codecs.framed import Workspace
 
 
 def byte_digits(width: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ class LutDecoder:
             digits = self._digits.setdefault(values.device, byte_digits(self.width).to(values.device))
         return values[digits]
 
-    def decode(self, data: torch.Tensor, n: int, out: torch.Tensor, work: Workspace,
+    def decode(self, data: torch.Tensor, n: int, out: torch.Tensor, work: BufferPool,
                tables: LutTables) -> None:
         """Fill flat fp32 `out` (n values) from packed `data` given the code tables."""
         rows = tables.rows
@@ -100,5 +100,5 @@ class CachedLut:
     def values(self, device: torch.device) -> torch.Tensor:
         return self.tables(device).values
 
-    def decode(self, data: torch.Tensor, n: int, out: torch.Tensor, work: Workspace) -> None:
+    def decode(self, data: torch.Tensor, n: int, out: torch.Tensor, work: BufferPool) -> None:
         self.decoder.decode(data, n, out, work, self.tables(data.device))

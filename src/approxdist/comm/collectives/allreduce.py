@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
 from approxdist.comm.codecs import Codec, get_codec
-from approxdist.comm.codecs.framed import Workspace
 from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.calibration import Calibration
 from approxdist.comm.collectives.check import CheckedComm, Signature
@@ -65,7 +65,7 @@ class AllReduce:
         if segment_bytes is not None and segment_bytes < 4:
             raise SpecError(f"segment_bytes {segment_bytes} must be >= 4 (one fp32 value)")
         self.segment_bytes = segment_bytes
-        self.scratch = Workspace()
+        self.scratch = BufferPool()
         self.nonfinite = 0
         self._signatures: dict[Signature, torch.Tensor] = {}
         self._decode_into = decodes_into(self.codec)

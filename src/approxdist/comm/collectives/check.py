@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from approxdist.comm.codecs.framed import Workspace
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send
 from approxdist.errors import CommError
 
@@ -169,11 +169,11 @@ class CheckedComm:
     """A `PeerComm` whose first message to and from each peer carries the `Signature`."""
 
     def __init__(self, inner: PeerComm, signature: Signature, encoded: torch.Tensor,
-                 scratch: Workspace | None = None, names: Sequence[int] | None = None) -> None:
+                 scratch: BufferPool | None = None, names: Sequence[int] | None = None) -> None:
         """`names[i]` is how errors name member i (its global rank; default i itself)."""
         self.inner, self.signature, self._sig = inner, signature, encoded
         self.names = list(names) if names is not None else list(range(inner.world_size))
-        self.scratch = scratch or Workspace()
+        self.scratch = scratch or BufferPool()
         self.rank, self.world_size = inner.rank, inner.world_size
         self.cap = 0 if encoded.device.type == "cuda" else HEAD_CAP
         self.announced: set[int] = set()

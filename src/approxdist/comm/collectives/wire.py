@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
+from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload
-from approxdist.comm.codecs.framed import Workspace
 from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send, bounds
 
 _EMPTY_BYTES = torch.empty(0, dtype=torch.uint8)
@@ -51,7 +51,7 @@ class Wire:
     """One rank's codec-aware view of a `PeerComm` for one collective call."""
 
     def __init__(self, comm: PeerComm, codec: Codec, channel: Channel | None,
-                 scratch: Workspace, device: torch.device, decode_into: bool = False) -> None:
+                 scratch: BufferPool, device: torch.device, decode_into: bool = False) -> None:
         self.comm, self.codec, self.scratch, self.device = comm, codec, scratch, device
         self.channel = None if channel is None or channel.is_identity else channel
         self.exact = codec.lossless and self.channel is None
