@@ -18,25 +18,19 @@ from typing import Any
 
 import torch
 
+from approxdist.cli.groups import command_group
 from approxdist.comm.exponents import TARGET_COVERAGE, ExponentReport, exponent_report
 from approxdist.errors import DataError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("inspect", help="look inside saved tensors",
-                       description="Analyses of saved tensors.")
-    kinds = p.add_subparsers(dest="inspect", metavar="WHAT")
+    kinds = command_group(sub, "inspect", "look inside saved tensors",
+                          "Analyses of saved tensors.", metavar="WHAT")
     e = kinds.add_parser("exponents", help="8-bit exponent histogram and a bit-scheme suggestion",
                          description=__doc__.split("\n\n")[0] if __doc__ else None)
     e.add_argument("file", type=Path, help="file written by torch.save")
     e.add_argument("--json", type=Path, help="write the report to this JSON file")
     e.set_defaults(func=run)
-    p.set_defaults(func=lambda a: _missing(p))
-
-
-def _missing(p: argparse.ArgumentParser) -> int:
-    p.print_help()
-    return 2
 
 
 def load_values(path: Path) -> tuple[torch.Tensor, int]:

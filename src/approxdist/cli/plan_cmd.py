@@ -16,15 +16,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.groups import command_group
 from approxdist.errors import ConfigError
 from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="show a parallel topology or plan file",
-                       description="Print which rank runs which pipeline stage and replica, "
-                                   "and the groups every rank talks in.")
-    kinds = p.add_subparsers(dest="plan_command", metavar="ACTION")
+    kinds = command_group(sub, "plan", "show a parallel topology or plan file",
+                          "Print which rank runs which pipeline stage and replica, and the "
+                          "groups every rank talks in.")
     show = kinds.add_parser("show", help="print a topology as a grid",
                             description=__doc__.split("\n\n")[0] if __doc__ else None)
     show.add_argument("file", nargs="?", help="a plan file (JSON) to read the topology from")
@@ -34,7 +34,6 @@ def register(sub: Any) -> None:
     show.add_argument("--placement", help="global ranks in stage-major order (stage 0's "
                                           "replicas first; default 0,1,2,...)")
     show.set_defaults(func=run_show)
-    p.set_defaults(func=lambda a: _missing(p))
 
 
 def topology_from(args: argparse.Namespace) -> Topology:
@@ -50,12 +49,11 @@ def topology_from(args: argparse.Namespace) -> Topology:
 
 
 def _read_plan(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"plan file {str(path)!r} does not exist; pass a JSON plan file")
     try:
         plan = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc})"
+        raise ConfigError(f"plan file {str(path)!r} {why}; pass a JSON plan file") from None
     if not isinstance(plan, dict):
         raise ConfigError(f"plan file {str(path)!r} must hold one JSON object with 'stages'")
     return plan
@@ -65,7 +63,3 @@ def run_show(args: argparse.Namespace) -> int:
     print(render(topology_from(args)))
     return 0
 
-
-def _missing(p: argparse.ArgumentParser) -> int:
-    p.print_help()
-    return 2

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from approxdist.cli.groups import command_group
 from approxdist.pipeline.schedule import build_schedule, format_grid, schedule_names, summary
 from approxdist.pipeline.schedule.registry import describe
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("schedule", help="show and check pipeline schedules",
-                       description="Pipeline schedules are data: print one as a "
-                                   "time-step x rank grid after validating it.")
-    kinds = p.add_subparsers(dest="schedule_command", metavar="ACTION")
+    kinds = command_group(sub, "schedule", "show and check pipeline schedules",
+                          "Pipeline schedules are data: print one as a time-step x rank grid "
+                          "after validating it.")
     show = kinds.add_parser("show", help="print a schedule as a grid",
                             description="Validate the schedule and print its grid, the "
                                         "bubble fraction and peak in-flight activations.")
@@ -27,7 +27,6 @@ def register(sub: Any) -> None:
     show.set_defaults(func=run_show)
     lister = kinds.add_parser("list", help="list the schedule names")
     lister.set_defaults(func=run_list)
-    p.set_defaults(func=lambda a: _missing(p))
 
 
 def render_show(name: str, num_stages: int, num_microbatches: int,
@@ -50,7 +49,3 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"{name:<8} {describe(name)}")
     return 0
 
-
-def _missing(p: argparse.ArgumentParser) -> int:
-    p.print_help()
-    return 2

@@ -28,9 +28,9 @@ class Progress:
 
     epoch: int = 0
     step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)  # the epoch records so far
     elapsed_s: float = 0.0
     bytes_sent: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 def checkpoint_dir(run_dir: Path, groups: TopologyGroups) -> Path:
@@ -67,6 +67,6 @@ def load_agreed(directory: Path, groups: TopologyGroups) -> tuple[Progress, dict
             + "; a stage died while saving, restart from scratch")
     state = groups.replicas.broadcast_object(state)
     assert state is not None
-    progress = Progress(*(state[k] for k in _PROGRESS))
+    progress = Progress(**{k: state[k] for k in _PROGRESS})
     progress.history = list(progress.history)
     return progress, {k: v for k, v in state.items() if k not in _PROGRESS}
