@@ -25,6 +25,7 @@ from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.data.loader import _mix, eval_shard
 from approxdist.errors import ApproxDistError, CommError
 from approxdist.launch.context import DistContext
+from approxdist.topology import Topology
 from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
 from approxdist.train import log
@@ -131,7 +132,10 @@ class Trainer:
             for epoch in range(self.progress.epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
         except (ApproxDistError, RuntimeError) as exc:
-            raise self._named(exc) from exc
+            named = name_lost_peer(exc, self.groups.topology, self.ctx.rank)
+            if named is exc:
+                raise
+            raise named from exc
         finally:
             self.engine.close()
         return self.summary()
@@ -154,16 +158,6 @@ class Trainer:
                            f"{stats['train_loss']:.4f}  train {100 * stats['train_accuracy']:.2f}%"
                            f"  test {100 * acc:.2f}%  {stats['samples_per_s']:.0f} samples/s")
         self.save()
-
-    def _named(self, exc: BaseException) -> BaseException:
-        """`exc`, or a `CommError` naming the lost peer's place when one is known."""
-        peer = getattr(exc, "peer", None)
-        topo = self.groups.topology
-        if peer is None or not 0 <= peer < topo.world_size:
-            return exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return CommError(f"lost {topo.describe_rank(peer)}, which may have died; "
-                         f"{topo.describe_rank(self.ctx.rank)} stopped: {first}", peer=peer)
 
     def summary(self) -> dict[str, Any]:
         return {**run_summary(self.progress, self.cfg, self.ctx.world_size),
@@ -190,6 +184,16 @@ class Trainer:
         progress, state = load_agreed(self.checkpoint_dir, self.groups)
         self.engine.load_state_dict(state)
         self.progress = progress
+
+
+def name_lost_peer(exc: BaseException, topology: Topology, rank: int) -> BaseException:
+    """`exc`, or a `CommError` naming the lost peer and its place when `exc` knows the peer."""
+    peer = getattr(exc, "peer", None)
+    if peer is None or not 0 <= peer < topology.world_size:
+        return exc
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CommError(f"lost {topology.describe_rank(peer)}, which may have died; "
+                     f"{topology.describe_rank(rank)} stopped: {first}", peer=peer)
 
 
 def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, Any]:
