@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from approxdist.data_parallel.buckets import (
-    ParamInfo,
-    check_sizes,
-    forward_order,
-    fragments,
-    plan_buckets,
-)
+from approxdist.config.dp import check_sizes
+from approxdist.data_parallel.buckets import ParamInfo, forward_order, fragments, plan_buckets
 from approxdist.errors import ConfigError
 
 

@@ -11,6 +11,7 @@ from approxdist.cli.train_cmd import flag_layer
 from approxdist.config import load_config, write_config
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError, SpecError
+from approxdist.train.check import check_parts
 
 
 def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
@@ -21,18 +22,51 @@ def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
     assert load_config(tmp_path / "c.toml") == cfg
 
 
-@pytest.mark.parametrize(("dp", "error", "message"), [
-    ({"engine": "nccl"}, ConfigError, "dp.engine = 'nccl' is not one of: approxdist, plain"),
-    ({"engine": "plain", "codec": "bf16"}, ConfigError, "'plain' takes none of dp.codec"),
-    ({"algorithm": "tree"}, ConfigError, "dp.algorithm = 'tree' is not one of"),
-    ({"codec": "fp7"}, SpecError, "unknown codec spec 'fp7'"),
-    ({"codec_rules": ["conv"]}, ConfigError, "has no '='"),
-    ({"threads": 0}, ConfigError, "threads = 0 must be >= 1"),
-    ({"gil_switch_ms": -1.0}, ConfigError, "dp.gil_switch_ms = -1.0 must be >= 0"),
+@pytest.mark.parametrize(("dp", "message"), [
+    ({"engine": "nccl"}, "dp.engine = 'nccl' is not one of: approxdist, plain"),
+    ({"engine": "plain", "codec": "bf16"}, "'plain' takes none of dp.codec"),
+    ({"threads": 0}, "threads = 0 must be >= 1"),
+    ({"bucket_mb": -1.0}, "bucket sizes must be >= 0 MB"),
+    ({"gil_switch_ms": -1.0}, "dp.gil_switch_ms = -1.0 must be >= 0"),
 ])
-def test_bad_dp_values_are_named(dp: dict, error: type[Exception], message: str) -> None:
-    with pytest.raises(error, match=message):
+def test_bad_dp_values_are_named_by_the_config(dp: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
         build_config({"dp": dp})
+
+
+@pytest.mark.parametrize(("sections", "error", "message"), [
+    ({"dp": {"algorithm": "tree"}}, ConfigError, "dp.algorithm = 'tree' is not one of"),
+    ({"dp": {"codec": "fp7"}}, SpecError, "unknown codec spec 'fp7'"),
+    ({"dp": {"codec_rules": ["conv"]}}, ConfigError, "has no '='"),
+    ({"comm": {"link": "bw=fast"}}, SpecError, "bandwidth 'fast' is not <number><unit>"),
+    ({"pipeline": {"schedule": "zb"}}, ConfigError, "pipeline.schedule = 'zb' is not one of: "
+                                                    "1f1b, gpipe"),
+    ({"pipeline": {"fwd_codec": "bits:x"}}, ConfigError, "pipeline.fwd_codec = 'bits:x': "),
+    ({"pipeline": {"bwd_channel": "ber:2@5"}}, ConfigError, "pipeline.bwd_channel = 'ber:2@5': "),
+])
+def test_names_are_checked_against_the_parts(sections: dict, error: type[Exception],
+                                             message: str) -> None:
+    """config/ knows no codec or schedule: `check_parts` checks the names against the parts,
+    before any worker starts and when a rank builds its trainer."""
+    cfg = build_config(sections)  # the config itself accepts any name
+    with pytest.raises(error, match=message):
+        check_parts(cfg)
+
+
+def test_config_imports_none_of_the_layers_it_configures() -> None:
+    import ast
+
+    import approxdist.config as config
+
+    for path in Path(config.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("approxdist"):
+                assert node.module.split(".")[1] in ("config", "errors"), (path.name, node.module)
+
+
+def test_placement_needs_a_pipeline() -> None:
+    with pytest.raises(ConfigError, match=r"pipeline.placement = \[1, 0\] places pipeline stages"):
+        build_config({"pipeline": {"placement": [1, 0]}})
 
 
 def test_link_needs_our_engine() -> None:

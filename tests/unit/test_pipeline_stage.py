@@ -20,6 +20,7 @@ from approxdist.pipeline.runtime import build_runtime, check_run
 from approxdist.pipeline.schedule import Kind, build_schedule
 from approxdist.pipeline.stage import StageCompute
 from approxdist.pipeline.transport import TimedCodec
+from approxdist.train.check import check_parts
 
 
 def _bn_dropout_model() -> nn.Sequential:
@@ -110,8 +111,9 @@ def test_timed_codec_delegates_and_counts_time() -> None:
     ({"bwd_channel": "ber:2@1"}, "pipeline.bwd_channel = 'ber:2@1': bit error rate 2.0"),
 ])
 def test_bad_pipeline_config_names_the_value(section: dict[str, object], message: str) -> None:
+    """Ranges and syntax fail in the config; names (schedule, codecs) in `check_parts`."""
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config(None, {"pipeline": section})
+        check_parts(load_config(None, {"pipeline": section}))
 
 
 def test_config_defaults_and_balance() -> None:

@@ -20,6 +20,7 @@ from approxdist.topology import parse_ints
 from approxdist.topology.groups import check_world
 from approxdist.trace.gather import TRACE_FILE
 from approxdist.train.build import topology_of
+from approxdist.train.check import check_parts
 from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
@@ -157,7 +158,8 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
 
 
 def preflight(cfg: Config) -> None:
-    """Catch bad data paths and model/data mismatches here, before any worker starts."""
+    """Catch bad names, data paths and model/data mismatches here, before any worker starts."""
+    check_parts(cfg)
     data = load_dataset(cfg.data)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     n = data.train_x.shape[0]

@@ -2,7 +2,9 @@
 
 `engine = "approxdist"` is `approxdist.DataParallel` (buckets, overlap, threads, codecs,
 early forward); `engine = "plain"` is the one-flat-`dist.all_reduce` baseline, which
-takes none of the other options.
+takes none of the other options. Sizes are checked here (`check_sizes`, also what
+`DataParallel` checks its arguments with); the algorithm, codec and codec-rule names
+against their registries where the engine is built (`approxdist.train.check`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,17 @@ from dataclasses import dataclass, fields
 from approxdist.errors import ConfigError
 
 DP_ENGINES = ("approxdist", "plain")
+
+
+def check_sizes(bucket_mb: float, first_bucket_mb: float, chunk_kb: float, threads: int) -> None:
+    """Reject sizes that cannot work, naming the value and a working one."""
+    if bucket_mb < 0 or first_bucket_mb < 0:
+        raise ConfigError(f"bucket sizes must be >= 0 MB (0 = one parameter per bucket); got "
+                          f"bucket_mb={bucket_mb}, first_bucket_mb={first_bucket_mb}")
+    if chunk_kb < 0:
+        raise ConfigError(f"chunk_kb = {chunk_kb} must be >= 0 (0 = no fragmentation); e.g. 1024")
+    if threads < 1:
+        raise ConfigError(f"threads = {threads} must be >= 1 communication thread; e.g. 2")
 
 
 @dataclass(frozen=True)
@@ -39,18 +52,10 @@ class DPConfig:
         if self.engine == "plain":
             self._check_plain()
             return
-        from approxdist.comm.collectives import algorithm_names
-        from approxdist.data_parallel.buckets import check_sizes
-        from approxdist.data_parallel.codec_rules import CodecRules
-
-        if self.algorithm not in algorithm_names():
-            raise ConfigError(f"dp.algorithm = {self.algorithm!r} is not one of: "
-                              f"{', '.join(algorithm_names())}")
         check_sizes(self.bucket_mb, self.first_bucket_mb, self.chunk_kb, self.threads)
         if self.gil_switch_ms < 0:
             raise ConfigError(f"dp.gil_switch_ms = {self.gil_switch_ms} must be >= 0 "
                               f"(0 leaves Python's 5 ms); e.g. 0.5")
-        CodecRules.parse(self.codec_rules, self.codec).validate()
 
     def _check_plain(self) -> None:
         default = DPConfig()

@@ -3,32 +3,20 @@
 Seed 000 cuts a network into two stages and sends the forward activations through a
 lossy wire format; its future work asks for the backward gradients too, so each
 direction has its own codec (DESIGN.md "Codec spec strings") and channel ("Channel
-spec"). Self-checks happen here; checks that need the model, the data or the world
-size live in `approxdist.pipeline.runtime.check_run`.
+spec"). Self-checks (ranges, fixed choices, syntax) happen here; the names of codecs,
+channels and schedules are checked against their registries where the parts are built
+(`approxdist.train.check.check_parts`), and checks that need the model, the data or the
+world size live in `approxdist.pipeline.runtime.check_run`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.errors import ConfigError
 
 BALANCE_CHOICES = ("", "params", "time")
 FUSE_CHOICES = ("auto", "all", "off")
-
-
-def _check_spec(name: str, value: str, kind: str) -> None:
-    """Build the codec / channel once so a bad spec fails here, naming the key."""
-    from approxdist.comm.channel import get_channel
-    from approxdist.comm.codecs import get_codec
-
-    try:
-        get_codec(value) if kind == "codec" else get_channel(value)
-    except ApproxDistError as exc:
-        lines = str(exc).splitlines()
-        rest = "; ".join(" ".join(line.split()) for line in lines[1:])
-        raise ConfigError(f"pipeline.{name} = {value!r}: {lines[0]}"
-                          + (f" {rest}" if rest else "")) from None
 
 
 def _check_split(split: str) -> None:
@@ -89,18 +77,7 @@ class PipelineConfig:
             raise ConfigError(f"pipeline.placement = {list(self.placement)} names "
                               f"{len(self.placement)} rank(s) for {self.stages} stages; give one "
                               f"rank per stage, e.g. {list(range(self.stages))[::-1]}")
-        self._check_schedule()
-        for name in ("fwd_codec", "bwd_codec"):
-            _check_spec(name, getattr(self, name), "codec")
-        for name in ("fwd_channel", "bwd_channel"):
-            _check_spec(name, getattr(self, name), "channel")
 
-    def _check_schedule(self) -> None:
-        from approxdist.pipeline.schedule import schedule_names
-
-        if self.schedule not in schedule_names():
-            raise ConfigError(f"pipeline.schedule = {self.schedule!r} is not one of: "
-                              f"{', '.join(schedule_names())}")
 
     @property
     def balance_method(self) -> str | None:

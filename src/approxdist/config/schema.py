@@ -136,15 +136,10 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class CommConfig:
-    """What every transfer of the run goes through: the emulated link (DESIGN.md "Link spec")."""
+    """What every transfer of the run goes through: the emulated link (DESIGN.md "Link spec";
+    the spec is parsed where the links are built, `approxdist.train.check`)."""
 
     link: str = ""
-
-    def __post_init__(self) -> None:
-        if self.link:
-            from approxdist.comm.netem import parse_link
-
-            parse_link(self.link)  # raises SpecError naming the bad part
 
 
 @dataclass(frozen=True)
@@ -166,6 +161,9 @@ class Config:
                 f"comm.link = {self.comm.link!r}: the plain dp engine reduces with dist.all_reduce, "
                 "which the link emulation cannot shape; drop --link or use --dp-engine approxdist"
             )
+        if self.pipeline.placement and self.train.parallel != "pipeline":
+            raise ConfigError(f"pipeline.placement = {list(self.pipeline.placement)} places "
+                              f"pipeline stages; use it with --parallel pipeline")
         if self.data.batch_size % world and self.train.parallel != "pipeline":  # stages share a batch
             lo = self.data.batch_size - self.data.batch_size % world
             hint = f"try {lo}" if lo else f"try {world}"

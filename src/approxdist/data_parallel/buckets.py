@@ -23,8 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from approxdist.errors import ConfigError
-
 
 @dataclass(frozen=True)
 class ParamInfo:
@@ -101,14 +99,3 @@ def fragments(numel: int, chunk_numel: int) -> list[tuple[int, int]]:
 def forward_order(n_buckets: int) -> list[int]:
     """Bucket indices in the order the next forward needs them (first layers first)."""
     return list(range(n_buckets - 1, -1, -1))
-
-
-def check_sizes(bucket_mb: float, first_bucket_mb: float, chunk_kb: float, threads: int) -> None:
-    """Reject sizes that cannot work, naming the value and a working one."""
-    if bucket_mb < 0 or first_bucket_mb < 0:
-        raise ConfigError(f"bucket sizes must be >= 0 MB (0 = one parameter per bucket); got "
-                          f"bucket_mb={bucket_mb}, first_bucket_mb={first_bucket_mb}")
-    if chunk_kb < 0:
-        raise ConfigError(f"chunk_kb = {chunk_kb} must be >= 0 (0 = no fragmentation); e.g. 1024")
-    if threads < 1:
-        raise ConfigError(f"threads = {threads} must be >= 1 communication thread; e.g. 2")

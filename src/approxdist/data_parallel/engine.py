@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 from approxdist.comm.collectives import Calibration
-from approxdist.data_parallel.buckets import ParamInfo, check_sizes, plan_buckets
+from approxdist.config.dp import check_sizes
+from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
 from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.data_parallel.early_forward import StepApplier

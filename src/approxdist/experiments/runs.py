@@ -48,7 +48,10 @@ EPOCH_LIMIT_S = 6 * 3600.0
 
 def train_run(sections: Sections, run_dir: Path) -> dict[str, Any]:
     """Train once with `sections` (validated first) into `run_dir`; return summary.json's dict."""
+    from approxdist.train.check import check_parts
+
     cfg = build_config(sections)
+    check_parts(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     probe = run_dir / ".config.new.toml"
     write_config(cfg, probe)

@@ -19,6 +19,7 @@ from approxdist.topology import Topology
 from approxdist.topology.groups import make_groups
 from approxdist.trace import NULL_RECORDER, Recorder
 from approxdist.train import engines  # noqa: F401  (registers the engines)
+from approxdist.train.check import check_parts
 from approxdist.train.engine import ENGINES
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import LRRule
@@ -38,6 +39,7 @@ def topology_of(cfg: Config) -> Topology:
 def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
                   rec: Recorder = NULL_RECORDER) -> Trainer:
     """This rank's trainer (collective over the world); `rec` records its phases."""
+    check_parts(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     groups = make_groups(topology_of(cfg), ctx)
     data = load_dataset(cfg.data)
