@@ -26,6 +26,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
 from approxdist.pipeline.schedule.grid import theoretical_bubble
+from approxdist.train.check import check_pipeline
 
 #: per-sample input shape of each benchmark model (an MLP on 1024 features, CIFAR images)
 INPUTS = {"mlp": (1024,), "resnet20": (3, 32, 32), "resnet56": (3, 32, 32)}
@@ -76,7 +77,7 @@ def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
         if case.microbatches > case.batch_size:
             raise ConfigError(f"--microbatches {case.microbatches} exceeds --batch-size "
                               f"{case.batch_size}; use 1..{case.batch_size}")
-        case.pipeline_config()  # raises ConfigError naming a bad schedule or codec
+        check_pipeline(case.pipeline_config())  # ConfigError naming a bad schedule or codec
     if args.stages < 2:
         raise ConfigError(f"--stages {args.stages}: a pipeline benchmark needs 2 or more stages")
     return cases

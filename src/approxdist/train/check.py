@@ -14,6 +14,7 @@ from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import algorithm_names
 from approxdist.comm.netem import parse_link
+from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
 from approxdist.errors import ApproxDistError, ConfigError
@@ -26,7 +27,7 @@ def check_parts(cfg: Config) -> None:
         parse_link(cfg.comm.link)  # SpecError naming the bad part of the spec
     if cfg.dp.engine == "approxdist":
         _check_dp(cfg)
-    _check_pipeline(cfg)
+    check_pipeline(cfg.pipeline)
 
 
 def _check_dp(cfg: Config) -> None:
@@ -36,8 +37,8 @@ def _check_dp(cfg: Config) -> None:
     CodecRules.parse(cfg.dp.codec_rules, cfg.dp.codec).validate()
 
 
-def _check_pipeline(cfg: Config) -> None:
-    p = cfg.pipeline
+def check_pipeline(p: PipelineConfig) -> None:
+    """The `[pipeline]` section's schedule, codecs and channels."""
     if p.schedule not in schedule_names():
         raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: "
                           f"{', '.join(schedule_names())}")
