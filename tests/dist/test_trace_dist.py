@@ -33,7 +33,7 @@ from approxdist.trace import (
     save_rank_trace,
 )
 from approxdist.trace.analysis import analyze
-from approxdist.trace.demo import run_demo
+from tests.helpers.trace_demo import run_demo
 
 
 def _exchange(ctx: DistContext, run_dir: str) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from approxdist.comm.collectives import ALGORITHMS, AllReduce, algorithm_names, 
 from approxdist.comm.collectives.base import bounds, ceil_log2, largest_power_of_two
 from approxdist.comm.collectives.brb import children, parent
 from approxdist.comm.collectives.fold import core_members
-from approxdist.comm.collectives.sim import SimWorld, simulate
 from approxdist.errors import CommError, SpecError
+from tests.helpers.sim_world import SimWorld, simulate
 
 ALGOS = ["native", "ring", "brb", "brd", "vhd", "hybrid"]
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}

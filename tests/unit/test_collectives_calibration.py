@@ -14,9 +14,9 @@ from approxdist.comm.collectives.bench import p10, summarize, table
 from approxdist.comm.collectives.calibration import fit_model
 from approxdist.comm.collectives.hybrid import Hybrid
 from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, codec_work, cost_terms, predict
-from approxdist.comm.collectives.sim import simulate
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
+from tests.helpers.sim_world import simulate
 
 M = 1 << 20
 
@@ -71,7 +71,7 @@ def test_codec_work_steers_lossy_messages_to_ring() -> None:
 
 def test_allreduce_lets_hybrid_pick_native_only_for_exact_fp32() -> None:
     from approxdist.comm.collectives import AllReduce
-    from approxdist.comm.collectives.sim import SimWorld
+    from tests.helpers.sim_world import SimWorld
 
     world = SimWorld(2)
     for codec, channel, ok in (("fp32", None, True), ("bf16", None, False),

@@ -10,7 +10,7 @@ from approxdist.pipeline.schedule.grid import theoretical_bubble
 from approxdist.trace import TraceError
 from approxdist.trace.analysis import analyze
 from approxdist.trace.intervals import IntervalSet, self_time
-from approxdist.trace.synthetic import schedule_trace
+from tests.helpers.schedule_trace import schedule_trace
 
 
 def test_interval_sets_union_intersect_subtract() -> None:

@@ -11,7 +11,7 @@ import pytest
 from approxdist.cli import analyze_cmd
 from approxdist.trace import TraceError
 from approxdist.trace.chrome import write_trace_file
-from approxdist.trace.synthetic import schedule_trace
+from tests.helpers.schedule_trace import schedule_trace
 
 
 def _run(*argv: str) -> int:

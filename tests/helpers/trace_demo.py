@@ -1,19 +1,15 @@
-"""A real traced run to try `approxdist analyze` on: two-stage GPipe over an emulated link.
-
-    python -m approxdist.trace.demo RUN_DIR [--microbatches 4] [--steps 3] [--link bw=50mbit]
-    approxdist analyze RUN_DIR
+"""A small real traced run for the trace tests: two-stage GPipe over an emulated link.
 
 Two gloo ranks on this machine each hold one stage (two Linear layers) and run GPipe
 (seeds 000 and 002): stage 0 runs the M forwards and sends the activations, stage 1
 receives them, computes the loss and sends the gradients back, both step their
 optimiser. Every transfer goes through `comm.link.Link` (bandwidth emulation, bytes in
 the trace) and every phase is recorded with the library API, exactly as an engine
-would: this module doubles as the reference for wiring a `Recorder` into an engine.
+would. (Users trace real runs with `approxdist train --trace`; docs/tracing.md.)
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -110,21 +106,3 @@ def run_demo(run_dir: str | Path, microbatches: int = 4, steps: int = 3,
     """Run the demo on two local ranks; `run_dir/trace.json` is written; bytes per rank."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     return run_on_ranks(demo_rank, 2, str(run_dir), microbatches, steps, link_spec, width)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--link", default="bw=50mbit", help="link spec, '' for none")
-    parser.add_argument("--width", type=int, default=512, help="features per layer")
-    args = parser.parse_args(argv)
-    stats = run_demo(args.run_dir, args.microbatches, args.steps, args.link, args.width)
-    print(f"wrote {Path(args.run_dir) / 'trace.json'}; bytes per link: {stats[0]}")
-    print(f"next: approxdist analyze {args.run_dir}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
