@@ -1,4 +1,4 @@
-"""`cli.host`: the hypervisor's steal share from /proc/stat counters."""
+"""`bench.host`: the hypervisor's steal share from /proc/stat counters."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from approxdist.cli.host import CpuTimes, HostWatch, parse_cpu_times, steal_fraction
+from approxdist.bench.host import CpuTimes, HostWatch, parse_cpu_times, steal_fraction
 
 STAT = """cpu  100 5 50 800 10 0 5 30 0 0
 cpu0 50 2 25 400 5 0 2 15 0 0

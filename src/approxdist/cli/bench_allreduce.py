@@ -14,12 +14,12 @@ again in one run with `hybrid` reading that file.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from approxdist.cli.host import HostWatch
+from approxdist.bench.host import HostWatch
+from approxdist.bench.report import finish
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import DEFAULT_PATH, algorithm_names, fit, get_algorithm
 from approxdist.comm.collectives.bench import (
@@ -125,14 +125,10 @@ def run(args: argparse.Namespace) -> int:
             if "hybrid" in algorithms:  # measure again, hybrid included, in one run
                 rows = _measure(args, plan(algorithms, cal_path))
     print(table(rows))
-    print(host.line())
-    print(f"reproduce: approxdist bench allreduce --world-size {args.world_size} "
-          f"--sizes {args.sizes} --algorithms {args.algorithms} --codec {args.codec}"
-          + (f" --link {args.link}" if args.link else "")
-          + (" --calibrate" if args.calibrate else "")
-          + (f" --calibration {args.calibration}" if args.calibration else ""))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([{**r.as_json(), "host_steal_fraction": host.steal}
-                                         for r in rows], indent=1) + "\n")
+    finish(host, [r.as_json() for r in rows], args.json,
+           f"approxdist bench allreduce --world-size {args.world_size} --sizes {args.sizes} "
+           f"--algorithms {args.algorithms} --codec {args.codec}"
+           + (f" --link {args.link}" if args.link else "")
+           + (" --calibrate" if args.calibrate else "")
+           + (f" --calibration {args.calibration}" if args.calibration else ""))
     return 0

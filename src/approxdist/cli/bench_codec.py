@@ -16,10 +16,7 @@ L < 8 * (4n - wire_bytes) / t_roundtrip (no overlap of coding and transfer assum
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +24,10 @@ from typing import Any
 
 import torch
 
-from approxdist.cli.host import HostWatch
+from approxdist.bench.host import HostWatch
+from approxdist.bench.report import Column, finish, render
+from approxdist.bench.stats import median
+from approxdist.bench.timing import interleave
 from approxdist.comm.codecs import DEFAULT_SPECS, Codec, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.errors import ConfigError
@@ -107,33 +107,25 @@ def _ops_codec(codec: Codec, x: torch.Tensor, alloc: bool) -> tuple[Op, Op, int]
             codec.payload_nbytes(n))
 
 
-def _timed(op: Op, sync: Callable[[], None]) -> float:
-    sync()
-    t0 = time.perf_counter()
-    op()
-    sync()
-    return time.perf_counter() - t0
-
-
 def measure(x: torch.Tensor, codecs: list[Codec], repeats: int, alloc: bool) -> list[Row]:
-    """Interleave every baseline and codec `repeats` times; rows of medians."""
-    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+    """Interleave every baseline and codec `repeats` times (after one warm-up round);
+    rows of medians."""
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else None
     ops = _ops_baselines(x, alloc)
     ops.update({c.spec: _ops_codec(c, x, alloc) for c in codecs})
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in ops}
-    for _ in range(repeats + 1):  # the first round warms up and is dropped
-        for name, (enc, dec, _) in ops.items():
-            times[name].append((_timed(enc, sync), _timed(dec, sync)))
+    calls = {f"{name} {half}": op for name, (enc, dec, _) in ops.items()
+             for half, op in (("enc", enc), ("dec", dec))}
+    t = interleave(calls, repeats, warmup=1, sync=sync)
+    times = {name: list(zip(t[f"{name} enc"], t[f"{name} dec"])) for name in ops}
     bits = {c.spec: c.bits_per_value for c in codecs} | {"copy_": 32.0, "fp16-cast": 16.0}
-    return _rows(x.numel(), {k: v[1:] for k, v in times.items()},
-                 {k: v[2] for k, v in ops.items()}, bits)
+    return _rows(x.numel(), times, {k: v[2] for k, v in ops.items()}, bits)
 
 
 def _rows(n: int, times: dict[str, list[tuple[float, float]]], wire: dict[str, int],
           bits: dict[str, float]) -> list[Row]:
     gb = 4 * n / 1e9
-    med = {k: (statistics.median(e for e, _ in v), statistics.median(d for _, d in v),
-               statistics.median(e + d for e, d in v)) for k, v in times.items()}
+    med = {k: (median([e for e, _ in v]), median([d for _, d in v]), median([e + d for e, d in v]))
+           for k, v in times.items()}
     fp16_rt = gb / med["fp16-cast"][2]
     rows = []
     for name, (enc, dec, rt) in med.items():
@@ -147,15 +139,15 @@ def _gbps(gb: float, seconds: float) -> float:
     return gb / seconds if seconds > 0 else float("inf")
 
 
+COLUMNS = (Column("codec", 16, "codec", left=True), Column("bits", 6, "bits_per_value", "g"),
+           Column("enc GB/s", 10, "encode_gbps", ".2f"), Column("dec GB/s", 10, "decode_gbps", ".2f"),
+           Column("rt GB/s", 9, "roundtrip_gbps", ".2f"),
+           Column("x fp16 rt", 11, "ratio_vs_fp16_roundtrip", ".3f"),
+           Column("break-even Gbit/s", 19, "break_even_gbit", ".2f"))
+
+
 def table(rows: list[Row]) -> str:
-    head = (f"{'codec':<16}{'bits':>6}{'enc GB/s':>10}{'dec GB/s':>10}{'rt GB/s':>9}"
-            f"{'x fp16 rt':>11}{'break-even Gbit/s':>19}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r.codec:<16}{r.bits_per_value:>6g}{r.encode_gbps:>10.2f}"
-                     f"{r.decode_gbps:>10.2f}{r.roundtrip_gbps:>9.2f}"
-                     f"{r.ratio_vs_fp16_roundtrip:>11.3f}{r.break_even_gbit:>19.2f}")
-    return "\n".join(lines)
+    return render(COLUMNS, [asdict(r) for r in rows], sep="", rule=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,9 +171,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"codec throughput: {n} fp32 values on {device}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats}, {mode}; baseline fp16-cast round trip")
     print(table(rows))
-    print(host.line())
-    if args.json:
-        args.json.write_text(json.dumps([{**asdict(r), "host_steal_fraction": host.steal}
-                                         for r in rows], indent=1) + "\n")
-        print(f"rows written to {args.json}")
+    finish(host, [asdict(r) for r in rows], args.json,
+           f"approxdist bench codec --size {args.size} --codecs {args.codecs} "
+           f"--repeats {args.repeats} --device {args.device}"
+           + (f" --threads {args.threads}" if args.threads else "") + (" --alloc" if args.alloc else ""))
     return 0

@@ -18,11 +18,11 @@ interference_s, bytes_per_step_rank0, model, world_size).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from approxdist.cli.host import HostWatch
+from approxdist.bench.host import HostWatch
+from approxdist.bench.report import Column, finish, render
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
 from approxdist.data_parallel.bench import DPBenchPlan, measure_rank, split_label, summarize
@@ -87,24 +87,33 @@ def _label(text: str) -> str:
     return get_codec(codec).spec + ("+ef" if ef else "")
 
 
+def _scaled(key: str, scale: float, fmt: str) -> Any:
+    """Show `row[key] * scale` with `fmt`, or "-" when missing (or 0 for bytes)."""
+    return lambda r: format(r[key] * scale, fmt) if r.get(key) else "-"
+
+
+def _ratio(key: str) -> Any:
+    return lambda r: f"{r[key]:.2f}x" if r.get(key) is not None else "-"
+
+
+def _pct(key: str) -> Any:
+    return lambda r: f"{100 * r[key]:.0f}%" if r.get(key) is not None else "-"
+
+
+COLUMNS = (Column("engine", 11, "engine", left=True), Column("codec", 20, "codec", left=True),
+           Column("link", 10, "link", left=True),
+           Column("step ms", 8, show=_scaled("median_step_s", 1e3, ".1f")),
+           Column("vs ddp", 7, show=_ratio("ratio_vs_ddp")),
+           Column("paired", 7, show=_ratio("paired_ratio_vs_ddp")),
+           Column("comm ms", 8, show=_scaled("comm_only_s", 1e3, ".1f")),
+           Column("hidden", 7, show=_pct("hidden_comm_fraction")),
+           Column("wall est", 8, show=_pct("hidden_comm_fraction_wall")),
+           Column("bytes/step", 11, show=lambda r: f"{r['bytes_per_step_rank0'] / 1e6:.2f}MB"
+                  if r.get("bytes_per_step_rank0") else "-"))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'engine':<11} {'codec':<20} {'link':<10} {'step ms':>8} {'vs ddp':>7} "
-             f"{'paired':>7} {'comm ms':>8} {'hidden':>7} {'wall est':>8} {'bytes/step':>11}"]
-    for r in rows:
-        comm = f"{1e3 * r['comm_only_s']:.1f}" if r.get("comm_only_s") is not None else "-"
-        nbytes = f"{r['bytes_per_step_rank0'] / 1e6:.2f}MB" if r.get("bytes_per_step_rank0") \
-            else "-"
-        pair = f"{r['paired_ratio_vs_ddp']:.2f}x" if r.get("paired_ratio_vs_ddp") is not None \
-            else "-"
-        lines.append(f"{r['engine']:<11} {r['codec']:<20} {r['link']:<10} "
-                     f"{1e3 * r['median_step_s']:8.1f} {r['ratio_vs_ddp']:6.2f}x {pair:>7} {comm:>8} "
-                     f"{_pct(r.get('hidden_comm_fraction')):>7} "
-                     f"{_pct(r.get('hidden_comm_fraction_wall')):>8} {nbytes:>11}")
-    return "\n".join(lines)
-
-
-def _pct(x: float | None) -> str:
-    return f"{100 * x:.0f}%" if x is not None else "-"
+    return render(COLUMNS, rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,13 +124,8 @@ def run(args: argparse.Namespace) -> int:
     rows = summarize(per_rank, plan)
     for r in rows:
         r["model"], r["world_size"] = plan.model, args.world_size
-        r["host_steal_fraction"] = host.steal
     print(table(rows))
-    print(host.line())
-    print("reproduce: approxdist bench dp " + " ".join(_argv(args)))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    finish(host, rows, args.json, "approxdist bench dp " + " ".join(_argv(args)))
     return 0
 
 

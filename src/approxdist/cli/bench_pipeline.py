@@ -15,12 +15,13 @@ unshaped baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from approxdist.cli.host import HostWatch
+from approxdist.bench.host import HostWatch
+from approxdist.bench.report import Column, finish, render
+from approxdist.bench.stats import median, paired_ratio
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -94,9 +95,8 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
     rows = []
     for i, case in enumerate(cases):
         rounds = per_rank[0][i]["rounds"]
-        rate = {name: steps * case.batch_size / statistics.median(ts) for name, ts in rounds.items()}
-        paired = {name: statistics.median(t / o for t, o in zip(rounds["torch"], ts))
-                  for name, ts in rounds.items()}
+        rate = {name: steps * case.batch_size / median(ts) for name, ts in rounds.items()}
+        paired = {name: paired_ratio(rounds["torch"], ts) for name, ts in rounds.items()}
         bubble = statistics.mean(r[i]["bubble"] for r in per_rank)
         for engine, sps in rate.items():
             rows.append({"engine": engine, "model": case.model, "schedule": case.schedule,
@@ -109,17 +109,17 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
     return rows
 
 
+COLUMNS = (Column("model", 9, "model", left=True), Column("schedule", 8, "schedule", left=True),
+           Column("P", 2, "stages"), Column("M", 3, "microbatches"),
+           Column("engine", 11, "engine", left=True), Column("samples/s", 10, "samples_per_s", ".1f"),
+           Column("vs torch", 8, show=lambda r: f"{r['ratio_vs_torch']:.3f}x"),
+           Column("paired", 7, show=lambda r: f"{r['paired_ratio']:.3f}x"
+                  if r.get("paired_ratio") is not None else "-"),
+           Column("bubble", 7, "bubble_measured", ".3f"), Column("theory", 7, "bubble_theory", ".3f"))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'model':<9} {'schedule':<8} {'P':>2} {'M':>3} {'engine':<11} {'samples/s':>10} "
-            f"{'vs torch':>8} {'paired':>7} {'bubble':>7} {'theory':>7}")
-    lines = [head]
-    for r in rows:
-        bubble = f"{r['bubble_measured']:.3f}" if r["bubble_measured"] is not None else "-"
-        paired = f"{r['paired_ratio']:.3f}x" if r.get("paired_ratio") is not None else "-"
-        lines.append(f"{r['model']:<9} {r['schedule']:<8} {r['stages']:>2} {r['microbatches']:>3} "
-                     f"{r['engine']:<11} {r['samples_per_s']:>10.1f} "
-                     f"{r['ratio_vs_torch']:>7.3f}x {paired:>7} {bubble:>7} {r['bubble_theory']:>7.3f}")
-    return "\n".join(lines)
+    return render(COLUMNS, rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,14 +129,22 @@ def run(args: argparse.Namespace) -> int:
         per_rank = run_on_ranks(measure_rank, args.stages, cases, timing, timeout_s=3600,
                                 comm_timeout_s=300)
     rows = summarize(cases, per_rank, args.steps)
-    for r in rows:
-        r["host_steal_fraction"] = host.steal
     print(table(rows))
     print(f"(medians of {args.rounds} rounds of {args.steps} mini-batches; paired = median over "
           "rounds of torch's time / ours in the same round; bubble = share of each rank's step "
           "time not computing, averaged over ranks)")
-    print(host.line())
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"rows written to {args.json}")
+    finish(host, rows, args.json, "approxdist bench pipeline " + " ".join(_argv(args)))
     return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    out = [f"--model {args.model}", f"--stages {args.stages}",
+           f"--microbatches {args.microbatches}", f"--schedule {args.schedule}",
+           f"--batch-size {args.batch_size}", f"--rounds {args.rounds}", f"--steps {args.steps}"]
+    for key in ("split", "balance", "link"):
+        if getattr(args, key):
+            out.append(f"--{key} {getattr(args, key)}")
+    for key in ("fwd_codec", "bwd_codec", "fuse_accumulation"):
+        if getattr(args, key) not in ("fp32", "auto"):
+            out.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
+    return out

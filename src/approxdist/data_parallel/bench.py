@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +38,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from approxdist.bench.stats import fastest, median, paired_ratio, slowest
+from approxdist.bench.timing import timed
 from approxdist.config.schema import ModelConfig
 from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.data_parallel.engine import DataParallel
@@ -170,9 +170,7 @@ def _interleave(steps: dict[str, Step], finish: dict[str, Step],
             probe = blocked.get(name)
             for i in range(plan.steps):
                 w0 = probe() if probe else 0.0
-                t0 = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(timed(step))
                 if i == plan.steps - 1:
                     finish.get(name, _noop)()
                 if probe:
@@ -196,45 +194,36 @@ def _comm_only(ctx: DistContext, base: nn.Module, codec: str, plan: DPBenchPlan,
         for p, g in zip(m.parameters(), grads):
             if p.grad is not None and g is not None:
                 p.grad.copy_(g)
-        t0 = time.perf_counter()
-        dp.reduce_gradients()
+        took = timed(dp.reduce_gradients)
         if i >= plan.warmup:
-            out.append(time.perf_counter() - t0)
+            out.append(took)
     dp.close()
     return out
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
 def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[str, Any]]:
     """One row per variant; a step's time is the slowest rank's."""
-    def slowest(key: str, name: str) -> list[float]:
-        return [max(r[key][name][i] for r in per_rank) for i in range(len(per_rank[0][key][name]))]
+    def worst(key: str, name: str) -> list[float]:
+        return slowest([r[key][name] for r in per_rank])
 
     def last_rank(key: str, name: str) -> list[float]:
-        return [min(r[key][name][i] for r in per_rank) for i in range(len(per_rank[0][key][name]))]
-
-    def paired(name: str) -> float:
-        """Median over steps of this variant's step over DDP's at the same place in its round
-        (adjacent in time, so load that drifts during the run cancels)."""
-        return median([t / d for t, d in zip(slowest("times", name), slowest("times", "ddp"))])
+        return fastest([r[key][name] for r in per_rank])
 
     link = plan.link or "none"
-    t_local = median(slowest("times", "local"))
-    t_ddp = median(slowest("times", "ddp"))
+    t_local = median(worst("times", "local"))
+    t_ddp = median(worst("times", "ddp"))
     rows = [_row("local", "-", link, t_local, t_ddp, None, 0),
             _row("ddp", plan.ddp_codec, link, t_ddp, t_ddp, None, None)]
     for codec in plan.codecs:
         name = f"approxdist:{codec}"
-        t = median(slowest("times", name))
-        t_comm = median(slowest("comm", codec))
+        t = median(worst("times", name))
+        t_comm = median(worst("comm", codec))
         t_blocked = median(last_rank("blocked", name))
         hidden = _clamp(1.0 - t_blocked / t_comm) if t_comm > 0 else None
         wall = _clamp((t_local + t_comm - t) / t_comm) if t_comm > 0 else None
         rows.append(_row("approxdist", codec, link, t, t_ddp, hidden, per_rank[0]["bytes"][codec],
-                         paired_ratio_vs_ddp=paired(name), comm_only_s=t_comm, blocked_s=t_blocked,
+                         paired_ratio_vs_ddp=paired_ratio(worst("times", name), worst("times", "ddp")),
+                         comm_only_s=t_comm, blocked_s=t_blocked,
                          hidden_comm_fraction_wall=wall,
                          interference_s=t - t_local - t_blocked))
     return rows

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
-from approxdist.comm.collectives.bench import p10
+from approxdist.bench.stats import p10
 from approxdist.config.schema import ModelConfig
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots

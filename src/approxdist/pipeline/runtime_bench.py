@@ -12,7 +12,6 @@ not computing, averaged over ranks, to compare with (P-1)/(M+P-1).
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from approxdist.bench.timing import interleave, timed
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
 from approxdist.launch.context import DistContext
@@ -119,13 +119,12 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
     return step
 
 
-def _timed(step: Callable[[], None], steps: int) -> float:
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    return time.perf_counter() - t0
+def _repeat(step: Callable[[], None], steps: int) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(steps):
+            step()
+
+    return run
 
 
 def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
@@ -138,13 +137,10 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
     engines = {"approxdist": _ours(rt, x, y, sink),
                "torch": _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)}
     for step in engines.values():
-        _timed(step, timing.warmup)
-    rounds: dict[str, list[float]] = {name: [] for name in engines}
+        timed(_repeat(step, timing.warmup), dist.barrier)
     sink.clear()  # forget the warm-up
-    for r in range(timing.rounds):
-        names = list(engines) if r % 2 == 0 else list(reversed(engines))
-        for name in names:
-            rounds[name].append(_timed(engines[name], timing.steps))
+    rounds = interleave({name: _repeat(step, timing.steps) for name, step in engines.items()},
+                        timing.rounds, alternate=True, sync=dist.barrier)
     rt.close()
     total = StepTimes()
     for t in sink:

@@ -10,9 +10,6 @@ nccl-tests' `busbw = size / time * 2 (N-1) / N`, in GB/s (1e9 bytes/s).
 
 from __future__ import annotations
 
-import math
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from approxdist.bench.report import Column, render
+from approxdist.bench.stats import median, p10, paired_ratio, slowest
+from approxdist.bench.timing import timed
 from approxdist.comm.collectives.allreduce import AllReduce
 from approxdist.comm.collectives.calibration import Measurement
 from approxdist.comm.link import Link
@@ -74,9 +74,7 @@ def _timed(ctx: DistContext, reduce: AllReduce, work: torch.Tensor, src: torch.T
     work.copy_(src)
     if ctx.world_size > 1:
         dist.barrier()
-    start = time.perf_counter()
-    reduce(work)
-    return time.perf_counter() - start
+    return timed(lambda: reduce(work))
 
 
 def measure_rank(ctx: DistContext, plan: BenchPlan) -> dict[tuple[str, str, int], list[float]]:
@@ -104,16 +102,10 @@ def measure_rank(ctx: DistContext, plan: BenchPlan) -> dict[tuple[str, str, int]
     return times
 
 
-def p10(values: Sequence[float]) -> float:
-    """10th percentile, nearest rank."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.1 * len(ordered)) - 1)]
-
-
 def _slowest(per_rank: Sequence[dict[tuple[str, str, int], list[float]]],
              key: tuple[str, str, int]) -> list[float]:
     """The slowest rank's time of each repetition."""
-    return [max(r[key][i] for r in per_rank) for i in range(len(per_rank[0][key]))]
+    return slowest([r[key] for r in per_rank])
 
 
 def summarize(per_rank: Sequence[dict[tuple[str, str, int], list[float]]], world: int,
@@ -126,15 +118,15 @@ def summarize(per_rank: Sequence[dict[tuple[str, str, int], list[float]]], world
     rows: list[Row] = []
     for alg, codec, size in per_rank[0]:
         series = _slowest(per_rank, (alg, codec, size))
-        med = statistics.median(series)
+        med = median(series)
         bus = size / med * (2 * (world - 1) / world) / 1e9 if world > 1 else 0.0
         row = Row(alg, codec, size, world, med, p10(series), bus, None, link or "none",
                   len(series))
         base_key = (*BASELINE, size)
         if base_key in per_rank[0]:
             base = _slowest(per_rank, base_key)
-            row.extra["paired_ratio"] = statistics.median(t / b for t, b in zip(series, base))
-            row.ratio_vs_native = med / statistics.median(base)
+            row.extra["paired_ratio"] = paired_ratio(series, base)
+            row.ratio_vs_native = med / median(base)
         rows.append(row)
     return rows
 
@@ -152,16 +144,17 @@ def fmt_size(n: int) -> str:
     return str(n)
 
 
+COLUMNS = (Column("size", 6, show=lambda r: fmt_size(r["size_bytes"])),
+           Column("algorithm", 9, "algorithm", left=True), Column("codec", 14, "codec", left=True),
+           Column("median ms", 10, show=lambda r: f"{r['median_s'] * 1e3:.3f}"),
+           Column("p10 ms", 9, show=lambda r: f"{r['p10_s'] * 1e3:.3f}"),
+           Column("busbw GB/s", 10, "busbw_gbps", ".3f"), Column("x native", 8, "ratio_vs_native", ".2f"),
+           Column("reps", 4, "repeats"))
+
+
 def table(rows: Sequence[Row]) -> str:
     """A fixed-width table of the rows, grouped by size."""
-    head = f"{'size':>6} {'algorithm':<9} {'codec':<14} {'median ms':>10} {'p10 ms':>9} " \
-           f"{'busbw GB/s':>10} {'x native':>8} {'reps':>4}"
-    lines = [head, "-" * len(head)]
-    for r in sorted(rows, key=lambda r: (r.size_bytes, r.codec != "fp32", r.algorithm != "native",
-                                         r.codec, r.algorithm)):
-        ratio = f"{r.ratio_vs_native:.2f}" if r.ratio_vs_native is not None else "-"
-        lines.append(f"{fmt_size(r.size_bytes):>6} {r.algorithm:<9} {r.codec:<14} "
-                     f"{r.median_s * 1e3:>10.3f} {r.p10_s * 1e3:>9.3f} {r.busbw_gbps:>10.3f} "
-                     f"{ratio:>8} {r.repeats:>4}")
-    return "\n".join(lines)
+    ordered = sorted(rows, key=lambda r: (r.size_bytes, r.codec != "fp32", r.algorithm != "native",
+                                          r.codec, r.algorithm))
+    return render(COLUMNS, [r.as_json() for r in ordered], rule=True)
 

@@ -1,0 +1,67 @@
+"""What every benchmark prints and writes: a fixed-width table, the closing lines, `--json` rows.
+
+A table is a list of `Column`s (title, width, alignment, how to show a row's value; a
+missing value shows as "-"). Every run ends with the host line (steal time, `host.py`)
+and, where the benchmark has one, a `reproduce:` line with the command; `--json FILE`
+gets the rows with `host_steal_fraction` added to each, so a figure can always be read
+next to what the hypervisor took during its run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from approxdist.bench.host import HostWatch
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: `key` of the row (or `show`, a function of the row), `fmt` for values."""
+
+    title: str
+    width: int
+    key: str = ""
+    fmt: str = ""
+    left: bool = False
+    show: Callable[[Row], str] | None = None
+
+    def cell(self, row: Row) -> str:
+        if self.show is not None:
+            return self.show(row)
+        value = row.get(self.key)
+        return "-" if value is None else format(value, self.fmt)
+
+    def pad(self, text: str) -> str:
+        return f"{text:<{self.width}}" if self.left else f"{text:>{self.width}}"
+
+
+def render(columns: Sequence[Column], rows: Sequence[Row], *, sep: str = " ",
+           rule: bool = False) -> str:
+    """The header, an optional rule under it, and one line per row."""
+    head = sep.join(c.pad(c.title) for c in columns)
+    lines = [head] + (["-" * len(head)] if rule else [])
+    lines += [sep.join(c.pad(c.cell(r)) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def with_steal(rows: Sequence[Row], host: HostWatch) -> list[dict[str, Any]]:
+    """The rows as JSON objects with `host_steal_fraction` added."""
+    return [{**r, "host_steal_fraction": host.steal} for r in rows]
+
+
+def finish(host: HostWatch, rows: Sequence[Row], json_path: Path | None = None,
+           reproduce: str = "") -> None:
+    """Print the host line (and the command to reproduce); write `--json` rows if asked."""
+    print(host.line())
+    if reproduce:
+        print(f"reproduce: {reproduce}")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(with_steal(rows, host), indent=1) + "\n")
+        print(f"rows written to {json_path}")
