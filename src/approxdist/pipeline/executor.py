@@ -35,15 +35,7 @@ from approxdist.pipeline.microbatch import Batch, loss_weights, microbatch_sizes
 from approxdist.pipeline.schedule.action import Action, Kind
 from approxdist.pipeline.stage import StageCompute
 from approxdist.pipeline.transport import PendingRecv, StageTransport
-from approxdist.trace.phases import (
-    RECEIVE_BACK,
-    RECEIVE_FOR,
-    RUN_BACK,
-    RUN_FOR,
-    SEND_BACK,
-    SEND_FOR,
-    WAIT,
-)
+from approxdist.trace import phases as ph
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 from approxdist.trace.times import StepTimes
 
@@ -59,7 +51,7 @@ def _last_send_phase(actions: list[Action]) -> str:
     """The phase of the sends a step's final wait is for: its last send's (the report then
     says `wait in send_back`); `send_for` when the list sends nothing."""
     last = next((a for a in reversed(actions) if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD)), None)
-    return SEND_BACK if last is not None and last.kind == Kind.SEND_GRAD else SEND_FOR
+    return ph.SEND_BACK if last is not None and last.kind == Kind.SEND_GRAD else ph.SEND_FOR
 
 
 @dataclass(frozen=True)
@@ -100,10 +92,10 @@ class PipelineExecutor:
         self._orders = orders
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
-        self._train = {Kind.RECV_ACT: self._recv_act, Kind.RECV_GRAD: self._recv_grad,
+        self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
                        Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
                        Kind.SEND_ACT: self._send_act, Kind.SEND_GRAD: self._send_grad}
-        self._eval = {Kind.RECV_ACT: self._recv_act, Kind.FORWARD: self._eval_forward,
+        self._eval = {Kind.RECV_ACT: self._recv, Kind.FORWARD: self._eval_forward,
                       Kind.SEND_ACT: self._eval_send}
 
     def actions(self, num_microbatches: int, train: bool = True) -> list[Action]:
@@ -165,7 +157,7 @@ class PipelineExecutor:
             handlers[action.kind](action, step)
         t0 = time.perf_counter()
         try:
-            with self.rec.span(_last_send_phase(actions)), self.rec.span(WAIT, on="sends"):
+            with self.rec.span(_last_send_phase(actions)), self.rec.span(ph.WAIT, on="sends"):
                 t.wait_sends()
         except (ApproxDistError, RuntimeError) as exc:
             raise self._lost(actions[-1], "its sends to be delivered", exc) from exc
@@ -177,25 +169,20 @@ class PipelineExecutor:
         return times
 
     # -- action handlers ----------------------------------------------------------------
-    def _recv_act(self, a: Action, step: _Step) -> None:
+    def _recv(self, a: Action, step: _Step) -> None:
+        """`RF` / `RB`: post the receive of an activation / a gradient."""
+        m, forward = a.microbatch, a.kind == Kind.RECV_ACT
         t0 = time.perf_counter()
-        with self.rec.span(RECEIVE_FOR, mb=a.microbatch):
-            step.acts[a.microbatch] = self.transport.post_recv_act(a.microbatch,
-                                                                   step.sizes[a.microbatch])
-        self._times.comm_s += time.perf_counter() - t0
-
-    def _recv_grad(self, a: Action, step: _Step) -> None:
-        t0 = time.perf_counter()
-        with self.rec.span(RECEIVE_BACK, mb=a.microbatch):
-            step.grads[a.microbatch] = self.transport.post_recv_grad(a.microbatch,
-                                                                     step.sizes[a.microbatch])
+        with self.rec.span(ph.RECEIVE_FOR if forward else ph.RECEIVE_BACK, mb=m):
+            post = self.transport.post_recv_act if forward else self.transport.post_recv_grad
+            (step.acts if forward else step.grads)[m] = post(m, step.sizes[m])
         self._times.comm_s += time.perf_counter() - t0
 
     def _forward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
         x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
         t0 = time.perf_counter()
-        with self.rec.span(RUN_FOR, mb=m):
+        with self.rec.span(ph.RUN_FOR, mb=m):
             self.compute.forward(m, x, step.labels[m], step.weights[m])
         self._times.compute_s += time.perf_counter() - t0
 
@@ -203,39 +190,39 @@ class PipelineExecutor:
         m = a.microbatch
         grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
         t0 = time.perf_counter()
-        with self.rec.span(RUN_BACK, mb=m):
+        with self.rec.span(ph.RUN_BACK, mb=m):
             grad_in = self.compute.backward(m, grad)
         self._times.compute_s += time.perf_counter() - t0
         if grad_in is not None:
             step.outbox[m] = grad_in
 
     def _send_act(self, a: Action, step: _Step) -> None:
-        with self.rec.span(SEND_FOR, mb=a.microbatch):
+        with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
             self.transport.send_act(a.microbatch, self.compute.output(a.microbatch))
 
     def _send_grad(self, a: Action, step: _Step) -> None:
-        with self.rec.span(SEND_BACK, mb=a.microbatch):
+        with self.rec.span(ph.SEND_BACK, mb=a.microbatch):
             self.transport.send_grad(a.microbatch, step.outbox.pop(a.microbatch))
 
     def _eval_forward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
         x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
         t0 = time.perf_counter()
-        with self.rec.span(RUN_FOR, mb=m):
+        with self.rec.span(ph.RUN_FOR, mb=m):
             step.outbox[m] = self.compute.evaluate(x, step.labels[m])
         self._times.compute_s += time.perf_counter() - t0
 
     def _eval_send(self, a: Action, step: _Step) -> None:
-        with self.rec.span(SEND_FOR, mb=a.microbatch):
+        with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
             self.transport.send_act(a.microbatch, step.outbox.pop(a.microbatch))
 
     # -- waiting ------------------------------------------------------------------------
     def _wait(self, a: Action, handle: PendingRecv) -> torch.Tensor:
         """The received tensor of `a`'s micro-batch: a `wait` inside its receive phase."""
-        phase = RECEIVE_FOR if a.kind == Kind.FORWARD else RECEIVE_BACK
+        phase = ph.RECEIVE_FOR if a.kind == Kind.FORWARD else ph.RECEIVE_BACK
         t0 = time.perf_counter()
         try:
-            with self.rec.span(phase, mb=a.microbatch), self.rec.span(WAIT):
+            with self.rec.span(phase, mb=a.microbatch), self.rec.span(ph.WAIT):
                 x = handle.wait()
         except (ApproxDistError, RuntimeError) as exc:
             what = "the activation" if a.kind == Kind.FORWARD else "the gradient"
