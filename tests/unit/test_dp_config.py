@@ -53,17 +53,6 @@ def test_names_are_checked_against_the_parts(sections: dict, error: type[Excepti
         check_parts(cfg)
 
 
-def test_config_imports_none_of_the_layers_it_configures() -> None:
-    import ast
-
-    import approxdist.config as config
-
-    for path in Path(config.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("approxdist"):
-                assert node.module.split(".")[1] in ("config", "errors"), (path.name, node.module)
-
-
 def test_placement_needs_a_pipeline() -> None:
     with pytest.raises(ConfigError, match=r"pipeline.placement = \[1, 0\] places pipeline stages"):
         build_config({"pipeline": {"placement": [1, 0]}})

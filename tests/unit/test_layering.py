@@ -1,0 +1,49 @@
+"""The architecture's rules that code review would otherwise have to catch (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import approxdist
+
+SRC = Path(approxdist.__file__).parent
+
+
+def _calls_and_imports(path: Path) -> tuple[set[str], set[str]]:
+    tree = ast.parse(path.read_text())
+    calls = {node.func.attr for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    return calls, modules
+
+
+def test_config_imports_none_of_the_layers_it_configures() -> None:
+    for path in (SRC / "config").glob("*.py"):
+        _, modules = _calls_and_imports(path)
+        outside = {m for m in modules if m.startswith("approxdist")
+                   and m.split(".")[1] not in ("config", "errors")}
+        assert not outside, (path.name, outside)
+
+
+def test_below_the_launcher_nothing_asks_for_the_world_or_makes_groups() -> None:
+    """Ranks come from a `Group`; process groups are made by `launch.group` and
+    `topology.make_groups` only."""
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        calls, _ = _calls_and_imports(path)
+        if not rel.startswith("launch/"):
+            assert not calls & {"get_rank", "get_world_size"}, rel
+        if rel not in ("launch/group.py",):
+            assert "new_group" not in calls or rel == "topology/groups.py", rel
+
+
+def test_the_bench_helpers_and_topology_sit_below_everything_they_serve() -> None:
+    for folder, allowed in (("bench", {"bench", "errors"}),
+                            ("topology", {"topology", "errors", "launch"})):
+        for path in (SRC / folder).glob("*.py"):
+            _, modules = _calls_and_imports(path)
+            used = {m.split(".")[1] for m in modules if m.startswith("approxdist.")}
+            assert used <= allowed, (path.name, used - allowed)
+    _, layout = _calls_and_imports(SRC / "topology" / "layout.py")
+    assert not any("distributed" in m for m in layout)  # the topology object is pure
