@@ -58,6 +58,11 @@ def test_single_in_process_and_resume(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--set", "optim.bogus=1"], "unknown key optim.bogus"),
         (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "does not exist"),
         (["--resume", "/nonexistent"], "no config.toml there"),
+        (["--algorithm", "tree"], "dp.algorithm = 'tree' is not one of"),
+        (["--codec", "fp7"], "dp.codec = 'fp7': unknown codec spec"),
+        (["--codec-rule", "*.bias=fp7"], "dp.codec_rules = '*.bias=fp7': unknown codec spec"),
+        (["--link", "bw=fast"], "comm.link = 'bw=fast': bandwidth 'fast'"),
+        (["--parallel", "dp", "--placement", "1,0"], "pipeline.placement = [1, 0] places pipeline"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str,

@@ -10,6 +10,9 @@ would be valid, as the config's own checks do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import algorithm_names
@@ -22,19 +25,26 @@ from approxdist.pipeline.schedule import schedule_names
 
 
 def check_parts(cfg: Config) -> None:
-    """Raise `ConfigError` (or `SpecError`) naming the first key whose value names no part."""
+    """Raise `ConfigError` naming the first key whose value names no part."""
     if cfg.comm.link:
-        parse_link(cfg.comm.link)  # SpecError naming the bad part of the spec
+        _named("comm.link", cfg.comm.link, lambda: parse_link(cfg.comm.link))
     if cfg.dp.engine == "approxdist":
         _check_dp(cfg)
     check_pipeline(cfg.pipeline)
 
 
 def _check_dp(cfg: Config) -> None:
-    if cfg.dp.algorithm not in algorithm_names():
-        raise ConfigError(f"dp.algorithm = {cfg.dp.algorithm!r} is not one of: "
+    dp = cfg.dp
+    if dp.algorithm not in algorithm_names():
+        raise ConfigError(f"dp.algorithm = {dp.algorithm!r} is not one of: "
                           f"{', '.join(algorithm_names())}")
-    CodecRules.parse(cfg.dp.codec_rules, cfg.dp.codec).validate()
+    _named("dp.codec", dp.codec, partial(get_codec, dp.codec))
+    for rule in dp.codec_rules:
+        _named("dp.codec_rules", rule, partial(_check_rule, rule, dp.codec))
+
+
+def _check_rule(rule: str, default: str) -> None:
+    CodecRules.parse([rule], default).validate()
 
 
 def check_pipeline(p: PipelineConfig) -> None:
@@ -42,14 +52,16 @@ def check_pipeline(p: PipelineConfig) -> None:
     if p.schedule not in schedule_names():
         raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: "
                           f"{', '.join(schedule_names())}")
-    for key in ("fwd_codec", "bwd_codec", "fwd_channel", "bwd_channel"):
-        _check_spec(f"pipeline.{key}", getattr(p, key), "codec" if key.endswith("codec") else "channel")
+    for key in ("fwd_codec", "bwd_codec"):
+        _named(f"pipeline.{key}", getattr(p, key), partial(get_codec, getattr(p, key)))
+    for key in ("fwd_channel", "bwd_channel"):
+        _named(f"pipeline.{key}", getattr(p, key), partial(get_channel, getattr(p, key)))
 
 
-def _check_spec(key: str, value: str, kind: str) -> None:
-    """Build the codec / channel once so a bad spec fails here, naming the key."""
+def _named(key: str, value: str, build: Callable[[], object]) -> None:
+    """Build a part once so a bad spec fails here, as one line naming the key."""
     try:
-        get_codec(value) if kind == "codec" else get_channel(value)
+        build()
     except ApproxDistError as exc:
         lines = str(exc).splitlines()
         rest = "; ".join(" ".join(line.split()) for line in lines[1:])
