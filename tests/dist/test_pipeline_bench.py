@@ -41,12 +41,13 @@ def test_both_engines_run_the_same_case_and_rows_have_the_json_keys(tmp_path: Pa
     ({"microbatches": "80"}, "--microbatches 80 exceeds --batch-size 64"),
     ({"schedule": "zb"}, "pipeline.schedule = 'zb' is not one of"),
     ({"stages": 1}, "needs 2 or more stages"),
+    ({"rounds": 0}, "--rounds 0 must be >= 1"),
 ])
 def test_bad_bench_input_is_refused_before_any_rank_starts(flags: dict[str, object],
                                                            message: str) -> None:
     args = {"model": "mlp", "stages": 2, "microbatches": "4", "schedule": "gpipe",
             "batch_size": 64, "split": "", "balance": "", "link": "", "fwd_codec": "fp32",
-            "bwd_codec": "fp32", "fuse_accumulation": "auto"}
+            "bwd_codec": "fp32", "fuse_accumulation": "auto", "rounds": 5, "steps": 10}
     args.update(flags)
     with pytest.raises(ConfigError, match=message):
         bench_pipeline.plan_cases(argparse.Namespace(**args))

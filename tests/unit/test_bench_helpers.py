@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, finish, render, with_steal
+from approxdist.bench.report import Column, check_counts, finish, render, with_steal
 from approxdist.bench.stats import fastest, median, p10, paired_ratio, slowest
 from approxdist.bench.timing import interleave, timed
 from approxdist.cli.main import main
+from approxdist.errors import ConfigError
 
 
 def test_statistics() -> None:
@@ -51,6 +52,12 @@ def test_tables_and_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "stolen by the hypervisor during the run unknown" in printed
     assert "reproduce: approxdist bench x --y 1" in printed
     assert json.loads(out.read_text())[1]["host_steal_fraction"] is None
+
+
+def test_bad_counts_name_the_flag() -> None:
+    assert main(["bench", "dp", "--steps", "0"]) == 2
+    with pytest.raises(ConfigError, match="--rounds 0 must be >= 1"):
+        check_counts(rounds=0, steps=3)
 
 
 def test_bench_trace_measures_every_case_against_its_baseline(

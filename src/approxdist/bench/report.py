@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
+from approxdist.errors import ConfigError
 
 Row = Mapping[str, Any]
 
@@ -65,3 +66,10 @@ def finish(host: HostWatch, rows: Sequence[Row], json_path: Path | None = None,
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(with_steal(rows, host), indent=1) + "\n")
         print(f"rows written to {json_path}")
+
+
+def check_counts(**counts: int) -> None:
+    """Every count (`rounds=5`, `steps=4`, ...) must be >= 1: `ConfigError` naming the flag."""
+    for name, value in counts.items():
+        if value < 1:
+            raise ConfigError(f"--{name} {value} must be >= 1; e.g. --{name} 5")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, finish, render
+from approxdist.bench.report import Column, check_counts, finish, render
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
 from approxdist.data_parallel.bench import DPBenchPlan, measure_rank, split_label, summarize
@@ -64,6 +64,7 @@ def register(sub: Any) -> None:
 def plan_from(args: argparse.Namespace) -> DPBenchPlan:
     if args.world_size < 2:
         raise ConfigError(f"--world-size {args.world_size}: data parallelism needs >= 2 ranks")
+    check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     MODELS.get(args.model)
     codecs = tuple(_label(c.strip()) for c in args.codec.split(",") if c.strip())
     link = parse_link(args.link)

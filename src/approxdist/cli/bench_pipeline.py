@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, finish, render
+from approxdist.bench.report import Column, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
@@ -68,6 +68,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
     """One case per (schedule, micro-batch count); each is validated before any rank starts."""
+    check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     cases = [BenchCase(args.model, INPUTS[args.model], args.stages, m, s.strip(),
                        batch_size=args.batch_size, split=args.split,
                        balance="" if args.split else args.balance, link=args.link,
