@@ -14,22 +14,13 @@ from __future__ import annotations
 
 from approxdist.comm.transfer import TransferEvent
 from approxdist.pipeline.schedule import Action, Durations, Kind, build_schedule, simulate
+from approxdist.trace import phases as ph
 from approxdist.trace.chrome import TraceDict, merge_traces, rank_trace
-from approxdist.trace.phases import (
-    RECEIVE_BACK,
-    RECEIVE_FOR,
-    RUN_BACK,
-    RUN_FOR,
-    SEND_BACK,
-    SEND_FOR,
-    STEP,
-    WAIT,
-)
 from approxdist.trace.recorder import Recorder
 
-PHASE_OF_KIND = {Kind.FORWARD: RUN_FOR, Kind.BACKWARD: RUN_BACK, Kind.SEND_ACT: SEND_FOR,
-                 Kind.SEND_GRAD: SEND_BACK, Kind.RECV_ACT: RECEIVE_FOR,
-                 Kind.RECV_GRAD: RECEIVE_BACK}
+PHASE_OF_KIND = {Kind.FORWARD: ph.RUN_FOR, Kind.BACKWARD: ph.RUN_BACK, Kind.SEND_ACT: ph.SEND_FOR,
+                 Kind.SEND_GRAD: ph.SEND_BACK, Kind.RECV_ACT: ph.RECEIVE_FOR,
+                 Kind.RECV_GRAD: ph.RECEIVE_BACK}
 
 
 def schedule_trace(schedule: str, stages: int, microbatches: int, *, forward_s: float = 1e-3,
@@ -46,7 +37,7 @@ def schedule_trace(schedule: str, stages: int, microbatches: int, *, forward_s: 
         rec.meta["pipeline"] = {"stages": stages, "microbatches": microbatches,
                                 "schedule": schedule}
         starts, ends = timeline.start[rank], timeline.end[rank]
-        rec.complete(STEP, 0, _ns(timeline.makespan), step=0)
+        rec.complete(ph.STEP, 0, _ns(timeline.makespan), step=0)
         for i, action in enumerate(actions):
             _record_action(rec, action, starts[i], ends[i], ends[i - 1] if i else 0.0)
             if action.is_send:
@@ -65,7 +56,7 @@ def _ns(seconds: float) -> int:
 def _record_action(rec: Recorder, action: Action, start: float, end: float,
                    previous_end: float) -> None:
     if action.is_compute and start > previous_end:
-        rec.complete(WAIT, _ns(previous_end), _ns(start))
+        rec.complete(ph.WAIT, _ns(previous_end), _ns(start))
     if end > start or action.is_compute:
         rec.complete(PHASE_OF_KIND[action.kind], _ns(start), _ns(end), mb=action.microbatch)
 

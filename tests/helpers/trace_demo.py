@@ -17,17 +17,7 @@ import torch
 from approxdist.comm.link import Link, RecvHandle, SendHandle
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.trace.phases import (
-    OPTIMIZER,
-    RECEIVE_BACK,
-    RECEIVE_FOR,
-    RUN_BACK,
-    RUN_FOR,
-    SEND_BACK,
-    SEND_FOR,
-    STEP,
-    WAIT,
-)
+from approxdist.trace import phases as ph
 from approxdist.trace.recorder import Recorder
 from approxdist.trace.session import finish_trace, open_recorder
 
@@ -36,17 +26,17 @@ def _stage0(rec: Recorder, link: Link, net: torch.nn.Module, xs: list[torch.Tens
             ) -> list[SendHandle]:
     outs, sends, grads = [], [], []
     for m, x in enumerate(xs):
-        with rec.span(RUN_FOR, mb=m):
+        with rec.span(ph.RUN_FOR, mb=m):
             outs.append(net(x))
-        with rec.span(SEND_FOR, mb=m):
+        with rec.span(ph.SEND_FOR, mb=m):
             sends.append(link.isend(outs[-1], 1))
     for m in range(len(xs)):
-        with rec.span(RECEIVE_BACK, mb=m):
+        with rec.span(ph.RECEIVE_BACK, mb=m):
             grads.append(link.irecv(1))
     for m, (y, g) in enumerate(zip(outs, grads)):
-        with rec.span(RECEIVE_BACK, mb=m), rec.span(WAIT):
+        with rec.span(ph.RECEIVE_BACK, mb=m), rec.span(ph.WAIT):
             grad = g.wait()
-        with rec.span(RUN_BACK, mb=m):
+        with rec.span(ph.RUN_BACK, mb=m):
             y.backward(grad)
     return sends
 
@@ -55,18 +45,18 @@ def _stage1(rec: Recorder, link: Link, net: torch.nn.Module, labels: list[torch.
             ) -> list[SendHandle]:
     handles: list[RecvHandle[torch.Tensor]] = []
     for m in range(len(labels)):
-        with rec.span(RECEIVE_FOR, mb=m):
+        with rec.span(ph.RECEIVE_FOR, mb=m):
             handles.append(link.irecv(0))
     inputs, losses, sends = [], [], []
     for m, (h, y) in enumerate(zip(handles, labels)):
-        with rec.span(RECEIVE_FOR, mb=m), rec.span(WAIT):
+        with rec.span(ph.RECEIVE_FOR, mb=m), rec.span(ph.WAIT):
             inputs.append(h.wait().requires_grad_())
-        with rec.span(RUN_FOR, mb=m):
+        with rec.span(ph.RUN_FOR, mb=m):
             losses.append(torch.nn.functional.cross_entropy(net(inputs[-1]), y) / len(labels))
     for m, (x, loss) in enumerate(zip(inputs, losses)):
-        with rec.span(RUN_BACK, mb=m):
+        with rec.span(ph.RUN_BACK, mb=m):
             loss.backward()
-        with rec.span(SEND_BACK, mb=m):
+        with rec.span(ph.SEND_BACK, mb=m):
             assert x.grad is not None
             sends.append(link.isend(x.grad, 0))
     return sends
@@ -86,13 +76,13 @@ def demo_rank(ctx: DistContext, run_dir: str, microbatches: int, steps: int, lin
     labels = [torch.randint(0, width, (32,)) for _ in range(microbatches)]
     try:
         for step in range(steps):
-            with rec.span(STEP, step=step):
+            with rec.span(ph.STEP, step=step):
                 stage = _stage0 if ctx.rank == 0 else _stage1
                 sends = stage(rec, link, net, batch if ctx.rank == 0 else labels)
-                with rec.span(SEND_FOR if ctx.rank == 0 else SEND_BACK), rec.span(WAIT):
+                with rec.span(ph.SEND_FOR if ctx.rank == 0 else ph.SEND_BACK), rec.span(ph.WAIT):
                     for s in sends:
                         s.wait()
-                with rec.span(OPTIMIZER):
+                with rec.span(ph.OPTIMIZER):
                     opt.step()
                     opt.zero_grad(set_to_none=True)
     finally:
