@@ -113,7 +113,7 @@ def test_dead_stage_stops_the_others_with_an_error_naming_it() -> None:
     (["--stages", "3", "--placement", "2,0,0"], "placement [2, 0, 0] must name every rank of a "
                                                 "world of 3 (0..2) exactly once"),
     (["--stages", "3", "--placement", "0,1"], "pipeline.placement = [0, 1] names 2 rank(s) for 3 "
-                                              "stages"),
+                                              "stage replica(s)"),
     (["--microbatches", "100", "--batch-size", "64"], "micro-batches (100) exceed the batch "
                                                       "size (64); use 1..64"),
     (["--fwd-codec", "bits:x"], "pipeline.fwd_codec = 'bits:x'"),

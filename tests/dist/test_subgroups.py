@@ -238,7 +238,7 @@ def test_make_groups_hands_each_rank_its_replicas_and_row(four_ranks: list[dict[
     grid = [r["grid"] for r in four_ranks]
     assert [g["place"] for g in grid] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [g["replicas"] for g in grid] == [(0, 1), (0, 1), (2, 3), (2, 3)]
-    assert [g["row"] for g in grid] == [(0, 2), (1, 3), (0, 2), (1, 3)]
+    assert [g["row"] for g in grid] == [(0, 1, 2, 3)] * 4  # the pipeline group, stage-major
 
 
 def _dies_in_subgroup(ctx: DistContext) -> None:

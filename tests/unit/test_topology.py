@@ -62,12 +62,14 @@ def test_groups_of_each_rank() -> None:
 
 
 def test_group_specs_are_one_fixed_order_without_singletons() -> None:
-    assert Topology.grid(2, 2).group_specs() == [
-        GroupSpec("stage 0 replicas", (0, 1)), GroupSpec("stage 1 replicas", (2, 3)),
-        GroupSpec("pipeline 0", (0, 2)), GroupSpec("pipeline 1", (1, 3))]
-    assert Topology.pipeline(3, [2, 0, 1]).group_specs() == [GroupSpec("pipeline 0", (2, 0, 1))]
-    assert Topology.grid(2, [3, 1]).group_specs() == [GroupSpec("stage 0 replicas", (0, 1, 2))]
+    assert Topology.grid(2, 2, [3, 0, 2, 1]).group_specs() == [
+        GroupSpec("stage 0 replicas", (3, 0)), GroupSpec("stage 1 replicas", (2, 1)),
+        GroupSpec("pipeline", (3, 0, 2, 1))]  # every rank, stage-major: index = slot
+    assert Topology.pipeline(3, [2, 0, 1]).group_specs() == [GroupSpec("pipeline", (2, 0, 1))]
+    assert Topology.grid(2, [3, 1]).group_specs() == [GroupSpec("stage 0 replicas", (0, 1, 2)),
+                                                      GroupSpec("pipeline", (0, 1, 2, 3))]
     assert Topology.single().group_specs() == []
+    assert Topology.data_parallel(3).group_specs() == [GroupSpec("stage 0 replicas", (0, 1, 2))]
     with pytest.raises(TopologyError, match="replicas 3,1 differ between stages"):
         Topology.grid(2, [3, 1]).pipelines()
 

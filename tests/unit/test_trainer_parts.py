@@ -49,9 +49,9 @@ def test_a_lost_peer_is_named_with_its_place() -> None:
 def test_engines_are_registered_by_parallel_mode() -> None:
     import approxdist.train.engines  # noqa: F401
 
-    assert ENGINES.names() == ["dp", "pipeline", "single"]
-    with pytest.raises(ConfigError, match="unknown parallel mode 'hybrid'; valid: dp, pipeline"):
-        ENGINES.get("hybrid")
+    assert ENGINES.names() == ["dp", "hybrid", "pipeline", "single"]
+    with pytest.raises(ConfigError, match="unknown parallel mode 'zero'; valid: dp, hybrid"):
+        ENGINES.get("zero")
 
 
 def test_step_outcome_loss() -> None:

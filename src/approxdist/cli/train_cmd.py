@@ -26,7 +26,7 @@ from approxdist.train.worker import run_worker
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
 PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd_codec",
                   "bwd_codec", "fwd_channel", "bwd_channel", "recompute", "fuse_accumulation",
-                  "placement")
+                  "placement", "replicas")
 
 #: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
 DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
@@ -52,8 +52,9 @@ def register(sub: Any) -> None:
         description="Train a model. With no arguments: digits, ResNet-20, 2 local workers, "
                     "data-parallel. Precedence: defaults < --config < flags < --set.",
     )
-    p.add_argument("--parallel", choices=["single", "dp", "pipeline"],
-                   help="parallelism (default dp)")
+    p.add_argument("--parallel", choices=["single", "dp", "pipeline", "hybrid"],
+                   help="parallelism (default dp); hybrid = pipeline stages replicated "
+                        "(--stages, --replicas; docs/hybrid.md)")
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
     p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}")
     p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
@@ -78,11 +79,15 @@ def register(sub: Any) -> None:
 
 
 def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("pipeline (--parallel pipeline; docs/pipeline.md)")
+    g = p.add_argument_group("pipeline (--parallel pipeline|hybrid; docs/pipeline.md, "
+                             "docs/hybrid.md)")
     g.add_argument("--stages", type=int, help="pipeline stages, one per rank (default: world size)")
-    g.add_argument("--placement", type=_ranks, metavar="R0,R1,...",
-                   help="the rank of each stage, e.g. 2,0,1 puts stage 0 on rank 2 (default: "
-                        "stage s on rank s); `approxdist plan show` prints the topology")
+    g.add_argument("--replicas", metavar="R|R0,R1,...",
+                   help="--parallel hybrid: ranks per stage, one count for all (2) or one per "
+                        "stage (3,1); micro-batches go round robin to a stage's replicas")
+    g.add_argument("--placement", metavar="R0,R1,...",
+                   help="the ranks in stage-major order, e.g. 2,0,1 puts stage 0 on rank 2 "
+                        "(default 0,1,2,...); `approxdist plan show` prints the topology")
     g.add_argument("--split", help="first block of stages 1, 2, ...: e.g. 3 or 3,7")
     g.add_argument("--balance", choices=["params", "time"], help="partition by cost instead")
     g.add_argument("--microbatches", type=int, help="micro-batches per mini-batch (default 4)")
@@ -120,14 +125,16 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
                    help="leave .grad None for parameters no rank used (one extra small all-reduce)")
 
 
-def _ranks(text: str) -> list[int]:
-    return list(parse_ints(text, "--placement"))
+#: flags holding a comma list of integers (parsed here, so a bad one is one line, exit 2)
+INT_LISTS = ("placement", "replicas")
 
 
 def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     layer: dict[str, dict[str, Any]] = {}
     for flag, (section, key) in FLAG_KEYS.items():
         value = getattr(args, flag, None)
+        if value is not None and flag in INT_LISTS:
+            value = list(parse_ints(value, f"--{flag}"))
         if value is not None:
             layer.setdefault(section, {})[key] = value
     if args.parallel == "single" and args.world_size is None:
@@ -137,6 +144,10 @@ def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             layer["train"]["world_size"] = args.stages
         elif args.world_size is not None and args.stages is None:
             layer.setdefault("pipeline", {})["stages"] = args.world_size
+    counts = layer.get("pipeline", {}).get("replicas")
+    if args.parallel == "hybrid" and args.world_size is None and args.stages and counts:
+        counts = counts * args.stages if len(counts) == 1 else counts
+        layer["train"]["world_size"] = sum(counts)  # one rank per stage replica
     return layer
 
 
@@ -167,7 +178,7 @@ def preflight(cfg: Config) -> None:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
                           f"set ({n} samples); use a batch size <= {n}")
     check_world(topology_of(cfg), cfg.train.world_size)
-    if cfg.train.parallel == "pipeline":
+    if cfg.train.parallel in ("pipeline", "hybrid"):
         check_run(cfg.pipeline, len(model), cfg.data.batch_size)
 
 

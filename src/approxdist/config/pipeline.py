@@ -40,9 +40,10 @@ class PipelineConfig:
     each stage's inputs and recomputes the forward in backward (GPipe's rematerialisation).
     `fuse_accumulation` ("auto", "all", "off") adds each micro-batch's `nn.Linear` weight
     gradients into `.grad` inside the GEMM: "auto" for layers of 2^19 weights or more
-    (docs/pipeline.md, "Fused gradient accumulation"). `placement` names the rank of each
-    stage ([2, 0, 1]: stage 0 on rank 2); it must name every rank once (the topology
-    checks it).
+    (docs/pipeline.md, "Fused gradient accumulation"). `replicas` (`--parallel hybrid`)
+    gives each stage's replica count ([3, 1], or [2] for every stage; default 1).
+    `placement` names the ranks in stage-major order (stage 0's replicas first; [2, 0, 1]:
+    stage 0 on rank 2); it must name every rank once (the topology checks it).
     """
 
     stages: int = 2
@@ -56,7 +57,8 @@ class PipelineConfig:
     bwd_channel: str = "none"
     recompute: bool = False
     fuse_accumulation: str = "auto"
-    placement: tuple[int, ...] = ()  # rank of each stage (default: stage s on rank s)
+    placement: tuple[int, ...] = ()  # ranks, stage-major (default: 0, 1, 2, ...)
+    replicas: tuple[int, ...] = ()   # ranks per stage: one count for all, or one per stage
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -73,11 +75,23 @@ class PipelineConfig:
                               f"{self.balance!r}: give one of them, not both")
         if self.split:
             _check_split(self.split)
-        if self.placement and len(self.placement) != self.stages:
+        if self.replicas and (len(self.replicas) not in (1, self.stages)
+                              or min(self.replicas) < 1):
+            raise ConfigError(f"pipeline.replicas = {list(self.replicas)} must be one count >= 1 "
+                              f"for every stage or one per stage ({self.stages}), e.g. "
+                              f"{[2] * self.stages} or [2]")
+        if self.placement and len(self.placement) != sum(self.replica_counts):
             raise ConfigError(f"pipeline.placement = {list(self.placement)} names "
-                              f"{len(self.placement)} rank(s) for {self.stages} stages; give one "
-                              f"rank per stage, e.g. {list(range(self.stages))[::-1]}")
+                              f"{len(self.placement)} rank(s) for {sum(self.replica_counts)} "
+                              f"stage replica(s); give one rank per replica, stage 0's first")
 
+
+    @property
+    def replica_counts(self) -> tuple[int, ...]:
+        """The replica count of every stage (1 each by default)."""
+        if not self.replicas:
+            return (1,) * self.stages
+        return self.replicas * self.stages if len(self.replicas) == 1 else self.replicas
 
     @property
     def balance_method(self) -> str | None:

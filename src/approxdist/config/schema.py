@@ -8,7 +8,7 @@ from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.errors import ConfigError
 
-PARALLEL_MODES = ("single", "dp", "pipeline")
+PARALLEL_MODES = ("single", "dp", "pipeline", "hybrid")
 LR_SCHEDULES = ("constant", "step", "cosine")
 SHORTCUTS = ("A", "B")
 
@@ -161,10 +161,20 @@ class Config:
                 f"comm.link = {self.comm.link!r}: the plain dp engine reduces with dist.all_reduce, "
                 "which the link emulation cannot shape; drop --link or use --dp-engine approxdist"
             )
-        if self.pipeline.placement and self.train.parallel != "pipeline":
+        staged = self.train.parallel in ("pipeline", "hybrid")
+        if self.pipeline.placement and not staged:
             raise ConfigError(f"pipeline.placement = {list(self.pipeline.placement)} places "
-                              f"pipeline stages; use it with --parallel pipeline")
-        if self.data.batch_size % world and self.train.parallel != "pipeline":  # stages share a batch
+                              f"pipeline stages; use it with --parallel pipeline or hybrid")
+        if self.train.parallel == "hybrid" and (self.dp.engine != "approxdist"
+                                                or self.dp.early_forward):
+            raise ConfigError("--parallel hybrid: a replicated stage sums its gradients during "
+                              "the last micro-batch's backward and steps after the flush, which "
+                              "the plain engine and early forward cannot; drop --dp-engine plain "
+                              "and --early-forward")
+        if self.pipeline.replicas and self.train.parallel != "hybrid":
+            raise ConfigError(f"pipeline.replicas = {list(self.pipeline.replicas)} replicates "
+                              f"pipeline stages; use it with --parallel hybrid")
+        if self.data.batch_size % world and not staged:  # the stages share one batch
             lo = self.data.batch_size - self.data.batch_size % world
             hint = f"try {lo}" if lo else f"try {world}"
             raise ConfigError(

@@ -9,6 +9,11 @@ several engines can train independent replicas side by side on sub-groups, or a
 hybrid run can average each pipeline stage over its own replicas.
 
 What happens (docs/data_parallel.md has the whole story):
+* `op="sum"` sums instead of averaging (for replicas whose losses are already weighted by
+  their share of the whole batch: a hybrid pipeline's stage); `wait_in_backward=False`
+  lets backward return as soon as every bucket is launched and `finish()` waits for
+  them and writes the result into `.grad` (a pipeline stage sends its input gradient
+  upstream meanwhile);
 * construction: the members check they hold the same model (`checks.py`), the group's
   first rank's weights are broadcast, gradients are planned into buckets (`buckets.py`), each bucket's codec
   comes from `codec_rules` (`codec_rules.py`, seed 004's per-layer precision);
@@ -81,10 +86,13 @@ class DataParallel(nn.Module):
                  find_unused_parameters: bool = False, broadcast: bool = True,
                  calibration: Calibration | str | Path | None = None,
                  gil_switch_ms: float | None = GIL_SWITCH_MS,
-                 hold_freed_memory: bool = True,
+                 hold_freed_memory: bool = True, op: str = "mean", wait_in_backward: bool = True,
                  recorder: Recorder = NULL_RECORDER) -> None:
         super().__init__()
         check_sizes(bucket_mb, first_bucket_mb, chunk_kb, threads)
+        if op not in ("mean", "sum"):
+            raise ConfigError(f"DataParallel(op={op!r}): use 'mean' (average the replicas' "
+                              f"gradients) or 'sum'")
         if early_forward and optimizer is None:
             raise ConfigError("early_forward=True needs the optimizer: DataParallel(model, "
                               "optimizer=opt, early_forward=True) applies its step per bucket")
@@ -97,6 +105,7 @@ class DataParallel(nn.Module):
         self.rules.validate()
         check_same_model(module, self.group)
         self.early_forward = early_forward
+        self.wait_in_backward = wait_in_backward
         self.recorder = recorder
         self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
         self._byte_offset = 0
@@ -107,7 +116,8 @@ class DataParallel(nn.Module):
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None
         self._reducer = Reducer(self._buckets, self._pool, overlap=overlap,
-                                chunk_numel=int(chunk_kb * 1024) // 4, on_reduced=self._on_reduced)
+                                chunk_numel=int(chunk_kb * 1024) // 4, on_reduced=self._on_reduced,
+                                op=op)
         slots = [(p, b.plan.index, s) for b in self._buckets for s, p in enumerate(b.params)]
         self._hooks = BackwardHooks(slots, self._on_start, self._on_grad, self._on_end)
         self._gate = ForwardGate(module, self._buckets, recorder) if early_forward else None
@@ -156,8 +166,13 @@ class DataParallel(nn.Module):
         if self._usage is not None:
             self._usage.reduce(used, [[p.grad is not None for p in b.params]
                                       for b in self._buckets])
-        if self.early_forward:
+        if self.early_forward or not self.wait_in_backward:
             return
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait for this backward's reductions and put the results in `.grad` (what the end
+        of backward does unless `wait_in_backward=False`)."""
         self._blocked(self._reducer.wait_all)
         for b in self._buckets:
             self._write_back(b)

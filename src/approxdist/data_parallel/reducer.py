@@ -13,7 +13,8 @@ Per backward pass:
 Copies: a bucket of one parameter is reduced in place in that parameter's `.grad` (no
 copy at all); a bucket of several gets one copy in, and its views then become the
 parameters' `.grad` (DDP's `gradient_as_bucket_view`), so nothing is copied back.
-A launched bucket is cut into fragments (`buckets.fragments`), one all-reduce (mean) each,
+A launched bucket is cut into fragments (`buckets.fragments`), one all-reduce each (the
+mean, or the sum where each replica's gradient is already its share of the whole batch),
 spread round robin over the threads. When a bucket's last fragment lands, `on_reduced`
 runs on that thread (early forward applies the optimizer step there) and `done` is set.
 """
@@ -90,9 +91,10 @@ class Reducer:
 
     def __init__(self, buckets: Sequence[BucketState], pool: CommPool, *, overlap: bool,
                  chunk_numel: int,
-                 on_reduced: Callable[[BucketState, CommThread], None] | None = None) -> None:
+                 on_reduced: Callable[[BucketState, CommThread], None] | None = None,
+                 op: str = "mean") -> None:
         self.buckets, self.pool = list(buckets), pool
-        self.overlap, self.chunk_numel = overlap, chunk_numel
+        self.overlap, self.chunk_numel, self.op = overlap, chunk_numel, op
         self.on_reduced = on_reduced
         self._next = 0  # next bucket to launch, with overlap
 
@@ -160,7 +162,7 @@ class Reducer:
             x = b.flat[start:stop]
             if b.residuals is not None and not reducer.codec.lossless and reducer.world_size > 1:
                 b.residuals.compensate(x, start, reducer.codec)
-            reducer(x, op="mean")
+            reducer(x, op=self.op)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
             b.error = b.error or exc
         with b._lock:

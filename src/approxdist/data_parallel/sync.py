@@ -54,12 +54,14 @@ class GradientSync(Protocol):
     def close(self) -> None: ...
 
 
-def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
-               ctx: DistContext, group: Group, rec: Recorder = NULL_RECORDER) -> GradientSync:
+def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+               ctx: DistContext, group: Group, rec: Recorder = NULL_RECORDER,
+               **options: Any) -> GradientSync:
     """The engine `cfg.dp.engine` names, around `model`, averaging over `group`; weights
     are broadcast later (`broadcast_parameters`).
 
-    `rec` records the engine's phases (sync, waits, transfers; docs/tracing.md).
+    `rec` records the engine's phases (sync, waits, transfers; docs/tracing.md);
+    `options` go to `DataParallel` as they are (e.g. `op="sum"`).
     """
     dp = cfg.dp
     if dp.engine == "plain":
@@ -75,4 +77,4 @@ def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer,
                         chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,
                         optimizer=optimizer, find_unused_parameters=dp.find_unused,
                         broadcast=False, calibration=dp.calibration or None,
-                        gil_switch_ms=dp.gil_switch_ms or None, recorder=rec)
+                        gil_switch_ms=dp.gil_switch_ms or None, recorder=rec, **options)

@@ -6,6 +6,10 @@ a schedule's name, only at the actions of this rank, in order.
 * `RF`/`RB` post a sized receive through the stage's transport and return;
 * `F`/`B` are the only blocking points: they wait for their receive, then compute;
 * `SF`/`SB` post a send (encoded at once, so the tensor can be dropped) and return;
+* `AR` (replicated stages only) waits for the all-reduce of the stage's gradients over
+  its replicas (a `GradSync`, e.g. `DataParallel`): backwards before the last one run
+  with the sync off and only accumulate; the last one's gradient hooks start the
+  all-reduce bucket by bucket while that backward continues (seed 002's `_sync`);
 * at the end of a step every send is waited for; the caller then steps the optimiser.
 
 Evaluation runs the same schedule with its backward actions removed (`forward_only`):
@@ -22,10 +26,11 @@ phase of the last send.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -54,9 +59,21 @@ def _last_send_phase(actions: list[Action]) -> str:
     return ph.SEND_BACK if last is not None and last.kind == Kind.SEND_GRAD else ph.SEND_FOR
 
 
+class GradSync(Protocol):
+    """What the executor needs from the all-reduce of a replicated stage's gradients."""
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Backwards inside only accumulate local gradients."""
+
+    def finish(self) -> None:
+        """Wait until the all-reduce started by the last backward has landed in `.grad`."""
+
+
 @dataclass(frozen=True)
 class StepResult:
-    """One mini-batch on this rank; `loss` and `correct` are meaningful on the last stage."""
+    """One mini-batch on this rank; `loss` and `correct` are meaningful on the last stage:
+    `loss` is the weighted sum over this rank's micro-batches (weights = their share of the
+    whole mini-batch), `samples` the samples of the micro-batches this rank ran."""
 
     loss: float
     correct: int
@@ -76,6 +93,7 @@ class _Step:
     acts: dict[int, PendingRecv] = field(default_factory=dict)
     grads: dict[int, PendingRecv] = field(default_factory=dict)
     outbox: dict[int, torch.Tensor] = field(default_factory=dict)
+    sync_after: int | None = None  # the micro-batch whose backward starts the all-reduce
 
 
 Handler = Callable[[Action, _Step], None]
@@ -86,15 +104,16 @@ class PipelineExecutor:
 
     def __init__(self, orders: Callable[[int], list[Action]], compute: StageCompute,
                  transport: StageTransport, num_microbatches: int,
-                 rec: Recorder = NULL_RECORDER) -> None:
+                 rec: Recorder = NULL_RECORDER, grad_sync: GradSync | None = None) -> None:
         self.compute, self.transport = compute, transport
-        self.num_microbatches, self.rec = num_microbatches, rec
+        self.num_microbatches, self.rec, self.grad_sync = num_microbatches, rec, grad_sync
         self._orders = orders
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
         self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
                        Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
-                       Kind.SEND_ACT: self._send_act, Kind.SEND_GRAD: self._send_grad}
+                       Kind.SEND_ACT: self._send_act, Kind.SEND_GRAD: self._send_grad,
+                       Kind.ALL_REDUCE: self._all_reduce}
         self._eval = {Kind.RECV_ACT: self._recv, Kind.FORWARD: self._eval_forward,
                       Kind.SEND_ACT: self._eval_send}
 
@@ -114,18 +133,28 @@ class PipelineExecutor:
         """
         self.compute.reset_step()
         step = self._prepare(inputs, labels, batch_size, self.num_microbatches)
-        times = self._execute(self.actions(len(step.sizes)), self._train, step)
+        actions = self.actions(len(step.sizes))
+        sync = [a for a in actions if a.kind is Kind.ALL_REDUCE]
+        if sync and self.grad_sync is None:
+            raise PipelineError(f"the schedule of stage {self.transport.stage} has {sync[0]} "
+                                f"but the stage has no gradient sync; build it with replicas")
+        step.sync_after = sync[0].microbatch if sync else None
+        times = self._execute(actions, self._train, step)
         c = self.compute
-        return StepResult(float(c.loss_sum), int(c.correct), batch_size, c.memory.peak, times)
+        ran = sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
+        return StepResult(float(c.loss_sum), int(c.correct), ran, c.memory.peak, times)
 
     @torch.no_grad()
     def eval_batch(self, inputs: Batch | None, labels: torch.Tensor | None,
-                   batch_size: int) -> StepTimes:
+                   batch_size: int) -> int:
         """Forward-only pipeline over one test batch; the last stage adds loss and hits to
-        `compute.loss_sum` / `compute.correct` (reset them with `compute.reset_step()`)."""
+        `compute.loss_sum` / `compute.correct` (reset them with `compute.reset_step()`).
+        Returns the samples of the micro-batches this rank ran."""
         m = min(self.num_microbatches, batch_size)
         step = self._prepare(inputs, labels, batch_size, m)
-        return self._execute(self.actions(m, train=False), self._eval, step)
+        actions = self.actions(m, train=False)
+        self._execute(actions, self._eval, step)
+        return sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
 
     def _prepare(self, inputs: Batch | None, labels: torch.Tensor | None, batch_size: int,
                  num_microbatches: int) -> _Step:
@@ -189,8 +218,9 @@ class PipelineExecutor:
     def _backward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
         grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
+        only_accumulate = self.grad_sync is not None and m != step.sync_after
         t0 = time.perf_counter()
-        with self.rec.span(ph.RUN_BACK, mb=m):
+        with self.rec.span(ph.RUN_BACK, mb=m), self._sync_off(only_accumulate):
             grad_in = self.compute.backward(m, grad)
         self._times.compute_s += time.perf_counter() - t0
         if grad_in is not None:
@@ -203,6 +233,17 @@ class PipelineExecutor:
     def _send_grad(self, a: Action, step: _Step) -> None:
         with self.rec.span(ph.SEND_BACK, mb=a.microbatch):
             self.transport.send_grad(a.microbatch, step.outbox.pop(a.microbatch))
+
+    def _sync_off(self, off: bool) -> contextlib.AbstractContextManager[None]:
+        return self.grad_sync.no_sync() if off and self.grad_sync else contextlib.nullcontext()
+
+    def _all_reduce(self, a: Action, step: _Step) -> None:
+        """`AR`: wait for the stage's gradient all-reduce (seed 002's `_sync`)."""
+        assert self.grad_sync is not None
+        t0 = time.perf_counter()
+        with self.rec.span(ph.SYNC, mb=a.microbatch), self.rec.span(ph.WAIT, on="replicas"):
+            self.grad_sync.finish()
+        self._times.wait_s += time.perf_counter() - t0
 
     def _eval_forward(self, a: Action, step: _Step) -> None:
         m = a.microbatch
@@ -237,10 +278,11 @@ class PipelineExecutor:
             peers = [t.stage - 1]
         elif a.kind == Kind.BACKWARD:
             peers = [t.stage + 1]
-        names = " or ".join(f"stage {s} (rank {t.global_rank(s)})" for s in peers)
+        m = a.microbatch
+        names = " or ".join(f"stage {s} (rank {t.global_rank(s, m)})" for s in peers)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         peer = getattr(exc, "peer", None)
         if peer is None and len(peers) == 1:
-            peer = t.global_rank(peers[0])
+            peer = t.global_rank(peers[0], m)
         return PipelineError(f"stage {t.stage} (rank {t.link.me}) stopped at {a} waiting for "
                              f"{what} from {names}, which may have died: {first}", peer=peer)

@@ -24,7 +24,7 @@ from approxdist.config.pipeline import PipelineConfig
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
 from approxdist.pipeline.errors import PipelineError
-from approxdist.pipeline.executor import PipelineExecutor
+from approxdist.pipeline.executor import GradSync, PipelineExecutor
 from approxdist.pipeline.microbatch import microbatch_sizes
 from approxdist.pipeline.partition import (
     Partition,
@@ -36,8 +36,10 @@ from approxdist.pipeline.partition import (
 )
 from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
+from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.transport import StageTransport, WireFormat
+from approxdist.topology.dealing import Dealing
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
@@ -46,6 +48,7 @@ def check_run(pcfg: PipelineConfig, num_blocks: int, batch_size: int) -> None:
 
     Which ranks run the stages is the topology's business (`approxdist.topology`)."""
     check_stage_count(pcfg.stages, num_blocks)
+    check_dealing(Dealing(pcfg.replica_counts), pcfg.microbatches)
     if pcfg.split:
         plan = parse_split(pcfg.split, num_blocks)
         if plan.num_stages != pcfg.stages:
@@ -78,6 +81,7 @@ class PipelineRuntime:
     transport: StageTransport
     compute: StageCompute
     executor: PipelineExecutor
+    grad_sync: GradSync | None = None  # the replica all-reduce of a replicated stage
 
     @property
     def stage(self) -> int:
@@ -86,31 +90,48 @@ class PipelineRuntime:
     def close(self) -> None:
         self.compute.close()
         self.link.close()
+        close = getattr(self.grad_sync, "close", None)
+        if close is not None:
+            close()
 
 
-def schedule_orders(name: str, num_stages: int, stage: int) -> Callable[[int], list[Action]]:
-    """M -> this stage's validated action list of schedule `name`."""
-    return lambda m: build_schedule(name, num_stages, m)[stage]
+def schedule_orders(name: str, dealing: Dealing, slot: int) -> Callable[[int], list[Action]]:
+    """M -> the validated action list of the rank at `slot` (its stage's list, or with
+    replicated stages its round-robin share of it closed by `AR`)."""
+    if max(dealing.replicas) == 1:
+        return lambda m: build_schedule(name, len(dealing.replicas), m)[slot]
+    return lambda m: replicated_schedule(name, dealing, m)[slot]
+
+
+#: builds the gradient sync of a replicated stage around its module (every replica, in order)
+SyncFactory = Callable[[nn.Module], GradSync]
 
 
 def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
-                  sample: torch.Tensor, *, group: Group | None = None, link_spec: str = "",
-                  seed: int = 0, loss_fn: LossFn = F.cross_entropy,
+                  sample: torch.Tensor, *, group: Group | None = None,
+                  dealing: Dealing | None = None, grad_sync: SyncFactory | None = None,
+                  link_spec: str = "", seed: int = 0, loss_fn: LossFn = F.cross_entropy,
                   partition: Partition | None = None,
                   rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
     """This rank's stage of `model` ready to run; `sample` is a batch of real inputs.
 
-    `group` holds the pipeline's ranks in stage order (member s runs stage s; default
-    the world). Collective over the group (partition broadcast and the shape exchange);
-    `rec` records the stage's phases and transfers.
+    `group` holds the pipeline's ranks in stage-major order (default the world: member s
+    runs stage s). With replicated stages (hybrid parallelism) `dealing` gives the
+    replica counts, micro-batches go round robin to each stage's replicas, and
+    `grad_sync(module)` builds the all-reduce of the stage's gradients over its replicas
+    (`hybrid.build_hybrid_runtime`). Collective over the group (partition broadcast and
+    the shape exchange); `rec` records the stage's phases and transfers.
     """
     group = group if group is not None else world_group(ctx)
-    if group.size != pcfg.stages:
-        raise PipelineError(f"pipeline.stages ({pcfg.stages}) must equal the ranks of the "
-                            f"pipeline's group, {group.describe()}: one stage per rank")
+    dealing = dealing if dealing is not None else Dealing.single(pcfg.stages)
+    if len(dealing.replicas) != pcfg.stages or group.size != sum(dealing.replicas):
+        raise PipelineError(f"pipeline.stages ({pcfg.stages}) with replicas "
+                            f"{','.join(map(str, dealing.replicas))} need "
+                            f"{sum(dealing.replicas)} rank(s) but the pipeline's group is "
+                            f"{group.describe()}")
     check_stage_count(pcfg.stages, len(blocks_of(model)))
     plan = partition or agree_partition(pcfg, model, sample, group)
-    stage = group.rank
+    stage, replica = dealing.place(group.rank)
     module = stage_module(model, plan, stage)
     if rec.enabled:  # lets `approxdist analyze` compute the bubble from the trace alone
         rec.meta["pipeline"] = {"stages": plan.num_stages, "microbatches": pcfg.microbatches,
@@ -118,12 +139,14 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     link = Link(ctx, link_spec or None, hook=rec.transfer_hook(), group=group)
     transport = StageTransport(link, stage, plan.num_stages,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
-                               WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), seed=seed, rec=rec)
+                               WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), dealing, replica,
+                               seed=seed, rec=rec)
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation)
-    executor = PipelineExecutor(schedule_orders(pcfg.schedule, plan.num_stages, stage),
-                                compute, transport, pcfg.microbatches, rec)
-    return PipelineRuntime(plan, module, link, transport, compute, executor)
+    sync = grad_sync(module) if grad_sync is not None and dealing.replicas[stage] > 1 else None
+    executor = PipelineExecutor(schedule_orders(pcfg.schedule, dealing, group.rank),
+                                compute, transport, pcfg.microbatches, rec, sync)
+    return PipelineRuntime(plan, module, link, transport, compute, executor, sync)

@@ -39,6 +39,7 @@ from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link import Link, RecvHandle, SendHandle
 from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
+from approxdist.topology.dealing import Dealing
 from approxdist.trace.phases import DECODE, ENCODE
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
@@ -141,16 +142,19 @@ class _Direction:
 class StageTransport:
     """Stage `stage` of `num_stages`: posts receives and sends to its neighbours over `link`.
 
-    `member_of(stage)` maps a stage to the member of the link's group that runs it
-    (identity when the group is the pipeline in stage order); `rec` records encoding
-    and decoding.
+    The link's group holds every rank of the pipeline in stage-major order; `dealing`
+    names the member that handles a micro-batch at a neighbour stage (one replica per
+    stage by default; replicated stages deal micro-batches round robin,
+    `topology.dealing`); this rank is replica `replica` of its stage. `rec` records
+    encoding and decoding.
     """
 
     def __init__(self, link: Link, stage: int, num_stages: int, fwd: WireFormat,
-                 bwd: WireFormat, member_of: Callable[[int], int] = int, seed: int = 0,
-                 rec: Recorder = NULL_RECORDER) -> None:
+                 bwd: WireFormat, dealing: Dealing | None = None, replica: int = 0,
+                 seed: int = 0, rec: Recorder = NULL_RECORDER) -> None:
         self.link, self.stage, self.num_stages = link, stage, num_stages
-        self.member_of, self.rec = member_of, rec
+        self.dealing = dealing if dealing is not None else Dealing.single(num_stages)
+        self.replica, self.rec = replica, rec
         self.fwd = _Direction.build(fwd, seed * 1009 + 2 * stage)
         self.bwd = _Direction.build(bwd, seed * 1009 + 2 * stage + 1)
         self.in_shape: Shape = ()
@@ -167,30 +171,37 @@ class StageTransport:
     def is_last(self) -> bool:
         return self.stage == self.num_stages - 1
 
-    def peer(self, stage: int) -> int:
-        """The member of the link's group that runs `stage`."""
-        return self.member_of(stage)
+    def peer(self, stage: int, m: int) -> int:
+        """The member of the link's group that handles micro-batch `m` at `stage`."""
+        return self.dealing.slot(stage, m)
 
-    def global_rank(self, stage: int) -> int:
-        """The global rank that runs `stage` (for messages)."""
-        return self.link.global_rank(self.member_of(stage))
+    def global_rank(self, stage: int, m: int) -> int:
+        """The global rank that handles micro-batch `m` at `stage` (for messages)."""
+        return self.link.global_rank(self.peer(stage, m))
 
     # -- start-up ---------------------------------------------------------------------
     def exchange_shapes(self, input_shape: Shape, infer: Callable[[Shape], Shape]) -> None:
         """Learn this stage's per-sample input shape from the previous stage, tell the next.
 
         `input_shape` is the sample shape of the data (used on stage 0); `infer` maps an
-        input sample shape to this stage's output sample shape.
+        input sample shape to this stage's output sample shape. Replica k of a stage
+        hears from the upstream replica that handles micro-batch k and tells every
+        downstream replica j whose micro-batch j it would send to.
         """
         if self.is_first:
             self.in_shape = tuple(input_shape)
         else:
-            buf = self.link.irecv_bytes(self.peer(self.stage - 1), SHAPE_WORDS * 8).wait()
-            self.in_shape = tuple(parse_header(buf, self.peer(self.stage - 1))[1])
+            src = self.peer(self.stage - 1, self.replica)
+            buf = self.link.irecv_bytes(src, SHAPE_WORDS * 8).wait()
+            self.in_shape = tuple(parse_header(buf, self.link.global_rank(src))[1])
         self.out_shape = tuple(infer(self.in_shape))
         if not self.is_last:
             header = shape_header(0, self.out_shape, self.link.device)
-            self.link.isend_bytes(header, self.peer(self.stage + 1)).wait()
+            below = range(self.dealing.replicas[self.stage + 1])
+            sends = [self.link.isend_bytes(header, self.peer(self.stage + 1, j)) for j in below
+                     if self.dealing.replica(self.stage, j) == self.replica]
+            for handle in sends:
+                handle.wait()
 
     # -- per micro-batch ----------------------------------------------------------------
     def post_recv_act(self, m: int, size: int) -> PendingRecv:
@@ -205,11 +216,11 @@ class StageTransport:
         numel = math.prod(shape)
         flat = self._pool.get(f"out-{name}", numel, torch.float32, index=m)
         if d.raw:
-            handle = self.link.irecv_bytes(self.peer(stage), flat.view(torch.uint8))
+            handle = self.link.irecv_bytes(self.peer(stage, m), flat.view(torch.uint8))
             return PendingRecv(handle, flat.view(shape), None, None, self.link.stats, self.rec)
         data = self._pool.get(f"recv-{name}", d.recv_codec.payload_nbytes(numel), torch.uint8,
                               index=m)
-        handle = self.link.irecv_bytes(self.peer(stage), data)
+        handle = self.link.irecv_bytes(self.peer(stage, m), data)
         return PendingRecv(handle, flat.view(shape), d.recv_codec, d.channel, self.link.stats,
                            self.rec)
 
@@ -225,7 +236,7 @@ class StageTransport:
         t0 = time.perf_counter()
         if d.raw:  # the link's op holds `x` until the send has left
             values = x.detach().to(torch.float32).contiguous().view(-1)
-            self._sends.append(self.link.isend_bytes(values.view(torch.uint8), self.peer(stage)))
+            self._sends.append(self.link.isend_bytes(values.view(torch.uint8), self.peer(stage, m)))
             self.send_seconds += time.perf_counter() - t0
             return
         codec = d.send_codec
@@ -234,7 +245,7 @@ class StageTransport:
             payload = codec.encode(x.detach(), out=buf)
             if d.channel is not None:
                 payload = d.channel.corrupt(payload, codec.inner)
-        self._sends.append(self.link.isend_bytes(payload.data, self.peer(stage)))
+        self._sends.append(self.link.isend_bytes(payload.data, self.peer(stage, m)))
         self.send_seconds += time.perf_counter() - t0
 
     def wait_sends(self) -> None:

@@ -19,7 +19,8 @@ from approxdist.topology.layout import Place, Topology, TopologyError
 
 @dataclass(frozen=True)
 class TopologyGroups:
-    """This rank's place and groups; `pipeline` is None without pipeline rows."""
+    """This rank's place and groups; `pipeline` (every rank in stage-major order) is None
+    with one stage."""
 
     topology: Topology
     place: Place
@@ -38,7 +39,7 @@ def check_world(topology: Topology, world_size: int) -> None:
             f"the topology (stages {topology.num_stages}, replicas "
             f"{','.join(map(str, topology.replicas))}) places {topology.world_size} rank(s) but "
             f"the job has {world_size}; start {topology.world_size} workers (--world-size "
-            f"{topology.world_size}) or change the topology (--stages, --placement)")
+            f"{topology.world_size}) or change the topology (--stages, --replicas, --placement)")
 
 
 def make_groups(topology: Topology, ctx: DistContext, replica_streams: int = 1) -> TopologyGroups:
@@ -62,5 +63,5 @@ def make_groups(topology: Topology, ctx: DistContext, replica_streams: int = 1) 
     place = topology.place(ctx.rank)
     replicas = mine.get(f"stage {place.stage} replicas") or \
         Group((ctx.rank,), ctx.rank, name=f"stage {place.stage} replicas")
-    pipeline = mine.get(f"pipeline {place.replica}") if topology.num_stages > 1 else None
+    pipeline = mine.get("pipeline")
     return TopologyGroups(topology, place, world, replicas, pipeline)

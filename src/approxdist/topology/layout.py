@@ -6,8 +6,9 @@ parallelism is one stage with every rank a replica; a pipeline is one replica pe
 PipeDream's hybrid runs replicate stages, equally (a PP x DP grid) or not (seed 002's
 AlexNet: a convolution stage on 3 ranks feeding one fully-connected stage). From it each
 rank learns its place and the groups it talks in: its stage's replicas (gradient
-averaging), its upstream and downstream peers (activations and gradients), the pipeline
-row it belongs to when replication is equal, and the world. No torch.distributed here:
+averaging), its upstream and downstream peers (activations and gradients, which travel
+in the pipeline group of every rank in stage-major order, between the replicas that
+`topology.dealing` names), and the world. No torch.distributed here:
 `topology.groups.make_groups` turns the groups into process groups.
 """
 
@@ -171,12 +172,14 @@ class Topology:
                           tuple(range(self.world_size)))
 
     def group_specs(self) -> list[GroupSpec]:
-        """Every sub-group of more than one rank, in the order all ranks create them:
-        each stage's replicas, then (equal replication, several stages) each pipeline row."""
+        """Every sub-group of more than one rank, in the order all ranks create them: each
+        stage's replicas, then (several stages) the pipeline: every rank in stage-major
+        order, so that a rank's index in it is its `slot` (activations and gradients travel
+        there, between the replicas `topology.dealing` names)."""
         specs = [GroupSpec(f"stage {s} replicas", ranks)
                  for s, ranks in enumerate(self.stages) if len(ranks) > 1]
-        if self.num_stages > 1 and self.equal:
-            specs += [GroupSpec(f"pipeline {j}", row) for j, row in enumerate(self.pipelines())]
+        if self.num_stages > 1:
+            specs.append(GroupSpec("pipeline", tuple(r for ranks in self.stages for r in ranks)))
         return specs
 
 

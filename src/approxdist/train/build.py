@@ -28,9 +28,9 @@ from approxdist.train.trainer import Trainer
 
 def topology_of(cfg: Config) -> Topology:
     """The ranks of the run and their places, from `train.parallel` and `[pipeline]`."""
-    mode = cfg.train.parallel
-    if mode == "pipeline":
-        return Topology.pipeline(cfg.pipeline.stages, cfg.pipeline.placement or None)
+    mode, p = cfg.train.parallel, cfg.pipeline
+    if mode in ("pipeline", "hybrid"):
+        return Topology.grid(p.stages, p.replica_counts, p.placement or None)
     if mode == "dp":
         return Topology.data_parallel(cfg.train.world_size)
     return Topology.single()
@@ -41,7 +41,7 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
     """This rank's trainer (collective over the world); `rec` records its phases."""
     check_parts(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    groups = make_groups(topology_of(cfg), ctx)
+    groups = make_groups(topology_of(cfg), ctx, replica_streams=cfg.dp.threads + 2)
     data = load_dataset(cfg.data)
     engine = ENGINES.get(cfg.train.parallel)(cfg, ctx, groups, data, rec)
     index, count = engine.shard

@@ -64,8 +64,9 @@ class Engine(Protocol):
         """One mini-batch of `batch_size` samples: forward, backward, communication, update."""
 
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
-                   batch_size: int) -> tuple[float, int]:
-        """(summed loss, correct) of one test batch, on ranks with `feeds_labels`."""
+                   batch_size: int) -> tuple[float, int, int]:
+        """(summed loss, correct, samples counted) of one test batch; zeros on ranks that
+        compute no loss."""
 
     def end_epoch(self) -> None:
         """Before evaluation and the checkpoint (e.g. averaging batch-norm statistics)."""

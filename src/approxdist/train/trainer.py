@@ -115,11 +115,9 @@ class Trainer:
         dev = self.ctx.device
         for lo in range(0, x_all.shape[0], bs):
             x, y = x_all[lo:lo + bs], y_all[lo:lo + bs]
-            loss, correct = engine.eval_batch(x.to(dev) if engine.feeds_inputs else None,
-                                              y.to(dev) if engine.feeds_labels else None,
-                                              y.numel())
-            if engine.feeds_labels:
-                sums += torch.tensor([loss, correct, y.numel()], dtype=torch.float64)
+            counted = engine.eval_batch(x.to(dev) if engine.feeds_inputs else None,
+                                        y.to(dev) if engine.feeds_labels else None, y.numel())
+            sums += torch.tensor(counted, dtype=torch.float64)
         engine.module.train()
         self.groups.world.all_reduce(sums)
         return float(sums[1] / sums[2]), float(sums[0] / sums[2])

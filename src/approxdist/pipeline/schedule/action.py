@@ -7,7 +7,11 @@ Communication actions use two-letter kinds: `SF`/`RF` send/receive a forward
 activation, `SB`/`RB` send/receive a backward gradient, so `0SF2` is "stage 0 sends the
 activation of micro-batch 2 to stage 1" and `1RB0` is "stage 1 receives the gradient of
 micro-batch 0 from stage 2". The peer is implied: activations flow to stage + 1,
-gradients to stage - 1. See docs/pipeline.md for what an executor does with each kind.
+gradients to stage - 1. A replicated stage (hybrid parallelism, seed 002) ends its list
+with `AR`, the all-reduce of its gradients over its replicas (seed 002's `_sync`):
+`0AR6` is "stage 0 averages its gradients, the last micro-batch it ran being 6"; the
+all-reduce starts during that micro-batch's backward and `AR` waits for it to finish.
+See docs/pipeline.md for what an executor does with each kind.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ class Kind(Enum):
     RECV_ACT = "RF"
     SEND_GRAD = "SB"
     RECV_GRAD = "RB"
+    ALL_REDUCE = "AR"
 
 
 COMPUTE = (Kind.FORWARD, Kind.BACKWARD)
 SENDS = (Kind.SEND_ACT, Kind.SEND_GRAD)
 RECVS = (Kind.RECV_ACT, Kind.RECV_GRAD)
 
-_PATTERN = re.compile(r"(\d+)(F|B|SF|RF|SB|RB)(\d+)")
+_PATTERN = re.compile(r"(\d+)(F|B|SF|RF|SB|RB|AR)(\d+)")
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Action:
             return self.stage + 1
         if self.kind in (Kind.RECV_ACT, Kind.SEND_GRAD):
             return self.stage - 1
-        raise ValueError(f"{self} is a compute action; it has no peer")
+        raise ValueError(f"{self} is not a send or receive; it has no peer")
 
     @property
     def channel(self) -> tuple[int, int]:

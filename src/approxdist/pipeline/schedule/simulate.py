@@ -11,12 +11,20 @@ unfinished, the schedule deadlocks and `Timeline.stuck` names where each rank wa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from approxdist.pipeline.schedule.action import Action, Kind, Order
 from approxdist.pipeline.schedule.comm import inputs_of
 
 Slot = tuple[int, int]  # (rank, index in that rank's list)
+#: (rank, send or receive) -> its channel (source, destination); default: stage numbers
+Route = Callable[[int, Action], tuple[int, int]]
+
+
+def stage_route(rank: int, action: Action) -> tuple[int, int]:
+    """One rank per stage: a message's channel is (source stage, destination stage)."""
+    return action.channel
 
 
 @dataclass(frozen=True)
@@ -65,9 +73,12 @@ class Timeline:
 
 
 def simulate(order: Order, num_stages: int | None = None,
-             durations: Durations | None = None) -> Timeline:
-    """Execute `order` under the executor contract; never raises on a bad schedule."""
-    sim = _Simulation(order, len(order) if num_stages is None else num_stages)
+             durations: Durations | None = None, route: Route = stage_route) -> Timeline:
+    """Execute `order` under the executor contract; never raises on a bad schedule.
+
+    `route` names the channel of each send and receive: by default (source stage,
+    destination stage); replicated stages route between ranks (`hybrid.schedule`)."""
+    sim = _Simulation(order, len(order) if num_stages is None else num_stages, route)
     dur = durations or Durations()
     clock = {r: 0.0 for r in order}
     start: dict[int, list[float]] = {r: [] for r in order}
@@ -94,9 +105,8 @@ def simulate(order: Order, num_stages: int | None = None,
 class _Simulation:
     """Channel bookkeeping: FIFO index of each receive, sends per channel, what has run."""
 
-    def __init__(self, order: Order, num_stages: int) -> None:
-        self.order = order
-        self.num_stages = num_stages
+    def __init__(self, order: Order, num_stages: int, route: Route) -> None:
+        self.order, self.num_stages, self.route = order, num_stages, route
         self.ended: dict[Slot, float] = {}
         self.sends: dict[tuple[int, int], list[Slot]] = {}
         self.recv_k: dict[Slot, int] = {}
@@ -105,9 +115,9 @@ class _Simulation:
         for r, actions in order.items():
             for i, a in enumerate(actions):
                 if a.is_send:
-                    self.sends.setdefault(a.channel, []).append((r, i))
+                    self.sends.setdefault(route(r, a), []).append((r, i))
                 elif a.is_recv:
-                    key = (r, a.channel)
+                    key = (r, route(r, a))
                     self.recv_k[(r, i)] = counts.get(key, 0)
                     counts[key] = self.recv_k[(r, i)] + 1
                     self.recv_at.setdefault((r, a), i)
@@ -140,5 +150,5 @@ class _Simulation:
         if i is None or (rank, i) not in self.ended:
             return None
         k = self.recv_k[(rank, i)]
-        channel = self.sends.get(recv.channel, [])
+        channel = self.sends.get(self.route(rank, recv), [])
         return channel[k] if k < len(channel) else None

@@ -1,11 +1,12 @@
-"""Pipeline training: each rank runs one stage of the model on its pipeline row (seeds 000, 002).
+"""Pipeline and hybrid training: each rank runs one stage, replicated or not (seeds 000, 002).
 
-Every rank of a row draws the same mini-batches (the row is one data-parallel shard);
-stage 0 feeds the inputs, the last stage the labels, the others only need the batch
-size. Each mini-batch runs as M micro-batches through the schedule
-(`pipeline.executor`), then every stage takes one optimiser step on its own parameters.
-Evaluation is a forward-only pipeline; loss and hits exist on the last stage. Which
-ranks hold the stages is the topology's: the row is a `Group` in stage order.
+Every rank draws the whole mini-batch; stage 0's ranks feed the inputs of their
+micro-batches, the last stage's ranks the labels, the others only need the batch size.
+Each mini-batch runs as M micro-batches through the schedule (`pipeline.executor`); a
+replicated stage (`--parallel hybrid`) runs the micro-batches dealt to it round robin
+and sums its gradients over its replicas (`hybrid`), then every stage takes one
+optimiser step on its own parameters. Evaluation is a forward-only pipeline; loss and
+hits exist on the last stage. Which ranks hold the stages is the topology's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
+from approxdist.data_parallel.engine import DataParallel
+from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.pipeline.errors import PipelineError
@@ -29,16 +32,18 @@ from approxdist.train.optim import make_sgd
 
 
 class PipelineEngine:
-    """This rank's stage (`runtime`) and its optimiser."""
+    """This rank's stage (`runtime`, with its replica all-reduce if replicated) and optimiser."""
 
     def __init__(self, cfg: Config, runtime: PipelineRuntime, optimizer: torch.optim.Optimizer,
-                 groups: TopologyGroups, rec: Recorder) -> None:
+                 rec: Recorder) -> None:
         self.cfg, self.runtime, self.optimizer, self.rec = cfg, runtime, optimizer, rec
         self.module: nn.Module = runtime.module
         self.optimizers = [optimizer]
         self.feeds_inputs = runtime.transport.is_first
         self.feeds_labels = runtime.transport.is_last
-        self.shard = (groups.place.replica, groups.topology.replicas[0])
+        self.shard = (0, 1)  # the executor picks this rank's micro-batches of the mini-batch
+        sync = runtime.grad_sync
+        self.sync: DataParallel | None = sync if isinstance(sync, DataParallel) else None
 
     def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> StepOutcome:
@@ -48,27 +53,37 @@ class PipelineEngine:
             self.optimizer.zero_grad(set_to_none=True)
         if not self.feeds_labels:  # loss and hits exist on the last stage only
             return StepOutcome(0.0, 0, 0, res.times, res.peak_activation_bytes)
-        return StepOutcome(res.loss * res.samples, res.correct, res.samples, res.times,
+        # res.loss weighs each micro-batch by its share of the mini-batch
+        return StepOutcome(res.loss * batch_size, res.correct, res.samples, res.times,
                            res.peak_activation_bytes)
 
     @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
-                   batch_size: int) -> tuple[float, int]:
+                   batch_size: int) -> tuple[float, int, int]:
         compute = self.runtime.compute
         compute.reset_step()
-        self.runtime.executor.eval_batch(x, y, batch_size)
-        return float(compute.loss_sum), int(compute.correct)
+        ran = self.runtime.executor.eval_batch(x, y, batch_size)
+        if not self.feeds_labels:
+            return 0.0, 0, 0
+        return float(compute.loss_sum), int(compute.correct), ran
 
     def end_epoch(self) -> None:
-        """Stages hold disjoint parameters: nothing to average."""
+        """Replicas of a stage average their batch-norm statistics; stages share nothing."""
+        if self.sync is not None:
+            self.sync.sync_buffers()
 
     def link_bytes(self) -> dict[str, int]:
         link = self.runtime.link
-        return {f"{link.me}->{peer}": n for peer, n in sorted(link.stats.sent.items())}
+        out = {f"{link.me}->{peer}": n for peer, n in sorted(link.stats.sent.items())}
+        for key, n in (self.sync.link_bytes() if self.sync is not None else {}).items():
+            out[key] = out.get(key, 0) + n
+        return out
 
     def state_dict(self) -> dict[str, Any]:
+        """Collective over the stage's replicas when replicated (residuals are gathered)."""
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "boundaries": list(self.runtime.partition.boundaries)}
+                "boundaries": list(self.runtime.partition.boundaries),
+                "dp": self.sync.checkpoint_state() if self.sync is not None else {}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         cut = tuple(state["boundaries"])
@@ -78,6 +93,8 @@ class PipelineEngine:
                                 f"the original --split")
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.sync is not None:
+            self.sync.load_checkpoint_state(state.get("dp", {}))
 
     def start(self) -> None:
         """Every rank built the same model from the same seed: nothing to broadcast."""
@@ -85,6 +102,7 @@ class PipelineEngine:
     def summary(self) -> dict[str, Any]:
         p, rt = self.cfg.pipeline, self.runtime
         return {"stages": rt.partition.num_stages, "partition": rt.partition.describe(),
+                "replicas": list(rt.transport.dealing.replicas),
                 "schedule": p.schedule, "microbatches": p.microbatches,
                 "fwd_codec": p.fwd_codec, "bwd_codec": p.bwd_codec, "recompute": p.recompute,
                 "fuse_accumulation": p.fuse_accumulation}
@@ -100,10 +118,15 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: 
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
     check_run(cfg.pipeline, len(model), cfg.data.batch_size)
     micro = max(1, cfg.data.batch_size // cfg.pipeline.microbatches)
-    row = groups.pipeline if groups.pipeline is not None else groups.world
-    runtime = build_runtime(cfg.pipeline, model, ctx, data.train_x[:micro].to(ctx.device),
-                            group=row, link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec)
-    return PipelineEngine(cfg, runtime, make_sgd(runtime.module, cfg.optim), groups, rec)
+    sample = data.train_x[:micro].to(ctx.device)
+    if max(groups.topology.replicas) > 1:
+        runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec)
+    else:
+        row = groups.pipeline if groups.pipeline is not None else groups.world
+        runtime = build_runtime(cfg.pipeline, model, ctx, sample, group=row,
+                                link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec)
+    return PipelineEngine(cfg, runtime, make_sgd(runtime.module, cfg.optim), rec)
 
 
 ENGINES.add("pipeline", build_pipeline)
+ENGINES.add("hybrid", build_pipeline)

@@ -70,11 +70,11 @@ class ReplicatedEngine:
 
     @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
-                   batch_size: int) -> tuple[float, int]:
+                   batch_size: int) -> tuple[float, int, int]:
         assert x is not None and y is not None
         out = self.module(x)
         return (float(F.cross_entropy(out, y, reduction="sum").item()),
-                int((out.argmax(1) == y).sum().item()))
+                int((out.argmax(1) == y).sum().item()), y.numel())
 
     def end_epoch(self) -> None:
         if self.sync:

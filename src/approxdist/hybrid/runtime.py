@@ -1,0 +1,44 @@
+"""One rank of a hybrid run: a pipeline stage whose replicas sum their gradients (seed 002).
+
+Every replica of stage s runs the micro-batches m with m mod r_s = its index; each
+micro-batch's loss is weighted by its share of the whole mini-batch, so the *sum* of the
+replicas' gradients is the mini-batch's gradient: single-process training on the same
+batch, whatever the replication. The sum runs through `DataParallel` on the replica
+group (any algorithm, codec, error feedback, emulated link, byte count and trace of the
+data-parallel engine): its gradient hooks are off for the earlier micro-batches (they
+only accumulate) and launch buckets during the last one's backward, which continues
+meanwhile; the schedule's `AR` action waits for them before the optimiser step, so the
+stage sends its last input gradient upstream without waiting for the all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from approxdist.config.schema import Config
+from approxdist.data_parallel.engine import DataParallel
+from approxdist.data_parallel.sync import build_sync
+from approxdist.launch.context import DistContext
+from approxdist.pipeline.executor import GradSync
+from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.topology.dealing import Dealing
+from approxdist.topology.groups import TopologyGroups
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
+
+
+def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
+                         groups: TopologyGroups, sample: torch.Tensor,
+                         rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
+    """This rank's replicated stage of `model` (collective over the pipeline group)."""
+
+    def sync(module: nn.Module) -> GradSync:
+        engine = build_sync(cfg, module, None, ctx, groups.replicas, rec, op="sum",
+                            wait_in_backward=False)
+        assert isinstance(engine, DataParallel)
+        return engine
+
+    assert groups.pipeline is not None
+    return build_runtime(cfg.pipeline, model, ctx, sample, group=groups.pipeline,
+                         dealing=Dealing.of(groups.topology), grad_sync=sync,
+                         link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec)

@@ -1,0 +1,129 @@
+"""Hybrid parallelism against the single-process oracle: replicated stages, equal and unequal.
+
+One set of 4 processes runs every case: a topology (2x2, 3+1, 1+3, 1+2+1), a schedule
+(GPipe, 1F1B), micro-batches dealt round robin to each stage's replicas, the replicas'
+gradients summed during the last micro-batch's backward. After one training step the
+loss and every parameter's gradient equal single-process training on the same global
+batch split into the same micro-batches (1e-5, no batch norm), and a stage's replicas
+hold bitwise the same gradients, also with a lossy all-reduce codec (bf16, error
+feedback). A second step reuses every buffer and must give the same loss again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.config.loader import build_config
+from approxdist.hybrid import build_hybrid_runtime
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.models.mlp import mlp
+from approxdist.pipeline.microbatch import split_microbatches
+from approxdist.topology import Topology
+from approxdist.topology.groups import make_groups
+
+FEATURES, CLASSES, HIDDEN, BATCH = 12, 5, 16, 24
+
+
+@dataclass(frozen=True)
+class Case:
+    replicas: tuple[int, ...]
+    schedule: str
+    microbatches: int
+    dp: dict[str, Any] = field(default_factory=dict)
+    recompute: bool = False
+
+    def sections(self) -> dict[str, dict[str, Any]]:
+        return {"train": {"parallel": "hybrid", "world_size": 4, "seed": 0},
+                "pipeline": {"stages": len(self.replicas), "replicas": list(self.replicas),
+                             "schedule": self.schedule, "microbatches": self.microbatches,
+                             "recompute": self.recompute, "fuse_accumulation": "all"},
+                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **self.dp}}
+
+
+CASES = [
+    Case((2, 2), "gpipe", 4), Case((2, 2), "1f1b", 4),
+    Case((3, 1), "gpipe", 6), Case((3, 1), "1f1b", 4),  # 4 micro-batches on 3 replicas: 2, 1, 1
+    Case((1, 3), "1f1b", 6), Case((1, 3), "gpipe", 3, recompute=True),
+    Case((1, 2, 1), "gpipe", 4), Case((1, 2, 1), "1f1b", 5, dp={"algorithm": "brd"}),
+    Case((2, 2), "1f1b", 4, dp={"codec": "bf16", "error_feedback": True, "algorithm": "ring"}),
+]
+
+
+def _model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=4)  # 5 blocks, no batch norm
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return (torch.randn(BATCH, FEATURES, generator=gen),
+            torch.randint(0, CLASSES, (BATCH,), generator=gen))
+
+
+def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
+    out = []
+    for case in cases:
+        cfg = build_config(case.sections())
+        groups = make_groups(Topology.grid(len(case.replicas), case.replicas), ctx,
+                             replica_streams=cfg.dp.threads + 2)
+        x, y = _data()
+        rt = build_hybrid_runtime(cfg, _model(), ctx, groups, x[:2])
+        first, last = rt.transport.is_first, rt.transport.is_last
+        res = rt.executor.train_step(x if first else None, y if last else None, BATCH)
+        grads = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
+        for p in rt.module.parameters():
+            p.grad = None
+        again = rt.executor.train_step(x if first else None, y if last else None, BATCH)
+        out.append({"stage": rt.stage, "loss": res.loss if last else None,
+                    "samples": res.samples, "loss2": again.loss if last else None,
+                    "grads": grads, "sent": rt.link.stats.bytes_sent,
+                    "synced": rt.grad_sync is not None})
+        rt.close()
+    return out
+
+
+def _oracle(case: Case) -> tuple[float, dict[str, torch.Tensor]]:
+    model, (x, y) = _model(), _data()
+    total = 0.0
+    for mb in split_microbatches(x, y, case.microbatches):
+        loss = F.cross_entropy(model(mb.inputs), mb.labels) * mb.weight
+        loss.backward()
+        total += float(loss.detach())
+    return total, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> list[list[dict[str, Any]]]:
+    return run_on_ranks(_run_cases, 4, CASES, timeout_s=240)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_replicated_stages_match_single_process_training(four_ranks: list[list[dict[str, Any]]],
+                                                         index: int) -> None:
+    case = CASES[index]
+    loss, grads = _oracle(case)
+    ranks = [r[index] for r in four_ranks]
+    lossy = case.dp.get("codec", "fp32") != "fp32"
+    last = [r for r in ranks if r["loss"] is not None]
+    assert len(last) == case.replicas[-1]
+    assert sum(r["loss"] for r in last) == pytest.approx(loss, abs=1e-5), case
+    assert sum(r["loss2"] for r in last) == pytest.approx(loss, abs=1e-5), case  # buffers reused
+    assert sum(r["samples"] for r in last) == BATCH
+    seen: set[str] = set()
+    for stage, count in enumerate(case.replicas):
+        mine = [r for r in ranks if r["stage"] == stage]
+        assert len(mine) == count and all(r["synced"] == (count > 1) for r in mine)
+        for name, g in mine[0]["grads"].items():
+            for other in mine[1:]:  # replicas agree bit for bit, whatever the codec
+                assert torch.equal(other["grads"][name], g), (case, stage, name)
+            tol = 1e-2 if lossy and count > 1 else 1e-5
+            torch.testing.assert_close(g, grads[name], atol=tol, rtol=0, msg=f"{case} {name}")
+            seen.add(name)
+    assert seen == set(grads), f"{case}: parameters without a stage: {set(grads) - seen}"
+    assert all(r["sent"] > 0 for r in ranks)
