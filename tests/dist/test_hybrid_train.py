@@ -17,6 +17,7 @@ from approxdist.errors import LaunchError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
+from approxdist.trace import read_trace
 from approxdist.train.metrics import read_jsonl
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
@@ -63,11 +64,19 @@ def test_resume_of_a_replicated_run_is_bit_exact(tmp_path: Path) -> None:
     assert [r["epoch"] for r in epochs] == [1, 2, 3]
 
 
-def test_cli_hybrid_run_writes_per_link_metrics_and_stage_checkpoints(tmp_path: Path) -> None:
+def test_cli_hybrid_run_writes_per_link_metrics_stage_checkpoints_and_a_trace(
+        tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert main(["train", "--parallel", "hybrid", "--stages", "2", "--replicas", "2",
                  "--epochs", "2", "--microbatches", "4", "--schedule", "gpipe", "--split", "2",
-                 "--out", str(out), *FAST]) == 0
+                 "--trace", "--out", str(out), *FAST]) == 0
+    trace = read_trace(out / "trace.json")
+    spans = {(e["pid"], e["name"]) for e in trace["traceEvents"] if e["ph"] == "X"}
+    for rank, phases in ((0, ("run_for", "send_for", "receive_back", "run_back", "sync")),
+                         (1, ("run_for", "send_for", "receive_back", "run_back", "sync")),
+                         (2, ("receive_for", "run_for", "run_back", "send_back", "sync")),
+                         (3, ("receive_for", "run_for", "run_back", "send_back", "sync"))):
+        assert {(rank, p) for p in phases} <= spans, (rank, sorted(p for r, p in spans if r == rank))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["parallel"] == "hybrid" and summary["replicas"] == [2, 2]
     assert summary["topology"] == {"stages": 2, "replicas": [2, 2], "ranks": [[0, 1], [2, 3]]}

@@ -9,20 +9,21 @@ PipeDream-Flush (1F1B) share the bubble (P-1)/(M+P-1) (seed 002) but differ in m
 from __future__ import annotations
 
 from approxdist.pipeline.schedule.action import Kind, Order
-from approxdist.pipeline.schedule.simulate import Durations, Timeline, simulate
+from approxdist.pipeline.schedule.simulate import Durations, Route, Timeline, simulate, stage_route
 
 IDLE = "."
 
 
 def timeline_of(order: Order, num_stages: int | None = None,
-                with_comm: bool = False) -> Timeline:
+                with_comm: bool = False, route: Route = stage_route) -> Timeline:
     """Unit-time simulation: compute takes 1 step; comm takes 1 step if shown, else 0."""
-    return simulate(order, num_stages, Durations(comm=1.0 if with_comm else 0.0))
+    return simulate(order, num_stages, Durations(comm=1.0 if with_comm else 0.0), route)
 
 
-def format_grid(order: Order, num_stages: int | None = None, with_comm: bool = False) -> str:
+def format_grid(order: Order, num_stages: int | None = None, with_comm: bool = False,
+                route: Route = stage_route) -> str:
     """Rows are ranks, columns time steps; idle steps print as '.'; a deadlock is noted."""
-    timeline = timeline_of(order, num_stages, with_comm)
+    timeline = timeline_of(order, num_stages, with_comm, route)
     steps = int(timeline.makespan)
     cells = {r: [IDLE] * steps for r in order}
     for r, actions in order.items():
@@ -60,15 +61,16 @@ def peak_in_flight(order: Order) -> dict[int, int]:
     return peaks
 
 
-def summary(order: Order, num_stages: int, num_microbatches: int) -> str:
+def summary(order: Order, num_stages: int, num_microbatches: int,
+            route: Route = stage_route, per: str = "stage") -> str:
     """Bubble fraction (theory and unit-time simulation) and peak in-flight activations."""
     p, m = num_stages, num_microbatches
-    simulated = timeline_of(order, num_stages).bubble_fraction()
+    simulated = timeline_of(order, num_stages, route=route).bubble_fraction()
     peaks = peak_in_flight(order)
     return "\n".join([
         f"bubble fraction: theory (P-1)/(M+P-1) = {p - 1}/{m + p - 1} = "
         f"{theoretical_bubble(p, m):.3f}; simulated (forward = backward = 1 step) = "
         f"{simulated:.3f}",
-        "peak in-flight activations per stage: "
-        + ", ".join(f"stage {r}: {peaks[r]}" for r in sorted(peaks)),
+        f"peak in-flight activations per {per}: "
+        + ", ".join(f"{per} {r}: {peaks[r]}" for r in sorted(peaks)),
     ])

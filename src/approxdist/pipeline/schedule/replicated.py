@@ -53,13 +53,19 @@ def check_dealing(dealing: Dealing, num_microbatches: int) -> None:
                             f"{most} or a multiple of it")
 
 
-def check_replicated(order: Order, dealing: Dealing) -> None:
-    """Run `order` on paper with messages routed between slots; `ScheduleError` naming where
-    ranks block if it deadlocks or a receive would get another micro-batch's data."""
+def slot_route(dealing: Dealing) -> Route:
+    """Messages travel between slots: the replica that handles the micro-batch at each end."""
     def channel(slot: int, a: Action) -> tuple[int, int]:
         peer = dealing.slot(a.peer_stage, a.microbatch)
         return (slot, peer) if a.is_send else (peer, slot)
 
+    return channel
+
+
+def check_replicated(order: Order, dealing: Dealing) -> None:
+    """Run `order` on paper with messages routed between slots; `ScheduleError` naming where
+    ranks block if it deadlocks or a receive would get another micro-batch's data."""
+    channel = slot_route(dealing)
     timeline = simulate(order, len(dealing.replicas), route=channel)
     if not timeline.completed:
         waits = "; ".join(f"slot {r} blocked at {a} waiting for {timeline.waiting_for[r]}"
