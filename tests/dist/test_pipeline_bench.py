@@ -51,3 +51,25 @@ def test_bad_bench_input_is_refused_before_any_rank_starts(flags: dict[str, obje
     args.update(flags)
     with pytest.raises(ConfigError, match=message):
         bench_pipeline.plan_cases(argparse.Namespace(**args))
+
+
+def test_hybrid_bench_runs_both_compositions_on_a_2x2_grid(tmp_path: Path) -> None:
+    """`bench hybrid`: ours and torch pipelining + replicate on 4 ranks; the JSON keys of the
+    issue, the replica all-reduce measured alone and blocked, every rank the same rounds."""
+    from approxdist.cli import bench_hybrid
+    from approxdist.hybrid.bench import measure_rank as hybrid_rank
+
+    cases = [BenchCase("mlp", (16,), 2, 2, s, batch_size=8, hidden=16, depth=2, replicas=2)
+             for s in ("gpipe", "1f1b")]
+    per_rank = run_on_ranks(hybrid_rank, 4, cases, Timing(rounds=1, steps=2, warmup=1),
+                            timeout_s=180)
+    rows = bench_pipeline.summarize(cases, per_rank, steps=2, extra=bench_hybrid.hidden)
+    assert len(rows) == 4
+    for ours, torch_row in zip(rows[::2], rows[1::2]):
+        assert {"engine", "schedule", "stages", "replicas", "microbatches", "samples_per_s",
+                "ratio_vs_torch"} <= set(ours) and ours["replicas"] == 2
+        assert (ours["engine"], torch_row["engine"]) == ("approxdist", "torch")
+        assert ours["comm_only_s"] > 0 and ours["blocked_s"] >= 0
+        assert 0.0 <= ours["hidden_comm_fraction"] <= 1.0 and "hidden_comm_fraction" not in torch_row
+    assert all(len(r[0]["rounds"]["torch"]) == 1 for r in per_rank)
+    assert "approxdist" in bench_hybrid.table(rows)

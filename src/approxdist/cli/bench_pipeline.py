@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
 from approxdist.pipeline.schedule.grid import theoretical_bubble
 from approxdist.train.check import check_pipeline
 
+#: figures of our engine beyond the common ones: (case, every rank's measurement) -> keys
+Extra = Callable[[BenchCase, list[dict[str, Any]]], dict[str, Any]]
+
 #: per-sample input shape of each benchmark model (an MLP on 1024 features, CIFAR images)
 INPUTS = {"mlp": (1024,), "resnet20": (3, 32, 32), "resnet56": (3, 32, 32)}
 
@@ -36,12 +40,20 @@ INPUTS = {"mlp": (1024,), "resnet20": (3, 32, 32), "resnet56": (3, 32, 32)}
 def register(sub: Any) -> None:
     p = sub.add_parser("pipeline", help="pipeline engine vs torch.distributed.pipelining",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add_case_arguments(p, "4,8")
+    p.set_defaults(func=run)
+
+
+def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
+    """The flags of one pipeline case (shared with `bench hybrid`, per pipeline row there)."""
     p.add_argument("--model", default="mlp", choices=sorted(INPUTS),
                    help="mlp (8 blocks of 1024, the default) or a CIFAR ResNet")
-    p.add_argument("--stages", type=int, default=2, help="pipeline stages = ranks (default 2)")
-    p.add_argument("--microbatches", default="4,8", help="comma list (default %(default)s)")
+    p.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--microbatches", default=microbatches,
+                   help="comma list, per pipeline row (default %(default)s)")
     p.add_argument("--schedule", default="gpipe,1f1b", help="comma list of gpipe, 1f1b")
-    p.add_argument("--batch-size", type=int, default=64, help="mini-batch (default 64)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="mini-batch per pipeline row (default 64)")
     p.add_argument("--split", default="", help="explicit cut, e.g. 4 (default: by parameters)")
     p.add_argument("--balance", default="", choices=["", "params", "time"],
                    help="partition by parameters (default) or by profiled block times")
@@ -53,7 +65,6 @@ def register(sub: Any) -> None:
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")
-    p.set_defaults(func=run)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -66,14 +77,15 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
-def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
+def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
     """One case per (schedule, micro-batch count); each is validated before any rank starts."""
-    check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
+    check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size,
+                 replicas=replicas)
     cases = [BenchCase(args.model, INPUTS[args.model], args.stages, m, s.strip(),
                        batch_size=args.batch_size, split=args.split,
                        balance="" if args.split else args.balance, link=args.link,
                        fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec,
-                       fuse_accumulation=args.fuse_accumulation)
+                       fuse_accumulation=args.fuse_accumulation, replicas=replicas)
              for s in args.schedule.split(",") for m in _ints(args.microbatches, "microbatches")]
     for case in cases:
         if case.microbatches > case.batch_size:
@@ -86,7 +98,7 @@ def plan_cases(args: argparse.Namespace) -> list[BenchCase]:
 
 
 def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
-              steps: int) -> list[dict[str, Any]]:
+              steps: int, extra: Extra | None = None) -> list[dict[str, Any]]:
     """Rows: median samples/s per engine (rank 0's clock), ratio to torch, bubbles.
 
     `ratio_vs_torch` is the ratio of the medians; `paired_ratio` the median over rounds of
@@ -96,17 +108,21 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
     rows = []
     for i, case in enumerate(cases):
         rounds = per_rank[0][i]["rounds"]
-        rate = {name: steps * case.batch_size / median(ts) for name, ts in rounds.items()}
+        samples = steps * case.batch_size * case.replicas
+        rate = {name: samples / median(ts) for name, ts in rounds.items()}
         paired = {name: paired_ratio(rounds["torch"], ts) for name, ts in rounds.items()}
         bubble = statistics.mean(r[i]["bubble"] for r in per_rank)
         for engine, sps in rate.items():
             rows.append({"engine": engine, "model": case.model, "schedule": case.schedule,
-                         "stages": case.stages, "microbatches": case.microbatches,
+                         "stages": case.stages, "replicas": case.replicas,
+                         "microbatches": case.microbatches,
                          "batch_size": case.batch_size, "link": case.link or "none",
                          "samples_per_s": sps, "ratio_vs_torch": sps / rate["torch"],
                          "paired_ratio": paired[engine],
                          "bubble_measured": bubble if engine == "approxdist" else None,
-                         "bubble_theory": theoretical_bubble(case.stages, case.microbatches)})
+                         "bubble_theory": theoretical_bubble(case.stages, case.microbatches),
+                         **(extra(case, [r[i] for r in per_rank])
+                            if extra is not None and engine == "approxdist" else {})})
     return rows
 
 
@@ -124,17 +140,23 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cases = plan_cases(args)
+    return run_bench(args, plan_cases(args), measure_rank, "pipeline", table)
+
+
+def run_bench(args: argparse.Namespace, cases: list[BenchCase], measure: Callable[..., Any],
+              kind: str, show: Callable[[list[dict[str, Any]]], str],
+              extra: Extra | None = None) -> int:
+    """Measure `cases` on their ranks, print the table, finish (host, reproduce, --json)."""
     timing = Timing(rounds=args.rounds, steps=args.steps)
+    ranks = cases[0].stages * cases[0].replicas
     with HostWatch() as host:
-        per_rank = run_on_ranks(measure_rank, args.stages, cases, timing, timeout_s=3600,
-                                comm_timeout_s=300)
-    rows = summarize(cases, per_rank, args.steps)
-    print(table(rows))
+        per_rank = run_on_ranks(measure, ranks, cases, timing, timeout_s=3600, comm_timeout_s=300)
+    rows = summarize(cases, per_rank, args.steps, extra)
+    print(show(rows))
     print(f"(medians of {args.rounds} rounds of {args.steps} mini-batches; paired = median over "
           "rounds of torch's time / ours in the same round; bubble = share of each rank's step "
           "time not computing, averaged over ranks)")
-    finish(host, rows, args.json, "approxdist bench pipeline " + " ".join(_argv(args)))
+    finish(host, rows, args.json, f"approxdist bench {kind} " + " ".join(_argv(args)))
     return 0
 
 
@@ -142,6 +164,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out = [f"--model {args.model}", f"--stages {args.stages}",
            f"--microbatches {args.microbatches}", f"--schedule {args.schedule}",
            f"--batch-size {args.batch_size}", f"--rounds {args.rounds}", f"--steps {args.steps}"]
+    if getattr(args, "replicas", 1) != 1:
+        out.append(f"--replicas {args.replicas}")
     for key in ("split", "balance", "link"):
         if getattr(args, key):
             out.append(f"--{key} {getattr(args, key)}")

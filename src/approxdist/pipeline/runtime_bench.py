@@ -52,10 +52,14 @@ class BenchCase:
     fwd_codec: str = "fp32"
     bwd_codec: str = "fp32"
     fuse_accumulation: str = "auto"
+    replicas: int = 1  # hybrid: ranks per stage; `batch_size` and `microbatches` are per row
 
     def pipeline_config(self) -> PipelineConfig:
+        """Ours: with replicas, the rows' micro-batches dealt round robin over one pipeline."""
         return PipelineConfig(stages=self.stages, split=self.split, balance=self.balance,
-                              microbatches=self.microbatches, schedule=self.schedule,
+                              microbatches=self.microbatches * self.replicas,
+                              schedule=self.schedule,
+                              replicas=(self.replicas,) if self.replicas > 1 else (),
                               fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec,
                               fuse_accumulation=self.fuse_accumulation)
 
@@ -76,9 +80,11 @@ def _model(case: BenchCase) -> nn.Module:
 
 
 def _data(case: BenchCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole mini-batch of every pipeline row together (rows take contiguous shares)."""
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn((case.batch_size, *case.input_shape), generator=gen)
-    return x, torch.randint(0, case.classes, (case.batch_size,), generator=gen)
+    n = case.batch_size * case.replicas
+    x = torch.randn((n, *case.input_shape), generator=gen)
+    return x, torch.randint(0, case.classes, (n,), generator=gen)
 
 
 def _ours(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,

@@ -1,0 +1,146 @@
+"""Measures our hybrid runtime against the composition users build today (seed 002; torchtitan).
+
+The baseline is torch.distributed.pipelining stages with DDP on the replica dimension:
+each pipeline row a `PipelineStage` over the row's process group, each stage module
+replicated over its replicas with `replicate` (DDP on the FSDP2 machinery, torchtitan's
+choice; torch's stages skip its all-reduce for all but the last micro-batch's backward,
+as ours do). The `DistributedDataParallel` module wrapper is not usable here: with
+GPipe its reducer fails an internal assertion in torch 2.13 ("rebuilt parameter indices
+size is not same as original model parameters size"). Same model, same
+cut, same schedule, the same micro-batches per row and the same data (row j takes the
+j-th share of the global batch; ours deals the same micro-batches round robin), on P x r
+local gloo ranks started by `run_on_ranks`; timed rounds alternate which engine goes
+first (`pipeline.runtime_bench`). Ours also reports how much of its replica all-reduce
+the last backward hid: 1 - (time blocked in `AR`) / (the all-reduce alone, timed on the
+same gradients afterwards), the direct measure `bench dp` uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.bench.stats import median
+from approxdist.bench.timing import interleave, timed
+from approxdist.config.loader import build_config, to_dict
+from approxdist.config.schema import Config
+from approxdist.data_parallel.engine import DataParallel
+from approxdist.hybrid.runtime import build_hybrid_runtime
+from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group, new_group
+from approxdist.pipeline.partition import Partition, stage_module
+from approxdist.pipeline.runtime import PipelineRuntime
+from approxdist.pipeline.runtime_bench import (
+    TORCH_SCHEDULES,
+    BenchCase,
+    Timing,
+    _data,
+    _model,
+    _ours,
+    _repeat,
+)
+from approxdist.topology import Topology
+from approxdist.topology.groups import TopologyGroups, make_groups
+from approxdist.trace.times import StepTimes
+
+
+def _config(case: BenchCase) -> Config:
+    pipeline = to_dict(build_config({}))["pipeline"]
+    pipeline.update({k: v for k, v in vars(case.pipeline_config()).items()})
+    return build_config({"train": {"parallel": "hybrid", "world_size": case.stages * case.replicas},
+                         "pipeline": pipeline, "comm": {"link": case.link}})
+
+
+def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: TopologyGroups,
+           row: Group, ctx: DistContext, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    """One rank of torch.distributed.pipelining + DDP on the replicas; row j's share of x, y."""
+    from torch.distributed import pipelining
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.device_mesh import DeviceMesh
+
+    stage = groups.place.stage
+    module = stage_module(model, plan, stage)
+    mesh = DeviceMesh.from_group(groups.replicas.pg, ctx.device.type)
+    replicate(module, mesh=mesh)  # in place: the module's class becomes a ReplicateModule
+    pstage = pipelining.PipelineStage(module, stage, case.stages, ctx.device, group=row.pg)
+    sched = getattr(pipelining, TORCH_SCHEDULES[case.schedule])(pstage, case.microbatches,
+                                                                 loss_fn=F.cross_entropy)
+    opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+    share = slice(groups.place.replica * case.batch_size, (groups.place.replica + 1) * case.batch_size)
+    mine_x, mine_y = x[share], y[share]
+
+    def step() -> None:
+        if stage == 0:
+            sched.step(mine_x, return_outputs=False)
+        elif stage == case.stages - 1:
+            sched.step(target=mine_y, losses=[], return_outputs=False)
+        else:
+            sched.step(return_outputs=False)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _rows(topology: Topology, ctx: DistContext) -> Group:
+    """Torch's pipeline rows (a collective over the world: every rank makes every row)."""
+    rows = [new_group(ctx, ranks, f"row {j}") for j, ranks in enumerate(topology.pipelines())]
+    mine = next(g for g in rows if g is not None)
+    return mine
+
+
+def _hidden(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor, blocked: float,
+            steps: int) -> dict[str, float | None]:
+    """Blocked time in `AR` per step vs the all-reduce alone on a step's gradients."""
+    sync = rt.grad_sync
+    if not isinstance(sync, DataParallel) or steps == 0:
+        return {"blocked_s": None, "comm_only_s": None}
+    first, last = rt.transport.is_first, rt.transport.is_last
+    rt.executor.train_step(x if first else None, y if last else None, x.shape[0])  # gradients
+    alone = []
+    for _ in range(max(3, min(steps, 10))):
+        t0 = time.perf_counter()
+        sync.reduce_gradients()
+        sync.finish()
+        alone.append(time.perf_counter() - t0)
+    return {"blocked_s": blocked / steps, "comm_only_s": median(alone)}
+
+
+def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
+    """Round times of both engines on this rank, our bubble and hidden all-reduce share."""
+    topology = Topology.grid(case.stages, case.replicas)
+    groups = make_groups(topology, ctx, replica_streams=4)
+    row = _rows(topology, ctx)
+    model = _model(case)
+    x, y = _data(case)
+    rt = build_hybrid_runtime(_config(case), copy.deepcopy(model), ctx, groups,
+                              x[: max(1, case.batch_size // case.microbatches)])
+    sink: list[StepTimes] = []
+    engines = {"approxdist": _ours(rt, x, y, sink),
+               "torch": _torch(case, copy.deepcopy(model), rt.partition, groups, row, ctx, x, y)}
+    for step in engines.values():
+        timed(_repeat(step, timing.warmup), dist.barrier)
+    sink.clear()  # forget the warm-up
+    sync = rt.grad_sync
+    blocked0 = sync.comm_seconds if isinstance(sync, DataParallel) else 0.0
+    rounds = interleave({name: _repeat(step, timing.steps) for name, step in engines.items()},
+                        timing.rounds, alternate=True, sync=dist.barrier)
+    blocked = (sync.comm_seconds - blocked0) if isinstance(sync, DataParallel) else 0.0
+    hidden = _hidden(rt, x, y, blocked, len(sink))
+    rt.close()
+    total = StepTimes()
+    for t in sink:
+        total += t
+    return {"rounds": rounds, "bubble": total.bubble, **hidden}
+
+
+def measure_rank(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
+    """Entry point for `run_on_ranks`: every case in order, on every rank."""
+    return [measure_case(ctx, case, timing) for case in cases]
