@@ -12,7 +12,7 @@ from approxdist.pipeline.schedule.replicated import (
     replicated_schedule,
     slot_route,
 )
-from approxdist.pipeline.schedule.simulate import simulate
+from approxdist.pipeline.schedule.simulate import Durations, simulate
 from approxdist.topology import Topology
 from approxdist.topology.dealing import Dealing
 
@@ -47,7 +47,13 @@ def test_every_micro_batch_runs_once_per_stage_on_its_replica(replicas: tuple[in
             assert ar == [actions[-1]] and ar[0].microbatch == max(d.microbatches(stage, replica, m))
         else:
             assert ar == []
-    assert simulate(order, len(replicas), route=slot_route(d)).completed
+    timeline = simulate(order, len(replicas), Durations(comm=1.0), route=slot_route(d))
+    assert timeline.completed
+    for stage, count in enumerate(replicas):  # an all-reduce starts when every replica is there
+        starts = {timeline.start[slot][-1] for slot in range(sum(replicas[:stage]),
+                                                               sum(replicas[:stage + 1]))
+                  if order[slot][-1].kind is Kind.ALL_REDUCE}
+        assert len(starts) <= 1 and (count == 1) == (not starts)
 
 
 def test_ar_prints_and_parses() -> None:

@@ -5,8 +5,10 @@ The execution model is the executor contract of docs/pipeline.md (seed 002's
 non-blocking and buffered (never wait for the receiver); posting a receive never
 blocks; a forward/backward that consumes received data blocks until the matching send
 has completed. On each channel (stage -> neighbour, one direction) messages are FIFO:
-the k-th receive posted gets the k-th message sent. When no rank can move and some are
-unfinished, the schedule deadlocks and `Timeline.stuck` names where each rank waits.
+the k-th receive posted gets the k-th message sent. An `AR` (a replicated stage's
+gradient all-reduce) is a collective: it starts when every replica of its stage has
+reached its own. When no rank can move and some are unfinished, the schedule deadlocks
+and `Timeline.stuck` names where each rank waits.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class _Simulation:
         self.sends: dict[tuple[int, int], list[Slot]] = {}
         self.recv_k: dict[Slot, int] = {}
         self.recv_at: dict[tuple[int, Action], int] = {}
+        self.reduce_at: dict[int, dict[int, int]] = {}  # stage -> rank -> index of its AR
         counts: dict[tuple[int, tuple[int, int]], int] = {}
         for r, actions in order.items():
             for i, a in enumerate(actions):
@@ -121,17 +124,35 @@ class _Simulation:
                     self.recv_k[(r, i)] = counts.get(key, 0)
                     counts[key] = self.recv_k[(r, i)] + 1
                     self.recv_at.setdefault((r, a), i)
+                elif a.kind is Kind.ALL_REDUCE:
+                    self.reduce_at.setdefault(a.stage, {})[r] = i
 
     def ready(self, rank: int, action: Action) -> float | None:
         """When `action` may start given its input, or None while the input is missing."""
+        if action.kind is Kind.ALL_REDUCE:
+            return self._all_arrived(action.stage)
         recv = self._input_recv(action)
         if recv is None:
             return 0.0
         send = self._input_send(rank, recv)
         return None if send is None else self.ended.get(send)
 
+    def _all_arrived(self, stage: int) -> float | None:
+        """When the last replica of `stage` reached its `AR`, or None if one has not yet."""
+        arrived = 0.0
+        for r, i in self.reduce_at.get(stage, {}).items():
+            if i == 0:
+                continue
+            if (r, i - 1) not in self.ended:
+                return None
+            arrived = max(arrived, self.ended[(r, i - 1)])
+        return arrived
+
     def waiting_for(self, rank: int, action: Action) -> Action:
-        """What a blocked `action` waits for: a send on the peer, or its own receive."""
+        """What a blocked `action` waits for: a send on the peer, or its own receive (an
+        `AR` waits for the other replicas' `AR`s)."""
+        if action.kind is Kind.ALL_REDUCE:
+            return action
         recv = self._input_recv(action)
         if recv is None:
             return action
