@@ -69,7 +69,8 @@ def test_hybrid_bench_runs_both_compositions_on_a_2x2_grid(tmp_path: Path) -> No
         assert {"engine", "schedule", "stages", "replicas", "microbatches", "samples_per_s",
                 "ratio_vs_torch"} <= set(ours) and ours["replicas"] == 2
         assert (ours["engine"], torch_row["engine"]) == ("approxdist", "torch")
-        assert ours["comm_only_s"] > 0 and ours["blocked_s"] >= 0
+        assert [s["stage"] for s in ours["by_stage"]] == [0, 1]
+        assert all(s["comm_only_s"] > 0 and s["blocked_s"] >= 0 for s in ours["by_stage"])
         assert 0.0 <= ours["hidden_comm_fraction"] <= 1.0 and "hidden_comm_fraction" not in torch_row
     assert all(len(r[0]["rounds"]["torch"]) == 1 for r in per_rank)
     assert "approxdist" in bench_hybrid.table(rows)

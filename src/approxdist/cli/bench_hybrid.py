@@ -8,8 +8,9 @@ stages on each pipeline row and the stage modules replicated with `replicate` (D
 the FSDP2 machinery) over each stage's replicas. Same model, cut, schedule, micro-batches
 per row and data, on stages x replicas local gloo ranks, interleaved rounds (method:
 `approxdist.hybrid.bench`). Beyond `bench pipeline`'s columns: `hidden`, the share of our
-replica all-reduce that the last backward hid (1 - blocked / all-reduce alone, median
-over ranks). `--link` shapes our transfers only.
+replica all-reduce that the last backward hid (1 - blocked / all-reduce alone, per stage
+on the replica that waited least, mean over stages; `by_stage` in the JSON). `--link`
+shapes our transfers only.
 """
 
 from __future__ import annotations
@@ -38,14 +39,24 @@ def register(sub: Any) -> None:
 
 
 def hidden(case: BenchCase, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Our replica all-reduce: blocked and alone per step (medians over ranks), hidden share."""
-    blocked = [r["blocked_s"] for r in ranks if r.get("blocked_s") is not None]
-    alone = [r["comm_only_s"] for r in ranks if r.get("comm_only_s") is not None]
-    if not blocked or not alone or median(alone) <= 0:
-        return {"hidden_comm_fraction": None}
-    share = 1.0 - median(blocked) / median(alone)
-    return {"blocked_s": median(blocked), "comm_only_s": median(alone),
-            "hidden_comm_fraction": min(1.0, max(0.0, share))}
+    """Our replica all-reduce, per stage: the time blocked in `AR` per step on the replica
+    that waited least (the others also wait for a replica whose last backward ends later:
+    skew, not communication; `bench dp` reads it the same way) against that stage's
+    all-reduce alone (median over its replicas); hidden = 1 - blocked / alone, clamped to
+    [0, 1]. The row's `hidden_comm_fraction` is the mean over stages, `by_stage` has each."""
+    by_stage = []
+    for stage in sorted({r["stage"] for r in ranks}):
+        mine = [r for r in ranks if r["stage"] == stage and r.get("blocked_s") is not None]
+        if not mine:
+            continue
+        blocked = min(r["blocked_s"] for r in mine)
+        alone = median([r["comm_only_s"] for r in mine])
+        share = min(1.0, max(0.0, 1.0 - blocked / alone)) if alone > 0 else None
+        by_stage.append({"stage": stage, "blocked_s": blocked, "comm_only_s": alone,
+                         "hidden_comm_fraction": share})
+    shares = [s["hidden_comm_fraction"] for s in by_stage if s["hidden_comm_fraction"] is not None]
+    return {"hidden_comm_fraction": sum(shares) / len(shares) if shares else None,
+            "by_stage": by_stage}
 
 
 def table(rows: list[dict[str, Any]]) -> str:

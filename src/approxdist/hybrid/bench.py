@@ -138,7 +138,7 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
     total = StepTimes()
     for t in sink:
         total += t
-    return {"rounds": rounds, "bubble": total.bubble, **hidden}
+    return {"rounds": rounds, "bubble": total.bubble, "stage": groups.place.stage, **hidden}
 
 
 def measure_rank(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
