@@ -17,6 +17,7 @@ from approxdist.errors import LaunchError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
+from tests.helpers.runs import full_and_resumed, rank_dies
 from approxdist.trace import open_recorder, read_trace
 from approxdist.train.metrics import read_jsonl, write_summary
 from approxdist.train.worker import train_traced
@@ -34,25 +35,10 @@ SECTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _train(ctx: DistContext, run_dir: Path, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
-    sec = {k: dict(v) for k, v in SECTIONS.items()}
-    sec["train"]["epochs"] = epochs
-    trainer = build_trainer(build_config(sec), ctx, run_dir, resume)
-    trainer.run()
-    return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
-
-
-def _full_and_resumed(ctx: DistContext, root: str) -> tuple[dict[str, torch.Tensor], ...]:
-    """3 epochs straight, and 1 epoch then a resume to 3, in the same processes."""
-    full = _train(ctx, Path(root) / "full", 3, False)
-    _train(ctx, Path(root) / "part", 1, False)
-    return full, _train(ctx, Path(root) / "part", 3, True)
-
-
 def test_resume_of_a_replicated_run_is_bit_exact(tmp_path: Path) -> None:
     """3 + 1 replicas, lossy all-reduce with error feedback (residuals travel in the stage's
     checkpoint), dropout: resumed equals uninterrupted, bit for bit, on every rank."""
-    ranks = run_on_ranks(_full_and_resumed, 4, str(tmp_path), timeout_s=180)
+    ranks = run_on_ranks(full_and_resumed, 4, SECTIONS, str(tmp_path), timeout_s=180)
     for rank, (full, resumed) in enumerate(ranks):
         for name, ref in full.items():
             assert torch.equal(resumed[name], ref), (rank, name)
@@ -107,22 +93,9 @@ def test_hybrid_run_writes_per_link_metrics_stage_checkpoints_and_a_trace(tmp_pa
     assert sent["0->2"] == sent["1->3"] and sent["0->1"] == sent["1->0"] > 0
 
 
-def _replica_dies(ctx: DistContext, root: str) -> None:
-    sec = {k: dict(v) for k, v in SECTIONS.items()}
-    sec["train"]["epochs"] = 3
-    trainer = build_trainer(build_config(sec), ctx, Path(root), False)
-
-    def die(epoch: int) -> None:
-        if epoch == 1 and ctx.rank == 1:
-            os._exit(3)  # replica 1 of stage 0
-
-    trainer.epoch_hooks.append(die)
-    trainer.run()
-
-
 def test_a_dead_replica_is_named_with_its_stage(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError) as info:
-        run_on_ranks(_replica_dies, 4, str(tmp_path), timeout_s=90, comm_timeout_s=10)
+    with pytest.raises(LaunchError) as info:  # rank 1 is replica 1 of stage 0
+        run_on_ranks(rank_dies, 4, SECTIONS, str(tmp_path), 1, timeout_s=90, comm_timeout_s=10)
     text = str(info.value)
     assert "rank 1 failed" in text
     assert "lost rank 1 (stage 0, replica 1), which may have died" in text, text

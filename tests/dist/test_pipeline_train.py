@@ -21,6 +21,7 @@ from approxdist.models.mlp import mlp
 from approxdist.pipeline.runtime import build_runtime
 from approxdist.train.metrics import read_jsonl
 from approxdist.train.build import build_trainer
+from tests.helpers.runs import full_and_resumed, rank_dies
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
@@ -34,23 +35,8 @@ SECTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _train(ctx: DistContext, run_dir: Path, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
-    sec = {k: dict(v) for k, v in SECTIONS.items()}
-    sec["train"]["epochs"] = epochs
-    trainer = build_trainer(build_config(sec), ctx, run_dir, resume)
-    trainer.run()
-    return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
-
-
-def _full_and_resumed(ctx: DistContext, root: str) -> tuple[dict[str, torch.Tensor], ...]:
-    """3 epochs straight, and 1 epoch then a resume to 3, in the same processes."""
-    full = _train(ctx, Path(root) / "full", 3, False)
-    _train(ctx, Path(root) / "part", 1, False)
-    return full, _train(ctx, Path(root) / "part", 3, True)
-
-
 def test_resume_from_stage_checkpoints_is_bit_exact(tmp_path: Path) -> None:
-    ranks = run_on_ranks(_full_and_resumed, 2, str(tmp_path))
+    ranks = run_on_ranks(full_and_resumed, 2, SECTIONS, str(tmp_path))
     assert (tmp_path / "part" / "stage0" / "checkpoint.pt").is_file()
     assert (tmp_path / "part" / "stage1" / "checkpoint.pt").is_file()
     for stage, (full, resumed) in enumerate(ranks):
@@ -155,23 +141,12 @@ def test_placement_moves_stages_without_changing_the_numbers(tmp_path: Path) -> 
     assert set(record["bytes_sent"]) == {"0->1", "1->0"}
 
 
-def _dies_in_training(ctx: DistContext, root: str) -> None:
-    sec = {k: dict(v) for k, v in SECTIONS.items()}
-    sec["train"].update(epochs=3, world_size=3)
-    sec["pipeline"].update(stages=3, placement=[2, 0, 1])
-    trainer = build_trainer(build_config(sec), ctx, Path(root), False)
-
-    def die(epoch: int) -> None:
-        if epoch == 1 and ctx.rank == 1:
-            os._exit(3)  # rank 1 holds stage 2
-
-    trainer.epoch_hooks.append(die)
-    trainer.run()
-
-
 def test_a_dead_rank_is_named_with_its_place_in_the_topology(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError) as info:
-        run_on_ranks(_dies_in_training, 3, str(tmp_path), timeout_s=90, comm_timeout_s=10)
+    sec = {k: dict(v) for k, v in SECTIONS.items()}
+    sec["train"]["world_size"] = 3
+    sec["pipeline"] = {**sec["pipeline"], "stages": 3, "placement": [2, 0, 1]}
+    with pytest.raises(LaunchError) as info:  # rank 1 holds stage 2
+        run_on_ranks(rank_dies, 3, sec, str(tmp_path), 1, timeout_s=90, comm_timeout_s=10)
     text = str(info.value)
     assert "rank 1 failed" in text
     assert "lost rank 1 (stage 2, replica 0), which may have died; rank 0 (stage 1, replica 0) " \

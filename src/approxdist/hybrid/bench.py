@@ -45,6 +45,7 @@ from approxdist.pipeline.runtime_bench import (
     _model,
     _ours,
     _repeat,
+    torch_step,
 )
 from approxdist.topology import Topology
 from approxdist.topology.groups import TopologyGroups, make_groups
@@ -72,21 +73,8 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: TopologyG
     pstage = pipelining.PipelineStage(module, stage, case.stages, ctx.device, group=row.pg)
     sched = getattr(pipelining, TORCH_SCHEDULES[case.schedule])(pstage, case.microbatches,
                                                                  loss_fn=F.cross_entropy)
-    opt = torch.optim.SGD(module.parameters(), lr=1e-3)
     share = slice(groups.place.replica * case.batch_size, (groups.place.replica + 1) * case.batch_size)
-    mine_x, mine_y = x[share], y[share]
-
-    def step() -> None:
-        if stage == 0:
-            sched.step(mine_x, return_outputs=False)
-        elif stage == case.stages - 1:
-            sched.step(target=mine_y, losses=[], return_outputs=False)
-        else:
-            sched.step(return_outputs=False)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return torch_step(sched, module, stage, case.stages, x[share], y[share])
 
 
 def _rows(topology: Topology, ctx: DistContext) -> Group:

@@ -109,13 +109,18 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
     stage = pipelining.PipelineStage(module, ctx.rank, case.stages, ctx.device)
     cls = getattr(pipelining, TORCH_SCHEDULES[case.schedule])
     sched = cls(stage, case.microbatches, loss_fn=F.cross_entropy)
+    return torch_step(sched, module, ctx.rank, case.stages, x, y)
+
+
+def torch_step(sched: Any, module: nn.Module, stage: int, stages: int, x: torch.Tensor,
+               y: torch.Tensor) -> Callable[[], None]:
+    """One mini-batch of a torch.distributed.pipelining schedule plus an SGD step."""
     opt = torch.optim.SGD(module.parameters(), lr=1e-3)
-    first, last = ctx.rank == 0, ctx.rank == case.stages - 1
 
     def step() -> None:
-        if first:
+        if stage == 0:
             sched.step(x, return_outputs=False)
-        elif last:
+        elif stage == stages - 1:
             sched.step(target=y, losses=[], return_outputs=False)
         else:
             sched.step(return_outputs=False)
