@@ -37,12 +37,14 @@ class Case:
     microbatches: int
     dp: dict[str, Any] = field(default_factory=dict)
     recompute: bool = False
+    threads: str = "inline"  # seed 002's communication-thread strategy
 
     def sections(self) -> dict[str, dict[str, Any]]:
         return {"train": {"parallel": "hybrid", "world_size": 4, "seed": 0},
                 "pipeline": {"stages": len(self.replicas), "replicas": list(self.replicas),
                              "schedule": self.schedule, "microbatches": self.microbatches,
-                             "recompute": self.recompute, "fuse_accumulation": "all"},
+                             "recompute": self.recompute, "fuse_accumulation": "all",
+                             "comm_threads": self.threads},
                 "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **self.dp}}
 
 
@@ -52,6 +54,8 @@ CASES = [
     Case((1, 3), "1f1b", 6), Case((1, 3), "gpipe", 3, recompute=True),
     Case((1, 2, 1), "gpipe", 4), Case((1, 2, 1), "1f1b", 5, dp={"algorithm": "brd"}),
     Case((2, 2), "1f1b", 4, dp={"codec": "bf16", "error_feedback": True, "algorithm": "ring"}),
+    *[Case((3, 1), "1f1b", 6, threads=t) for t in ("per-message", "sa", "sra")],
+    *[Case((1, 2, 1), "gpipe", 4, threads=t) for t in ("per-message", "sa", "sra")],
 ]
 
 
@@ -81,6 +85,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
             p.grad = None
         again = rt.executor.train_step(x if first else None, y if last else None, BATCH)
         out.append({"stage": rt.stage, "loss": res.loss if last else None,
+                    "threads": rt.transport.courier.threads,
                     "samples": res.samples, "loss2": again.loss if last else None,
                     "grads": grads, "sent": rt.link.stats.bytes_sent,
                     "synced": rt.grad_sync is not None})
@@ -127,3 +132,17 @@ def test_replicated_stages_match_single_process_training(four_ranks: list[list[d
             seen.add(name)
     assert seen == set(grads), f"{case}: parameters without a stage: {set(grads) - seen}"
     assert all(r["sent"] > 0 for r in ranks)
+    threads = [r["threads"] for r in ranks]  # per peer and direction, or per peer (sra)
+    if case.threads == "inline":
+        assert threads == [0] * 4
+    else:
+        peers = [len(set(_peers(case, r["stage"]))) for r in ranks]
+        per = {"per-message": 2, "sa": 2, "sra": 1}[case.threads]
+        assert all(t <= per * p for t, p in zip(threads, peers)) and max(threads) > 0
+
+
+def _peers(case: Case, stage: int) -> list[int]:
+    """Every rank a replica of `stage` exchanges messages with (upper bound, all replicas)."""
+    up = case.replicas[stage - 1] if stage > 0 else 0
+    down = case.replicas[stage + 1] if stage + 1 < len(case.replicas) else 0
+    return list(range(up + down))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
-from approxdist.config.pipeline import FUSE_CHOICES
+from approxdist.config.pipeline import COMM_THREADS, FUSE_CHOICES
 from approxdist.config.schema import Config
 from approxdist.data import DATASETS, load_dataset
 from approxdist.errors import ConfigError
@@ -26,7 +26,7 @@ from approxdist.train.worker import run_worker
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
 PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd_codec",
                   "bwd_codec", "fwd_channel", "bwd_channel", "recompute", "fuse_accumulation",
-                  "placement", "replicas")
+                  "placement", "replicas", "comm_threads")
 
 #: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
 DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
@@ -98,6 +98,9 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bwd-channel", help="bit errors on gradients")
     g.add_argument("--recompute", action="store_true", default=None,
                    help="keep only stage inputs, recompute the forward in backward (GPipe)")
+    g.add_argument("--comm-threads", choices=COMM_THREADS,
+                   help="who posts a stage's sends and receives: inline (default: the stage "
+                        "itself), per-message (PipeDream), sa, sra (seed 002; docs/hybrid.md)")
     g.add_argument("--fuse-accumulation", choices=FUSE_CHOICES,
                    help="add nn.Linear weight gradients into .grad inside the GEMM: auto "
                    "(default: layers of 2^19+ weights), all, or off (autograd's own pass)")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from approxdist.errors import ConfigError
 
 BALANCE_CHOICES = ("", "params", "time")
+#: seed 002's communication-thread strategies (`pipeline.couriers`)
+COMM_THREADS = ("inline", "per-message", "sa", "sra")
 FUSE_CHOICES = ("auto", "all", "off")
 
 
@@ -59,6 +61,7 @@ class PipelineConfig:
     fuse_accumulation: str = "auto"
     placement: tuple[int, ...] = ()  # ranks, stage-major (default: 0, 1, 2, ...)
     replicas: tuple[int, ...] = ()   # ranks per stage: one count for all, or one per stage
+    comm_threads: str = "inline"     # who posts sends/receives (seed 002 Table 4)
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -67,6 +70,9 @@ class PipelineConfig:
             raise ConfigError(f"pipeline.microbatches = {self.microbatches} must be >= 1")
         if self.balance not in BALANCE_CHOICES:
             raise ConfigError(f"pipeline.balance = {self.balance!r} is not one of: params, time")
+        if self.comm_threads not in COMM_THREADS:
+            raise ConfigError(f"pipeline.comm_threads = {self.comm_threads!r} is not one of: "
+                              f"{', '.join(COMM_THREADS)}")
         if self.fuse_accumulation not in FUSE_CHOICES:
             raise ConfigError(f"pipeline.fuse_accumulation = {self.fuse_accumulation!r} is not "
                               f"one of: {', '.join(FUSE_CHOICES)}")

@@ -23,6 +23,7 @@ from approxdist.comm.link import Link
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
+from approxdist.pipeline.couriers import make_courier
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import GradSync, PipelineExecutor
 from approxdist.pipeline.microbatch import microbatch_sizes
@@ -89,6 +90,7 @@ class PipelineRuntime:
 
     def close(self) -> None:
         self.compute.close()
+        self.transport.close()
         self.link.close()
         close = getattr(self.grad_sync, "close", None)
         if close is not None:
@@ -140,7 +142,8 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     transport = StageTransport(link, stage, plan.num_stages,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
                                WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), dealing, replica,
-                               seed=seed, rec=rec)
+                               seed=seed, rec=rec,
+                               courier=make_courier(link, pcfg.comm_threads, rec))
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,

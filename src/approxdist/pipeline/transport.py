@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -37,8 +38,9 @@ from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
-from approxdist.comm.link import Link, RecvHandle, SendHandle
+from approxdist.comm.link import Link
 from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
+from approxdist.pipeline.couriers import Courier
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.phases import DECODE, ENCODE
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -93,7 +95,7 @@ class PendingRecv:
     """A posted sized receive; `wait()` returns the decoded fp32 tensor (non-finite values
     set to 0 and counted in `stats.nonfinite` when a channel is set, like `Link.irecv`)."""
 
-    def __init__(self, handle: RecvHandle[torch.Tensor], out: torch.Tensor,
+    def __init__(self, handle: Any, out: torch.Tensor,
                  codec: TimedCodec | None, channel: Channel | None, stats: LinkStats,
                  rec: Recorder = NULL_RECORDER) -> None:
         self.handle, self.out, self.codec = handle, out, codec
@@ -151,8 +153,11 @@ class StageTransport:
 
     def __init__(self, link: Link, stage: int, num_stages: int, fwd: WireFormat,
                  bwd: WireFormat, dealing: Dealing | None = None, replica: int = 0,
-                 seed: int = 0, rec: Recorder = NULL_RECORDER) -> None:
+                 seed: int = 0, rec: Recorder = NULL_RECORDER,
+                 courier: Courier | None = None) -> None:
         self.link, self.stage, self.num_stages = link, stage, num_stages
+        #: who posts the per-micro-batch sends and receives (seed 002's thread strategies)
+        self.courier = courier if courier is not None else Courier(link)
         self.dealing = dealing if dealing is not None else Dealing.single(num_stages)
         self.replica, self.rec = replica, rec
         self.fwd = _Direction.build(fwd, seed * 1009 + 2 * stage)
@@ -160,7 +165,7 @@ class StageTransport:
         self.in_shape: Shape = ()
         self.out_shape: Shape = ()
         self._pool = BufferPool(link.device)
-        self._sends: list[SendHandle] = []
+        self._sends: list[Any] = []  # anything with wait(): link handles, courier futures
         self.send_seconds = 0.0
 
     @property
@@ -216,11 +221,11 @@ class StageTransport:
         numel = math.prod(shape)
         flat = self._pool.get(f"out-{name}", numel, torch.float32, index=m)
         if d.raw:
-            handle = self.link.irecv_bytes(self.peer(stage, m), flat.view(torch.uint8))
+            handle = self.courier.recv(self.peer(stage, m), flat.view(torch.uint8))
             return PendingRecv(handle, flat.view(shape), None, None, self.link.stats, self.rec)
         data = self._pool.get(f"recv-{name}", d.recv_codec.payload_nbytes(numel), torch.uint8,
                               index=m)
-        handle = self.link.irecv_bytes(self.peer(stage, m), data)
+        handle = self.courier.recv(self.peer(stage, m), data)
         return PendingRecv(handle, flat.view(shape), d.recv_codec, d.channel, self.link.stats,
                            self.rec)
 
@@ -236,7 +241,7 @@ class StageTransport:
         t0 = time.perf_counter()
         if d.raw:  # the link's op holds `x` until the send has left
             values = x.detach().to(torch.float32).contiguous().view(-1)
-            self._sends.append(self.link.isend_bytes(values.view(torch.uint8), self.peer(stage, m)))
+            self._sends.append(self.courier.send(self.peer(stage, m), values.view(torch.uint8)))
             self.send_seconds += time.perf_counter() - t0
             return
         codec = d.send_codec
@@ -245,8 +250,12 @@ class StageTransport:
             payload = codec.encode(x.detach(), out=buf)
             if d.channel is not None:
                 payload = d.channel.corrupt(payload, codec.inner)
-        self._sends.append(self.link.isend_bytes(payload.data, self.peer(stage, m)))
+        self._sends.append(self.courier.send(self.peer(stage, m), payload.data))
         self.send_seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Stop the courier's threads (the link is closed by its owner)."""
+        self.courier.close()
 
     def wait_sends(self) -> None:
         """Wait until every posted send has left (end of a step, contract item 6)."""
