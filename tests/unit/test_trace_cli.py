@@ -75,3 +75,18 @@ def test_analyze_merges_rank_files_when_trace_json_is_missing(tmp_path: Path, ca
 def test_analyze_names_a_missing_run_dir(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="does not exist"):
         _run(str(tmp_path / "nope"))
+
+
+def test_the_congested_rank_and_link_are_named() -> None:
+    """Seed 002's congested stage: the rank that waited longest on links in flight."""
+    from approxdist.trace.analysis import Analysis, RankFigures
+    from approxdist.trace.report import congestion
+
+    def rank(r: int, waits: dict[str, float]) -> RankFigures:
+        return RankFigures(r, 1.0, 4, 0.5, 0.1, 0.2, 0.2, waits_on=waits)
+
+    ranks = [rank(0, {"1->0": 0.01}), rank(3, {"0->3": 0.02, "1->3": 0.05, "2->3": 0.03}),
+             rank(1, {})]
+    assert congestion(Analysis(ranks, [], 3, None)) == {
+        "rank": 3, "waited_s": pytest.approx(0.10), "link": "1->3", "link_s": 0.05}
+    assert congestion(Analysis([rank(0, {})], [], 0, None)) is None

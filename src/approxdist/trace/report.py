@@ -88,11 +88,29 @@ def _slowest(analysis: Analysis) -> list[str]:
     if analysis.slowest is None:
         return []
     f = next(r for r in analysis.ranks if r.rank == analysis.slowest)
-    return [f"slowest stage: rank {f.rank}, busy {f.busy_per_step_s * 1e3:.3f} ms per step "
-            f"(compute {f.compute:.1%}, comm {f.comm:.1%}, waiting {f.waiting:.1%}, "
-            f"bubble {f.bubble:.1%})",
-            f"  idle in: {_top(f.stalls)}",
-            f"  links in flight while it waited: {_top(f.waits_on)}"]
+    lines = [f"slowest stage: rank {f.rank}, busy {f.busy_per_step_s * 1e3:.3f} ms per step "
+             f"(compute {f.compute:.1%}, comm {f.comm:.1%}, waiting {f.waiting:.1%}, "
+             f"bubble {f.bubble:.1%})",
+             f"  idle in: {_top(f.stalls)}",
+             f"  links in flight while it waited: {_top(f.waits_on)}"]
+    c = congestion(analysis)
+    if c is not None:
+        lines.append(f"congested: rank {c['rank']} waited {c['waited_s'] * 1e3:.2f} ms on links "
+                     f"in flight, most on {c['link']} ({c['link_s'] * 1e3:.2f} ms)")
+    return lines
+
+
+def congestion(analysis: Analysis) -> dict[str, Any] | None:
+    """The rank that waited longest on links in flight, and the link it waited on most
+    (seed 002's congested stage: one fed by several replicas); None without waits."""
+    waiting = [(sum(r.waits_on.values()), r) for r in analysis.ranks if r.waits_on]
+    if not waiting:
+        return None
+    total, rank = max(waiting, key=lambda w: (w[0], -w[1].rank))
+    if total <= 0:
+        return None
+    link, seconds = max(rank.waits_on.items(), key=lambda kv: kv[1])
+    return {"rank": rank.rank, "waited_s": total, "link": link, "link_s": seconds}
 
 
 def _bubble(analysis: Analysis, info: RunInfo) -> list[str]:
@@ -131,4 +149,5 @@ def report_dict(analysis: Analysis, info: RunInfo) -> dict[str, Any]:
     return {**analysis.to_dict(), "pipeline": {"stages": info.stages,
                                                "microbatches": info.microbatches,
                                                "schedule": info.schedule},
+            "congested": congestion(analysis),
             "clock": info.clocks, "metrics_last_epoch": info.epoch}
