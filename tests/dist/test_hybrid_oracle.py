@@ -56,6 +56,7 @@ CASES = [
     Case((2, 2), "1f1b", 4, dp={"codec": "bf16", "error_feedback": True, "algorithm": "ring"}),
     *[Case((3, 1), "1f1b", 6, threads=t) for t in ("per-message", "sa", "sra")],
     *[Case((1, 2, 1), "gpipe", 4, threads=t) for t in ("per-message", "sa", "sra")],
+    Case((2, 2), "1f1b", 8, threads="sra"), Case((1, 2, 1), "1f1b", 8, threads="sra"),
 ]
 
 

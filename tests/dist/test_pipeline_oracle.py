@@ -40,12 +40,13 @@ class Case:
     fwd_codec: str = "fp32"
     bwd_codec: str = "fp32"
     fuse: str = "all"  # fused weight-gradient accumulation on every layer (this MLP is small)
+    threads: str = "inline"  # seed 002's communication-thread strategy
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
                               schedule=self.schedule, recompute=self.recompute,
                               fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec,
-                              fuse_accumulation=self.fuse)
+                              fuse_accumulation=self.fuse, comm_threads=self.threads)
 
 
 def _model() -> nn.Sequential:
@@ -141,9 +142,13 @@ ORACLE_CASES = {
           Case(2, 3, "1f1b", batch=10, recompute=True), Case(2, 5, "1f1b", fuse="off"),
           Case(2, 3, "gpipe", recompute=True, fuse="off")],
     3: [Case(3, m, s) for s in ("gpipe", "1f1b") for m in (1, 4, 7)]
-       + [Case(3, 6, "1f1b", recompute=True)],
+       + [Case(3, 6, "1f1b", recompute=True), Case(3, 7, "1f1b", threads="sra")],
+    # every thread strategy on the longest 1F1B: one thread per peer for both directions
+    # (sra) deadlocks here unless both ends follow the agreed message order
     4: [Case(4, m, s) for s in ("gpipe", "1f1b") for m in (2, 3, 8)]
-       + [Case(4, 5, "gpipe", batch=10, recompute=True)],
+       + [Case(4, 5, "gpipe", batch=10, recompute=True)]
+       + [Case(4, 8, "1f1b", threads=t) for t in ("per-message", "sa", "sra")]
+       + [Case(4, 8, "gpipe", threads="sra")],
 }
 
 

@@ -12,8 +12,11 @@ designs that use fewer threads; approxdist offers all of them, selected by
   message and blocks until it has completed before it takes the next one;
 * `sa` (impl-SA): one thread per peer and direction that posts every message queued for
   it (a mini-batch's sends, its receives) without blocking, then waits for them in order;
-* `sra` (impl-SRA): one thread per peer for both directions, posting in the schedule's
-  order as `sa` does.
+* `sra` (impl-SRA): one thread per peer for both directions. The two threads of a link
+  follow one agreed message order per step (`pipeline.schedule.exchange`, given to
+  `begin` at the start of each step), post what is ready in that order as `sa` does,
+  and wait in order; without the agreed order they can deadlock (each waiting for a
+  receive whose sender is queued behind its own send).
 
 Each (peer, direction) is served by one thread in every strategy, so messages keep the
 order of the schedule on every channel and the link layer matches them as it does inline
@@ -25,7 +28,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -37,6 +41,8 @@ from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 T = TypeVar("T")
 STRATEGIES = COMM_THREADS
+#: (micro-batches, training?) -> peer -> "send" / "recv" per message of a step, in order
+Plan = Callable[[int, bool], Mapping[int, Sequence[str]]]
 
 
 class Future(Generic[T]):
@@ -74,6 +80,9 @@ class Courier:
         """Receive into `into` from member `peer`; `wait()` returns the bytes."""
         return self.link.irecv_bytes(peer, into)
 
+    def begin(self, num_microbatches: int, train: bool) -> None:
+        """A step of `num_microbatches` starts (only `sra` needs to know)."""
+
     @property
     def threads(self) -> int:
         return 0
@@ -82,46 +91,85 @@ class Courier:
         """Nothing runs in the background."""
 
 
-#: one message for a thread: how to post it, and where its result goes
-_Job = tuple[Callable[[], Any], Future[Any]]
+#: one message for a thread: its direction, how to post it, and where its result goes
+_Job = tuple[str, Callable[[], Any], Future[Any]]
+#: what a thread's queue holds: a job, the message order of a step, or None (stop)
+_Item = _Job | tuple[str, Sequence[str]] | None
 
 
 class _Carrier:
-    """One communication thread: posts the jobs queued for it, waits for them in order."""
+    """One communication thread: posts the jobs queued for it, waits for them in order.
+
+    With an agreed order (`plan`) it takes the jobs in that order, holding back those
+    submitted early; without one, in the order they were submitted.
+    """
 
     def __init__(self, name: str, batch: bool, rec: Recorder) -> None:
         self.batch, self.rec, self.name = batch, rec, name
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._held: deque[_Job] = deque()
+        self._plan: deque[str] = deque()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"approxdist-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, post: Callable[[], Any]) -> Future[Any]:
+    def submit(self, direction: str, post: Callable[[], Any]) -> Future[Any]:
         future: Future[Any] = Future()
-        self._queue.put((post, future))
+        self._queue.put((direction, post, future))
         return future
+
+    def plan(self, directions: Sequence[str]) -> None:
+        """The next messages' directions, in the order both ends of the link agreed."""
+        self._queue.put(("plan", directions))
 
     def _run(self) -> None:
         self.rec.name_thread(self.name)
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            jobs = [item]
-            while self.batch:  # impl-SA / SRA: post all that is queued, then wait in order
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            first = self._next(block=True)
+            if first is None:
+                break
+            jobs = [first]
+            while self.batch:  # impl-SA / SRA: post all that is ready, then wait in order
+                more = self._next(block=False)
                 if more is None:
-                    self._queue.put(None)
                     break
                 jobs.append(more)
             self._carry(jobs)
+        for _, _, future in self._held:  # only if closed mid-step
+            future.set(error=CommError(f"{self.name}: closed before this message was posted"))
+
+    def _next(self, block: bool) -> _Job | None:
+        """The next job in order; None once closed, or when `block` is off and it is not
+        submitted yet."""
+        while True:
+            job = self._pick()
+            if job is not None or self._closed:
+                return job
+            try:
+                item = self._queue.get(block=block)
+            except queue.Empty:
+                return None
+            if item is None:
+                self._closed = True
+            elif len(item) == 2:  # a step's agreed order
+                self._plan.extend(item[1])
+            else:
+                self._held.append(item)
+
+    def _pick(self) -> _Job | None:
+        if not self._plan:
+            return self._held.popleft() if self._held else None
+        for i, job in enumerate(self._held):
+            if job[0] == self._plan[0]:
+                self._plan.popleft()
+                del self._held[i]
+                return job
+        return None
 
     @staticmethod
     def _carry(jobs: list[_Job]) -> None:
         posted = []
-        for post, future in jobs:
+        for _, post, future in jobs:
             try:
                 posted.append((post(), future))
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
@@ -140,11 +188,24 @@ class _Carrier:
 class ThreadedCourier(Courier):
     """`per-message`, `sa` or `sra`: threads created as peers appear, one per key."""
 
-    def __init__(self, link: Link, strategy: str, rec: Recorder = NULL_RECORDER) -> None:
+    def __init__(self, link: Link, strategy: str, rec: Recorder = NULL_RECORDER,
+                 plan: Plan | None = None) -> None:
         super().__init__(link)
         self.strategy, self.rec = strategy, rec
         self._carriers: dict[tuple[int, str], _Carrier] = {}
         self._lock = threading.Lock()
+        self._plan = plan if strategy == "sra" else None
+        self._plans: dict[tuple[int, bool], Mapping[int, Sequence[str]]] = {}
+
+    def begin(self, num_microbatches: int, train: bool) -> None:
+        """`sra`: hand each peer's thread the step's agreed message order."""
+        if self._plan is None:
+            return
+        key = (num_microbatches, train)
+        if key not in self._plans:
+            self._plans[key] = self._plan(num_microbatches, train)
+        for peer, order in self._plans[key].items():
+            self._carrier(peer, "both").plan(order)
 
     def _carrier(self, peer: int, direction: str) -> _Carrier:
         key = (peer, "both" if self.strategy == "sra" else direction)
@@ -157,10 +218,10 @@ class ThreadedCourier(Courier):
         return carrier
 
     def send(self, peer: int, data: torch.Tensor) -> Future[Any]:
-        return self._carrier(peer, "send").submit(lambda: self.link.isend_bytes(data, peer))
+        return self._carrier(peer, "send").submit("send", lambda: self.link.isend_bytes(data, peer))
 
     def recv(self, peer: int, into: torch.Tensor) -> Future[torch.Tensor]:
-        return self._carrier(peer, "recv").submit(lambda: self.link.irecv_bytes(peer, into))
+        return self._carrier(peer, "recv").submit("recv", lambda: self.link.irecv_bytes(peer, into))
 
     @property
     def threads(self) -> int:
@@ -172,8 +233,10 @@ class ThreadedCourier(Courier):
         self._carriers.clear()
 
 
-def make_courier(link: Link, strategy: str, rec: Recorder = NULL_RECORDER) -> Courier:
-    """The courier of `strategy` (one of `STRATEGIES`)."""
+def make_courier(link: Link, strategy: str, rec: Recorder = NULL_RECORDER,
+                 plan: Plan | None = None) -> Courier:
+    """The courier of `strategy` (one of `STRATEGIES`); `sra` needs `plan`, the agreed
+    message order of each step with each peer."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"communication threads {strategy!r} is not one of: "
                           f"{', '.join(STRATEGIES)}")
@@ -182,4 +245,7 @@ def make_courier(link: Link, strategy: str, rec: Recorder = NULL_RECORDER) -> Co
     if link.device.type == "cuda":
         raise CommError(f"--comm-threads {strategy} posts NCCL sends and receives from several "
                         f"threads, which NCCL does not allow; use inline on GPUs")
-    return ThreadedCourier(link, strategy, rec)
+    if strategy == "sra" and plan is None:
+        raise ConfigError("--comm-threads sra needs the schedule's message order per peer "
+                          "(make_courier(..., plan=...))")
+    return ThreadedCourier(link, strategy, rec, plan)

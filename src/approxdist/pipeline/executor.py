@@ -139,6 +139,7 @@ class PipelineExecutor:
             raise PipelineError(f"the schedule of stage {self.transport.stage} has {sync[0]} "
                                 f"but the stage has no gradient sync; build it with replicas")
         step.sync_after = sync[0].microbatch if sync else None
+        self.transport.courier.begin(len(step.sizes), train=True)
         times = self._execute(actions, self._train, step)
         c = self.compute
         ran = sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
@@ -153,6 +154,7 @@ class PipelineExecutor:
         m = min(self.num_microbatches, batch_size)
         step = self._prepare(inputs, labels, batch_size, m)
         actions = self.actions(m, train=False)
+        self.transport.courier.begin(m, train=False)
         self._execute(actions, self._eval, step)
         return sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
 

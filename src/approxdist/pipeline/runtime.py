@@ -23,9 +23,9 @@ from approxdist.comm.link import Link
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
-from approxdist.pipeline.couriers import make_courier
+from approxdist.pipeline.couriers import Plan, make_courier
 from approxdist.pipeline.errors import PipelineError
-from approxdist.pipeline.executor import GradSync, PipelineExecutor
+from approxdist.pipeline.executor import GradSync, PipelineExecutor, forward_only
 from approxdist.pipeline.microbatch import microbatch_sizes
 from approxdist.pipeline.partition import (
     Partition,
@@ -37,7 +37,12 @@ from approxdist.pipeline.partition import (
 )
 from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
-from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule
+from approxdist.pipeline.schedule.exchange import directions, exchange_order
+from approxdist.pipeline.schedule.replicated import (
+    check_dealing,
+    replicated_schedule,
+    slot_route,
+)
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.transport import StageTransport, WireFormat
 from approxdist.topology.dealing import Dealing
@@ -97,6 +102,19 @@ class PipelineRuntime:
             close()
 
 
+def schedule_exchanges(name: str, dealing: Dealing, slot: int) -> Plan:
+    """(M, training?) -> peer -> "send" / "recv" per message of a step: the agreed message
+    order of the rank at `slot` with each neighbour (`--comm-threads sra`)."""
+    def plan(num_microbatches: int, train: bool) -> dict[int, list[str]]:
+        order = replicated_schedule(name, dealing, num_microbatches)
+        if not train:
+            order = {r: forward_only(actions) for r, actions in order.items()}
+        pairs = exchange_order(order, slot_route(dealing), len(dealing.replicas))
+        return directions(pairs, slot)
+
+    return plan
+
+
 def schedule_orders(name: str, dealing: Dealing, slot: int) -> Callable[[int], list[Action]]:
     """M -> the validated action list of the rank at `slot` (its stage's list, or with
     replicated stages its round-robin share of it closed by `AR`)."""
@@ -143,7 +161,9 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
                                WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), dealing, replica,
                                seed=seed, rec=rec,
-                               courier=make_courier(link, pcfg.comm_threads, rec))
+                               courier=make_courier(
+                                   link, pcfg.comm_threads, rec,
+                                   schedule_exchanges(pcfg.schedule, dealing, group.rank)))
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
