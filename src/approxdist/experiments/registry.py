@@ -17,8 +17,9 @@ def _register_all() -> None:
     from approxdist.experiments.seed000_histogram import PRESET as HISTOGRAM
     from approxdist.experiments.seed001_allreduce import PRESET as ALLREDUCE
     from approxdist.experiments.seed001_scaling import PRESET as SCALING
+    from approxdist.experiments.seed002_hybrid import PRESET as HYBRID
 
-    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING):
+    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING, HYBRID):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 

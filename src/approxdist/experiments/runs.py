@@ -29,9 +29,9 @@ _BULKY = ("checkpoint.pt", "stage0", "stage1", "stage2", "stage3", "workers")
 
 def _train_rank(ctx: DistContext, sections: Sections, run_dir: str) -> dict[str, Any]:
     """One rank of a training run (module level: `run_on_ranks` pickles it)."""
-    from approxdist.train.build import build_trainer
+    from approxdist.train.worker import train_rank
 
-    return build_trainer(build_config(sections), ctx, Path(run_dir), False).run()
+    return train_rank(build_config(sections), ctx, Path(run_dir), False)
 
 
 def _finished(run_dir: Path, config_text: str) -> dict[str, Any] | None:
@@ -60,7 +60,7 @@ def train_run(sections: Sections, run_dir: Path) -> dict[str, Any]:
     done = _finished(run_dir, text)
     if done is not None:
         return done
-    for name in ("metrics.jsonl", "summary.json"):
+    for name in ("metrics.jsonl", "summary.json", "trace.json"):
         (run_dir / name).unlink(missing_ok=True)
     (run_dir / "config.toml").write_text(text)
     summary = run_on_ranks(_train_rank, cfg.train.world_size, to_dict(cfg), str(run_dir),

@@ -59,12 +59,18 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
-        topology = topology_of(cfg)
-        label = f"stage {topology.place(ctx.rank).stage}" if topology.num_stages > 1 else ""
-        rec = open_recorder(ctx, cfg.train.trace, label=label)  # collective when tracing
-        return train_traced(cfg, ctx, path, resume, rec)
+        return train_rank(cfg, ctx, path, resume)
     finally:
         shutdown(ctx)
+
+
+def train_rank(cfg: Config, ctx: DistContext, path: Path, resume: bool) -> dict[str, Any]:
+    """One rank's run into `path`, traced when `cfg.train.trace` (the recorder is labelled
+    with the rank's stage in a pipeline)."""
+    topology = topology_of(cfg)
+    label = f"stage {topology.place(ctx.rank).stage}" if topology.num_stages > 1 else ""
+    rec = open_recorder(ctx, cfg.train.trace, label=label)  # collective when tracing
+    return train_traced(cfg, ctx, path, resume, rec)
 
 
 def train_traced(cfg: Config, ctx: DistContext, path: Path, resume: bool,
