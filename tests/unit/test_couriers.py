@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
+from approxdist.comm.link import Link
 from approxdist.errors import ConfigError
-from approxdist.pipeline.couriers import make_courier
+from approxdist.pipeline.couriers import Courier, Plan, make_courier
 
 
 class _Handle:
@@ -44,6 +45,10 @@ class _FakeLink:
         return _Handle(self, what)
 
 
+def _courier(link: _FakeLink, strategy: str, plan: Plan | None = None) -> Courier:
+    return make_courier(cast(Link, link), strategy, plan=plan)
+
+
 def _t(i: int) -> torch.Tensor:
     return torch.tensor([i], dtype=torch.uint8)
 
@@ -51,7 +56,7 @@ def _t(i: int) -> torch.Tensor:
 def test_sra_posts_in_the_agreed_order_whatever_the_submission_order() -> None:
     link = _FakeLink()
     plan = {1: ["send", "send", "recv", "send", "recv"]}
-    courier = make_courier(link, "sra", plan=lambda m, train: plan)
+    courier = _courier(link, "sra", plan=lambda m, train: plan)
     courier.begin(4, train=True)
     # the executor pre-posts receives before it has the sends ready
     futures = [courier.recv(1, _t(0)), courier.recv(1, _t(1)), courier.send(1, _t(0)),
@@ -68,7 +73,7 @@ def test_sra_posts_in_the_agreed_order_whatever_the_submission_order() -> None:
 def test_sa_and_per_message_use_a_thread_per_peer_and_direction() -> None:
     for strategy in ("sa", "per-message"):
         link = _FakeLink()
-        courier = make_courier(link, strategy)
+        courier = _courier(link, strategy)
         courier.begin(2, train=True)  # no agreed order needed
         futures = [courier.recv(1, _t(0)), courier.send(1, _t(0)), courier.send(2, _t(1))]
         assert [f.wait() for f in futures] == ["recv0<-1", "send0->1", "send1->2"]
@@ -85,11 +90,11 @@ def test_errors_reach_the_waiter_and_bad_strategies_are_refused() -> None:
         raise RuntimeError("peer 1 closed the connection")
 
     link.isend_bytes = broken  # type: ignore[method-assign]
-    courier = make_courier(link, "sa")
+    courier = _courier(link, "sa")
     with pytest.raises(RuntimeError, match="peer 1 closed"):
         courier.send(1, _t(0)).wait()
     courier.close()
     with pytest.raises(ConfigError, match="'two' is not one of: inline, per-message, sa, sra"):
-        make_courier(link, "two")
+        _courier(link, "two")
     with pytest.raises(ConfigError, match="sra needs the schedule's message order"):
-        make_courier(link, "sra")
+        _courier(link, "sra")
