@@ -31,6 +31,10 @@ class LaunchError(ApproxDistError):
     """Workers could not be started, or one of them failed."""
 
 
+class ClusterError(ApproxDistError):
+    """A namespaced test cluster cannot be made, found, run on or removed."""
+
+
 class CommError(ApproxDistError):
     """A transfer or collective failed: mismatched peers, dead peer, timeout.
 

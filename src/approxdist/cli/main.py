@@ -10,6 +10,7 @@ from approxdist import __version__
 from approxdist.cli import (
     analyze_cmd,
     bench,
+    cluster_cmd,
     experiment_cmd,
     inspect_cmd,
     plan_cmd,
@@ -21,7 +22,7 @@ from approxdist.errors import ApproxDistError
 
 #: each module has `register(subparsers)` that adds its parser and sets `func`
 SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, analyze_cmd, experiment_cmd,
-               report_cmd)
+               report_cmd, cluster_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

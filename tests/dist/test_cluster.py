@@ -1,0 +1,150 @@
+"""Real multi-host runs: namespaced hosts, tc-shaped links, torchrun across (needs root).
+
+One 2-host cluster serves every check (making one takes ~0.2 s, the runs take the time):
+its link measures within 10 % of the shaped rate; data-parallel training on 2 hosts x 2
+processes ends with the same parameters as 4 processes on one host; a pipeline across
+the hosts reaches the same accuracy as on one host; killing every process of one host
+ends the run with the host named; `down` leaves no namespace or interface behind.
+Skipped, with the reason, where namespaces cannot be made (not root, no iproute2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from approxdist.cluster import ClusterLayout, cluster_down, cluster_up, run_on_cluster, state
+from approxdist.cluster.probe import measure
+from approxdist.cluster.system import namespaces
+
+TRAIN = ["train", "--model", "mlp", "--epochs", "1"]
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "needs root to make network namespaces"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    probe = f"ad-probe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    return "" if made.returncode == 0 else f"ip netns add failed: {made.stderr.strip()}"
+
+
+WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterLayout]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv(state.DIR_ENV, str(tmp_path_factory.mktemp("clusters")))
+    name = f"ci{os.getpid() % 100000}"
+    try:
+        yield cluster_up(name, 2, "bw=200mbit")
+    finally:
+        with contextlib.suppress(Exception):
+            cluster_down(name)
+        mp.undo()
+
+
+def _single_host(argv: list[str], world: int) -> None:
+    subprocess.run([sys.executable, "-m", "approxdist", *argv, "--world-size", str(world)],
+                   check=True, capture_output=True, timeout=300)
+
+
+def test_hosts_route_only_inside_the_cluster(cluster: ClusterLayout) -> None:
+    for h in range(cluster.hosts):
+        routes = subprocess.run(["ip", "-n", cluster.host_ns(h), "route"], capture_output=True,
+                                text=True, check=True).stdout.strip().splitlines()
+        assert len(routes) == 1 and routes[0].startswith(f"198.18.{cluster.subnet}.0/24 dev eth0")
+    qdiscs = subprocess.run(["tc", "-n", cluster.switch_ns, "qdisc"], capture_output=True,
+                            text=True, check=True).stdout
+    assert qdiscs.count("tbf") == cluster.hosts and "rate 200Mbit" in qdiscs
+
+
+def test_the_shaped_link_carries_its_rate(cluster: ClusterLayout) -> None:
+    (rate,) = measure(cluster, 8 << 20)
+    assert rate.host == 1 and rate.nbytes == 8 << 20
+    assert 0.9 * 200 <= rate.mbit_s <= 1.1 * 200, rate
+
+
+def test_data_parallel_across_hosts_equals_one_host(cluster: ClusterLayout,
+                                                    tmp_path: Path) -> None:
+    args = [*TRAIN, "--parallel", "dp", "--batch-size", "64"]
+    out = io.StringIO()
+    assert run_on_cluster(cluster.name, [*args, "--world-size", "4", "--out",
+                                         str(tmp_path / "two")], nproc_per_host=2,
+                          out=out) == 0, out.getvalue()
+    _single_host([*args, "--out", str(tmp_path / "one")], 4)
+    two = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)["model"]
+    one = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=False)["model"]
+    assert two.keys() == one.keys()
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=1e-5, rtol=0, msg=key)
+    assert "[host 0] done: test accuracy" in out.getvalue()
+
+
+def test_pipeline_across_hosts_trains_as_on_one_host(cluster: ClusterLayout,
+                                                     tmp_path: Path) -> None:
+    args = [*TRAIN, "--parallel", "pipeline", "--stages", "2", "--microbatches", "4"]
+    out = io.StringIO()
+    assert run_on_cluster(cluster.name, [*args, "--out", str(tmp_path / "two")],
+                          out=out) == 0, out.getvalue()
+    _single_host([*args, "--out", str(tmp_path / "one")], 2)
+    two = (tmp_path / "two" / "summary.json").read_text()
+    one = (tmp_path / "one" / "summary.json").read_text()
+    assert _accuracy(two) == _accuracy(one) > 0.1
+
+
+def _accuracy(summary: str) -> float:
+    import json
+
+    return float(json.loads(summary)["test_accuracy"])
+
+
+def test_a_lost_host_ends_the_run_naming_it(cluster: ClusterLayout, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*TRAIN, "--parallel", "dp", "--world-size", "2", "--epochs", "200",
+            "--out", str(tmp_path / "run")]
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(
+        run_on_cluster(cluster.name, argv, grace_s=60.0, out=io.StringIO())))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training has started on both hosts
+    pids = subprocess.run(["ip", "netns", "pids", cluster.host_ns(1)], capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert pids, "host 1 runs no process"
+    killed = time.monotonic()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), 9)
+    runner.join(timeout=120)
+    assert not runner.is_alive() and result and result[0] != 0
+    assert time.monotonic() - killed < 60 + 15
+    err = capsys.readouterr().err
+    assert f"host 1 ({cluster.host_ns(1)}, {cluster.address(1)}) was killed by signal SIGKILL " \
+           "(first to fail)" in err
+
+
+def test_down_leaves_nothing_behind(cluster: ClusterLayout) -> None:
+    # last in this module: the fixture's own `down` then finds nothing to do
+    gone = cluster_down(cluster.name)
+    assert sorted(gone) == sorted(cluster.namespaces)
+    assert not set(cluster.namespaces) & namespaces()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"ad{cluster.subnet}h" not in links and f"ad{cluster.subnet}p" not in links
+    assert state.load(cluster.name) is None
