@@ -19,8 +19,8 @@ from approxdist.experiments.seed000_histogram import COVER_COLUMNS, HIST_COLUMNS
 from approxdist.experiments.seed001_scaling import speedup
 from approxdist.experiments.task import task_for
 
-NAMES = ["seed000-bandwidth", "seed000-ber", "seed000-bits", "seed000-histogram",
-         "seed001-allreduce", "seed001-scaling", "seed002-hybrid"]
+NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
+         "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-hybrid"]
 
 
 def _cli(module: object, argv: list[str]) -> int:
@@ -39,7 +39,8 @@ def test_registry_lists_the_presets() -> None:
 
 
 def test_unknown_preset_lists_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown experiment 'seed009'; valid: seed000-bandwidth,"):
+    with pytest.raises(ConfigError, match="unknown experiment 'seed009'; valid: "
+                                          "link-emulation-check, seed000-bandwidth,"):
         get_preset("seed009")
     with pytest.raises(ConfigError, match="valid: .*seed001-scaling"):
         _cli(experiment_cmd, ["experiment", "seed009", "--out", str(tmp_path)])

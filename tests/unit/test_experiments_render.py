@@ -14,6 +14,7 @@ import pytest
 
 from approxdist.experiments import render_report
 from approxdist.experiments.csvio import write_csv
+from approxdist.experiments.link_check import COLUMNS as LINK_COLUMNS
 from approxdist.experiments.runner import META_FILE
 from approxdist.experiments.seed000_bandwidth import COLUMNS as BW_COLUMNS
 from approxdist.experiments.seed000_ber import COLUMNS as BER_COLUMNS
@@ -200,6 +201,35 @@ def test_hybrid_report_says_how_little_the_threads_could_save() -> None:
     assert ("per-message's step varied by 9.5 % (max - min over median) across repeats; the "
             "most a strategy can save is what the congested rank waits on links in flight: "
             "6.3 ms of a 21.0 ms step (30.0 %) with per-message") in why
+
+
+def test_link_check_report_pairs_the_shapers_and_judges_big_messages(tmp_path: Path) -> None:
+    def row(kind: str, link: str, shaper: str, what: str, size: int, med: float,
+            p10: float) -> dict[str, Any]:
+        return {"kind": kind, "link": link, "shaper": shaper, "what": what, "size_bytes": size,
+                "median_s": med, "p10_s": p10, "repeats": 5}
+
+    rows = [row("transfer", "bw=10mbit", "inproc", "brd", 1 << 20, 0.84, 0.84),
+            row("transfer", "bw=10mbit", "kernel", "brd", 1 << 20, 0.90, 0.88),
+            row("transfer", "bw=10mbit", "inproc", "brd", 1 << 16, 0.05, 0.05),
+            row("transfer", "bw=10mbit", "kernel", "brd", 1 << 16, 0.10, 0.09),  # small: free
+            row("transfer", "bw=100mbit", "inproc", "ring", 4 << 20, 0.34, 0.34),
+            row("transfer", "bw=100mbit", "kernel", "ring", 4 << 20, 0.60, 0.35),
+            row("train", "bw=100mbit", "inproc", "dp resnet20", 0, 10.0, 10.0),
+            row("train", "bw=100mbit", "kernel", "dp resnet20", 0, 10.5, 10.5),
+            row("transfer", "bw=1gbit", "inproc", "ring", 4 << 20, 0.04, 0.04),
+            row("transfer", "bw=1gbit", "kernel", "ring", 4 << 20, 0.09, 0.08)]  # not judged
+    _meta(tmp_path, "link-emulation-check", links=["bw=10mbit", "bw=100mbit", "bw=1gbit"])
+    write_csv(tmp_path / "links.csv", LINK_COLUMNS, rows)
+    text = render_report(tmp_path).read_text()
+    _pngs(tmp_path)
+    assert "| transfer | bw=100mbit | ring | 4M | 340.0 | 600.0 (350.0) | 1.76x |" in text
+    assert ("bw=10mbit: transfers of >= 1 MB take the same time through the emulator as "
+            "through tc (within 15 %) | kernel / inproc from 1.07x to 1.07x over 1") in text
+    assert "furthest: ring 4M 1.76x | **does not hold here** |" in text
+    assert "the fast rounds agree, the median does not. Hypothesis: TCP losses" in text
+    assert "dp resnet20: 10.00 s inproc, 10.50 s kernel, 1.05x | holds |" in text
+    assert "bw=1gbit: transfers" not in text  # the criterion covers 10 and 100 Mbit/s
 
 
 def test_render_names_a_missing_column(tmp_path: Path) -> None:

@@ -14,9 +14,12 @@ again in one run with `hybrid` reading that file.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import finish
@@ -34,6 +37,7 @@ from approxdist.comm.collectives.bench import (
 )
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
+from approxdist.launch.context import init_from_env, shutdown
 from approxdist.launch.spawn import run_on_ranks
 
 _SIZE = re.compile(r"(\d+)([KMG]?)(I?B?)", re.IGNORECASE)
@@ -94,9 +98,23 @@ def combos_for(algorithms: list[str], codecs: list[str]) -> tuple[Combo, ...]:
 
 
 def _measure(args: argparse.Namespace, plan: BenchPlan) -> list[Row]:
+    if under_torchrun():  # e.g. `approxdist cluster run -- bench allreduce` across hosts
+        ctx = init_from_env(timeout_s=300.0)
+        try:
+            mine = measure_rank(ctx, plan)
+            per_rank: list[Any] = [None] * ctx.world_size
+            dist.all_gather_object(per_rank, mine)
+        finally:
+            shutdown(ctx)
+        return summarize(per_rank, ctx.world_size, plan.link)
     per_rank = run_on_ranks(measure_rank, args.world_size, plan, timeout_s=3600,
                             comm_timeout_s=300)
     return summarize(per_rank, args.world_size, plan.link)
+
+
+def under_torchrun() -> bool:
+    """Inside a torchrun worker: the world comes from the environment, not --world-size."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,9 +142,12 @@ def run(args: argparse.Namespace) -> int:
                 f"<= {m} B: {a}" if m is not None else f"above: {a}" for m, a in cal.thresholds))
             if "hybrid" in algorithms:  # measure again, hybrid included, in one run
                 rows = _measure(args, plan(algorithms, cal_path))
+    if under_torchrun() and os.environ["RANK"] != "0":
+        return 0  # rank 0 prints and writes the rows
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
     print(table(rows))
     finish(host, [r.as_json() for r in rows], args.json,
-           f"approxdist bench allreduce --world-size {args.world_size} --sizes {args.sizes} "
+           f"approxdist bench allreduce --world-size {world} --sizes {args.sizes} "
            f"--algorithms {args.algorithms} --codec {args.codec}"
            + (f" --link {args.link}" if args.link else "")
            + (" --calibrate" if args.calibrate else "")

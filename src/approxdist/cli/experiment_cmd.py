@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     size = "quick" if args.quick else "smoke" if args.smoke else "full"
     start = time.perf_counter()
     for name in names:
+        why_not = get_preset(name).unavailable() if args.name == ALL else ""
+        if why_not:
+            print(f"{name}: skipped: {why_not}", flush=True)
+            continue
         out = args.out / name if args.name == ALL else args.out
         settings = Settings(out=out, size=size, data_dir=args.data_dir, seeds=args.seeds)
         t0 = time.perf_counter()

@@ -73,3 +73,5 @@ class Preset:
     collect: Callable[[Settings], Meta]  # runs; writes the CSVs into settings.out
     render: Callable[[Path, Meta], str]  # CSVs -> PNGs, returns the report's Markdown body
     run_time: dict[str, str] = field(default_factory=dict)  # size -> expected time on 2 cores
+    #: why this machine cannot run the preset ("" when it can); `experiment all` skips it
+    unavailable: Callable[[], str] = field(default=lambda: "")

@@ -11,6 +11,7 @@ PRESETS: Registry[Preset] = Registry("experiment", ConfigError)
 
 def _register_all() -> None:
     """Import the preset modules (lazily: they import torch-heavy code) and register them."""
+    from approxdist.experiments.link_check import PRESET as LINK_CHECK
     from approxdist.experiments.seed000_bandwidth import PRESET as BANDWIDTH
     from approxdist.experiments.seed000_ber import PRESET as BER
     from approxdist.experiments.seed000_bits import PRESET as BITS
@@ -19,7 +20,7 @@ def _register_all() -> None:
     from approxdist.experiments.seed001_scaling import PRESET as SCALING
     from approxdist.experiments.seed002_hybrid import PRESET as HYBRID
 
-    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING, HYBRID):
+    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING, HYBRID, LINK_CHECK):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 
