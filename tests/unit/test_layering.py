@@ -55,3 +55,17 @@ def test_the_cluster_runs_commands_and_never_imports_the_training_stack() -> Non
         _, modules = _calls_and_imports(path)
         used = {m.split(".")[1] for m in modules if m.startswith("approxdist.")}
         assert used <= {"cluster", "comm", "errors"}, (path.name, used)
+
+
+def test_the_planner_is_pure_and_sits_below_training() -> None:
+    """planner/ may use topology, pipeline and config, never train, cli or experiments, and
+    no process group (DESIGN.md: the solver is pure)."""
+    allowed = {"planner", "errors", "registry", "topology", "pipeline", "config"}
+    for path in (SRC / "planner").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        used = {m.split(".")[1] for m in modules if m.startswith("approxdist.")}
+        assert used <= allowed, (path.name, used - allowed)
+        assert not any("distributed" in m for m in modules), path.name

@@ -1,0 +1,42 @@
+"""The planner: from a model's profile to a partition plan (DESIGN.md "planner"; docs/planner.md).
+
+The folder will hold the profiler, our cost model, the partition solver, an event
+simulator, plan files and validation. Built so far, all pure (no torch.distributed):
+
+- `profile`: the profile file (`Profile`, `BlockProfile`), validated, JSON round trip.
+- `pipedream_format`: reader of PipeDream's graph.txt profiles, conversion to `Profile`.
+- `antichains`: PipeDream's state space (antichain DAG of a layer graph, or a chain).
+- `pipedream_optimizer`: PipeDream's hierarchical partition optimizer, reproduced.
+"""
+
+from approxdist.planner.antichains import State, StateSpace, chain_states, graph_states
+from approxdist.planner.pipedream_format import (
+    PipeDreamGraph,
+    PipeDreamNode,
+    parse_graph,
+    read_graph,
+    read_pipedream_profile,
+    to_profile,
+)
+from approxdist.planner.pipedream_optimizer import (
+    Level,
+    PipeDreamPlan,
+    PipeDreamSettings,
+    PlannedStage,
+    optimize,
+)
+from approxdist.planner.profile import (
+    BlockProfile,
+    Profile,
+    from_json,
+    read_profile,
+    to_json,
+    write_profile,
+)
+
+__all__ = [
+    "BlockProfile", "Level", "PipeDreamGraph", "PipeDreamNode", "PipeDreamPlan",
+    "PipeDreamSettings", "PlannedStage", "Profile", "State", "StateSpace", "chain_states",
+    "from_json", "graph_states", "optimize", "parse_graph", "read_graph",
+    "read_pipedream_profile", "read_profile", "to_json", "to_profile", "write_profile",
+]

@@ -1,0 +1,224 @@
+"""The profile file (DESIGN.md "Profile file"): per-block times and sizes of one model.
+
+A `Profile` is what a partitioner sees of a model: for each block of its `nn.Sequential`
+(or each layer of a linearised graph), forward and backward seconds at the stated
+micro-batch size and thread count, and the bytes it outputs, holds as parameters and
+stashes for its backward pass. It is validated on construction and round-trips through
+one JSON object:
+
+    {
+     "format": "approxdist-profile",
+     "version": 1,
+     "model": "alexnet",
+     "input_shape": [3, 224, 224],
+     "micro_batch_size": 256,
+     "threads": null,
+     "torch_version": "unknown (PipeDream graph.txt)",
+     "machine": "unknown (PipeDream profile alexnet.txt)",
+     "blocks": [
+      {"name": "node2 Conv2d(3, 64, ...)", "fwd_s": 0.022316, "bwd_s": 0.006405,
+       "out_bytes": 198246400, "param_bytes": 93184, "stash_bytes": 154140672},
+      ...
+     ]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import DataError
+
+FORMAT = "approxdist-profile"
+VERSION = 1
+_BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes")
+_TOP_KEYS = ("format", "version", "model", "input_shape", "micro_batch_size", "threads",
+             "torch_version", "machine", "blocks")
+_HOW_TO_GET_ONE = ("write one with approxdist.planner.write_profile, or convert a PipeDream "
+                   "graph.txt with approxdist.planner.read_pipedream_profile")
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """One block: seconds per micro-batch and bytes (`stash_bytes`: kept for backward)."""
+
+    name: str
+    fwd_s: float
+    bwd_s: float
+    out_bytes: int
+    param_bytes: int
+    stash_bytes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise DataError(f"block name = {self.name!r} must be a non-empty string")
+        where = f"block {self.name!r}"
+        for field in ("fwd_s", "bwd_s"):
+            _seconds(where, field, getattr(self, field))
+        for field in ("out_bytes", "param_bytes", "stash_bytes"):
+            _byte_count(where, field, getattr(self, field))
+
+    @property
+    def compute_s(self) -> float:
+        """Forward plus backward seconds."""
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's blocks in execution order, and the conditions they were measured under.
+
+    `threads` is None where the profile does not say (e.g. measured on a GPU).
+    """
+
+    model: str
+    input_shape: tuple[int, ...]
+    micro_batch_size: int
+    threads: int | None
+    torch_version: str
+    machine: str
+    blocks: tuple[BlockProfile, ...]
+
+    def __post_init__(self) -> None:
+        for field in ("model", "torch_version", "machine"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise DataError(f"profile {field} = {value!r} must be a non-empty string")
+        shape = self.input_shape
+        if not isinstance(shape, tuple) or not shape or not all(_positive_int(d) for d in shape):
+            raise DataError(f"profile input_shape = {shape!r} must be a non-empty tuple of "
+                            "positive integers (one sample's shape, e.g. (3, 224, 224))")
+        if not _positive_int(self.micro_batch_size):
+            raise DataError(f"profile micro_batch_size = {self.micro_batch_size!r} must be an "
+                            "integer >= 1 (the batch the times were measured at)")
+        if self.threads is not None and not _positive_int(self.threads):
+            raise DataError(f"profile threads = {self.threads!r} must be an integer >= 1, or "
+                            "None where unknown")
+        self._check_blocks()
+
+    def _check_blocks(self) -> None:
+        if not isinstance(self.blocks, tuple) or not self.blocks:
+            raise DataError(f"profile blocks = {self.blocks!r} must be a non-empty tuple of "
+                            "BlockProfile; profile at least one block")
+        seen: set[str] = set()
+        for i, block in enumerate(self.blocks):
+            if not isinstance(block, BlockProfile):
+                raise DataError(f"profile blocks[{i}] = {block!r} must be a BlockProfile")
+            if block.name in seen:
+                raise DataError(f"profile blocks[{i}] repeats the name {block.name!r}; give "
+                                "every block its own name")
+            seen.add(block.name)
+
+    @property
+    def total_compute_s(self) -> float:
+        """Forward plus backward seconds of the whole model on one worker."""
+        return sum(b.compute_s for b in self.blocks)
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(b.param_bytes for b in self.blocks)
+
+
+def to_json(profile: Profile) -> str:
+    """The profile as one JSON object (with `format` and `version`, so files are
+    recognisable): a key per line, a block per line."""
+    head = {"format": FORMAT, "version": VERSION, "model": profile.model,
+            "input_shape": list(profile.input_shape), "micro_batch_size": profile.micro_batch_size,
+            "threads": profile.threads, "torch_version": profile.torch_version,
+            "machine": profile.machine}
+    lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
+    blocks = ",\n".join("  " + json.dumps({k: getattr(b, k) for k in _BLOCK_KEYS})
+                        for b in profile.blocks)
+    return "{\n" + "\n".join(lines) + '\n "blocks": [\n' + blocks + "\n ]\n}"
+
+
+def from_json(text: str, source: str = "profile") -> Profile:
+    """The profile in `text`; `DataError` naming `source`, the bad key and its value."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = (" (it looks like a PipeDream graph.txt: read it with "
+                "approxdist.planner.read_pipedream_profile)") if _looks_like_pipedream(text) else ""
+        raise DataError(f"{source} is not JSON ({exc.msg} at line {exc.lineno}){hint}; "
+                        f"{_HOW_TO_GET_ONE}") from None
+    if not isinstance(data, dict) or "blocks" not in data:
+        why = "no 'blocks' key" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise DataError(f"{source} is not an approxdist profile ({why}); {_HOW_TO_GET_ONE}")
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise DataError(f"{source} has format = {data.get('format')!r}, version = "
+                        f"{data.get('version')!r}; this approxdist reads format {FORMAT!r} "
+                        f"version {VERSION}")
+    try:
+        return _profile_from_dict(data)
+    except DataError as exc:
+        raise DataError(f"{source}: {exc}") from None
+
+
+def write_profile(profile: Profile, path: str | Path) -> None:
+    """Write `profile` as JSON to `path`."""
+    Path(path).write_text(to_json(profile) + "\n")
+
+
+def read_profile(path: str | Path) -> Profile:
+    """The profile in the JSON file `path`; one `DataError` line if it is missing or foreign."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc})"
+        raise DataError(f"profile file {str(path)!r} {why}; {_HOW_TO_GET_ONE}") from None
+    return from_json(text, source=f"profile file {str(path)!r}")
+
+
+def _profile_from_dict(data: dict[str, Any]) -> Profile:
+    _check_keys("profile", data, _TOP_KEYS)
+    blocks, shape = data["blocks"], data["input_shape"]
+    if not isinstance(blocks, list):
+        raise DataError(f"profile blocks = {blocks!r} must be a list of block objects")
+    return Profile(model=data["model"],
+                   input_shape=tuple(shape) if isinstance(shape, list) else shape,
+                   micro_batch_size=data["micro_batch_size"], threads=data["threads"],
+                   torch_version=data["torch_version"], machine=data["machine"],
+                   blocks=tuple(_block_from_dict(i, b) for i, b in enumerate(blocks)))
+
+
+def _block_from_dict(i: int, entry: Any) -> BlockProfile:
+    if not isinstance(entry, dict):
+        raise DataError(f"profile blocks[{i}] = {entry!r} must be an object with keys "
+                        f"{', '.join(_BLOCK_KEYS)}")
+    _check_keys(f"profile blocks[{i}]", entry, _BLOCK_KEYS)
+    return BlockProfile(**entry)
+
+
+def _check_keys(where: str, data: dict[str, Any], valid: tuple[str, ...]) -> None:
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise DataError(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; valid: "
+                        f"{', '.join(valid)}")
+    missing = [k for k in valid if k not in data]
+    if missing:
+        raise DataError(f"{where} lacks {', '.join(map(repr, missing))}; it needs all of "
+                        f"{', '.join(valid)}")
+
+
+def _seconds(where: str, field: str, value: Any) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:
+        raise DataError(f"{where} {field} = {value!r} must be a finite number of seconds >= 0")
+
+
+def _byte_count(where: str, field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"{where} {field} = {value!r} must be a whole number of bytes >= 0")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _looks_like_pipedream(text: str) -> bool:
+    first = text.lstrip().split("\n", 1)[0]
+    return " -- " in first and "forward_compute_time=" in first

@@ -1,0 +1,141 @@
+"""The profile file: validation on construction, JSON round trip, one-line errors for foreign files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from approxdist.errors import DataError
+from approxdist.planner.profile import (
+    BlockProfile,
+    Profile,
+    from_json,
+    read_profile,
+    to_json,
+    write_profile,
+)
+
+PIPEDREAM_LINE = ("node2 -- Conv2d(3, 64) -- forward_compute_time=1.0, backward_compute_time=2.0, "
+                  "activation_size=8.0, parameter_size=4.0\n")
+
+
+def _block(name: str = "conv1", **changes: Any) -> BlockProfile:
+    fields: dict[str, Any] = dict(name=name, fwd_s=0.002, bwd_s=0.004, out_bytes=4096,
+                                  param_bytes=1728, stash_bytes=12288)
+    fields.update(changes)
+    return BlockProfile(**fields)
+
+
+def _profile(**changes: Any) -> Profile:
+    fields: dict[str, Any] = dict(model="tiny-cnn", input_shape=(3, 32, 32), micro_batch_size=8,
+                                  threads=2, torch_version="2.5.1", machine="x86_64 2-core",
+                                  blocks=(_block("conv1"), _block("fc", fwd_s=0.0, out_bytes=40)))
+    fields.update(changes)
+    return Profile(**fields)
+
+
+def test_json_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    profile = _profile(threads=None)
+    assert from_json(to_json(profile)) == profile
+    path = tmp_path / "tiny.json"
+    write_profile(profile, path)
+    assert read_profile(path) == profile
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"]) == ("approxdist-profile", 1)
+    assert data["blocks"][1] == {"name": "fc", "fwd_s": 0.0, "bwd_s": 0.004, "out_bytes": 40,
+                                 "param_bytes": 1728, "stash_bytes": 12288}
+
+
+def test_totals_sum_the_blocks() -> None:
+    profile = _profile()
+    assert profile.total_compute_s == pytest.approx(0.002 + 0.004 + 0.0 + 0.004)
+    assert profile.total_param_bytes == 2 * 1728
+    assert profile.blocks[0].compute_s == pytest.approx(0.006)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"fwd_s": -0.001}, r"block 'conv1' fwd_s = -0\.001 must be a finite number of seconds >= 0"),
+    ({"bwd_s": float("nan")}, r"block 'conv1' bwd_s = nan must be a finite number"),
+    ({"fwd_s": "1ms"}, r"block 'conv1' fwd_s = '1ms' must be a finite number"),
+    ({"fwd_s": True}, r"fwd_s = True must be a finite number"),
+    ({"out_bytes": -1}, r"block 'conv1' out_bytes = -1 must be a whole number of bytes >= 0"),
+    ({"param_bytes": 1.5}, r"param_bytes = 1\.5 must be a whole number of bytes"),
+    ({"stash_bytes": None}, r"stash_bytes = None must be a whole number of bytes"),
+    ({"name": ""}, r"block name = '' must be a non-empty string"),
+])
+def test_block_errors_name_field_value_and_fix(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        _block(**changes)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"blocks": ()}, r"profile blocks = \(\) must be a non-empty tuple of BlockProfile; profile "
+                     r"at least one block"),
+    ({"blocks": [_block()]}, r"profile blocks = \[.*\] must be a non-empty tuple"),
+    ({"blocks": (_block(), _block())}, r"blocks\[1\] repeats the name 'conv1'; give every block"),
+    ({"blocks": ("conv1",)}, r"profile blocks\[0\] = 'conv1' must be a BlockProfile"),
+    ({"model": ""}, r"profile model = '' must be a non-empty string"),
+    ({"torch_version": 2.5}, r"profile torch_version = 2\.5 must be a non-empty string"),
+    ({"input_shape": (3, 0, 32)}, r"input_shape = \(3, 0, 32\) must be a non-empty tuple of positive"),
+    ({"input_shape": [3, 32, 32]}, r"input_shape = \[3, 32, 32\] must be a non-empty tuple"),
+    ({"micro_batch_size": 0}, r"micro_batch_size = 0 must be an integer >= 1"),
+    ({"threads": 0}, r"threads = 0 must be an integer >= 1, or None where unknown"),
+])
+def test_profile_errors_name_field_value_and_fix(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        _profile(**changes)
+
+
+def _edited(edit: Any) -> str:
+    data = json.loads(to_json(_profile()))
+    edit(data)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", r"^profile is not JSON \(.*line 1\); write one with approxdist\.planner\.write_profile, "
+                  r"or convert a PipeDream graph\.txt"),
+    (PIPEDREAM_LINE, r"not JSON .*it looks like a PipeDream graph\.txt: read it with "
+                     r"approxdist\.planner\.read_pipedream_profile"),
+    ('{"layers": []}', r"^profile is not an approxdist profile \(no 'blocks' key\); write one with"),
+    ("[1, 2]", r"^profile is not an approxdist profile \(a JSON list\)"),
+    (_edited(lambda d: d.update(version=7)), r"version = 7; this approxdist reads format "
+                                             r"'approxdist-profile' version 1"),
+    (_edited(lambda d: d.pop("format")), r"has format = None"),
+    (_edited(lambda d: d.update(batch=3)), r"profile has unknown key\(s\) 'batch'; valid: format"),
+    (_edited(lambda d: d.pop("machine")), r"profile lacks 'machine'; it needs all of"),
+    (_edited(lambda d: d["blocks"][1].pop("stash_bytes")), r"profile blocks\[1\] lacks 'stash_bytes'"),
+    (_edited(lambda d: d["blocks"].append(3)), r"profile blocks\[2\] = 3 must be an object with keys"),
+    (_edited(lambda d: d["blocks"][0].update(fwd_s=-2)), r"^profile: block 'conv1' fwd_s = -2 must be"),
+    (_edited(lambda d: d.update(blocks={})), r"profile blocks = \{\} must be a list of block objects"),
+    (_edited(lambda d: d.update(blocks=[])), r"profile blocks = \(\) must be a non-empty tuple"),
+])
+def test_foreign_or_broken_json_gives_one_clear_line(text: str, message: str) -> None:
+    with pytest.raises(DataError, match=message) as info:
+        from_json(text)
+    assert "\n" not in str(info.value)
+
+
+def test_read_profile_names_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    with pytest.raises(DataError, match=r"profile file '.*nope\.json' does not exist; write one with"):
+        read_profile(missing)
+    foreign = tmp_path / "metrics.json"
+    foreign.write_text('{"loss": 0.3}')
+    with pytest.raises(DataError, match=r"^profile file '.*metrics\.json' is not an approxdist "
+                                        r"profile \(no 'blocks' key\)"):
+        read_profile(foreign)
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(DataError, match=r"profile file '.*weights\.bin' cannot be read"):
+        read_profile(binary)
+
+
+def test_profiles_are_frozen() -> None:
+    profile = _profile()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        profile.model = "other"
