@@ -146,9 +146,9 @@ def test_peak_in_flight_gpipe_m_and_1f1b_bounded_by_depth(p: int, m: int) -> Non
 
 @pytest.mark.parametrize("prepost", [0, 1, 3])
 def test_any_prepost_depth_is_valid(prepost: int) -> None:
-    from approxdist.pipeline.schedule.one_f_one_b import _stage_order
+    from approxdist.pipeline.schedule.one_f_one_b import stage_order
 
-    compute = {s: _stage_order(s, 3, 5) for s in range(3)}
+    compute = {s: stage_order(s, 3, 5) for s in range(3)}
     assert check_schedule(with_comm(compute, 3, prepost), 3, 5) == []
 
 

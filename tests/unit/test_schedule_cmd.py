@@ -37,10 +37,59 @@ def test_show_with_comm_prints_sends(capsys: pytest.CaptureFixture[str]) -> None
 def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(["schedule", "list"], capsys)
     assert out.startswith("1f1b ") and "\ngpipe " in out
+    assert "\npipedream       PipeDream: " in out
+    assert out.splitlines()[2].endswith("(asynchronous: schedule show only)")
 
 
 def test_errors_are_domain_errors() -> None:
-    with pytest.raises(ScheduleError, match="valid: 1f1b, gpipe"):
-        schedule_cmd.render_show("pipedream", 2, 2)
+    with pytest.raises(ScheduleError, match="unknown schedule 'zb'; valid: 1f1b, 2bw, gpipe, "
+                                            "pipedream, pipedream-vsync"):
+        schedule_cmd.render_show("zb", 2, 2)
     with pytest.raises(PipelineError, match=r"micro-batches \(0\)"):
         schedule_cmd.render_show("gpipe", 2, 0)
+
+
+def test_show_pipedream_prints_versions_bubbles_and_limits(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(["schedule", "show", "pipedream", "--stages", "4", "--microbatches", "8"], capsys)
+    lines = out.splitlines()
+    assert lines[0] == ("schedule pipedream (asynchronous: no flush between mini-batches; not "
+                        "trainable yet): 4 stages (one per rank), a stream of 2 mini-batches x "
+                        "8 micro-batches = 16; valid, with versions")
+    assert lines[1].startswith("cells <stage><F|B><n>v<version>")
+    assert lines[3].split()[2:12] == ["0F0v0", "0F1v0", "0F2v0", "0F3v0", ".", ".", ".",
+                                      "0B0v0", "0F4v1", "0B1v0"]
+    assert lines[7] == ("bubble fraction over the stream (simulated, forward = backward = 1 "
+                        "step): pipedream 0.158 (theory (P-1)/(K*M+P-1) = 3/19); flushed after "
+                        "every mini-batch: 1f1b 0.273, gpipe 0.273 (theory (P-1)/(M+P-1) = 3/11)")
+    assert lines[8].startswith("optimizer steps per stage: 16, one after every backward")
+    assert lines[9].endswith("stage 0: 3, stage 1: 2, stage 2: 1, stage 3: 0")
+    assert lines[10] == ("weight versions alive per stage, most (limit): stage 0: 4 (4), "
+                         "stage 1: 3 (3), stage 2: 2 (2), stage 3: 1 (1)")
+
+
+def test_show_2bw_prints_the_update_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(["schedule", "show", "2bw", "-p", "4", "-m", "4"], capsys)
+    lines = out.splitlines()
+    assert "a stream of 3 mini-batches x 4 micro-batches = 12" in lines[0]
+    assert "0F8v1" in lines[3] and "0B7v0" in lines[3]
+    assert lines[8] == ("optimizer steps per stage: 3, one per mini-batch, after its last "
+                        "backward, applying 4 gradients; the last on stage 0: "
+                        "v1 = v0 - lr*g(0-3 @ v0); v2 = v1 - lr*g(4-7 @ v0); "
+                        "v3 = v2 - lr*g(8-11 @ v1)")
+    assert lines[10].endswith("stage 0: 2 (2), stage 1: 2 (2), stage 2: 2 (2), stage 3: 2 (2)")
+
+
+def test_show_async_stream_length_and_comm(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(["schedule", "show", "pipedream-vsync", "-p", "2", "-m", "1", "--minibatches",
+                "3", "--with-comm"], capsys)
+    assert "a stream of 3 mini-batches x 1 micro-batches = 3" in out
+    assert "1F2v1" in out and "0SF2" in out
+
+
+def test_stream_options_are_refused_where_they_do_not_apply() -> None:
+    with pytest.raises(ScheduleError, match=r"--minibatches 2: gpipe flushes after every "
+                                            r"mini-batch"):
+        schedule_cmd.render_show("gpipe", 2, 2, minibatches=2)
+    with pytest.raises(ScheduleError, match=r"--replicas 2: 2bw is asynchronous"):
+        schedule_cmd.render_show("2bw", 2, 2, replicas="2")

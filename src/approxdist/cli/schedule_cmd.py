@@ -1,4 +1,8 @@
-"""`approxdist schedule show|list`: print a pipeline schedule as a grid, checked, no processes."""
+"""`approxdist schedule show|list`: print a pipeline schedule as a grid, checked, no processes.
+
+Asynchronous schedules (pipedream, pipedream-vsync, 2bw) print here with the weight version
+of every forward and backward; `approxdist train` refuses them (`train.check`).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,17 @@ import argparse
 from typing import Any
 
 from approxdist.cli.groups import command_group
+from approxdist.errors import unknown_name
+from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule import build_schedule, format_grid, schedule_names, summary
-from approxdist.pipeline.schedule.registry import describe
+from approxdist.pipeline.schedule.async_grid import LEGEND, async_summary, format_async_grid
+from approxdist.pipeline.schedule.registry import (
+    ASYNC_SCHEDULES,
+    SCHEDULES,
+    async_schedule_names,
+    build_async_schedule,
+    describe,
+)
 from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule, slot_route
 from approxdist.topology import parse_replicas
 from approxdist.topology.dealing import Dealing
@@ -21,7 +34,8 @@ def register(sub: Any) -> None:
     show = kinds.add_parser("show", help="print a schedule as a grid",
                             description="Validate the schedule and print its grid, the "
                                         "bubble fraction and peak in-flight activations.")
-    show.add_argument("name", help=f"schedule name: {', '.join(schedule_names())}")
+    show.add_argument("name", help=f"schedule name: {', '.join(schedule_names())}; asynchronous "
+                                   f"(show only): {', '.join(async_schedule_names())}")
     show.add_argument("--stages", "-p", type=int, required=True, metavar="P",
                       help="pipeline stages (= ranks)")
     show.add_argument("--microbatches", "-m", type=int, required=True, metavar="M",
@@ -32,14 +46,31 @@ def register(sub: Any) -> None:
                       help="replicated stages (hybrid): micro-batches dealt round robin to each "
                            "stage's replicas, one row per rank (stage-major), `AR` = gradient "
                            "all-reduce")
+    show.add_argument("--minibatches", "-k", type=int, metavar="K",
+                      help="asynchronous schedules: mini-batches in the stream, no flush between "
+                           "them (default: the fewest that show every version rule)")
     show.set_defaults(func=run_show)
     lister = kinds.add_parser("list", help="list the schedule names")
     lister.set_defaults(func=run_list)
 
 
 def render_show(name: str, num_stages: int, num_microbatches: int,
-                with_comm: bool = False, replicas: str | None = None) -> str:
+                with_comm: bool = False, replicas: str | None = None,
+                minibatches: int | None = None) -> str:
     """The text `schedule show` prints; raises `ScheduleError`/`PipelineError` on bad input."""
+    if name in ASYNC_SCHEDULES:
+        if replicas:
+            raise ScheduleError(f"--replicas {replicas}: {name} is asynchronous and runs one rank "
+                                f"per stage here; replicate a flushed schedule "
+                                f"({', '.join(schedule_names())})")
+        return render_async(name, num_stages, num_microbatches, with_comm, minibatches)
+    if name not in SCHEDULES:
+        raise ScheduleError(unknown_name("schedule", name, schedule_names()
+                                         + async_schedule_names()))
+    if minibatches is not None:
+        raise ScheduleError(f"--minibatches {minibatches}: {name} flushes after every "
+                            f"mini-batch, so it shows one; streams are for the asynchronous "
+                            f"schedules ({', '.join(async_schedule_names())})")
     if replicas:
         counts = replica_counts(num_stages, parse_replicas(replicas))
         dealing = Dealing(counts)
@@ -58,13 +89,29 @@ def render_show(name: str, num_stages: int, num_microbatches: int,
                       summary(order, num_stages, num_microbatches)])
 
 
+def render_async(name: str, num_stages: int, num_microbatches: int,
+                 with_comm: bool = False, minibatches: int | None = None) -> str:
+    """`schedule show` of an asynchronous schedule: grid with weight versions and summary."""
+    sched = build_async_schedule(name, num_stages, num_microbatches, minibatches)
+    k = sched.stream.minibatches
+    head = (f"schedule {name} (asynchronous: no flush between mini-batches; not trainable "
+            f"yet): {num_stages} stages (one per rank), a stream of {k} mini-batches x "
+            f"{num_microbatches} micro-batches = {sched.stream.items}; valid, with versions")
+    return "\n".join([head, LEGEND, format_async_grid(sched, with_comm), async_summary(sched)])
+
+
 def run_show(args: argparse.Namespace) -> int:
-    print(render_show(args.name, args.stages, args.microbatches, args.with_comm, args.replicas))
+    print(render_show(args.name, args.stages, args.microbatches, args.with_comm, args.replicas,
+                      args.minibatches))
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
+    names = schedule_names() + async_schedule_names()
+    width = max(map(len, names))
     for name in schedule_names():
-        print(f"{name:<8} {describe(name)}")
+        print(f"{name:<{width}} {describe(name)}")
+    for name in async_schedule_names():
+        print(f"{name:<{width}} {describe(name)} (asynchronous: schedule show only)")
     return 0
 

@@ -21,7 +21,8 @@ from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
 from approxdist.errors import ApproxDistError, ConfigError
-from approxdist.pipeline.schedule import schedule_names
+from approxdist.pipeline.schedule import async_schedule_names, schedule_names
+from approxdist.pipeline.schedule.registry import asynchronous_refusal
 
 
 def check_parts(cfg: Config) -> None:
@@ -48,7 +49,10 @@ def _check_rule(rule: str, default: str) -> None:
 
 
 def check_pipeline(p: PipelineConfig) -> None:
-    """The `[pipeline]` section's schedule, codecs and channels."""
+    """The `[pipeline]` section's schedule, codecs and channels. An asynchronous schedule
+    (pipedream, 2bw) is refused: the executor runs every schedule with a flush."""
+    if p.schedule in async_schedule_names():
+        raise ConfigError(f"pipeline.schedule = {asynchronous_refusal(p.schedule)}")
     if p.schedule not in schedule_names():
         raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: "
                           f"{', '.join(schedule_names())}")

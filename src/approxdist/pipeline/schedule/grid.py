@@ -8,6 +8,8 @@ PipeDream-Flush (1F1B) share the bubble (P-1)/(M+P-1) (seed 002) but differ in m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from approxdist.pipeline.schedule.action import Kind, Order
 from approxdist.pipeline.schedule.simulate import Durations, Route, Timeline, simulate, stage_route
 
@@ -21,15 +23,18 @@ def timeline_of(order: Order, num_stages: int | None = None,
 
 
 def format_grid(order: Order, num_stages: int | None = None, with_comm: bool = False,
-                route: Route = stage_route) -> str:
-    """Rows are ranks, columns time steps; idle steps print as '.'; a deadlock is noted."""
+                route: Route = stage_route,
+                labels: Mapping[tuple[int, int], str] | None = None) -> str:
+    """Rows are ranks, columns time steps; idle steps print as '.'; a deadlock is noted.
+    `labels[(rank, index)]` replaces an action's cell text (weight versions: `1F3v1`)."""
     timeline = timeline_of(order, num_stages, with_comm, route)
     steps = int(timeline.makespan)
     cells = {r: [IDLE] * steps for r in order}
+    text = labels or {}
     for r, actions in order.items():
-        for a, t0, t1 in zip(actions, timeline.start[r], timeline.end[r]):
+        for i, (a, t0, t1) in enumerate(zip(actions, timeline.start[r], timeline.end[r])):
             for t in range(int(t0), int(t1)):
-                cells[r][t] = str(a)
+                cells[r][t] = text.get((r, i), str(a))
     width = max([len(IDLE), len(str(max(steps - 1, 0)))]
                 + [len(c) for row in cells.values() for c in row])
     label = max(len(f"rank {r}") for r in order) if order else 4

@@ -13,7 +13,8 @@ from approxdist.pipeline.schedule.comm import with_comm
 from approxdist.pipeline.schedule.registry import SCHEDULES
 
 
-def _stage_order(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+def stage_order(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+    """Stage `stage`'s forwards and backwards of micro-batches 0..M-1 in 1F1B order."""
     warmup = min(num_stages - stage - 1, num_microbatches)
     fwd = [Action(stage, Kind.FORWARD, m) for m in range(num_microbatches)]
     bwd = [Action(stage, Kind.BACKWARD, m) for m in range(num_microbatches)]
@@ -26,5 +27,5 @@ def _stage_order(stage: int, num_stages: int, num_microbatches: int) -> list[Act
 @SCHEDULES.register("1f1b")
 def one_f_one_b(num_stages: int, num_microbatches: int) -> Order:
     """1F1B (PipeDream-Flush): P-s-1 warm-up forwards, then alternate, then cool-down."""
-    compute = {s: _stage_order(s, num_stages, num_microbatches) for s in range(num_stages)}
+    compute = {s: stage_order(s, num_stages, num_microbatches) for s in range(num_stages)}
     return with_comm(compute, num_stages)

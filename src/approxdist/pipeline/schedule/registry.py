@@ -3,31 +3,79 @@
 A new schedule is one new module that decorates its function with
 `@SCHEDULES.register("name")` and is imported in `schedule/__init__.py`; the validator
 and the executor do not change (design principle 5, "schedules are data").
+
+Asynchronous schedules (PipeDream, PipeDream-2BW: no flush between mini-batches, weight
+versions per stage) live in a registry of their own, `ASYNC_SCHEDULES`, built by
+`build_async_schedule`: the executor only knows `SCHEDULES` and runs every schedule there
+with a flush after each mini-batch, so an asynchronous one cannot reach it by accident;
+`build_schedule` refuses their names with `asynchronous_refusal`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from approxdist.pipeline.errors import PipelineError, ScheduleError
 from approxdist.pipeline.schedule.action import Order
+from approxdist.pipeline.schedule.check_versions import validate_versions
 from approxdist.pipeline.schedule.validate import validate_schedule
+from approxdist.pipeline.schedule.versions import AsyncSchedule, Stream
 from approxdist.registry import Registry
 
 #: (num_stages, num_microbatches) -> rank -> actions, including sends and receives
 ScheduleFn = Callable[[int, int], Order]
+#: (num_stages, stream) -> actions per rank with the weight version of each forward/backward
+AsyncScheduleFn = Callable[[int, Stream], AsyncSchedule]
 
 SCHEDULES: Registry[ScheduleFn] = Registry("schedule", ScheduleError)
 
 
+@dataclass(frozen=True)
+class AsyncEntry:
+    """An asynchronous schedule and the shortest stream (in mini-batches) whose grid shows
+    every one of its version rules, `schedule show`'s default."""
+
+    build: AsyncScheduleFn
+    default_minibatches: int
+
+
+ASYNC_SCHEDULES: Registry[AsyncEntry] = Registry("asynchronous schedule", ScheduleError)
+
+
+def register_async(name: str, default_minibatches: int) -> Callable[[AsyncScheduleFn],
+                                                                     AsyncScheduleFn]:
+    """`@register_async("pipedream", 2)`: add an asynchronous schedule to `ASYNC_SCHEDULES`."""
+    def deco(fn: AsyncScheduleFn) -> AsyncScheduleFn:
+        ASYNC_SCHEDULES.add(name, AsyncEntry(fn, default_minibatches))
+        return fn
+
+    return deco
+
+
 def schedule_names() -> list[str]:
+    """The schedules the executor runs (flushed after every mini-batch)."""
     return SCHEDULES.names()
 
 
+def async_schedule_names() -> list[str]:
+    """The asynchronous schedules: printable and checkable, not executable yet."""
+    return ASYNC_SCHEDULES.names()
+
+
 def describe(name: str) -> str:
-    """The first line of the schedule function's docstring."""
-    doc = SCHEDULES.get(name).__doc__ or ""
+    """The first line of the schedule function's docstring (either registry)."""
+    fn = ASYNC_SCHEDULES.get(name).build if name in ASYNC_SCHEDULES else SCHEDULES.get(name)
+    doc = fn.__doc__ or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def asynchronous_refusal(name: str) -> str:
+    """Why an asynchronous schedule cannot be trained with, and what to do instead."""
+    return (f"{name!r} is an asynchronous schedule (no flush between mini-batches, weight "
+            f"versions per stage) and the executor does not run asynchronous schedules yet; "
+            f"train with one of {', '.join(schedule_names())}, or inspect it with "
+            f"`approxdist schedule show {name} --stages P --microbatches M`")
 
 
 def check_sizes(num_stages: int, num_microbatches: int) -> None:
@@ -43,11 +91,28 @@ def build_schedule(name: str, num_stages: int, num_microbatches: int,
 
     `order[r]` is the list of actions pipeline rank `r` (which runs stage `r`) executes;
     pipeline ranks are positions in the pipeline's group, mapped to global ranks by the
-    topology.
+    topology. An asynchronous schedule's name raises `ScheduleError` (see the module doc).
     """
+    if name not in SCHEDULES and name in ASYNC_SCHEDULES:
+        raise ScheduleError(asynchronous_refusal(name))
     fn = SCHEDULES.get(name)
     check_sizes(num_stages, num_microbatches)
     order = fn(num_stages, num_microbatches)
     if validate:
         validate_schedule(order, num_stages, num_microbatches)
     return order
+
+
+def build_async_schedule(name: str, num_stages: int, num_microbatches: int,
+                         num_minibatches: int | None = None,
+                         validate: bool = True) -> AsyncSchedule:
+    """The named asynchronous schedule over a stream of K mini-batches of M micro-batches
+    (K defaults to the entry's `default_minibatches`), checked by `check_versions`."""
+    entry = ASYNC_SCHEDULES.get(name)
+    check_sizes(num_stages, num_microbatches)
+    stream = Stream(num_microbatches, entry.default_minibatches if num_minibatches is None
+                    else num_minibatches)
+    schedule = entry.build(num_stages, stream)
+    if validate:
+        validate_versions(schedule)
+    return schedule

@@ -1,0 +1,166 @@
+"""Weight versions of asynchronous schedules (PipeDream, SOSP'19; PipeDream-2BW, ICML'21).
+
+A flushed schedule (GPipe, 1F1B) steps every optimizer once per mini-batch after the
+pipeline drained, so all computations of a mini-batch use the same weights. An
+asynchronous schedule streams mini-batches with no flush: a stage steps its optimizer
+while later micro-batches are in flight, so which weights each computation uses is part
+of the schedule, as data:
+
+- the stream: K mini-batches of M micro-batches, numbered 0..K*M-1 across the stream
+  (`Action.microbatch` is that number: n is micro-batch n % M of mini-batch n // M);
+- version v of a stage: its weights after v optimizer steps (v = 0: the initial weights).
+  Versions count per stage; version v of every stage holds the same updates;
+- `versions[(rank, index)]`: the version the forward or backward `order[rank][index]`
+  uses; a backward uses its forward's version (weight stashing);
+- `updates[rank]`: the stage's optimizer steps, each right after the backward that
+  completes its gradient, with the micro-batches it applies and the version their
+  gradient was computed at (2BW's W(t+1) = W(t) - lr * grad f(W(t-1)) as data).
+
+A version is *alive* on a stage between two of its actions if it is the newest, or a
+later forward or backward of that stage uses it. `check_versions` holds a schedule to
+these rules; nothing here runs it (docs/pipeline.md, "Asynchronous schedules").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from approxdist.pipeline.errors import PipelineError
+from approxdist.pipeline.schedule.action import Action, Kind, Order
+from approxdist.pipeline.schedule.comm import with_comm
+
+Slot = tuple[int, int]  # (rank, index in that rank's list)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """K = `minibatches` mini-batches of M = `microbatches` micro-batches, no flush between."""
+
+    microbatches: int
+    minibatches: int
+
+    def __post_init__(self) -> None:
+        for what, value in (("micro-batches", self.microbatches),
+                            ("mini-batches", self.minibatches)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PipelineError(f"{what} ({value!r}) must be an integer >= 1")
+
+    @property
+    def items(self) -> int:
+        """Micro-batches in the whole stream, K * M."""
+        return self.microbatches * self.minibatches
+
+    def minibatch_of(self, item: int) -> int:
+        return item // self.microbatches
+
+
+@dataclass(frozen=True)
+class Update:
+    """One optimizer step of `stage`, right after `order[stage][after]` (a backward): it makes
+    version `version` from `version - 1` with the gradients of micro-batches `items`, which
+    their backwards computed at version `computed_at`."""
+
+    stage: int
+    after: int
+    version: int
+    items: tuple[int, ...]
+    computed_at: int
+
+    @property
+    def delay(self) -> int:
+        """Steps between the weights the gradient was computed on and those it updates."""
+        return self.version - 1 - self.computed_at
+
+    def __str__(self) -> str:
+        span = (f"{self.items[0]}" if len(self.items) == 1
+                else f"{self.items[0]}-{self.items[-1]}")
+        return f"v{self.version} = v{self.version - 1} - lr*g({span} @ v{self.computed_at})"
+
+
+@dataclass(frozen=True)
+class AsyncSchedule:
+    """An asynchronous schedule: the actions per rank (with sends and receives), the version
+    each forward and backward uses, the optimizer steps, and the paper's bound on versions
+    alive per stage. Rank s runs stage s."""
+
+    name: str
+    num_stages: int
+    stream: Stream
+    order: Order
+    versions: dict[Slot, int]
+    updates: dict[int, list[Update]]
+    version_limit: dict[int, int]
+
+    def version_of(self, rank: int, action: Action) -> int:
+        """The version forward or backward `action` uses on `rank`."""
+        return self.versions[(rank, self.order[rank].index(action))]
+
+    def labels(self) -> dict[Slot, str]:
+        """Grid cells: `1F3v1` is stage 1's forward of micro-batch 3 with version 1."""
+        return {(r, i): f"{self.order[r][i]}v{v}" for (r, i), v in self.versions.items()}
+
+
+#: (stage, micro-batch, newest version on that stage) -> the version its forward uses
+ForwardVersion = Callable[[int, int, int], int]
+
+
+def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
+                    forward_version: ForwardVersion, steps_after: Callable[[int], bool],
+                    version_limit: dict[int, int]) -> AsyncSchedule:
+    """Add communication (`with_comm`) to a compute-only order and walk each rank's list:
+    a forward gets `forward_version(stage, n, newest)`, a backward its forward's version,
+    and the backward of micro-batch n is followed by an optimizer step when `steps_after(n)`,
+    applying every gradient computed since the previous step."""
+    order = with_comm(compute, num_stages)
+    versions: dict[Slot, int] = {}
+    updates: dict[int, list[Update]] = {}
+    for rank, actions in order.items():
+        forward: dict[int, int] = {}
+        pending: list[int] = []
+        steps: list[Update] = []
+        for i, a in enumerate(actions):
+            if a.kind is Kind.FORWARD:
+                forward[a.microbatch] = forward_version(a.stage, a.microbatch, len(steps))
+                versions[(rank, i)] = forward[a.microbatch]
+            elif a.kind is Kind.BACKWARD:
+                versions[(rank, i)] = forward[a.microbatch]
+                pending.append(a.microbatch)
+                if steps_after(a.microbatch):
+                    at = {forward[n] for n in pending}
+                    assert len(at) == 1, f"one step mixes gradients of versions {sorted(at)}"
+                    steps.append(Update(a.stage, i, len(steps) + 1, tuple(pending), at.pop()))
+                    pending = []
+        updates[rank] = steps
+    return AsyncSchedule(name, num_stages, stream, order, versions, updates, version_limit)
+
+
+def versions_alive(schedule: AsyncSchedule) -> dict[int, list[tuple[int, ...]]]:
+    """Per rank, the versions alive before each action and after the last (len + 1 points):
+    the newest, and any older one a later forward or backward of the rank uses."""
+    alive: dict[int, list[tuple[int, ...]]] = {}
+    for rank, actions in schedule.order.items():
+        last_use: dict[int, int] = {}
+        for i in range(len(actions)):
+            if (rank, i) in schedule.versions:
+                last_use[schedule.versions[(rank, i)]] = i
+        afters = sorted(u.after for u in schedule.updates.get(rank, []))
+        points: list[tuple[int, ...]] = []
+        for j in range(len(actions) + 1):
+            newest = sum(1 for after in afters if after < j)
+            kept = {v for v, last in last_use.items() if 0 <= v < newest and last >= j}
+            points.append(tuple(sorted(kept | {newest})))
+        alive[rank] = points
+    return alive
+
+
+def peak_versions(schedule: AsyncSchedule) -> dict[int, int]:
+    """Per rank, the most versions alive at once."""
+    return {r: max(map(len, points)) for r, points in versions_alive(schedule).items()}
+
+
+def gradient_delays(schedule: AsyncSchedule) -> dict[int, int]:
+    """Per rank, the largest delay of its updates (0: every gradient was computed on the
+    weights it updates, as in synchronous SGD)."""
+    return {r: max((u.delay for u in steps), default=0)
+            for r, steps in schedule.updates.items()}
