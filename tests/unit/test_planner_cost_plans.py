@@ -161,6 +161,10 @@ def test_plans_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"cover blocks \[0, 3\) but profile 'toy' has blocks "
                                           r"\[0, 4\)"):
         pipeline_time(prof, PipelinePlan((Stage(0, 3),)), FREE)
+    with pytest.raises(ConfigError, match=r"optimizer_s = -1.0 must be a finite number"):
+        pipeline_time(prof, PipelinePlan((Stage(0, 4),)), FREE, optimizer_s=-1.0)
+    with pytest.raises(ScheduleError, match=r"unknown schedule 'zb'; valid: 1f1b, gpipe"):
+        pipeline_time(prof, PipelinePlan((Stage(0, 4),), "zb"), FREE)
     with pytest.raises(ScheduleError, match=r"micro-batches \(2\) must be at least the largest"):
         pipeline_time(prof, PipelinePlan((Stage(0, 2, 3), Stage(2, 4)), microbatches=2), FREE)
 

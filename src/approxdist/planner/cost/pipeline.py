@@ -168,6 +168,10 @@ def _send(level: LinkLevel, busy: int, codec: CodecCost, fp32_bytes: int) -> tup
 def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
                   optimizer_s: float = 0.0) -> PipelineTime:
     """Simulate `plan`'s schedule with its priced actions; the step time and its parts."""
+    if not (isinstance(optimizer_s, (int, float)) and math.isfinite(optimizer_s)
+            and optimizer_s >= 0):
+        raise ConfigError(f"optimizer_s = {optimizer_s!r} must be a finite number of seconds "
+                          f">= 0")
     durations = stage_durations(profile, plan, network)
     order, route = plan.order()
     timeline = _run(order, plan, durations, route)
