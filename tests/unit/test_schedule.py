@@ -165,3 +165,30 @@ def test_simulation_names_a_send_that_never_comes() -> None:
     t = simulate(order, 2)
     assert t.stuck == {0: Action.parse("0B0"), 1: Action.parse("1F0")}
     assert t.waiting_for == {0: Action.parse("1SB0"), 1: Action.parse("0SF0")}
+
+
+def test_stage_durations_queue_messages_on_their_channel() -> None:
+    """Per-stage times: messages of 3 s link time on one channel leave one after another
+    (as on netem's link clock) and arrive 0.5 s later; consumers wait for the arrival."""
+    from approxdist.pipeline.schedule import Durations, StageDurations, StageTimes
+
+    durations = StageDurations((StageTimes(act_wire=3.0, act_latency=0.5), StageTimes()))
+    t = simulate(build_schedule("gpipe", 2, 3), 2, durations)
+    starts = {a: s for r in t.order for a, s in zip(t.order[r], t.start[r])}
+    # 0F0..0F2 end at 1, 2, 3; their messages leave at 1, 4, 7 and arrive at 4.5, 7.5, 10.5
+    assert [starts[Action(1, Kind.FORWARD, m)] for m in range(3)] == [4.5, 7.5, 10.5]
+    # 1F2 [10.5, 11.5], 1B0..1B2 to 14.5; gradients are free; 0B0..0B2 from 12.5 to 15.5
+    assert t.makespan == 15.5
+    assert Durations().transfer(Action(0, Kind.SEND_ACT, 0)) == (0.0, 0.0)
+    assert durations.of(Action(1, Kind.RECV_ACT, 0)) == 0.0
+
+
+def test_stage_durations_are_checked() -> None:
+    from approxdist.pipeline.schedule import StageDurations, StageTimes
+
+    with pytest.raises(PipelineError, match=r"stage time act_wire = -1.0 must be a number of "
+                                            r"seconds >= 0"):
+        StageTimes(act_wire=-1.0)
+    with pytest.raises(PipelineError, match=r"action 2RF0 is on stage 2 but durations are given "
+                                            r"for 2 stage\(s\)"):
+        simulate(build_schedule("gpipe", 3, 1), 3, StageDurations((StageTimes(),) * 2))

@@ -7,6 +7,8 @@ simulator, plan files and validation. Built so far, all pure (no torch.distribut
 - `pipedream_format`: reader of PipeDream's graph.txt profiles, conversion to `Profile`.
 - `antichains`: PipeDream's state space (antichain DAG of a layer graph, or a chain).
 - `pipedream_optimizer`: PipeDream's hierarchical partition optimizer, reproduced.
+- `cost/`: our cost model (link levels, codec costs, all-reduce times and their
+  calibration, data-parallel / pipeline / hybrid step times, memory per stage).
 """
 
 from approxdist.planner.antichains import State, StateSpace, chain_states, graph_states

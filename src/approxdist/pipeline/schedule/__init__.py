@@ -14,6 +14,7 @@ from approxdist.pipeline.schedule import (  # noqa: F401  (registers)
 )
 from approxdist.pipeline.schedule.action import Action, Kind, Order, parse_actions
 from approxdist.pipeline.schedule.check_versions import check_versions, validate_versions
+from approxdist.pipeline.schedule.durations import StageDurations, StageTimes
 from approxdist.pipeline.schedule.grid import format_grid, peak_in_flight, summary
 from approxdist.pipeline.schedule.registry import (
     ASYNC_SCHEDULES,
@@ -23,14 +24,36 @@ from approxdist.pipeline.schedule.registry import (
     build_schedule,
     schedule_names,
 )
-from approxdist.pipeline.schedule.simulate import Durations, Timeline, simulate
+from approxdist.pipeline.schedule.simulate import ActionTimes, Durations, Timeline, simulate
 from approxdist.pipeline.schedule.validate import Violation, check_schedule, validate_schedule
 from approxdist.pipeline.schedule.versions import AsyncSchedule, Stream, Update
 
 __all__ = [
-    "ASYNC_SCHEDULES", "SCHEDULES", "Action", "AsyncSchedule", "Durations", "Kind", "Order",
-    "Stream", "Timeline", "Update", "Violation", "async_schedule_names", "build_async_schedule",
-    "build_schedule", "check_schedule", "check_versions", "format_grid", "parse_actions",
-    "peak_in_flight", "schedule_names", "simulate", "summary", "validate_schedule",
+    "ASYNC_SCHEDULES",
+    "Action",
+    "ActionTimes",
+    "AsyncSchedule",
+    "Durations",
+    "Kind",
+    "Order",
+    "SCHEDULES",
+    "StageDurations",
+    "StageTimes",
+    "Stream",
+    "Timeline",
+    "Update",
+    "Violation",
+    "async_schedule_names",
+    "build_async_schedule",
+    "build_schedule",
+    "check_schedule",
+    "check_versions",
+    "format_grid",
+    "parse_actions",
+    "peak_in_flight",
+    "schedule_names",
+    "simulate",
+    "summary",
+    "validate_schedule",
     "validate_versions",
 ]

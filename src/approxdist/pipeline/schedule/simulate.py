@@ -9,12 +9,20 @@ the k-th receive posted gets the k-th message sent. An `AR` (a replicated stage'
 gradient all-reduce) is a collective: it starts when every replica of its stage has
 reached its own. When no rank can move and some are unfinished, the schedule deadlocks
 and `Timeline.stuck` names where each rank waits.
+
+Durations say how long each action keeps its rank busy (`of`) and, for a send, how long
+its message then spends on the link (`transfer`: seconds the channel is occupied, then
+the latency); the consumer of a message waits until it has arrived. Messages on one
+channel cross it one after another (netem's `LinkClock`: FIFO, one clock per directed
+link). `Durations` gives every kind one time and messages no link time;
+`durations.StageDurations` gives each stage its own times and link costs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from approxdist.pipeline.schedule.action import Action, Kind, Order
 from approxdist.pipeline.schedule.comm import inputs_of
@@ -27,6 +35,16 @@ Route = Callable[[int, Action], tuple[int, int]]
 def stage_route(rank: int, action: Action) -> tuple[int, int]:
     """One rank per stage: a message's channel is (source stage, destination stage)."""
     return action.channel
+
+
+class ActionTimes(Protocol):
+    """What `simulate` asks of durations."""
+
+    def of(self, action: Action) -> float:
+        """Seconds `action` keeps its rank busy."""
+
+    def transfer(self, action: Action) -> tuple[float, float]:
+        """For a send: (seconds its channel is occupied, latency after that)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,10 @@ class Durations:
         if action.kind is Kind.BACKWARD:
             return self.backward
         return self.comm
+
+    def transfer(self, action: Action) -> tuple[float, float]:
+        """No link time: a message is there as soon as its send action ends."""
+        return 0.0, 0.0
 
 
 @dataclass(frozen=True)
@@ -75,13 +97,13 @@ class Timeline:
 
 
 def simulate(order: Order, num_stages: int | None = None,
-             durations: Durations | None = None, route: Route = stage_route) -> Timeline:
+             durations: ActionTimes | None = None, route: Route = stage_route) -> Timeline:
     """Execute `order` under the executor contract; never raises on a bad schedule.
 
     `route` names the channel of each send and receive: by default (source stage,
     destination stage); replicated stages route between ranks (`hybrid.schedule`)."""
     sim = _Simulation(order, len(order) if num_stages is None else num_stages, route)
-    dur = durations or Durations()
+    dur: ActionTimes = durations or Durations()
     clock = {r: 0.0 for r in order}
     start: dict[int, list[float]] = {r: [] for r in order}
     end: dict[int, list[float]] = {r: [] for r in order}
@@ -98,6 +120,8 @@ def simulate(order: Order, num_stages: int | None = None,
                 clock[r] = start[r][-1] + dur.of(actions[i])
                 end[r].append(clock[r])
                 sim.ended[(r, i)] = clock[r]
+                if actions[i].is_send:
+                    sim.post(r, i, actions[i], clock[r], dur.transfer(actions[i]))
                 moved = True
     stuck = {r: a[len(end[r])] for r, a in order.items() if len(end[r]) < len(a)}
     waiting = {r: sim.waiting_for(r, a) for r, a in stuck.items()}
@@ -110,6 +134,8 @@ class _Simulation:
     def __init__(self, order: Order, num_stages: int, route: Route) -> None:
         self.order, self.num_stages, self.route = order, num_stages, route
         self.ended: dict[Slot, float] = {}
+        self.arrived: dict[Slot, float] = {}  # when a send's message reached its receiver
+        self.link_free: dict[tuple[int, int], float] = {}  # channel -> end of its last message
         self.sends: dict[tuple[int, int], list[Slot]] = {}
         self.recv_k: dict[Slot, int] = {}
         self.recv_at: dict[tuple[int, Action], int] = {}
@@ -127,6 +153,16 @@ class _Simulation:
                 elif a.kind is Kind.ALL_REDUCE:
                     self.reduce_at.setdefault(a.stage, {})[r] = i
 
+    def post(self, rank: int, i: int, send: Action, at: float,
+             transfer: tuple[float, float]) -> None:
+        """The message of send `i` of `rank`, posted at `at`, crosses its channel after
+        the channel's previous message."""
+        busy, latency = transfer
+        channel = self.route(rank, send)
+        leaves = max(at, self.link_free.get(channel, at))
+        self.link_free[channel] = leaves + busy
+        self.arrived[(rank, i)] = leaves + busy + latency
+
     def ready(self, rank: int, action: Action) -> float | None:
         """When `action` may start given its input, or None while the input is missing."""
         if action.kind is Kind.ALL_REDUCE:
@@ -135,7 +171,7 @@ class _Simulation:
         if recv is None:
             return 0.0
         send = self._input_send(rank, recv)
-        return None if send is None else self.ended.get(send)
+        return None if send is None else self.arrived.get(send)
 
     def _all_arrived(self, stage: int) -> float | None:
         """When the last replica of `stage` reached its `AR`, or None if one has not yet."""

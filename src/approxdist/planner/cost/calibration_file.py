@@ -1,0 +1,168 @@
+"""The cost model's calibration file: fitted link levels and measured codec costs, as JSON.
+
+    {
+     "format": "approxdist-cost-calibration",
+     "version": 1,
+     "levels": {
+      "loopback": {"alpha_s": 0.00021, "beta_s_per_byte": 6.1e-10, "gamma_s_per_byte": 1.9e-10,
+                   "cores": 2,
+                   "fit": {"rows": 8, "rms_rel_error": 0.12, "max_rel_error": 0.2,
+                           "world_sizes": [2], "link": "none", "source": "ar2.json"}}
+     },
+     "codecs": {"bf16": {"encode_s_per_byte": 2.1e-10, "decode_s_per_byte": 1.4e-10}}
+    }
+
+`levels` maps a level name (`intra`, `inter`, `loopback`) to its coefficients (`cores`
+for loopback only) and, when fitted, how (`fit`, for the reader; a hand-written level
+needs none); `codecs` maps a codec spec to its seconds per fp32 byte. A file that is
+missing, not JSON, someone else's JSON or holds a bad value gives one `DataError` line
+naming the file, the key and the value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ApproxDistError, ConfigError, DataError
+from approxdist.planner.cost.calibration import Fit
+from approxdist.planner.cost.codecs import CodecCost
+from approxdist.planner.cost.links import LinkLevel
+
+FORMAT = "approxdist-cost-calibration"
+VERSION = 1
+_LEVEL_KEYS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "cores", "fit")
+_CODEC_KEYS = ("encode_s_per_byte", "decode_s_per_byte")
+_HOW = ("fit one with approxdist.planner.cost.fit_level and save it with "
+        "CostCalibration.save")
+
+
+@dataclass(frozen=True)
+class CostCalibration:
+    """Link levels by name (with their fits, where fitted) and codec costs by spec."""
+
+    levels: Mapping[str, LinkLevel] = field(default_factory=dict)
+    codecs: Mapping[str, CodecCost] = field(default_factory=dict)
+    fits: Mapping[str, Fit] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, fits: tuple[Fit, ...] = (), levels: tuple[LinkLevel, ...] = (),
+           codecs: Mapping[str, CodecCost] | None = None) -> CostCalibration:
+        """From fitted and hand-given levels (a name given twice: the last wins)."""
+        all_levels = {f.level.name: f.level for f in fits} | {lv.name: lv for lv in levels}
+        return cls(all_levels, dict(codecs or {}),
+                   {f.level.name: f for f in fits if all_levels[f.level.name] is f.level})
+
+    def level(self, name: str) -> LinkLevel:
+        if name not in self.levels:
+            raise ConfigError(f"the calibration has no link level {name!r}; it has "
+                              f"{', '.join(sorted(self.levels)) or 'none'}; {_HOW}")
+        return self.levels[name]
+
+    def codec(self, spec: str) -> CodecCost:
+        """The measured costs of `spec`, else `CodecCost.of(spec)` (the defaults)."""
+        default = CodecCost.of(spec)
+        return self.codecs.get(default.spec, default)
+
+    def to_json(self) -> dict[str, Any]:
+        levels: dict[str, Any] = {}
+        for name, lv in self.levels.items():
+            entry: dict[str, Any] = {"alpha_s": lv.alpha_s, "beta_s_per_byte": lv.beta_s_per_byte,
+                                     "gamma_s_per_byte": lv.gamma_s_per_byte}
+            if lv.cores is not None:
+                entry["cores"] = lv.cores
+            fit = self.fits.get(name)
+            if fit is not None:
+                entry["fit"] = {"rows": fit.rows, "rms_rel_error": fit.rms_rel_error,
+                                "max_rel_error": fit.max_rel_error,
+                                "world_sizes": list(fit.world_sizes), "link": fit.link,
+                                "source": fit.source}
+            levels[name] = entry
+        codecs = {s: {"encode_s_per_byte": c.encode_s_per_byte,
+                      "decode_s_per_byte": c.decode_s_per_byte} for s, c in self.codecs.items()}
+        return {"format": FORMAT, "version": VERSION, "levels": levels, "codecs": codecs}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> CostCalibration:
+        """The calibration in `path`; one `DataError` line naming the file and what is wrong."""
+        where = f"cost calibration file {str(path)!r}"
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise DataError(f"{where} does not exist; {_HOW}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"{where} cannot be read ({exc})") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where} is not JSON ({exc.msg} at line {exc.lineno}); "
+                            f"{_HOW}") from None
+        return from_json(data, where)
+
+
+def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
+    """The calibration a parsed JSON object describes; `DataError` naming key and value."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise DataError(f"{where} is not an approxdist cost calibration (format = {got!r}, "
+                        f"expected {FORMAT!r}); {_HOW}")
+    if data.get("version") != VERSION:
+        raise DataError(f"{where} has version {data.get('version')!r}; this approxdist reads "
+                        f"version {VERSION}; fit it again")
+    _keys(where, data, ("format", "version", "levels", "codecs"))
+    levels, codecs = data.get("levels", {}), data.get("codecs", {})
+    if not isinstance(levels, dict) or not isinstance(codecs, dict):
+        raise DataError(f"{where}: 'levels' and 'codecs' must be objects, got "
+                        f"{type(levels).__name__} and {type(codecs).__name__}")
+    parsed = {name: _level(where, name, entry) for name, entry in levels.items()}
+    costs = {}
+    for spec, entry in codecs.items():
+        here = f"{where} codecs[{spec!r}]"
+        _keys(here, entry, _CODEC_KEYS, required=_CODEC_KEYS)
+        try:
+            cost = CodecCost(spec, entry["encode_s_per_byte"], entry["decode_s_per_byte"])
+        except ApproxDistError as exc:
+            raise DataError(f"{here}: {exc}") from None
+        costs[cost.spec] = cost
+    return CostCalibration({n: lv for n, (lv, _) in parsed.items()}, costs,
+                           {n: f for n, (_, f) in parsed.items() if f is not None})
+
+
+def _level(where: str, name: str, entry: Any) -> tuple[LinkLevel, Fit | None]:
+    here = f"{where} levels[{name!r}]"
+    _keys(here, entry, _LEVEL_KEYS, required=_LEVEL_KEYS[:3])
+    try:
+        level = LinkLevel(name, entry["alpha_s"], entry["beta_s_per_byte"],
+                          entry["gamma_s_per_byte"], entry.get("cores"))
+    except ConfigError as exc:
+        raise DataError(f"{here}: {exc}") from None
+    raw = entry.get("fit")
+    if raw is None:
+        return level, None
+    try:
+        fit = Fit(level, int(raw["rows"]), float(raw["rms_rel_error"]),
+                  float(raw["max_rel_error"]), tuple(int(w) for w in raw["world_sizes"]),
+                  str(raw["link"]), str(raw.get("source", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{here} fit = {raw!r} is malformed ({exc!r}); drop it or fit the "
+                        f"level again") from None
+    return level, fit
+
+
+def _keys(where: str, entry: Any, valid: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+    if not isinstance(entry, dict):
+        raise DataError(f"{where} = {entry!r} must be an object with keys {', '.join(valid)}")
+    unknown = sorted(set(entry) - set(valid))
+    if unknown:
+        raise DataError(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; valid: "
+                        f"{', '.join(valid)}")
+    missing = [k for k in required if k not in entry]
+    if missing:
+        raise DataError(f"{where} lacks {', '.join(map(repr, missing))}")

@@ -1,0 +1,129 @@
+"""Step time of data parallelism: bucketed gradient all-reduces overlapped with backward (seed 001).
+
+Each of N replicas runs the whole model on one profile micro-batch. Gradients are
+bucketed as `DataParallel` buckets them (`data_parallel.buckets.plan_buckets` with its
+default sizes: 1 MiB buckets, a 0.25 MiB first bucket, parameters of 1 MiB or more alone),
+with a profile block standing for one parameter. Backward runs the blocks last to first;
+bucket k is ready when the backward of its earliest block has ended, at r_k. Its
+all-reduce (`collectives.allreduce_time` on the level joining the N ranks) starts when it
+is ready and the previous bucket's has finished (one communication stream, buckets in
+order, as the reducer launches them):
+
+    s_k = max(r_k, e_{k-1}),   e_k = s_k + T_allreduce(bucket k)
+    step = F + max(B, e_last) + optimizer
+
+with F and B the summed forward and backward seconds. The exposed communication is
+max(B, e_last) - B: what the backward did not hide. Without overlap every bucket is ready
+at B. The optimizer step is a given number of seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from approxdist.config.dp import DPConfig
+from approxdist.data_parallel.buckets import BucketPlan, ParamInfo, plan_buckets
+from approxdist.errors import ConfigError
+from approxdist.planner.cost.codecs import CodecCost
+from approxdist.planner.cost.collectives import FP32, allreduce_time, fastest
+from approxdist.planner.cost.links import Network
+from approxdist.planner.profile import Profile
+
+MB = 1 << 20  # as DataParallel counts bucket_mb
+#: `DataParallel`'s solo_mb default (not a `DPConfig` field); a unit test keeps them equal
+SOLO_MB = 1.0
+
+
+@dataclass(frozen=True)
+class DPOptions:
+    """How the gradients travel: algorithm, codec and the `DataParallel` bucket sizes."""
+
+    algorithm: str = DPConfig.algorithm
+    codec: CodecCost = FP32
+    bucket_mb: float = DPConfig.bucket_mb
+    first_bucket_mb: float = DPConfig.first_bucket_mb
+    solo_mb: float = SOLO_MB
+    overlap: bool = DPConfig.overlap
+    optimizer_s: float = 0.0
+    segment_bytes: int | None = None  # None: each algorithm's own
+
+    def __post_init__(self) -> None:
+        for key in ("bucket_mb", "first_bucket_mb", "solo_mb", "optimizer_s"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"data-parallel {key} = {value!r} must be a finite number "
+                                  f">= 0")
+
+
+@dataclass(frozen=True)
+class BucketTime:
+    """One bucket: its blocks, fp32 bytes, algorithm, and when it was ready, started, ended
+    (seconds from the start of backward)."""
+
+    index: int
+    blocks: tuple[int, ...]
+    fp32_bytes: int
+    algorithm: str
+    ready_s: float
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class DPTime:
+    """Predicted seconds of one data-parallel step and where they go."""
+
+    world_size: int
+    forward_s: float
+    backward_s: float
+    comm_s: float  # all-reduce seconds, summed over buckets
+    exposed_comm_s: float  # the part backward did not hide
+    optimizer_s: float
+    step_s: float
+    samples_per_step: int
+    buckets: tuple[BucketTime, ...] = field(default=())
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step / self.step_s if self.step_s > 0 else math.inf
+
+
+def dp_time(profile: Profile, world_size: int, network: Network,
+            options: DPOptions | None = None) -> DPTime:
+    """The step time of `world_size` data-parallel replicas of `profile` on `network`."""
+    opts = options or DPOptions()
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"data-parallel world_size = {world_size!r} must be an integer >= 1")
+    blocks = profile.blocks
+    forward = sum(b.fwd_s for b in blocks)
+    backward = sum(b.bwd_s for b in blocks)
+    # backward ends block i's gradient after the blocks behind it: sum of bwd_s over j >= i
+    done = [sum(b.bwd_s for b in blocks[i:]) for i in range(len(blocks))]
+    level = network.level(range(world_size))
+    busy = network.busy(world_size)
+    end, out = 0.0, []
+    for plan in _buckets(profile, opts):
+        values = plan.numel
+        name = opts.algorithm
+        if name == "hybrid":
+            name = fastest(level, world_size, values, opts.codec, opts.segment_bytes, busy)[0]
+        took = allreduce_time(level, name, world_size, values, opts.codec, opts.segment_bytes,
+                              busy)
+        ready = done[min(plan.positions)] if opts.overlap else backward
+        start = max(ready, end)
+        end = start + took
+        out.append(BucketTime(plan.index, plan.positions, 4 * values, name, ready, start, end))
+    finish = max(backward, end)
+    comm = sum(b.end_s - b.start_s for b in out)
+    return DPTime(world_size, forward, backward, comm, finish - backward, opts.optimizer_s,
+                  forward + finish + opts.optimizer_s, world_size * profile.micro_batch_size,
+                  tuple(out))
+
+
+def _buckets(profile: Profile, opts: DPOptions) -> list[BucketPlan]:
+    """`plan_buckets` over the blocks that hold parameters (one block = one parameter)."""
+    params = [ParamInfo(b.name, -(-b.param_bytes // 4), opts.codec.spec, i)
+              for i, b in enumerate(profile.blocks) if b.param_bytes > 0]
+    return plan_buckets(params, int(opts.bucket_mb * MB), int(opts.first_bucket_mb * MB),
+                        int(opts.solo_mb * MB))

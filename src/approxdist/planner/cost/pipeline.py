@@ -1,0 +1,196 @@
+"""Step time of GPipe, 1F1B and hybrid plans: the pipeline package's `simulate` with priced actions.
+
+The schedule is the one the executor runs (`build_schedule`, or for replicated stages
+`replicated_schedule` dealt round robin, PipeDream's 1F1B-RR with flush, routed by
+`slot_route`); `simulate` plays it with `StageDurations` (one source of truth for what
+a schedule does). Per stage s of blocks [first, end), per micro-batch of the profile:
+
+- forward  = sum of fwd_s + decoding the activation received (s > 0);
+- backward = sum of bwd_s + decoding the gradient received (s < P-1);
+- a send keeps the rank busy while it encodes (fwd codec for activations, bwd codec for
+  gradients), then occupies the boundary's link for beta x wire bytes and arrives alpha
+  later (Hockney's model on the level joining the two stages' ranks); the activation is
+  the stage's last block's `out_bytes` of fp32, its gradient as large;
+- a replicated stage (r > 1) ends with `AR`: the all-reduce of its parameters over its
+  r replicas (grad codec, `collectives.allreduce_time`), which starts when every replica
+  has finished its last backward (PipeDream's weight sync after the flush).
+
+Every coding and link term is multiplied by the level's load (loopback: busy ranks /
+cores); compute is the profile's. The step is the makespan plus the optimizer's seconds;
+the bubble is the timeline's idle share. With P equal stages of f and b seconds and no
+communication this is (M + P - 1)(f + b) for both schedules (Huang et al. 2019; Narayanan
+et al. 2021). The exposed all-reduce is the makespan minus that of the same plan with
+free all-reduces (what the flush does not hide: all of it, in these schedules).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from approxdist.errors import ConfigError
+from approxdist.pipeline.schedule import (
+    Order,
+    StageDurations,
+    StageTimes,
+    Timeline,
+    build_schedule,
+    simulate,
+)
+from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule, slot_route
+from approxdist.pipeline.schedule.simulate import Route, stage_route
+from approxdist.planner.cost.codecs import CodecCost
+from approxdist.planner.cost.collectives import FP32, allreduce_time
+from approxdist.planner.cost.links import LinkLevel, Network
+from approxdist.planner.profile import Profile
+from approxdist.topology.dealing import Dealing
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Blocks [first, end) of the profile on `replicas` ranks."""
+
+    first: int
+    end: int
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """Stages (contiguous, covering every block), schedule, micro-batches, wire formats."""
+
+    stages: tuple[Stage, ...]
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    fwd_codec: CodecCost = FP32
+    bwd_codec: CodecCost = FP32
+    grad_codec: CodecCost = FP32
+    algorithm: str = "hybrid"  # the replicas' all-reduce
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ConfigError("a pipeline plan needs at least one stage, e.g. (Stage(0, 4),)")
+        at = self.stages[0].first
+        for s, st in enumerate(self.stages):
+            if st.first != at or st.end <= st.first:
+                raise ConfigError(f"stage {s} = blocks [{st.first}, {st.end}) must start at "
+                                  f"block {at} (where stage {s - 1} ends) and hold >= 1 block")
+            if isinstance(st.replicas, bool) or not isinstance(st.replicas, int) \
+                    or st.replicas < 1:
+                raise ConfigError(f"stage {s} replicas = {st.replicas!r} must be an integer >= 1")
+            at = st.end
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) \
+                or self.microbatches < 1:
+            raise ConfigError(f"micro-batches = {self.microbatches!r} must be an integer >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return sum(st.replicas for st in self.stages)
+
+    def slots(self, stage: int) -> range:
+        """Stage-major positions (ranks, placed consecutively) of the stage's replicas."""
+        first = sum(st.replicas for st in self.stages[:stage])
+        return range(first, first + self.stages[stage].replicas)
+
+    def check_covers(self, profile: Profile) -> None:
+        n = len(profile.blocks)
+        if self.stages[0].first != 0 or self.stages[-1].end != n:
+            raise ConfigError(f"the stages cover blocks [{self.stages[0].first}, "
+                              f"{self.stages[-1].end}) but profile {profile.model!r} has "
+                              f"blocks [0, {n}); the stages must cover all of them")
+
+    def order(self) -> tuple[Order, Route]:
+        """The schedule every rank runs and how its messages route."""
+        p, m = len(self.stages), self.microbatches
+        if all(st.replicas == 1 for st in self.stages):
+            return build_schedule(self.schedule, p, m), stage_route
+        dealing = Dealing(tuple(st.replicas for st in self.stages))
+        check_dealing(dealing, m)
+        return replicated_schedule(self.schedule, dealing, m), slot_route(dealing)
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """Predicted seconds of one step of a pipeline or hybrid plan."""
+
+    step_s: float
+    makespan_s: float
+    bubble_fraction: float
+    exposed_allreduce_s: float
+    optimizer_s: float
+    samples_per_step: int
+    durations: StageDurations
+    timeline: Timeline
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step / self.step_s if self.step_s > 0 else math.inf
+
+
+def stage_durations(profile: Profile, plan: PipelinePlan, network: Network) -> StageDurations:
+    """Each stage's `StageTimes` under `plan` on `network` (see the module docstring)."""
+    plan.check_covers(profile)
+    busy = network.busy(plan.world_size)
+    p = len(plan.stages)
+    out = []
+    for s, st in enumerate(plan.stages):
+        blocks = profile.blocks[st.first:st.end]
+        fwd, bwd = sum(b.fwd_s for b in blocks), sum(b.bwd_s for b in blocks)
+        times: dict[str, float] = {}
+        if s > 0:  # receives the activation of blocks[first - 1], sends its gradient back
+            level = network.level([*plan.slots(s - 1), *plan.slots(s)])
+            n_in = profile.blocks[st.first - 1].out_bytes
+            fwd += level.load(busy) * plan.fwd_codec.decode_s(n_in)
+            times.update(zip(("send_grad", "grad_wire", "grad_latency"),
+                             _send(level, busy, plan.bwd_codec, n_in)))
+        if s < p - 1:
+            level = network.level([*plan.slots(s), *plan.slots(s + 1)])
+            n_out = blocks[-1].out_bytes
+            bwd += level.load(busy) * plan.bwd_codec.decode_s(n_out)
+            times.update(zip(("send_act", "act_wire", "act_latency"),
+                             _send(level, busy, plan.fwd_codec, n_out)))
+        if st.replicas > 1:
+            values = -(-sum(b.param_bytes for b in blocks) // 4)
+            times["all_reduce"] = allreduce_time(network.level(plan.slots(s)), plan.algorithm,
+                                                 st.replicas, values, plan.grad_codec, busy=busy)
+        out.append(StageTimes(forward=fwd, backward=bwd, **times))
+    return StageDurations(tuple(out))
+
+
+def _send(level: LinkLevel, busy: int, codec: CodecCost, fp32_bytes: int) -> tuple[float, ...]:
+    """(encode seconds, link seconds, latency) of one message of `fp32_bytes` of fp32."""
+    load = level.load(busy)
+    wire = codec.wire_bytes(-(-fp32_bytes // 4))
+    return (load * codec.encode_s(fp32_bytes), load * level.beta_s_per_byte * wire,
+            load * level.alpha_s)
+
+
+def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
+                  optimizer_s: float = 0.0) -> PipelineTime:
+    """Simulate `plan`'s schedule with its priced actions; the step time and its parts."""
+    if not (isinstance(optimizer_s, (int, float)) and math.isfinite(optimizer_s)
+            and optimizer_s >= 0):
+        raise ConfigError(f"optimizer_s = {optimizer_s!r} must be a finite number of seconds "
+                          f">= 0")
+    durations = stage_durations(profile, plan, network)
+    order, route = plan.order()
+    timeline = _run(order, plan, durations, route)
+    exposed = 0.0
+    if any(st.all_reduce for st in durations.stages):
+        free = StageDurations(tuple(_no_allreduce(st) for st in durations.stages))
+        exposed = timeline.makespan - _run(order, plan, free, route).makespan
+    return PipelineTime(timeline.makespan + optimizer_s, timeline.makespan,
+                        timeline.bubble_fraction(), exposed, optimizer_s,
+                        plan.microbatches * profile.micro_batch_size, durations, timeline)
+
+
+def _run(order: Order, plan: PipelinePlan, durations: StageDurations, route: Route) -> Timeline:
+    timeline = simulate(order, len(plan.stages), durations, route)
+    if not timeline.completed:  # the registered schedules never deadlock; a new one might
+        raise ConfigError(f"schedule {plan.schedule!r} deadlocks on this plan: "
+                          f"{timeline.stuck}; check it with approxdist schedule show")
+    return timeline
+
+
+def _no_allreduce(times: StageTimes) -> StageTimes:
+    return StageTimes(**{**vars(times), "all_reduce": 0.0})
