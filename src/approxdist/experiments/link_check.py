@@ -57,10 +57,14 @@ def _plan(settings: Settings, sizes: tuple[int, ...], link: str | None) -> Bench
                      budget_s=settings.pick(0.5, 2.0, 6.0))
 
 
+def _model(settings: Settings) -> str:
+    return str(settings.pick("mlp", "resnet20", "resnet20"))
+
+
 def _train_sections(settings: Settings, link: str) -> dict[str, Any]:
     return {"train": {"parallel": "dp", "world_size": 2, "epochs": 1, "seed": 0,
                       "progress": False},
-            "model": {"name": settings.pick("mlp", "resnet20", "resnet20")},
+            "model": {"name": _model(settings)},
             "data": {"batch_size": 64},
             "comm": {"link": link}}
 
@@ -124,7 +128,7 @@ def _transfer_rows(link: str, shaper: str, rows: list[dict[str, Any]]) -> list[R
 def _train_row(link: str, shaper: str, settings: Settings, summary: dict[str, Any]) -> Row:
     seconds = float(summary["wall_time_s"])
     return {"kind": "train", "link": link, "shaper": shaper,
-            "what": f"dp {settings.pick('mlp', 'resnet20', 'resnet20')}", "size_bytes": 0,
+            "what": f"dp {_model(settings)}", "size_bytes": 0,
             "median_s": seconds, "p10_s": seconds, "repeats": 1}
 
 
