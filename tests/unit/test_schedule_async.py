@@ -222,32 +222,40 @@ def test_one_minibatch_saves_no_flush() -> None:
     assert bubbles["pipedream"] == pytest.approx(bubbles["1f1b"])
 
 
-# -- kept away from the executor ---------------------------------------------------------
-
-REFUSAL = (r"pipeline.schedule = '{}' is an asynchronous schedule \(no flush between "
-           r"mini-batches, weight versions per stage\) and the executor does not run "
-           r"asynchronous schedules yet; train with one of 1f1b, gpipe, or inspect it with "
-           r"`approxdist schedule show {} --stages P --microbatches M`")
-
+# -- what the trainer accepts ------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ASYNC)
-def test_config_check_refuses_async_schedules(name: str) -> None:
-    cfg = load_config(None, {"train": {"parallel": "pipeline"}, "pipeline": {"schedule": name}})
-    with pytest.raises(ConfigError, match=REFUSAL.format(name, name)) as info:
+def test_config_check_accepts_async_schedules(name: str) -> None:
+    check_parts(load_config(None, {"train": {"parallel": "pipeline"},
+                                   "pipeline": {"schedule": name}}))
+
+
+@pytest.mark.parametrize("section,match", [
+    ({"replicas": [2]}, r"pipeline.schedule = '2bw' with replicated stages \(pipeline.replicas = "
+                        r"\[2\]\) is not available yet; use one rank per stage"),
+    ({"comm_threads": "sra"}, r"pipeline.comm_threads = 'sra' agrees a message order per flushed "
+                              r"step and does not run '2bw'; use inline, per-message or sa"),
+])
+def test_config_check_refuses_what_streams_cannot_run(section: dict[str, object],
+                                                      match: str) -> None:
+    cfg = load_config(None, {"train": {"parallel": "hybrid"},
+                             "pipeline": {"schedule": "2bw", **section}})
+    with pytest.raises(ConfigError, match=match) as info:
         check_parts(cfg)
     assert len(str(info.value).splitlines()) == 1
 
 
 def test_build_schedule_refuses_async_names() -> None:
-    """The executor's entry point (`build_schedule`) cannot hand it an asynchronous order."""
+    """The flushed executor's entry point (`build_schedule`) cannot hand out an asynchronous
+    order."""
     with pytest.raises(ScheduleError, match="'2bw' is an asynchronous schedule"):
         build_schedule("2bw", 4, 4)
 
 
-def test_train_refuses_pipedream_with_one_line_and_exit_2(
+def test_train_refuses_2bw_with_too_few_microbatches_in_one_line_and_exit_2(
         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--parallel", "pipeline", "--schedule", "pipedream"]) == 2
+    assert main(["train", "--parallel", "pipeline", "--stages", "4", "--microbatches", "2",
+                 "--schedule", "2bw", "--model", "mlp"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("approxdist: error: pipeline.schedule = 'pipedream' is an "
-                          "asynchronous schedule")
-    assert "approxdist schedule show pipedream" in err and err.count("\n") == 1
+    assert err.startswith("approxdist: error: 2bw needs at least P - 1 = 3 micro-batches")
+    assert "--microbatches 3" in err and err.count("\n") == 1

@@ -5,9 +5,11 @@
 
 Both engines run the same model, cut at the same blocks, with the same schedule
 (GPipe = ScheduleGPipe, 1F1B = Schedule1F1B), micro-batches and data, on P local gloo
-ranks started by `run_on_ranks`, one torch thread each; rounds alternate which engine
-goes first (method: `approxdist.pipeline.runtime_bench`). The table gives the median
-samples/s, the ratio to torch and our measured bubble next to (P-1)/(M+P-1). `--link`
+ranks started by `run_on_ranks`, one torch thread each; every schedule's engines take
+turns in each round (method: `approxdist.pipeline.runtime_bench`). The table gives the
+median samples/s, the ratio to torch, the ratio to our 1F1B-flush (`--schedule
+1f1b,2bw,pipedream`: the asynchronous schedules, which torch does not have, each round
+one stream of `--steps` mini-batches) and our measured bubble next to theory. `--link`
 shapes our transfers only: torch's p2p bypasses the link layer, so its row stays an
 unshaped baseline.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
+from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.grid import theoretical_bubble
 from approxdist.train.check import check_pipeline
 
@@ -51,7 +55,9 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
     p.add_argument("--microbatches", default=microbatches,
                    help="comma list, per pipeline row (default %(default)s)")
-    p.add_argument("--schedule", default="gpipe,1f1b", help="comma list of gpipe, 1f1b")
+    p.add_argument("--schedule", default="gpipe,1f1b",
+                   help="comma list of gpipe, 1f1b and the asynchronous 2bw, pipedream, "
+                        "pipedream-vsync (ours only; one stream of --steps mini-batches per round)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="mini-batch per pipeline row (default 64)")
     p.add_argument("--split", default="", help="explicit cut, e.g. 4 (default: by parameters)")
@@ -99,39 +105,66 @@ def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
 
 def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
               steps: int, extra: Extra | None = None) -> list[dict[str, Any]]:
-    """Rows: median samples/s per engine (rank 0's clock), ratio to torch, bubbles.
+    """Rows: median samples/s per engine (rank 0's clock), ratios, bubbles.
 
     `ratio_vs_torch` is the ratio of the medians; `paired_ratio` the median over rounds of
     torch's round time over ours in the same round (the two run back to back), which load
-    that drifts during the run does not bias.
+    that drifts during the run does not bias; torch has no asynchronous schedules, so their
+    rows have neither. `vs_1f1b` is the same paired ratio against our 1F1B-flush when the
+    run measured it with the same micro-batches (the schedules of a run are interleaved).
     """
     rows = []
     for i, case in enumerate(cases):
         rounds = per_rank[0][i]["rounds"]
+        flush = _ours_1f1b(cases, per_rank, case)
         samples = steps * case.batch_size * case.replicas
         rate = {name: samples / median(ts) for name, ts in rounds.items()}
-        paired = {name: paired_ratio(rounds["torch"], ts) for name, ts in rounds.items()}
+        torch_rounds = rounds.get("torch")
         bubble = statistics.mean(r[i]["bubble"] for r in per_rank)
         for engine, sps in rate.items():
+            ts = rounds[engine]
             rows.append({"engine": engine, "model": case.model, "schedule": case.schedule,
                          "stages": case.stages, "replicas": case.replicas,
                          "microbatches": case.microbatches,
                          "batch_size": case.batch_size, "link": case.link or "none",
-                         "samples_per_s": sps, "ratio_vs_torch": sps / rate["torch"],
-                         "paired_ratio": paired[engine],
+                         "samples_per_s": sps,
+                         "ratio_vs_torch": sps / rate["torch"] if "torch" in rate else None,
+                         "paired_ratio": (paired_ratio(torch_rounds, ts)
+                                          if torch_rounds is not None else None),
+                         "vs_1f1b": (paired_ratio(flush, ts)
+                                     if flush is not None and engine == "approxdist" else None),
                          "bubble_measured": bubble if engine == "approxdist" else None,
-                         "bubble_theory": theoretical_bubble(case.stages, case.microbatches),
+                         "bubble_theory": _bubble_theory(case, steps),
                          **(extra(case, [r[i] for r in per_rank])
                             if extra is not None and engine == "approxdist" else {})})
     return rows
 
 
+def _ours_1f1b(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
+               case: BenchCase) -> list[float] | None:
+    """Our 1F1B-flush round times measured beside `case` (same micro-batches), if any."""
+    for j, other in enumerate(cases):
+        if other.schedule == "1f1b" and replace(other, schedule=case.schedule) == case:
+            return list(per_rank[0][j]["rounds"]["approxdist"])
+    return None
+
+
+def _bubble_theory(case: BenchCase, steps: int) -> float:
+    """(P-1)/(M+P-1) for a flushed schedule; over a stream of `steps` mini-batches
+    (P-1)/(steps*M+P-1) for an asynchronous one."""
+    streamed = case.schedule in async_schedule_names()
+    return theoretical_bubble(case.stages, case.microbatches * (steps if streamed else 1))
+
+
 COLUMNS = (Column("model", 9, "model", left=True), Column("schedule", 8, "schedule", left=True),
            Column("P", 2, "stages"), Column("M", 3, "microbatches"),
            Column("engine", 11, "engine", left=True), Column("samples/s", 10, "samples_per_s", ".1f"),
-           Column("vs torch", 8, show=lambda r: f"{r['ratio_vs_torch']:.3f}x"),
+           Column("vs torch", 8, show=lambda r: f"{r['ratio_vs_torch']:.3f}x"
+                  if r.get("ratio_vs_torch") is not None else "-"),
            Column("paired", 7, show=lambda r: f"{r['paired_ratio']:.3f}x"
                   if r.get("paired_ratio") is not None else "-"),
+           Column("vs 1f1b", 7, show=lambda r: f"{r['vs_1f1b']:.3f}x"
+                  if r.get("vs_1f1b") is not None else "-"),
            Column("bubble", 7, "bubble_measured", ".3f"), Column("theory", 7, "bubble_theory", ".3f"))
 
 

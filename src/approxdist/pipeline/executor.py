@@ -86,10 +86,10 @@ class StepResult:
 class _Step:
     """Per-step state: micro-batch data, posted receives, gradients waiting to be sent."""
 
-    sizes: list[int]
-    weights: list[float]
-    inputs: list[Any]
-    labels: list[Any]
+    sizes: dict[int, int]
+    weights: dict[int, float]
+    inputs: dict[int, Any]
+    labels: dict[int, Any]
     acts: dict[int, PendingRecv] = field(default_factory=dict)
     grads: dict[int, PendingRecv] = field(default_factory=dict)
     outbox: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -176,7 +176,8 @@ class PipelineExecutor:
             ys: list[Any] = list(torch.split(labels, sizes))
         else:
             ys = none
-        return _Step(sizes, loss_weights(sizes), xs, ys)
+        return _Step(dict(enumerate(sizes)), dict(enumerate(loss_weights(sizes))),
+                     dict(enumerate(xs)), dict(enumerate(ys)))
 
     def _execute(self, actions: list[Action], handlers: Mapping[Kind, Handler],
                  step: _Step) -> StepTimes:

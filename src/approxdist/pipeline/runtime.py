@@ -38,13 +38,16 @@ from approxdist.pipeline.partition import (
 from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
 from approxdist.pipeline.schedule.exchange import directions, exchange_order
+from approxdist.pipeline.schedule.registry import ASYNC_SCHEDULES, build_async_schedule
 from approxdist.pipeline.schedule.replicated import (
     check_dealing,
     replicated_schedule,
     slot_route,
 )
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
+from approxdist.pipeline.stream import StreamExecutor
 from approxdist.pipeline.transport import StageTransport, WireFormat
+from approxdist.pipeline.weights import WeightVersions
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
@@ -55,6 +58,8 @@ def check_run(pcfg: PipelineConfig, num_blocks: int, batch_size: int) -> None:
     Which ranks run the stages is the topology's business (`approxdist.topology`)."""
     check_stage_count(pcfg.stages, num_blocks)
     check_dealing(Dealing(pcfg.replica_counts), pcfg.microbatches)
+    if pcfg.schedule in ASYNC_SCHEDULES:  # its micro-batch rule (2bw: M >= P - 1)
+        build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches)
     if pcfg.split:
         plan = parse_split(pcfg.split, num_blocks)
         if plan.num_stages != pcfg.stages:
@@ -131,7 +136,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                   sample: torch.Tensor, *, group: Group | None = None,
                   dealing: Dealing | None = None, grad_sync: SyncFactory | None = None,
                   link_spec: str = "", seed: int = 0, loss_fn: LossFn = F.cross_entropy,
-                  partition: Partition | None = None,
+                  partition: Partition | None = None, minibatches: int = 1,
                   rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
     """This rank's stage of `model` ready to run; `sample` is a batch of real inputs.
 
@@ -140,7 +145,9 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     replica counts, micro-batches go round robin to each stage's replicas, and
     `grad_sync(module)` builds the all-reduce of the stage's gradients over its replicas
     (`hybrid.build_hybrid_runtime`). Collective over the group (partition broadcast and
-    the shape exchange); `rec` records the stage's phases and transfers.
+    the shape exchange); `rec` records the stage's phases and transfers. An asynchronous
+    schedule (pipedream, 2bw) streams `minibatches` mini-batches with no flush between
+    them (`pipeline.stream`; the trainer passes its steps per epoch).
     """
     group = group if group is not None else world_group(ctx)
     dealing = dealing if dealing is not None else Dealing.single(pcfg.stages)
@@ -166,6 +173,14 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                                    schedule_exchanges(pcfg.schedule, dealing, group.rank)))
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
+    if pcfg.schedule in ASYNC_SCHEDULES:
+        if max(dealing.replicas) > 1:
+            raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} with replicated stages "
+                                f"(replicas {','.join(map(str, dealing.replicas))}) is not "
+                                f"available yet; run it with one rank per stage")
+        compute, stream = stream_executor(pcfg, minibatches, stage, module, transport, loss_fn,
+                                          rec)
+        return PipelineRuntime(plan, module, link, transport, compute, stream)
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation)
@@ -173,3 +188,20 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     executor = PipelineExecutor(schedule_orders(pcfg.schedule, dealing, group.rank),
                                 compute, transport, pcfg.microbatches, rec, sync)
     return PipelineRuntime(plan, module, link, transport, compute, executor, sync)
+
+
+def stream_executor(pcfg: PipelineConfig, minibatches: int, stage: int, module: nn.Module,
+                    transport: StageTransport, loss_fn: LossFn,
+                    rec: Recorder) -> tuple[StageCompute, StreamExecutor]:
+    """The stage's compute on weight versions and the executor of the asynchronous
+    schedule `pcfg.schedule` over a stream of `minibatches` (the trainer's steps per epoch).
+    Evaluation runs GPipe's forward-only pipeline."""
+    schedule = build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches, minibatches)
+    weights = WeightVersions(module)
+    # versions run through functional_call: the fused Linear gradient (accumulate.py)
+    # writes into the module's own .grad, so it is off here
+    compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
+                           loss_fn=loss_fn, recompute=pcfg.recompute, fuse_accumulation="off",
+                           call=weights)
+    flushed = lambda m: build_schedule("gpipe", pcfg.stages, m)[stage]  # noqa: E731
+    return compute, StreamExecutor(schedule, stage, flushed, compute, transport, weights, rec)

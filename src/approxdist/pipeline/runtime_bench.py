@@ -3,8 +3,12 @@
 `measure_rank` runs on every rank (through `launch.spawn.run_on_ranks`): for each case it
 builds one model from a seed, cuts it with our partitioner, and gives one copy to our
 executor and one to torch's `PipelineStage` with `ScheduleGPipe` / `Schedule1F1B` (same
-blocks, same micro-batches, same data, gloo). Timed rounds alternate which engine goes
-first; each round is `steps` mini-batches plus an optimiser step each, between barriers.
+blocks, same micro-batches, same data, gloo). Cases that differ only in their schedule
+are measured together: every engine of every schedule takes its turn in each round
+(interleaved, alternating order). Each round is `steps` mini-batches plus an optimiser
+step each, between barriers; an asynchronous schedule (pipedream, 2bw; torch has none)
+runs the round as one stream of `steps` mini-batches, its fill and drain included, and
+steps its optimiser where the schedule says.
 Our engine also reports its measured bubble: the share of each rank's step time spent
 not computing, averaged over ranks, to compare with (P-1)/(M+P-1).
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,6 +32,7 @@ from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.pipeline.stream import StreamExecutor
 from approxdist.trace.times import StepTimes
 
 TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
@@ -91,11 +96,15 @@ def _ours(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
           sink: list[StepTimes]) -> Callable[[], None]:
     opt = torch.optim.SGD(rt.module.parameters(), lr=1e-3)
     first, last = rt.transport.is_first, rt.transport.is_last
+    stream = rt.executor if isinstance(rt.executor, StreamExecutor) else None
+    if stream is not None:
+        stream.bind(opt)  # the asynchronous executor steps the optimiser itself
 
     def step() -> None:
         res = rt.executor.train_step(x if first else None, y if last else None, x.shape[0])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if stream is None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         sink.append(res.times)
 
     return step
@@ -138,27 +147,64 @@ def _repeat(step: Callable[[], None], steps: int) -> Callable[[], None]:
     return run
 
 
-def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
-    """Round times of both engines on this rank, and our compute/wall split."""
-    model = _model(case)
+def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module,
+             sink: list[StepTimes]) -> tuple[PipelineRuntime, dict[str, Callable[[], None]]]:
+    """Our runtime and the steps of both engines for `case` (torch's where it has the
+    schedule); an asynchronous schedule streams `timing.steps` mini-batches per round."""
     x, y = _data(case)
     rt = build_runtime(case.pipeline_config(), copy.deepcopy(model), ctx,
-                       x[: max(1, case.batch_size // case.microbatches)], link_spec=case.link)
-    sink: list[StepTimes] = []
-    engines = {"approxdist": _ours(rt, x, y, sink),
-               "torch": _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)}
-    for step in engines.values():
-        timed(_repeat(step, timing.warmup), dist.barrier)
-    sink.clear()  # forget the warm-up
-    rounds = interleave({name: _repeat(step, timing.steps) for name, step in engines.items()},
+                       x[: max(1, case.batch_size // case.microbatches)], link_spec=case.link,
+                       minibatches=timing.steps)
+    engines = {"approxdist": _ours(rt, x, y, sink)}
+    if case.schedule in TORCH_SCHEDULES:
+        engines["torch"] = _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)
+    return rt, engines
+
+
+def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
+    """Every case's engines interleaved in the same rounds (cases that differ only in their
+    schedule): round times per engine and our measured bubble, per case."""
+    model = _model(cases[0])
+    sinks: list[list[StepTimes]] = [[] for _ in cases]
+    runtimes, steps = [], {}
+    for i, case in enumerate(cases):
+        rt, engines = _engines(ctx, case, timing, model, sinks[i])
+        runtimes.append(rt)
+        steps.update({f"{i}:{name}": step for name, step in engines.items()})
+    for key, step in steps.items():  # warm-up; an asynchronous schedule: a whole stream
+        streams = cases[int(key.split(":")[0])].schedule not in TORCH_SCHEDULES
+        timed(_repeat(step, timing.steps if streams else timing.warmup), dist.barrier)
+    for sink in sinks:
+        sink.clear()
+    rounds = interleave({key: _repeat(step, timing.steps) for key, step in steps.items()},
                         timing.rounds, alternate=True, sync=dist.barrier)
-    rt.close()
-    total = StepTimes()
-    for t in sink:
-        total += t
-    return {"rounds": rounds, "bubble": total.bubble}
+    for rt in runtimes:
+        rt.close()
+    out = []
+    for i, sink in enumerate(sinks):
+        total = StepTimes()
+        for t in sink:
+            total += t
+        mine = f"{i}:"
+        out.append({"rounds": {key[len(mine):]: ts for key, ts in rounds.items()
+                               if key.startswith(mine)},
+                    "bubble": total.bubble})
+    return out
+
+
+def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
+    """Round times of both engines on this rank, and our compute/wall split."""
+    return measure_group(ctx, [case], timing)[0]
 
 
 def measure_rank(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
-    """Entry point for `run_on_ranks`: every case in order, on every rank."""
-    return [measure_case(ctx, case, timing) for case in cases]
+    """Entry point for `run_on_ranks`: the cases grouped by everything but the schedule, each
+    group's engines interleaved, results in the order of `cases`."""
+    groups: dict[BenchCase, list[int]] = {}
+    for i, case in enumerate(cases):
+        groups.setdefault(replace(case, schedule=""), []).append(i)
+    results: dict[int, dict[str, Any]] = {}
+    for members in groups.values():
+        for i, res in zip(members, measure_group(ctx, [cases[i] for i in members], timing)):
+            results[i] = res
+    return [results[i] for i in range(len(cases))]

@@ -70,6 +70,10 @@ class ActivationMemory:
         self.live = 0
         self.peak = 0
 
+    def exclude(self, tensors: list[torch.Tensor]) -> None:
+        """Count `tensors` (e.g. a weight version's) as parameters, not activations."""
+        self._params |= {t.untyped_storage().data_ptr() for t in tensors}
+
     def add(self, nbytes: int) -> None:
         self.live += nbytes
         self.peak = max(self.peak, self.live)
@@ -125,8 +129,11 @@ class StageCompute:
     """Forward/backward of one stage's module on micro-batches, keyed by micro-batch index."""
 
     def __init__(self, module: nn.Module, *, is_first: bool, is_last: bool, loss_fn: LossFn,
-                 recompute: bool = False, fuse_accumulation: str = "auto") -> None:
+                 recompute: bool = False, fuse_accumulation: str = "auto",
+                 call: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.module, self.is_first, self.is_last = module, is_first, is_last
+        #: runs the stage forward (the module itself, or a weight version of it: `weights`)
+        self.call: Callable[[torch.Tensor], torch.Tensor] = call if call is not None else module
         self.loss_fn, self.recompute = loss_fn, recompute
         if fuse_accumulation not in FUSION_MODES:
             raise ConfigError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
@@ -164,7 +171,7 @@ class StageCompute:
 
     def _run(self, x: torch.Tensor, labels: torch.Tensor | None,
              weight: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.module(x)
+        out = self.call(x)
         if not self.is_last:
             return out, None
         assert labels is not None, "the last stage needs the labels of every micro-batch"
@@ -210,7 +217,7 @@ class StageCompute:
         assert item.rng is not None
         with replayed_rng(item.rng, item.inputs.device), frozen_batchnorm_stats(self.module), \
                 self.memory.saved(item.inputs, hooked=True) as saved, self._fused():
-            out = self.module(item.inputs)
+            out = self.call(item.inputs)
         item.output = out
         if self.is_last:
             assert item.labels is not None

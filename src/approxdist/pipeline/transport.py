@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,8 +165,15 @@ class StageTransport:
         self.in_shape: Shape = ()
         self.out_shape: Shape = ()
         self._pool = BufferPool(link.device)
-        self._sends: list[Any] = []  # anything with wait(): link handles, courier futures
+        #: posted sends by (direction, micro-batch): link handles, courier futures (`wait()`)
+        self._sends: list[tuple[tuple[str, int], Any]] = []
         self.send_seconds = 0.0
+        #: buffers per direction an asynchronous stream cycles through (micro-batch n uses
+        #: buffer n mod window; `schedule.stream_cut.buffer_window`); 0: one per micro-batch
+        self.window = 0
+
+    def _slot(self, m: int) -> int:
+        return m % self.window if self.window else m
 
     @property
     def is_first(self) -> bool:
@@ -219,12 +226,12 @@ class StageTransport:
 
     def _recv(self, name: str, m: int, shape: Shape, stage: int, d: _Direction) -> PendingRecv:
         numel = math.prod(shape)
-        flat = self._pool.get(f"out-{name}", numel, torch.float32, index=m)
+        flat = self._pool.get(f"out-{name}", numel, torch.float32, index=self._slot(m))
         if d.raw:
             handle = self.courier.recv(self.peer(stage, m), flat.view(torch.uint8))
             return PendingRecv(handle, flat.view(shape), None, None, self.link.stats, self.rec)
         data = self._pool.get(f"recv-{name}", d.recv_codec.payload_nbytes(numel), torch.uint8,
-                              index=m)
+                              index=self._slot(m))
         handle = self.courier.recv(self.peer(stage, m), data)
         return PendingRecv(handle, flat.view(shape), d.recv_codec, d.channel, self.link.stats,
                            self.rec)
@@ -241,26 +248,34 @@ class StageTransport:
         t0 = time.perf_counter()
         if d.raw:  # the link's op holds `x` until the send has left
             values = x.detach().to(torch.float32).contiguous().view(-1)
-            self._sends.append(self.courier.send(self.peer(stage, m), values.view(torch.uint8)))
+            self._sends.append(((name, m),
+                                self.courier.send(self.peer(stage, m), values.view(torch.uint8))))
             self.send_seconds += time.perf_counter() - t0
             return
         codec = d.send_codec
-        buf = self._pool.get(f"send-{name}", codec.payload_nbytes(x.numel()), torch.uint8, index=m)
+        buf = self._pool.get(f"send-{name}", codec.payload_nbytes(x.numel()), torch.uint8,
+                             index=self._slot(m))
         with self.rec.span(ENCODE):
             payload = codec.encode(x.detach(), out=buf)
             if d.channel is not None:
                 payload = d.channel.corrupt(payload, codec.inner)
-        self._sends.append(self.courier.send(self.peer(stage, m), payload.data))
+        self._sends.append(((name, m), self.courier.send(self.peer(stage, m), payload.data)))
         self.send_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         """Stop the courier's threads (the link is closed by its owner)."""
         self.courier.close()
 
-    def wait_sends(self) -> None:
-        """Wait until every posted send has left (end of a step, contract item 6)."""
-        sends, self._sends = self._sends, []
-        for handle in sends:
+    def wait_sends(self, only: Collection[tuple[str, int]] | None = None) -> None:
+        """Wait until every posted send has left (end of a step, contract item 6), or only
+        the sends of the (direction "act"/"grad", micro-batch) pairs in `only` (an
+        asynchronous stream keeps a send pending until its receive is posted)."""
+        if only is None:
+            sends, self._sends = self._sends, []
+        else:
+            sends = [s for s in self._sends if s[0] in only]
+            self._sends = [s for s in self._sends if s[0] not in only]
+        for _, handle in sends:
             handle.wait()
 
     @property

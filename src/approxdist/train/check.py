@@ -22,7 +22,6 @@ from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
 from approxdist.errors import ApproxDistError, ConfigError
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
-from approxdist.pipeline.schedule.registry import asynchronous_refusal
 
 
 def check_parts(cfg: Config) -> None:
@@ -50,12 +49,21 @@ def _check_rule(rule: str, default: str) -> None:
 
 def check_pipeline(p: PipelineConfig) -> None:
     """The `[pipeline]` section's schedule, codecs and channels. An asynchronous schedule
-    (pipedream, 2bw) is refused: the executor runs every schedule with a flush."""
+    (pipedream, pipedream-vsync, 2bw) runs one rank per stage with any communication-thread
+    strategy but `sra` (whose agreed order is per flushed step)."""
+    names = schedule_names() + async_schedule_names()
+    if p.schedule not in names:
+        raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: {', '.join(names)}")
     if p.schedule in async_schedule_names():
-        raise ConfigError(f"pipeline.schedule = {asynchronous_refusal(p.schedule)}")
-    if p.schedule not in schedule_names():
-        raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: "
-                          f"{', '.join(schedule_names())}")
+        if max(p.replica_counts) > 1:
+            raise ConfigError(f"pipeline.schedule = {p.schedule!r} with replicated stages "
+                              f"(pipeline.replicas = {list(p.replicas)}) is not available yet; "
+                              f"use one rank per stage or a flushed schedule "
+                              f"({', '.join(schedule_names())})")
+        if p.comm_threads == "sra":
+            raise ConfigError(f"pipeline.comm_threads = 'sra' agrees a message order per "
+                              f"flushed step and does not run {p.schedule!r}; use inline, "
+                              f"per-message or sa")
     for key in ("fwd_codec", "bwd_codec"):
         _named(f"pipeline.{key}", getattr(p, key), partial(get_codec, getattr(p, key)))
     for key in ("fwd_channel", "bwd_channel"):

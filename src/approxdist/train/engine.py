@@ -40,6 +40,11 @@ class StepOutcome:
     samples: int
     times: StepTimes = field(default_factory=StepTimes)
     peak_activation_bytes: int = 0
+    #: bytes of the weight versions an asynchronous pipeline stage holds (0: none)
+    peak_weight_version_bytes: int = 0
+    #: extra fields of this step's record in metrics.jsonl (e.g. the weight versions an
+    #: asynchronous pipeline's loss came from), as rank 0's engine reports them
+    record: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def loss(self) -> float | None:

@@ -11,6 +11,7 @@ peak activation bytes) and the bytes each directed link carried.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +32,12 @@ class EpochTally:
     correct: int = 0
     times: StepTimes = field(default_factory=StepTimes)
     peak_activation_bytes: int = 0
+    peak_weight_version_bytes: int = 0
+    records: list[Mapping[str, Any]] = field(init=False)  # extra step-record fields
 
     def __post_init__(self) -> None:
         self.losses = torch.zeros(self.steps, 2, dtype=torch.float64)
+        self.records = [{} for _ in range(self.steps)]
 
     def add(self, i: int, res: StepOutcome) -> None:
         self.losses[i, 0] = res.loss_sum
@@ -41,6 +45,9 @@ class EpochTally:
         self.correct += res.correct
         self.times += res.times
         self.peak_activation_bytes = max(self.peak_activation_bytes, res.peak_activation_bytes)
+        self.peak_weight_version_bytes = max(self.peak_weight_version_bytes,
+                                             res.peak_weight_version_bytes)
+        self.records[i] = res.record
 
 
 def step_losses(tally: EpochTally, world: Group) -> list[float | None]:
@@ -59,6 +66,7 @@ def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, topology
             "compute_s": tally.times.compute_s / steps, "comm_s": tally.times.comm_s / steps,
             "wait_s": tally.times.wait_s / steps,
             "peak_activation_bytes": tally.peak_activation_bytes,
+            "peak_weight_version_bytes": tally.peak_weight_version_bytes,
             "loss_sum": float(tally.losses[:, 0].sum()), "seen": float(tally.losses[:, 1].sum()),
             "correct": tally.correct, "sent": sent}
     rows = world.all_gather_object(mine)
@@ -73,7 +81,8 @@ def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, topology
         "time_comm_s": _mean(rows, "comm_s") * steps,
         "time_wait_s": _mean(rows, "wait_s") * steps,
         "ranks": [{k: r[k] for k in ("rank", "stage", "replica", "compute_s", "comm_s", "wait_s",
-                                     "peak_activation_bytes")} for r in rows],
+                                     "peak_activation_bytes", "peak_weight_version_bytes")}
+                  for r in rows],
         "bytes_sent": {k: v for r in rows for k, v in sorted(r["sent"].items()) if v},
     }
 

@@ -13,7 +13,7 @@ engine's phases.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{res.loss:.3f}")
         bar.close()
         wall = time.perf_counter() - t_epoch
-        self._log_steps(epoch, step_losses(tally, self.groups.world))
+        self._log_steps(epoch, step_losses(tally, self.groups.world), tally.records)
         return gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
                             self.groups.topology, wall, self.cfg.data.batch_size)
 
@@ -95,14 +95,16 @@ class Trainer:
             return (x.to(dev) if self.engine.feeds_inputs else None,
                     y.to(dev) if self.engine.feeds_labels else None)
 
-    def _log_steps(self, epoch: int, losses: list[float | None]) -> None:
-        """Step records (the whole mini-batch's loss) for every `log_every`-th step."""
+    def _log_steps(self, epoch: int, losses: list[float | None],
+                   records: list[Mapping[str, Any]]) -> None:
+        """Step records (the step's loss, with the engine's extra fields) for every
+        `log_every`-th step."""
         first_step = self.progress.step - len(losses)
         for i, loss in enumerate(losses):
             step = first_step + i + 1
             if step % self.cfg.train.log_every == 0:
                 self.writer.write({"kind": "step", "epoch": epoch + 1, "step": step,
-                                   "loss": loss, "lr": self.lr_rule(step - 1)})
+                                   "loss": loss, "lr": self.lr_rule(step - 1), **records[i]})
 
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()

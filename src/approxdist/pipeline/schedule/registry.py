@@ -6,9 +6,10 @@ and the executor do not change (design principle 5, "schedules are data").
 
 Asynchronous schedules (PipeDream, PipeDream-2BW: no flush between mini-batches, weight
 versions per stage) live in a registry of their own, `ASYNC_SCHEDULES`, built by
-`build_async_schedule`: the executor only knows `SCHEDULES` and runs every schedule there
-with a flush after each mini-batch, so an asynchronous one cannot reach it by accident;
-`build_schedule` refuses their names with `asynchronous_refusal`.
+`build_async_schedule` over a stream of mini-batches and run by `pipeline.stream`; the
+flushed executor only knows `SCHEDULES` (a flush after every mini-batch), so an
+asynchronous one cannot reach it by accident: `build_schedule` refuses their names with
+`asynchronous_refusal`.
 """
 
 from __future__ import annotations
@@ -71,11 +72,11 @@ def describe(name: str) -> str:
 
 
 def asynchronous_refusal(name: str) -> str:
-    """Why an asynchronous schedule cannot be trained with, and what to do instead."""
+    """Why the flushed executor's entry point does not hand out an asynchronous schedule."""
     return (f"{name!r} is an asynchronous schedule (no flush between mini-batches, weight "
-            f"versions per stage) and the executor does not run asynchronous schedules yet; "
-            f"train with one of {', '.join(schedule_names())}, or inspect it with "
-            f"`approxdist schedule show {name} --stages P --microbatches M`")
+            f"versions per stage): build it with build_async_schedule over a stream of "
+            f"mini-batches (the stream executor, pipeline.stream, runs it), or use one of "
+            f"{', '.join(schedule_names())}")
 
 
 def check_sizes(num_stages: int, num_microbatches: int) -> None:

@@ -5,8 +5,11 @@ micro-batches, the last stage's ranks the labels, the others only need the batch
 Each mini-batch runs as M micro-batches through the schedule (`pipeline.executor`); a
 replicated stage (`--parallel hybrid`) runs the micro-batches dealt to it round robin
 and sums its gradients over its replicas (`hybrid`), then every stage takes one
-optimiser step on its own parameters. Evaluation is a forward-only pipeline; loss and
-hits exist on the last stage. Which ranks hold the stages is the topology's.
+optimiser step on its own parameters. An asynchronous schedule (pipedream, 2bw) runs as a
+stream over each epoch's mini-batches (`StreamEngine`, `pipeline.stream`): the optimiser
+steps inside it, and each step record says which weight versions produced its loss.
+Evaluation is a forward-only pipeline; loss and hits exist on the last stage. Which
+ranks hold the stages is the topology's.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import torch
 from torch import nn
 
 from approxdist.config.schema import Config
-from approxdist.data import TensorDataset
+from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.data_parallel.engine import DataParallel
 from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime, check_run
+from approxdist.pipeline.schedule.stream_cut import loss_versions, step_cuts
+from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import OPTIMIZER, Recorder
 from approxdist.train.engine import ENGINES, StepOutcome
@@ -111,6 +116,41 @@ class PipelineEngine:
         self.runtime.close()
 
 
+class StreamEngine(PipelineEngine):
+    """A stage running an asynchronous schedule (`pipeline.stream`): the executor steps the
+    optimiser where the schedule updates, the stream drains at the end of each epoch."""
+
+    def __init__(self, cfg: Config, runtime: PipelineRuntime, optimizer: torch.optim.Optimizer,
+                 rec: Recorder) -> None:
+        super().__init__(cfg, runtime, optimizer, rec)
+        assert isinstance(runtime.executor, StreamExecutor)
+        self.stream: StreamExecutor = runtime.executor
+        self.stream.bind(optimizer)
+        self.versions = loss_versions(self.stream.schedule, step_cuts(self.stream.schedule))
+
+    def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> StepOutcome:
+        b = self.stream.next_step
+        res = self.stream.train_step(x, y, batch_size)
+        record = {"weight_versions": [list(v) for v in self.versions[b]]}
+        version_bytes = self.stream.weights.peak_bytes
+        if not self.feeds_labels:
+            return StepOutcome(0.0, 0, 0, res.times, res.peak_activation_bytes, version_bytes,
+                               record)
+        return StepOutcome(res.loss, res.correct, res.samples, res.times,
+                           res.peak_activation_bytes, version_bytes, record)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.stream.in_stream:
+            raise PipelineError(f"stage {self.runtime.stage} is inside a stream of "
+                                f"{self.cfg.pipeline.schedule} with micro-batches in flight; "
+                                f"checkpoints are taken at epoch ends, where the stream drained")
+        return super().state_dict()
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), **self.stream.summary()}
+
+
 def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
                    rec: Recorder) -> PipelineEngine:
     """Every rank builds the whole model from the same seed and keeps its stage's blocks."""
@@ -123,9 +163,12 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: 
         runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec)
     else:
         row = groups.pipeline if groups.pipeline is not None else groups.world
+        steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
         runtime = build_runtime(cfg.pipeline, model, ctx, sample, group=row,
-                                link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec)
-    return PipelineEngine(cfg, runtime, make_sgd(runtime.module, cfg.optim), rec)
+                                link_spec=cfg.comm.link, seed=cfg.train.seed, minibatches=steps,
+                                rec=rec)
+    engine = StreamEngine if isinstance(runtime.executor, StreamExecutor) else PipelineEngine
+    return engine(cfg, runtime, make_sgd(runtime.module, cfg.optim), rec)
 
 
 ENGINES.add("pipeline", build_pipeline)
