@@ -48,13 +48,14 @@ class Case:
     minibatches: int
     batch: int = 12
     recompute: bool = False
-    fwd_codec: str = "fp32"
     threads: str = "inline"
+    fuse: str = "auto"  # "all": fused Linear accumulation into each version's .grad
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
                               schedule=self.schedule, recompute=self.recompute,
-                              fwd_codec=self.fwd_codec, comm_threads=self.threads)
+                              comm_threads=self.threads,
+                              fuse_accumulation=self.fuse)
 
 
 def _model() -> nn.Sequential:
@@ -178,11 +179,12 @@ CASES_2 = [
     Case(2, "2bw", 2, 4),
     Case(2, "2bw", 3, 3, recompute=True),
     Case(2, "pipedream", 2, 3),
-    Case(2, "pipedream", 1, 5),
+    Case(2, "pipedream", 1, 5, fuse="all"),
+    Case(2, "2bw", 2, 3, fuse="all"),
     Case(2, "pipedream-vsync", 2, 3, threads="sa"),
 ]
 CASES_4 = [
-    Case(4, "2bw", 4, 3),
+    Case(4, "2bw", 4, 3, fuse="all"),
     Case(4, "pipedream", 2, 3, threads="per-message"),
     Case(4, "pipedream-vsync", 3, 2),
 ]

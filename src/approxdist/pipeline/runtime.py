@@ -198,10 +198,10 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, stage: int, module: 
     Evaluation runs GPipe's forward-only pipeline."""
     schedule = build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches, minibatches)
     weights = WeightVersions(module)
-    # versions run through functional_call: the fused Linear gradient (accumulate.py)
-    # writes into the module's own .grad, so it is off here
+    # versions run through functional_call, so a fused Linear (accumulate.py) receives the
+    # version's weight and accumulates into that version's .grad
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
-                           loss_fn=loss_fn, recompute=pcfg.recompute, fuse_accumulation="off",
-                           call=weights)
+                           loss_fn=loss_fn, recompute=pcfg.recompute,
+                           fuse_accumulation=pcfg.fuse_accumulation, call=weights)
     flushed = lambda m: build_schedule("gpipe", pcfg.stages, m)[stage]  # noqa: E731
     return compute, StreamExecutor(schedule, stage, flushed, compute, transport, weights, rec)
