@@ -52,7 +52,7 @@ def test_async_runs_resume_bit_exact_and_log_their_weight_versions(tmp_path: Pat
             versions = r["weight_versions"]
             assert len(versions) == 2 and all(lo <= hi for lo, hi in versions)
             # a version is counted within the epoch's stream: at most its optimizer steps
-            assert all(0 <= lo and hi <= len(sched.updates[s])
+            assert all(lo >= 0 and hi <= len(sched.updates[s])
                        for s, (lo, hi) in enumerate(versions) if lo >= 0)
         if name == "2bw":  # mini-batch b's loss comes from version max(b - 1, 0) everywhere
             assert [r["weight_versions"][1] for r in steps[:steps_per_epoch] if r["loss"]] == \

@@ -20,7 +20,8 @@ from approxdist.experiments.seed001_scaling import speedup
 from approxdist.experiments.task import task_for
 
 NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
-         "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-hybrid"]
+         "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
+         "seed002-hybrid"]
 
 
 def _cli(module: object, argv: list[str]) -> int:
@@ -142,3 +143,46 @@ def test_histogram_preset_smoke_writes_csvs_plot_and_report(tmp_path: Path) -> N
     report.unlink()
     assert _cli(report_cmd, ["report", str(tmp_path)]) == 0  # a folder of experiments
     assert png.stat().st_size > 10_000 and report.read_text() == text
+
+
+# -- seed002-async's verdicts come from its CSV ------------------------------------------------
+
+def _async_rows() -> list[dict[str, object]]:
+    from approxdist.experiments.seed002_async import SCHEDULES
+
+    rate = {"gpipe": 900.0, "1f1b": 1000.0, "pipedream": 800.0, "2bw": 1200.0}
+    acc = {"gpipe": 0.80, "1f1b": 0.80, "pipedream": 0.83, "2bw": 0.70}
+    loss = {"gpipe": 1.0, "1f1b": 1.0, "pipedream": 0.9, "2bw": 1.2}
+    versions = {"gpipe": "0;0", "1f1b": "0;0", "pipedream": "200;100", "2bw": "200;200"}
+    rows = []
+    for name in SCHEDULES:
+        for epoch in (1, 2):
+            rows.append({"schedule": name, "seed": 0, "epoch": epoch, "train_accuracy": 0.5,
+                         "test_accuracy": acc[name] - 0.1 * (2 - epoch),
+                         "train_loss": loss[name] + (2 - epoch) * 0.5, "test_loss": 1.0,
+                         "epoch_time_s": 1.0, "bytes_fwd": 0, "elapsed_s": float(epoch),
+                         "samples_per_s": rate[name], "weight_version_bytes": versions[name]})
+    return rows
+
+
+def test_seed002_async_verdicts_follow_the_measurements() -> None:
+    from approxdist.experiments.seed002_async import result_table
+    from approxdist.experiments.seed002_async import trend_rows as async_trends
+
+    rows = _async_rows()
+    meta = {"cores": 2, "ranks": 2, "steps_per_epoch": 10, "stage_param_bytes": [100, 100],
+            "task": {"lr": 0.1}, "momentum": 0.9}
+    by_start = {}
+    for claim, ours, ok, why in async_trends(rows, meta):
+        kind = ("rate" if "samples per second" in claim else
+                "acc" if "accuracy" in claim else "mem")
+        by_start[f"{claim.split(':')[0].split(' ')[0]} {kind}"] = (ours, ok, why)
+    assert by_start["pipedream rate"][1] is False and "0.800x" in by_start["pipedream rate"][0]
+    assert by_start["2bw rate"][1] is True and "1.200x" in by_start["2bw rate"][0]
+    assert by_start["pipedream acc"][1] is True and "+3.0 pts" in by_start["pipedream acc"][0]
+    assert by_start["2bw acc"][1] is False and "-10.0 pts" in by_start["2bw acc"][0]
+    assert "+0.200 after epoch 1, +0.200 after epoch 2" in by_start["2bw acc"][2]
+    assert by_start["2bw mem"][1] is True and "2 / 2" in by_start["2bw mem"][0]
+    assert by_start["pipedream mem"][1] is True and "2 / 1" in by_start["pipedream mem"][0]
+    table = result_table(rows, 0.7)
+    assert "| 2bw | 70.0 % (n=1) | 1200 | 1.200x |" in table

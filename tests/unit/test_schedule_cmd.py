@@ -53,8 +53,8 @@ def test_show_pipedream_prints_versions_bubbles_and_limits(
         capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(["schedule", "show", "pipedream", "--stages", "4", "--microbatches", "8"], capsys)
     lines = out.splitlines()
-    assert lines[0] == ("schedule pipedream (asynchronous: no flush between mini-batches; not "
-                        "trainable yet): 4 stages (one per rank), a stream of 2 mini-batches x "
+    assert lines[0] == ("schedule pipedream (asynchronous: no flush between mini-batches; "
+                        "train streams each epoch): 4 stages (one per rank), a stream of 2 mini-batches x "
                         "8 micro-batches = 16; valid, with versions")
     assert lines[1].startswith("cells <stage><F|B><n>v<version>")
     assert lines[3].split()[2:12] == ["0F0v0", "0F1v0", "0F2v0", "0F3v0", ".", ".", ".",

@@ -94,8 +94,8 @@ def render_async(name: str, num_stages: int, num_microbatches: int,
     """`schedule show` of an asynchronous schedule: grid with weight versions and summary."""
     sched = build_async_schedule(name, num_stages, num_microbatches, minibatches)
     k = sched.stream.minibatches
-    head = (f"schedule {name} (asynchronous: no flush between mini-batches; not trainable "
-            f"yet): {num_stages} stages (one per rank), a stream of {k} mini-batches x "
+    head = (f"schedule {name} (asynchronous: no flush between mini-batches; train streams "
+            f"each epoch): {num_stages} stages (one per rank), a stream of {k} mini-batches x "
             f"{num_microbatches} micro-batches = {sched.stream.items}; valid, with versions")
     return "\n".join([head, LEGEND, format_async_grid(sched, with_comm), async_summary(sched)])
 

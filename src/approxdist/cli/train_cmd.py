@@ -91,7 +91,8 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--split", help="first block of stages 1, 2, ...: e.g. 3 or 3,7")
     g.add_argument("--balance", choices=["params", "time"], help="partition by cost instead")
     g.add_argument("--microbatches", type=int, help="micro-batches per mini-batch (default 4)")
-    g.add_argument("--schedule", help="pipeline schedule: gpipe (default) or 1f1b")
+    g.add_argument("--schedule", help="pipeline schedule: gpipe (default), 1f1b, or the "
+                                      "asynchronous pipedream, pipedream-vsync, 2bw")
     g.add_argument("--fwd-codec", help="wire format of activations, e.g. bits:s0e2+2m0")
     g.add_argument("--bwd-codec", help="wire format of gradients, e.g. bf16")
     g.add_argument("--fwd-channel", help="bit errors on activations, e.g. ber:1e-3@5")

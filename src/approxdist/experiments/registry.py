@@ -18,9 +18,11 @@ def _register_all() -> None:
     from approxdist.experiments.seed000_histogram import PRESET as HISTOGRAM
     from approxdist.experiments.seed001_allreduce import PRESET as ALLREDUCE
     from approxdist.experiments.seed001_scaling import PRESET as SCALING
+    from approxdist.experiments.seed002_async import PRESET as ASYNC
     from approxdist.experiments.seed002_hybrid import PRESET as HYBRID
 
-    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING, HYBRID, LINK_CHECK):
+    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING, HYBRID, ASYNC,
+                   LINK_CHECK):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 
