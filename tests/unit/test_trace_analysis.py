@@ -152,3 +152,16 @@ def test_transfers_are_matched_within_their_stream() -> None:
     # a: in flight [0, 1]; b: [2, 2.5] (matched across streams it would be [0,1] + [2,3])
     assert link.matched and link.messages == 2 and link.nbytes == 20
     assert link.time_s == pytest.approx(1.5e-3)
+
+
+def test_bubble_line_of_an_asynchronous_run_uses_the_stream_length() -> None:
+    from approxdist.trace.analysis import Analysis, BubbleFigures
+    from approxdist.trace.report import RunInfo, _bubble
+
+    analysis = Analysis([], [], None, BubbleFigures(2, 4, 0.2, 0.15, 0.5))
+    line = _bubble(analysis, RunInfo(2, 4, "2bw", {"epoch": 2, "step": 20}))[0]
+    assert line.startswith("pipeline bubble (2bw, P=2, M=4, a stream of K=10 mini-batches per "
+                           "epoch): theory (P-1)/(K*M+P-1) = 1/41 = 0.024 (a flush per "
+                           "mini-batch: 0.200); measured bubble 0.150")
+    flushed = _bubble(analysis, RunInfo(2, 4, "1f1b", {"epoch": 2, "step": 20}))[0]
+    assert "theory (P-1)/(M+P-1) = 1/5 = 0.200; measured bubble 0.150" in flushed

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.trace.analysis import Analysis, RankFigures
 
 
@@ -118,9 +119,16 @@ def _bubble(analysis: Analysis, info: RunInfo) -> list[str]:
     if b is None:
         return []
     p, m = b.stages, b.microbatches
+    measured = f"measured bubble {b.measured:.3f} (mean over ranks); not computing {b.idle:.3f}"
+    epochs, steps = int(info.epoch.get("epoch", 0)), int(info.epoch.get("step", 0))
+    if info.schedule in async_schedule_names() and epochs and steps:
+        k = steps // epochs  # an asynchronous schedule streams each epoch's mini-batches
+        return [f"pipeline bubble ({info.schedule}, P={p}, M={m}, a stream of K={k} "
+                f"mini-batches per epoch): theory (P-1)/(K*M+P-1) = {p - 1}/{k * m + p - 1} = "
+                f"{(p - 1) / (k * m + p - 1):.3f} (a flush per mini-batch: {b.theory:.3f}); "
+                f"{measured}"]
     return [f"pipeline bubble ({info.schedule or 'pipeline'}, P={p}, M={m}): theory "
-            f"(P-1)/(M+P-1) = {p - 1}/{m + p - 1} = {b.theory:.3f}; measured bubble "
-            f"{b.measured:.3f} (mean over ranks); not computing {b.idle:.3f}"]
+            f"(P-1)/(M+P-1) = {p - 1}/{m + p - 1} = {b.theory:.3f}; {measured}"]
 
 
 def _metrics(info: RunInfo) -> list[str]:
