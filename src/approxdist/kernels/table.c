@@ -51,6 +51,14 @@ static void table_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t
     }
     int64_t top = 1;
     while (top * 2 <= nm) top *= 2;
+    if (top * 2 - 1 == nm) { /* T-1 thresholds (every codec): the probes never pass the end */
+        for (int64_t k = 0; k < n; k++) c[k] = 0;
+        for (int64_t step = top; step > 0; step >>= 1) /* one probe of every value per pass */
+            for (int64_t k = 0; k < n; k++)
+                c[k] += (mids[c[k] + step - 1] <= (x[k] & ABS_BITS)) ? (uint32_t)step : 0u;
+        for (int64_t k = 0; k < n; k++) c[k] += ((uint32_t)x[k] >> 31) << (bits - 1);
+        return;
+    }
     for (int64_t k = 0; k < n; k++) {
         const int32_t a = x[k] & ABS_BITS;
         int64_t pos = 0; /* mids[0..pos) <= a */
