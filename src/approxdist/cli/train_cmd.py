@@ -32,7 +32,8 @@ PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd
 DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
             "error_feedback": "error_feedback", "bucket_mb": "bucket_mb", "threads": "threads",
             "chunk_kb": "chunk_kb", "overlap": "overlap", "early_forward": "early_forward",
-            "codec_rule": "codec_rules", "find_unused": "find_unused"}
+            "codec_rule": "codec_rules", "codec_times": "codec_times",
+            "find_unused": "find_unused"}
 
 #: flag -> (section, key); flags override the config file, `--set` overrides flags
 FLAG_KEYS = {
@@ -114,8 +115,12 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--algorithm", help="all-reduce: hybrid (default), ring, brb, brd, vhd, native")
     g.add_argument("--codec", help="gradient wire format, e.g. bf16, fp8-e5m2, bits:s1e6m1")
     g.add_argument("--codec-rule", action="append", metavar="PATTERN=CODEC",
-                   help="per-parameter codec, e.g. type:Conv2d.weight=fp8-e5m2 or *.bias=fp32 "
-                        "(repeatable, first match wins)")
+                   help="per-parameter codec, e.g. type:Conv2d.weight=fp8-e5m2 or *.bias=fp32, "
+                        "or a named policy: policy:seed004, policy:fastest (repeatable, first "
+                        "match wins; docs/adaprec.md)")
+    g.add_argument("--codec-times", metavar="FILE",
+                   help="`approxdist bench allreduce --json` rows the codec `fastest` picks "
+                        "from (policy:fastest)")
     g.add_argument("--error-feedback", action="store_true", default=None,
                    help="keep what a lossy codec dropped and add it to the next step")
     g.add_argument("--bucket-mb", type=float, help="gradient bucket size in MiB (default 1)")

@@ -43,6 +43,7 @@ class DPConfig:
     early_forward: bool = False
     find_unused: bool = False
     codec_rules: tuple[str, ...] = ()
+    codec_times: str = ""  # `bench allreduce --json` rows, for the `fastest` codec (seed 004)
     calibration: str = ""
     gil_switch_ms: float = 0.5  # 0: leave Python's GIL switch interval (5 ms) alone
 

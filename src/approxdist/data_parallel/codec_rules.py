@@ -13,6 +13,15 @@ Patterns:
   attribute (`weight`, `bias`);
 * anything else is an `fnmatch` glob on the parameter's full name (`*.bias`, `0.*`,
   `layer3.*.conv?.weight`).
+
+Named policies: the item `policy:<name>` stands for that policy's rules, in its place
+(`POLICIES`; docs/adaprec.md):
+* `seed004`: seed 004's benchmark rule: fp32 for biases and normalisation layers,
+  fp8-e5m2 for convolution weights, Table-1 for fully-connected weights;
+* `fastest`: `*=fastest`, seed 004's Fastest.
+The codec `fastest` is resolved per *bucket*, once the buckets are planned: the codec
+with the lowest measured all-reduce time for the bucket's size (`resolve`, from the
+`CodecTimes` of `codec_times.py`; without them `validate` says how to measure them).
 """
 
 from __future__ import annotations
@@ -23,9 +32,21 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from approxdist.data_parallel.codec_times import MEASURE, CodecTimes
 from approxdist.errors import ConfigError
+from approxdist.registry import Registry
 
-RULE_FORMS = "PATTERN=CODEC with PATTERN a name glob (*.bias) or type:Module[.attr] (type:Conv2d.weight)"
+RULE_FORMS = ("PATTERN=CODEC with PATTERN a name glob (*.bias) or type:Module[.attr] "
+              "(type:Conv2d.weight), or policy:NAME (policy:seed004)")
+#: the pseudo-codec resolved per bucket to the fastest measured codec for its size
+FASTEST = "fastest"
+_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm")
+_CONVS = ("Conv1d", "Conv2d", "Conv3d")
+
+POLICIES: Registry[tuple[str, ...]] = Registry("codec policy", ConfigError)
+POLICIES.add("seed004", ("*.bias=fp32", *(f"type:{n}=fp32" for n in _NORMS),
+                         *(f"type:{c}.weight=fp8-e5m2" for c in _CONVS), "type:Linear.weight=table1"))
+POLICIES.add("fastest", (f"*={FASTEST}",))
 
 
 @dataclass(frozen=True)
@@ -45,23 +66,27 @@ class Rule:
 
 @dataclass(frozen=True)
 class CodecRules:
-    """Ordered rules plus the default codec; `codec_for(name, owner)` picks one spec."""
+    """Ordered rules plus the default codec; `codec_for(name, owner)` picks one spec, and
+    `resolve(spec, nbytes)` turns `fastest` into a codec for a bucket of that size."""
 
     rules: tuple[Rule, ...] = ()
     default: str = "fp32"
+    times: CodecTimes | None = None
 
     @staticmethod
-    def parse(items: Iterable[str] | Mapping[str, str] | None, default: str = "fp32") -> CodecRules:
-        """Rules from `["pattern=spec", ...]` or `{pattern: spec}` (order kept)."""
+    def parse(items: Iterable[str] | Mapping[str, str] | None, default: str = "fp32",
+              times: CodecTimes | None = None) -> CodecRules:
+        """Rules from `["pattern=spec", "policy:name", ...]` or `{pattern: spec}` (order kept)."""
         if items is None:
-            return CodecRules((), default)
-        pairs = list(items.items()) if isinstance(items, Mapping) else [_split(s) for s in items]
+            return CodecRules((), default, times)
+        pairs = list(items.items()) if isinstance(items, Mapping) else \
+            [_split(r) for item in items for r in _expand(item)]
         rules = tuple(Rule(p.strip(), c.strip()) for p, c in pairs)
         for rule in rules:
             if not rule.pattern or not rule.codec or rule.pattern == "type:":
                 raise ConfigError(f"codec rule {rule.pattern}={rule.codec!r} is incomplete; "
                                   f"write {RULE_FORMS}")
-        return CodecRules(rules, default)
+        return CodecRules(rules, default, times)
 
     def codec_for(self, name: str, owner: nn.Module) -> str:
         for rule in self.rules:
@@ -75,12 +100,34 @@ class CodecRules:
         out += [r.codec for r in self.rules if r.codec not in out]
         return out
 
+    def resolve(self, spec: str, nbytes: int) -> str:
+        """The codec a bucket of `nbytes` fp32 bytes travels in: `spec`, or for `fastest` the
+        fastest measured codec at that size."""
+        if spec != FASTEST:
+            return spec
+        return self._times().fastest(nbytes)
+
+    def _times(self) -> CodecTimes:
+        if self.times is None:
+            raise ConfigError(f"codec {FASTEST!r} picks per bucket from measured all-reduce "
+                              f"times: pass --codec-times FILE (dp.codec_times), written by "
+                              + MEASURE.format(alg="hybrid", path="FILE"))
+        return self.times
+
     def validate(self) -> None:
         """Build each codec once so a bad spec fails here with the codec registry's message."""
         from approxdist.comm.codecs import get_codec
 
         for spec in self.specs():
-            get_codec(spec)
+            for codec in self._times().codecs if spec == FASTEST else [spec]:
+                get_codec(codec)
+
+
+def _expand(item: str) -> tuple[str, ...]:
+    """`policy:NAME` -> that policy's rules; any other item -> itself."""
+    if item.strip().startswith("policy:"):
+        return POLICIES.get(item.strip()[len("policy:"):])
+    return (item,)
 
 
 def _split(item: str) -> tuple[str, str]:

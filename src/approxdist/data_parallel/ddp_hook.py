@@ -7,6 +7,12 @@ bucket to one communication thread (its own process group and `Link`, so the emu
 link, byte counts and codecs apply exactly as in `DataParallel`) and returns a Future
 that completes with the bucket's mean. With `fp32` it equals plain DDP.
 
+Per-parameter codecs (`codec_rules`, the rules and named policies of `codec_rules.py`,
+e.g. `["policy:seed004"]`): a DDP bucket is cut into runs of consecutive parameters that
+share a codec, and each run is reduced in its own codec (DDP's padding travels with the
+last run); a run whose codec is `fastest` gets the fastest codec for its size in
+`codec_times`. With one codec the whole bucket is one message, as before.
+
 Error feedback (`comm.error_feedback`, the one `DataParallel` uses) keeps its residuals
 per *parameter* (found through `GradBucket.parameters()`): each bucket layout gets its
 own `ErrorFeedback`, and a new layout (DDP's bucket rebuild after the first iteration)
@@ -26,36 +32,70 @@ from torch import nn
 from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives import Calibration
 from approxdist.comm.error_feedback import ErrorFeedback
+from approxdist.data_parallel.codec_rules import CodecRules, param_owners
+from approxdist.data_parallel.codec_times import CodecTimes, load_times
 from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
 
 
 class HookState:
-    """The hook's thread, codec and error feedback per bucket layout."""
+    """The hook's thread, codecs per parameter and error feedback per bucket layout."""
 
     def __init__(self, ctx: DistContext, names: Mapping[int, str], algorithm: str = "hybrid",
                  codec: str = "fp32", link: str | None = None, error_feedback: bool = False,
                  calibration: Calibration | str | Path | None = None,
-                 gil_switch_ms: float | None = GIL_SWITCH_MS, group: Group | None = None) -> None:
-        """`group`: the ranks of DDP's process group (default the world)."""
-        self.codec, self.error_feedback = codec, error_feedback
+                 gil_switch_ms: float | None = GIL_SWITCH_MS, group: Group | None = None,
+                 codec_rules: list[str] | Mapping[str, str] | None = None,
+                 codec_times: CodecTimes | str | Path | None = None,
+                 owners: Mapping[int, nn.Module] | None = None) -> None:
+        """`group`: the ranks of DDP's process group (default the world); `owners`: id(param)
+        -> the module registering it, for `type:` rules (`register_hook` passes them)."""
+        group = group if group is not None else world_group(ctx)
+        self.error_feedback = error_feedback
         self.names = dict(names)  # id(param) -> name
-        self.pool = CommPool(ctx, group if group is not None else world_group(ctx), link, 1,
-                             algorithm, calibration, name="ddp", gil_switch_ms=gil_switch_ms)
+        self.rules = CodecRules.parse(codec_rules, codec, load_times(codec_times, algorithm,
+                                                                     group.size))
+        self.rules.validate()
+        owner = owners or {}
+        self.codecs = {pid: self.rules.codec_for(name, owner.get(pid, nn.Module()))
+                       for pid, name in self.names.items()}
+        self.pool = CommPool(ctx, group, link, 1, algorithm, calibration, name="ddp",
+                             gil_switch_ms=gil_switch_ms)
         self._feedback: dict[tuple[str, ...], ErrorFeedback] = {}
         self._saved: dict[str, torch.Tensor] = {}  # loaded residuals not yet in a layout
 
-    def reduce(self, flat: torch.Tensor, params: list[torch.Tensor], thread: CommThread) -> None:
-        reducer = thread.reducer(self.codec)
-        if self.error_feedback and not reducer.codec.lossless:
-            self._compensate(flat, params, reducer.codec)
-        reducer(flat, op="mean")
+    def runs(self, numel: int, params: list[torch.Tensor]) -> list[tuple[int, int, str]]:
+        """`(start, stop, codec)` of each run of consecutive parameters sharing a codec."""
+        out: list[list[Any]] = []
+        at = 0
+        for p in params:
+            spec = self.codecs.get(id(p), self.rules.default)
+            if out and out[-1][2] == spec:
+                out[-1][1] = at + p.numel()
+            else:
+                out.append([at, at + p.numel(), spec])
+            at += p.numel()
+        if not out:
+            out.append([0, numel, self.rules.default])
+        out[-1][1] = numel  # DDP's alignment padding travels with the last run
+        return [(a, b, self.rules.resolve(spec, 4 * (b - a))) for a, b, spec in out]
 
-    def _compensate(self, flat: torch.Tensor, params: list[torch.Tensor], codec: Codec) -> None:
+    def reduce(self, flat: torch.Tensor, params: list[torch.Tensor], thread: CommThread) -> None:
+        for start, stop, codec in self.runs(flat.numel(), params):
+            reducer = thread.reducer(codec)
+            part = flat[start:stop]
+            if self.error_feedback and not reducer.codec.lossless:
+                self._compensate(flat, params, reducer.codec, start, stop)
+            reducer(part, op="mean")
+
+    def _compensate(self, flat: torch.Tensor, params: list[torch.Tensor], codec: Codec,
+                    start: int = 0, stop: int | None = None) -> None:
+        """Compensate `flat[start:stop]` (all of it by default) against `codec`."""
         if sum(p.numel() for p in params) != flat.numel():
             return  # a bucket padded for alignment: compensate none of it
-        self._feedback_for(params, flat.device).compensate(flat, 0, codec)
+        part = flat[start:stop]
+        self._feedback_for(params, flat.device).compensate(part, start, codec)
 
     def _feedback_for(self, params: list[torch.Tensor], device: torch.device) -> ErrorFeedback:
         names = tuple(self.names[id(p)] for p in params)
@@ -113,6 +153,8 @@ def register_hook(ddp: nn.parallel.DistributedDataParallel, ctx: DistContext,
                   **options: Any) -> HookState:
     """Build a `HookState` for `ddp`'s module and register `comm_hook` on `ddp`."""
     names = {id(p): n for n, p in ddp.module.named_parameters()}
-    state = HookState(ctx, names, **options)
+    by_name = param_owners(ddp.module)
+    owners = {id(p): by_name[n] for n, p in ddp.module.named_parameters()}
+    state = HookState(ctx, names, owners=owners, **options)
     ddp.register_comm_hook(state, comm_hook)
     return state

@@ -16,7 +16,9 @@ What happens (docs/data_parallel.md has the whole story):
   upstream meanwhile);
 * construction: the members check they hold the same model (`checks.py`), the group's
   first rank's weights are broadcast, gradients are planned into buckets (`buckets.py`), each bucket's codec
-  comes from `codec_rules` (`codec_rules.py`, seed 004's per-layer precision);
+  comes from `codec_rules` (`codec_rules.py`, seed 004's per-layer precision and named
+  policies such as `policy:seed004`); a bucket whose codec is `fastest` gets the fastest
+  codec for its size in `codec_times` (`codec_times.py`, seed 004's Fastest);
 * backward: each parameter's hook copies its gradient into its bucket; full buckets go
   to the communication threads in order, fragmented (`reducer.py`, `threads.py`), while
   backward continues (seed 001's overlap); `loss.backward()` returns once every mean has
@@ -44,6 +46,7 @@ momentum step), exactly as single-process training. Frozen parameters
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -57,6 +60,7 @@ from approxdist.config.dp import check_sizes
 from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
 from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
+from approxdist.data_parallel.codec_times import CodecTimes, load_times
 from approxdist.data_parallel.early_forward import StepApplier
 from approxdist.data_parallel.hooks import BackwardHooks, ForwardGate
 from approxdist.data_parallel.reducer import BucketState, Reducer
@@ -78,6 +82,7 @@ class DataParallel(nn.Module):
     def __init__(self, module: nn.Module, *, ctx: DistContext | None = None,
                  group: Group | None = None, algorithm: str = "hybrid", codec: str = "fp32",
                  codec_rules: Sequence[str] | Mapping[str, str] | None = None,
+                 codec_times: CodecTimes | str | Path | None = None,
                  error_feedback: bool = False, link: str | None = None,
                  bucket_mb: float = 1.0, first_bucket_mb: float = 0.25, solo_mb: float = 1.0,
                  threads: int = 2,
@@ -101,7 +106,8 @@ class DataParallel(nn.Module):
         self.group = group if group is not None else world_group(self.ctx)
         if hold_freed_memory:
             keep_heap()
-        self.rules = CodecRules.parse(codec_rules, codec)
+        self.rules = CodecRules.parse(codec_rules, codec,
+                                      load_times(codec_times, algorithm, self.group.size))
         self.rules.validate()
         check_same_model(module, self.group)
         self.early_forward = early_forward
@@ -130,7 +136,9 @@ class DataParallel(nn.Module):
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         infos = [ParamInfo(n, p.numel(), self.rules.codec_for(n, owners[n]), i)
                  for i, (n, p) in enumerate(named)]
-        plans = plan_buckets(infos, int(bucket_mb * MB), int(first_mb * MB), int(solo_mb * MB))
+        plans = [dataclasses.replace(p, codec=self.rules.resolve(p.codec, 4 * p.numel))
+                 for p in plan_buckets(infos, int(bucket_mb * MB), int(first_mb * MB),
+                                       int(solo_mb * MB))]
         return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef)
                 for plan in plans]
 

@@ -71,7 +71,8 @@ def build_sync(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer |
     from approxdist.data_parallel.engine import DataParallel
 
     return DataParallel(model, ctx=ctx, group=group, algorithm=dp.algorithm, codec=dp.codec,
-                        codec_rules=dp.codec_rules, error_feedback=dp.error_feedback,
+                        codec_rules=dp.codec_rules, codec_times=dp.codec_times or None,
+                        error_feedback=dp.error_feedback,
                         link=cfg.comm.link or None, bucket_mb=dp.bucket_mb,
                         first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,
                         chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,

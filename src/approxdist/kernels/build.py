@@ -22,7 +22,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-_SOURCES = ("bitfield.c",)
+_SOURCES = ("bitfield.c", "table.c")
+#: included by the sources: part of the cache key, not compiled on their own
+_HEADERS = ("bitpack.h",)
 #: tried in order; -march=native is safe because the build runs on the machine that uses it
 _FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
 _BASE_FLAGS = ("-shared", "-fPIC", "-std=c99")
@@ -81,7 +83,8 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
         return None, KernelStatus(False, "no C compiler (cc/gcc) on PATH; using torch ops. "
                                          "Install one (e.g. apt install gcc) for faster codecs")
     try:
-        source = b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)
+        source = b"".join((Path(__file__).parent / name).read_bytes()
+                          for name in _SOURCES + _HEADERS)
         folder = cache_dir()
     except (OSError, RuntimeError) as exc:  # no source shipped, no home directory
         return None, KernelStatus(False, f"kernel source or cache folder unavailable ({exc}); "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
@@ -20,8 +21,11 @@ from approxdist.comm.netem import parse_link
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
+from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
+
+T = TypeVar("T")
 
 
 def check_parts(cfg: Config) -> None:
@@ -38,13 +42,17 @@ def _check_dp(cfg: Config) -> None:
     if dp.algorithm not in algorithm_names():
         raise ConfigError(f"dp.algorithm = {dp.algorithm!r} is not one of: "
                           f"{', '.join(algorithm_names())}")
-    _named("dp.codec", dp.codec, partial(get_codec, dp.codec))
+    times = None
+    if dp.codec_times:
+        times = _named("dp.codec_times", dp.codec_times,
+                       partial(CodecTimes.load, dp.codec_times, dp.algorithm))
+    _named("dp.codec", dp.codec, partial(_check_rules, [], dp.codec, times))
     for rule in dp.codec_rules:
-        _named("dp.codec_rules", rule, partial(_check_rule, rule, dp.codec))
+        _named("dp.codec_rules", rule, partial(_check_rules, [rule], dp.codec, times))
 
 
-def _check_rule(rule: str, default: str) -> None:
-    CodecRules.parse([rule], default).validate()
+def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:
+    CodecRules.parse(rules, default, times).validate()
 
 
 def check_pipeline(p: PipelineConfig) -> None:
@@ -70,10 +78,10 @@ def check_pipeline(p: PipelineConfig) -> None:
         _named(f"pipeline.{key}", getattr(p, key), partial(get_channel, getattr(p, key)))
 
 
-def _named(key: str, value: str, build: Callable[[], object]) -> None:
+def _named(key: str, value: str, build: Callable[[], T]) -> T:
     """Build a part once so a bad spec fails here, as one line naming the key."""
     try:
-        build()
+        return build()
     except ApproxDistError as exc:
         lines = str(exc).splitlines()
         rest = "; ".join(" ".join(line.split()) for line in lines[1:])

@@ -8,6 +8,10 @@ up). Encoding avoids `bucketize`: the top 16 bits of the fp32 pattern (sign, exp
 7 mantissa bits) index a 65536-entry table of "index at the start of this bin" plus "the
 one threshold inside this bin"; a single compare finishes the job. Bins holding several
 distinct thresholds (rare) are resolved exactly with `searchsorted` on their values only.
+
+On CPU the percentile sample, encode, decode and decode-and-add run as fused C kernels
+(`approxdist.kernels.table`) when the kernels could be built; the torch ops are the
+fallback and the reference, bit for bit (`use_kernels=False` forces them).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from approxdist.comm.codecs.bitpack import code_dtype, pack_codes
 from approxdist.comm.codecs.framed import FramedCodec, typed
 from approxdist.comm.codecs.lut import LutDecoder, LutTables
 from approxdist.errors import SpecError
+from approxdist.kernels.table import TableKernel
 
 MAX_N = 12
 #: percentiles are estimated on an evenly strided sample of at most this many values
@@ -29,16 +34,21 @@ SAMPLE = 1 << 14
 SMALL = 1 << 18
 
 
-def percentile_table(x: torch.Tensor, entries: int) -> torch.Tensor:
+def percentile_table(x: torch.Tensor, entries: int,
+                     kernel: TableKernel | None = None) -> torch.Tensor:
     """The `entries` magnitudes of Table-N: 99k/entries-th percentiles of finite |x| (CPU fp32).
 
     Linear interpolation between order statistics, as `torch.quantile`, on an evenly
     strided sample of at most `SAMPLE` values, so it is exact for tensors up to that size.
+    `kernel` draws and sorts the sample in one C pass (same values) when it can take `x`.
     """
     flat = x.reshape(-1)
     step = max(1, -(-flat.numel() // SAMPLE))  # ceil: the sample spans the whole tensor
-    mag = flat[::step].detach().abs().cpu()
-    mag = torch.sort(mag[torch.isfinite(mag)]).values
+    if kernel is not None and flat.dtype == torch.float32 and kernel.usable(flat):
+        mag = kernel.sorted_sample(flat, step)
+    else:
+        mag = flat[::step].detach().abs().cpu()
+        mag = torch.sort(mag[torch.isfinite(mag)]).values
     if mag.numel() == 0:
         return torch.zeros(entries, dtype=torch.float32)
     pos = torch.arange(1, entries + 1, dtype=torch.float64) * (0.99 / entries) * (mag.numel() - 1)
@@ -84,12 +94,19 @@ def encoder_tables(table: torch.Tensor, bits: int, device: torch.device) -> Enco
     return EncoderTables(base.to(device), above32.to(device), mids.to(device), flags)
 
 
+@dataclass
+class KernelEncoder:
+    """Encoder state of the fused kernel: the int32 patterns of the decision thresholds."""
+
+    mids: torch.Tensor
+
+
 class TableCodec(FramedCodec):
     """Table-N: N bits per value plus a table of 2**(N-1) fp32 magnitudes per tensor."""
 
     family = "table"
 
-    def __init__(self, bits: int) -> None:
+    def __init__(self, bits: int, use_kernels: bool = True) -> None:
         if not 1 <= bits <= MAX_N:
             raise SpecError(f"table{bits}: N must be 1..{MAX_N} (sign + N-1 index bits); "
                             f"e.g. table2 or table4")
@@ -97,6 +114,21 @@ class TableCodec(FramedCodec):
         self.bits = bits
         self.entries = 1 << (bits - 1)
         self._lut = LutDecoder(bits)
+        self.use_kernels = use_kernels  # False: always the torch ops (a reference, a benchmark)
+        self._kernel_state: tuple[TableKernel | None] | None = None  # resolved on first use
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_kernel_state"] = None  # ctypes functions do not pickle; resolve again
+        return state
+
+    def _kernel(self, *tensors: torch.Tensor) -> TableKernel | None:
+        """The fused kernel if it can take these tensors, else None (use torch ops)."""
+        if not self.use_kernels or not TableKernel.usable(*tensors):
+            return None
+        if self._kernel_state is None:
+            self._kernel_state = (TableKernel.create(self.bits),)
+        return self._kernel_state[0]
 
     @property
     def code_bits(self) -> int:
@@ -106,8 +138,11 @@ class TableCodec(FramedCodec):
         return 4 * self.entries
 
     def _prepare(self, x: torch.Tensor, meta: torch.Tensor) -> object:
-        table = percentile_table(x, self.entries)
+        kernel = self._kernel(x)
+        table = percentile_table(x, self.entries, kernel)
         meta.copy_(table.view(torch.uint8).to(meta.device))
+        if kernel is not None:
+            return KernelEncoder(_midpoints(table).contiguous())
         if x.numel() < SMALL:  # building the 65536-bin tables would cost more than it saves
             return _midpoints(table).to(x.device)
         return encoder_tables(table, self.bits, x.device)
@@ -118,6 +153,11 @@ class TableCodec(FramedCodec):
         return self._lut.tables(values)
 
     def _encode_chunk(self, x: torch.Tensor, codes: torch.Tensor, state: object) -> None:
+        if isinstance(state, KernelEncoder):
+            kernel = self._kernel(x, codes)
+            assert kernel is not None  # `_prepare` chose the kernel for these tensors
+            kernel.encode(x, state.mids, codes)
+            return
         if isinstance(state, torch.Tensor):
             pack_codes(self._search(x.view(torch.int32), state), self.bits, codes, self.work)
             return
@@ -152,7 +192,19 @@ class TableCodec(FramedCodec):
 
     def _decode_chunk(self, codes: torch.Tensor, y: torch.Tensor, state: object) -> None:
         assert isinstance(state, LutTables)
+        kernel = self._kernel(codes, y, state.values)
+        if kernel is not None:
+            kernel.decode(codes, state.values, state.rows, y)
+            return
         self._lut.decode(codes, y.numel(), y, self.work, state)
+
+    def _decode_add_chunk(self, codes: torch.Tensor, y: torch.Tensor, state: object) -> None:
+        assert isinstance(state, LutTables)
+        kernel = self._kernel(codes, y, state.values)
+        if kernel is not None:
+            kernel.decode(codes, state.values, state.rows, y, add=True)
+            return
+        super()._decode_add_chunk(codes, y, state)
 
 
 def parse_table(bits: str) -> TableCodec:

@@ -1,0 +1,84 @@
+"""Typed entry points of the Table-N kernels (table.c): sorted sample, encode, decode, decode-add.
+
+`TableKernel.create` returns None where the kernels cannot run (no compiler, disabled);
+`usable` says per call whether the tensors qualify (CPU, contiguous). The codec
+(`comm.codecs.table`) keeps its torch path for everything else and as the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from approxdist.kernels.build import load_kernels
+
+_VOID, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+class TableKernel:
+    """The fused Table-N kernels for codes of `bits` bits."""
+
+    def __init__(self, lib: ctypes.CDLL, bits: int) -> None:
+        self.bits = bits
+        self._encode = lib.ad_table_encode
+        self._encode.argtypes = [_VOID, _I64, _VOID, _I64, _INT, _VOID]
+        self._decode = lib.ad_table_decode
+        self._decode.argtypes = [_VOID, _I64, _VOID, _VOID, _INT, _VOID, _INT]
+        self._sample = lib.ad_table_sample
+        self._sample.argtypes = [_VOID, _I64, _I64, _VOID, _VOID]
+        self._sample.restype = _I64
+        for f in (self._encode, self._decode):
+            f.restype = None
+
+    @staticmethod
+    def create(bits: int) -> TableKernel | None:
+        if not 1 <= bits <= 32:
+            return None
+        lib = load_kernels()
+        return None if lib is None else TableKernel(lib, bits)
+
+    @staticmethod
+    def usable(*tensors: torch.Tensor) -> bool:
+        return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+    def sorted_sample(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        """The finite |x[::step]| in increasing order (fp32), as torch's sort would give."""
+        _need(x, torch.float32, x.numel())
+        room = -(-x.numel() // step) if x.numel() else 0
+        buf = torch.empty(2 * room, dtype=torch.int32)
+        count = self._sample(x.data_ptr(), x.numel(), step, buf.data_ptr(),
+                             buf.data_ptr() + 4 * room)
+        return buf[:count].view(torch.float32)
+
+    def encode(self, x: torch.Tensor, mids: torch.Tensor, codes: torch.Tensor) -> None:
+        """Pack the codes of fp32 `x` against the int32 threshold patterns `mids`."""
+        _need(x, torch.float32, x.numel())
+        _need(mids, torch.int32, mids.numel())
+        _need(codes, torch.uint8, self._nbytes(x.numel()))
+        self._encode(x.data_ptr(), x.numel(), mids.data_ptr(), mids.numel(), self.bits,
+                     codes.data_ptr())
+
+    def decode(self, codes: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None,
+               y: torch.Tensor, add: bool = False) -> None:
+        """`y = ` (or `+=` with `add`) the values of the packed `codes`: `values` holds the
+        2T code values, `rows` (256 x 8/bits, for widths dividing 8) the per-byte rows."""
+        _need(y, torch.float32, y.numel())
+        _need(codes, torch.uint8, self._nbytes(y.numel()))
+        _need(values, torch.float32, 1 << self.bits)
+        rows_ptr = None
+        if rows is not None and 8 % self.bits == 0:
+            _need(rows, torch.float32, 256 * (8 // self.bits))
+            rows_ptr = rows.data_ptr()
+        self._decode(codes.data_ptr(), y.numel(), values.data_ptr(), rows_ptr, self.bits,
+                     y.data_ptr(), int(add))
+
+    def _nbytes(self, n: int) -> int:
+        return (n * self.bits + 7) // 8
+
+
+def _need(t: torch.Tensor, dtype: torch.dtype, numel: int) -> None:
+    """Internal invariants: a wrong pointer here would corrupt memory, not raise."""
+    if t.dtype != dtype or t.numel() < numel or not TableKernel.usable(t):
+        raise ValueError(f"table kernel needs a contiguous CPU {dtype} tensor of >= {numel} "
+                         f"values; got {t.dtype} {tuple(t.shape)} on {t.device}")
