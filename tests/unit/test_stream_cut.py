@@ -130,3 +130,19 @@ def test_loss_versions_name_the_versions_of_each_steps_loss() -> None:
             assert lo == hi or lo == -1
     flat = [row[0][0] for row in rows if row[0][0] >= 0]
     assert flat == sorted(flat) and flat[0] == 0 and flat[-1] == 2
+
+
+def test_weight_versions_that_do_not_fit_are_refused_in_one_line() -> None:
+    from torch import nn
+
+    from approxdist.pipeline.errors import PipelineError
+    from approxdist.pipeline.weights import check_version_memory
+
+    module = nn.Linear(256, 256)  # 257 KiB of parameters
+    need = check_version_memory(module, 3, 0, "pipedream", free=None)
+    assert need == 3 * (256 * 256 + 256) * 4
+    assert check_version_memory(module, 3, 0, "pipedream", free=need) == need
+    with pytest.raises(PipelineError, match=r"^pipedream keeps up to 3 weight version\(s\) on "
+                       r"stage 0: 0\.8 MiB, but only 0\.5 MiB are free; use 2bw") as info:
+        check_version_memory(module, 3, 0, "pipedream", free=2**19)
+    assert "\n" not in str(info.value)

@@ -47,7 +47,7 @@ from approxdist.pipeline.schedule.replicated import (
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.pipeline.transport import StageTransport, WireFormat
-from approxdist.pipeline.weights import WeightVersions
+from approxdist.pipeline.weights import WeightVersions, available_bytes, check_version_memory
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
@@ -197,6 +197,10 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, stage: int, module: 
     schedule `pcfg.schedule` over a stream of `minibatches` (the trainer's steps per epoch).
     Evaluation runs GPipe's forward-only pipeline."""
     schedule = build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches, minibatches)
+    params = list(module.parameters())
+    device = params[0].device if params else torch.device("cpu")
+    check_version_memory(module, schedule.version_limit[stage], stage, pcfg.schedule,
+                         available_bytes(device))
     weights = WeightVersions(module)
     # versions run through functional_call, so a fused Linear (accumulate.py) receives the
     # version's weight and accumulates into that version's .grad

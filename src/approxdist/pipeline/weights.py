@@ -30,6 +30,34 @@ from approxdist.pipeline.schedule.versions import Update
 Version = dict[str, torch.Tensor]
 
 
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on `device`: the GPU's free memory, or the host's
+    `MemAvailable` (Linux); None where it cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_version_memory(module: nn.Module, versions: int, stage: int, schedule: str,
+                         free: int | None) -> int:
+    """The bytes `versions` copies of `module`'s parameters take; `PipelineError` when they
+    do not fit in `free` bytes (None: not checked)."""
+    need = versions * sum(p.nelement() * p.element_size() for p in module.parameters())
+    if free is not None and need > free:
+        raise PipelineError(
+            f"{schedule} keeps up to {versions} weight version(s) on stage {stage}: "
+            f"{need / 2**20:.1f} MiB, but only {free / 2**20:.1f} MiB are free; use 2bw (two "
+            f"versions per stage), more stages (fewer parameters each) or a flushed schedule")
+    return need
+
+
 class WeightVersions:
     """Versions of `module`'s parameters, by version number; `current` selects the one
     `__call__` runs with."""
