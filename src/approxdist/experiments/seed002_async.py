@@ -157,10 +157,17 @@ def trend_rows(rows: list[Row], meta: Meta) -> list[md.Trend]:
             why += (f"; PipeDream steps the optimiser after every micro-batch "
                     f"({len(sched.updates[0])} steps per epoch on each stage, {MICROBATCHES}x "
                     f"1F1B's) and copies the stage's weights at each (a new version)")
-        if ratio <= 1.0 and cores and cores < 2 * ranks:
-            why += (f"; a hypothesis for the missing gain: {ranks} ranks share {cores} "
-                    f"core(s) with the rest of this machine, so a rank idle in the bubble "
-                    f"gives its core to the other rank rather than wasting it")
+        if ratio <= 1.0:
+            per_mb = median([float(r["epoch_time_s"]) / (k * MICROBATCHES)
+                             for r in rows if r["schedule"] == SYNC]) if k else math.nan
+            why += (f"; a hypothesis for the missing gain: a micro-batch takes "
+                    f"{1e3 * per_mb:.2f} ms through the whole pipeline under 1F1B (epoch time / "
+                    f"micro-batches), so the stream's fixed costs per action (each forward and "
+                    f"backward through a weight version, the copies at each update) weigh as "
+                    f"much as the bubble it removes; a larger model would test it")
+            if cores and cores < ranks:
+                why += (f"; also, {ranks} ranks share {cores} core(s): a rank idle in the "
+                        f"bubble gives its core to another rank rather than wasting it")
         out.append((f"{name}: an asynchronous schedule removes the flush bubble, so it "
                     f"trains more samples per second than 1F1B with a flush",
                     f"{_rate(rows, name):.0f} samples/s vs {sync_rate:.0f} (1F1B): "
