@@ -93,3 +93,20 @@ def test_stream_options_are_refused_where_they_do_not_apply() -> None:
         schedule_cmd.render_show("gpipe", 2, 2, minibatches=2)
     with pytest.raises(ScheduleError, match=r"--replicas 2: 2bw is asynchronous"):
         schedule_cmd.render_show("2bw", 2, 2, replicas="2")
+
+
+def test_output_into_a_closed_pipe_ends_quietly() -> None:
+    """`approxdist schedule show ... | head -1`: no traceback when the reader goes away."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", "from approxdist.cli.main import main; raise SystemExit(main())",
+           "schedule", "show", "pipedream", "--stages", "4", "--microbatches", "8",
+           "--minibatches", "200"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err
