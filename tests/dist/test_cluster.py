@@ -148,3 +148,22 @@ def test_down_leaves_nothing_behind(cluster: ClusterLayout) -> None:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f"ad{cluster.subnet}h" not in links and f"ad{cluster.subnet}p" not in links
     assert state.load(cluster.name) is None
+
+
+def test_a_link_preset_runs_on_tc_shaped_hosts(cluster: ClusterLayout, tmp_path: Path) -> None:
+    """`experiment seed000-bandwidth --link-shaper kernel`: every run on a fresh 2-host
+    cluster shaped to its rate, removed afterwards; the report says who shaped the link."""
+    from approxdist.experiments import Settings, run_experiment
+    from approxdist.experiments.csvio import read_csv
+    from approxdist.experiments.seed000_bandwidth import COLUMNS
+
+    before = set(namespaces())
+    report = run_experiment("seed000-bandwidth",
+                            Settings(tmp_path, size="smoke", link_shaper="kernel"))
+    rows = read_csv(tmp_path / "bandwidth.csv", COLUMNS)
+    assert [r["config"] for r in rows] == ["fp32", "4-bit fwd"]
+    assert all(float(r["epoch_time_s"]) > 0 for r in rows)
+    assert all((p / "cluster.log").is_file() for p in (tmp_path / "runs").iterdir())
+    text = report.read_text()
+    assert "tc-shaped links between namespaced hosts" in text and "emulated per" not in text
+    assert set(namespaces()) == before

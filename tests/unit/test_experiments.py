@@ -186,3 +186,18 @@ def test_seed002_async_verdicts_follow_the_measurements() -> None:
     assert by_start["pipedream mem"][1] is True and "2 / 1" in by_start["pipedream mem"][0]
     table = result_table(rows, 0.7)
     assert "| 2bw | 70.0 % (n=1) | 1200 | 1.200x |" in table
+
+
+def test_link_shaper_applies_only_to_presets_that_vary_the_link(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from approxdist.cli.main import main
+
+    assert main(["experiment", "seed002-async", "--smoke", "--link-shaper", "kernel",
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("approxdist: error: --link-shaper kernel does not apply to seed002-async, "
+                   "which does not vary a link's rate; presets that take it: "
+                   "seed000-bandwidth\n")
+    with pytest.raises(ConfigError, match="--link-shaper 'tc' is not one of: inproc, kernel"):
+        Settings(tmp_path, link_shaper="tc")
+    assert get_preset("seed000-bandwidth").shapers == ("inproc", "kernel")

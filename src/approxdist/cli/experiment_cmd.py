@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
                         "on CIFAR-10 instead of MNIST-1D")
     p.add_argument("--seeds", type=int, default=0,
                    help="training seeds per configuration (default 3; 1 with --quick)")
+    p.add_argument("--link-shaper", default="inproc", choices=["inproc", "kernel"],
+                   help="presets that vary the link rate: shape it with our in-process "
+                        "emulator (default) or with tc on namespaced hosts (root)")
     p.set_defaults(func=run)
 
 
@@ -60,12 +63,16 @@ def run(args: argparse.Namespace) -> int:
     size = "quick" if args.quick else "smoke" if args.smoke else "full"
     start = time.perf_counter()
     for name in names:
-        why_not = get_preset(name).unavailable() if args.name == ALL else ""
+        preset = get_preset(name)
+        why_not = preset.unavailable() if args.name == ALL else ""
+        if args.name == ALL and args.link_shaper not in preset.shapers:
+            why_not = f"it does not vary a link's rate (--link-shaper {args.link_shaper})"
         if why_not:
             print(f"{name}: skipped: {why_not}", flush=True)
             continue
         out = args.out / name if args.name == ALL else args.out
-        settings = Settings(out=out, size=size, data_dir=args.data_dir, seeds=args.seeds)
+        settings = Settings(out=out, size=size, data_dir=args.data_dir, seeds=args.seeds,
+                            link_shaper=args.link_shaper)
         t0 = time.perf_counter()
         report = run_experiment(name, settings)
         print(f"{name}: {time.perf_counter() - t0:.0f} s, report {report}", flush=True)

@@ -31,10 +31,15 @@ class Settings:
     size: str = "full"
     data_dir: str = ""
     seeds: int = 0  # 0: the preset's default for the size (1 for smoke/quick, 3 for full)
+    #: who shapes the link of presets that vary it: "inproc" (`--link`) or "kernel" (tc on
+    #: namespaced hosts, `experiments.shaping`)
+    link_shaper: str = "inproc"
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
             raise ConfigError(f"experiment size {self.size!r} is not one of: {', '.join(SIZES)}")
+        if self.link_shaper not in ("inproc", "kernel"):
+            raise ConfigError(f"--link-shaper {self.link_shaper!r} is not one of: inproc, kernel")
         if self.seeds < 0:
             raise ConfigError(f"--seeds {self.seeds} must be >= 1 (or 0 for the default)")
 
@@ -49,7 +54,7 @@ class Settings:
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.out), "size": self.size, "data_dir": self.data_dir,
-                "seeds": self.seeds}
+                "seeds": self.seeds, "link_shaper": self.link_shaper}
 
 
 @dataclass(frozen=True)
@@ -75,3 +80,6 @@ class Preset:
     run_time: dict[str, str] = field(default_factory=dict)  # size -> expected time on 2 cores
     #: why this machine cannot run the preset ("" when it can); `experiment all` skips it
     unavailable: Callable[[], str] = field(default=lambda: "")
+    #: the link shapers it runs with (`--link-shaper`); only presets that vary the link
+    #: rate offer "kernel"
+    shapers: tuple[str, ...] = ("inproc",)

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
-from approxdist.cluster import cluster_down, cluster_up, run_on_cluster
+from approxdist.cluster import cluster_down, cluster_up
 from approxdist.cluster.system import require_net_admin
 from approxdist.comm.collectives.bench import BenchPlan, fmt_size, measure_rank, summarize
 from approxdist.comm.netem import parse_link
@@ -32,6 +31,7 @@ from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import train_run
+from approxdist.experiments.shaping import on_cluster
 from approxdist.launch.spawn import run_on_ranks
 
 NAME = "link-emulation-check"
@@ -110,12 +110,7 @@ def _kernel_rows(settings: Settings, link: str, sizes: tuple[int, ...]) -> list[
 
 
 def _on_cluster(argv: list[str]) -> None:
-    with open(os.devnull, "w") as sink:
-        code = run_on_cluster(CLUSTER, argv, out=sink)
-    if code != 0:
-        raise ClusterError(f"`approxdist cluster run -- {' '.join(argv)}` failed (exit {code}); "
-                           f"run it by hand on `approxdist cluster up --name {CLUSTER} --hosts 2`"
-                           f" to see its output")
+    on_cluster(CLUSTER, argv)
 
 
 def _transfer_rows(link: str, shaper: str, rows: list[dict[str, Any]]) -> list[Row]:

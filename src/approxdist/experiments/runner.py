@@ -23,7 +23,8 @@ import torch
 from approxdist.errors import ConfigError, DataError
 from approxdist.experiments.base import Meta, Settings
 from approxdist.experiments.csvio import read_csv
-from approxdist.experiments.registry import get_preset
+from approxdist.experiments.registry import get_preset, preset_names
+from approxdist.experiments.shaping import check_shaper
 
 META_FILE = "experiment.json"
 REPORT_FILE = "report.md"
@@ -46,12 +47,21 @@ def command_line(name: str, settings: Settings) -> str:
         parts += ["--data-dir", settings.data_dir]
     if settings.seeds:
         parts += ["--seeds", str(settings.seeds)]
+    if settings.link_shaper != "inproc":
+        parts += ["--link-shaper", settings.link_shaper]
     return " ".join(parts)
 
 
 def run_experiment(name: str, settings: Settings) -> Path:
     """Execute preset `name` into `settings.out`; write experiment.json and the report."""
     preset = get_preset(name)
+    if settings.link_shaper not in preset.shapers:
+        offering = [n for n in preset_names() if settings.link_shaper in get_preset(n).shapers]
+        raise ConfigError(f"--link-shaper {settings.link_shaper} does not apply to {name}, which "
+                          f"does not vary a link's rate; presets that take it: "
+                          f"{', '.join(offering) or 'none'}")
+    if settings.link_shaper == "kernel":
+        check_shaper("kernel")  # root or CAP_NET_ADMIN, before anything runs
     settings.out.mkdir(parents=True, exist_ok=True)
     with exclusive(settings.out):
         return _run(preset.name, settings)

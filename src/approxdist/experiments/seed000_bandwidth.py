@@ -26,7 +26,8 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
-from approxdist.experiments.runs import epochs_of, train_run
+from approxdist.experiments.runs import epochs_of
+from approxdist.experiments.shaping import train_on_link
 from approxdist.experiments.task import task_for
 
 NAME = "seed000-bandwidth"
@@ -57,11 +58,12 @@ def collect(settings: Settings) -> Meta:
             fwd, bwd = CONFIGS[name]
             print(f"[{NAME}] link {link}, {name}", flush=True)
             run_dir = settings.out / "runs" / f"{link}-{name.replace(' ', '').replace('+', '_')}"
-            train_run(task.sections(0, epochs=epochs, fwd_codec=fwd, bwd_codec=bwd,
-                                    link=f"bw={link}"), run_dir)
+            train_on_link(task.sections(0, epochs=epochs, fwd_codec=fwd, bwd_codec=bwd),
+                          run_dir, link, settings.link_shaper)
             rows.append(_row(link, name, epochs_of(run_dir)))
     write_csv(settings.out / "bandwidth.csv", COLUMNS, rows)
-    return {"task": {**task.describe(), "epochs": epochs}, "seeds": [0], "epochs_per_run": epochs}
+    return {"task": {**task.describe(), "epochs": epochs}, "seeds": [0], "epochs_per_run": epochs,
+            "link_shaper": settings.link_shaper}
 
 
 def _row(link: str, config: str, records: list[dict[str, Any]]) -> Row:
@@ -85,7 +87,7 @@ def _row(link: str, config: str, records: list[dict[str, Any]]) -> Row:
     return row
 
 
-def plot_times(out: Path, rows: list[Row], title: str) -> str:
+def plot_times(out: Path, rows: list[Row], title: str, shaper: str = "emulated link") -> str:
     fig, (ax, ax_seed) = plots.figure(2)
     for (config,), rs in group(rows, "config").items():
         rs = sorted(rs, key=lambda r: r["bw_bps"])
@@ -93,7 +95,7 @@ def plot_times(out: Path, rows: list[Row], title: str) -> str:
                 label=str(config))
     ax.set_xscale("log")
     plots.plain_log(ax)
-    plots.label(ax, "link bandwidth (bit/s)", "time per epoch (s)", "ours (emulated link, CPU)")
+    plots.label(ax, "link bandwidth (bit/s)", "time per epoch (s)", f"ours ({shaper}, CPU)")
     seed = sorted((parse_link(f"bw={k}").bandwidth_bps, v) for k, v in SEED_TABLE.items())  # type: ignore[union-attr]
     ax_seed.plot([b for b, _ in seed], [t for _, t in seed], marker="s", color="tab:orange",
                  label="fp32, seed 000 Table 1")
@@ -195,11 +197,19 @@ def trend_rows(rows: list[Row]) -> list[md.Trend]:
 def render(out: Path, meta: Meta) -> str:
     rows = read_csv(out / "bandwidth.csv", COLUMNS)
     task = meta["task"]
+    kernel = meta.get("link_shaper", "inproc") == "kernel"
+    shaped = "tc-shaped links between namespaced hosts" if kernel else "emulated links"
     title = (f"{NAME}: {task['dataset']} / {task['model']['name']}, 2-stage GPipe, 4 micro-batches,"
-             f" batch {task['batch_size']}, emulated links")
-    times, parts = plot_times(out, rows, title), plot_breakdown(out, rows, title)
+             f" batch {task['batch_size']}, {shaped}")
+    times = plot_times(out, rows, title, "tc-shaped link" if kernel else "emulated link")
+    parts = plot_breakdown(out, rows, title)
+    how = ("each stage runs in its own network namespace (`approxdist cluster`, "
+           "`--link-shaper kernel`) and `tc` (tbf) shapes the veth link in both directions "
+           "to the rate (bandwidth only, no latency)" if kernel else
+           "the link is emulated per message by `comm.netem` (bandwidth only, no latency)")
     return "\n\n".join([
-        md.section("Result", f"Each row: one run of {meta['epochs_per_run']} epoch(s); with "
+        md.section("Result", f"Links: {shaped}. Each row: one run of "
+                   f"{meta['epochs_per_run']} epoch(s); with "
                    f"several, the first is left out and the fastest of the others is shown (it "
                    f"resists the load of other jobs). Per-step figures per stage; 'vs fp32 on fast "
                    f"links': relative to fp32's median over links >= 500 Mbit/s. Cut: "
@@ -209,8 +219,8 @@ def render(out: Path, meta: Meta) -> str:
         md.section("Trends of the seed", md.trends(trend_rows(rows))),
         md.section("Differences from the seed",
                    "The seed throttled real 20 Gbit Ethernet with Linux `tc` between two V100 "
-                   "machines; here both stages share 2 CPU cores and the link is emulated per "
-                   "message by `comm.netem` (bandwidth only, no latency). A step computes in "
+                   f"machines; here both stages share one machine's CPU cores (see above) and "
+                   f"{how}. A step computes in "
                    "tens of milliseconds instead of the V100's few, and the activations at our "
                    "cut are far smaller than ResNet-56's on CIFAR-10, so the link starts to "
                    "dominate at a lower bandwidth than the seed's 100 Mbit/s."),
@@ -222,5 +232,6 @@ PRESET = Preset(
     seed_ref="seed 000, section 4.5, Table 1",
     summary="time per epoch and per-step compute/transfer vs emulated link bandwidth",
     csv_columns={"bandwidth.csv": COLUMNS}, collect=collect, render=render,
+    shapers=("inproc", "kernel"),
     run_time={"quick": "~2 min (3 links x 3 wire formats, 1 epoch each)",
               "full": "~7.5 min (8 links x 3 wire formats, 3 epochs each)"})
