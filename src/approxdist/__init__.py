@@ -2,13 +2,18 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["DataParallel", "__version__"]
+__all__ = ["DataParallel", "Pipeline", "__version__"]
 
 
 def __getattr__(name: str) -> object:
-    """`approxdist.DataParallel` without importing torch at `import approxdist`."""
+    """`approxdist.DataParallel`, `approxdist.Pipeline` without importing torch at
+    `import approxdist`."""
     if name == "DataParallel":
         from approxdist.data_parallel.engine import DataParallel
 
         return DataParallel
+    if name == "Pipeline":
+        from approxdist.api.pipeline import Pipeline
+
+        return Pipeline
     raise AttributeError(f"module 'approxdist' has no attribute {name!r}")

@@ -177,7 +177,7 @@ class StageCompute:
         assert labels is not None, "the last stage needs the labels of every micro-batch"
         loss = self.loss_fn(out, labels) * weight
         self.loss_sum += loss.detach().double()
-        self.correct += (out.detach().argmax(1) == labels).sum()
+        self.correct += hits(out.detach(), labels)
         return out, loss
 
     def output(self, m: int) -> torch.Tensor:
@@ -245,9 +245,19 @@ class StageCompute:
         out = self.module(x)
         if self.is_last:
             assert labels is not None
-            self.loss_sum += self.loss_fn(out, labels).double() * labels.numel()
-            self.correct += (out.argmax(1) == labels).sum()
+            self.loss_sum += self.loss_fn(out, labels).double() * labels.shape[0]
+            self.correct += hits(out, labels)
         return out
+
+
+def hits(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Correct class predictions (`out.argmax(1) == labels`) when `labels` are class indices
+    of `out`'s shape without its class dimension; 0 for any other target (a user's loss on
+    regression targets, say)."""
+    if labels.dtype.is_floating_point or out.dim() < 2 or \
+            tuple(labels.shape) != (out.shape[0], *out.shape[2:]):
+        return torch.zeros((), dtype=torch.int64)
+    return (out.argmax(1) == labels).sum()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,106 @@
+"""`approxdist.Pipeline` from a user's own loop: a model of the user's own blocks, the user's
+loss (regression and classification), against single-process gradients; an asynchronous
+schedule through the API; the documented example (examples/pipeline_api.py) trains."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+import approxdist
+from approxdist.errors import ConfigError
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline_api.py"
+
+
+class Gate(nn.Module):
+    """A block of a user's own (not one of approxdist's models)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.a(x)) * torch.sigmoid(self.b(x)) + x
+
+
+def _model(out: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), Gate(16), nn.ReLU(), Gate(16), nn.Linear(16, out))
+
+
+def _data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(12, 6, generator=gen)
+    if kind == "regression":
+        return x, torch.randn(12, 2, generator=gen)
+    return x, torch.randint(0, 3, (12,), generator=gen)
+
+
+CASES = [("regression", "1f1b", 4, False), ("classification", "gpipe", 3, True),
+         ("classification", "1f1b", 1, False)]
+LOSSES = {"regression": F.mse_loss, "classification": F.cross_entropy}
+OUTS = {"regression": 2, "classification": 3}
+
+
+def _ranks(ctx: DistContext) -> dict[str, Any]:
+    out: dict[str, Any] = {"cases": []}
+    for kind, schedule, m, recompute in CASES:
+        x, y = _data(kind)
+        pipe = approxdist.Pipeline(_model(OUTS[kind]), sample=x[:2], schedule=schedule,
+                                   microbatches=m, recompute=recompute, loss_fn=LOSSES[kind])
+        loss = pipe.step(x if pipe.is_first else None, y if pipe.is_last else None,
+                         batch_size=12)
+        grads = {n: p.grad.clone() for n, p in pipe.module.named_parameters()}
+        out["cases"].append({"loss": loss, "grads": grads})
+        pipe.close()
+    # an asynchronous schedule: the pipeline steps the optimiser itself
+    x, y = _data("classification")
+    pipe = approxdist.Pipeline(_model(3), sample=x[:2], schedule="2bw", microbatches=2,
+                               optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), stream=3)
+    before = [p.detach().clone() for p in pipe.parameters()]
+    out["async"] = [pipe.step(x, y) for _ in range(3)]
+    out["moved"] = any(not torch.equal(a, p) for a, p in zip(before, pipe.parameters()))
+    pipe.close()
+    with pytest.raises(ConfigError, match="schedule '2bw' is asynchronous"):
+        approxdist.Pipeline(_model(3), sample=x[:2], schedule="2bw")
+    spec = importlib.util.spec_from_file_location("pipeline_api_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example
+    spec.loader.exec_module(example)
+    out["example"] = example.main(steps=30)
+    return out
+
+
+def test_the_public_pipeline_matches_single_process_and_runs_the_example() -> None:
+    ranks = run_on_ranks(_ranks, 2, timeout_s=240)
+    for i, (kind, _, _, _) in enumerate(CASES):
+        x, y = _data(kind)
+        model = _model(OUTS[kind])
+        loss = LOSSES[kind](model(x), y)
+        loss.backward()
+        got = {**ranks[0]["cases"][i]["grads"], **ranks[1]["cases"][i]["grads"]}
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
+        assert ranks[0]["cases"][i]["loss"] is None
+        assert ranks[1]["cases"][i]["loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert all(r["moved"] for r in ranks)
+    assert ranks[0]["async"] == [None] * 3 and all(v is not None for v in ranks[1]["async"])
+    losses = ranks[1]["example"]
+    assert ranks[0]["example"] == [] and len(losses) == 30 and losses[-1] < 0.5 * losses[0]
+
+
+def test_without_a_process_group_the_api_says_what_to_do() -> None:
+    with pytest.raises(ConfigError, match=r"needs torch.distributed: call "
+                       r"dist.init_process_group\(...\) on every rank first"):
+        approxdist.Pipeline(_model(3), sample=torch.zeros(2, 6))
