@@ -18,6 +18,7 @@ import approxdist
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.pipeline.errors import PipelineError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline_api.py"
 
@@ -52,8 +53,56 @@ LOSSES = {"regression": F.mse_loss, "classification": F.cross_entropy}
 OUTS = {"regression": 2, "classification": 3}
 
 
+class Pool(nn.Module):
+    """Mean over the sequence dimension, then classes."""
+
+    def __init__(self, width: int, classes: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.mean(1))
+
+
+def _sequence_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), Pool(8, 3))
+
+
+LENGTHS = (5, 9, 3)
+
+
+def _sequences(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(t)
+    return torch.randn(6, t, 4, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+
+
+def _variable(ctx: DistContext) -> dict[str, Any]:
+    """Sequence lengths that change between mini-batches (dynamic_shapes)."""
+    x0, _ = _sequences(LENGTHS[0])
+    pipe = approxdist.Pipeline(_sequence_model(), sample=x0[:2], schedule="1f1b",
+                               microbatches=2, dynamic_shapes=True)
+    grads = []
+    for t in LENGTHS:
+        x, y = _sequences(t)
+        loss = pipe.step(x, y)
+        grads.append(({n: p.grad.clone() for n, p in pipe.module.named_parameters()}, loss))
+        for p in pipe.parameters():
+            p.grad = None
+    pipe.close()
+    fixed = approxdist.Pipeline(_sequence_model(), sample=x0[:2], schedule="1f1b",
+                                microbatches=2)
+    refused = ""
+    if fixed.is_first:  # stage 0 refuses before any transfer, so the others are not called
+        with pytest.raises(PipelineError) as info:
+            fixed.step(_sequences(7)[0], None)
+        refused = str(info.value)
+    fixed.close()
+    return {"grads": grads, "refused": refused}
+
+
 def _ranks(ctx: DistContext) -> dict[str, Any]:
-    out: dict[str, Any] = {"cases": []}
+    out: dict[str, Any] = {"cases": [], "variable": _variable(ctx)}
     for kind, schedule, m, recompute in CASES:
         x, y = _data(kind)
         pipe = approxdist.Pipeline(_model(OUTS[kind]), sample=x[:2], schedule=schedule,
@@ -93,9 +142,22 @@ def test_the_public_pipeline_matches_single_process_and_runs_the_example() -> No
         for name, p in model.named_parameters():
             torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
         assert ranks[0]["cases"][i]["loss"] is None
-        assert ranks[1]["cases"][i]["loss"] == pytest.approx(float(loss), rel=1e-5)
+        assert ranks[1]["cases"][i]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
     assert all(r["moved"] for r in ranks)
     assert ranks[0]["async"] == [None] * 3 and all(v is not None for v in ranks[1]["async"])
+    for i, t in enumerate(LENGTHS):  # variable sequence lengths: every step's gradients
+        x, y = _sequences(t)
+        model = _sequence_model()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        got = {**ranks[0]["variable"]["grads"][i][0], **ranks[1]["variable"]["grads"][i][0]}
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
+        assert ranks[1]["variable"]["grads"][i][1] == pytest.approx(float(loss.detach()), rel=1e-5)
+    assert ranks[0]["variable"]["refused"] == (
+        "the inputs' per-sample shape (7, 4) differs from the (5, 4) the pipeline was built "
+        "for; shapes that change between mini-batches need dynamic_shapes=True "
+        "(pipeline.dynamic_shapes)")
     losses = ranks[1]["example"]
     assert ranks[0]["example"] == [] and len(losses) == 30 and losses[-1] < 0.5 * losses[0]
 

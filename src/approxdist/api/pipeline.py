@@ -20,7 +20,11 @@ loss of a micro-batch is `loss_fn(output, targets)`, any differentiable scalar. 
 asynchronous schedule (pipedream, pipedream-vsync, 2bw) steps the optimiser itself where
 the schedule updates: give `optimizer=` (a function of the stage's parameters) and the
 stream's length `stream=K` (mini-batches between two flushes); `step` then returns the
-loss of the micro-batches the last stage finished during the call.
+loss of the micro-batches the last stage finished during the call. With
+`dynamic_shapes=True` the per-sample shapes may change from one mini-batch to the next
+(sequence lengths, say): the stages agree on each mini-batch's shapes before its
+transfers (one small message per boundary); off (the default) costs nothing and a
+changed shape is refused with a message saying so.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ class Pipeline:
                  bwd_channel: str = "none", link: str = "", recompute: bool = False,
                  loss_fn: LossFn = F.cross_entropy, group: Group | None = None,
                  optimizer: OptimizerFactory | None = None, stream: int = 0,
-                 seed: int = 0) -> None:
+                 dynamic_shapes: bool = False, seed: int = 0) -> None:
         blocks = model if isinstance(model, nn.Sequential) else nn.Sequential(*model)
         ctx = context_of(blocks)
         if not ctx.distributed:
@@ -79,7 +83,7 @@ class Pipeline:
                               split=cut, balance=balance, microbatches=microbatches,
                               schedule=schedule, fwd_codec=fwd_codec, bwd_codec=bwd_codec,
                               fwd_channel=fwd_channel, bwd_channel=bwd_channel,
-                              recompute=recompute)
+                              recompute=recompute, dynamic_shapes=dynamic_shapes)
         self.runtime: PipelineRuntime = build_runtime(
             pcfg, blocks, ctx, sample, group=group, link_spec=link, seed=seed, loss_fn=loss_fn,
             minibatches=max(stream, 1))

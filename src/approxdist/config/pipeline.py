@@ -62,6 +62,7 @@ class PipelineConfig:
     placement: tuple[int, ...] = ()  # ranks, stage-major (default: 0, 1, 2, ...)
     replicas: tuple[int, ...] = ()   # ranks per stage: one count for all, or one per stage
     comm_threads: str = "inline"     # who posts sends/receives (seed 002 Table 4)
+    dynamic_shapes: bool = False     # per-sample shapes may change between mini-batches
 
     def __post_init__(self) -> None:
         if self.stages < 1:

@@ -108,6 +108,8 @@ class PipelineExecutor:
         self.compute, self.transport = compute, transport
         self.num_microbatches, self.rec, self.grad_sync = num_microbatches, rec, grad_sync
         self._orders = orders
+        #: per-sample shapes may change between mini-batches (`agree_shapes`)
+        self.dynamic_shapes = False
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
         self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
@@ -132,6 +134,7 @@ class PipelineExecutor:
         Stage 0 needs `inputs`, the last stage `labels`; every stage needs `batch_size`.
         """
         self.compute.reset_step()
+        self.agree_shapes(inputs)
         step = self._prepare(inputs, labels, batch_size, self.num_microbatches)
         actions = self.actions(len(step.sizes))
         sync = [a for a in actions if a.kind is Kind.ALL_REDUCE]
@@ -152,11 +155,26 @@ class PipelineExecutor:
         `compute.loss_sum` / `compute.correct` (reset them with `compute.reset_step()`).
         Returns the samples of the micro-batches this rank ran."""
         m = min(self.num_microbatches, batch_size)
+        self.agree_shapes(inputs)
         step = self._prepare(inputs, labels, batch_size, m)
         actions = self.actions(m, train=False)
         self.transport.courier.begin(m, train=False)
         self._execute(actions, self._eval, step)
         return sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
+
+    def agree_shapes(self, inputs: Batch | None) -> None:
+        """With `dynamic_shapes`, every stage learns this mini-batch's activation shapes
+        (one header per boundary, `transport.refresh_shapes`); without, stage 0 checks
+        that the inputs keep the shape the pipeline was built for."""
+        t = self.transport
+        shape = tuple(inputs.shape[1:]) if isinstance(inputs, torch.Tensor) else None
+        if self.dynamic_shapes:
+            t.refresh_shapes(shape if shape is not None else t.in_shape)
+        elif t.is_first and shape is not None and shape != t.in_shape:
+            raise PipelineError(f"the inputs' per-sample shape {shape} differs from the "
+                                f"{t.in_shape} the pipeline was built for; shapes that change "
+                                f"between mini-batches need dynamic_shapes=True "
+                                f"(pipeline.dynamic_shapes)")
 
     def _prepare(self, inputs: Batch | None, labels: torch.Tensor | None, batch_size: int,
                  num_microbatches: int) -> _Step:

@@ -174,6 +174,11 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device))
     if pcfg.schedule in ASYNC_SCHEDULES:
+        if pcfg.dynamic_shapes:
+            raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} streams mini-batches "
+                                f"whose transfers are posted ahead across steps, so their "
+                                f"shapes cannot change: dynamic_shapes needs a flushed "
+                                f"schedule (1f1b, gpipe)")
         if max(dealing.replicas) > 1:
             raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} with replicated stages "
                                 f"(replicas {','.join(map(str, dealing.replicas))}) is not "
@@ -187,6 +192,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     sync = grad_sync(module) if grad_sync is not None and dealing.replicas[stage] > 1 else None
     executor = PipelineExecutor(schedule_orders(pcfg.schedule, dealing, group.rank),
                                 compute, transport, pcfg.microbatches, rec, sync)
+    executor.dynamic_shapes = pcfg.dynamic_shapes
     return PipelineRuntime(plan, module, link, transport, compute, executor, sync)
 
 

@@ -127,6 +127,7 @@ class StreamExecutor(PipelineExecutor):
         # receives of the next mini-batch may be posted during this step: same sizes
         state.sizes.update(zip(range(b * m, (b + 2) * m), sizes + sizes))
         state.weights.update(loss_weights_by_update(self.schedule, dict(zip(items, sizes))))
+        self.agree_shapes(inputs)  # a stream keeps its shapes (dynamic shapes are refused)
         step0 = self._prepare(inputs, labels, batch_size, m)
         state.inputs.update(zip(items, step0.inputs.values()))
         state.labels.update(zip(items, step0.labels.values()))

@@ -164,6 +164,8 @@ class StageTransport:
         self.bwd = _Direction.build(bwd, seed * 1009 + 2 * stage + 1)
         self.in_shape: Shape = ()
         self.out_shape: Shape = ()
+        self._out_shapes: dict[Shape, Shape] = {}  # input sample shape -> output's
+        self._infer: Callable[[Shape], Shape] = lambda shape: shape
         self._pool = BufferPool(link.device)
         #: posted sends by (direction, micro-batch): link handles, courier futures (`wait()`)
         self._sends: list[tuple[tuple[str, int], Any]] = []
@@ -200,13 +202,16 @@ class StageTransport:
         hears from the upstream replica that handles micro-batch k and tells every
         downstream replica j whose micro-batch j it would send to.
         """
+        self._infer = infer
         if self.is_first:
             self.in_shape = tuple(input_shape)
         else:
             src = self.peer(self.stage - 1, self.replica)
             buf = self.link.irecv_bytes(src, SHAPE_WORDS * 8).wait()
             self.in_shape = tuple(parse_header(buf, self.link.global_rank(src))[1])
-        self.out_shape = tuple(infer(self.in_shape))
+        if self.in_shape not in self._out_shapes:
+            self._out_shapes[self.in_shape] = tuple(infer(self.in_shape))
+        self.out_shape = self._out_shapes[self.in_shape]
         if not self.is_last:
             header = shape_header(0, self.out_shape, self.link.device)
             below = range(self.dealing.replicas[self.stage + 1])
@@ -214,6 +219,13 @@ class StageTransport:
                      if self.dealing.replica(self.stage, j) == self.replica]
             for handle in sends:
                 handle.wait()
+
+    def refresh_shapes(self, input_shape: Shape) -> None:
+        """`exchange_shapes` again for a mini-batch whose per-sample shape may differ from
+        the last (dynamic shapes, e.g. sequence lengths): every stage calls it before the
+        mini-batch's first receive; stage 0 gives the inputs' shape. Each stage's output
+        shape is inferred once per input shape."""
+        self.exchange_shapes(input_shape, self._infer)
 
     # -- per micro-batch ----------------------------------------------------------------
     def post_recv_act(self, m: int, size: int) -> PendingRecv:
