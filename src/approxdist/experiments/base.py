@@ -83,3 +83,9 @@ class Preset:
     #: the link shapers it runs with (`--link-shaper`); only presets that vary the link
     #: rate offer "kernel"
     shapers: tuple[str, ...] = ("inproc",)
+
+
+def cores_of(meta: Meta) -> int:
+    """The CPU cores of the machine the experiment ran on, from experiment.json (0: unknown);
+    reports quote it instead of assuming this machine's."""
+    return int(meta.get("machine", {}).get("cpus") or 0)

@@ -150,6 +150,17 @@ def result_table(rows: list[Row]) -> str:
                      "link model ms/step", "kB/step fwd / bwd", "seed 000 s / epoch (fp32)"), out)
 
 
+def _small_cut(rows: list[Row], batch_size: int | None) -> str:
+    """Why the link dominates only at a low rate here, from the run's bytes and times."""
+    fp32 = max((r for r in rows if r["config"] == "fp32"), key=lambda r: r["bw_bps"])
+    per_step = float(fp32["bytes_fwd_per_step"])
+    size = (f"{per_step / batch_size:.0f} B per sample forward" if batch_size else
+            f"{per_step / 1e3:.1f} kB per step forward")
+    return (f"our cut carries {size}: fp32's link time per step reaches its compute-bound "
+            f"step time only below {_rate_text(_crossover_bps(rows))} (seed: ResNet-56's "
+            f"activations on V100s dominated from 100 Mbit/s)")
+
+
 def fast_time(rows: list[Row], config: str = "fp32") -> float:
     """Median time per epoch of `config` on the links >= 500 Mbit/s (compute-bound in the seed)."""
     fast = [float(r["epoch_time_s"]) for r in rows if r["config"] == config and r["bw_bps"] >= 5e8]
@@ -159,7 +170,24 @@ def fast_time(rows: list[Row], config: str = "fp32") -> float:
     return statistics.median(fast)
 
 
-def trend_rows(rows: list[Row]) -> list[md.Trend]:
+def _crossover_bps(rows: list[Row]) -> float:
+    """The link rate at which fp32's link time per step (8 x bytes / rate) equals its step
+    time on the fast links (the compute-bound step): below it the link dominates."""
+    fast = [r for r in rows if r["config"] == "fp32" and r["bw_bps"] >= 5e8] or \
+        [max((r for r in rows if r["config"] == "fp32"), key=lambda r: r["bw_bps"])]
+    step = statistics.median(float(r["step_time_s"]) for r in fast)
+    bits = 8 * (float(fast[0]["bytes_fwd_per_step"]) + float(fast[0]["bytes_bwd_per_step"]))
+    return bits / step if step > 0 else math.nan
+
+
+def _rate_text(bps: float) -> str:
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.3g} bit/s"
+
+
+def trend_rows(rows: list[Row], batch_size: int | None = None) -> list[md.Trend]:
     fast = [r for r in rows if r["config"] == "fp32" and r["bw_bps"] >= 5e8]
     slowest = str(min(rows, key=lambda r: r["bw_bps"])["link"])
     out: list[md.Trend] = []
@@ -169,16 +197,19 @@ def trend_rows(rows: list[Row]) -> list[md.Trend]:
         out.append(("fp32: same time per epoch from 20 Gbit/s down to 500 Mbit/s (33.3-33.5 s)",
                     f"{s['min']:.2f}-{s['max']:.2f} s over {s['n']} links", ok,
                     md.why(ok, "compute-bound there; the spread is machine noise",
-                           "the shared 2-core machine's load changed between runs (> 15 %)")))
+                           f"a hypothesis: the machine's load changed between runs (the "
+                           f"spread is {md.pct(s['max'] / s['min'] - 1)}, over the 15 % "
+                           f"criterion)")))
     t_fast, t_slow = fast_time(rows), _time(rows, slowest, "fp32")
     ratio = t_slow / t_fast
     ok = ratio >= 2.5
     out.append(("on a link slow enough to dominate, fp32 takes several times the fast-link time "
                 "(seed: 4.2x at 100 Mbit/s)", f"{ratio:.1f}x at {slowest} ({t_slow:.1f} s vs "
                 f"{t_fast:.2f} s, the median over links >= 500 Mbit/s)", ok,
-                md.why(ok, "our activations at the cut are small (640 B per sample): the link "
-                       "dominates only at a few Mbit/s here, not at the seed's 100 Mbit/s",
-                       "the slowest link measured is not slow enough to dominate")))
+                md.why(ok, _small_cut(rows, batch_size),
+                       f"the slowest link measured is not slow enough to dominate: fp32's "
+                       f"link time per step reaches its compute-bound step time only below "
+                       f"{_rate_text(_crossover_bps(rows))}")))
     for config in list(CONFIGS)[1:]:
         t = _time(rows, slowest, config)
         if math.isnan(t) or t_slow <= t_fast:
@@ -216,7 +247,7 @@ def render(out: Path, meta: Meta) -> str:
                    f"{task['cut']}.", result_table(rows)),
         md.section("Figures", md.image(times, "time per epoch vs bandwidth, ours and the seed's"),
                    md.image(parts, "time per step: compute, codec, waiting; link model")),
-        md.section("Trends of the seed", md.trends(trend_rows(rows))),
+        md.section("Trends of the seed", md.trends(trend_rows(rows, int(task["batch_size"])))),
         md.section("Differences from the seed",
                    "The seed throttled real 20 Gbit Ethernet with Linux `tc` between two V100 "
                    f"machines; here both stages share one machine's CPU cores (see above) and "

@@ -28,7 +28,7 @@ from approxdist.bench.stats import p10
 from approxdist.config.schema import ModelConfig
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.base import Meta, Preset, Settings, cores_of
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
@@ -113,7 +113,7 @@ def speedup(t_ref: float, t: float, nodes: int, batch: int, ref_batch: int) -> f
     return t_ref / t * batch / ref_batch * nodes
 
 
-def plot(out: Path, rows: list[Row], title: str) -> str:
+def plot(out: Path, rows: list[Row], title: str, cores: int = 0) -> str:
     fig, (ax, ax_seed) = plots.figure(2)
     top = max(int(r["nodes"]) for r in rows)
     ax.plot([1, top], [1, top], color="0.6", linestyle=":", label="ideal (s = N)")
@@ -122,7 +122,8 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
         ax.plot([r["nodes"] for r in rs], [r["speedup"] for r in rs], marker="o",
                 label=f"b = {int(b)} per node (B = {int(rs[0]['ref_batch'])})")
     ax.set_xticks([1, 2, 4])
-    plots.label(ax, "nodes N (local gloo ranks, 1 thread each, 2 cores)", "speed-up s(N,b)",
+    plots.label(ax, f"nodes N (local gloo ranks, 1 thread each, {cores or '?'} cores)",
+                "speed-up s(N,b)",
                 "ours: small AlexNet, synthetic 3x32x32")
     ax_seed.plot([1, 256], [1, 256], color="0.6", linestyle=":", label="ideal (s = N)")
     for b, pts in SEED_POINTS.items():
@@ -151,21 +152,25 @@ def _s(rows: list[Row], n: int, b: float) -> float:
                  if r["nodes"] == n and r["per_node_batch"] == b), float("nan"))
 
 
-def trend_rows(rows: list[Row]) -> list[md.Trend]:
+def trend_rows(rows: list[Row], cores: int = 0, grad_bytes: int = 0) -> list[md.Trend]:
     big = max(r["per_node_batch"] for r in rows)
     small = min(r["per_node_batch"] for r in rows)
     s2, s4 = _s(rows, 2, big), _s(rows, 4, big)
     ok2, ok4 = s2 >= 1.5, s4 > s2
+    machine = f"{cores} core(s)" if cores else "an unknown number of cores"
+    grads = f"{grad_bytes / 2**20:.1f} MiB of gradients" if grad_bytes else "the gradients"
     out: list[md.Trend] = [
         ("large per-node batch: speed-up close to N (217 on 256 nodes, 85 %)",
          f"s(2,{int(big)}) = {s2:.2f} ({50 * s2:.0f} % of 2)", ok2,
          md.why(ok2, "the all-reduce of the gradients hides behind backward",
-                "2 ranks take both cores, so the communication threads and gloo compete with "
-                "compute, and the per-node batch is small next to the 13 MB of gradients")),
+                f"a hypothesis: 2 ranks on {machine} leave the communication threads and gloo "
+                f"competing with compute, and the per-node batch of {int(big)} is small next "
+                f"to {grads} exchanged per step")),
         ("speed-up keeps growing with N", f"s(4,{int(big)}) = {s4:.2f} vs s(2,{int(big)}) = "
          f"{s2:.2f}", ok4,
-         md.why(ok4, "", "4 ranks on 2 cores: the cores, not the network, are the limit; "
-                "s(4,b) <= ~2 is the physics of this machine, not of the algorithm")),
+         md.why(ok4, "", f"4 ranks on {machine}: the cores, not the network, bound s(4,b) by "
+                f"about {cores}" if cores and cores < 4 else
+                "a hypothesis: the ranks' compute and the all-reduce compete for the cores")),
     ]
     if small != big:
         s2s = _s(rows, 2, small)
@@ -177,21 +182,28 @@ def trend_rows(rows: list[Row]) -> list[md.Trend]:
     return out
 
 
+def _grad_bytes(meta: Meta) -> int:
+    """Bytes of the model's gradients (fp32), from the model the run used."""
+    model = build_model(ModelConfig(name=str(meta["model"])), tuple(meta["input_shape"]), CLASSES)
+    return sum(p.nelement() * 4 for p in model.parameters())
+
+
 def render(out: Path, meta: Meta) -> str:
     rows = read_csv(out / "scaling.csv", COLUMNS)
     title = (f"{NAME}: s(N,b) = t(1,B)/t(N,b) x b/B x N, {meta['model']} on synthetic "
              f"{'x'.join(map(str, meta['input_shape']))}, B = {meta['ref_batch']}")
-    png = plot(out, rows, title)
+    png = plot(out, rows, title, cores_of(meta))
     return "\n\n".join([
         md.section("Result", "t(N,b): median over timed steps of the slowest rank's forward + "
                    "backward + SGD update; N > 1 through `approxdist.DataParallel` (hybrid "
                    "all-reduce, overlapped with backward).", result_table(rows)),
         md.section("Figure", md.image(png, "speed-up vs nodes, ours and the seed's")),
-        md.section("Trends of the seed", md.trends(trend_rows(rows))),
+        md.section("Trends of the seed",
+                   md.trends(trend_rows(rows, cores_of(meta), _grad_bytes(meta)))),
         md.section("Differences from the seed",
                    "Seed 001 measured AlexNet on ImageNet with one GPU per node over InfiniBand "
-                   "(B = 256); here N processes share one 2-core CPU, so N = 4 runs two ranks "
-                   "per core, the model is a small AlexNet on 32x32 inputs and B is "
+                   f"(B = 256); here N processes share this machine's {cores_of(meta) or '?'} "
+                   f"core(s), the model is a small AlexNet on 32x32 inputs and B is "
                    f"{meta['ref_batch']} to keep a step affordable on a CPU."),
     ])
 

@@ -32,7 +32,7 @@ from approxdist.bench.host import HostWatch
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.base import Meta, Preset, Settings, cores_of
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.experiments.runs import train_run
 from approxdist.trace.analysis import analyze
@@ -255,9 +255,9 @@ def _congested_trend(row: Row) -> md.Trend:
                f"it is the compute bottleneck here, and the replicas wait for it")
     else:
         why = (f"stage {stage} waited most although stage 1 computes no more "
-               f"({computes[1]:.1f} vs {computes[0]:.1f} ms per step); a hypothesis: the "
-               f"2 shared cores serve four ranks, so a rank waits for its peers' compute "
-               f"as much as for the wire")
+               f"({computes[1]:.1f} vs {computes[0]:.1f} ms per step); a hypothesis: where "
+               f"fewer cores than ranks serve the four ranks, a rank waits for its peers' "
+               f"compute as much as for the wire")
     return ("the stage fed by three replicas is the congested one (AlexNet 3+1)", ours,
             stage == 1, why)
 
@@ -323,7 +323,8 @@ def render(out: Path, meta: Meta) -> str:
         md.section("Differences from the seed",
                    "Seed 002 ran PipeDream (asynchronous 1F1B, GPUs, one CUDA stream per "
                    "communication thread) on 4-32 GPUs with AlexNet batch 256 and ResNet-50; "
-                   "here 4 CPU ranks share 2 cores over loopback gloo, the schedule is 1F1B "
+                   f"here 4 CPU ranks share {cores_of(meta) or '?'} core(s) over loopback "
+                   "gloo, the schedule is 1F1B "
                    "with a flush, and the batches are small. Thread strategies differ here "
                    "in who posts each non-blocking gloo request and waits for it, not in "
                    "GPU streams."),
