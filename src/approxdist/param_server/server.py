@@ -19,8 +19,14 @@ from approxdist.comm.link import Link
 from approxdist.errors import CommError
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules, Verdict
-from approxdist.param_server.wire import (VERSION_BYTES, WireFormats, flat_values, load_flat,
-                                          read_version, version_word)
+from approxdist.param_server.wire import (
+    VERSION_BYTES,
+    WireFormats,
+    flat_values,
+    load_flat,
+    read_version,
+    version_word,
+)
 
 
 @dataclass

@@ -17,8 +17,14 @@ from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.comm.link import Link, RecvHandle
 from approxdist.errors import CommError
 from approxdist.param_server.roles import Roles
-from approxdist.param_server.wire import (VERSION_BYTES, WireFormats, flat_grads, load_flat,
-                                          read_version, version_word)
+from approxdist.param_server.wire import (
+    VERSION_BYTES,
+    WireFormats,
+    flat_grads,
+    load_flat,
+    read_version,
+    version_word,
+)
 
 #: server index, and the receives of its version word and its parameters
 _Pull = tuple[int, RecvHandle[torch.Tensor], RecvHandle[torch.Tensor]]
