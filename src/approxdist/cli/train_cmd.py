@@ -6,6 +6,7 @@ import argparse
 import datetime
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
@@ -15,6 +16,7 @@ from approxdist.data import DATASETS, load_dataset
 from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
+from approxdist.param_server import Roles
 from approxdist.pipeline.runtime import check_run
 from approxdist.topology import parse_ints
 from approxdist.topology.groups import check_world
@@ -248,8 +250,15 @@ def run(args: argparse.Namespace) -> int:
         summary = run_worker(to_dict(cfg), str(run_dir), resume)
     else:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
-                               resume, describe=topology_of(cfg).describe_rank)[0]
+                               resume, describe=describe_ranks(cfg))[0]
     return finish(run_dir, summary, cfg.train.trace)
+
+
+def describe_ranks(cfg: Config) -> Callable[[int], str]:
+    """How the launcher names a rank: its role in a PS run, its place otherwise."""
+    if cfg.train.parallel == "ps":
+        return Roles(cfg.ps.servers, cfg.ps.workers).describe
+    return topology_of(cfg).describe_rank
 
 
 def run_under_torchrun(args: argparse.Namespace) -> int:
