@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
