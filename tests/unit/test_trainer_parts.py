@@ -49,7 +49,7 @@ def test_a_lost_peer_is_named_with_its_place() -> None:
 def test_engines_are_registered_by_parallel_mode() -> None:
     import approxdist.train.engines  # noqa: F401
 
-    assert ENGINES.names() == ["dp", "hybrid", "pipeline", "single"]
+    assert ENGINES.names() == ["dp", "hybrid", "pipeline", "ps", "single"]
     with pytest.raises(ConfigError, match="unknown parallel mode 'zero'; valid: dp, hybrid"):
         ENGINES.get("zero")
 

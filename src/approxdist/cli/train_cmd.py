@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from approxdist.data import DATASETS, load_dataset
 from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
+from approxdist.param_server import Roles
 from approxdist.pipeline.runtime import check_run
 from approxdist.topology import parse_ints
 from approxdist.topology.groups import check_world
@@ -44,7 +46,14 @@ FLAG_KEYS = {
     "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"), "trace": ("train", "trace"),
     **{name: ("pipeline", name) for name in PIPELINE_FLAGS},
     **{flag: ("dp", key) for flag, key in DP_FLAGS.items()},
+    "servers": ("ps", "servers"), "workers": ("ps", "workers"), "ps_mode": ("ps", "mode"),
+    "pull_codec": ("ps", "pull_codec"), "push_channel": ("ps", "push_channel"),
+    "pull_channel": ("ps", "pull_channel"), "staleness_lr": ("ps", "staleness_lr"),
+    "straggler": ("train", "stragglers"),
 }
+
+#: data-parallel flags that mean the same for a parameter server's pushes (--parallel ps)
+PS_SHARED = {"codec": "push_codec", "error_feedback": "error_feedback"}
 
 
 def register(sub: Any) -> None:
@@ -53,9 +62,10 @@ def register(sub: Any) -> None:
         description="Train a model. With no arguments: digits, ResNet-20, 2 local workers, "
                     "data-parallel. Precedence: defaults < --config < flags < --set.",
     )
-    p.add_argument("--parallel", choices=["single", "dp", "pipeline", "hybrid"],
+    p.add_argument("--parallel", choices=["single", "dp", "pipeline", "hybrid", "ps"],
                    help="parallelism (default dp); hybrid = pipeline stages replicated "
-                        "(--stages, --replicas; docs/hybrid.md)")
+                        "(--stages, --replicas; docs/hybrid.md); ps = parameter server "
+                        "(--servers, --workers; docs/param_server.md)")
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
     p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}")
     p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
@@ -69,8 +79,13 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", action="store_true", default=None,
                    help="record every rank's timeline to RUN_DIR/trace.json (docs/tracing.md); "
                         "read it with `approxdist analyze RUN_DIR`")
+    p.add_argument("--straggler", action="append", metavar="RANK:DELAY|random:P:DELAY",
+                   help="slow a rank before each step (2:100ms), or each eligible rank with "
+                        "probability P per step (random:0.1:50ms); seeded, any mode "
+                        "(repeatable)")
     add_pipeline_flags(p)
     add_dp_flags(p)
+    add_ps_flags(p)
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -134,6 +149,21 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
                    help="leave .grad None for parameters no rank used (one extra small all-reduce)")
 
 
+def add_ps_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parameter server (--parallel ps; docs/param_server.md); "
+                             "--codec and --error-feedback apply to the pushes")
+    g.add_argument("--servers", type=int, help="server ranks holding parameter shards (default 1)")
+    g.add_argument("--workers", type=int, help="worker ranks computing gradients; the world is "
+                                               "servers + workers")
+    g.add_argument("--ps-mode", help="sync (default), async, ssp:<s> (no worker more than s "
+                                     "steps ahead) or backup:<b> (N+b: drop the b late ones)")
+    g.add_argument("--pull-codec", help="wire format of the parameters workers pull (fp32)")
+    g.add_argument("--push-channel", help="bit errors on pushed gradients, e.g. ber:1e-4@5")
+    g.add_argument("--pull-channel", help="bit errors on pulled parameters")
+    g.add_argument("--staleness-lr", action="store_true", default=None,
+                   help="divide the learning rate by each applied gradient's staleness")
+
+
 #: flags holding a comma list of integers (parsed here, so a bad one is one line, exit 2)
 INT_LISTS = ("placement", "replicas")
 
@@ -146,6 +176,8 @@ def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             value = list(parse_ints(value, f"--{flag}"))
         if value is not None:
             layer.setdefault(section, {})[key] = value
+    if args.parallel == "ps":
+        _ps_layer(args, layer)
     if args.parallel == "single" and args.world_size is None:
         layer["train"]["world_size"] = 1
     if args.parallel == "pipeline":  # one rank per stage: either flag sets both
@@ -158,6 +190,20 @@ def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         counts = counts * args.stages if len(counts) == 1 else counts
         layer["train"]["world_size"] = sum(counts)  # one rank per stage replica
     return layer
+
+
+def _ps_layer(args: argparse.Namespace, layer: dict[str, dict[str, Any]]) -> None:
+    """--codec / --error-feedback go to the pushes; the world is servers + workers."""
+    dp = layer.get("dp", {})
+    for flag, key in PS_SHARED.items():
+        if DP_FLAGS[flag] in dp:
+            layer.setdefault("ps", {})[key] = dp.pop(DP_FLAGS[flag])
+    if not dp:
+        layer.pop("dp", None)
+    if args.world_size is None:
+        servers = args.servers if args.servers is not None else 1
+        workers = args.workers if args.workers is not None else 1
+        layer["train"]["world_size"] = servers + workers
 
 
 def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
@@ -204,8 +250,15 @@ def run(args: argparse.Namespace) -> int:
         summary = run_worker(to_dict(cfg), str(run_dir), resume)
     else:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
-                               resume, describe=topology_of(cfg).describe_rank)[0]
+                               resume, describe=describe_ranks(cfg))[0]
     return finish(run_dir, summary, cfg.train.trace)
+
+
+def describe_ranks(cfg: Config) -> Callable[[int], str]:
+    """How the launcher names a rank: its role in a PS run, its place otherwise."""
+    if cfg.train.parallel == "ps":
+        return Roles(cfg.ps.servers, cfg.ps.workers).describe
+    return topology_of(cfg).describe_rank
 
 
 def run_under_torchrun(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -41,7 +42,7 @@ from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
 from approxdist.comm.netem import LinkSpec, Shaper, parse_link
-from approxdist.comm.transfer import LinkStats, TraceHook, shape_header
+from approxdist.comm.transfer import LinkStats, TraceHook, TransferEvent, shape_header
 from approxdist.errors import CommError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
@@ -182,6 +183,36 @@ class Link:
         out = nbytes if isinstance(nbytes, torch.Tensor) else None
         n = int(out.numel()) if out is not None else int(nbytes)
         return self._irecv(peer, n, out, torch.Size([n]), lambda buf, shape: buf)
+
+    def recv_any_bytes(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        """Receive `nbytes` bytes from whichever member's message comes first: (member,
+        bytes). Blocking. gloo only (NCCL has no receive from any source); no receive may
+        be queued at the time, and the sender's next message must be of this size."""
+        if self.device.type == "cuda":
+            raise CommError("a receive from any source needs gloo; NCCL cannot (use "
+                            "--device cpu, or a mode that receives in a fixed order)")
+        if any(self._pending.values()):
+            raise CommError(f"rank {self.me}: a receive from any source while receives are "
+                            f"queued would take their messages")
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        start = time.perf_counter() if self.hook is not None else 0.0
+        try:
+            work = self.group.pg.recv_anysource([buf], self.tag)
+            work.wait()
+            source = work._source_rank()
+        except Exception as exc:  # noqa: BLE001 - re-raised with the rank and the group
+            raise CommError(f"rank {self.me}: receive of {nbytes} bytes from any member of "
+                            f"{self.group.describe()} failed: {exc}") from exc
+        peer = self.group.ranks.index(self._backend_members()[source])
+        self.stats.count("recv", self.group.ranks[peer], nbytes)
+        if self.hook is not None:
+            self.hook(TransferEvent("recv", self.me, self.group.ranks[peer], nbytes, start,
+                                    time.perf_counter()))
+        return peer, buf
+
+    def _backend_members(self) -> dict[int, int]:
+        """Backend rank -> global rank of every member."""
+        return {self.group.backend_rank(i): r for i, r in enumerate(self.group.ranks)}
 
     def _irecv(self, peer: int, nbytes: int | None, out: torch.Tensor | None,
                shape: torch.Size | None, finish: Callable[[torch.Tensor, torch.Size], T]

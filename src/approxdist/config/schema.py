@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.ps import PSConfig
 from approxdist.errors import ConfigError
 
-PARALLEL_MODES = ("single", "dp", "pipeline", "hybrid")
+PARALLEL_MODES = ("single", "dp", "pipeline", "hybrid", "ps")
 LR_SCHEDULES = ("constant", "step", "cosine")
 SHORTCUTS = ("A", "B")
 
@@ -43,6 +44,8 @@ class TrainConfig:
     threads: int = 0
     timeout_s: float = 120.0
     trace: bool = False  # record every rank's timeline -> trace.json (docs/tracing.md)
+    #: slow ranks, `RANK:DELAY` or `random:P:DELAY` (train/straggler.py; any parallel mode)
+    stragglers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _one_of("train", "parallel", self.parallel, PARALLEL_MODES)
@@ -153,9 +156,12 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     dp: DPConfig = field(default_factory=DPConfig)
+    ps: PSConfig = field(default_factory=PSConfig)
 
     def __post_init__(self) -> None:
         world = self.train.world_size
+        if self.train.parallel == "ps":
+            self._check_ps()
         if self.comm.link and self.train.parallel == "dp" and world > 1 and self.dp.engine == "plain":
             raise ConfigError(
                 f"comm.link = {self.comm.link!r}: the plain dp engine reduces with dist.all_reduce, "
@@ -174,10 +180,20 @@ class Config:
         if self.pipeline.replicas and self.train.parallel != "hybrid":
             raise ConfigError(f"pipeline.replicas = {list(self.pipeline.replicas)} replicates "
                               f"pipeline stages; use it with --parallel hybrid")
-        if self.data.batch_size % world and not staged:  # the stages share one batch
-            lo = self.data.batch_size - self.data.batch_size % world
-            hint = f"try {lo}" if lo else f"try {world}"
+        share = self.ps.workers if self.train.parallel == "ps" else world
+        if self.data.batch_size % share and not staged:  # the stages share one batch
+            lo = self.data.batch_size - self.data.batch_size % share
+            hint = f"try {lo}" if lo else f"try {share}"
+            who = "number of workers" if self.train.parallel == "ps" else "world size"
             raise ConfigError(
-                f"data.batch_size ({self.data.batch_size}) must be divisible by the world size "
-                f"({world}) so every rank gets the same share; {hint} or {lo + world}"
+                f"data.batch_size ({self.data.batch_size}) must be divisible by the {who} "
+                f"({share}) so every rank gets the same share; {hint} or {lo + share}"
             )
+
+    def _check_ps(self) -> None:
+        ps, world = self.ps, self.train.world_size
+        if ps.servers + ps.workers != world:
+            raise ConfigError(
+                f"train.world_size = {world} but --servers {ps.servers} + --workers "
+                f"{ps.workers} make {ps.servers + ps.workers} ranks; drop --world-size or "
+                f"use --world-size {ps.servers + ps.workers}")

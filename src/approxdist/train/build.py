@@ -23,6 +23,7 @@ from approxdist.train.check import check_parts
 from approxdist.train.engine import ENGINES
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import LRRule
+from approxdist.train.straggler import stragglers_of
 from approxdist.train.trainer import Trainer
 
 
@@ -31,7 +32,7 @@ def topology_of(cfg: Config) -> Topology:
     mode, p = cfg.train.parallel, cfg.pipeline
     if mode in ("pipeline", "hybrid"):
         return Topology.grid(p.stages, p.replica_counts, p.placement or None)
-    if mode == "dp":
+    if mode in ("dp", "ps"):  # ps: servers then workers, roles in param_server.Roles
         return Topology.data_parallel(cfg.train.world_size)
     return Topology.single()
 
@@ -49,7 +50,8 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
                              cfg.data.augment and engine.feeds_inputs)
     rule = LRRule(cfg.optim, cfg.data.batch_size, batches.steps_per_epoch, cfg.train.epochs)
     trainer = Trainer(cfg, ctx, run_dir, data, engine, groups, batches, rule,
-                      MetricsWriter(run_dir, ctx.is_main), rec=rec)
+                      MetricsWriter(run_dir, ctx.is_main), rec=rec,
+                      stragglers=stragglers_of(cfg))
     if resume:
         trainer.resume()
     engine.start()

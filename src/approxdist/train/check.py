@@ -23,7 +23,9 @@ from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
 from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.param_server.modes import parse_mode
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
+from approxdist.train.straggler import stragglers_of
 
 T = TypeVar("T")
 
@@ -32,9 +34,22 @@ def check_parts(cfg: Config) -> None:
     """Raise `ConfigError` naming the first key whose value names no part."""
     if cfg.comm.link:
         _named("comm.link", cfg.comm.link, lambda: parse_link(cfg.comm.link))
-    if cfg.dp.engine == "approxdist":
+    if cfg.dp.engine == "approxdist" and cfg.train.parallel != "ps":
         _check_dp(cfg)
     check_pipeline(cfg.pipeline)
+    if cfg.train.parallel == "ps":
+        _check_ps(cfg)
+    stragglers_of(cfg)
+
+
+def _check_ps(cfg: Config) -> None:
+    ps = cfg.ps
+    parse_mode(ps.mode, ps.workers)
+    for key in ("push_codec", "pull_codec"):
+        _named(f"ps.{key}", getattr(ps, key), partial(get_codec, getattr(ps, key)))
+    for key in ("push_channel", "pull_channel"):
+        if getattr(ps, key):
+            _named(f"ps.{key}", getattr(ps, key), partial(get_channel, getattr(ps, key)))
 
 
 def _check_dp(cfg: Config) -> None:

@@ -34,6 +34,7 @@ from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_l
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import LRRule, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
+from approxdist.train.straggler import Stragglers
 
 #: called with the epoch index (0-based) before each epoch trains (e.g. to sample activations)
 EpochHook = Callable[[int], None]
@@ -55,6 +56,7 @@ class Trainer:
     progress: Progress = field(default_factory=Progress)
     rec: Recorder = NULL_RECORDER
     epoch_hooks: list[EpochHook] = field(default_factory=list)
+    stragglers: Stragglers = field(default_factory=Stragglers)
 
     # -- one epoch -------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -70,6 +72,7 @@ class Trainer:
         batches = self.batches.epoch(epoch)
         for i in range(steps):
             with self.rec.span(STEP, step=self.progress.step):
+                self.stragglers.pause(ctx.rank, self.progress.step)
                 x, y = self.next_batch(batches)
                 lr = self.lr_rule(self.progress.step)
                 for opt in engine.optimizers:

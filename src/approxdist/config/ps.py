@@ -1,0 +1,33 @@
+"""The `[ps]` config section: parameter-server runs (`--parallel ps`; docs/param_server.md).
+
+`servers` + `workers` ranks (servers first); `mode` is a `--ps-mode` string checked where
+the parts are built (`approxdist.train.check`, `param_server.modes`); codecs and channels
+of pushes (gradients) and pulls (parameters) are codec / channel spec strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from approxdist.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    """Parameter-server options; see docs/param_server.md."""
+
+    servers: int = 1
+    workers: int = 1
+    mode: str = "sync"
+    push_codec: str = "fp32"
+    pull_codec: str = "fp32"
+    push_channel: str = ""
+    pull_channel: str = ""
+    error_feedback: bool = False
+    staleness_lr: bool = False  # divide the learning rate by a gradient's staleness
+
+    def __post_init__(self) -> None:
+        if self.servers < 1:
+            raise ConfigError(f"ps.servers = {self.servers} must be >= 1; e.g. --servers 1")
+        if self.workers < 1:
+            raise ConfigError(f"ps.workers = {self.workers} must be >= 1; e.g. --workers 2")

@@ -1,0 +1,104 @@
+"""What a server does with each arriving gradient under a `PSMode` (pure, no torch).
+
+The server engine reports each arrival — which worker, and the parameter version its
+gradient was computed on — and gets a `Verdict`: keep or drop the gradient, which kept
+gradients to average into one update now, and which workers to send the parameters to
+(after that update). Versions count the updates a server has applied; a gradient's
+*staleness* is the number of updates applied between its read and its use (0 in sync and
+N+b); its *lead* is how many more gradients its worker had pushed than the slowest worker
+(SSP bounds it by s).
+
+A server step ends when `step_done`: W arrivals (sync, async, SSP: every worker pushes
+once per step on average) or one update from N fresh gradients (N+b). Over an epoch every
+worker pushes once per trainer step, so the server drains until it has seen W pushes per
+step (`owed`) — the late N+b gradients of the last step — before the epoch's collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from approxdist.param_server.modes import PSMode
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to one arrival."""
+
+    keep: bool                        # False: the gradient is dropped (late, N+b)
+    apply: tuple[int, ...] = ()       # workers whose kept gradients make one update now
+    replies: tuple[int, ...] = ()     # workers to send the parameters to, after the update
+    staleness: tuple[int, ...] = ()   # per applied gradient, in `apply` order
+    lead: int = 0                     # the arriving worker's pushes minus the slowest's
+
+
+@dataclass
+class ServerRules:
+    """One server's bookkeeping for `workers` workers under `mode`."""
+
+    mode: PSMode
+    workers: int
+    version: int = 0
+    clocks: list[int] = field(default_factory=list)   # pushes seen per worker
+    held: list[int] = field(default_factory=list)     # workers whose reply SSP holds back
+    kept: dict[int, int] = field(default_factory=dict)  # worker -> version, awaiting update
+    arrivals: int = 0          # in this server step
+    updates: int = 0           # in this server step
+    epoch_arrivals: int = 0
+    dropped: int = 0           # in total
+
+    def __post_init__(self) -> None:
+        self.clocks = [0] * self.workers
+
+    @property
+    def needed(self) -> int:
+        """Gradients averaged per update: W in sync, N = W - b with backups, 1 otherwise."""
+        kind = self.mode.kind
+        return self.workers - self.mode.backup if kind in ("sync", "backup") else 1
+
+    def begin_step(self) -> None:
+        self.arrivals = self.updates = 0
+
+    @property
+    def step_done(self) -> bool:
+        if self.mode.kind == "backup":
+            return self.updates == 1
+        return self.arrivals == self.workers
+
+    def owed(self, steps: int) -> int:
+        """Pushes still due this epoch of `steps` trainer steps (drained before it ends)."""
+        return self.workers * steps - self.epoch_arrivals
+
+    def end_epoch(self) -> None:
+        assert not self.held and not self.kept, "a reply is held past the end of the epoch"
+        self.epoch_arrivals = 0
+
+    def arrive(self, worker: int, version: int) -> Verdict:
+        """Worker `worker` pushed a gradient computed on parameter version `version`."""
+        assert worker not in self.held, f"worker {worker} pushed while its reply was held"
+        lead = self.clocks[worker] - min(self.clocks)
+        self.clocks[worker] += 1
+        self.arrivals += 1
+        self.epoch_arrivals += 1
+        kind = self.mode.kind
+        if kind == "backup" and (version != self.version or self.updates):
+            self.dropped += 1  # late: its step has been taken without it
+            return Verdict(False, replies=(worker,), lead=lead)
+        self.kept[worker] = version
+        if len(self.kept) < self.needed:
+            return Verdict(True, lead=lead)
+        apply = tuple(sorted(self.kept)) if kind in ("sync", "backup") else (worker,)
+        stale = tuple(self.version - self.kept.pop(w) for w in apply)
+        self.version += 1
+        self.updates += 1
+        if kind in ("sync", "backup"):
+            return Verdict(True, apply, apply, stale, lead)
+        self.held.append(worker)
+        return Verdict(True, apply, self._release(), stale, lead)
+
+    def _release(self) -> tuple[int, ...]:
+        """Held workers allowed to start their next step: at most `bound` pushes ahead."""
+        slowest = min(self.clocks)
+        free = tuple(w for w in self.held if self.clocks[w] - slowest <= self.mode.bound)
+        self.held = [w for w in self.held if w not in free]
+        return free

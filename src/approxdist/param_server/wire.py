@@ -1,0 +1,62 @@
+"""What a push and a pull put on the link: an 8-byte version word, then a flat shard.
+
+A push (worker -> server) is the version of the parameters its gradient was computed on,
+then the shard's flat gradient in the push codec; a reply (server -> worker) is the
+server's version, then the shard's flat parameters in the pull codec. Both are sized
+transfers: each end knows the shard's length, so no shape header travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from approxdist.comm.channel import Channel
+from approxdist.comm.codecs import Codec
+
+VERSION_BYTES = 8
+
+
+@dataclass(frozen=True)
+class WireFormats:
+    """Codecs and channels of the two directions (None: no bit errors)."""
+
+    push: Codec
+    pull: Codec
+    push_channel: Channel | None = None
+    pull_channel: Channel | None = None
+
+
+def version_word(version: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([version], dtype=torch.int64, device=device).view(torch.uint8)
+
+
+def read_version(buf: torch.Tensor) -> int:
+    return int(buf.view(torch.int64)[0].item())
+
+
+def flat_grads(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The gradients of `params` as one fp32 vector (zeros where a gradient is None)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params]).float()
+
+
+def flat_values(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params]).float()
+
+
+@torch.no_grad()
+def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor, into_grad: bool = False) -> None:
+    """Copy `flat` into the parameters (or, with `into_grad`, their gradients)."""
+    at = 0
+    for p in params:
+        n = p.numel()
+        chunk = flat[at:at + n].view_as(p).to(p.dtype)
+        if into_grad:
+            p.grad = chunk.clone()
+        else:
+            p.copy_(chunk)
+        at += n

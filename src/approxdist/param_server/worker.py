@@ -1,0 +1,102 @@
+"""A worker: pushes its gradient shard by shard to the servers and pulls the parameters.
+
+Before pushing, the worker posts the receives of every server's reply, so a server
+replying never waits on a worker that is still sending (no cycle between servers and
+workers). A lossy push codec may carry error feedback (`comm.error_feedback`, one
+residual per server shard): what the codec dropped is added to the next push.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from approxdist.comm.error_feedback import ErrorFeedback
+from approxdist.comm.link import Link, RecvHandle
+from approxdist.errors import CommError
+from approxdist.param_server.roles import Roles
+from approxdist.param_server.wire import (
+    VERSION_BYTES,
+    WireFormats,
+    flat_grads,
+    load_flat,
+    read_version,
+    version_word,
+)
+
+#: server index, and the receives of its version word and its parameters
+_Pull = tuple[int, RecvHandle[torch.Tensor], RecvHandle[torch.Tensor]]
+
+
+class Worker:
+    """Worker `index` of `roles`; `shards[k]` are the parameters server k holds, named
+    `names[k]` (for error-feedback residuals)."""
+
+    def __init__(self, link: Link, roles: Roles, index: int,
+                 shards: Sequence[Sequence[nn.Parameter]], names: Sequence[Sequence[str]],
+                 wire: WireFormats, error_feedback: bool = False) -> None:
+        self.link, self.roles, self.index, self.wire = link, roles, index, wire
+        self.shards = [list(s) for s in shards]
+        self.numels = [sum(p.numel() for p in s) for s in self.shards]
+        self.versions = [0] * roles.servers
+        self.feedback = [ErrorFeedback(_layout(s, n), device=link.device)
+                         for s, n in zip(self.shards, names)] if error_feedback else None
+
+    def _peer(self, server: int) -> int:
+        return self.link.group.member(self.roles.server_rank(server))
+
+    def pull(self) -> None:
+        """Receive every server's version and parameters (the replies to a push, or the
+        start / end-of-epoch broadcast)."""
+        self._finish([self._post_pull(k) for k in range(self.roles.servers)])
+
+    def push_pull(self) -> None:
+        """Push this step's gradients (in `.grad`) to every server, then take the replies."""
+        pulls = [self._post_pull(k) for k in range(self.roles.servers)]
+        sends = []
+        for k, params in enumerate(self.shards):
+            flat = flat_grads(params)
+            if self.feedback is not None:
+                self.feedback[k].compensate(flat, 0, self.wire.push)
+            peer = self._peer(k)
+            sends.append(self.link.isend_bytes(version_word(self.versions[k], flat.device), peer))
+            sends.append(self.link.isend(flat, peer, self.wire.push, self.wire.push_channel,
+                                         describe=False))
+        try:
+            for s in sends:
+                s.wait()
+        except CommError as exc:
+            raise self._lost(exc) from exc
+        self._finish(pulls)
+
+    def _post_pull(self, k: int) -> _Pull:
+        peer = self._peer(k)
+        return k, self.link.irecv_bytes(peer, VERSION_BYTES), \
+            self.link.irecv(peer, self.numels[k], self.wire.pull, self.wire.pull_channel)
+
+    def _finish(self, pulls: list[_Pull]) -> None:
+        for k, word, flat in pulls:
+            try:
+                self.versions[k] = read_version(word.wait())
+                load_flat(self.shards[k], flat.wait())
+            except CommError as exc:
+                raise self._lost(exc, k) from exc
+
+    def _lost(self, exc: CommError, server: int | None = None) -> CommError:
+        rank = self.roles.server_rank(server) if server is not None else exc.peer
+        who = self.roles.describe(rank) if rank is not None else "a server"
+        return CommError(f"{self.roles.describe(self.link.me)} lost {who}: "
+                         f"{str(exc).splitlines()[0]}", peer=rank)
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {str(k): f.state_dict() for k, f in enumerate(self.feedback or [])}
+
+
+def _layout(params: Sequence[nn.Parameter], names: Sequence[str]) -> list[tuple[str, int, int]]:
+    out, at = [], 0
+    for p, name in zip(params, names):
+        out.append((name, at, p.numel()))
+        at += p.numel()
+    return out

@@ -1,0 +1,214 @@
+"""Parameter-server training (seed 003): servers hold the parameter shards and the
+optimiser, workers compute gradients on their share of every global batch.
+
+Ranks 0..S-1 are servers, S..S+W-1 workers (`param_server.Roles`). The trainer sets the
+learning rate on the servers' optimisers (a worker has none). A worker's step is forward,
+backward, push and pull (`param_server.Worker`); a server's step serves pushes under the
+run's `--ps-mode` (`param_server.Server`) and reports, as rank 0, the staleness of every
+gradient it applied in the step's record of metrics.jsonl. After each epoch every worker
+pulls the final parameters (asynchronous modes leave them a little behind) and the
+workers average their batch-norm statistics, so evaluation sees the servers' model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.comm.channel import get_channel
+from approxdist.comm.codecs import get_codec
+from approxdist.comm.link import Link
+from approxdist.config.schema import Config
+from approxdist.data import TensorDataset
+from approxdist.errors import ConfigError
+from approxdist.launch.context import DistContext
+from approxdist.models import build_model
+from approxdist.param_server import PSMode, Roles, ServerRules, parse_mode, shard_by_bytes
+from approxdist.param_server.server import Server
+from approxdist.param_server.sharding import shard_bytes
+from approxdist.param_server.wire import WireFormats
+from approxdist.param_server.worker import Worker
+from approxdist.topology.groups import TopologyGroups
+from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, SYNC, Recorder
+from approxdist.trace.times import StepTimes
+from approxdist.train.engine import ENGINES, StepOutcome
+
+
+class ParamServerEngine:
+    """This rank as a server (`server` set) or a worker (`worker` set) of a PS run."""
+
+    def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, groups: TopologyGroups,
+                 link: Link, steps_per_epoch: int, server: Server | None, worker: Worker | None,
+                 rec: Recorder, shards: tuple[tuple[int, ...], ...], sizes: list[int]) -> None:
+        self.module, self.roles, self.mode, self.groups = model, roles, mode, groups
+        self.link = link
+        self.server, self.worker, self.rec = server, worker, rec
+        self.steps_per_epoch, self._step = steps_per_epoch, 0
+        self.optimizers = [server.optimizer] if server else []
+        self.feeds_inputs = self.feeds_labels = worker is not None
+        self.shard = (worker.index if worker else 0, roles.workers)
+        self._shards, self._sizes = shards, sizes
+
+    # -- steps -----------------------------------------------------------------------------
+    def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> StepOutcome:
+        self._step += 1
+        last = self._step == self.steps_per_epoch
+        if self.server is not None:
+            t0 = time.perf_counter()
+            with self.rec.span(SYNC):
+                log = self.server.step(last, self.steps_per_epoch)
+            wall = time.perf_counter() - t0
+            return StepOutcome(0.0, 0, 0, StepTimes(comm_s=wall, wall_s=wall),
+                               record=log.record(self.server.rules.version))
+        assert x is not None and y is not None and self.worker is not None
+        t0 = time.perf_counter()
+        with self.rec.span(RUN_FOR):
+            out = self.module(x)
+            loss = F.cross_entropy(out, y)
+        with self.rec.span(OPTIMIZER):
+            self.module.zero_grad(set_to_none=True)
+        with self.rec.span(RUN_BACK):
+            loss.backward()
+        t1 = time.perf_counter()
+        with self.rec.span(SYNC):
+            self.worker.push_pull()
+        t2 = time.perf_counter()
+        n = y.numel()
+        return StepOutcome(float(loss.item()) * n, int((out.argmax(1) == y).sum().item()), n,
+                           StepTimes(compute_s=t1 - t0, wait_s=t2 - t1, wall_s=t2 - t0))
+
+    @torch.no_grad()
+    def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                   batch_size: int) -> tuple[float, int, int]:
+        if self.worker is None:
+            return 0.0, 0, 0
+        assert x is not None and y is not None
+        out = self.module(x)
+        return (float(F.cross_entropy(out, y, reduction="sum").item()),
+                int((out.argmax(1) == y).sum().item()), y.numel())
+
+    def end_epoch(self) -> None:
+        self._step = 0
+        if self.mode.kind != "sync":  # asynchronous modes leave workers a step behind
+            if self.server is not None:
+                self.server.reply(range(self.roles.workers))
+            elif self.worker is not None:
+                self.worker.pull()
+        self._average_buffers()
+
+    def _average_buffers(self) -> None:
+        """Batch-norm statistics: the mean over the workers (servers add zeros)."""
+        bufs = [b for b in self.module.buffers() if b.is_floating_point()]
+        if not bufs:
+            return
+        flat = torch.cat([b.reshape(-1) for b in bufs]).double()
+        if self.worker is None:
+            flat.zero_()
+        self.groups.world.all_reduce(flat)
+        flat /= self.roles.workers
+        at = 0
+        for b in bufs:
+            b.copy_(flat[at:at + b.numel()].view_as(b).to(b.dtype))
+            at += b.numel()
+
+    def link_bytes(self) -> dict[str, int]:
+        return self.link.stats.as_dict(self.link.me)
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every server's shard and optimiser state, gathered on every rank (a collective)."""
+        mine = None
+        if self.server is not None:
+            mine = {"params": [p.detach().cpu().clone() for p in self.server.params],
+                    "optimizer": self.server.optimizer.state_dict()}
+        gathered = self.groups.world.all_gather_object(mine)
+        return {"servers": gathered[:self.roles.servers],
+                "model": self.module.state_dict() if self.worker is not None else {}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        servers = state["servers"]
+        if len(servers) != self.roles.servers:
+            raise ConfigError(f"the checkpoint holds {len(servers)} server shard(s) but this run "
+                              f"has --servers {self.roles.servers}; resume with "
+                              f"--servers {len(servers)}")
+        if self.server is not None:
+            saved = servers[self.server.index]
+            with torch.no_grad():
+                for p, v in zip(self.server.params, saved["params"]):
+                    p.copy_(v)
+            self.server.optimizer.load_state_dict(saved["optimizer"])
+        if self.worker is not None and state.get("model"):
+            self.module.load_state_dict(state["model"])  # buffers; parameters come from servers
+
+    def start(self) -> None:
+        if self.server is not None:
+            self.server.start()
+        else:
+            assert self.worker is not None
+            self.worker.pull()
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ps": {"servers": self.roles.servers,
+                                      "workers": self.roles.workers,
+                                      "mode": self.mode.spec,
+                                      "shard_bytes": shard_bytes(self._sizes, self._shards)}}
+        if self.server is not None:
+            rules = self.server.rules
+            out["ps"].update({
+                "staleness_histogram": {str(k): v for k, v in
+                                        sorted(self.server.histogram.items())},
+                "updates": rules.version, "dropped": rules.dropped})
+        return out
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
+                       rec: Recorder) -> ParamServerEngine:
+    """Servers and workers of `cfg.ps` on the world; the model from `cfg.train.seed`."""
+    ps = cfg.ps
+    roles = Roles(ps.servers, ps.workers)
+    mode = parse_mode(ps.mode, roles.workers)
+    check_backend(mode.spec, mode.any_source, ctx.backend)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
+    named = list(model.named_parameters())
+    sizes = [p.numel() * p.element_size() for _, p in named]
+    shards = shard_by_bytes(sizes, roles.servers)
+    wire = WireFormats(get_codec(ps.push_codec), get_codec(ps.pull_codec),
+                       get_channel(ps.push_channel) if ps.push_channel else None,
+                       get_channel(ps.pull_channel) if ps.pull_channel else None)
+    link = Link(ctx, cfg.comm.link or None, hook=rec.transfer_hook(), group=groups.world)
+    steps = data.train_x.shape[0] // cfg.data.batch_size
+    server = worker = None
+    if roles.is_server(ctx.rank):
+        k = roles.index(ctx.rank)
+        params = [named[i][1] for i in shards[k]]
+        opt = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
+                              weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)
+        server = Server(link, roles, k, params, opt, ServerRules(mode, roles.workers), wire,
+                        ps.staleness_lr)
+    else:
+        worker = Worker(link, roles, roles.index(ctx.rank),
+                        [[named[i][1] for i in s] for s in shards],
+                        [[named[i][0] for i in s] for s in shards], wire, ps.error_feedback)
+    return ParamServerEngine(model, roles, mode, groups, link, steps, server, worker, rec,
+                             shards, sizes)
+
+
+def check_backend(mode: str, any_source: bool, backend: str) -> None:
+    """Refuse a mode that receives from any source on NCCL, which cannot."""
+    if any_source and backend == "nccl":
+        raise ConfigError(f"--ps-mode {mode} has the server take pushes in arrival order "
+                          f"(receive from any source), which NCCL cannot; use --device cpu "
+                          f"(gloo) or --ps-mode sync")
+
+
+ENGINES.add("ps", build_param_server)

@@ -1,0 +1,92 @@
+"""`approxdist train --parallel ps` end to end: bad input, async convergence with a random
+straggler, a straggler in data parallelism, and a killed worker or server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli.main import main
+
+FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--servers", "0", "--workers", "2"], "ps.servers = 0 must be >= 1"),
+    (["--servers", "1", "--workers", "0"], "ps.workers = 0 must be >= 1"),
+    (["--servers", "1", "--workers", "2", "--world-size", "4"],
+     "train.world_size = 4 but --servers 1 + --workers 2 make 3 ranks"),
+    (["--workers", "2", "--ps-mode", "fast"], "--ps-mode 'fast' is not one of"),
+    (["--workers", "2", "--ps-mode", "backup:2"], "leaves no gradient"),
+    (["--workers", "2", "--straggler", "5:100ms"], "rank 5 is not in this run of 3 rank(s)"),
+    (["--workers", "2", "--straggler", "random:x:1ms"], "probability 'x'"),
+    (["--workers", "2", "--pull-codec", "fp7"], "ps.pull_codec = 'fp7'"),
+])
+def test_bad_ps_input_is_one_line_exit_2(args: list[str], message: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--parallel", "ps", *args, *FAST]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "approxdist", "train", *args, *FAST],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_async_with_random_stragglers_converges(tmp_path: Path) -> None:
+    out = tmp_path / "async"
+    res = _cli("--parallel", "ps", "--servers", "1", "--workers", "2", "--ps-mode", "async",
+               "--straggler", "random:0.2:2ms", "--lr", "0.05", "--epochs", "5",
+               "--set", "train.log_every=1", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["test_accuracy"] > 0.85 and summary["parallel"] == "ps"
+    assert {"test_accuracy", "wall_time_s", "samples_per_s", "bytes_sent"} <= set(summary)
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    stale = [s for r in steps if r["kind"] == "step" for s in r["staleness"]]
+    assert len(stale) == summary["ps"]["updates"] == 2 * summary["steps"]
+
+
+def test_a_persistent_straggler_applies_to_data_parallelism(tmp_path: Path) -> None:
+    out = tmp_path / "dp"
+    res = _cli("--parallel", "dp", "--world-size", "2", "--straggler", "1:1ms", "--epochs", "1",
+               "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    cfg = (out / "config.toml").read_text()
+    assert 'stragglers = [\n    "1:1ms",\n]' in cfg or 'stragglers = ["1:1ms"]' in cfg
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not path.is_file():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(("mode", "victim", "name"), [
+    ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)")])
+def test_a_killed_rank_ends_the_run_naming_it(tmp_path: Path, mode: str, victim: int,
+                                              name: str) -> None:
+    out = tmp_path / mode
+    proc = subprocess.Popen([sys.executable, "-m", "approxdist", "train", "--parallel", "ps",
+                             "--workers", "2", "--ps-mode", mode, "--epochs", "500",
+                             "--out", str(out), *FAST], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(out / "workers" / f"rank{victim}.json", 60)
+        _wait_for(out / "checkpoint.pt", 60)
+        pid = json.loads((out / "workers" / f"rank{victim}.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and name in err, err

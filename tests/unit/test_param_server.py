@@ -1,0 +1,153 @@
+"""Parameter server's pure parts: byte-balanced sharding, mode strings, the server rules
+(sync, async, SSP bound, N+b drops) with scripted arrivals, roles, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from approxdist.config.loader import build_config
+from approxdist.errors import ConfigError
+from approxdist.param_server import Roles, ServerRules, parse_mode, shard_by_bytes
+from approxdist.param_server.sharding import shard_bytes
+from approxdist.train.check import check_parts
+from approxdist.train.engines.param_server import check_backend
+
+
+def test_sharding_covers_every_tensor_once_and_balances_bytes() -> None:
+    sizes = [4000, 40, 3000, 30, 2000, 20, 1000, 10]
+    shards = shard_by_bytes(sizes, 3)
+    assert sorted(i for s in shards for i in s) == list(range(len(sizes)))
+    loads = shard_bytes(sizes, shards)
+    assert max(loads) - min(loads) <= max(sizes) - min(sizes)
+    assert loads == [4000, 3030, 3070] or max(loads) <= 4000  # LPT: nothing worse than a greedy
+    assert shard_by_bytes(sizes, 1) == (tuple(range(len(sizes))),)
+    assert shard_by_bytes([8, 8], 2) == ((0,), (1,))
+
+
+def test_sharding_rejects_more_servers_than_tensors() -> None:
+    with pytest.raises(ConfigError, match=r"--servers 3.*only 2 parameter.*--servers 2"):
+        shard_by_bytes([4, 4], 3)
+
+
+@pytest.mark.parametrize("text,kind,bound,backup", [
+    ("sync", "sync", 0.0, 0), ("async", "async", math.inf, 0), ("ssp:2", "ssp", 2.0, 0),
+    ("ssp:0", "ssp", 0.0, 0), ("backup:1", "backup", 0.0, 1)])
+def test_modes_parse(text: str, kind: str, bound: float, backup: int) -> None:
+    mode = parse_mode(text, workers=3)
+    assert (mode.kind, mode.bound, mode.backup, mode.spec) == (kind, bound, backup, text)
+    assert mode.any_source == (kind != "sync")
+
+
+@pytest.mark.parametrize("text,match", [
+    ("fast", "not one of: sync, async"), ("ssp:-1", "not one of"), ("ssp:x", "not one of"),
+    ("backup:3", "b = 3 backup workers.*use b <= 2"), ("backup:0", "not one of"),
+    ("sync:1", "not one of")])
+def test_bad_modes_name_the_value(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_mode(text, workers=3)
+
+
+def test_sync_averages_one_gradient_per_worker_with_no_staleness() -> None:
+    rules = ServerRules(parse_mode("sync", 3), 3)
+    rules.begin_step()
+    assert rules.arrive(0, 0).apply == () and rules.arrive(1, 0).apply == ()
+    v = rules.arrive(2, 0)
+    assert (v.apply, v.replies, v.staleness) == ((0, 1, 2), (0, 1, 2), (0, 0, 0))
+    assert rules.step_done and rules.version == 1
+
+
+def test_async_applies_each_gradient_on_arrival_and_counts_staleness() -> None:
+    rules = ServerRules(parse_mode("async", 2), 2)
+    rules.begin_step()
+    a = rules.arrive(0, 0)
+    b = rules.arrive(1, 0)  # read version 0, one update since
+    assert (a.apply, a.staleness, a.replies) == ((0,), (0,), (0,))
+    assert (b.apply, b.staleness, b.replies) == ((1,), (1,), (1,))
+    assert rules.step_done and rules.version == 2
+
+
+def _simulate(mode: str, workers: int, speeds: list[int], pushes: int) -> list[tuple[int, int]]:
+    """Play a server against workers that each take `speeds[w]` ticks per step; the
+    (lead, staleness) of every arrival."""
+    rules = ServerRules(parse_mode(mode, workers), workers)
+    ready = {w: speeds[w] for w in range(workers)}  # tick at which each worker pushes
+    read = dict.fromkeys(range(workers), 0)
+    done = dict.fromkeys(range(workers), 0)
+    out, tick = [], 0
+    while any(done[w] < pushes for w in range(workers)):
+        tick += 1
+        for w in sorted(ready):
+            if ready[w] != tick:
+                continue
+            del ready[w]
+            v = rules.arrive(w, read[w])
+            done[w] += 1
+            out.extend((v.lead, s) for s in v.staleness)
+            for r in v.replies:
+                read[r] = rules.version
+                if done[r] < pushes:
+                    ready[r] = tick + speeds[r]
+    return out
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_ssp_keeps_every_worker_within_s_steps_of_the_slowest(bound: int) -> None:
+    seen = _simulate(f"ssp:{bound}", 3, [1, 2, 7], pushes=20)
+    assert len(seen) == 60
+    assert max(lead for lead, _ in seen) == bound  # reached, never exceeded
+
+
+def test_async_lets_a_fast_worker_run_ahead() -> None:
+    seen = _simulate("async", 3, [1, 2, 7], pushes=20)
+    assert max(lead for lead, _ in seen) > 3
+
+
+def test_backup_uses_the_first_n_fresh_gradients_and_drops_late_ones() -> None:
+    rules = ServerRules(parse_mode("backup:1", 3), 3)
+    rules.begin_step()
+    assert rules.arrive(2, 0).apply == ()
+    v = rules.arrive(0, 0)
+    assert (v.apply, v.replies, v.staleness) == ((0, 2), (0, 2), (0, 0)) and rules.step_done
+    rules.begin_step()
+    late = rules.arrive(1, 0)  # computed on version 0, the server is at 1
+    assert (late.keep, late.replies, late.apply) == (False, (1,), ())
+    assert rules.dropped == 1 and not rules.step_done
+    assert rules.owed(steps=2) == 3
+
+
+def test_roles_and_their_errors() -> None:
+    roles = Roles(2, 3)
+    assert roles.world_size == 5 and roles.worker_rank(0) == 2 and roles.is_server(1)
+    assert roles.describe(3) == "worker 1 (rank 3)" and roles.describe(0) == "server 0 (rank 0)"
+    with pytest.raises(ConfigError, match="--servers 0 must be >= 1"):
+        Roles(0, 2)
+    with pytest.raises(ConfigError, match="--workers 0 must be >= 1"):
+        Roles(1, 0)
+
+
+def _ps(servers: int = 1, workers: int = 2, **ps: object) -> dict[str, dict[str, object]]:
+    return {"train": {"parallel": "ps", "world_size": servers + workers},
+            "data": {"batch_size": 24}, "ps": {"servers": servers, "workers": workers, **ps}}
+
+
+def test_config_errors_name_the_value_and_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"world_size = 4 but --servers 1 \+ --workers 2 make 3"):
+        build_config({**_ps(), "train": {"parallel": "ps", "world_size": 4}})
+    with pytest.raises(ConfigError, match="ps.workers = 0 must be >= 1"):
+        build_config(_ps(workers=0))
+    with pytest.raises(ConfigError, match="divisible by the number of workers"):
+        build_config({**_ps(workers=5), "data": {"batch_size": 24}})
+    with pytest.raises(ConfigError, match="--ps-mode 'later'"):
+        check_parts(build_config(_ps(mode="later")))
+    with pytest.raises(ConfigError, match="ps.pull_codec = 'fp5'"):
+        check_parts(build_config(_ps(pull_codec="fp5")))
+    check_parts(build_config(_ps(mode="backup:1", push_codec="bf16")))
+
+
+def test_any_source_modes_are_refused_on_nccl() -> None:
+    with pytest.raises(ConfigError, match="--ps-mode async.*NCCL cannot.*--device cpu"):
+        check_backend("async", True, "nccl")
+    check_backend("sync", False, "nccl")
+    check_backend("async", True, "gloo")
