@@ -35,3 +35,15 @@ def test_linear_scaling_with_warmup() -> None:
 def test_warmup_without_scaling_starts_at_a_tenth() -> None:
     rule = LRRule(OptimConfig(lr=1.0, schedule="constant", warmup_epochs=1), 64, 10, 3)
     assert rule(0) == pytest.approx(0.1) and rule(10) == pytest.approx(1.0)
+
+
+def test_noise_scale_follows_smith_and_le() -> None:
+    from approxdist.train.optim import noise_scale
+
+    # g = lr / (1 - m) * (N / B - 1)
+    assert noise_scale(0.1, 0.9, 50_000, 128) == pytest.approx(1.0 * (50_000 / 128 - 1))
+    # doubling the batch at the same lr about halves it, as halving lr does
+    g = noise_scale(0.1, 0.9, 50_000, 128)
+    assert noise_scale(0.1, 0.9, 50_000, 256) == pytest.approx(0.5 * g, rel=0.01)
+    assert noise_scale(0.05, 0.9, 50_000, 128) == pytest.approx(0.5 * g)
+    assert noise_scale(0.1, 0.0, 1000, 1000) == 0.0

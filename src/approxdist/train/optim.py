@@ -49,6 +49,14 @@ class LRRule:
         return self.peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
 
 
+def noise_scale(lr: float, momentum: float, train_size: int, batch: int) -> float:
+    """The SGD noise scale g = lr / (1 - m) * (N / B - 1) (Smith and Le 2018; seed 003): the
+    scale of the gradient noise SGD with momentum m injects at learning rate lr, training
+    set size N and global batch B. Raising B lowers it as lowering lr does, the basis of
+    growing the batch instead of decaying the learning rate (Smith et al. 2018)."""
+    return lr / (1.0 - momentum) * (train_size / batch - 1.0)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

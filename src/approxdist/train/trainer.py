@@ -32,7 +32,7 @@ from approxdist.train import log
 from approxdist.train.engine import Engine
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.metrics import MetricsWriter
-from approxdist.train.optim import LRRule, set_lr
+from approxdist.train.optim import LRRule, noise_scale, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
 from approxdist.train.straggler import Stragglers
 
@@ -153,8 +153,11 @@ class Trainer:
         prog.epoch = epoch + 1
         prog.elapsed_s += stats["epoch_time_s"]
         prog.bytes_sent += sum(stats["bytes_sent"].values())
+        lr = self.lr_rule(max(0, prog.step - 1))  # the rate of the epoch's last step
+        noise = noise_scale(lr, cfg.optim.momentum, self.data.train_x.shape[0],
+                            cfg.data.batch_size)
         record = {"kind": "epoch", "epoch": prog.epoch, "step": prog.step, **stats,
-                  "test_accuracy": acc, "test_loss": test_loss}
+                  "test_accuracy": acc, "test_loss": test_loss, "lr": lr, "noise_scale": noise}
         prog.history.append(record)
         self.writer.write(record)
         log.info(self.ctx, f"epoch {prog.epoch:3d}/{cfg.train.epochs}  loss "
