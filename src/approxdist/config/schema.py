@@ -10,7 +10,7 @@ from approxdist.config.ps import PSConfig
 from approxdist.errors import ConfigError
 
 PARALLEL_MODES = ("single", "dp", "pipeline", "hybrid", "ps")
-LR_SCHEDULES = ("constant", "step", "cosine")
+LR_SCHEDULES = ("constant", "step", "cosine", "grow")
 SHORTCUTS = ("A", "B")
 
 
@@ -122,6 +122,11 @@ class OptimConfig:
     warmup_epochs: float = 0.0
     scale_lr: bool = False
     base_batch: int = 256
+    #: schedule "grow" (Smith et al. 2018): every `grow_every_epochs` epochs the global batch
+    #: grows by 1/gamma instead of the rate decaying by gamma, up to `max_batch` (0: the
+    #: training set), after which the rate decays
+    grow_every_epochs: int = 0
+    max_batch: int = 0
 
     def __post_init__(self) -> None:
         _positive("optim", "lr", self.lr)
@@ -135,6 +140,13 @@ class OptimConfig:
         _positive("optim", "base_batch", self.base_batch)
         if self.nesterov and self.momentum == 0:
             raise ConfigError("optim.nesterov = true needs optim.momentum > 0")
+        _non_negative("optim", "grow_every_epochs", self.grow_every_epochs)
+        _non_negative("optim", "max_batch", self.max_batch)
+        if self.schedule == "grow" and (self.grow_every_epochs < 1 or self.gamma >= 1):
+            raise ConfigError(f"optim.schedule = 'grow' grows the batch by 1/gamma every "
+                              f"optim.grow_every_epochs epochs: give grow_every_epochs >= 1 "
+                              f"(got {self.grow_every_epochs}) and gamma < 1 (got "
+                              f"{self.gamma}), e.g. --set optim.grow_every_epochs=3")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from approxdist.train import log
 from approxdist.train.engine import Engine
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.metrics import MetricsWriter
-from approxdist.train.optim import LRRule, noise_scale, set_lr
+from approxdist.train.optim import BatchGrowth, LRRule, noise_scale, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
 from approxdist.train.straggler import Stragglers
 
@@ -57,6 +57,12 @@ class Trainer:
     rec: Recorder = NULL_RECORDER
     epoch_hooks: list[EpochHook] = field(default_factory=list)
     stragglers: Stragglers = field(default_factory=Stragglers)
+    #: the global batch of each epoch (constant unless optim.schedule = "grow")
+    growth: BatchGrowth = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.growth = BatchGrowth(self.cfg.optim, self.cfg.data.batch_size,
+                                  self.data.train_x.shape[0], self.batches.world)
 
     # -- one epoch -------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -64,20 +70,23 @@ class Trainer:
         # dropout etc., per epoch and place in the topology (so placement changes nothing)
         torch.manual_seed(_mix(cfg.train.seed, epoch, self.groups.topology.slot(ctx.rank)))
         engine.module.train()
-        steps = self.batches.steps_per_epoch
+        global_batch = self.growth.batch_at(epoch)
+        shards = self.batches.resized(global_batch)
+        lr_factor = self.growth.lr_factor(epoch)
+        steps = shards.steps_per_epoch
         tally = EpochTally(steps)
         sent0 = engine.link_bytes()
         bar = log.progress(ctx, steps, f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
         t_epoch = time.perf_counter()
-        batches = self.batches.epoch(epoch)
+        batches = shards.epoch(epoch)
         for i in range(steps):
             with self.rec.span(STEP, step=self.progress.step):
                 self.stragglers.pause(ctx.rank, self.progress.step)
                 x, y = self.next_batch(batches)
-                lr = self.lr_rule(self.progress.step)
+                lr = self.lr_rule(self.progress.step) * lr_factor
                 for opt in engine.optimizers:
                     set_lr(opt, lr)
-                res = engine.train_step(x, y, self.batches.local_batch)
+                res = engine.train_step(x, y, shards.local_batch)
             tally.add(i, res)
             self.progress.step += 1
             bar.update(1)
@@ -86,8 +95,9 @@ class Trainer:
         bar.close()
         wall = time.perf_counter() - t_epoch
         self._log_steps(epoch, step_losses(tally, self.groups.world), tally.records)
-        return gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
-                            self.groups.topology, wall, self.cfg.data.batch_size)
+        stats = gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
+                             self.groups.topology, wall, global_batch)
+        return {**stats, "batch_size": global_batch}
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -153,9 +163,10 @@ class Trainer:
         prog.epoch = epoch + 1
         prog.elapsed_s += stats["epoch_time_s"]
         prog.bytes_sent += sum(stats["bytes_sent"].values())
-        lr = self.lr_rule(max(0, prog.step - 1))  # the rate of the epoch's last step
+        # the rate and batch of the epoch's last step
+        lr = self.lr_rule(max(0, prog.step - 1)) * self.growth.lr_factor(epoch)
         noise = noise_scale(lr, cfg.optim.momentum, self.data.train_x.shape[0],
-                            cfg.data.batch_size)
+                            int(stats["batch_size"]))
         record = {"kind": "epoch", "epoch": prog.epoch, "step": prog.step, **stats,
                   "test_accuracy": acc, "test_loss": test_loss, "lr": lr, "noise_scale": noise}
         prog.history.append(record)
