@@ -75,12 +75,15 @@ class DataConfig:
     synthetic_shape: tuple[int, ...] = (3, 32, 32)
     synthetic_classes: int = 10
     synthetic_samples: int = 2048
+    #: tokens per sample of the text data set (stdlib-text)
+    seq_len: int = 64
 
     def __post_init__(self) -> None:
         _positive("data", "batch_size", self.batch_size)
         _positive("data", "test_batch_size", self.test_batch_size)
         _positive("data", "synthetic_classes", self.synthetic_classes)
         _positive("data", "synthetic_samples", self.synthetic_samples)
+        _positive("data", "seq_len", self.seq_len)
         if not self.synthetic_shape or any(s <= 0 for s in self.synthetic_shape):
             raise ConfigError(
                 f"data.synthetic_shape = {list(self.synthetic_shape)} must be a non-empty list "

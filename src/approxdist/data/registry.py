@@ -11,6 +11,7 @@ from approxdist.data.digits import load_digits_dataset
 from approxdist.data.mnist import load_mnist
 from approxdist.data.mnist1d import load_mnist1d
 from approxdist.data.synthetic import make_synthetic
+from approxdist.data.text import load_stdlib_text
 from approxdist.errors import DataError
 from approxdist.registry import Registry
 
@@ -31,6 +32,7 @@ DATASETS.add(
     "synthetic",
     lambda cfg: make_synthetic(cfg.synthetic_shape, cfg.synthetic_classes, cfg.synthetic_samples),
 )
+DATASETS.add("stdlib-text", lambda cfg: load_stdlib_text(cfg.seq_len))
 
 
 def load_dataset(cfg: DataConfig) -> TensorDataset:

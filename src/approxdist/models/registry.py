@@ -9,6 +9,8 @@ from torch import nn
 from approxdist.config.schema import ModelConfig
 from approxdist.errors import ModelError
 from approxdist.models.alexnet import alexnet_small
+from approxdist.models.gpt import SIZES as GPT_SIZES
+from approxdist.models.gpt import gpt
 from approxdist.models.mlp import mlp
 from approxdist.models.resnet import resnet_cifar
 from approxdist.models.resnet1d import resnet1d
@@ -63,3 +65,19 @@ def _resnet1d(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequ
 
 
 MODELS.add("resnet1d", _resnet1d)
+
+
+def _gpt(name: str) -> Builder:
+    def build(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequential:
+        if len(shape) != 1:
+            raise ModelError(
+                f"model {name} needs token sequences (T,); the data set gives shape "
+                f"{list(shape)}; use --dataset stdlib-text"
+            )
+        return gpt(GPT_SIZES[name], vocab=classes, seq_len=shape[0], dropout=cfg.dropout)
+
+    return build
+
+
+for _name in GPT_SIZES:
+    MODELS.add(_name, _gpt(_name))

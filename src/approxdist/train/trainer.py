@@ -131,7 +131,7 @@ class Trainer:
         for lo in range(0, x_all.shape[0], bs):
             x, y = x_all[lo:lo + bs], y_all[lo:lo + bs]
             counted = engine.eval_batch(x.to(dev) if engine.feeds_inputs else None,
-                                        y.to(dev) if engine.feeds_labels else None, y.numel())
+                                        y.to(dev) if engine.feeds_labels else None, y.shape[0])
             sums += torch.tensor(counted, dtype=torch.float64)
         engine.module.train()
         self.groups.world.all_reduce(sums)
