@@ -22,8 +22,8 @@ import torch
 from approxdist.data.base import TensorDataset
 from approxdist.errors import DataError
 
-TRAIN_BYTES = 1 << 20
-VALID_BYTES = 1 << 17
+TRAIN_BYTES = 1 << 18
+VALID_BYTES = 1 << 16
 VOCAB = 256
 
 
