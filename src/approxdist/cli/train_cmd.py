@@ -67,9 +67,11 @@ def register(sub: Any) -> None:
                         "(--stages, --replicas; docs/hybrid.md); ps = parameter server "
                         "(--servers, --workers; docs/param_server.md)")
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
-    p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}")
+    p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}, or your own "
+                                   f"package.module:function (arguments: --set model.args.K=V)")
     p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
-    p.add_argument("--data-dir", help="local directory of cifar10 / mnist files")
+    p.add_argument("--data-dir", help="local directory of cifar10 / mnist files or class "
+                                      "folders (imagefolder), or an .npz file (npz)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int, help="global mini-batch size (split over ranks)")
     p.add_argument("--lr", type=float, help="peak learning rate")

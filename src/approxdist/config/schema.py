@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
@@ -93,7 +94,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Model name and the knobs of the model families."""
+    """Model name (a registered one, or a factory `package.module:function` called with
+    `args`) and the knobs of the model families."""
 
     name: str = "resnet20"
     shortcut: str = "A"
@@ -101,9 +103,15 @@ class ModelConfig:
     hidden: int = 256
     depth: int = 3
     dropout: float = 0.0
+    #: keyword arguments of a model factory `package.module:function` (`--set model.args.K=V`)
+    args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _one_of("model", "shortcut", self.shortcut, SHORTCUTS)
+        bad = [k for k in self.args if not k.isidentifier()]
+        if bad:
+            raise ConfigError(f"model.args key {bad[0]!r} is not a Python argument name; "
+                              f"use e.g. --set model.args.hidden=64")
         _positive("model", "width", self.width)
         _positive("model", "hidden", self.hidden)
         _positive("model", "depth", self.depth)

@@ -1,4 +1,5 @@
-"""Models by name; each builder adapts to the input shape and class count."""
+"""Models by name, or a user's factory `package.module:function`; each builder adapts to
+the input shape and class count."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch import nn
 from approxdist.config.schema import ModelConfig
 from approxdist.errors import ModelError
 from approxdist.models.alexnet import alexnet_small
+from approxdist.models.factory import build_from_factory, is_factory
 from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.models.gpt import gpt
 from approxdist.models.mlp import mlp
@@ -51,7 +53,10 @@ MODELS.add("mlp", lambda cfg, shape, classes: mlp(shape, classes, cfg.hidden, cf
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], classes: int) -> nn.Sequential:
-    """The model named by `cfg.name` as an `nn.Sequential` of blocks."""
+    """The model named by `cfg.name` as an `nn.Sequential` of blocks; a name
+    `package.module:function` calls that function with `cfg.args` (`models.factory`)."""
+    if is_factory(cfg.name):
+        return build_from_factory(cfg.name, cfg.args, input_shape, classes)
     return MODELS.get(cfg.name)(cfg, input_shape, classes)
 
 
