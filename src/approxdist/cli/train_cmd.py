@@ -23,6 +23,7 @@ from approxdist.topology.groups import check_world
 from approxdist.trace.gather import TRACE_FILE
 from approxdist.train.build import topology_of
 from approxdist.train.check import check_parts
+from approxdist.train.task import check_fits
 from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
@@ -230,6 +231,7 @@ def preflight(cfg: Config) -> None:
     check_parts(cfg)
     data = load_dataset(cfg.data)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
+    check_fits(model, data, cfg.model.name)
     n = data.train_x.shape[0]
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "

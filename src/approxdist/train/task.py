@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from approxdist.errors import DataError
+from approxdist.data.base import TensorDataset
+from approxdist.errors import DataError, ModelError
 from approxdist.registry import Registry
 
 Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,3 +76,32 @@ TASKS.add("next-token", Task("next-token", _token_loss, _token_hits))
 
 def task_named(name: str) -> Task:
     return TASKS.get(name)
+
+
+@torch.no_grad()
+def check_fits(model: torch.nn.Module, data: TensorDataset, name: str) -> None:
+    """Run `model` on two training samples: `ModelError` unless it gives one score per class
+    (per token) for each label, i.e. an output of shape (*labels.shape, classes)."""
+    x, y = data.train_x[:2], data.train_y[:2]
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(x)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot eat the data: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"model {name!r} fails on data set {data.name!r} (inputs "
+                         f"{list(x.shape[1:])} {x.dtype}): {first}; {_hint(data)}") from None
+    finally:
+        model.train(was_training)
+    want = (*y.shape, data.num_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"model {name!r} gives {got} for 2 samples of {data.name!r}; its "
+                         f"{data.task!r} task needs {list(want)} (one score per class"
+                         f"{' per token' if y.dim() > 1 else ''}); {_hint(data)}")
+
+
+def _hint(data: TensorDataset) -> str:
+    if data.task == "next-token":
+        return "use a language model such as --model gpt-tiny"
+    return "use a classifier such as --model mlp, or end yours in one score per class"
