@@ -8,7 +8,7 @@ from collections.abc import Callable
 from torch import nn
 
 from approxdist.config.schema import ModelConfig
-from approxdist.errors import ModelError
+from approxdist.errors import ModelError, unknown_name
 from approxdist.models.alexnet import alexnet_small
 from approxdist.models.factory import build_from_factory, is_factory
 from approxdist.models.gpt import SIZES as GPT_SIZES
@@ -57,6 +57,9 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], classes: int) ->
     `package.module:function` calls that function with `cfg.args` (`models.factory`)."""
     if is_factory(cfg.name):
         return build_from_factory(cfg.name, cfg.args, input_shape, classes)
+    if cfg.name not in MODELS:
+        raise ModelError(f"{unknown_name('model', cfg.name, MODELS.names())}; or your own "
+                         f"package.module:function returning an nn.Sequential of blocks")
     return MODELS.get(cfg.name)(cfg, input_shape, classes)
 
 
