@@ -23,3 +23,10 @@ def not_blocks() -> nn.Module:
 
 
 NOT_A_FUNCTION = 3
+
+
+def tiny_gpt(input_shape: tuple[int, ...], classes: int) -> nn.Sequential:
+    """A 1-layer GPT block sequence (embedding, transformer block, head) for token tests."""
+    from approxdist.models.gpt import GPTSize, gpt
+
+    return gpt(GPTSize(dim=16, layers=1, heads=2), classes, input_shape[0])
