@@ -70,7 +70,8 @@ def register(sub: Any) -> None:
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
     p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}, or your own "
                                    f"package.module:function (arguments: --set model.args.K=V)")
-    p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
+    p.add_argument("--dataset", "--data", dest="dataset",
+                   help=f"data set: {', '.join(DATASETS.names())}")
     p.add_argument("--data-dir", help="local directory of cifar10 / mnist files or class "
                                       "folders (imagefolder), or an .npz file (npz)")
     p.add_argument("--epochs", type=int)
