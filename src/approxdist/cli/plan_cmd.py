@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli import plan_profile
 from approxdist.cli.groups import command_group
 from approxdist.errors import ConfigError
 from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
@@ -34,6 +35,7 @@ def register(sub: Any) -> None:
     show.add_argument("--placement", help="global ranks in stage-major order (stage 0's "
                                           "replicas first; default 0,1,2,...)")
     show.set_defaults(func=run_show)
+    plan_profile.register(kinds)
 
 
 def topology_from(args: argparse.Namespace) -> Topology:
