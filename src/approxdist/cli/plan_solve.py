@@ -31,7 +31,6 @@ from approxdist.planner.profile import Profile
 from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, search
 
 SCHEDULES = ("1f1b", "gpipe")
-GIB = float(1 << 30)
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -188,7 +187,7 @@ def _describe(p: RankedPlan, title: str) -> str:
     parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v * 1e3:.1f} ms"
                       if k.endswith("_s")
                       else f"{k.replace('_', ' ')} {v:.2f}" for k, v in p.parts.items())
-    memory = ", ".join(f"stage {m.stage} {m.total_bytes / GIB:.2f} GiB" for m in p.memory)
+    memory = ", ".join(f"stage {m.stage} {_size(m.total_bytes)}" for m in p.memory)
     schedule = f"{p.plan.schedule}, " if p.mode in ("pipeline", "hybrid") else ""
     return (f"{title}: {p.mode}, {schedule}{p.plan.microbatches} micro-batch(es), stages "
             f"{_stages(p)}\n"
@@ -203,10 +202,15 @@ def _table(plans: list[RankedPlan]) -> str:
              ("pipeline", "hybrid") else "-", "m": p.plan.microbatches, "stages": _stages(p),
              "step": p.step_s * 1e3, "sample": p.per_sample_s * 1e6,
              "est": "-" if p.estimate_s is None else f"{p.estimate_s * 1e3:.2f}",
-             "mem": max(m.total_bytes for m in p.memory) / GIB} for i, p in enumerate(plans)]
+             "mem": _size(max(m.total_bytes for m in p.memory))} for i, p in enumerate(plans)]
     cols = [Column("#", 2, "rank"), Column("mode", 8, "mode", left=True),
             Column("schedule", 8, "sched", left=True), Column("M", 4, "m"),
             Column("stages [first,end)xreplicas", 34, "stages", left=True),
             Column("step ms", 10, "step", ".2f"), Column("us/sample", 10, "sample", ".1f"),
-            Column("solver ms", 10, "est"), Column("max GiB", 8, "mem", ".2f")]
+            Column("solver ms", 10, "est"), Column("memory", 10, "mem")]
     return render(cols, rows)
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as MiB, or GiB from 1 GiB on."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
