@@ -7,7 +7,8 @@ pipeline package's `simulate`: one source of truth for schedules) and its memory
 stage (`cost.stage_memory`). Data parallelism (one stage on every rank, one micro-batch
 per rank, as `train --parallel dp` runs it) is priced by `cost.dp_time` (buckets
 overlapped with backward). Plans are ranked by predicted seconds per sample, since
-plans with more micro-batches train on larger mini-batches.
+plans with more micro-batches train on larger mini-batches. `pipedream` prices the plan
+PipeDream's own optimizer chooses (`pipedream_optimizer`) the same way.
 """
 
 from __future__ import annotations
