@@ -29,15 +29,19 @@ from approxdist.topology import Topology
 from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
 from approxdist.train import log
-from approxdist.train.engine import Engine
+from approxdist.train.engine import Engine, StepOutcome
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import LRRule, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
+from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
 
 #: called with the epoch index (0-based) before each epoch trains (e.g. to sample activations)
 EpochHook = Callable[[int], None]
+#: called with the run's position before each step; may return a record for metrics.jsonl
+#: (AdaPrec, `train/speculation.py`: it speculates through `Trainer.train_steps`)
+StepHook = Callable[[Position], "Mapping[str, Any] | None"]
 
 
 @dataclass
@@ -57,6 +61,9 @@ class Trainer:
     rec: Recorder = NULL_RECORDER
     epoch_hooks: list[EpochHook] = field(default_factory=list)
     stragglers: Stragglers = field(default_factory=Stragglers)
+    step_hooks: list[StepHook] = field(default_factory=list)
+    #: figures for summary.json from the parts hooked into the run (e.g. AdaPrec's)
+    summaries: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
 
     # -- one epoch -------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -71,13 +78,10 @@ class Trainer:
         t_epoch = time.perf_counter()
         batches = self.batches.epoch(epoch)
         for i in range(steps):
+            self._run_step_hooks(Position(epoch, i, self.progress.step))
             with self.rec.span(STEP, step=self.progress.step):
                 self.stragglers.pause(ctx.rank, self.progress.step)
-                x, y = self.next_batch(batches)
-                lr = self.lr_rule(self.progress.step)
-                for opt in engine.optimizers:
-                    set_lr(opt, lr)
-                res = engine.train_step(x, y, self.batches.local_batch)
+                res = self.step(batches, self.progress.step)
             tally.add(i, res)
             self.progress.step += 1
             bar.update(1)
@@ -88,6 +92,34 @@ class Trainer:
         self._log_steps(epoch, step_losses(tally, self.groups.world), tally.records)
         return gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
                             self.groups.topology, wall, self.cfg.data.batch_size)
+
+    def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+             step: int) -> StepOutcome:
+        """One step on the next batch of `batches`, at `step`'s learning rate."""
+        x, y = self.next_batch(batches)
+        lr = self.lr_rule(step)
+        for opt in self.engine.optimizers:
+            set_lr(opt, lr)
+        return self.engine.train_step(x, y, self.batches.local_batch)
+
+    def train_steps(self, at: Position, steps: int) -> list[StepOutcome]:
+        """Train `steps` steps from `at` (into the next epochs if need be) without logging
+        them or moving the run's progress: the speculation of AdaPrec, which restores the
+        run's snapshot afterwards (`train/snapshot.py`)."""
+        outs: list[StepOutcome] = []
+        epoch, index = at.epoch, at.index
+        while len(outs) < steps:
+            batches = self.batches.epoch(epoch, index)
+            for _ in range(min(steps - len(outs), self.batches.steps_per_epoch - index)):
+                outs.append(self.step(batches, at.step + len(outs)))
+            epoch, index = epoch + 1, 0
+        return outs
+
+    def _run_step_hooks(self, at: Position) -> None:
+        for hook in self.step_hooks:
+            record = hook(at)
+            if record is not None:
+                self.writer.write({"epoch": at.epoch + 1, **record})
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -167,7 +199,8 @@ class Trainer:
                 "topology": {"stages": self.groups.topology.num_stages,
                              "replicas": list(self.groups.topology.replicas),
                              "ranks": [list(r) for r in self.groups.topology.stages]},
-                **self.engine.summary()}
+                **self.engine.summary(), **{k: v for part in self.summaries
+                                            for k, v in part().items()}}
 
     # -- checkpoints -------------------------------------------------------------------------
     @property

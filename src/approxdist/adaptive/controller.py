@@ -1,0 +1,154 @@
+"""The AdaPrec controller (seed 004): phases of K steps, speculation, a decision per boundary.
+
+    controller = AdaPrecController(("fp32", "fp8-e5m2", "table4", "table1"), cfg, run)
+    record = controller.before_step(step)     # the trainer calls it before every step
+
+The first phase runs `cfg.first`. At each boundary (every `phase_steps` steps, while a
+whole speculation still fits in the run) the controller measures the run's signal,
+snapshots the run, and for each candidate not blacklisted restores the snapshot, switches
+the gradients' codecs to it and trains `speculate_steps` steps, measuring the signal at
+`points` points and the seconds per step (slowest rank). It then restores the snapshot
+once more, judges the candidates (`decide.py`) and switches to the winner, so training
+itself only ever continues from the snapshot: a speculation that diverged leaves no
+trace. When speculation has taken more than `overhead_budget` of the run's time so far,
+the boundary keeps the current codec without speculating.
+
+The controller drives a `SpeculativeRun` (the trainer's, `train/speculation.py`); every
+rank calls it in step, so every collective inside matches, and the winner is rank 0's.
+Each boundary returns its record for metrics.jsonl (`kind: adaprec`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol, TypeVar
+
+from approxdist.adaptive.decide import Assessment, Point, Trial, assess, choose
+from approxdist.adaptive.learning_curve import LearningCurveModel
+from approxdist.config.adaprec import AdaPrecConfig
+
+T = TypeVar("T")
+
+
+class SpeculativeRun(Protocol):
+    """What the controller needs from a training run (collectives: every rank calls)."""
+
+    #: the run's last step, and the signal a model that guesses would score
+    total_steps: int
+    chance: float
+
+    def snapshot(self) -> None:
+        """Remember the run's state at its current position."""
+
+    def restore(self) -> None:
+        """Back to the snapshot (any number of times)."""
+
+    def use(self, candidate: str) -> None:
+        """Send the gradients in `candidate`'s codecs from the next step on."""
+
+    def train(self, steps: int) -> tuple[float, bool]:
+        """Train `steps` steps on; (seconds per step on the slowest rank, every loss finite)."""
+
+    def signal(self) -> float:
+        """The validation signal of the model now, agreed by every rank."""
+
+    def agree(self, value: T) -> T:
+        """Rank 0's `value`, on every rank."""
+
+
+class AdaPrecController:
+    """Chooses the gradients' codec phase by phase; see the module docstring."""
+
+    def __init__(self, candidates: tuple[str, ...], cfg: AdaPrecConfig, run: SpeculativeRun,
+                 model: LearningCurveModel | None = None) -> None:
+        self.candidates, self.cfg, self.run = candidates, cfg, run
+        self.model = model or LearningCurveModel()
+        self.current = cfg.first
+        self.curve: list[Point] = []
+        self.blacklist: list[str] = []
+        self.chosen: list[tuple[int, str]] = []
+        self.speculation_s = 0.0
+        self.decision_s = 0.0
+        self.fit_s = 0.0
+        self._start = 0.0
+
+    def before_step(self, step: int) -> dict[str, Any] | None:
+        """Before step `step` (0-based): the first phase's codec, or a boundary's decision."""
+        if step == 0:
+            self._start = time.perf_counter()
+            self.run.use(self.current)
+            self.chosen.append((0, self.current))
+            return {"kind": "adaprec", "step": 0, "chosen": self.current, "reason": "first phase"}
+        cfg = self.cfg
+        if step % cfg.phase_steps or step + cfg.speculate_steps > self.run.total_steps:
+            return None
+        return self._boundary(step)
+
+    def _boundary(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        current = self.run.signal()
+        self.curve.append((step, current))
+        elapsed = t0 - self._start
+        record: dict[str, Any] = {"kind": "adaprec", "step": step, "signal": current}
+        if self.speculation_s > self.cfg.overhead_budget * elapsed:
+            self.chosen.append((step, self.current))
+            self.decision_s += time.perf_counter() - t0
+            return {**record, "chosen": self.current, "reason": "overhead budget spent",
+                    "speculation_s": 0.0}
+        self.run.snapshot()
+        trials = [self._speculate(c, step) for c in self.candidates if c not in self.blacklist]
+        self.run.restore()
+        t_judge = time.perf_counter()
+        at = min(step + self.cfg.phase_steps, self.run.total_steps)
+        judged = [assess(t, self.curve, at, current, self.run.chance, self.cfg, self.model)
+                  for t in trials]
+        winner = self.run.agree(choose(judged, self._fallback()))
+        fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
+        self.blacklist += [a.trial.candidate for a in judged if a.blacklisted]
+        self.run.use(winner)
+        self.current = winner
+        self.chosen.append((step, winner))
+        spent = t_judge - t0
+        self.speculation_s += spent
+        self.fit_s += fit_s
+        self.decision_s += time.perf_counter() - t_judge
+        return {**record, "chosen": winner, "reason": _reason(judged, winner),
+                "predict_at": at, "candidates": {a.trial.candidate: a.record() for a in judged},
+                "blacklist": list(self.blacklist), "speculation_s": spent, "fit_s": fit_s}
+
+    def _speculate(self, candidate: str, step: int) -> Trial:
+        """Train `candidate` from the snapshot, measuring the signal `points` times."""
+        self.run.restore()
+        self.run.use(candidate)
+        points: list[Point] = []
+        seconds, done, finite = 0.0, 0, True
+        for n in _chunks(self.cfg.speculate_steps, self.cfg.points):
+            s_per_step, finite = self.run.train(n)
+            seconds += s_per_step * n
+            done += n
+            if not finite:
+                break
+            points.append((step + done, self.run.signal()))
+        return Trial(candidate, tuple(points), seconds / done, finite)
+
+    def _fallback(self) -> str:
+        """The codec to keep when no candidate is eligible."""
+        return self.current if self.current not in self.blacklist else self.cfg.first
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json's `adaprec` figures."""
+        return {"candidates": list(self.candidates), "chosen": [list(c) for c in self.chosen],
+                "blacklist": list(self.blacklist), "speculation_s": self.speculation_s,
+                "fit_s": self.fit_s, "decision_s": self.decision_s}
+
+
+def _chunks(steps: int, parts: int) -> list[int]:
+    """`steps` cut into `parts` nearly equal positive pieces."""
+    return [steps * (i + 1) // parts - steps * i // parts for i in range(parts)]
+
+
+def _reason(judged: list[Assessment], winner: str) -> str:
+    if not any(a.eligible for a in judged):
+        return "no candidate eligible; kept the current codec"
+    return "best predicted gain per second" if any(a.eligible and a.gain > 0 for a in judged) \
+        else "no candidate gains; best predicted signal"
