@@ -20,6 +20,7 @@ Each boundary returns its record for metrics.jsonl (`kind: adaprec`).
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Protocol, TypeVar
 
@@ -46,8 +47,9 @@ class SpeculativeRun(Protocol):
     def use(self, candidate: str) -> None:
         """Send the gradients in `candidate`'s codecs from the next step on."""
 
-    def train(self, steps: int) -> tuple[float, bool]:
-        """Train `steps` steps on; (seconds per step on the slowest rank, every loss finite)."""
+    def train(self, steps: int) -> tuple[list[float], bool]:
+        """Train `steps` steps on; (each step's seconds on the slowest rank, every loss
+        finite)."""
 
     def signal(self) -> float:
         """The validation signal of the model now, agreed by every rank."""
@@ -121,15 +123,16 @@ class AdaPrecController:
         self.run.restore()
         self.run.use(candidate)
         points: list[Point] = []
-        seconds, done, finite = 0.0, 0, True
+        seconds: list[float] = []
+        finite = True
         for n in _chunks(self.cfg.speculate_steps, self.cfg.points):
-            s_per_step, finite = self.run.train(n)
-            seconds += s_per_step * n
-            done += n
+            walls, finite = self.run.train(n)
+            seconds += walls
             if not finite:
                 break
-            points.append((step + done, self.run.signal()))
-        return Trial(candidate, tuple(points), seconds / done, finite)
+            points.append((step + len(seconds), self.run.signal()))
+        # the median: a codec's first step also builds its all-reduce and checks the peers
+        return Trial(candidate, tuple(points), statistics.median(seconds), finite)
 
     def _fallback(self) -> str:
         """The codec to keep when no candidate is eligible."""

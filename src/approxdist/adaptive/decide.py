@@ -8,7 +8,9 @@ times the phase length. The guards the seed does not discuss:
 * a candidate whose speculation produced a non-finite loss or signal (`diverged`) or lost
   more than `collapse` of the signal the run had above chance (`collapsed`) is blacklisted;
 * a candidate whose lower confidence bound `mean - lcb_z * std` falls below the current
-  signal minus `margin` is not eligible (validation noise on short phases);
+  signal minus `margin` is not eligible (validation noise on short phases), nor one whose
+  last speculative point did (`falling`: a fit over the run's rising curve may not see
+  a decline that started at the snapshot);
 * among eligible candidates with a positive predicted gain the best gain per second wins;
   if none gains, the best predicted signal; if none is eligible, the current codec stays.
 """
@@ -44,7 +46,7 @@ class Assessment:
     prediction: Prediction | None
     gain: float
     score: float
-    verdict: str  # eligible | below-lcb | diverged | collapsed
+    verdict: str  # eligible | below-lcb | falling | diverged | collapsed
 
     @property
     def eligible(self) -> bool:
@@ -78,7 +80,10 @@ def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance
         return Assessment(trial, pred, -math.inf, -math.inf, "diverged")
     gain = pred.mean - current
     seconds = max(trial.s_per_step, 1e-9) * (at - curve[-1][0])
-    verdict = "eligible" if pred.lcb(cfg.lcb_z) >= current - cfg.margin else "below-lcb"
+    if values[-1] < current - cfg.margin:  # its own points fell, whatever the fit says
+        verdict = "falling"
+    else:
+        verdict = "eligible" if pred.lcb(cfg.lcb_z) >= current - cfg.margin else "below-lcb"
     return Assessment(trial, pred, gain, gain / seconds, verdict)
 
 

@@ -56,7 +56,7 @@ class TrainerRun:
     def use(self, candidate: str) -> None:
         self.engine.set_codecs(*candidate_rules(candidate, self.trainer.cfg.dp.codec_rules))
 
-    def train(self, steps: int) -> tuple[float, bool]:
+    def train(self, steps: int) -> tuple[list[float], bool]:
         # each speculation draws its own dropout masks, the same for every candidate
         torch.manual_seed(_mix(self.trainer.cfg.train.seed, self._cursor.step,
                                self.trainer.groups.topology.slot(self.trainer.ctx.rank)))
@@ -64,10 +64,10 @@ class TrainerRun:
         c, per_epoch = self._cursor, self.trainer.batches.steps_per_epoch
         index = c.index + steps
         self._cursor = Position(c.epoch + index // per_epoch, index % per_epoch, c.step + steps)
-        wall = sum(o.times.wall_s for o in outs) / steps
+        walls = [o.times.wall_s for o in outs]
         finite = all(o.loss is None or math.isfinite(o.loss) for o in outs)
-        seen = self.trainer.groups.replicas.all_gather_object((wall, finite))
-        return max(w for w, _ in seen), all(f for _, f in seen)
+        seen = self.trainer.groups.replicas.all_gather_object((walls, finite))
+        return [max(w) for w in zip(*(w for w, _ in seen))], all(f for _, f in seen)
 
     @torch.no_grad()
     def signal(self) -> float:
