@@ -11,6 +11,8 @@ times the phase length. The guards the seed does not discuss:
   signal minus `margin` is not eligible (validation noise on short phases), nor one whose
   last speculative point did (`falling`: a fit over the run's rising curve may not see
   a decline that started at the snapshot);
+* the prediction is at most the candidate's own pace (`own_pace`): the run's curve so far
+  dominates the fit, and a candidate that stalls must not inherit its rise;
 * among eligible candidates with a positive predicted gain the best gain per second wins;
   if none gains, the best predicted signal; if none is eligible, the current codec stays.
 """
@@ -47,6 +49,7 @@ class Assessment:
     gain: float
     score: float
     verdict: str  # eligible | below-lcb | falling | diverged | collapsed
+    pace: float = math.nan  # `own_pace`, the bound on the prediction
 
     @property
     def eligible(self) -> bool:
@@ -61,6 +64,7 @@ class Assessment:
         return {"points": [list(pt) for pt in self.trial.points],
                 "s_per_step": self.trial.s_per_step, "finite": self.trial.finite,
                 "verdict": self.verdict, "gain": _json(self.gain), "score": _json(self.score),
+                "pace": _json(self.pace),
                 "prediction": None if p is None else {"mean": _json(p.mean), "std": _json(p.std),
                                                       "method": p.method, "fit_s": p.fit_s}}
 
@@ -78,13 +82,24 @@ def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance
     pred = model.predict([s for s, _ in pts], [v for _, v in pts], at)
     if pred.diverged:
         return Assessment(trial, pred, -math.inf, -math.inf, "diverged")
-    gain = pred.mean - current
+    pace = own_pace(trial, curve[-1], at)
+    mean = min(pred.mean, pace)
+    gain = mean - current
     seconds = max(trial.s_per_step, 1e-9) * (at - curve[-1][0])
     if values[-1] < current - cfg.margin:  # its own points fell, whatever the fit says
         verdict = "falling"
     else:
-        verdict = "eligible" if pred.lcb(cfg.lcb_z) >= current - cfg.margin else "below-lcb"
-    return Assessment(trial, pred, gain, gain / seconds, verdict)
+        verdict = "eligible" if mean - cfg.lcb_z * pred.std >= current - cfg.margin \
+            else "below-lcb"
+    return Assessment(trial, pred, gain, gain / seconds, verdict, pace)
+
+
+def own_pace(trial: Trial, start: Point, at: int) -> float:
+    """The candidate's own speculation extrapolated in a straight line to `at`: on a
+    concave learning curve an upper bound, which keeps a fit dominated by the run's
+    history from crediting a candidate with progress its own points do not show."""
+    (s0, v0), (s1, v1) = start, trial.points[-1]
+    return v1 + (v1 - v0) / (s1 - s0) * (at - s1)
 
 
 def choose(judged: Sequence[Assessment], keep: str) -> str:
@@ -95,9 +110,7 @@ def choose(judged: Sequence[Assessment], keep: str) -> str:
     gaining = [a for a in eligible if a.gain > 0]
     if gaining:  # ties go to the earlier candidate
         return max(gaining, key=lambda a: a.score).trial.candidate
-    assert all(a.prediction is not None for a in eligible)
-    return max(eligible, key=lambda a: a.prediction.mean if a.prediction else -math.inf
-               ).trial.candidate
+    return max(eligible, key=lambda a: a.gain).trial.candidate
 
 
 def _json(x: float) -> float | None:
