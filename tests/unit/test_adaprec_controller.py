@@ -38,7 +38,10 @@ class Sim:
     value: float = 0.1
     codec: str = ""
     sleep: float = 0.0
+    #: codec -> steps after which it turns: from then on it loses 0.1 a step
+    turns: dict[str, int] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
+    _since: int = 0
     _saved: float | None = None
 
     def snapshot(self) -> None:
@@ -48,13 +51,23 @@ class Sim:
         assert self._saved is not None
         self.value = self._saved
 
+    def rollback(self) -> None:
+        self.restore()
+
     def use(self, candidate: str) -> None:
-        self.codec = candidate
+        self.codec, self._since = candidate, 0
+
+    def advance(self, steps: int) -> None:
+        for _ in range(steps):
+            turned = self._since >= self.turns.get(self.codec, steps + self._since + 1)
+            rate = -0.1 if turned else self.rate[self.codec]
+            self.value = min(1.0, max(0.0, self.value + rate))
+            self._since += 1
 
     def train(self, steps: int) -> tuple[list[float], bool]:
         self.trained.append(self.codec)
         time.sleep(self.sleep)
-        self.value = min(1.0, max(0.0, self.value + self.rate[self.codec] * steps))
+        self.advance(steps)
         return [self.secs[self.codec]] * steps, self.codec != "nan"
 
     def signal(self) -> float:
@@ -76,7 +89,7 @@ def _drive(sim: Sim, cfg: AdaPrecConfig = CFG, candidates: tuple[str, ...] = ("f
         rec = ctl.before_step(step)
         if rec is not None:
             records.append(rec)
-        sim.value = min(1.0, sim.value + sim.rate[sim.codec])
+        sim.advance(1)
     return ctl, records
 
 
@@ -123,6 +136,17 @@ def test_a_collapsing_candidate_is_blacklisted_and_a_falling_one_is_not_eligible
     assert verdicts["crash"]["verdict"] == "collapsed" and "crash" in ctl.blacklist
     assert verdicts["slide"]["verdict"] == "falling" and "slide" not in ctl.blacklist
     assert {c for _, c in ctl.chosen} == {"fp32"}
+
+
+def test_a_phase_that_collapses_the_run_is_undone_and_its_codec_blacklisted() -> None:
+    # 'trap' is fast and gains for 5 steps (the speculation sees only 4), then loses
+    sim = Sim({"fp32": 0.004, "trap": 0.004}, {"fp32": 1.0, "trap": 0.5}, turns={"trap": 5})
+    ctl, records = _drive(sim, candidates=("fp32", "trap"))
+    assert records[1]["chosen"] == "trap"
+    assert records[2]["rolled_back"] == "trap" and ctl.blacklist == ["trap"]
+    assert records[2]["signal"] == pytest.approx(0.1 + 10 * 0.004)  # back to boundary 10
+    assert [c for _, c in ctl.chosen][2:] == ["fp32", "fp32"]
+    assert all("trap" not in r["candidates"] for r in records[2:])
 
 
 def test_an_exhausted_overhead_budget_skips_speculation() -> None:

@@ -10,8 +10,12 @@ the gradients' codecs to it and trains `speculate_steps` steps, measuring the si
 `points` points and the seconds per step (slowest rank). It then restores the snapshot
 once more, judges the candidates (`decide.py`) and switches to the winner, so training
 itself only ever continues from the snapshot: a speculation that diverged leaves no
-trace. When speculation has taken more than `overhead_budget` of the run's time so far,
-the boundary keeps the current codec without speculating.
+trace. A chosen codec can still turn bad after the speculation's few steps: when the
+signal at a boundary has collapsed since the last one (`decide.collapsed`), the phase is
+undone (the model, optimiser and residuals of the last boundary's snapshot, the data
+position and learning rate where they are: the phase's steps are lost time) and its
+codec blacklisted. When speculation has taken more than `overhead_budget` of the run's
+time so far, the boundary keeps the current codec without speculating.
 
 The controller drives a `SpeculativeRun` (the trainer's, `train/speculation.py`); every
 rank calls it in step, so every collective inside matches, and the winner is rank 0's.
@@ -24,7 +28,7 @@ import statistics
 import time
 from typing import Any, Protocol, TypeVar
 
-from approxdist.adaptive.decide import Assessment, Point, Trial, assess, choose
+from approxdist.adaptive.decide import Assessment, Point, Trial, assess, choose, collapsed
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.config.adaprec import AdaPrecConfig
 
@@ -43,6 +47,9 @@ class SpeculativeRun(Protocol):
 
     def restore(self) -> None:
         """Back to the snapshot (any number of times)."""
+
+    def rollback(self) -> None:
+        """The snapshot's state (model, optimiser, residuals), at the run's current position."""
 
     def use(self, candidate: str) -> None:
         """Send the gradients in `candidate`'s codecs from the next step on."""
@@ -79,6 +86,7 @@ class AdaPrecController:
         if step == 0:
             self._start = time.perf_counter()
             self.run.use(self.current)
+            self.run.snapshot()
             self.chosen.append((0, self.current))
             return {"kind": "adaprec", "step": 0, "chosen": self.current, "reason": "first phase"}
         cfg = self.cfg
@@ -89,14 +97,22 @@ class AdaPrecController:
     def _boundary(self, step: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         current = self.run.signal()
+        record: dict[str, Any] = {"kind": "adaprec", "step": step, "signal": current}
+        if self.curve and collapsed(self.curve[-1][1], current, self.run.chance,
+                                    self.cfg.collapse):
+            current = self._roll_back()
+            record.update(rolled_back=self.blacklist[-1], signal=current)
         self.curve.append((step, current))
         elapsed = t0 - self._start
-        record: dict[str, Any] = {"kind": "adaprec", "step": step, "signal": current}
         if self.speculation_s > self.cfg.overhead_budget * elapsed:
-            self.chosen.append((step, self.current))
+            self.run.snapshot()
+            keep = self._fallback()
+            self.run.use(keep)
+            self.current = keep
+            self.chosen.append((step, keep))
             self.decision_s += time.perf_counter() - t0
-            return {**record, "chosen": self.current, "reason": "overhead budget spent",
-                    "speculation_s": 0.0}
+            return {**record, "chosen": keep, "reason": "overhead budget spent",
+                    "blacklist": list(self.blacklist), "speculation_s": 0.0}
         self.run.snapshot()
         trials = [self._speculate(c, step) for c in self.candidates if c not in self.blacklist]
         self.run.restore()
@@ -106,7 +122,8 @@ class AdaPrecController:
                   for t in trials]
         winner = self.run.agree(choose(judged, self._fallback()))
         fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
-        self.blacklist += [a.trial.candidate for a in judged if a.blacklisted]
+        if not all(a.blacklisted for a in judged):  # if every one fails, the run is to blame
+            self.blacklist += [a.trial.candidate for a in judged if a.blacklisted]
         self.run.use(winner)
         self.current = winner
         self.chosen.append((step, winner))
@@ -133,6 +150,14 @@ class AdaPrecController:
             points.append((step + len(seconds), self.run.signal()))
         # the median: a codec's first step also builds its all-reduce and checks the peers
         return Trial(candidate, tuple(points), statistics.median(seconds), finite)
+
+    def _roll_back(self) -> float:
+        """The last phase collapsed the signal: undo it (state back to the last boundary,
+        the data position kept), blacklist its codec; the signal now."""
+        if self.current not in self.blacklist:
+            self.blacklist.append(self.current)
+        self.run.rollback()
+        return self.run.signal()
 
     def _fallback(self) -> str:
         """The codec to keep when no candidate is eligible."""

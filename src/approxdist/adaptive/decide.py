@@ -75,8 +75,7 @@ def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance
     values = [v for _, v in trial.points]
     if not trial.finite or not all(math.isfinite(v) for v in values):
         return Assessment(trial, None, -math.inf, -math.inf, "diverged")
-    floor = chance + (1.0 - cfg.collapse) * (current - chance)
-    if current > chance and values[-1] < floor:
+    if collapsed(current, values[-1], chance, cfg.collapse):
         return Assessment(trial, None, -math.inf, -math.inf, "collapsed")
     pts = [*curve, *trial.points]
     pred = model.predict([s for s, _ in pts], [v for _, v in pts], at)
@@ -92,6 +91,14 @@ def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance
         verdict = "eligible" if mean - cfg.lcb_z * pred.std >= current - cfg.margin \
             else "below-lcb"
     return Assessment(trial, pred, gain, gain / seconds, verdict, pace)
+
+
+def collapsed(before: float, after: float, chance: float, share: float) -> bool:
+    """Did the signal go from `before` to `after` losing more than `share` of what it had
+    above `chance` (or to a non-finite value)?"""
+    if not math.isfinite(after):
+        return True
+    return before > chance and after < chance + (1.0 - share) * (before - chance)
 
 
 def own_pace(trial: Trial, start: Point, at: int) -> float:

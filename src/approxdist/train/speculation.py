@@ -53,6 +53,10 @@ class TrainerRun:
         assert self._snap is not None
         self._cursor = self._snap.restore(self.engine)
 
+    def rollback(self) -> None:
+        assert self._snap is not None
+        self._snap.restore(self.engine)
+
     def use(self, candidate: str) -> None:
         self.engine.set_codecs(*candidate_rules(candidate, self.trainer.cfg.dp.codec_rules))
 
