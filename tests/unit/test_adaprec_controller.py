@@ -42,14 +42,16 @@ class Sim:
     turns: dict[str, int] = field(default_factory=dict)
     trained: list[str] = field(default_factory=list)
     _since: int = 0
-    _saved: float | None = None
+    saved: list[float] = field(default_factory=list)
 
     def snapshot(self) -> None:
-        self._saved = self.value
+        self.saved = [*self.saved[-1:], self.value]
 
     def restore(self) -> None:
-        assert self._saved is not None
-        self.value = self._saved
+        self.value = self.saved[-1]
+
+    def drop(self) -> None:
+        self.saved.pop()
 
     def rollback(self) -> None:
         self.restore()

@@ -43,13 +43,17 @@ class SpeculativeRun(Protocol):
     chance: float
 
     def snapshot(self) -> None:
-        """Remember the run's state at its current position."""
+        """Remember the run's state at its current position (the one before is kept too)."""
 
     def restore(self) -> None:
-        """Back to the snapshot (any number of times)."""
+        """Back to the latest snapshot (any number of times)."""
+
+    def drop(self) -> None:
+        """Forget the latest snapshot: the one before it is the latest again."""
 
     def rollback(self) -> None:
-        """The snapshot's state (model, optimiser, residuals), at the run's current position."""
+        """The latest snapshot's state (model, optimiser, residuals), at the run's current
+        position (the steps since are undone, the data and learning rate go on)."""
 
     def use(self, candidate: str) -> None:
         """Send the gradients in `candidate`'s codecs from the next step on."""
@@ -100,16 +104,11 @@ class AdaPrecController:
         record: dict[str, Any] = {"kind": "adaprec", "step": step, "signal": current}
         if self.curve and collapsed(self.curve[-1][1], current, self.run.chance,
                                     self.cfg.collapse):
-            current = self._roll_back()
-            record.update(rolled_back=self.blacklist[-1], signal=current)
+            current = self._roll_back(record)
         self.curve.append((step, current))
-        elapsed = t0 - self._start
-        if self.speculation_s > self.cfg.overhead_budget * elapsed:
+        if self.speculation_s > self.cfg.overhead_budget * (t0 - self._start):
             self.run.snapshot()
-            keep = self._fallback()
-            self.run.use(keep)
-            self.current = keep
-            self.chosen.append((step, keep))
+            keep = self._switch(step, self._fallback())
             self.decision_s += time.perf_counter() - t0
             return {**record, "chosen": keep, "reason": "overhead budget spent",
                     "blacklist": list(self.blacklist), "speculation_s": 0.0}
@@ -120,20 +119,34 @@ class AdaPrecController:
         at = min(step + self.cfg.phase_steps, self.run.total_steps)
         judged = [assess(t, self.curve, at, current, self.run.chance, self.cfg, self.model)
                   for t in trials]
-        winner = self.run.agree(choose(judged, self._fallback()))
         fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
-        if not all(a.blacklisted for a in judged):  # if every one fails, the run is to blame
+        if judged and all(a.blacklisted for a in judged):
+            # every candidate fails from here: the run, not the codecs, is unsound; if the
+            # last phase made it so, undo that phase as if its collapse had shown already
+            if "rolled_back" not in record and self.current != self.cfg.first:
+                self.run.drop()
+                self.curve[-1] = (step, self._roll_back(record))
+            winner = self._fallback()
+            reason = "every candidate failed; kept the reference" if "rolled_back" not in \
+                record else "every candidate failed; the last phase undone"
+        else:
             self.blacklist += [a.trial.candidate for a in judged if a.blacklisted]
-        self.run.use(winner)
-        self.current = winner
-        self.chosen.append((step, winner))
+            winner = self.run.agree(choose(judged, self._fallback()))
+            reason = _reason(judged)
+        self._switch(step, winner)
         spent = t_judge - t0
         self.speculation_s += spent
         self.fit_s += fit_s
         self.decision_s += time.perf_counter() - t_judge
-        return {**record, "chosen": winner, "reason": _reason(judged, winner),
+        return {**record, "chosen": winner, "reason": reason,
                 "predict_at": at, "candidates": {a.trial.candidate: a.record() for a in judged},
                 "blacklist": list(self.blacklist), "speculation_s": spent, "fit_s": fit_s}
+
+    def _switch(self, step: int, codec: str) -> str:
+        self.run.use(codec)
+        self.current = codec
+        self.chosen.append((step, codec))
+        return codec
 
     def _speculate(self, candidate: str, step: int) -> Trial:
         """Train `candidate` from the snapshot, measuring the signal `points` times."""
@@ -151,13 +164,16 @@ class AdaPrecController:
         # the median: a codec's first step also builds its all-reduce and checks the peers
         return Trial(candidate, tuple(points), statistics.median(seconds), finite)
 
-    def _roll_back(self) -> float:
-        """The last phase collapsed the signal: undo it (state back to the last boundary,
-        the data position kept), blacklist its codec; the signal now."""
-        if self.current not in self.blacklist:
+    def _roll_back(self, record: dict[str, Any]) -> float:
+        """The last phase collapsed the signal: undo it (state back to the boundary before,
+        the data position kept) and blacklist its codec (never `first`, the reference: a
+        run that collapses in it would with any codec); the signal now."""
+        if self.current not in self.blacklist and self.current != self.cfg.first:
             self.blacklist.append(self.current)
         self.run.rollback()
-        return self.run.signal()
+        signal = self.run.signal()
+        record.update(rolled_back=self.current, signal=signal)
+        return signal
 
     def _fallback(self) -> str:
         """The codec to keep when no candidate is eligible."""
@@ -175,7 +191,7 @@ def _chunks(steps: int, parts: int) -> list[int]:
     return [steps * (i + 1) // parts - steps * i // parts for i in range(parts)]
 
 
-def _reason(judged: list[Assessment], winner: str) -> str:
+def _reason(judged: list[Assessment]) -> str:
     if not any(a.eligible for a in judged):
         return "no candidate eligible; kept the current codec"
     return "best predicted gain per second" if any(a.eligible and a.gain > 0 for a in judged) \

@@ -42,20 +42,22 @@ class TrainerRun:
         self.total_steps = trainer.batches.steps_per_epoch * trainer.cfg.train.epochs
         self.chance = 1.0 / trainer.data.num_classes
         self.at = Position(0, 0, 0)
-        self._snap: RunSnapshot | None = None
+        self._snaps: list[RunSnapshot] = []  # this boundary's and the one before
         self._cursor = self.at
 
     def snapshot(self) -> None:
-        self._snap = RunSnapshot.take(self.engine, self.at)
+        self._snaps = [*self._snaps[-1:], RunSnapshot.take(self.engine, self.at)]
         self._cursor = self.at
 
     def restore(self) -> None:
-        assert self._snap is not None
-        self._cursor = self._snap.restore(self.engine)
+        self._cursor = self._snaps[-1].restore(self.engine)
+
+    def drop(self) -> None:
+        self._snaps.pop()
 
     def rollback(self) -> None:
-        assert self._snap is not None
-        self._snap.restore(self.engine)
+        self._snaps[-1].restore(self.engine)
+        self._cursor = self.at
 
     def use(self, candidate: str) -> None:
         self.engine.set_codecs(*candidate_rules(candidate, self.trainer.cfg.dp.codec_rules))
