@@ -86,13 +86,15 @@ class AdaPrecController:
         self._start = 0.0
 
     def before_step(self, step: int) -> dict[str, Any] | None:
-        """Before step `step` (0-based): the first phase's codec, or a boundary's decision."""
-        if step == 0:
+        """Before step `step` (0-based): the first phase's codec, or a boundary's decision.
+        The first call starts the first phase (at step 0, or where a resumed run goes on)."""
+        if not self.chosen:
             self._start = time.perf_counter()
             self.run.use(self.current)
             self.run.snapshot()
-            self.chosen.append((0, self.current))
-            return {"kind": "adaprec", "step": 0, "chosen": self.current, "reason": "first phase"}
+            self.chosen.append((step, self.current))
+            return {"kind": "adaprec", "step": step, "chosen": self.current,
+                    "reason": "first phase"}
         cfg = self.cfg
         if step % cfg.phase_steps or step + cfg.speculate_steps > self.run.total_steps:
             return None
