@@ -27,7 +27,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "train": {"progress": False, "seed": 5, "world_size": 2, "epochs": 2},
     "data": {"dataset": "synthetic", "synthetic_shape": [12], "synthetic_samples": 96,
              "batch_size": 16, "augment": False},
-    "model": {"name": "mlp", "hidden": 32, "depth": 2, "dropout": 0.2},
+    "model": {"name": "mlp", "hidden": 32, "depth": 2},
     "optim": {"lr": 0.05, "schedule": "cosine"},
     "dp": {"bucket_mb": 0.002},
 }
