@@ -21,7 +21,7 @@ from approxdist.experiments.task import task_for
 
 NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
          "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
-         "seed002-hybrid"]
+         "seed002-hybrid", "seed004-adaprec"]
 
 
 def _cli(module: object, argv: list[str]) -> int:
