@@ -7,7 +7,9 @@ set, `metrics.jsonl` (step and epoch records, `train/epoch.py`), `summary.json`'
 figures, atomic checkpoints and bit-exact resume (`train/resume.py`), and the error a
 run ends with when a peer dies: naming that rank and its place in the topology. A
 recorder (docs/tracing.md) gets each mini-batch as a `step` span holding `data` and the
-engine's phases.
+engine's phases. Step hooks run before every step with the run's position
+(`snapshot.Position`) and may add records to metrics.jsonl; AdaPrec is one
+(`train/speculation.py`), speculating through `train_steps`, the loop's own step.
 """
 
 from __future__ import annotations
