@@ -48,7 +48,8 @@ def test_shortcut_b_has_projections() -> None:
 
 
 def test_unknown_and_mismatched() -> None:
-    with pytest.raises(ModelError, match="unknown model 'vgg'; valid: alexnet, mlp, resnet110"):
+    valid = "alexnet, gpt-mini, gpt-small, gpt-tiny, mlp, resnet110"
+    with pytest.raises(ModelError, match=f"unknown model 'vgg'; valid: {valid}.*module:function"):
         build_model(ModelConfig(name="vgg"), (3, 32, 32), 10)
     with pytest.raises(ModelError, match="needs image input"):
         build_model(ModelConfig(name="resnet20"), (40,), 10)

@@ -17,13 +17,14 @@ from approxdist.cli import (
     plan_cmd,
     report_cmd,
     schedule_cmd,
+    simulate_cmd,
     train_cmd,
 )
 from approxdist.errors import ApproxDistError
 
 #: each module has `register(subparsers)` that adds its parser and sets `func`
-SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, analyze_cmd, experiment_cmd,
-               report_cmd, cluster_cmd)
+SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, simulate_cmd, analyze_cmd,
+               experiment_cmd, report_cmd, cluster_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,12 +1,13 @@
-"""`approxdist plan show`: a topology (ranks -> stage, replica) and each rank's groups, no processes.
+"""`approxdist plan`: choose a plan (`plan_solve`), profile a model (`plan_profile`), show a topology.
 
+    approxdist plan --profile alexnet.txt --world-size 4 --link bw=8gbit --json plan.json
+    approxdist plan profile --model resnet20 --microbatch-size 32 --json prof.json
     approxdist plan show --stages 3 --replicas 2,1,1
-    approxdist plan show --stages 3 --placement 2,0,1
     approxdist plan show plan.json
 
-A plan file is JSON (DESIGN.md "Plan file"); this command reads its `world_size` and
-`stages` (replicas and optional ranks per stage) and prints the grid. Choosing a plan
-(profiling, cost model, solver) is the planner's job and not available yet.
+`plan show` prints a topology (ranks -> stage, replica) and each rank's groups, no
+processes; from a plan file (DESIGN.md "Plan file") it reads `world_size` and `stages`
+(replicas and optional ranks per stage).
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from approxdist.cli.groups import command_group
+from approxdist.cli import plan_profile, plan_solve
 from approxdist.errors import ConfigError
 from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
 
 
 def register(sub: Any) -> None:
-    kinds = command_group(sub, "plan", "show a parallel topology or plan file",
-                          "Print which rank runs which pipeline stage and replica, and the "
-                          "groups every rank talks in.")
+    p = sub.add_parser("plan", help="choose a partition plan; show a topology or plan file",
+                       description=plan_solve.__doc__.split("\n\n")[0] if plan_solve.__doc__
+                       else None, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="actions: show (a topology or plan file), profile (a model's "
+                              "blocks into a profile file)")
+    kinds = p.add_subparsers(dest="plan_action", metavar="ACTION")
+    plan_solve.add_flags(p)
+    p.set_defaults(func=lambda args: plan_solve.run(args) if args.model or args.profile
+                   else _help(p))
     show = kinds.add_parser("show", help="print a topology as a grid",
                             description=__doc__.split("\n\n")[0] if __doc__ else None)
     show.add_argument("file", nargs="?", help="a plan file (JSON) to read the topology from")
@@ -34,6 +41,7 @@ def register(sub: Any) -> None:
     show.add_argument("--placement", help="global ranks in stage-major order (stage 0's "
                                           "replicas first; default 0,1,2,...)")
     show.set_defaults(func=run_show)
+    plan_profile.register(kinds)
 
 
 def topology_from(args: argparse.Namespace) -> Topology:
@@ -57,6 +65,11 @@ def _read_plan(path: Path) -> dict[str, Any]:
     if not isinstance(plan, dict):
         raise ConfigError(f"plan file {str(path)!r} must hold one JSON object with 'stages'")
     return plan
+
+
+def _help(p: argparse.ArgumentParser) -> int:
+    p.print_help()
+    return 2
 
 
 def run_show(args: argparse.Namespace) -> int:

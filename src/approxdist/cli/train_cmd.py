@@ -20,11 +20,14 @@ from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
 from approxdist.param_server import Roles
 from approxdist.pipeline.runtime import check_run
+from approxdist.planner.plan_file import read_plan
 from approxdist.topology import parse_ints
 from approxdist.topology.groups import check_world
 from approxdist.trace.gather import TRACE_FILE
 from approxdist.train.build import topology_of
 from approxdist.train.check import check_parts
+from approxdist.train.plan_layer import plan_sections
+from approxdist.train.task import check_fits
 from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
@@ -71,9 +74,12 @@ def register(sub: Any) -> None:
                         "(--stages, --replicas; docs/hybrid.md); ps = parameter server "
                         "(--servers, --workers; docs/param_server.md)")
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
-    p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}")
-    p.add_argument("--dataset", help=f"data set: {', '.join(DATASETS.names())}")
-    p.add_argument("--data-dir", help="local directory of cifar10 / mnist files")
+    p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}, or your own "
+                                   f"package.module:function (arguments: --set model.args.K=V)")
+    p.add_argument("--dataset", "--data", dest="dataset",
+                   help=f"data set: {', '.join(DATASETS.names())}")
+    p.add_argument("--data-dir", help="local directory of cifar10 / mnist files or class "
+                                      "folders (imagefolder), or an .npz file (npz)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int, help="global mini-batch size (split over ranks)")
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -92,6 +98,9 @@ def register(sub: Any) -> None:
     add_ps_flags(p)
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
+    p.add_argument("--plan", help="plan file (`approxdist plan --json FILE`): mode, world size, "
+                                  "stages, replicas, schedule, micro-batches, wire formats; flags "
+                                  "and --set override it")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set optim.momentum=0.8 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
@@ -221,6 +230,12 @@ def _ps_layer(args: argparse.Namespace, layer: dict[str, dict[str, Any]]) -> Non
         layer["train"]["world_size"] = servers + workers
 
 
+def plan_layer(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
+    """The plan file's config values, as a layer (none without --plan)."""
+    plan = getattr(args, "plan", None)
+    return [plan_sections(read_plan(plan))] if plan else []
+
+
 def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
     """The config and run directory of this invocation (a resumed run keeps its own)."""
     if args.resume:
@@ -229,10 +244,11 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume!r}: no config.toml there; pass a run directory")
         base = read_toml(saved)
-        layers = [base, flag_layer(args), parse_overrides(args.set)]
+        layers = [base, *plan_layer(args), flag_layer(args), parse_overrides(args.set)]
         cfg = load_config(args.config, *layers) if args.config else load_config(None, *layers)
         return cfg, run_dir, True
-    cfg = load_config(args.config, flag_layer(args), parse_overrides(args.set))
+    cfg = load_config(args.config, *plan_layer(args), flag_layer(args),
+                      parse_overrides(args.set))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.train.out or f"runs/{stamp}-{cfg.model.name}-{cfg.train.parallel}")
     return cfg, run_dir, False
@@ -243,6 +259,7 @@ def preflight(cfg: Config) -> None:
     check_parts(cfg)
     data = load_dataset(cfg.data)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
+    check_fits(model, data, cfg.model.name)
     n = data.train_x.shape[0]
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "

@@ -34,6 +34,11 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _coerce(where: str, value: Any, typ: Any) -> Any:
     """Check `value` against `typ`; ints are accepted for floats and lists for tuples."""
     origin = typing.get_origin(typ)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} = {value!r} must be a table of key = value, "
+                              f"e.g. --set {where}.hidden=64")
+        return dict(value)
     if origin is tuple:
         (inner, _) = typing.get_args(typ)
         if not isinstance(value, (list, tuple)):
@@ -75,7 +80,11 @@ def merge(base: Sections, extra: Mapping[str, Mapping[str, Any]]) -> Sections:
     """A new nested dict with `extra`'s keys laid over `base`'s."""
     out = {k: dict(v) for k, v in base.items()}
     for section, values in extra.items():
-        out.setdefault(section, {}).update(values)
+        mine = out.setdefault(section, {})
+        for key, value in values.items():  # tables (model.args) merge key by key
+            if isinstance(value, Mapping) and isinstance(mine.get(key), Mapping):
+                value = {**mine[key], **value}
+            mine[key] = value
     return out
 
 
@@ -105,7 +114,8 @@ def _parse_value(text: str) -> Any:
 
 
 def parse_overrides(items: Iterable[str]) -> Sections:
-    """`["optim.lr=0.05", "data.augment=false"]` -> nested dict."""
+    """`["optim.lr=0.05", "model.args.hidden=64"]` -> nested dict (a third name part is a
+    key of a table such as `model.args`)."""
     out: Sections = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -114,7 +124,11 @@ def parse_overrides(items: Iterable[str]) -> Sections:
             raise ConfigError(
                 f"override {item!r} must look like section.key=value, e.g. optim.lr=0.05"
             )
-        out.setdefault(section, {})[name] = _parse_value(text.strip())
+        table, dot, key = name.partition(".")
+        if dot:
+            out.setdefault(section, {}).setdefault(table, {})[key] = _parse_value(text.strip())
+        else:
+            out.setdefault(section, {})[name] = _parse_value(text.strip())
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from approxdist.config.adaprec import AdaPrecConfig, candidates_of
 from approxdist.config.dp import DPConfig
@@ -11,7 +12,7 @@ from approxdist.config.ps import PSConfig
 from approxdist.errors import ConfigError
 
 PARALLEL_MODES = ("single", "dp", "pipeline", "hybrid", "ps")
-LR_SCHEDULES = ("constant", "step", "cosine")
+LR_SCHEDULES = ("constant", "step", "cosine", "grow")
 SHORTCUTS = ("A", "B")
 
 
@@ -76,12 +77,15 @@ class DataConfig:
     synthetic_shape: tuple[int, ...] = (3, 32, 32)
     synthetic_classes: int = 10
     synthetic_samples: int = 2048
+    #: tokens per sample of the text data set (stdlib-text)
+    seq_len: int = 64
 
     def __post_init__(self) -> None:
         _positive("data", "batch_size", self.batch_size)
         _positive("data", "test_batch_size", self.test_batch_size)
         _positive("data", "synthetic_classes", self.synthetic_classes)
         _positive("data", "synthetic_samples", self.synthetic_samples)
+        _positive("data", "seq_len", self.seq_len)
         if not self.synthetic_shape or any(s <= 0 for s in self.synthetic_shape):
             raise ConfigError(
                 f"data.synthetic_shape = {list(self.synthetic_shape)} must be a non-empty list "
@@ -91,7 +95,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Model name and the knobs of the model families."""
+    """Model name (a registered one, or a factory `package.module:function` called with
+    `args`) and the knobs of the model families."""
 
     name: str = "resnet20"
     shortcut: str = "A"
@@ -99,9 +104,15 @@ class ModelConfig:
     hidden: int = 256
     depth: int = 3
     dropout: float = 0.0
+    #: keyword arguments of a model factory `package.module:function` (`--set model.args.K=V`)
+    args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _one_of("model", "shortcut", self.shortcut, SHORTCUTS)
+        bad = [k for k in self.args if not k.isidentifier()]
+        if bad:
+            raise ConfigError(f"model.args key {bad[0]!r} is not a Python argument name; "
+                              f"use e.g. --set model.args.hidden=64")
         _positive("model", "width", self.width)
         _positive("model", "hidden", self.hidden)
         _positive("model", "depth", self.depth)
@@ -123,6 +134,11 @@ class OptimConfig:
     warmup_epochs: float = 0.0
     scale_lr: bool = False
     base_batch: int = 256
+    #: schedule "grow" (Smith et al. 2018): every `grow_every_epochs` epochs the global batch
+    #: grows by 1/gamma instead of the rate decaying by gamma, up to `max_batch` (0: the
+    #: training set), after which the rate decays
+    grow_every_epochs: int = 0
+    max_batch: int = 0
 
     def __post_init__(self) -> None:
         _positive("optim", "lr", self.lr)
@@ -136,6 +152,13 @@ class OptimConfig:
         _positive("optim", "base_batch", self.base_batch)
         if self.nesterov and self.momentum == 0:
             raise ConfigError("optim.nesterov = true needs optim.momentum > 0")
+        _non_negative("optim", "grow_every_epochs", self.grow_every_epochs)
+        _non_negative("optim", "max_batch", self.max_batch)
+        if self.schedule == "grow" and (self.grow_every_epochs < 1 or self.gamma >= 1):
+            raise ConfigError(f"optim.schedule = 'grow' grows the batch by 1/gamma every "
+                              f"optim.grow_every_epochs epochs: give grow_every_epochs >= 1 "
+                              f"(got {self.grow_every_epochs}) and gamma < 1 (got "
+                              f"{self.gamma}), e.g. --set optim.grow_every_epochs=3")
 
 
 @dataclass(frozen=True)

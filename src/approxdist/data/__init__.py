@@ -1,4 +1,5 @@
-"""Data sets (digits by default, CIFAR-10, MNIST, synthetic) and deterministic sharded batches."""
+"""Data sets (digits by default, CIFAR-10, MNIST, MNIST-1D, stdlib text, image folders, .npz,
+synthetic) and deterministic sharded batches."""
 
 from approxdist.data.base import TensorDataset
 from approxdist.data.loader import ShardedBatches

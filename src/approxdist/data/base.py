@@ -9,7 +9,8 @@ import torch
 
 @dataclass(frozen=True)
 class TensorDataset:
-    """Images as float32 (N, C, H, W) normalised per channel; labels as int64 (N,)."""
+    """Inputs (images as float32 (N, C, H, W) normalised per channel, or token ids as int64
+    (N, T)) and int64 labels, (N,) for classes or (N, T) for next tokens (`task`)."""
 
     name: str
     train_x: torch.Tensor
@@ -19,6 +20,8 @@ class TensorDataset:
     num_classes: int
     #: "none" or "crop-flip" (random crop with 4-pixel padding + horizontal flip)
     augmentation: str = "none"
+    #: how outputs meet labels, a name in `train.task.TASKS`: "classify" or "next-token"
+    task: str = "classify"
 
     @property
     def input_shape(self) -> tuple[int, ...]:

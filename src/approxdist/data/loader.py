@@ -71,6 +71,13 @@ class ShardedBatches:
         self.augment = augment and data.augmentation == "crop-flip"
         self.local_batch = global_batch // world
 
+    def resized(self, global_batch: int) -> ShardedBatches:
+        """The same shards with another global batch (a growing batch, one per epoch)."""
+        if global_batch == self.global_batch:
+            return self
+        return ShardedBatches(self.data, global_batch, self.rank, self.world, self.seed,
+                              self.augment)
+
     @property
     def steps_per_epoch(self) -> int:
         return self.data.train_x.shape[0] // self.global_batch

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 from approxdist.config.schema import Config
 from approxdist.data_parallel.engine import DataParallel
@@ -22,6 +23,7 @@ from approxdist.data_parallel.sync import build_sync
 from approxdist.launch.context import DistContext
 from approxdist.pipeline.executor import GradSync
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.pipeline.stage import LossFn
 from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import TopologyGroups
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -29,7 +31,8 @@ from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
                          groups: TopologyGroups, sample: torch.Tensor,
-                         rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
+                         rec: Recorder = NULL_RECORDER,
+                         loss_fn: LossFn = F.cross_entropy) -> PipelineRuntime:
     """This rank's replicated stage of `model` (collective over the pipeline group)."""
 
     def sync(module: nn.Module) -> GradSync:
@@ -41,4 +44,5 @@ def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
     assert groups.pipeline is not None
     return build_runtime(cfg.pipeline, model, ctx, sample, group=groups.pipeline,
                          dealing=Dealing.of(groups.topology), grad_sync=sync,
-                         link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec)
+                         link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec,
+                         loss_fn=loss_fn)

@@ -1,4 +1,5 @@
-"""Models by name; each builder adapts to the input shape and class count."""
+"""Models by name, or a user's factory `package.module:function`; each builder adapts to
+the input shape and class count."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Callable
 from torch import nn
 
 from approxdist.config.schema import ModelConfig
-from approxdist.errors import ModelError
+from approxdist.errors import ModelError, unknown_name
 from approxdist.models.alexnet import alexnet_small
+from approxdist.models.factory import build_from_factory, is_factory
+from approxdist.models.gpt import SIZES as GPT_SIZES
+from approxdist.models.gpt import gpt
 from approxdist.models.mlp import mlp
 from approxdist.models.resnet import resnet_cifar
 from approxdist.models.resnet1d import resnet1d
@@ -49,7 +53,13 @@ MODELS.add("mlp", lambda cfg, shape, classes: mlp(shape, classes, cfg.hidden, cf
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], classes: int) -> nn.Sequential:
-    """The model named by `cfg.name` as an `nn.Sequential` of blocks."""
+    """The model named by `cfg.name` as an `nn.Sequential` of blocks; a name
+    `package.module:function` calls that function with `cfg.args` (`models.factory`)."""
+    if is_factory(cfg.name):
+        return build_from_factory(cfg.name, cfg.args, input_shape, classes)
+    if cfg.name not in MODELS:
+        raise ModelError(f"{unknown_name('model', cfg.name, MODELS.names())}; or your own "
+                         f"package.module:function returning an nn.Sequential of blocks")
     return MODELS.get(cfg.name)(cfg, input_shape, classes)
 
 
@@ -63,3 +73,19 @@ def _resnet1d(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequ
 
 
 MODELS.add("resnet1d", _resnet1d)
+
+
+def _gpt(name: str) -> Builder:
+    def build(cfg: ModelConfig, shape: tuple[int, ...], classes: int) -> nn.Sequential:
+        if len(shape) != 1:
+            raise ModelError(
+                f"model {name} needs token sequences (T,); the data set gives shape "
+                f"{list(shape)}; use --dataset stdlib-text"
+            )
+        return gpt(GPT_SIZES[name], vocab=classes, seq_len=shape[0], dropout=cfg.dropout)
+
+    return build
+
+
+for _name in GPT_SIZES:
+    MODELS.add(_name, _gpt(_name))

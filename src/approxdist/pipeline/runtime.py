@@ -171,8 +171,10 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                                courier=make_courier(
                                    link, pcfg.comm_threads, rec,
                                    schedule_exchanges(pcfg.schedule, dealing, group.rank)))
+    # stage 0 sees the data's dtype (token ids are int64); later stages receive fp32
+    dtype = sample.dtype if transport.is_first else torch.float32
     transport.exchange_shapes(tuple(sample.shape[1:]),
-                              lambda shape: output_shape(module, shape, ctx.device))
+                              lambda shape: output_shape(module, shape, ctx.device, dtype))
     if pcfg.schedule in ASYNC_SCHEDULES:
         if pcfg.dynamic_shapes:
             raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} streams mini-batches "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -33,6 +34,17 @@ from approxdist.pipeline.accumulate import MODES as FUSION_MODES
 from approxdist.pipeline.accumulate import WeightGradFusion
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@runtime_checkable
+class Criterion(Protocol):
+    """A loss function that also counts its correct predictions (e.g. `train.task.Task`);
+    a plain loss function is scored by `hits`."""
+
+    def __call__(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
+
+    def hits(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
+
 #: CPU generator state, and the device generator's when the stage runs on a GPU
 RngState = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -135,6 +147,7 @@ class StageCompute:
         #: runs the stage forward (the module itself, or a weight version of it: `weights`)
         self.call: Callable[[torch.Tensor], torch.Tensor] = call if call is not None else module
         self.loss_fn, self.recompute = loss_fn, recompute
+        self.count_hits = loss_fn.hits if isinstance(loss_fn, Criterion) else hits
         if fuse_accumulation not in FUSION_MODES:
             raise ConfigError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
                               f"{', '.join(FUSION_MODES)}")
@@ -177,7 +190,7 @@ class StageCompute:
         assert labels is not None, "the last stage needs the labels of every micro-batch"
         loss = self.loss_fn(out, labels) * weight
         self.loss_sum += loss.detach().double()
-        self.correct += hits(out.detach(), labels)
+        self.correct += self.count_hits(out.detach(), labels)
         return out, loss
 
     def output(self, m: int) -> torch.Tensor:
@@ -246,7 +259,7 @@ class StageCompute:
         if self.is_last:
             assert labels is not None
             self.loss_sum += self.loss_fn(out, labels).double() * labels.shape[0]
-            self.correct += hits(out, labels)
+            self.correct += self.count_hits(out, labels)
         return out
 
 
@@ -277,13 +290,14 @@ def frozen_batchnorm_stats(module: nn.Module) -> Iterator[None]:
 
 
 @torch.no_grad()
-def output_shape(module: nn.Module, sample_shape: tuple[int, ...],
-                 device: torch.device) -> tuple[int, ...]:
-    """Per-sample output shape of `module` for per-sample input `sample_shape` (eval mode, 2 samples)."""
+def output_shape(module: nn.Module, sample_shape: tuple[int, ...], device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> tuple[int, ...]:
+    """Per-sample output shape of `module` for per-sample input `sample_shape` of `dtype`
+    (eval mode, 2 samples of zeros; token ids are int64)."""
     was_training = module.training
     module.eval()
     try:
-        out = module(torch.zeros((2, *sample_shape), device=device))
+        out = module(torch.zeros((2, *sample_shape), device=device, dtype=dtype))
     finally:
         module.train(was_training)
     return tuple(out.shape[1:])

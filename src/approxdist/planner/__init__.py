@@ -1,7 +1,7 @@
 """The planner: from a model's profile to a partition plan (DESIGN.md "planner"; docs/planner.md).
 
-The folder will hold the profiler, our cost model, the partition solver, an event
-simulator, plan files and validation. Built so far, all pure (no torch.distributed):
+From a model's profile to a plan file (docs/planner.md); no module touches
+torch.distributed. Validation against measured runs is not built yet.
 
 - `profile`: the profile file (`Profile`, `BlockProfile`), validated, JSON round trip.
 - `pipedream_format`: reader of PipeDream's graph.txt profiles, conversion to `Profile`.
@@ -9,6 +9,11 @@ simulator, plan files and validation. Built so far, all pure (no torch.distribut
 - `pipedream_optimizer`: PipeDream's hierarchical partition optimizer, reproduced.
 - `cost/`: our cost model (link levels, codec costs, all-reduce times and their
   calibration, data-parallel / pipeline / hybrid step times, memory per stage).
+- `profiler`: a model measured into a profile (imports torch, models and data sets).
+- `objective`, `solver`: the closed-form objective and the DP over block ranges x workers.
+- `search`: the solver's best plans re-ranked by event simulation; PipeDream's choice.
+- `cluster`, `plan_file`: the cluster a plan is for; the plan file.
+- `scaling`: seed 001's speed-up s(N,b) at scale with labelled inputs and a band.
 """
 
 from approxdist.planner.antichains import State, StateSpace, chain_states, graph_states

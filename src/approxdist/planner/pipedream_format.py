@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 
 from approxdist.errors import DataError
-from approxdist.planner.profile import BlockProfile, Profile
+from approxdist.planner.profile import BlockProfile, Profile, looks_like_pipedream, read_profile
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _NODE = re.compile(
@@ -243,3 +243,13 @@ def _natural(node_id: str) -> tuple[str, int, str]:
     """Sort key: 'node2' < 'node10' (text prefix, then the trailing number)."""
     match = re.fullmatch(r"(.*?)(\d+)", node_id)
     return (match[1], int(match[2]), node_id) if match else (node_id, -1, node_id)
+
+
+def read_any_profile(path: str | Path) -> Profile:
+    """Our profile file, or a PipeDream graph.txt recognised by its first line (converted by
+    `read_pipedream_profile`); one `DataError` line if it is neither."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return read_profile(path)  # its one-line error names the file and why
+    return read_pipedream_profile(path) if looks_like_pipedream(text) else read_profile(path)

@@ -142,7 +142,7 @@ def from_json(text: str, source: str = "profile") -> Profile:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         hint = (" (it looks like a PipeDream graph.txt: read it with "
-                "approxdist.planner.read_pipedream_profile)") if _looks_like_pipedream(text) else ""
+                "approxdist.planner.read_pipedream_profile)") if looks_like_pipedream(text) else ""
         raise DataError(f"{source} is not JSON ({exc.msg} at line {exc.lineno}){hint}; "
                         f"{_HOW_TO_GET_ONE}") from None
     if not isinstance(data, dict) or "blocks" not in data:
@@ -219,6 +219,7 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _looks_like_pipedream(text: str) -> bool:
+def looks_like_pipedream(text: str) -> bool:
+    """Whether `text` starts like a PipeDream graph.txt (`nodeN -- ... forward_compute_time=`)."""
     first = text.lstrip().split("\n", 1)[0]
     return " -- " in first and "forward_compute_time=" in first

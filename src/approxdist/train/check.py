@@ -42,6 +42,21 @@ def check_parts(cfg: Config) -> None:
     if cfg.train.parallel == "ps":
         _check_ps(cfg)
     stragglers_of(cfg)
+    _check_growth(cfg)
+
+
+def _check_growth(cfg: Config) -> None:
+    """A growing batch changes an epoch's step count: modes that fix it up front refuse."""
+    if cfg.optim.schedule != "grow":
+        return
+    streamed = cfg.train.parallel in ("pipeline", "hybrid") and \
+        cfg.pipeline.schedule in async_schedule_names()
+    if cfg.train.parallel == "ps" or streamed:
+        what = ("--parallel ps" if cfg.train.parallel == "ps" else
+                f"the asynchronous schedule {cfg.pipeline.schedule!r}")
+        raise ConfigError(f"optim.schedule = 'grow' changes the steps of each epoch, which "
+                          f"{what} fixes when it starts; use another optim.schedule or "
+                          f"data parallelism / a flushed pipeline schedule")
 
 
 def _check_ps(cfg: Config) -> None:

@@ -39,7 +39,8 @@ class TrainerRun:
         lo = val_x.shape[0] * group.rank // group.size
         hi = val_x.shape[0] * (group.rank + 1) // group.size
         self.val_x, self.val_y = val_x[lo:hi], val_y[lo:hi]
-        self.total_steps = trainer.batches.steps_per_epoch * trainer.cfg.train.epochs
+        self.total_steps = sum(trainer.shards(e).steps_per_epoch
+                               for e in range(trainer.cfg.train.epochs))
         self.chance = 1.0 / trainer.data.num_classes
         self.at = Position(0, 0, 0)
         self._snaps: list[RunSnapshot] = []  # this boundary's and the one before
@@ -67,9 +68,11 @@ class TrainerRun:
         torch.manual_seed(_mix(self.trainer.cfg.train.seed, self._cursor.step,
                                self.trainer.groups.topology.slot(self.trainer.ctx.rank)))
         outs = self.trainer.train_steps(self._cursor, steps)
-        c, per_epoch = self._cursor, self.trainer.batches.steps_per_epoch
-        index = c.index + steps
-        self._cursor = Position(c.epoch + index // per_epoch, index % per_epoch, c.step + steps)
+        epoch, index = self._cursor.epoch, self._cursor.index + steps
+        while index >= self.trainer.shards(epoch).steps_per_epoch:
+            index -= self.trainer.shards(epoch).steps_per_epoch
+            epoch += 1
+        self._cursor = Position(epoch, index, self._cursor.step + steps)
         walls = [o.times.wall_s for o in outs]
         finite = all(o.loss is None or math.isfinite(o.loss) for o in outs)
         seen = self.trainer.groups.replicas.all_gather_object((walls, finite))

@@ -34,7 +34,7 @@ from approxdist.train import log
 from approxdist.train.engine import Engine, StepOutcome
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.metrics import MetricsWriter
-from approxdist.train.optim import LRRule, set_lr
+from approxdist.train.optim import BatchGrowth, LRRule, noise_scale, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
 from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
@@ -66,6 +66,12 @@ class Trainer:
     step_hooks: list[StepHook] = field(default_factory=list)
     #: figures for summary.json from the parts hooked into the run (e.g. AdaPrec's)
     summaries: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
+    #: the global batch of each epoch (constant unless optim.schedule = "grow")
+    growth: BatchGrowth = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.growth = BatchGrowth(self.cfg.optim, self.cfg.data.batch_size,
+                                  self.data.train_x.shape[0], self.batches.world)
 
     # -- one epoch -------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -73,17 +79,18 @@ class Trainer:
         # dropout etc., per epoch and place in the topology (so placement changes nothing)
         torch.manual_seed(_mix(cfg.train.seed, epoch, self.groups.topology.slot(ctx.rank)))
         engine.module.train()
-        steps = self.batches.steps_per_epoch
+        global_batch = self.growth.batch_at(epoch)
+        steps = self.shards(epoch).steps_per_epoch
         tally = EpochTally(steps)
         sent0 = engine.link_bytes()
         bar = log.progress(ctx, steps, f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
         t_epoch = time.perf_counter()
-        batches = self.batches.epoch(epoch)
+        batches = self.shards(epoch).epoch(epoch)
         for i in range(steps):
             self._run_step_hooks(Position(epoch, i, self.progress.step))
             with self.rec.span(STEP, step=self.progress.step):
                 self.stragglers.pause(ctx.rank, self.progress.step)
-                res = self.step(batches, self.progress.step)
+                res = self.step(batches, epoch, self.progress.step)
             tally.add(i, res)
             self.progress.step += 1
             bar.update(1)
@@ -92,17 +99,22 @@ class Trainer:
         bar.close()
         wall = time.perf_counter() - t_epoch
         self._log_steps(epoch, step_losses(tally, self.groups.world), tally.records)
-        return gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
-                            self.groups.topology, wall, self.cfg.data.batch_size)
+        stats = gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
+                             self.groups.topology, wall, global_batch)
+        return {**stats, "batch_size": global_batch}
 
-    def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    def shards(self, epoch: int) -> ShardedBatches:
+        """This rank's batches in epoch `epoch` (the batch may grow between epochs)."""
+        return self.batches.resized(self.growth.batch_at(epoch))
+
+    def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], epoch: int,
              step: int) -> StepOutcome:
-        """One step on the next batch of `batches`, at `step`'s learning rate."""
+        """One step on the next batch of `batches` (epoch `epoch`'s), at `step`'s rate."""
         x, y = self.next_batch(batches)
-        lr = self.lr_rule(step)
+        lr = self.lr_rule(step) * self.growth.lr_factor(epoch)
         for opt in self.engine.optimizers:
             set_lr(opt, lr)
-        return self.engine.train_step(x, y, self.batches.local_batch)
+        return self.engine.train_step(x, y, self.shards(epoch).local_batch)
 
     def train_steps(self, at: Position, steps: int) -> list[StepOutcome]:
         """Train `steps` steps from `at` (into the next epochs if need be) without logging
@@ -111,9 +123,10 @@ class Trainer:
         outs: list[StepOutcome] = []
         epoch, index = at.epoch, at.index
         while len(outs) < steps:
-            batches = self.batches.epoch(epoch, index)
-            for _ in range(min(steps - len(outs), self.batches.steps_per_epoch - index)):
-                outs.append(self.step(batches, at.step + len(outs)))
+            shards = self.shards(epoch)
+            batches = shards.epoch(epoch, index)
+            for _ in range(min(steps - len(outs), shards.steps_per_epoch - index)):
+                outs.append(self.step(batches, epoch, at.step + len(outs)))
             epoch, index = epoch + 1, 0
         return outs
 
@@ -155,7 +168,7 @@ class Trainer:
         for lo in range(0, x_all.shape[0], bs):
             x, y = x_all[lo:lo + bs], y_all[lo:lo + bs]
             counted = engine.eval_batch(x.to(dev) if engine.feeds_inputs else None,
-                                        y.to(dev) if engine.feeds_labels else None, y.numel())
+                                        y.to(dev) if engine.feeds_labels else None, y.shape[0])
             sums += torch.tensor(counted, dtype=torch.float64)
         engine.module.train()
         self.groups.world.all_reduce(sums)
@@ -187,8 +200,12 @@ class Trainer:
         prog.epoch = epoch + 1
         prog.elapsed_s += stats["epoch_time_s"]
         prog.bytes_sent += sum(stats["bytes_sent"].values())
+        # the rate and batch of the epoch's last step
+        lr = self.lr_rule(max(0, prog.step - 1)) * self.growth.lr_factor(epoch)
+        noise = noise_scale(lr, cfg.optim.momentum, self.data.train_x.shape[0],
+                            int(stats["batch_size"]))
         record = {"kind": "epoch", "epoch": prog.epoch, "step": prog.step, **stats,
-                  "test_accuracy": acc, "test_loss": test_loss}
+                  "test_accuracy": acc, "test_loss": test_loss, "lr": lr, "noise_scale": noise}
         prog.history.append(record)
         self.writer.write(record)
         log.info(self.ctx, f"epoch {prog.epoch:3d}/{cfg.train.epochs}  loss "

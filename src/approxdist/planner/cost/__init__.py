@@ -26,18 +26,22 @@ from approxdist.planner.cost.dp import BucketTime, DPOptions, DPTime, dp_time
 from approxdist.planner.cost.links import LEVELS, LinkLevel, Network
 from approxdist.planner.cost.memory import OPTIMIZER_STATES, StageMemory, stage_memory
 from approxdist.planner.cost.pipeline import (
+    Boundary,
     PipelinePlan,
     PipelineTime,
     Stage,
+    boundary,
     pipeline_time,
+    replica_allreduce_s,
     stage_durations,
 )
 from approxdist.planner.cost.rows import read_rows
 
 __all__ = [
-    "FITTED", "LEVELS", "OPTIMIZER_STATES", "BucketTime", "CodecCost", "CostCalibration",
-    "DPOptions", "DPTime", "Fit", "LinkLevel", "Network", "PipelinePlan", "PipelineTime",
-    "Stage", "StageMemory", "Step", "allreduce_steps", "allreduce_time", "codec_costs_from_bench",
-    "dp_time", "fastest", "fit_level", "pipeline_time", "read_bench_codec", "read_rows",
-    "stage_durations", "stage_memory", "total",
+    "FITTED", "LEVELS", "OPTIMIZER_STATES", "Boundary", "BucketTime", "CodecCost",
+    "CostCalibration", "DPOptions", "DPTime", "Fit", "LinkLevel", "Network", "PipelinePlan",
+    "PipelineTime", "Stage", "StageMemory", "Step", "allreduce_steps", "allreduce_time",
+    "boundary", "codec_costs_from_bench", "dp_time", "fastest", "fit_level", "pipeline_time",
+    "read_bench_codec", "read_rows", "replica_allreduce_s", "stage_durations", "stage_memory",
+    "total",
 ]

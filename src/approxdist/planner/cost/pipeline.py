@@ -127,6 +127,42 @@ class PipelineTime:
         return self.samples_per_step / self.step_s if self.step_s > 0 else math.inf
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """Per micro-batch costs of the cut after block `cut - 1`: the activation going down
+    (encoded by the sender, on the link, decoded by the receiver) and its gradient coming
+    back, both the size of that block's `out_bytes` of fp32 (see the module docstring)."""
+
+    encode_act: float
+    act_wire: float
+    act_latency: float
+    decode_act: float
+    encode_grad: float
+    grad_wire: float
+    grad_latency: float
+    decode_grad: float
+
+
+def boundary(profile: Profile, cut: int, level: LinkLevel, busy: int, fwd_codec: CodecCost,
+             bwd_codec: CodecCost) -> Boundary:
+    """The costs of the cut before block `cut` on `level` with `busy` ranks sharing cores."""
+    n = profile.blocks[cut - 1].out_bytes
+    load = level.load(busy)
+    enc_a, wire_a, lat_a = _send(level, busy, fwd_codec, n)
+    enc_g, wire_g, lat_g = _send(level, busy, bwd_codec, n)
+    return Boundary(enc_a, wire_a, lat_a, load * fwd_codec.decode_s(n),
+                    enc_g, wire_g, lat_g, load * bwd_codec.decode_s(n))
+
+
+def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algorithm: str,
+                        codec: CodecCost, busy: int) -> float:
+    """The all-reduce of the stage's parameters over its replicas (0 for one replica)."""
+    if stage.replicas == 1:
+        return 0.0
+    values = -(-sum(b.param_bytes for b in profile.blocks[stage.first:stage.end]) // 4)
+    return allreduce_time(level, algorithm, stage.replicas, values, codec, busy=busy)
+
+
 def stage_durations(profile: Profile, plan: PipelinePlan, network: Network) -> StageDurations:
     """Each stage's `StageTimes` under `plan` on `network` (see the module docstring)."""
     plan.check_covers(profile)
@@ -138,26 +174,25 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network) -> S
         fwd, bwd = sum(b.fwd_s for b in blocks), sum(b.bwd_s for b in blocks)
         times: dict[str, float] = {}
         if s > 0:  # receives the activation of blocks[first - 1], sends its gradient back
-            level = network.level([*plan.slots(s - 1), *plan.slots(s)])
-            n_in = profile.blocks[st.first - 1].out_bytes
-            fwd += level.load(busy) * plan.fwd_codec.decode_s(n_in)
-            times.update(zip(("send_grad", "grad_wire", "grad_latency"),
-                             _send(level, busy, plan.bwd_codec, n_in)))
+            cut = boundary(profile, st.first, network.level([*plan.slots(s - 1), *plan.slots(s)]),
+                           busy, plan.fwd_codec, plan.bwd_codec)
+            fwd += cut.decode_act
+            times.update(send_grad=cut.encode_grad, grad_wire=cut.grad_wire,
+                         grad_latency=cut.grad_latency)
         if s < p - 1:
-            level = network.level([*plan.slots(s), *plan.slots(s + 1)])
-            n_out = blocks[-1].out_bytes
-            bwd += level.load(busy) * plan.bwd_codec.decode_s(n_out)
-            times.update(zip(("send_act", "act_wire", "act_latency"),
-                             _send(level, busy, plan.fwd_codec, n_out)))
-        if st.replicas > 1:
-            values = -(-sum(b.param_bytes for b in blocks) // 4)
-            times["all_reduce"] = allreduce_time(network.level(plan.slots(s)), plan.algorithm,
-                                                 st.replicas, values, plan.grad_codec, busy=busy)
+            cut = boundary(profile, st.end, network.level([*plan.slots(s), *plan.slots(s + 1)]),
+                           busy, plan.fwd_codec, plan.bwd_codec)
+            bwd += cut.decode_grad
+            times.update(send_act=cut.encode_act, act_wire=cut.act_wire,
+                         act_latency=cut.act_latency)
+        times["all_reduce"] = replica_allreduce_s(profile, st, network.level(plan.slots(s)),
+                                                  plan.algorithm, plan.grad_codec, busy)
         out.append(StageTimes(forward=fwd, backward=bwd, **times))
     return StageDurations(tuple(out))
 
 
-def _send(level: LinkLevel, busy: int, codec: CodecCost, fp32_bytes: int) -> tuple[float, ...]:
+def _send(level: LinkLevel, busy: int, codec: CodecCost,
+          fp32_bytes: int) -> tuple[float, float, float]:
     """(encode seconds, link seconds, latency) of one message of `fp32_bytes` of fp32."""
     load = level.load(busy)
     wire = codec.wire_bytes(-(-fp32_bytes // 4))

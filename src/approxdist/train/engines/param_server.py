@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
@@ -37,6 +36,7 @@ from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, SYNC, Recorder
 from approxdist.trace.times import StepTimes
 from approxdist.train.engine import ENGINES, StepOutcome
+from approxdist.train.task import Task, task_named
 
 
 class ParamServerEngine:
@@ -44,8 +44,10 @@ class ParamServerEngine:
 
     def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, groups: TopologyGroups,
                  link: Link, steps_per_epoch: int, server: Server | None, worker: Worker | None,
-                 rec: Recorder, shards: tuple[tuple[int, ...], ...], sizes: list[int]) -> None:
+                 rec: Recorder, shards: tuple[tuple[int, ...], ...], sizes: list[int],
+                 task: Task) -> None:
         self.module, self.roles, self.mode, self.groups = model, roles, mode, groups
+        self.task = task
         self.link = link
         self.server, self.worker, self.rec = server, worker, rec
         self.steps_per_epoch, self._step = steps_per_epoch, 0
@@ -70,7 +72,7 @@ class ParamServerEngine:
         t0 = time.perf_counter()
         with self.rec.span(RUN_FOR):
             out = self.module(x)
-            loss = F.cross_entropy(out, y)
+            loss = self.task(out, y)
         with self.rec.span(OPTIMIZER):
             self.module.zero_grad(set_to_none=True)
         with self.rec.span(RUN_BACK):
@@ -79,8 +81,8 @@ class ParamServerEngine:
         with self.rec.span(SYNC):
             self.worker.push_pull()
         t2 = time.perf_counter()
-        n = y.numel()
-        return StepOutcome(float(loss.item()) * n, int((out.argmax(1) == y).sum().item()), n,
+        n = self.task.predictions(y)
+        return StepOutcome(float(loss.item()) * n, int(self.task.hits(out, y).item()), n,
                            StepTimes(compute_s=t1 - t0, wait_s=t2 - t1, wall_s=t2 - t0))
 
     @torch.no_grad()
@@ -90,8 +92,8 @@ class ParamServerEngine:
             return 0.0, 0, 0
         assert x is not None and y is not None
         out = self.module(x)
-        return (float(F.cross_entropy(out, y, reduction="sum").item()),
-                int((out.argmax(1) == y).sum().item()), y.numel())
+        return (float(self.task.summed_loss(out, y).item()), int(self.task.hits(out, y).item()),
+                self.task.predictions(y))
 
     def end_epoch(self) -> None:
         self._step = 0
@@ -200,7 +202,7 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, da
                         [[named[i][1] for i in s] for s in shards],
                         [[named[i][0] for i in s] for s in shards], wire, ps.error_feedback)
     return ParamServerEngine(model, roles, mode, groups, link, steps, server, worker, rec,
-                             shards, sizes)
+                             shards, sizes, task_named(data.task))
 
 
 def check_backend(mode: str, any_source: bool, backend: str) -> None:

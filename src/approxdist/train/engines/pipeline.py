@@ -34,6 +34,7 @@ from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import OPTIMIZER, Recorder
 from approxdist.train.engine import ENGINES, StepOutcome
 from approxdist.train.optim import make_sgd
+from approxdist.train.task import Task, task_named
 
 
 class PipelineEngine:
@@ -58,8 +59,10 @@ class PipelineEngine:
             self.optimizer.zero_grad(set_to_none=True)
         if not self.feeds_labels:  # loss and hits exist on the last stage only
             return StepOutcome(0.0, 0, 0, res.times, res.peak_activation_bytes)
+        assert y is not None
+        k = Task.per_sample(y)  # the executor counts samples, scores count predictions
         # res.loss weighs each micro-batch by its share of the mini-batch
-        return StepOutcome(res.loss * batch_size, res.correct, res.samples, res.times,
+        return StepOutcome(res.loss * batch_size * k, res.correct, res.samples * k, res.times,
                            res.peak_activation_bytes)
 
     @torch.no_grad()
@@ -70,7 +73,9 @@ class PipelineEngine:
         ran = self.runtime.executor.eval_batch(x, y, batch_size)
         if not self.feeds_labels:
             return 0.0, 0, 0
-        return float(compute.loss_sum), int(compute.correct), ran
+        assert y is not None
+        k = Task.per_sample(y)
+        return float(compute.loss_sum) * k, int(compute.correct), ran * k
 
     def end_epoch(self) -> None:
         """Replicas of a stage average their batch-norm statistics; stages share nothing."""
@@ -137,7 +142,9 @@ class StreamEngine(PipelineEngine):
         if not self.feeds_labels:
             return StepOutcome(0.0, 0, 0, res.times, res.peak_activation_bytes, version_bytes,
                                record)
-        return StepOutcome(res.loss, res.correct, res.samples, res.times,
+        assert y is not None
+        k = Task.per_sample(y)
+        return StepOutcome(res.loss * k, res.correct, res.samples * k, res.times,
                            res.peak_activation_bytes, version_bytes, record)
 
     def state_dict(self) -> dict[str, Any]:
@@ -159,14 +166,15 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: 
     check_run(cfg.pipeline, len(model), cfg.data.batch_size)
     micro = max(1, cfg.data.batch_size // cfg.pipeline.microbatches)
     sample = data.train_x[:micro].to(ctx.device)
+    task = task_named(data.task)
     if max(groups.topology.replicas) > 1:
-        runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec)
+        runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec, loss_fn=task)
     else:
         row = groups.pipeline if groups.pipeline is not None else groups.world
         steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
         runtime = build_runtime(cfg.pipeline, model, ctx, sample, group=row,
                                 link_spec=cfg.comm.link, seed=cfg.train.seed, minibatches=steps,
-                                rec=rec)
+                                rec=rec, loss_fn=task)
     engine = StreamEngine if isinstance(runtime.executor, StreamExecutor) else PipelineEngine
     return engine(cfg, runtime, make_sgd(runtime.module, cfg.optim), rec)
 

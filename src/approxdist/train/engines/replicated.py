@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
@@ -29,6 +28,7 @@ from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, Recorder
 from approxdist.trace.times import StepTimes
 from approxdist.train.engine import ENGINES, StepOutcome
 from approxdist.train.optim import make_sgd
+from approxdist.train.task import Task, task_named
 
 
 class ReplicatedEngine:
@@ -38,8 +38,10 @@ class ReplicatedEngine:
     feeds_labels = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 groups: TopologyGroups, sync: GradientSync | None, rec: Recorder) -> None:
+                 groups: TopologyGroups, sync: GradientSync | None, rec: Recorder,
+                 task: Task) -> None:
         self.module, self.optimizer, self.sync, self.rec = model, optimizer, sync, rec
+        self.task = task
         self.optimizers = [optimizer]
         self.shard = (groups.place.replica, groups.replicas.size)
         # DataParallel is the module users call; the plain engine works on the model itself
@@ -53,7 +55,7 @@ class ReplicatedEngine:
         t0 = time.perf_counter()
         with rec.span(RUN_FOR):
             out = self._forward(x)
-            loss = F.cross_entropy(out, y)
+            loss = self.task(out, y)
         with rec.span(OPTIMIZER):
             self.optimizer.zero_grad(set_to_none=True)
         with rec.span(RUN_BACK):
@@ -66,8 +68,8 @@ class ReplicatedEngine:
         wall = time.perf_counter() - t0
         wait = sync.comm_seconds - waited if sync else 0.0
         comm = sync.busy_seconds - worked if sync else 0.0
-        n = y.numel()
-        return StepOutcome(float(loss.item()) * n, int((out.argmax(1) == y).sum().item()), n,
+        n = self.task.predictions(y)
+        return StepOutcome(float(loss.item()) * n, int(self.task.hits(out, y).item()), n,
                            StepTimes(compute_s=wall - wait, comm_s=comm, wait_s=wait, wall_s=wall))
 
     @torch.no_grad()
@@ -75,8 +77,8 @@ class ReplicatedEngine:
                    batch_size: int) -> tuple[float, int, int]:
         assert x is not None and y is not None
         out = self.module(x)
-        return (float(F.cross_entropy(out, y, reduction="sum").item()),
-                int((out.argmax(1) == y).sum().item()), y.numel())
+        return (float(self.task.summed_loss(out, y).item()), int(self.task.hits(out, y).item()),
+                self.task.predictions(y))
 
     def end_epoch(self) -> None:
         if self.sync:
@@ -137,7 +139,7 @@ def build_replicated(cfg: Config, ctx: DistContext, groups: TopologyGroups, data
     optimizer = make_sgd(model, cfg.optim)
     sync = build_sync(cfg, model, optimizer, ctx, groups.replicas, rec) \
         if groups.replicas.size > 1 else None
-    return ReplicatedEngine(model, optimizer, groups, sync, rec)
+    return ReplicatedEngine(model, optimizer, groups, sync, rec, task_named(data.task))
 
 
 ENGINES.add("single", build_replicated)

@@ -1,0 +1,216 @@
+"""`approxdist plan --model M --world-size N ...`: choose a plan on the cost model and write the plan file.
+
+    approxdist plan --profile alexnet.txt --world-size 4 --link bw=8gbit --json plan.json
+    approxdist plan --model resnet20 --microbatch-size 32 --nodes 2 --per-node 2 \\
+        --intra bw=20gbit --inter bw=1gbit,lat=100us --fwd-codec bf16 --json plan.json
+    approxdist plan --profile alexnet.txt --world-size 4 --link bw=8gbit --objective pipedream
+
+Profiles the model (or reads `--profile`: ours or a PipeDream graph.txt), runs the solver
+for each schedule and micro-batch count, re-ranks its best plans by the event simulation
+and data parallelism by `dp_time`, prints the best plan and the next ones, and writes the
+best as a plan file that `approxdist train --plan FILE` runs (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from approxdist.bench.report import Column, render
+from approxdist.cli.plan_profile import add_model_flags, measure
+from approxdist.errors import ConfigError
+from approxdist.planner.cluster import ClusterSpec
+from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.objective import SolverSettings
+from approxdist.planner.pipedream_format import read_any_profile
+from approxdist.planner.pipedream_optimizer import PipeDreamSettings
+from approxdist.planner.plan_file import write_plan
+from approxdist.planner.profile import Profile
+from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, search
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The planner's flags, on `approxdist plan` itself."""
+    add_model_flags(p)
+    p.add_argument("--profile", help="plan from this profile file (ours, or a PipeDream "
+                                     "graph.txt) instead of profiling --model")
+    p.add_argument("--microbatch-size", type=int, default=32,
+                   help="samples per micro-batch when profiling (default 32)")
+    p.add_argument("--threads", type=int, help="torch threads per rank when profiling "
+                                               "(default: this machine's cores / ranks)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per block when profiling")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--world-size", type=int, help="ranks in all")
+    c.add_argument("--nodes", type=int, help="nodes (with --per-node: ranks = nodes x per-node)")
+    c.add_argument("--per-node", type=int, help="ranks per node")
+    c.add_argument("--link", help="one link between every two ranks, e.g. bw=10gbit,lat=5us")
+    c.add_argument("--intra", help="link inside a node (with --inter, --nodes, --per-node)")
+    c.add_argument("--inter", help="link between nodes")
+    c.add_argument("--calibration", type=Path,
+                   help="cost calibration file: this machine's fitted levels and codec costs")
+    c.add_argument("--memory", help="bytes per rank (e.g. 16e9); plans that exceed it are refused")
+    w = p.add_argument_group("wire formats and schedule")
+    w.add_argument("--codec", help="one wire format for activations, gradients and the "
+                                   "replicas' all-reduce (each flag below overrides it)")
+    w.add_argument("--fwd-codec", help="activations (default fp32)")
+    w.add_argument("--bwd-codec", help="activation gradients (default fp32)")
+    w.add_argument("--grad-codec", help="the replicas' gradient all-reduce (default fp32)")
+    w.add_argument("--algorithm", default="hybrid", help="the replicas' all-reduce (default hybrid)")
+    w.add_argument("--schedule", default=",".join(SCHEDULES),
+                   help="schedules to compare (default 1f1b,gpipe)")
+    w.add_argument("--microbatches", default="auto",
+                   help="micro-batches per step, a comma list, or auto (N, 2N, 4N on N ranks)")
+    w.add_argument("--stages", type=int, help="a fixed number of stages (default: any)")
+    w.add_argument("--optimizer", default="momentum", help="sgd, momentum (default) or adam: "
+                                                            "its state counts in memory")
+    o = p.add_argument_group("objective")
+    o.add_argument("--objective", choices=["ours", "pipedream"], default="ours",
+                   help="ours (default) or PipeDream's optimizer, reproduced")
+    o.add_argument("--activation-compression-ratio", type=float,
+                   help="pipedream: count activation transfers at this ratio (its flag)")
+    o.add_argument("--straight-pipeline", action="store_true",
+                   help="pipedream: one worker per stage (its flag)")
+    p.add_argument("--top", type=int, default=5, help="plans to list (default 5)")
+    p.add_argument("--json", type=Path, help="write the best plan as a plan file here")
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = ClusterSpec(args.world_size, args.nodes, args.per_node, args.link, args.intra,
+                          args.inter, CostCalibration.load(args.calibration)
+                          if args.calibration else None)
+    profile = _profile(args, cluster)
+    fwd, bwd, grad = (cluster.codec(spec) for spec in _codecs(args))
+    base = SolverSettings(cluster.ranks, cluster.network(), fwd_codec=fwd, bwd_codec=bwd,
+                          grad_codec=grad, algorithm=args.algorithm,
+                          memory_bytes=_bytes(args.memory), optimizer=args.optimizer,
+                          stages=args.stages)
+    schedules = tuple(s.strip() for s in args.schedule.split(","))
+    counts = auto_microbatches(cluster.ranks) if args.microbatches == "auto" \
+        else _ints(args.microbatches)
+    extra: dict[str, Any] = {}
+    if args.objective == "pipedream":
+        settings = PipeDreamSettings(cluster.pipedream_levels(), args.activation_compression_ratio,
+                                     args.straight_pipeline, base.memory_bytes)
+        chosen, ranked = pipedream(profile, base, settings, schedules, counts)
+        extra["bottleneck_s"] = chosen.bottleneck_s
+        print(f"PipeDream's objective: bottleneck {chosen.bottleneck_s * 1e3:.2f} ms per "
+              f"micro-batch of {profile.micro_batch_size}")
+    else:
+        ranked = search(profile, base, schedules, counts)
+    print(_header(profile, cluster, base, args.objective))
+    print(_describe(ranked[0], "best"))
+    print(_table(ranked[:max(1, args.top)]))
+    if args.json:
+        write_plan(plan_object(profile, ranked[0], cluster, args.objective, extra), args.json)
+        print(f"plan file: {args.json} (run it: approxdist train --plan {args.json})")
+    return 0
+
+
+def plan_object(profile: Profile, best: RankedPlan, cluster: ClusterSpec, objective: str,
+                extra: dict[str, Any]) -> dict[str, Any]:
+    """The plan-file contract's keys for `best`."""
+    plan = best.plan
+    return {
+        "model": profile.model, "micro_batch_size": profile.micro_batch_size,
+        "world_size": plan.world_size, "mode": best.mode,
+        "stages": [{"blocks": [st.first, st.end], "replicas": st.replicas} for st in plan.stages],
+        "schedule": plan.schedule, "microbatches": plan.microbatches,
+        "fwd_codec": plan.fwd_codec.spec, "bwd_codec": plan.bwd_codec.spec,
+        "grad_codec": plan.grad_codec.spec, "algorithm": plan.algorithm,
+        "link": cluster.to_json(), "objective": objective,
+        "predicted": {"time_per_step_s": best.step_s, "time_per_sample_s": best.per_sample_s,
+                      "samples_per_step": best.samples_per_step,
+                      "memory_per_stage_bytes": [m.total_bytes for m in best.memory],
+                      "time": best.parts, "solver_estimate_s": best.estimate_s, **extra},
+    }
+
+
+def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:
+    if args.profile:
+        profile = read_any_profile(args.profile)
+        if args.model and args.model != profile.model:
+            raise ConfigError(f"--profile {args.profile!r} is of model {profile.model!r}, not "
+                              f"--model {args.model!r}; profile {args.model} with approxdist "
+                              f"plan profile, or drop --model")
+        return profile
+    if not args.model:
+        raise ConfigError("give --model M (profiled now) or --profile FILE")
+    busy = cluster.network().busy(cluster.ranks)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // busy)
+    return measure(args, args.microbatch_size, threads)
+
+
+def _codecs(args: argparse.Namespace) -> tuple[str, str, str]:
+    common = args.codec or "fp32"
+    return (args.fwd_codec or common, args.bwd_codec or common, args.grad_codec or common)
+
+
+def _bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 1 or value != value or value == float("inf"):
+        raise ConfigError(f"--memory {text!r} must be a number of bytes >= 1, e.g. 16e9")
+    return int(value)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--microbatches {text!r} must be auto or a comma list of integers, "
+                          f"e.g. 4,8") from None
+    if any(v < 1 for v in values):
+        raise ConfigError(f"--microbatches {text!r} must list integers >= 1")
+    return values
+
+
+def _header(profile: Profile, cluster: ClusterSpec, s: SolverSettings, objective: str) -> str:
+    return (f"plan: {profile.model} ({len(profile.blocks)} blocks, micro-batch "
+            f"{profile.micro_batch_size}) on {cluster.describe()}; wire fwd {s.fwd_codec.spec}, "
+            f"bwd {s.bwd_codec.spec}, grad {s.grad_codec.spec} ({s.algorithm}); "
+            f"objective {objective}")
+
+
+def _stages(plan: RankedPlan) -> str:
+    return " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in plan.plan.stages)
+
+
+def _describe(p: RankedPlan, title: str) -> str:
+    parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v * 1e3:.1f} ms"
+                      if k.endswith("_s")
+                      else f"{k.replace('_', ' ')} {v:.2f}" for k, v in p.parts.items())
+    memory = ", ".join(f"stage {m.stage} {_size(m.total_bytes)}" for m in p.memory)
+    schedule = f"{p.plan.schedule}, " if p.mode in ("pipeline", "hybrid") else ""
+    return (f"{title}: {p.mode}, {schedule}{p.plan.microbatches} micro-batch(es), stages "
+            f"{_stages(p)}\n"
+            f"  predicted {p.step_s * 1e3:.2f} ms per step of {p.samples_per_step} samples, "
+            f"{p.per_sample_s * 1e6:.1f} us per sample\n"
+            f"  memory per rank: {memory}\n"
+            f"  where the time goes: {parts}")
+
+
+def _table(plans: list[RankedPlan]) -> str:
+    rows = [{"rank": i + 1, "mode": p.mode, "sched": p.plan.schedule if p.mode in
+             ("pipeline", "hybrid") else "-", "m": p.plan.microbatches, "stages": _stages(p),
+             "step": p.step_s * 1e3, "sample": p.per_sample_s * 1e6,
+             "est": "-" if p.estimate_s is None else f"{p.estimate_s * 1e3:.2f}",
+             "mem": _size(max(m.total_bytes for m in p.memory))} for i, p in enumerate(plans)]
+    cols = [Column("#", 2, "rank"), Column("mode", 8, "mode", left=True),
+            Column("schedule", 8, "sched", left=True), Column("M", 4, "m"),
+            Column("stages [first,end)xreplicas", 34, "stages", left=True),
+            Column("step ms", 10, "step", ".2f"), Column("us/sample", 10, "sample", ".1f"),
+            Column("solver ms", 10, "est"), Column("memory", 10, "mem")]
+    return render(cols, rows)
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as MiB, or GiB from 1 GiB on."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

@@ -1,0 +1,141 @@
+"""`approxdist simulate`: seed 001's speed-up s(N,b) at scale, from the cost model, with a band.
+
+    approxdist simulate --model alexnet --profile tests/data/pipedream-profiles/alexnet.txt \\
+        --nodes 1,2,4,8,16,32,64,128,256 --per-node-batch 256,64,32 --link bw=32gbit,lat=2us
+
+Data parallelism on N nodes of one rank each (seed 001, eq. 1; `planner.scaling`): the
+profile's compute (e.g. PipeDream's AlexNet profile, measured at 256 images on its GPU)
+scaled by `--compute-scale` to the seed's GPU and by (b/256)^`--batch-exponent` to the
+per-node batch, gradients all-reduced over `--link` (its bandwidth times
+`--bandwidth-scale`) with `--gamma` seconds per byte added, overlapped with backward.
+Each of those four inputs is VALUE,LOW,HIGH; the table prints s and its band (every
+corner of the bands), the inputs with their source, and which inputs move s most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from approxdist.bench.report import Column, render
+from approxdist.errors import ConfigError
+from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.cost.codecs import CodecCost
+from approxdist.planner.cost.links import LinkLevel
+from approxdist.planner.pipedream_format import read_any_profile
+from approxdist.planner.scaling import Input, ScalingModel, curve
+
+#: seed 001's published points: per-node batch -> [(nodes, speed-up)]
+SEED001 = {256: [(64, 60.4), (256, 217.0)], 64: [(64, 30.5)], 32: [(64, 15.5)]}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="predict seed 001's data-parallel speed-up at scale",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--model", help="the profile's model, checked against it (e.g. alexnet)")
+    p.add_argument("--profile", type=Path, required=True,
+                   help="profile file: ours, or a PipeDream graph.txt such as "
+                        "tests/data/pipedream-profiles/alexnet.txt")
+    p.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256", help="comma list of N")
+    p.add_argument("--per-node-batch", default="256,64,32", help="comma list of b")
+    p.add_argument("--link", default="bw=32gbit,lat=2us",
+                   help="link between nodes (default bw=32gbit,lat=2us: InfiniBand QDR, assumed)")
+    p.add_argument("--compute-scale", default="7,4,12", help="VALUE,LOW,HIGH: seconds on the "
+                   "seed's GPU per second of the profile (default 7,4,12, assumed)")
+    p.add_argument("--batch-exponent", default="1,0.8,1", help="VALUE,LOW,HIGH: compute grows "
+                   "as (b/B)^e (default 1,0.8,1, assumed)")
+    p.add_argument("--bandwidth-scale", default="1,0.25,1", help="VALUE,LOW,HIGH: share of the "
+                   "link's bandwidth the all-reduce gets (default 1,0.25,1, assumed)")
+    p.add_argument("--gamma", default="2.5e-10,1e-10,1e-9", help="VALUE,LOW,HIGH: seconds per "
+                   "fp32 byte added (default 2.5e-10,1e-10,1e-9, assumed)")
+    p.add_argument("--calibration", type=Path, help="cost calibration file: take gamma from "
+                   "its level (calibrated) and codec costs from it")
+    p.add_argument("--algorithm", default="hybrid", help="all-reduce (default hybrid)")
+    p.add_argument("--codec", default="fp32", help="gradient wire format (default fp32)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="all-reduce after backward instead of during it")
+    p.add_argument("--json", type=Path, help="write the rows here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = build(args)
+    nodes, batches = _ints(args.nodes, "--nodes"), _ints(args.per_node_batch, "--per-node-batch")
+    published = {(n, b): s for b, points in SEED001.items() for n, s in points}
+    rows: list[dict[str, Any]] = [
+        {**r, "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))}
+        for r in curve(model, nodes, batches)]
+    cols = [Column("nodes", 6, "nodes"), Column("b", 5, "per_node_batch"),
+            Column("s(N,b)", 8, "speedup", ".1f"), Column("low", 8, "speedup_low", ".1f"),
+            Column("high", 8, "speedup_high", ".1f"),
+            Column("seed 001", 9, show=lambda r: "" if r["seed001"] is None
+                   else f"{r['seed001']:.1f}")]
+    print(f"s(N,b) = t(1,{model.profile.micro_batch_size}) / t(N,b) x b/"
+          f"{model.profile.micro_batch_size} x N; {model.profile.model}, {args.algorithm}, "
+          f"{model.codec.spec}, overlap {'on' if args.overlap else 'off'}, link {args.link}")
+    print(render(cols, rows))
+    print("inputs:")
+    for i in model.inputs:
+        note = f": {i.note}" if i.note else ""
+        print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
+    top_n, top_b = max(nodes), max(batches)
+    print(f"band at N={top_n}, b={top_b}, one input at a time:")
+    for name, (lo, hi) in sorted(model.sensitivity(top_n, top_b).items(),
+                                 key=lambda kv: -abs(kv[1][1] - kv[1][0])):
+        print(f"  {name}: {min(lo, hi):.1f} .. {max(lo, hi):.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"rows: {args.json}")
+    return 0
+
+
+def build(args: argparse.Namespace) -> ScalingModel:
+    """The scaling model the flags describe."""
+    profile = read_any_profile(args.profile)
+    if args.model and args.model != profile.model:
+        raise ConfigError(f"--profile {str(args.profile)!r} is of model {profile.model!r}, not "
+                          f"--model {args.model!r}; give that model's profile")
+    link = LinkLevel.from_link("inter", args.link)
+    cal = CostCalibration.load(args.calibration) if args.calibration else None
+    gamma = _input("gamma", args.gamma, "seconds per fp32 byte summed")
+    if cal is not None:
+        level = next((cal.levels[n] for n in ("inter", "intra", "loopback") if n in cal.levels),
+                     None)
+        if level is None:
+            raise ConfigError(f"cost calibration {str(args.calibration)!r} has no level; fit one")
+        fit = cal.fits.get(level.name)
+        spread = fit.rms_rel_error if fit is not None else 0.0
+        g = level.gamma_s_per_byte
+        gamma = Input("gamma", g, g * max(0.0, 1 - spread), g * (1 + spread), "calibrated",
+                      f"level {level.name!r} of {args.calibration}, band = its fit's rms error")
+    codec = cal.codec(args.codec) if cal else CodecCost.of(args.codec)
+    return ScalingModel(
+        profile, link,
+        _input("compute_scale", args.compute_scale, "seed GPU seconds per profile second"),
+        _input("batch_exponent", args.batch_exponent, "compute ~ (b/B)^e"),
+        _input("bandwidth_scale", args.bandwidth_scale, "share of --link the all-reduce gets"),
+        gamma, args.algorithm, codec, args.overlap)
+
+
+def _input(name: str, text: str, note: str) -> Input:
+    try:
+        parts = [float(v) for v in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 3):
+        raise ConfigError(f"--{name.replace('_', '-')} {text!r} must be VALUE or VALUE,LOW,HIGH "
+                          f"numbers, e.g. 7,4,12")
+    value, low, high = (parts * 3)[:3] if len(parts) == 1 else parts
+    return Input(name, value, low, high, "assumed", note)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. 1,2,4")
+    return values

@@ -1,0 +1,109 @@
+"""A decoder-only GPT-style transformer (Radford et al. 2018/2019) as a sequence of blocks.
+
+Blocks: `Embed` (token + learned positional embedding), N `TransformerBlock`s (pre-LN:
+x + attn(LN(x)), then x + MLP(LN(x)); causal multi-head self-attention, a 4x GELU MLP),
+and `LMHead` (final LN, linear to the vocabulary, no weight tying so a pipeline can
+put the head on another stage than the embedding). Every block takes and returns one
+tensor: token ids (B, T) in, activations (B, T, dim) between blocks, logits (B, T, V)
+out, so a pipeline can cut between any two blocks. Weights start as GPT-2's:
+normal(0, 0.02), residual projections scaled by 1/sqrt(2N).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+
+@dataclass(frozen=True)
+class GPTSize:
+    """Width, depth and heads of a named size."""
+
+    dim: int
+    layers: int
+    heads: int
+
+
+SIZES = {
+    "gpt-tiny": GPTSize(dim=64, layers=2, heads=4),
+    "gpt-mini": GPTSize(dim=128, layers=4, heads=4),
+    "gpt-small": GPTSize(dim=256, layers=6, heads=8),
+}
+
+
+class Embed(nn.Module):
+    """Token ids (B, T) -> token plus positional embeddings (B, T, dim)."""
+
+    def __init__(self, vocab: int, seq_len: int, dim: int, dropout: float) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(seq_len, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.drop(self.tokens(ids) + self.positions(pos))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention where position t sees positions <= t."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.qkv(x).split(d, dim=2))
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: x + attention(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, dropout)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
+                                 nn.Dropout(dropout))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.mlp(self.ln2(x))
+
+
+class LMHead(nn.Sequential):
+    """Final layer norm and the projection to vocabulary logits (B, T, V)."""
+
+    def __init__(self, dim: int, vocab: int) -> None:
+        super().__init__(nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False))
+
+
+def gpt(size: GPTSize, vocab: int, seq_len: int, dropout: float = 0.0) -> nn.Sequential:
+    """Embedding, `size.layers` transformer blocks and the head, each one block."""
+    if size.dim % size.heads:
+        raise ValueError(f"dim {size.dim} is not divisible by {size.heads} heads")
+    blocks: list[nn.Module] = [Embed(vocab, seq_len, size.dim, dropout)]
+    blocks += [TransformerBlock(size.dim, size.heads, dropout) for _ in range(size.layers)]
+    blocks.append(LMHead(size.dim, vocab))
+    model = nn.Sequential(*blocks)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            std = 0.02 / math.sqrt(2 * size.layers) if name.endswith("proj.weight") or \
+                name.endswith("mlp.2.weight") else 0.02
+            nn.init.normal_(p, 0.0, std)
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+    return model

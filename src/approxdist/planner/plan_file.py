@@ -1,0 +1,136 @@
+"""The plan file (DESIGN.md "Plan file"): what `approxdist plan` writes and `train --plan` runs.
+
+    {
+     "format": "approxdist-plan", "version": 1,
+     "model": "alexnet", "micro_batch_size": 32, "world_size": 4, "mode": "hybrid",
+     "stages": [{"blocks": [0, 13], "replicas": 3}, {"blocks": [13, 22], "replicas": 1}],
+     "schedule": "1f1b", "microbatches": 12,
+     "fwd_codec": "fp32", "bwd_codec": "fp32", "grad_codec": "fp32", "algorithm": "hybrid",
+     "link": {"intra": "bw=8gbit", "inter": null, "per_node": null, "nodes": null},
+     "objective": "ours",
+     "predicted": {"time_per_step_s": 0.19, "time_per_sample_s": 0.0005,
+                   "memory_per_stage_bytes": [..], "time": {"bubble_fraction": 0.3, ...}}
+    }
+
+Pure data: a hand-written plan is as valid as a generated one. `read_plan` needs only
+`stages` (each `replicas`, and `blocks` [first, end) on every stage or on none; `ranks`
+as `topology.plan` reads them); every other key is optional and checked when present.
+A pure data-parallel run is one stage with `replicas = world_size`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from approxdist.errors import ConfigError
+from approxdist.topology import from_plan
+from approxdist.topology.layout import TopologyError
+
+FORMAT = "approxdist-plan"
+VERSION = 1
+_STRINGS = ("model", "schedule", "fwd_codec", "bwd_codec", "grad_codec", "algorithm", "mode",
+            "objective")
+_INTS = ("micro_batch_size", "microbatches", "world_size")
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """A plan as `train` needs it: stages (block range, replicas), schedule and wire formats
+    (None where the file does not say)."""
+
+    replicas: tuple[int, ...]
+    blocks: tuple[tuple[int, int], ...] | None
+    ranks: tuple[int, ...] | None  # stage-major placement, when the file gives one
+    model: str | None = None
+    micro_batch_size: int | None = None
+    microbatches: int | None = None
+    schedule: str | None = None
+    fwd_codec: str | None = None
+    bwd_codec: str | None = None
+    grad_codec: str | None = None
+    algorithm: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.replicas)
+
+    @property
+    def mode(self) -> str:
+        """single, dp, pipeline or hybrid: the `train --parallel` that runs it."""
+        if len(self.replicas) == 1:
+            return "single" if self.replicas[0] == 1 else "dp"
+        return "pipeline" if all(r == 1 for r in self.replicas) else "hybrid"
+
+
+def write_plan(plan: Mapping[str, Any], path: str | Path) -> Path:
+    """Write a plan object (`format` and `version` first) as JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, **plan}, indent=1) + "\n")
+    return path
+
+
+def read_plan(path: str | Path) -> PlanFile:
+    """The plan in `path`; one `ConfigError` line naming the file, the key and the value."""
+    where = f"plan file {str(path)!r}"
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{where} does not exist; write one with approxdist plan --json "
+                          f"FILE") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{where} cannot be read as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold one JSON object with 'stages'")
+    if "format" in data and (data["format"], data.get("version")) != (FORMAT, VERSION):
+        raise ConfigError(f"{where} has format {data['format']!r} version "
+                          f"{data.get('version')!r}; this approxdist reads {FORMAT!r} "
+                          f"version {VERSION}")
+    try:
+        return parse_plan(data)
+    except (ConfigError, TopologyError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def parse_plan(data: Mapping[str, Any]) -> PlanFile:
+    """A plan object's `PlanFile` (`ConfigError` / `TopologyError` naming the bad value)."""
+    topology = from_plan(data)
+    stages = data["stages"]
+    blocks = [entry.get("blocks") for entry in stages]
+    if any(b is None for b in blocks) and not all(b is None for b in blocks):
+        raise ConfigError("'blocks' is given for some stages only; give [first, end) for every "
+                          "stage or for none")
+    ranges = None if blocks[0] is None else tuple(_range(s, b) for s, b in enumerate(blocks))
+    if ranges is not None:
+        for s in range(1, len(ranges)):
+            if ranges[s][0] != ranges[s - 1][1]:
+                raise ConfigError(f"stages[{s}].blocks = {list(ranges[s])} must start where "
+                                  f"stage {s - 1} ends (block {ranges[s - 1][1]})")
+        if ranges[0][0] != 0:
+            raise ConfigError(f"stages[0].blocks = {list(ranges[0])} must start at block 0")
+    for key in _STRINGS:
+        if key in data and not (isinstance(data[key], str) and data[key]):
+            raise ConfigError(f"{key} = {data[key]!r} must be a non-empty string")
+    for key in _INTS:
+        value = data.get(key)
+        if key in data and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{key} = {value!r} must be an integer >= 1")
+    given = stages[0].get("ranks") is not None
+    return PlanFile(topology.replicas, ranges,
+                    tuple(r for ranks in topology.stages for r in ranks) if given else None,
+                    **{k: data.get(k) for k in ("model", "micro_batch_size", "microbatches",
+                                                "schedule", "fwd_codec", "bwd_codec",
+                                                "grad_codec", "algorithm")})
+
+
+def _range(stage: int, value: Any) -> tuple[int, int]:
+    ok = isinstance(value, list) and len(value) == 2 and \
+        all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not ok or not 0 <= value[0] < value[1]:
+        raise ConfigError(f"stages[{stage}].blocks = {value!r} must be [first, end) with "
+                          f"0 <= first < end")
+    return value[0], value[1]

@@ -1,0 +1,69 @@
+"""Measure a model into a profile file (DESIGN.md "Profile file"): the planner's profiler.
+
+Builds the model and one micro-batch of real inputs from the run's config, sets torch's
+thread count to the one the run will use, and measures every block with
+`pipeline.profiler.measure_blocks` (forward and backward medians at that micro-batch
+size, output, parameter and stashed bytes). Times are measured at the micro-batch size
+asked for, never scaled from another one.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import torch
+from torch import nn
+
+from approxdist.config.schema import DataConfig, ModelConfig
+from approxdist.data import load_dataset
+from approxdist.errors import ConfigError
+from approxdist.models import build_model
+from approxdist.pipeline.profiler import measure_blocks
+from approxdist.planner.profile import BlockProfile, Profile
+
+
+def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: int | None = None,
+                  repeat: int = 3, warmup: int = 1) -> Profile:
+    """The profile of `model` (an `nn.Sequential`) on the micro-batch `sample`, measured
+    with `threads` torch threads (None: as set now); the thread count is restored after."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ConfigError(f"threads = {threads!r} must be an integer >= 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        used = torch.get_num_threads()
+        blocks = measure_blocks(model, sample, repeat=repeat, warmup=warmup)
+    finally:
+        torch.set_num_threads(before)
+    return Profile(model=name, input_shape=tuple(sample.shape[1:]),
+                   micro_batch_size=int(sample.shape[0]),
+                   threads=None if sample.is_cuda else used,
+                   torch_version=torch.__version__, machine=machine(sample.device),
+                   blocks=tuple(BlockProfile(**vars(b)) for b in blocks))
+
+
+def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,
+                threads: int | None = None, repeat: int = 3, device: str = "cpu") -> Profile:
+    """Build the model the run trains and profile it on the first `micro_batch_size`
+    training samples of its data set."""
+    data = load_dataset(data_cfg)
+    n = data.train_x.shape[0]
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) \
+            or not 1 <= micro_batch_size <= n:
+        raise ConfigError(f"micro-batch size {micro_batch_size!r} must be 1..{n} (the "
+                          f"{data.name} training set holds {n} samples)")
+    torch.manual_seed(0)
+    model = build_model(model_cfg, data.input_shape, data.num_classes).to(device)
+    sample = data.train_x[:micro_batch_size].to(device)
+    return profile_model(model, sample, model_cfg.name, threads, repeat)
+
+
+def machine(device: Any = "cpu") -> str:
+    """Where a profile was measured: host, architecture, cores (and the GPU, if any)."""
+    where = f"{platform.node() or 'unknown host'} ({platform.machine()}, {os.cpu_count()} cores)"
+    if torch.device(device).type == "cuda":
+        where += f", {torch.cuda.get_device_name(torch.device(device))}"
+    return where

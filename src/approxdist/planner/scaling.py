@@ -1,0 +1,112 @@
+"""Seed 001's data-parallel speed-up s(N,b) predicted by the cost model, with a band for what is assumed.
+
+Seed 001 (eq. 1): s(N,b) = t(1,B) / t(N,b) x b/B x N, t(N,b) one forward + backward +
+update cycle on N nodes (one rank each) with per-node batch b, B = 256. Here t(N,b) is
+`cost.dp_time` (buckets all-reduced in order while backward runs, the all-reduce the
+cost model's, e.g. `hybrid`) of the profile's blocks with their compute scaled to the
+hardware and batch asked for:
+
+    compute(b) = profile compute x compute_scale x (b / B)^batch_exponent
+
+Every input is an `Input` labelled `measured` (from a profile), `calibrated` (fitted to
+our benchmarks) or `assumed`, with a low and a high value; the speed-up's band is the
+smallest and largest s over every corner of the inputs' bands, and `sensitivity` says
+how wide the band is when only one input moves (which inputs dominate it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from approxdist.errors import ConfigError
+from approxdist.planner.cost.codecs import CodecCost
+from approxdist.planner.cost.collectives import FP32
+from approxdist.planner.cost.dp import DPOptions, dp_time
+from approxdist.planner.cost.links import LinkLevel, Network
+from approxdist.planner.profile import Profile
+
+SOURCES = ("measured", "calibrated", "assumed")
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of the prediction: its value, band and where it comes from."""
+
+    name: str
+    value: float
+    low: float
+    high: float
+    source: str
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ConfigError(f"input {self.name!r} source {self.source!r} is not one of "
+                              f"{', '.join(SOURCES)}")
+        if not 0 <= self.low <= self.value <= self.high:
+            raise ConfigError(f"input {self.name!r}: low {self.low!r} <= value {self.value!r} "
+                              f"<= high {self.high!r} must hold, all >= 0")
+
+
+@dataclass(frozen=True)
+class ScalingModel:
+    """The profile, the link between nodes and the inputs the prediction takes."""
+
+    profile: Profile
+    link: LinkLevel
+    compute_scale: Input
+    batch_exponent: Input
+    bandwidth_scale: Input
+    gamma: Input  # seconds per fp32 byte added (the all-reduce's sums)
+    algorithm: str = "hybrid"
+    codec: CodecCost = FP32
+    overlap: bool = True
+
+    @property
+    def inputs(self) -> tuple[Input, ...]:
+        return (self.compute_scale, self.batch_exponent, self.bandwidth_scale, self.gamma)
+
+    def step_s(self, nodes: int, batch: int, values: dict[str, float] | None = None) -> float:
+        """t(N, b) with each input at its value, or as `values` overrides it."""
+        v = {i.name: i.value for i in self.inputs} | (values or {})
+        factor = v["compute_scale"] * (batch / self.profile.micro_batch_size) ** \
+            v["batch_exponent"]
+        blocks = tuple(replace(b, fwd_s=b.fwd_s * factor, bwd_s=b.bwd_s * factor)
+                       for b in self.profile.blocks)
+        scaled = replace(self.profile, micro_batch_size=batch, blocks=blocks)
+        level = replace(self.link, beta_s_per_byte=self.link.beta_s_per_byte /
+                        v["bandwidth_scale"], gamma_s_per_byte=v["gamma"])
+        return dp_time(scaled, nodes, Network(level),
+                       DPOptions(algorithm=self.algorithm, codec=self.codec,
+                                 overlap=self.overlap)).step_s
+
+    def speedup(self, nodes: int, batch: int, values: dict[str, float] | None = None) -> float:
+        """s(N, b) = t(1, B) / t(N, b) x b / B x N (B: the profile's micro-batch)."""
+        ref = self.profile.micro_batch_size
+        return self.step_s(1, ref, values) / self.step_s(nodes, batch, values) \
+            * batch / ref * nodes
+
+    def band(self, nodes: int, batch: int) -> tuple[float, float]:
+        """The smallest and largest s(N, b) over every corner of the inputs' bands."""
+        corners = itertools.product(*((i.low, i.high) for i in self.inputs))
+        values = [self.speedup(nodes, batch, dict(zip((i.name for i in self.inputs), c)))
+                  for c in corners]
+        return min(values), max(values)
+
+    def sensitivity(self, nodes: int, batch: int) -> dict[str, tuple[float, float]]:
+        """Per input: s(N, b) at its low and its high, the others at their values."""
+        return {i.name: (self.speedup(nodes, batch, {i.name: i.low}),
+                         self.speedup(nodes, batch, {i.name: i.high})) for i in self.inputs}
+
+
+def curve(model: ScalingModel, nodes: list[int], batches: list[int]) -> list[dict[str, float]]:
+    """Rows of `nodes`, `per_node_batch`, `speedup`, `speedup_low`, `speedup_high`."""
+    rows = []
+    for batch in batches:
+        for n in nodes:
+            low, high = model.band(n, batch)
+            rows.append({"nodes": n, "per_node_batch": batch, "speedup": model.speedup(n, batch),
+                         "speedup_low": low, "speedup_high": high})
+    return rows
+

@@ -1,0 +1,133 @@
+"""Choose a plan: the solver's best candidates per schedule and micro-batch count, re-ranked by simulation.
+
+For every schedule and micro-batch count asked for, `solver.solve` returns its best
+pipeline and hybrid plans by the closed-form objective; each is then priced by the cost
+model's event simulation of the schedule the ranks would run (`cost.pipeline_time`, the
+pipeline package's `simulate`: one source of truth for schedules) and its memory per
+stage (`cost.stage_memory`). Data parallelism (one stage on every rank, one micro-batch
+per rank, as `train --parallel dp` runs it) is priced by `cost.dp_time` (buckets
+overlapped with backward). Plans are ranked by predicted seconds per sample, since
+plans with more micro-batches train on larger mini-batches. `pipedream` prices the plan
+PipeDream's own optimizer chooses (`pipedream_optimizer`) the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from approxdist.errors import ConfigError
+from approxdist.planner.antichains import chain_states
+from approxdist.planner.cost.dp import DPOptions, dp_time
+from approxdist.planner.cost.memory import StageMemory, stage_memory
+from approxdist.planner.cost.pipeline import PipelinePlan, Stage, pipeline_time
+from approxdist.planner.objective import SolverSettings
+from approxdist.planner.pipedream_optimizer import PipeDreamPlan, PipeDreamSettings, optimize
+from approxdist.planner.profile import Profile
+from approxdist.planner.solver import solve
+
+
+@dataclass(frozen=True)
+class RankedPlan:
+    """One plan, its predicted step (simulated), memory per stage and where the time goes."""
+
+    plan: PipelinePlan
+    mode: str  # single, dp, pipeline or hybrid
+    step_s: float
+    samples_per_step: int
+    memory: tuple[StageMemory, ...]
+    parts: dict[str, float] = field(default_factory=dict)
+    estimate_s: float | None = None  # the solver's objective (None where it did not rank it)
+
+    @property
+    def per_sample_s(self) -> float:
+        return self.step_s / self.samples_per_step
+
+
+def auto_microbatches(world_size: int) -> tuple[int, ...]:
+    """What `--microbatches auto` compares: N, 2N and 4N micro-batches on N ranks (so every
+    replica of a data-parallel stage gets one, two or four)."""
+    return (world_size, 2 * world_size, 4 * world_size)
+
+
+def search(profile: Profile, base: SolverSettings, schedules: tuple[str, ...],
+           microbatches: tuple[int, ...]) -> list[RankedPlan]:
+    """Every schedule x micro-batch count's best plans and data parallelism, simulated and
+    ranked by seconds per sample (fastest first); `ConfigError` if nothing fits."""
+    found: list[RankedPlan] = []
+    errors: list[str] = []
+    if base.stages in (None, 1):
+        dp = data_parallel(profile, base)
+        found += [dp] if dp is not None else []
+    if base.world_size > 1 and base.stages != 1:
+        for schedule in schedules:
+            for m in microbatches:
+                settings = replace(base, schedule=schedule, microbatches=m)
+                try:
+                    candidates = solve(profile, settings)
+                except ConfigError as exc:
+                    errors.append(str(exc))
+                    continue
+                found += [simulated(profile, settings, c.stages, c.estimate.step_s)
+                          for c in candidates if len(c.stages) > 1]
+    if not found:
+        raise ConfigError(errors[0] if errors else
+                          f"no plan of {profile.model} fits {base.memory_bytes} bytes per rank "
+                          f"on {base.world_size} rank(s); give more memory")
+    unique = {(p.mode, p.plan.schedule, p.plan.microbatches, p.plan.stages): p for p in found}
+    return sorted(unique.values(), key=lambda p: (p.per_sample_s, len(p.plan.stages)))
+
+
+def simulated(profile: Profile, settings: SolverSettings, stages: tuple[Stage, ...],
+              estimate_s: float | None = None) -> RankedPlan:
+    """A pipeline or hybrid plan priced by the event simulation of its schedule."""
+    plan = settings.plan(stages)
+    t = pipeline_time(profile, plan, settings.network)
+    mode = "pipeline" if all(st.replicas == 1 for st in stages) else "hybrid"
+    busy = sum(b.compute_s for b in profile.blocks) * settings.microbatches
+    parts = {"compute_s": busy / settings.world_size, "bubble_fraction": t.bubble_fraction,
+             "exposed_allreduce_s": t.exposed_allreduce_s}
+    return RankedPlan(plan, mode, t.step_s, t.samples_per_step,
+                      stage_memory(profile, plan, settings.optimizer), parts, estimate_s)
+
+
+def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | None:
+    """Every rank holds the whole model and one micro-batch (None if it does not fit)."""
+    n = settings.world_size
+    plan = PipelinePlan((Stage(0, len(profile.blocks), n),), "gpipe", n,
+                        grad_codec=settings.grad_codec, algorithm=settings.algorithm)
+    memory = stage_memory(profile, plan, settings.optimizer)
+    if settings.memory_bytes is not None and memory[0].total_bytes > settings.memory_bytes:
+        return None
+    t = dp_time(profile, n, settings.network,
+                DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec))
+    parts = {"forward_s": t.forward_s, "backward_s": t.backward_s, "allreduce_s": t.comm_s,
+             "exposed_allreduce_s": t.exposed_comm_s}
+    return RankedPlan(plan, "single" if n == 1 else "dp", t.step_s, t.samples_per_step,
+                      memory, parts)
+
+
+def pipedream(profile: Profile, base: SolverSettings, settings: PipeDreamSettings,
+              schedules: tuple[str, ...], microbatches: tuple[int, ...]
+              ) -> tuple[PipeDreamPlan, list[RankedPlan]]:
+    """PipeDream's optimizer's plan (its own objective, `pipedream_optimizer`) and that plan
+    priced by our simulation for each schedule and micro-batch count (fastest first)."""
+    chosen = optimize(chain_states(profile), settings)
+    stages = tuple(Stage(s.first, s.end, s.replicas) for s in chosen.stages)
+    priced = []
+    for schedule in schedules:
+        for m in microbatches:
+            if m >= max(st.replicas for st in stages):
+                ours = replace(base, schedule=schedule, microbatches=m)
+                priced.append(simulated(profile, ours, stages) if len(stages) > 1
+                              else _one_stage(profile, ours))
+    if not priced:
+        raise ConfigError(f"PipeDream's plan replicates a stage {max(s.replicas for s in stages)} "
+                          f"times; give at least that many --microbatches")
+    return chosen, sorted(priced, key=lambda p: p.per_sample_s)
+
+
+def _one_stage(profile: Profile, settings: SolverSettings) -> RankedPlan:
+    """PipeDream's one-stage answer: data parallelism (its memory rule already held)."""
+    dp = data_parallel(profile, replace(settings, memory_bytes=None))
+    assert dp is not None  # without a memory limit data parallelism always fits
+    return dp

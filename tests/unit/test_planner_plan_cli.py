@@ -1,0 +1,147 @@
+"""`approxdist plan`: plan files from a profile, PipeDream's objective through the command,
+`train --plan`'s config layer, and one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli.main import build_parser, main
+from approxdist.cli.train_cmd import resolve
+from approxdist.errors import ConfigError
+from approxdist.planner import read_pipedream_profile
+from approxdist.planner.cost import (
+    CodecCost,
+    LinkLevel,
+    Network,
+    PipelinePlan,
+    Stage,
+    dp_time,
+    pipeline_time,
+)
+from approxdist.planner.plan_file import parse_plan, read_plan
+from approxdist.train.plan_layer import plan_sections
+from tests.helpers.pipedream import PROFILES
+
+ALEXNET = str(PROFILES / "alexnet.txt")
+AT_1GBS = ["--profile", ALEXNET, "--world-size", "4", "--link", "bw=8gbit"]
+
+
+@pytest.mark.parametrize(("flags", "bottleneck_ms"), [
+    ([], 23.17), (["--activation-compression-ratio", "1"], 34.22),
+    (["--activation-compression-ratio", "1", "--straight-pipeline"], 66.45)])
+def test_pipedream_objective_through_the_command(tmp_path: Path, capsys, flags: list[str],
+                                                 bottleneck_ms: float) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", *AT_1GBS, "--objective", "pipedream", *flags, "--microbatches", "4",
+                 "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert round(plan["predicted"]["bottleneck_s"] * 1e3, 2) == bottleneck_ms
+    assert f"bottleneck {bottleneck_ms:.2f} ms" in capsys.readouterr().out
+    assert plan["objective"] == "pipedream" and plan["world_size"] == 4
+
+
+def test_plan_file_holds_the_contract_and_its_prediction(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", *AT_1GBS, "--microbatches", "4,8", "--fwd-codec", "bf16",
+                 "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert {"model", "world_size", "stages", "schedule", "microbatches", "fwd_codec",
+            "bwd_codec", "grad_codec", "link", "predicted"} <= set(plan)
+    assert plan["fwd_codec"] == "bf16" and plan["bwd_codec"] == "fp32"
+    assert plan["link"]["link"] == "bw=8gbit"
+    # the prediction is the event simulation (or dp_time) of the plan written
+    profile = read_pipedream_profile(ALEXNET)
+    net = Network(LinkLevel.from_link("inter", "bw=8gbit"))
+    stages = tuple(Stage(*s["blocks"], s["replicas"]) for s in plan["stages"])
+    if plan["mode"] == "dp":
+        expected = dp_time(profile, 4, net).step_s
+    else:
+        expected = pipeline_time(profile, PipelinePlan(
+            stages, plan["schedule"], plan["microbatches"], CodecCost.of("bf16")), net).step_s
+    assert plan["predicted"]["time_per_step_s"] == pytest.approx(expected)
+    text = capsys.readouterr().out
+    per_sample = [float(line.split()[-4]) for line in text.splitlines()
+                  if line[:2].strip().isdigit()]
+    assert per_sample == sorted(per_sample) and len(per_sample) >= 2
+    # plan show reads it
+    assert main(["plan", "show", str(out)]) == 0
+    assert f"topology: 4 rank(s), {len(stages)} stage(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nodes", "2", "--per-node", "3"], "--world-size 4 cannot be formed by --nodes 2 x "
+                                          "--per-node 3 = 6"),
+    (["--stages", "30"], "30 stages for a model of 22 blocks (alexnet); use 1..22 stages"),
+    (["--stages", "5"], "5 stages need at least 5 ranks, the world size is 4"),
+    (["--memory", "1e6"], "fits --memory 1000000 bytes per rank: block"),
+    (["--model", "resnet20"], "is of model 'alexnet', not --model 'resnet20'"),
+    (["--microbatches", "x"], "--microbatches 'x' must be auto or a comma list"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys) -> None:
+    assert main(["plan", *AT_1GBS, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_foreign_or_missing_profile_and_missing_link(tmp_path: Path, capsys) -> None:
+    foreign = tmp_path / "metrics.json"
+    foreign.write_text('{"loss": 1}')
+    assert main(["plan", "--profile", str(foreign), "--world-size", "2", "--link", "bw=1gbit"]) == 2
+    assert "is not an approxdist profile" in capsys.readouterr().err
+    assert main(["plan", "--profile", str(tmp_path / "none.json"), "--world-size", "2",
+                 "--link", "bw=1gbit"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["plan", "--profile", ALEXNET, "--world-size", "2"]) == 2
+    assert "say what joins the ranks" in capsys.readouterr().err
+
+
+def test_plan_file_becomes_train_config() -> None:
+    hybrid = parse_plan({"model": "mlp", "micro_batch_size": 16, "world_size": 3,
+                         "stages": [{"blocks": [0, 1], "replicas": 1},
+                                    {"blocks": [1, 4], "replicas": 2}],
+                         "schedule": "1f1b", "microbatches": 6, "fwd_codec": "bf16",
+                         "grad_codec": "fp16", "algorithm": "ring"})
+    assert plan_sections(hybrid) == {
+        "train": {"parallel": "hybrid", "world_size": 3}, "model": {"name": "mlp"},
+        "pipeline": {"stages": 2, "split": "1", "replicas": [1, 2], "microbatches": 6,
+                     "schedule": "1f1b", "fwd_codec": "bf16"},
+        "dp": {"codec": "fp16", "algorithm": "ring"}, "data": {"batch_size": 96}}
+    dp = parse_plan({"micro_batch_size": 8, "stages": [{"replicas": 4}]})
+    assert plan_sections(dp) == {"train": {"parallel": "dp", "world_size": 4},
+                                 "data": {"batch_size": 32}}
+    pipe = parse_plan({"stages": [{"blocks": [0, 2], "replicas": 1, "ranks": [1]},
+                                  {"blocks": [2, 5], "replicas": 1, "ranks": [0]}]})
+    assert plan_sections(pipe)["pipeline"] == {"stages": 2, "split": "2", "placement": [1, 0]}
+
+
+def test_train_reads_the_plan_under_its_flags(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"model": "mlp", "micro_batch_size": 16,
+                                "stages": [{"blocks": [0, 2], "replicas": 2},
+                                           {"blocks": [2, 4], "replicas": 1}],
+                                "schedule": "1f1b", "microbatches": 4}))
+    args = build_parser().parse_args(["train", "--plan", str(path), "--microbatches", "8",
+                                      "--out", str(tmp_path / "run")])
+    cfg = resolve(args)[0]
+    assert (cfg.train.parallel, cfg.train.world_size, cfg.model.name) == ("hybrid", 3, "mlp")
+    assert (cfg.pipeline.split, cfg.pipeline.replica_counts, cfg.pipeline.schedule) == \
+        ("2", (2, 1), "1f1b")
+    assert cfg.pipeline.microbatches == 8 and cfg.data.batch_size == 64  # the flag wins
+
+
+@pytest.mark.parametrize(("plan", "message"), [
+    ({"stages": [{"blocks": [0, 2], "replicas": 1}, {"replicas": 1}]},
+     "'blocks' is given for some stages only"),
+    ({"stages": [{"blocks": [0, 2], "replicas": 1}, {"blocks": [3, 4], "replicas": 1}]},
+     "stages[1].blocks = [3, 4] must start where stage 0 ends (block 2)"),
+    ({"stages": [{"replicas": 2}], "microbatches": 0}, "microbatches = 0 must be an integer"),
+])
+def test_bad_plan_files_name_the_value(tmp_path: Path, plan: dict, message: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(ConfigError) as err:
+        read_plan(path)
+    assert message in str(err.value) and str(path) in str(err.value)
