@@ -17,7 +17,7 @@ from approxdist.experiments import Settings, get_preset, run_experiment
 from approxdist.experiments.csvio import read_csv
 
 MULTI_RANK = ["seed000-bits", "seed000-ber", "seed000-bandwidth", "seed001-allreduce",
-              "seed001-scaling", "seed002-hybrid", "seed002-async"]
+              "seed001-scaling", "seed002-hybrid", "seed002-async", "seed004-adaprec"]
 
 
 def _report(path: Path) -> None:

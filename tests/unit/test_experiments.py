@@ -21,7 +21,7 @@ from approxdist.experiments.task import task_for
 
 NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
          "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
-         "seed002-hybrid"]
+         "seed002-hybrid", "seed004-adaprec"]
 
 
 def _cli(module: object, argv: list[str]) -> int:
@@ -201,3 +201,31 @@ def test_link_shaper_applies_only_to_presets_that_vary_the_link(
     with pytest.raises(ConfigError, match="--link-shaper 'tc' is not one of: inproc, kernel"):
         Settings(tmp_path, link_shaper="tc")
     assert get_preset("seed000-bandwidth").shapers == ("inproc", "kernel")
+
+
+# -- seed004-adaprec's verdicts come from its CSV ----------------------------------------------
+
+def _adaprec_rows(acc: float, wall: float, chosen: str, decision_s: float) -> list[dict[str, object]]:
+    from approxdist.experiments.seed004_adaprec import POLICIES
+
+    base = {"float": (0.70, 10.0), "fp8": (0.69, 6.0), "table1": (0.50, 4.0),
+            "table4": (0.68, 5.0), "fastest": (0.68, 5.0), "seed004": (0.55, 4.5),
+            "adaprec": (acc, wall)}
+    return [{"policy": p, "seed": 0, "final_accuracy": base[p][0], "wall_time_s": base[p][1],
+             "best_accuracy": base[p][0], "bytes_sent": 1, "speculation_s": 1.0,
+             "fit_s": 0.05, "decision_s": decision_s if p == "adaprec" else 0.0,
+             "chosen": chosen if p == "adaprec" else "", "blacklist": ""} for p in POLICIES]
+
+
+def test_seed004_adaprec_verdicts_follow_the_measurements() -> None:
+    from approxdist.experiments.seed004_adaprec import POISON, result_table, trend_rows
+
+    good = trend_rows(_adaprec_rows(0.698, 8.0, f"0:fp32;40:{POISON};80:fp32", 0.1))
+    assert [ok for _, _, ok, _ in good] == [True, True, True]
+    assert "69.8 % vs 70.0 % (float), -0.2 pts; 8.0 s vs 10.0 s" in good[0][1]
+    assert "chosen in 1 phase(s), kept for a second phase 0 time(s)" in good[1][1]
+    bad = trend_rows(_adaprec_rows(0.69, 12.0, f"0:fp32;40:{POISON};80:{POISON}", 0.5))
+    assert [ok for _, _, ok, _ in bad] == [False, False, False]
+    assert "4.2 %" in bad[2][1]  # 0.5 s of 12 s
+    table = result_table(_adaprec_rows(0.698, 8.0, "0:fp32", 0.1))
+    assert "| adaprec | 69.8 % (n=1) | 8.0 | 0.80x | 74.4 % |" in table

@@ -9,10 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from approxdist.config.adaprec import candidates_of
 from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
 from approxdist.config.pipeline import COMM_THREADS, FUSE_CHOICES
 from approxdist.config.schema import Config
 from approxdist.data import DATASETS, load_dataset
+from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.models import MODELS, build_model
@@ -53,6 +55,8 @@ FLAG_KEYS = {
     "pull_codec": ("ps", "pull_codec"), "push_channel": ("ps", "push_channel"),
     "pull_channel": ("ps", "pull_channel"), "staleness_lr": ("ps", "staleness_lr"),
     "straggler": ("train", "stragglers"),
+    "phase_steps": ("adaprec", "phase_steps"), "speculate_steps": ("adaprec", "speculate_steps"),
+    "signal": ("adaprec", "signal"), "overhead_budget": ("adaprec", "overhead_budget"),
 }
 
 #: data-parallel flags that mean the same for a parameter server's pushes (--parallel ps)
@@ -137,7 +141,18 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-engine", choices=["approxdist", "plain"],
                    help="approxdist (default: buckets, overlap, codecs) or plain dist.all_reduce")
     g.add_argument("--algorithm", help="all-reduce: hybrid (default), ring, brb, brd, vhd, native")
-    g.add_argument("--codec", help="gradient wire format, e.g. bf16, fp8-e5m2, bits:s1e6m1")
+    g.add_argument("--codec", help="gradient wire format, e.g. bf16, fp8-e5m2, bits:s1e6m1, or "
+                                   "adaprec:fp32,fp8-e5m2,table4,table1 (chosen during training; "
+                                   "docs/adaprec.md)")
+    g.add_argument("--phase-steps", type=int,
+                   help="AdaPrec: steps between decisions (adaprec.phase_steps, default 40)")
+    g.add_argument("--speculate-steps", type=int,
+                   help="AdaPrec: steps each candidate trains speculatively, < --phase-steps "
+                        "(adaprec.speculate_steps, default 8)")
+    g.add_argument("--signal", choices=["soft", "accuracy"],
+                   help="AdaPrec: validation signal (soft: mean probability of the true class)")
+    g.add_argument("--overhead-budget", type=float,
+                   help="AdaPrec: most share of the run's time speculation may take (0.5)")
     g.add_argument("--codec-rule", action="append", metavar="PATTERN=CODEC",
                    help="per-parameter codec, e.g. type:Conv2d.weight=fp8-e5m2 or *.bias=fp32, "
                         "or a named policy: policy:seed004, policy:fastest (repeatable, first "
@@ -250,6 +265,9 @@ def preflight(cfg: Config) -> None:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
                           f"set ({n} samples); use a batch size <= {n}")
     check_world(topology_of(cfg), cfg.train.world_size)
+    if candidates_of(cfg.dp.codec) is not None:
+        hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed, cfg.train.world_size,
+                 cfg.data.batch_size)
     if cfg.train.parallel in ("pipeline", "hybrid"):
         check_run(cfg.pipeline, len(model), cfg.data.batch_size)
 

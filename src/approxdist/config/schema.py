@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from approxdist.config.adaprec import AdaPrecConfig, candidates_of
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.ps import PSConfig
@@ -180,9 +181,12 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     dp: DPConfig = field(default_factory=DPConfig)
     ps: PSConfig = field(default_factory=PSConfig)
+    adaprec: AdaPrecConfig = field(default_factory=AdaPrecConfig)
 
     def __post_init__(self) -> None:
         world = self.train.world_size
+        if candidates_of(self.dp.codec) is not None:
+            self._check_adaprec()
         if self.train.parallel == "ps":
             self._check_ps()
         if self.comm.link and self.train.parallel == "dp" and world > 1 and self.dp.engine == "plain":
@@ -212,6 +216,13 @@ class Config:
                 f"data.batch_size ({self.data.batch_size}) must be divisible by the {who} "
                 f"({share}) so every rank gets the same share; {hint} or {lo + share}"
             )
+
+    def _check_adaprec(self) -> None:
+        if self.train.parallel != "dp" or self.train.world_size < 2 \
+                or self.dp.engine != "approxdist" or self.dp.early_forward:
+            raise ConfigError(f"dp.codec = {self.dp.codec!r}: AdaPrec switches the codecs of a "
+                              f"data-parallel run's buckets; use --parallel dp with --world-size "
+                              f"2 or more, the approxdist engine and no --early-forward")
 
     def _check_ps(self) -> None:
         ps, world = self.ps, self.train.world_size

@@ -86,10 +86,12 @@ class ShardedBatches:
         gen = torch.Generator().manual_seed(_mix(self.seed, epoch))
         return torch.randperm(self.data.train_x.shape[0], generator=gen)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's batches of `epoch`, from batch `start` on (a run resumed mid-epoch
+        draws exactly what it would have drawn)."""
         order = self.order(epoch)
         lo = self.rank * self.local_batch
-        for step in range(self.steps_per_epoch):
+        for step in range(start, self.steps_per_epoch):
             idx = order[step * self.global_batch: (step + 1) * self.global_batch]
             mine = idx[lo: lo + self.local_batch]
             x, y = self.data.train_x[mine], self.data.train_y[mine]

@@ -115,17 +115,15 @@ class DataParallel(nn.Module):
         self.recorder = recorder
         self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
         self._byte_offset = 0
-        self._buckets = self._make_buckets(bucket_mb, first_bucket_mb, solo_mb, error_feedback)
+        self._sizes = (bucket_mb, first_bucket_mb, solo_mb, error_feedback)
+        self._buckets = self._make_buckets(*self._sizes)
         self._pool = CommPool(self.ctx, self.group, link, threads, algorithm, calibration,
                               rec=recorder, gil_switch_ms=gil_switch_ms)
-        self._usage = UsageFlags(self._buckets, self._pool) if find_unused_parameters else None
+        self._find_unused, self._overlap, self._op = find_unused_parameters, overlap, op
+        self._chunk_numel = int(chunk_kb * 1024) // 4
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None
-        self._reducer = Reducer(self._buckets, self._pool, overlap=overlap,
-                                chunk_numel=int(chunk_kb * 1024) // 4, on_reduced=self._on_reduced,
-                                op=op)
-        slots = [(p, b.plan.index, s) for b in self._buckets for s, p in enumerate(b.params)]
-        self._hooks = BackwardHooks(slots, self._on_start, self._on_grad, self._on_end)
+        self._wire_buckets()
         self._gate = ForwardGate(module, self._buckets, recorder) if early_forward else None
         if broadcast:
             self.broadcast_parameters()
@@ -141,6 +139,34 @@ class DataParallel(nn.Module):
                                        int(solo_mb * MB))]
         return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef)
                 for plan in plans]
+
+    def _wire_buckets(self) -> None:
+        """The reducer, usage flags and gradient hooks of the current buckets."""
+        self._usage = UsageFlags(self._buckets, self._pool) if self._find_unused else None
+        self._reducer = Reducer(self._buckets, self._pool, overlap=self._overlap,
+                                chunk_numel=self._chunk_numel, on_reduced=self._on_reduced,
+                                op=self._op)
+        slots = [(p, b.plan.index, s) for b in self._buckets for s, p in enumerate(b.params)]
+        self._hooks = BackwardHooks(slots, self._on_start, self._on_grad, self._on_end)
+
+    def set_codecs(self, codec_rules: Sequence[str] | Mapping[str, str] | None = None,
+                   codec: str = "fp32") -> None:
+        """Switch the wire formats between steps (AdaPrec, docs/adaprec.md): new rules over
+        the same `codec_times`, the buckets re-planned for them, the communication threads
+        kept. Every member must switch to the same rules before its next backward; the
+        error-feedback residuals follow their parameters into the new buckets."""
+        if self.early_forward:
+            raise ConfigError("DataParallel.set_codecs: early forward applies the optimizer "
+                              "step per bucket and cannot re-plan its buckets; drop "
+                              "early_forward to switch codecs during training")
+        rules = CodecRules.parse(codec_rules, codec, self.rules.times)
+        rules.validate()
+        residuals = self.get_extra_state()  # also waits for every pending reduction
+        self._hooks.remove()
+        self.rules = rules
+        self._buckets = self._make_buckets(*self._sizes)
+        self._wire_buckets()
+        self.set_extra_state(residuals)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._hooks.in_backward = False  # a backward that raised never reached its end callback

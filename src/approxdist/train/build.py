@@ -10,10 +10,14 @@ The groups are made once here (`topology.make_groups`) and handed to the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from approxdist.adaptive.candidates import candidate_rules
+from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, load_dataset
+from approxdist.data.holdout import hold_out
 from approxdist.launch.context import DistContext
 from approxdist.topology import Topology
 from approxdist.topology.groups import make_groups
@@ -23,6 +27,7 @@ from approxdist.train.check import check_parts
 from approxdist.train.engine import ENGINES
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import LRRule
+from approxdist.train.speculation import attach_adaprec
 from approxdist.train.straggler import stragglers_of
 from approxdist.train.trainer import Trainer
 
@@ -37,6 +42,15 @@ def topology_of(cfg: Config) -> Topology:
     return Topology.single()
 
 
+def first_phase(cfg: Config) -> Config:
+    """`cfg` with AdaPrec's first codec in place of `adaprec:...` (the engine starts with it)."""
+    if candidates_of(cfg.dp.codec) is None:
+        return cfg
+    rules, codec = candidate_rules(cfg.adaprec.first, cfg.dp.codec_rules)
+    return dataclasses.replace(cfg, dp=dataclasses.replace(cfg.dp, codec=codec,
+                                                           codec_rules=rules))
+
+
 def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
                   rec: Recorder = NULL_RECORDER) -> Trainer:
     """This rank's trainer (collective over the world); `rec` records its phases."""
@@ -44,7 +58,11 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
     run_dir.mkdir(parents=True, exist_ok=True)
     groups = make_groups(topology_of(cfg), ctx, replica_streams=cfg.dp.threads + 2)
     data = load_dataset(cfg.data)
-    engine = ENGINES.get(cfg.train.parallel)(cfg, ctx, groups, data, rec)
+    candidates = candidates_of(cfg.dp.codec)
+    if candidates is not None:  # AdaPrec: its signal's split leaves the training set
+        data, val_x, val_y = hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed,
+                                      cfg.train.world_size, cfg.data.batch_size)
+    engine = ENGINES.get(cfg.train.parallel)(first_phase(cfg), ctx, groups, data, rec)
     index, count = engine.shard
     batches = ShardedBatches(data, cfg.data.batch_size, index, count, cfg.train.seed,
                              cfg.data.augment and engine.feeds_inputs)
@@ -52,6 +70,8 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
     trainer = Trainer(cfg, ctx, run_dir, data, engine, groups, batches, rule,
                       MetricsWriter(run_dir, ctx.is_main), rec=rec,
                       stragglers=stragglers_of(cfg))
+    if candidates is not None:
+        attach_adaprec(trainer, candidates, val_x, val_y)
     if resume:
         trainer.resume()
     engine.start()

@@ -14,10 +14,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
+from approxdist.adaptive.candidates import check_candidates
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import algorithm_names
 from approxdist.comm.netem import parse_link
+from approxdist.config.adaprec import candidates_of
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
@@ -76,9 +78,14 @@ def _check_dp(cfg: Config) -> None:
     if dp.codec_times:
         times = _named("dp.codec_times", dp.codec_times,
                        partial(CodecTimes.load, dp.codec_times, dp.algorithm))
-    _named("dp.codec", dp.codec, partial(_check_rules, [], dp.codec, times))
+    candidates = candidates_of(dp.codec)
+    if candidates is not None:
+        check_candidates((*candidates, cfg.adaprec.first), dp.codec_rules, times)
+    else:
+        _named("dp.codec", dp.codec, partial(_check_rules, [], dp.codec, times))
+    default = "fp32" if candidates is not None else dp.codec
     for rule in dp.codec_rules:
-        _named("dp.codec_rules", rule, partial(_check_rules, [rule], dp.codec, times))
+        _named("dp.codec_rules", rule, partial(_check_rules, [rule], default, times))
 
 
 def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:

@@ -7,7 +7,9 @@ set, `metrics.jsonl` (step and epoch records, `train/epoch.py`), `summary.json`'
 figures, atomic checkpoints and bit-exact resume (`train/resume.py`), and the error a
 run ends with when a peer dies: naming that rank and its place in the topology. A
 recorder (docs/tracing.md) gets each mini-batch as a `step` span holding `data` and the
-engine's phases.
+engine's phases. Step hooks run before every step with the run's position
+(`snapshot.Position`) and may add records to metrics.jsonl; AdaPrec is one
+(`train/speculation.py`), speculating through `train_steps`, the loop's own step.
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ from approxdist.topology import Topology
 from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
 from approxdist.train import log
-from approxdist.train.engine import Engine
+from approxdist.train.engine import Engine, StepOutcome
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import BatchGrowth, LRRule, noise_scale, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
+from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
 
 #: called with the epoch index (0-based) before each epoch trains (e.g. to sample activations)
 EpochHook = Callable[[int], None]
+#: called with the run's position before each step; may return a record for metrics.jsonl
+#: (AdaPrec, `train/speculation.py`: it speculates through `Trainer.train_steps`)
+StepHook = Callable[[Position], "Mapping[str, Any] | None"]
 
 
 @dataclass
@@ -57,6 +63,9 @@ class Trainer:
     rec: Recorder = NULL_RECORDER
     epoch_hooks: list[EpochHook] = field(default_factory=list)
     stragglers: Stragglers = field(default_factory=Stragglers)
+    step_hooks: list[StepHook] = field(default_factory=list)
+    #: figures for summary.json from the parts hooked into the run (e.g. AdaPrec's)
+    summaries: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
     #: the global batch of each epoch (constant unless optim.schedule = "grow")
     growth: BatchGrowth = field(init=False)
 
@@ -71,22 +80,17 @@ class Trainer:
         torch.manual_seed(_mix(cfg.train.seed, epoch, self.groups.topology.slot(ctx.rank)))
         engine.module.train()
         global_batch = self.growth.batch_at(epoch)
-        shards = self.batches.resized(global_batch)
-        lr_factor = self.growth.lr_factor(epoch)
-        steps = shards.steps_per_epoch
+        steps = self.shards(epoch).steps_per_epoch
         tally = EpochTally(steps)
         sent0 = engine.link_bytes()
         bar = log.progress(ctx, steps, f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
         t_epoch = time.perf_counter()
-        batches = shards.epoch(epoch)
+        batches = self.shards(epoch).epoch(epoch)
         for i in range(steps):
+            self._run_step_hooks(Position(epoch, i, self.progress.step))
             with self.rec.span(STEP, step=self.progress.step):
                 self.stragglers.pause(ctx.rank, self.progress.step)
-                x, y = self.next_batch(batches)
-                lr = self.lr_rule(self.progress.step) * lr_factor
-                for opt in engine.optimizers:
-                    set_lr(opt, lr)
-                res = engine.train_step(x, y, shards.local_batch)
+                res = self.step(batches, epoch, self.progress.step)
             tally.add(i, res)
             self.progress.step += 1
             bar.update(1)
@@ -98,6 +102,39 @@ class Trainer:
         stats = gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
                              self.groups.topology, wall, global_batch)
         return {**stats, "batch_size": global_batch}
+
+    def shards(self, epoch: int) -> ShardedBatches:
+        """This rank's batches in epoch `epoch` (the batch may grow between epochs)."""
+        return self.batches.resized(self.growth.batch_at(epoch))
+
+    def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], epoch: int,
+             step: int) -> StepOutcome:
+        """One step on the next batch of `batches` (epoch `epoch`'s), at `step`'s rate."""
+        x, y = self.next_batch(batches)
+        lr = self.lr_rule(step) * self.growth.lr_factor(epoch)
+        for opt in self.engine.optimizers:
+            set_lr(opt, lr)
+        return self.engine.train_step(x, y, self.shards(epoch).local_batch)
+
+    def train_steps(self, at: Position, steps: int) -> list[StepOutcome]:
+        """Train `steps` steps from `at` (into the next epochs if need be) without logging
+        them or moving the run's progress: the speculation of AdaPrec, which restores the
+        run's snapshot afterwards (`train/snapshot.py`)."""
+        outs: list[StepOutcome] = []
+        epoch, index = at.epoch, at.index
+        while len(outs) < steps:
+            shards = self.shards(epoch)
+            batches = shards.epoch(epoch, index)
+            for _ in range(min(steps - len(outs), shards.steps_per_epoch - index)):
+                outs.append(self.step(batches, epoch, at.step + len(outs)))
+            epoch, index = epoch + 1, 0
+        return outs
+
+    def _run_step_hooks(self, at: Position) -> None:
+        for hook in self.step_hooks:
+            record = hook(at)
+            if record is not None:
+                self.writer.write({"epoch": at.epoch + 1, **record})
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -181,7 +218,8 @@ class Trainer:
                 "topology": {"stages": self.groups.topology.num_stages,
                              "replicas": list(self.groups.topology.replicas),
                              "ranks": [list(r) for r in self.groups.topology.stages]},
-                **self.engine.summary()}
+                **self.engine.summary(), **{k: v for part in self.summaries
+                                            for k, v in part().items()}}
 
     # -- checkpoints -------------------------------------------------------------------------
     @property

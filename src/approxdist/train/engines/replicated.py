@@ -18,7 +18,9 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
+from approxdist.data_parallel.engine import DataParallel
 from approxdist.data_parallel.sync import GradientSync, build_sync
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.topology.groups import TopologyGroups
@@ -94,6 +96,28 @@ class ReplicatedEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.sync:
             self.sync.load_checkpoint_state(state.get("dp", {}))
+
+    def local_state(self) -> dict[str, Any]:
+        """This rank's state without collectives (`train/snapshot.py`): model, optimiser and
+        the data-parallel engine's error-feedback residuals."""
+        extra = getattr(self.sync, "get_extra_state", None)
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "dp": extra() if extra is not None else {}}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        load = getattr(self.sync, "set_extra_state", None)
+        if load is not None:
+            load(state["dp"])
+
+    def set_codecs(self, codec_rules: tuple[str, ...], codec: str) -> None:
+        """Switch the gradients' wire formats (AdaPrec); needs `DataParallel`."""
+        if not isinstance(self.sync, DataParallel):
+            raise ConfigError("switching gradient codecs during training needs the approxdist "
+                              "data-parallel engine on 2 or more ranks; use --parallel dp "
+                              "--world-size 2 (or more) and drop --dp-engine plain")
+        self.sync.set_codecs(codec_rules, codec)
 
     def start(self) -> None:
         if self.sync:

@@ -1,0 +1,124 @@
+"""AdaPrec's decision at a phase boundary, as a pure function of what speculation measured.
+
+Seed 004's step (3): continue with the precision that gives the best accuracy gain per
+unit of time. Each candidate's signal at the next boundary is predicted by the
+learning-curve model (`learning_curve.py`) from the run's curve so far followed by the
+candidate's speculative points; its time to get there is its measured seconds per step
+times the phase length. The guards the seed does not discuss:
+* a candidate whose speculation produced a non-finite loss or signal (`diverged`) or lost
+  more than `collapse` of the signal the run had above chance (`collapsed`) is blacklisted;
+* a candidate whose lower confidence bound `mean - lcb_z * std` falls below the current
+  signal minus `margin` is not eligible (validation noise on short phases), nor one whose
+  last speculative point did (`falling`: a fit over the run's rising curve may not see
+  a decline that started at the snapshot);
+* the prediction is at most the candidate's own pace (`own_pace`): the run's curve so far
+  dominates the fit, and a candidate that stalls must not inherit its rise;
+* among eligible candidates with a positive predicted gain the best gain per second wins;
+  if none gains, the best predicted signal; if none is eligible, the current codec stays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from approxdist.adaptive.learning_curve import LearningCurveModel, Prediction
+from approxdist.config.adaprec import AdaPrecConfig
+
+#: (step counted from 1, signal) of one measurement
+Point = tuple[int, float]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate's speculation: its signal points, seconds per step, finite losses."""
+
+    candidate: str
+    points: tuple[Point, ...]
+    s_per_step: float
+    finite: bool
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A trial judged: its prediction at the next boundary, gain per second, verdict."""
+
+    trial: Trial
+    prediction: Prediction | None
+    gain: float
+    score: float
+    verdict: str  # eligible | below-lcb | falling | diverged | collapsed
+    pace: float = math.nan  # `own_pace`, the bound on the prediction
+
+    @property
+    def eligible(self) -> bool:
+        return self.verdict == "eligible"
+
+    @property
+    def blacklisted(self) -> bool:
+        return self.verdict in ("diverged", "collapsed")
+
+    def record(self) -> dict[str, object]:
+        p = self.prediction
+        return {"points": [list(pt) for pt in self.trial.points],
+                "s_per_step": self.trial.s_per_step, "finite": self.trial.finite,
+                "verdict": self.verdict, "gain": _json(self.gain), "score": _json(self.score),
+                "pace": _json(self.pace),
+                "prediction": None if p is None else {"mean": _json(p.mean), "std": _json(p.std),
+                                                      "method": p.method, "fit_s": p.fit_s}}
+
+
+def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance: float,
+           cfg: AdaPrecConfig, model: LearningCurveModel) -> Assessment:
+    """Judge one trial against the run's `curve` (ending at the boundary, value `current`)."""
+    values = [v for _, v in trial.points]
+    if not trial.finite or not all(math.isfinite(v) for v in values):
+        return Assessment(trial, None, -math.inf, -math.inf, "diverged")
+    if collapsed(current, values[-1], chance, cfg.collapse):
+        return Assessment(trial, None, -math.inf, -math.inf, "collapsed")
+    pts = [*curve, *trial.points]
+    pred = model.predict([s for s, _ in pts], [v for _, v in pts], at)
+    if pred.diverged:
+        return Assessment(trial, pred, -math.inf, -math.inf, "diverged")
+    pace = own_pace(trial, curve[-1], at)
+    mean = min(pred.mean, pace)
+    gain = mean - current
+    seconds = max(trial.s_per_step, 1e-9) * (at - curve[-1][0])
+    if values[-1] < current - cfg.margin:  # its own points fell, whatever the fit says
+        verdict = "falling"
+    else:
+        verdict = "eligible" if mean - cfg.lcb_z * pred.std >= current - cfg.margin \
+            else "below-lcb"
+    return Assessment(trial, pred, gain, gain / seconds, verdict, pace)
+
+
+def collapsed(before: float, after: float, chance: float, share: float) -> bool:
+    """Did the signal go from `before` to `after` losing more than `share` of what it had
+    above `chance` (or to a non-finite value)?"""
+    if not math.isfinite(after):
+        return True
+    return before > chance and after < chance + (1.0 - share) * (before - chance)
+
+
+def own_pace(trial: Trial, start: Point, at: int) -> float:
+    """The candidate's own speculation extrapolated in a straight line to `at`: on a
+    concave learning curve an upper bound, which keeps a fit dominated by the run's
+    history from crediting a candidate with progress its own points do not show."""
+    (s0, v0), (s1, v1) = start, trial.points[-1]
+    return v1 + (v1 - v0) / (s1 - s0) * (at - s1)
+
+
+def choose(judged: Sequence[Assessment], keep: str) -> str:
+    """The winner among `judged` (see the module docstring); `keep` when none is eligible."""
+    eligible = [a for a in judged if a.eligible]
+    if not eligible:
+        return keep
+    gaining = [a for a in eligible if a.gain > 0]
+    if gaining:  # ties go to the earlier candidate
+        return max(gaining, key=lambda a: a.score).trial.candidate
+    return max(eligible, key=lambda a: a.gain).trial.candidate
+
+
+def _json(x: float) -> float | None:
+    return x if math.isfinite(x) else None

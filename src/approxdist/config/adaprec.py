@@ -1,0 +1,75 @@
+"""The `[adaprec]` config section: AdaPrec's phases and its guard (seed 004; docs/adaprec.md).
+
+AdaPrec runs when the gradient codec is `adaprec:<candidates>` (`dp.codec`, `--codec`);
+these keys say how it decides. The candidates themselves are checked against the codec
+registry where the engine is built (`approxdist.train.check`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from approxdist.errors import ConfigError
+
+SIGNALS = ("soft", "accuracy")
+#: the `dp.codec` prefix that turns AdaPrec on
+PREFIX = "adaprec:"
+
+
+@dataclass(frozen=True)
+class AdaPrecConfig:
+    """How AdaPrec speculates and decides; every phase boundary costs `speculate_steps`
+    steps per candidate."""
+
+    phase_steps: int = 40        # K: steps between decisions
+    speculate_steps: int = 8     # S < K: steps each candidate trains from the snapshot
+    points: int = 4              # signal measurements during each speculation (<= S)
+    signal: str = "soft"         # soft: mean probability of the true class; or accuracy
+    val_fraction: float = 0.1    # held-out share of the *training* set the signal uses
+    lcb_z: float = 1.0           # eligible only if mean - z * std >= current signal - margin
+    margin: float = 0.01         # the signal's noise a candidate's bound may fall below it by
+    overhead_budget: float = 0.5  # most share of the run's time speculation may take
+    collapse: float = 0.5        # a speculation losing this share of the signal above chance
+    first: str = "fp32"          # the first phase's codec
+
+    def __post_init__(self) -> None:
+        if self.phase_steps < 2:
+            raise ConfigError(f"adaprec.phase_steps = {self.phase_steps} must be >= 2; e.g. 40")
+        if not 1 <= self.speculate_steps < self.phase_steps:
+            raise ConfigError(
+                f"adaprec.speculate_steps = {self.speculate_steps} must be >= 1 and shorter than "
+                f"the phase (adaprec.phase_steps = {self.phase_steps}); e.g. "
+                f"--speculate-steps {max(1, self.phase_steps // 5)}")
+        if not 1 <= self.points <= self.speculate_steps:
+            raise ConfigError(f"adaprec.points = {self.points} must be between 1 and "
+                              f"adaprec.speculate_steps ({self.speculate_steps})")
+        if self.signal not in SIGNALS:
+            raise ConfigError(f"adaprec.signal = {self.signal!r} is not one of: "
+                              f"{', '.join(SIGNALS)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"adaprec.val_fraction = {self.val_fraction} must be in (0, 1); "
+                              f"e.g. 0.1")
+        if self.lcb_z < 0:
+            raise ConfigError(f"adaprec.lcb_z = {self.lcb_z} must be >= 0; e.g. 1.0")
+        if self.margin < 0:
+            raise ConfigError(f"adaprec.margin = {self.margin} must be >= 0; e.g. 0.01")
+        if not 0.0 < self.overhead_budget <= 1.0:
+            raise ConfigError(f"adaprec.overhead_budget = {self.overhead_budget} must be in "
+                              f"(0, 1]; e.g. 0.5")
+        if not 0.0 < self.collapse <= 1.0:
+            raise ConfigError(f"adaprec.collapse = {self.collapse} must be in (0, 1]; e.g. 0.5")
+        if self.first.startswith(PREFIX):
+            raise ConfigError(f"adaprec.first = {self.first!r} must be one codec, e.g. fp32")
+
+
+def candidates_of(codec: str) -> tuple[str, ...] | None:
+    """The candidates of `adaprec:a,b,c` (None for any other codec spec)."""
+    if not codec.startswith(PREFIX):
+        return None
+    names = tuple(c.strip() for c in codec[len(PREFIX):].split(","))
+    if not names or any(not c for c in names):
+        raise ConfigError(f"dp.codec = {codec!r}: list the candidates after 'adaprec:', "
+                          f"separated by commas, e.g. adaprec:fp32,fp8-e5m2,table4,table1")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"dp.codec = {codec!r} names a candidate twice; list each once")
+    return names

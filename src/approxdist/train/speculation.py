@@ -1,0 +1,114 @@
+"""AdaPrec hooked into the one trainer: the trainer's side of `adaptive.SpeculativeRun`.
+
+`attach_adaprec(trainer, candidates, val_x, val_y)` adds a step hook that hands the run's
+position to an `AdaPrecController` before every step; the controller speculates through
+`TrainerRun`, which takes and restores `RunSnapshot`s of the data-parallel engine
+(`train/snapshot.py`), trains with `Trainer.train_steps` (the loop's own step), switches
+codecs with `DataParallel.set_codecs` and measures the signal on the validation split
+held out of the training set (`data/holdout.py`): the mean probability of the true class
+(`soft`) or the accuracy, summed over every rank's share.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+from approxdist.adaptive.candidates import candidate_rules
+from approxdist.adaptive.controller import AdaPrecController
+from approxdist.data.loader import _mix
+from approxdist.train.engines.replicated import ReplicatedEngine
+from approxdist.train.snapshot import Position, RunSnapshot
+from approxdist.train.trainer import Trainer
+
+T = TypeVar("T")
+
+
+class TrainerRun:
+    """A `SpeculativeRun` over `trainer` (a data-parallel run); `at` is kept up to date by
+    the step hook."""
+
+    def __init__(self, trainer: Trainer, val_x: torch.Tensor, val_y: torch.Tensor) -> None:
+        engine = trainer.engine
+        assert isinstance(engine, ReplicatedEngine)
+        self.trainer, self.engine = trainer, engine
+        group = trainer.groups.replicas
+        lo = val_x.shape[0] * group.rank // group.size
+        hi = val_x.shape[0] * (group.rank + 1) // group.size
+        self.val_x, self.val_y = val_x[lo:hi], val_y[lo:hi]
+        self.total_steps = sum(trainer.shards(e).steps_per_epoch
+                               for e in range(trainer.cfg.train.epochs))
+        self.chance = 1.0 / trainer.data.num_classes
+        self.at = Position(0, 0, 0)
+        self._snaps: list[RunSnapshot] = []  # this boundary's and the one before
+        self._cursor = self.at
+
+    def snapshot(self) -> None:
+        self._snaps = [*self._snaps[-1:], RunSnapshot.take(self.engine, self.at)]
+        self._cursor = self.at
+
+    def restore(self) -> None:
+        self._cursor = self._snaps[-1].restore(self.engine)
+
+    def drop(self) -> None:
+        self._snaps.pop()
+
+    def rollback(self) -> None:
+        self._snaps[-1].restore(self.engine)
+        self._cursor = self.at
+
+    def use(self, candidate: str) -> None:
+        self.engine.set_codecs(*candidate_rules(candidate, self.trainer.cfg.dp.codec_rules))
+
+    def train(self, steps: int) -> tuple[list[float], bool]:
+        # each speculation draws its own dropout masks, the same for every candidate
+        torch.manual_seed(_mix(self.trainer.cfg.train.seed, self._cursor.step,
+                               self.trainer.groups.topology.slot(self.trainer.ctx.rank)))
+        outs = self.trainer.train_steps(self._cursor, steps)
+        epoch, index = self._cursor.epoch, self._cursor.index + steps
+        while index >= self.trainer.shards(epoch).steps_per_epoch:
+            index -= self.trainer.shards(epoch).steps_per_epoch
+            epoch += 1
+        self._cursor = Position(epoch, index, self._cursor.step + steps)
+        walls = [o.times.wall_s for o in outs]
+        finite = all(o.loss is None or math.isfinite(o.loss) for o in outs)
+        seen = self.trainer.groups.replicas.all_gather_object((walls, finite))
+        return [max(w) for w in zip(*(w for w, _ in seen))], all(f for _, f in seen)
+
+    @torch.no_grad()
+    def signal(self) -> float:
+        module, bs = self.engine.module, self.trainer.cfg.data.test_batch_size
+        module.eval()
+        sums = torch.zeros(3, dtype=torch.float64)
+        dev = self.trainer.ctx.device
+        for lo in range(0, self.val_x.shape[0], bs):
+            x, y = self.val_x[lo:lo + bs].to(dev), self.val_y[lo:lo + bs].to(dev)
+            out = module(x).float()
+            prob = F.softmax(out, dim=1).gather(1, y[:, None]).sum()
+            hits = (out.argmax(1) == y).sum()
+            sums += torch.stack([prob, hits.double(), torch.tensor(y.numel())]).double().cpu()
+        module.train()
+        self.trainer.groups.replicas.all_reduce(sums)
+        soft = self.trainer.cfg.adaprec.signal == "soft"
+        return float((sums[0] if soft else sums[1]) / sums[2])
+
+    def agree(self, value: T) -> T:
+        return self.trainer.groups.replicas.broadcast_object(value)
+
+
+def attach_adaprec(trainer: Trainer, candidates: tuple[str, ...], val_x: torch.Tensor,
+                   val_y: torch.Tensor) -> AdaPrecController:
+    """Hook an AdaPrec controller into `trainer` (every rank, before the first step)."""
+    run = TrainerRun(trainer, val_x, val_y)
+    controller = AdaPrecController(candidates, trainer.cfg.adaprec, run)
+
+    def hook(at: Position) -> dict[str, Any] | None:
+        run.at = at
+        return controller.before_step(at.step)
+
+    trainer.step_hooks.append(hook)
+    trainer.summaries.append(lambda: {"adaprec": controller.summary()})
+    return controller

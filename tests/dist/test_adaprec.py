@@ -1,0 +1,152 @@
+"""AdaPrec on 2 ranks: snapshot/restore is exact, the controller never corrupts training.
+
+* a run that snapshots mid-epoch, speculates k steps in another codec, restores and goes
+  on equals, bit for bit, a run that never speculated (fp32; and a lossy codec with
+  error-feedback residuals), on every rank — weights and optimiser state;
+* `--codec adaprec:fp32,<poison>` (digits, mlp): the poison is never chosen, the run
+  equals plain fp32 training bit for bit, and two runs decide identically; the decisions,
+  predictions and overhead are in metrics.jsonl and summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from approxdist.config.loader import build_config
+from approxdist.launch.context import DistContext
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.train.build import build_trainer
+from approxdist.train.engines.replicated import ReplicatedEngine
+from approxdist.train.snapshot import Position, RunSnapshot
+
+SECTIONS: dict[str, dict[str, Any]] = {
+    "train": {"progress": False, "seed": 5, "world_size": 2, "epochs": 2},
+    "data": {"dataset": "synthetic", "synthetic_shape": [12], "synthetic_samples": 96,
+             "batch_size": 16, "augment": False},
+    "model": {"name": "mlp", "hidden": 32, "depth": 2},
+    "optim": {"lr": 0.05, "schedule": "cosine"},
+    "dp": {"bucket_mb": 0.002},
+}
+POISON = "bits:s0e8m7"  # the sign dropped: every gradient value turns positive
+
+
+def _sections(**dp: Any) -> dict[str, dict[str, Any]]:
+    sec = {k: dict(v) for k, v in SECTIONS.items()}
+    sec["dp"].update(dp)
+    return sec
+
+
+def _state(trainer: Any) -> dict[str, torch.Tensor]:
+    engine = trainer.engine
+    out = {f"model.{k}": v.clone() for k, v in engine.module.state_dict().items()}
+    for i, st in engine.optimizer.state_dict()["state"].items():
+        out[f"momentum.{i}"] = st["momentum_buffer"].clone()
+    for k, v in engine.sync.get_extra_state()["residuals"].items():
+        out[f"residual.{k}"] = v.clone()
+    return out
+
+
+def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int) -> dict[str, Any]:
+    """Train; before step `at` snapshot, train 4 steps in table1, restore and go on."""
+    trainer = build_trainer(build_config(_sections(**dp)), ctx, root, False)
+    engine = trainer.engine
+    assert isinstance(engine, ReplicatedEngine)
+    moved: list[bool] = []
+
+    def hook(pos: Position) -> None:
+        if pos.step != at:
+            return
+        snap = RunSnapshot.take(engine, pos)
+        before = {k: v.clone() for k, v in engine.module.state_dict().items()}
+        engine.set_codecs((), "table1")
+        trainer.train_steps(pos, 4)
+        moved.append(any(not torch.equal(v, before[k])
+                         for k, v in engine.module.state_dict().items()))
+        assert snap.restore(engine) == pos
+        engine.set_codecs((), dp["codec"])
+
+    trainer.step_hooks.append(hook)
+    trainer.run()
+    return {"state": _state(trainer), "moved": moved}
+
+
+def _exactness(ctx: DistContext, root: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, dp in (("fp32", {"codec": "fp32"}),
+                     ("ef", {"codec": "bits:s1e8m3", "error_feedback": True})):
+        plain = build_trainer(build_config(_sections(**dp)), ctx, Path(root) / f"{name}-p", False)
+        plain.run()
+        # step 4 of 6 per epoch is mid-epoch; 4 steps run into the next epoch
+        spec = _speculating(ctx, Path(root) / f"{name}-s", dp, at=4)
+        out[name] = {"plain": _state(plain), **spec}
+    return out
+
+
+ADAPREC: dict[str, dict[str, Any]] = {
+    "train": {"progress": False, "seed": 1, "world_size": 2, "epochs": 2},
+    "data": {"dataset": "digits", "batch_size": 64, "augment": False},
+    "model": {"name": "mlp", "hidden": 64, "depth": 2},
+    "optim": {"lr": 0.1},
+    "adaprec": {"phase_steps": 10, "speculate_steps": 4, "points": 2, "overhead_budget": 1.0},
+}
+
+
+def _adaprec(ctx: DistContext, root: str) -> dict[str, Any]:
+    def train(name: str, codec: str) -> dict[str, Any]:
+        sec = {k: dict(v) for k, v in ADAPREC.items()}
+        sec["dp"] = {"codec": codec}
+        if not codec.startswith("adaprec:"):  # the same held-out split, no controller
+            sec["dp"]["codec"] = f"adaprec:{codec}"
+            sec["adaprec"] = {**sec["adaprec"], "phase_steps": 1000, "speculate_steps": 1,
+                          "points": 1}
+        trainer = build_trainer(build_config(sec), ctx, Path(root) / name, False)
+        summary = trainer.run()
+        return {"summary": summary,
+                "weights": {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}}
+
+    return {"plain": train("plain", "fp32"), "a": train("a", f"adaprec:fp32,{POISON}"),
+            "b": train("b", f"adaprec:fp32,{POISON}")}
+
+
+def _both(ctx: DistContext, root: str) -> dict[str, Any]:
+    return {"exact": _exactness(ctx, root), "adaprec": _adaprec(ctx, root)}
+
+
+def test_snapshot_and_controller(tmp_path: Path) -> None:
+    ranks = run_on_ranks(_both, 2, str(tmp_path), timeout_s=300)
+    for rank in ranks:
+        for name in ("fp32", "ef"):
+            case = rank["exact"][name]
+            assert case["moved"] == [True]  # the speculation did change the model
+            assert case["plain"].keys() == case["state"].keys()
+            for k, v in case["plain"].items():
+                assert torch.equal(case["state"][k], v), (name, k)
+        assert any(k.startswith("residual.") for k in rank["exact"]["ef"]["state"])
+
+    runs = ranks[0]["adaprec"]
+    a, b, plain = runs["a"]["summary"]["adaprec"], runs["b"]["summary"]["adaprec"], \
+        runs["plain"]["summary"]["adaprec"]
+    assert plain["chosen"] == [[0, "fp32"]]  # no boundary: an ordinary fp32 run
+    assert [c for _, c in a["chosen"]] == ["fp32"] * len(a["chosen"]) and len(a["chosen"]) > 2
+    assert a["chosen"] == b["chosen"] and a["blacklist"] == b["blacklist"]
+    for rank in ranks:  # never corrupted: the same weights as plain fp32, on every rank
+        for k, v in runs["plain"]["weights"].items():
+            assert torch.equal(rank["adaprec"]["a"]["weights"][k], v), k
+
+    records = [json.loads(s) for s in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    bounds = [r for r in records if r.get("kind") == "adaprec" and r["step"] > 0]
+    assert bounds and all(set(r["candidates"]) <= {"fp32", POISON} for r in bounds)
+    first = bounds[0]
+    assert first["candidates"][POISON]["verdict"] != "eligible" or \
+        first["candidates"][POISON]["score"] < first["candidates"]["fp32"]["score"]
+    fp32 = first["candidates"]["fp32"]
+    assert len(fp32["points"]) == 2 and fp32["s_per_step"] > 0
+    assert fp32["prediction"]["method"] in ("short", "flat", "trend", "ensemble")
+    blacklisted = [r["step"] for r in bounds if POISON in r["blacklist"]]
+    if blacklisted:  # once out, never speculated again
+        assert all(POISON not in r["candidates"] for r in bounds if r["step"] > blacklisted[0])
+    assert a["speculation_s"] > 0 and a["fit_s"] > 0

@@ -1,0 +1,235 @@
+"""The AdaPrec controller on a simulated run, its decision rule, and its bad input.
+
+The simulated run (`Sim`) is a signal that each codec moves by a known amount per step
+at a known time per step; `snapshot`/`restore` copy that state, so the controller's
+phases, guards and bookkeeping are checked exactly, in one process, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from approxdist.adaptive.candidates import candidate_rules, check_candidates
+from approxdist.adaptive.controller import AdaPrecController
+from approxdist.adaptive.decide import Trial, assess, choose
+from approxdist.adaptive.learning_curve import LearningCurveModel
+from approxdist.cli.main import main
+from approxdist.config.adaprec import AdaPrecConfig, candidates_of
+from approxdist.config.loader import build_config
+from approxdist.data.base import TensorDataset
+from approxdist.data.holdout import hold_out
+from approxdist.errors import ConfigError, DataError
+
+
+@dataclass
+class Sim:
+    """A run whose signal moves by `rate[codec]` per step, `secs[codec]` seconds a step;
+    the codec `nan` produces non-finite losses."""
+
+    rate: dict[str, float]
+    secs: dict[str, float]
+    total_steps: int = 40
+    chance: float = 0.1
+    value: float = 0.1
+    codec: str = ""
+    sleep: float = 0.0
+    #: codec -> steps after which it turns: from then on it loses 0.1 a step
+    turns: dict[str, int] = field(default_factory=dict)
+    trained: list[str] = field(default_factory=list)
+    _since: int = 0
+    saved: list[float] = field(default_factory=list)
+
+    def snapshot(self) -> None:
+        self.saved = [*self.saved[-1:], self.value]
+
+    def restore(self) -> None:
+        self.value = self.saved[-1]
+
+    def drop(self) -> None:
+        self.saved.pop()
+
+    def rollback(self) -> None:
+        self.restore()
+
+    def use(self, candidate: str) -> None:
+        self.codec, self._since = candidate, 0
+
+    def advance(self, steps: int) -> None:
+        for _ in range(steps):
+            turned = self._since >= self.turns.get(self.codec, steps + self._since + 1)
+            rate = -0.1 if turned else self.rate[self.codec]
+            self.value = min(1.0, max(0.0, self.value + rate))
+            self._since += 1
+
+    def train(self, steps: int) -> tuple[list[float], bool]:
+        self.trained.append(self.codec)
+        time.sleep(self.sleep)
+        self.advance(steps)
+        return [self.secs[self.codec]] * steps, self.codec != "nan"
+
+    def signal(self) -> float:
+        return self.value
+
+    def agree(self, value: str) -> str:
+        return value
+
+
+CFG = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0)
+
+
+def _drive(sim: Sim, cfg: AdaPrecConfig = CFG, candidates: tuple[str, ...] = ("fp32", "fast")
+           ) -> tuple[AdaPrecController, list[dict]]:
+    """Every step of the simulated run: the controller's hook, then one step of the codec."""
+    ctl = AdaPrecController(candidates, cfg, sim)  # type: ignore[arg-type]
+    records = []
+    for step in range(sim.total_steps):
+        rec = ctl.before_step(step)
+        if rec is not None:
+            records.append(rec)
+        sim.advance(1)
+    return ctl, records
+
+
+def test_first_phase_runs_the_first_codec_and_boundaries_come_every_k_steps() -> None:
+    sim = Sim({"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}, total_steps=40)
+    ctl, records = _drive(sim)
+    assert records[0] == {"kind": "adaprec", "step": 0, "chosen": "fp32", "reason": "first phase"}
+    assert [r["step"] for r in records] == [0, 10, 20, 30]
+    # the same gain in half the time: the faster codec wins every decision
+    assert [c for _, c in ctl.chosen] == ["fp32", "fast", "fast", "fast"]
+    assert records[1]["predict_at"] == 20 and set(records[1]["candidates"]) == {"fp32", "fast"}
+    assert records[1]["candidates"]["fast"]["points"] == [
+        [11 + i, pytest.approx(0.144 + 0.004 * i)] for i in range(4)]
+
+
+def test_decisions_are_deterministic_and_speculation_leaves_no_trace() -> None:
+    rates, secs = {"fp32": 0.006, "fast": 0.002}, {"fp32": 1.0, "fast": 0.9}
+    a, _ = _drive(Sim(rates, secs))
+    b, _ = _drive(Sim(rates, secs))
+    assert a.chosen == b.chosen
+    # fp32 gains 3x as much for 10 % more time: it wins; a restore undid every speculation
+    assert {c for _, c in a.chosen} == {"fp32"}
+    sim = Sim(rates, secs)
+    _drive(sim)
+    assert sim.value == pytest.approx(0.1 + 40 * 0.006)
+
+
+def test_a_diverging_candidate_is_blacklisted_at_once_and_never_chosen() -> None:
+    sim = Sim({"fp32": 0.004, "nan": 0.05}, {"fp32": 1.0, "nan": 0.01})
+    ctl, records = _drive(sim, candidates=("fp32", "nan"))
+    assert records[1]["candidates"]["nan"]["verdict"] == "diverged"
+    assert ctl.blacklist == ["nan"] and "nan" not in {c for _, c in ctl.chosen}
+    assert all("nan" not in r["candidates"] for r in records[2:])
+    assert sim.trained.count("nan") == 1  # one speculation chunk, then never again
+    assert sim.value == pytest.approx(0.1 + 40 * 0.004)  # training never saw it
+
+
+def test_a_collapsing_candidate_is_blacklisted_and_a_falling_one_is_not_eligible() -> None:
+    # 'crash' loses the signal in one speculation; 'slide' loses a little, but is fast
+    sim = Sim({"fp32": 0.01, "crash": -0.2, "slide": -0.004},
+              {"fp32": 1.0, "crash": 0.01, "slide": 0.01})
+    ctl, records = _drive(sim, candidates=("fp32", "crash", "slide"))
+    verdicts = records[1]["candidates"]
+    assert verdicts["crash"]["verdict"] == "collapsed" and "crash" in ctl.blacklist
+    assert verdicts["slide"]["verdict"] == "falling" and "slide" not in ctl.blacklist
+    assert {c for _, c in ctl.chosen} == {"fp32"}
+
+
+def test_a_phase_that_collapses_the_run_is_undone_and_its_codec_blacklisted() -> None:
+    # 'trap' is fast and gains for 5 steps (the speculation sees only 4), then loses
+    sim = Sim({"fp32": 0.004, "trap": 0.004}, {"fp32": 1.0, "trap": 0.5}, turns={"trap": 5})
+    ctl, records = _drive(sim, candidates=("fp32", "trap"))
+    assert records[1]["chosen"] == "trap"
+    assert records[2]["rolled_back"] == "trap" and ctl.blacklist == ["trap"]
+    assert records[2]["signal"] == pytest.approx(0.1 + 10 * 0.004)  # back to boundary 10
+    assert [c for _, c in ctl.chosen][2:] == ["fp32", "fp32"]
+    assert all("trap" not in r["candidates"] for r in records[2:])
+
+
+def test_an_exhausted_overhead_budget_skips_speculation() -> None:
+    sim = Sim({"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}, total_steps=40,
+              sleep=0.01)
+    cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=0.05)
+    ctl, records = _drive(sim, cfg)
+    assert "candidates" in records[1]
+    assert records[2]["reason"] == "overhead budget spent" and "candidates" not in records[2]
+    assert ctl.summary()["speculation_s"] > 0
+
+
+def test_choose_prefers_gain_per_second_then_signal_then_keeps_the_current_codec() -> None:
+    model = LearningCurveModel()
+    curve = [(10, 0.5)]
+
+    def judged(name: str, values: list[float], secs: float):  # noqa: ANN202
+        pts = tuple((10 + i + 1, v) for i, v in enumerate(values))
+        return assess(Trial(name, pts, secs, True), curve, 20, 0.5, 0.1, CFG, model)
+
+    rising = [0.51, 0.52, 0.53, 0.54]
+    up, fast_up = judged("a", rising, 1.0), judged("b", rising, 0.5)
+    assert choose([up, fast_up], keep="a") == "b"
+    flat_a, flat_b = judged("a", [0.5] * 4, 1.0), judged("b", [0.4995] * 4, 0.1)
+    assert choose([flat_a, flat_b], keep="b") == "a"  # no gain: the best signal
+    down = judged("a", [0.45, 0.4, 0.35, 0.3], 1.0)
+    assert down.verdict == "collapsed" or not down.eligible
+    assert choose([down], keep="fp32") == "fp32"
+    nan = assess(Trial("n", ((11, math.nan),), 1.0, True), curve, 20, 0.5, 0.1, CFG, model)
+    assert nan.blacklisted and nan.record()["gain"] is None
+
+
+def test_candidates_parse_and_unknown_ones_are_one_clear_error() -> None:
+    assert candidates_of("fp8-e5m2") is None
+    assert candidates_of("adaprec:fp32, table4,policy:seed004") == ("fp32", "table4",
+                                                                    "policy:seed004")
+    for bad in ("adaprec:", "adaprec:fp32,,table1", "adaprec:fp32,fp32"):
+        with pytest.raises(ConfigError, match="adaprec"):
+            candidates_of(bad)
+    assert candidate_rules("table1", ("*.bias=fp32",)) == (("*.bias=fp32",), "table1")
+    assert candidate_rules("policy:seed004", ()) == (("policy:seed004",), "fp32")
+    with pytest.raises(ConfigError, match="candidate 'fp7'") as err:
+        check_candidates(("fp32", "fp7"), (), None)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="policy:nope"):
+        check_candidates(("policy:nope",), (), None)
+
+
+def test_config_rejects_a_phase_shorter_than_its_speculation() -> None:
+    with pytest.raises(ConfigError, match=r"speculate_steps = 10 .*phase_steps = 10"):
+        AdaPrecConfig(phase_steps=10, speculate_steps=10)
+    with pytest.raises(ConfigError, match="adaprec.signal"):
+        AdaPrecConfig(signal="loss")
+    with pytest.raises(ConfigError, match="AdaPrec switches"):
+        build_config({"train": {"parallel": "single", "world_size": 1},
+                      "dp": {"codec": "adaprec:fp32,bf16"}})
+
+
+def test_the_validation_split_comes_out_of_the_training_set() -> None:
+    x, y = torch.arange(100.0)[:, None], torch.arange(100) % 10
+    data = TensorDataset("t", x, y, x[:5], y[:5], 10)
+    rest, vx, vy = hold_out(data, 0.1, seed=0, world=4, global_batch=32)
+    assert rest.train_x.shape[0] == 90 and vx.shape[0] == vy.shape[0] == 10
+    assert not set(vx[:, 0].tolist()) & set(rest.train_x[:, 0].tolist())
+    assert torch.equal(hold_out(data, 0.1, 0, 4, 32)[1], vx)  # fixed by the seed
+    with pytest.raises(DataError, match="fewer than one per rank"):
+        hold_out(data, 0.02, 0, 4, 32)
+    with pytest.raises(DataError, match="fewer than one batch"):
+        hold_out(data, 0.5, 0, 4, 64)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--codec", "adaprec:fp32,fp7"], "candidate 'fp7'"),
+    (["--codec", "adaprec:fp32,bf16", "--phase-steps", "5", "--speculate-steps", "5"],
+     "speculate_steps = 5"),
+    (["--codec", "adaprec:fp32,bf16", "--set", "adaprec.val_fraction=0.0005"],
+     "fewer than one per rank"),
+])
+def test_the_cli_says_one_line_and_exits_2(args: list[str], says: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--world-size", "2", "--model", "mlp", "--dataset", "digits",
+                 "--epochs", "1", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
