@@ -215,5 +215,7 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, stage: int, module: 
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation, call=weights)
-    flushed = lambda m: build_schedule("gpipe", pcfg.stages, m)[stage]  # noqa: E731
+    def flushed(m: int) -> list[Action]:  # evaluation: GPipe's forward-only pipeline
+        return build_schedule("gpipe", pcfg.stages, m)[stage]
+
     return compute, StreamExecutor(schedule, stage, flushed, compute, transport, weights, rec)

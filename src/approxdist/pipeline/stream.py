@@ -68,7 +68,8 @@ class StreamExecutor(PipelineExecutor):
         super().__init__(flushed, compute, transport, schedule.stream.microbatches, rec)
         self.schedule, self.rank, self.weights = schedule, rank, weights
         self.order = schedule.order[rank]
-        cuts = step_cuts(schedule)
+        #: every rank's pieces (`schedule.stream_cut.step_cuts`); this rank's: `cuts`
+        self.all_cuts = cuts = step_cuts(schedule)
         self.cuts = cuts[rank]
         self.waits = [{(_DIRECTION[a.kind], a.microbatch) for a in sends}
                       for sends in send_waits(schedule, cuts)[rank]]
@@ -146,7 +147,7 @@ class StreamExecutor(PipelineExecutor):
 
     def _begin_stream(self) -> None:
         self.transport.window = self.window
-        self.weights.start(keep=0 in self.used)
+        self.weights.reset(keep_initial=0 in self.used)
         if 0 in self.weights.versions:
             self.compute.memory.exclude(self.weights.tensors(0))
         self._state = _Step(sizes={}, weights={}, inputs={}, labels={})
@@ -155,7 +156,7 @@ class StreamExecutor(PipelineExecutor):
     def _end_stream(self) -> None:
         """The stream drained: nothing in flight, every version but the module's dropped."""
         assert self._pos == len(self.order), "the last step runs the rest of the stream"
-        self.weights.start(keep=False)
+        self.weights.reset(keep_initial=False)
         self.transport.window = 0
         self._state = None
         self._step = 0

@@ -74,12 +74,13 @@ class WeightVersions:
         #: micro-batches whose backward added into each version's `.grad` since its last update
         self.accumulated: dict[int, list[int]] = {}
 
-    def start(self, keep: bool = True) -> None:
-        """Begin a stream at the module's weights as version 0 (every version dropped)."""
+    def reset(self, keep_initial: bool = True) -> None:
+        """Drop every version; with `keep_initial`, the module's weights become version 0 (a
+        stream begins), without, nothing is kept (a stream drained)."""
         self.versions.clear()
         self.accumulated.clear()
         self.live_bytes, self.newest, self.current = 0, 0, 0
-        if keep:
+        if keep_initial:
             self._snapshot(0)
 
     def _snapshot(self, v: int) -> None:

@@ -28,7 +28,7 @@ from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime, check_run
-from approxdist.pipeline.schedule.stream_cut import loss_versions, step_cuts
+from approxdist.pipeline.schedule.stream_cut import loss_versions
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology.groups import TopologyGroups
 from approxdist.trace import OPTIMIZER, Recorder
@@ -131,7 +131,7 @@ class StreamEngine(PipelineEngine):
         assert isinstance(runtime.executor, StreamExecutor)
         self.stream: StreamExecutor = runtime.executor
         self.stream.bind(optimizer)
-        self.versions = loss_versions(self.stream.schedule, step_cuts(self.stream.schedule))
+        self.versions = loss_versions(self.stream.schedule, self.stream.all_cuts)
 
     def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> StepOutcome:
