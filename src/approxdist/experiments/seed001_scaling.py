@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
 from approxdist.bench.stats import p10
+from approxdist.comm.collectives.model import DEFAULT
 from approxdist.config.schema import ModelConfig
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
@@ -33,8 +34,13 @@ from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import build_model
+from approxdist.planner.cost.links import LinkLevel
+from approxdist.planner.profile import read_profile, write_profile
+from approxdist.planner.profiler import profile_model
+from approxdist.planner.scaling import Input, ScalingModel
 
 NAME = "seed001-scaling"
+PROFILE = "profile.json"  # the model's blocks at the reference batch (planner profile file)
 SHAPE = (3, 32, 32)
 CLASSES = 10
 COLUMNS = ("nodes", "per_node_batch", "ref_batch", "median_step_s", "p10_step_s", "steps",
@@ -105,7 +111,34 @@ def collect(settings: Settings) -> Meta:
                      "p10_step_s": p10(ts), "steps": len(ts),
                      "speedup": speedup(t_ref, med, n, b, ref), "ideal": n})
     write_csv(settings.out / "scaling.csv", COLUMNS, rows)
+    _write_profile(settings.out, ref)
     return {"model": "alexnet", "input_shape": list(SHAPE), "ref_batch": ref}
+
+
+def _write_profile(out: Path, batch: int) -> None:
+    """The model's block profile at the reference batch, one torch thread (as the runs)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="alexnet"), SHAPE, CLASSES)
+    sample = torch.randn(batch, *SHAPE, generator=torch.Generator().manual_seed(1))
+    write_profile(profile_model(model, sample, "alexnet", threads=1), out / PROFILE)
+
+
+def simulated(out: Path, cores: int) -> ScalingModel | None:
+    """The cost model's s(N,b) for this run (planner.scaling): compute from the run's own
+    profile (measured), the all-reduce over loopback with the collectives' default
+    alpha-beta (assumed, with the usual bands), each rank on a core of its own."""
+    path = out / PROFILE
+    if not path.is_file():
+        return None
+    level = LinkLevel("loopback", DEFAULT.alpha_s, DEFAULT.beta_s_per_byte, 0.0,
+                      cores=max(1, cores))
+    return ScalingModel(read_profile(path), level,
+                        Input("compute_scale", 1.0, 1.0, 1.0, "measured", "this run's profile"),
+                        Input("batch_exponent", 1.0, 0.8, 1.0, "assumed", "compute ~ (b/B)^e"),
+                        Input("bandwidth_scale", 1.0, 0.25, 1.0, "assumed",
+                              "share of loopback the all-reduce gets"),
+                        Input("gamma", 2.5e-10, 1e-10, 1e-9, "assumed",
+                              "seconds per fp32 byte summed"))
 
 
 def speedup(t_ref: float, t: float, nodes: int, batch: int, ref_batch: int) -> float:
@@ -113,14 +146,22 @@ def speedup(t_ref: float, t: float, nodes: int, batch: int, ref_batch: int) -> f
     return t_ref / t * batch / ref_batch * nodes
 
 
-def plot(out: Path, rows: list[Row], title: str, cores: int = 0) -> str:
+def plot(out: Path, rows: list[Row], title: str, cores: int = 0,
+         sim: ScalingModel | None = None) -> str:
     fig, (ax, ax_seed) = plots.figure(2)
     top = max(int(r["nodes"]) for r in rows)
     ax.plot([1, top], [1, top], color="0.6", linestyle=":", label="ideal (s = N)")
     for (b,), rs in sorted(group(rows, "per_node_batch").items(), reverse=True):
         rs = sorted(rs, key=lambda r: r["nodes"])
-        ax.plot([r["nodes"] for r in rs], [r["speedup"] for r in rs], marker="o",
-                label=f"b = {int(b)} per node (B = {int(rs[0]['ref_batch'])})")
+        line = ax.plot([r["nodes"] for r in rs], [r["speedup"] for r in rs], marker="o",
+                       label=f"b = {int(b)} per node (B = {int(rs[0]['ref_batch'])})")[0]
+        if sim is not None:
+            ns = [int(r["nodes"]) for r in rs]
+            bands = [sim.band(n, int(b)) for n in ns]
+            ax.plot(ns, [sim.speedup(n, int(b)) for n in ns], linestyle="--",
+                    color=line.get_color(), label=f"b = {int(b)}: cost model")
+            ax.fill_between(ns, [lo for lo, _ in bands], [hi for _, hi in bands],
+                            color=line.get_color(), alpha=0.15)
     ax.set_xticks([1, 2, 4])
     plots.label(ax, f"nodes N (local gloo ranks, 1 thread each, {cores or '?'} cores)",
                 "speed-up s(N,b)",
@@ -152,7 +193,34 @@ def _s(rows: list[Row], n: int, b: float) -> float:
                  if r["nodes"] == n and r["per_node_batch"] == b), float("nan"))
 
 
-def trend_rows(rows: list[Row], cores: int = 0, grad_bytes: int = 0) -> list[md.Trend]:
+def _simulation_trend(rows: list[Row], sim: ScalingModel, cores: int) -> md.Trend:
+    """The cost model's s(N,b) (`approxdist simulate`) against the measured points."""
+    parts, worst, crowded = [], 0.0, []
+    for r in sorted(rows, key=lambda r: (r["per_node_batch"], r["nodes"])):
+        n, b = int(r["nodes"]), int(r["per_node_batch"])
+        if n == 1:
+            continue
+        pred, (lo, hi) = sim.speedup(n, b), sim.band(n, b)
+        err = pred / float(r["speedup"]) - 1
+        worst = max(worst, abs(err))
+        parts.append(f"N={n} b={b}: {float(r['speedup']):.2f} measured, {pred:.2f} simulated "
+                     f"[{lo:.2f}, {hi:.2f}] ({100 * err:+.0f} %)")
+        if cores and n > cores and abs(err) > 0.25:
+            crowded.append(n)
+    ok = worst <= 0.25
+    why = ("compute from this run's own block profile (measured), the all-reduce over "
+           "loopback with the collectives' default alpha-beta (assumed); the criterion is "
+           "25 %")
+    if crowded:
+        why += (f"; the simulation gives each rank a core of its own, while at N = "
+                f"{', '.join(map(str, sorted(set(crowded))))} the ranks share {cores} core(s): "
+                f"their compute slows down, which the cost model does not charge to compute")
+    return ("(not in the seed) the cost model's prediction (`approxdist simulate`) matches the "
+            "measured speed-ups at N <= 4", "; ".join(parts), ok, why)
+
+
+def trend_rows(rows: list[Row], cores: int = 0, grad_bytes: int = 0,
+               sim: ScalingModel | None = None) -> list[md.Trend]:
     big = max(r["per_node_batch"] for r in rows)
     small = min(r["per_node_batch"] for r in rows)
     s2, s4 = _s(rows, 2, big), _s(rows, 4, big)
@@ -172,6 +240,8 @@ def trend_rows(rows: list[Row], cores: int = 0, grad_bytes: int = 0) -> list[md.
                 f"about {cores}" if cores and cores < 4 else
                 "a hypothesis: the ranks' compute and the all-reduce compete for the cores")),
     ]
+    if sim is not None:
+        out.append(_simulation_trend(rows, sim, cores))
     if small != big:
         s2s = _s(rows, 2, small)
         ok = s2s < s2
@@ -192,14 +262,15 @@ def render(out: Path, meta: Meta) -> str:
     rows = read_csv(out / "scaling.csv", COLUMNS)
     title = (f"{NAME}: s(N,b) = t(1,B)/t(N,b) x b/B x N, {meta['model']} on synthetic "
              f"{'x'.join(map(str, meta['input_shape']))}, B = {meta['ref_batch']}")
-    png = plot(out, rows, title, cores_of(meta))
+    png = plot(out, rows, title, cores_of(meta), simulated(out, cores_of(meta)))
     return "\n\n".join([
         md.section("Result", "t(N,b): median over timed steps of the slowest rank's forward + "
                    "backward + SGD update; N > 1 through `approxdist.DataParallel` (hybrid "
                    "all-reduce, overlapped with backward).", result_table(rows)),
         md.section("Figure", md.image(png, "speed-up vs nodes, ours and the seed's")),
         md.section("Trends of the seed",
-                   md.trends(trend_rows(rows, cores_of(meta), _grad_bytes(meta)))),
+                   md.trends(trend_rows(rows, cores_of(meta), _grad_bytes(meta),
+                                        simulated(out, cores_of(meta))))),
         md.section("Differences from the seed",
                    "Seed 001 measured AlexNet on ImageNet with one GPU per node over InfiniBand "
                    f"(B = 256); here N processes share this machine's {cores_of(meta) or '?'} "
