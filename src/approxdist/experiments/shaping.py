@@ -4,7 +4,9 @@ Presets that vary the link rate (seed 000 throttled its link with Linux `tc`) ru
 training either with `--link bw=RATE` on local ranks (`inproc`, the default) or on a
 cluster of network namespaces whose veth links `tc` shapes to RATE, one rank per host,
 through `approxdist cluster run` (`kernel`, needs root or CAP_NET_ADMIN;
-`approxdist.cluster`). Both write the same run directory, so the report is the same.
+`approxdist.cluster`), with the torch threads per rank the local runs get (under torchrun
+each host would otherwise give its one rank every core). Both write the same run
+directory, so the report is the same.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ def train_on_link(sections: Sections, run_dir: Path, rate: str, shaper: str) -> 
                          run_dir)
     check_shaper(shaper)
     plain = {**sections, "comm": {**sections.get("comm", {}), "link": ""}}
+    train = dict(plain.get("train", {}))
+    if not train.get("threads"):  # as many torch threads per rank as the local runs take
+        world = int(train.get("world_size", 1)) or 1
+        train["threads"] = max(1, (os.cpu_count() or 1) // world)
+        plain["train"] = train
     cfg = build_config(plain)
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
