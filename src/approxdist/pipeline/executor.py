@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,6 +112,7 @@ class PipelineExecutor:
         self.dynamic_shapes = False
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
+        self._index = 0  # the position in this rank's list of the action running
         self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
                        Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
                        Kind.SEND_ACT: self._send_act, Kind.SEND_GRAD: self._send_grad,
@@ -198,19 +199,24 @@ class PipelineExecutor:
                      dict(enumerate(xs)), dict(enumerate(ys)))
 
     def _execute(self, actions: list[Action], handlers: Mapping[Kind, Handler],
-                 step: _Step) -> StepTimes:
+                 step: _Step, only: Collection[tuple[str, int]] | None = None,
+                 first_index: int = 0) -> StepTimes:
+        """Run `actions` (this rank's list from `first_index` on: `_index` tracks the
+        position for subclasses), then wait for the sends (`only` those: the stream)."""
         t = self.transport
         send0, decode0 = t.send_seconds, t.decode_seconds
         self._times = times = StepTimes()
         start = time.perf_counter()
-        for action in actions:
+        for i, action in enumerate(actions):
+            self._index = first_index + i
             handlers[action.kind](action, step)
         t0 = time.perf_counter()
         try:
             with self.rec.span(_last_send_phase(actions)), self.rec.span(ph.WAIT, on="sends"):
-                t.wait_sends()
+                t.wait_sends(only)
         except (ApproxDistError, RuntimeError) as exc:
-            raise self._lost(actions[-1], "its sends to be delivered", exc) from exc
+            last = actions[-1] if actions else Action(t.stage, Kind.FORWARD, 0)
+            raise self._lost(last, "its sends to be delivered", exc) from exc
         times.wait_s += time.perf_counter() - t0
         times.wall_s = time.perf_counter() - start
         decode = t.decode_seconds - decode0  # decoding ran inside the receive waits

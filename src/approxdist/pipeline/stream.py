@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from approxdist.errors import ApproxDistError
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import PipelineExecutor, StepResult, _Step
 from approxdist.pipeline.microbatch import Batch, microbatch_sizes
@@ -41,7 +40,6 @@ from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions
 from approxdist.trace import phases as ph
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
-from approxdist.trace.times import StepTimes
 
 _DIRECTION = {Kind.SEND_ACT: "act", Kind.SEND_GRAD: "grad"}
 
@@ -87,7 +85,6 @@ class StreamExecutor(PipelineExecutor):
         self._state: _Step | None = None
         self._step = 0  # the stream's next mini-batch
         self._pos = 0   # the next action of this rank's list
-        self._index = 0
         self._sample_loss = 0.0
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
@@ -136,7 +133,9 @@ class StreamExecutor(PipelineExecutor):
         self._sample_loss = 0.0
         end = self.cuts[b]
         actions = self.order[self._pos:end]
-        times = self._run_piece(self._pos, end, state, self.waits[b] if b < k - 1 else None)
+        # then the sends whose receive was posted in this step (all of them at the end)
+        times = self._execute(actions, self._train, state,
+                              self.waits[b] if b < k - 1 else None, first_index=self._pos)
         self._pos = end
         self._step = b + 1
         if self._step == k:
@@ -160,34 +159,6 @@ class StreamExecutor(PipelineExecutor):
         self.transport.window = 0
         self._state = None
         self._step = 0
-
-    def _run_piece(self, start: int, end: int, state: _Step,
-                   only: set[tuple[str, int]] | None) -> StepTimes:
-        """Actions [start, end) of this rank's list, then the sends `only` names (all sends
-        when None: the stream's end)."""
-        t = self.transport
-        send0, decode0 = t.send_seconds, t.decode_seconds
-        self._times = times = StepTimes()
-        t0 = time.perf_counter()
-        handlers = self._train
-        for i in range(start, end):
-            self._index = i
-            action = self.order[i]
-            handlers[action.kind](action, state)
-        t1 = time.perf_counter()
-        try:
-            with self.rec.span(ph.SEND_BACK if t.stage > 0 else ph.SEND_FOR), \
-                    self.rec.span(ph.WAIT, on="sends"):
-                t.wait_sends(only)
-        except (ApproxDistError, RuntimeError) as exc:
-            last = self.order[max(end - 1, 0)]
-            raise self._lost(last, "its sends to be delivered", exc) from exc
-        times.wait_s += time.perf_counter() - t1
-        times.wall_s = time.perf_counter() - t0
-        decode = t.decode_seconds - decode0
-        times.comm_s += t.send_seconds - send0 + decode
-        times.wait_s -= decode
-        return times
 
     # -- compute with weight versions ------------------------------------------------------
     def _forward(self, a: Action, step: _Step) -> None:

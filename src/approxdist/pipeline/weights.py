@@ -67,7 +67,6 @@ class WeightVersions:
         self.names = [n for n, p in module.named_parameters()]
         self._params = [p for _, p in module.named_parameters()]
         self.versions: dict[int, Version] = {}
-        self.newest = 0
         self.current = 0
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -79,7 +78,7 @@ class WeightVersions:
         stream begins), without, nothing is kept (a stream drained)."""
         self.versions.clear()
         self.accumulated.clear()
-        self.live_bytes, self.newest, self.current = 0, 0, 0
+        self.live_bytes, self.current = 0, 0
         if keep_initial:
             self._snapshot(0)
 
@@ -128,7 +127,6 @@ class WeightVersions:
             p.grad = g
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        self.newest = step.version
         if keep:
             self._snapshot(step.version)
 
