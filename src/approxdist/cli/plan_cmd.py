@@ -4,6 +4,7 @@
     approxdist plan profile --model resnet20 --microbatch-size 32 --json prof.json
     approxdist plan show --stages 3 --replicas 2,1,1
     approxdist plan show plan.json
+    approxdist plan validate --quick --json validate.json
 
 `plan show` prints a topology (ranks -> stage, replica) and each rank's groups, no
 processes; from a plan file (DESIGN.md "Plan file") it reads `world_size` and `stages`
@@ -17,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from approxdist.cli import plan_profile, plan_solve
+from approxdist.cli import plan_profile, plan_solve, plan_validate
 from approxdist.errors import ConfigError
 from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
 
@@ -27,7 +28,8 @@ def register(sub: Any) -> None:
                        description=plan_solve.__doc__.split("\n\n")[0] if plan_solve.__doc__
                        else None, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="actions: show (a topology or plan file), profile (a model's "
-                              "blocks into a profile file)")
+                              "blocks into a profile file), validate (predicted vs "
+                              "measured step times)")
     kinds = p.add_subparsers(dest="plan_action", metavar="ACTION")
     plan_solve.add_flags(p)
     p.set_defaults(func=lambda args: plan_solve.run(args) if args.model or args.profile
@@ -42,6 +44,7 @@ def register(sub: Any) -> None:
                                           "replicas first; default 0,1,2,...)")
     show.set_defaults(func=run_show)
     plan_profile.register(kinds)
+    plan_validate.register(kinds)
 
 
 def topology_from(args: argparse.Namespace) -> Topology:

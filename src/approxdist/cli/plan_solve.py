@@ -28,7 +28,7 @@ from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
 from approxdist.planner.plan_file import write_plan
 from approxdist.planner.profile import Profile
-from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, search
+from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, plan_dict, search
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     base = SolverSettings(cluster.ranks, cluster.network(), fwd_codec=fwd, bwd_codec=bwd,
                           grad_codec=grad, algorithm=args.algorithm,
                           memory_bytes=_bytes(args.memory), optimizer=args.optimizer,
+                          optimizer_s_per_byte=cluster.calibration.optimizer_s_per_byte(
+                              args.optimizer) if cluster.calibration else 0.0,
                           stages=args.stages)
     schedules = tuple(s.strip() for s in args.schedule.split(","))
     counts = auto_microbatches(cluster.ranks) if args.microbatches == "auto" \
@@ -105,28 +107,10 @@ def run(args: argparse.Namespace) -> int:
     print(_describe(ranked[0], "best"))
     print(_table(ranked[:max(1, args.top)]))
     if args.json:
-        write_plan(plan_object(profile, ranked[0], cluster, args.objective, extra), args.json)
+        write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra),
+                   args.json)
         print(f"plan file: {args.json} (run it: approxdist train --plan {args.json})")
     return 0
-
-
-def plan_object(profile: Profile, best: RankedPlan, cluster: ClusterSpec, objective: str,
-                extra: dict[str, Any]) -> dict[str, Any]:
-    """The plan-file contract's keys for `best`."""
-    plan = best.plan
-    return {
-        "model": profile.model, "micro_batch_size": profile.micro_batch_size,
-        "world_size": plan.world_size, "mode": best.mode,
-        "stages": [{"blocks": [st.first, st.end], "replicas": st.replicas} for st in plan.stages],
-        "schedule": plan.schedule, "microbatches": plan.microbatches,
-        "fwd_codec": plan.fwd_codec.spec, "bwd_codec": plan.bwd_codec.spec,
-        "grad_codec": plan.grad_codec.spec, "algorithm": plan.algorithm,
-        "link": cluster.to_json(), "objective": objective,
-        "predicted": {"time_per_step_s": best.step_s, "time_per_sample_s": best.per_sample_s,
-                      "samples_per_step": best.samples_per_step,
-                      "memory_per_stage_bytes": [m.total_bytes for m in best.memory],
-                      "time": best.parts, "solver_estimate_s": best.estimate_s, **extra},
-    }
 
 
 def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:

@@ -63,6 +63,8 @@ class SolverSettings:
     algorithm: str = "hybrid"
     memory_bytes: int | None = None
     optimizer: str = "momentum"
+    #: seconds of the optimizer's step per parameter byte (0: not priced)
+    optimizer_s_per_byte: float = 0.0
     stages: int | None = None  # a fixed stage count; None: any
     keep: int = 5  # best plans the solver returns
     front: int = 12  # plans a cell of the solver's table keeps at most (exact below it)
@@ -76,6 +78,11 @@ class SolverSettings:
             raise ConfigError(unknown_name("schedule", self.schedule, schedule_names()))
         if self.optimizer not in OPTIMIZER_STATES:
             raise ConfigError(unknown_name("optimizer", self.optimizer, list(OPTIMIZER_STATES)))
+        if isinstance(self.optimizer_s_per_byte, bool) or \
+                not isinstance(self.optimizer_s_per_byte, (int, float)) or \
+                not 0 <= self.optimizer_s_per_byte < float("inf"):
+            raise ConfigError(f"optimizer_s_per_byte = {self.optimizer_s_per_byte!r} must be a "
+                              f"finite number of seconds >= 0")
         if self.memory_bytes is not None and (isinstance(self.memory_bytes, bool) or
                                               not isinstance(self.memory_bytes, int) or
                                               self.memory_bytes < 1):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from typing import Any
 
 import torch
@@ -59,6 +60,36 @@ def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: 
     model = build_model(model_cfg, data.input_shape, data.num_classes).to(device)
     sample = data.train_x[:micro_batch_size].to(device)
     return profile_model(model, sample, model_cfg.name, threads, repeat)
+
+
+#: the optimizers `train.optim` builds, as the cost model names them
+_OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.01),
+               "momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+               "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
+
+
+def optimizer_s_per_byte(name: str, threads: int | None = None, numel: int = 1 << 22,
+                         repeat: int = 7) -> float:
+    """Seconds of one step of optimizer `name` (sgd, momentum: SGD with momentum 0.9, adam)
+    per byte of fp32 parameters: the median of `repeat` steps over `numel` values with
+    `threads` torch threads (the thread count is restored after)."""
+    if name not in _OPTIMIZERS:
+        raise ConfigError(f"optimizer {name!r} is not one of {', '.join(_OPTIMIZERS)}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        param = nn.Parameter(torch.zeros(numel))
+        param.grad = torch.full_like(param, 1e-3)
+        opt = _OPTIMIZERS[name]([param])
+        opt.step()  # creates the state
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return sorted(times)[len(times) // 2] / (4 * numel)
 
 
 def machine(device: Any = "cpu") -> str:

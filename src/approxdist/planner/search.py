@@ -14,6 +14,7 @@ PipeDream's own optimizer chooses (`pipedream_optimizer`) the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from approxdist.errors import ConfigError
 from approxdist.planner.antichains import chain_states
@@ -81,13 +82,21 @@ def simulated(profile: Profile, settings: SolverSettings, stages: tuple[Stage, .
               estimate_s: float | None = None) -> RankedPlan:
     """A pipeline or hybrid plan priced by the event simulation of its schedule."""
     plan = settings.plan(stages)
-    t = pipeline_time(profile, plan, settings.network)
+    t = pipeline_time(profile, plan, settings.network, optimizer_s(profile, settings, stages))
     mode = "pipeline" if all(st.replicas == 1 for st in stages) else "hybrid"
     busy = sum(b.compute_s for b in profile.blocks) * settings.microbatches
     parts = {"compute_s": busy / settings.world_size, "bubble_fraction": t.bubble_fraction,
              "exposed_allreduce_s": t.exposed_allreduce_s}
     return RankedPlan(plan, mode, t.step_s, t.samples_per_step,
                       stage_memory(profile, plan, settings.optimizer), parts, estimate_s)
+
+
+def optimizer_s(profile: Profile, settings: SolverSettings, stages: tuple[Stage, ...]) -> float:
+    """The optimizer's step after the flush: every stage steps its own parameters at once,
+    so the largest stage's (seconds per byte x its parameter bytes) is on the step's path."""
+    per_byte = settings.optimizer_s_per_byte
+    return per_byte * max(sum(b.param_bytes for b in profile.blocks[st.first:st.end])
+                          for st in stages)
 
 
 def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | None:
@@ -99,7 +108,8 @@ def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | No
     if settings.memory_bytes is not None and memory[0].total_bytes > settings.memory_bytes:
         return None
     t = dp_time(profile, n, settings.network,
-                DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec))
+                DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
+                          optimizer_s=optimizer_s(profile, settings, plan.stages)))
     parts = {"forward_s": t.forward_s, "backward_s": t.backward_s, "allreduce_s": t.comm_s,
              "exposed_allreduce_s": t.exposed_comm_s}
     return RankedPlan(plan, "single" if n == 1 else "dp", t.step_s, t.samples_per_step,
@@ -131,3 +141,23 @@ def _one_stage(profile: Profile, settings: SolverSettings) -> RankedPlan:
     dp = data_parallel(profile, replace(settings, memory_bytes=None))
     assert dp is not None  # without a memory limit data parallelism always fits
     return dp
+
+
+def plan_dict(profile: Profile, best: RankedPlan, link: dict[str, Any], objective: str,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan-file contract's keys for `best` (`link`: what it was planned for, as
+    `ClusterSpec.to_json` gives it; `extra`: more `predicted` keys)."""
+    plan = best.plan
+    return {
+        "model": profile.model, "micro_batch_size": profile.micro_batch_size,
+        "world_size": plan.world_size, "mode": best.mode,
+        "stages": [{"blocks": [st.first, st.end], "replicas": st.replicas} for st in plan.stages],
+        "schedule": plan.schedule, "microbatches": plan.microbatches,
+        "fwd_codec": plan.fwd_codec.spec, "bwd_codec": plan.bwd_codec.spec,
+        "grad_codec": plan.grad_codec.spec, "algorithm": plan.algorithm,
+        "link": link, "objective": objective,
+        "predicted": {"time_per_step_s": best.step_s, "time_per_sample_s": best.per_sample_s,
+                      "samples_per_step": best.samples_per_step,
+                      "memory_per_stage_bytes": [m.total_bytes for m in best.memory],
+                      "time": best.parts, "solver_estimate_s": best.estimate_s, **(extra or {})},
+    }

@@ -16,15 +16,15 @@ from pathlib import Path
 from approxdist.adaptive.candidates import candidate_rules
 from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
-from approxdist.data import ShardedBatches, load_dataset
+from approxdist.data import ShardedBatches, TensorDataset, load_dataset
 from approxdist.data.holdout import hold_out
 from approxdist.launch.context import DistContext
 from approxdist.topology import Topology
-from approxdist.topology.groups import make_groups
+from approxdist.topology.groups import TopologyGroups, make_groups
 from approxdist.trace import NULL_RECORDER, Recorder
 from approxdist.train import engines  # noqa: F401  (registers the engines)
 from approxdist.train.check import check_parts
-from approxdist.train.engine import ENGINES
+from approxdist.train.engine import ENGINES, Engine
 from approxdist.train.metrics import MetricsWriter
 from approxdist.train.optim import LRRule
 from approxdist.train.speculation import attach_adaprec
@@ -51,18 +51,25 @@ def first_phase(cfg: Config) -> Config:
                                                            codec_rules=rules))
 
 
+def engine_for(cfg: Config, ctx: DistContext, data: TensorDataset,
+               rec: Recorder = NULL_RECORDER) -> tuple[Engine, TopologyGroups]:
+    """This rank's engine of `cfg`'s mode on `data` and the groups it runs on (collective:
+    every rank makes the groups). What `train` steps; `plan validate` times it too."""
+    groups = make_groups(topology_of(cfg), ctx, replica_streams=cfg.dp.threads + 2)
+    return ENGINES.get(cfg.train.parallel)(first_phase(cfg), ctx, groups, data, rec), groups
+
+
 def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
                   rec: Recorder = NULL_RECORDER) -> Trainer:
     """This rank's trainer (collective over the world); `rec` records its phases."""
     check_parts(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    groups = make_groups(topology_of(cfg), ctx, replica_streams=cfg.dp.threads + 2)
     data = load_dataset(cfg.data)
     candidates = candidates_of(cfg.dp.codec)
     if candidates is not None:  # AdaPrec: its signal's split leaves the training set
         data, val_x, val_y = hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed,
                                       cfg.train.world_size, cfg.data.batch_size)
-    engine = ENGINES.get(cfg.train.parallel)(first_phase(cfg), ctx, groups, data, rec)
+    engine, groups = engine_for(cfg, ctx, data, rec)
     index, count = engine.shard
     batches = ShardedBatches(data, cfg.data.batch_size, index, count, cfg.train.seed,
                              cfg.data.augment and engine.feeds_inputs)

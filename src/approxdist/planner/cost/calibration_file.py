@@ -9,12 +9,15 @@
                    "fit": {"rows": 8, "rms_rel_error": 0.12, "max_rel_error": 0.2,
                            "world_sizes": [2], "link": "none", "source": "ar2.json"}}
      },
-     "codecs": {"bf16": {"encode_s_per_byte": 2.1e-10, "decode_s_per_byte": 1.4e-10}}
+     "codecs": {"bf16": {"encode_s_per_byte": 2.1e-10, "decode_s_per_byte": 1.4e-10}},
+     "optimizers": {"momentum": 1.2e-9}
     }
 
 `levels` maps a level name (`intra`, `inter`, `loopback`) to its coefficients (`cores`
 for loopback only) and, when fitted, how (`fit`, for the reader; a hand-written level
-needs none); `codecs` maps a codec spec to its seconds per fp32 byte. A file that is
+needs none); `codecs` maps a codec spec to its seconds per fp32 byte; `optimizers`
+(optional) maps an optimizer (`sgd`, `momentum`, `adam`) to the seconds its step takes
+per byte of parameters (`optimizer_step_s` measures it). A file that is
 missing, not JSON, someone else's JSON or holds a bad value gives one `DataError` line
 naming the file, the key and the value.
 """
@@ -31,6 +34,7 @@ from approxdist.errors import ApproxDistError, ConfigError, DataError
 from approxdist.planner.cost.calibration import Fit
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
+from approxdist.planner.cost.memory import OPTIMIZER_STATES
 
 FORMAT = "approxdist-cost-calibration"
 VERSION = 1
@@ -47,14 +51,23 @@ class CostCalibration:
     levels: Mapping[str, LinkLevel] = field(default_factory=dict)
     codecs: Mapping[str, CodecCost] = field(default_factory=dict)
     fits: Mapping[str, Fit] = field(default_factory=dict)
+    #: seconds of one optimizer step per parameter byte, by optimizer name
+    optimizers: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, fits: tuple[Fit, ...] = (), levels: tuple[LinkLevel, ...] = (),
-           codecs: Mapping[str, CodecCost] | None = None) -> CostCalibration:
+           codecs: Mapping[str, CodecCost] | None = None,
+           optimizers: Mapping[str, float] | None = None) -> CostCalibration:
         """From fitted and hand-given levels (a name given twice: the last wins)."""
         all_levels = {f.level.name: f.level for f in fits} | {lv.name: lv for lv in levels}
         return cls(all_levels, dict(codecs or {}),
-                   {f.level.name: f for f in fits if all_levels[f.level.name] is f.level})
+                   {f.level.name: f for f in fits if all_levels[f.level.name] is f.level},
+                   _optimizers("optimizers", dict(optimizers or {})))
+
+    def optimizer_s_per_byte(self, name: str) -> float:
+        """Seconds of `name`'s step per parameter byte (0 where not measured: the step is
+        then not priced)."""
+        return float(self.optimizers.get(name, 0.0))
 
     def level(self, name: str) -> LinkLevel:
         if name not in self.levels:
@@ -83,7 +96,10 @@ class CostCalibration:
             levels[name] = entry
         codecs = {s: {"encode_s_per_byte": c.encode_s_per_byte,
                       "decode_s_per_byte": c.decode_s_per_byte} for s, c in self.codecs.items()}
-        return {"format": FORMAT, "version": VERSION, "levels": levels, "codecs": codecs}
+        out = {"format": FORMAT, "version": VERSION, "levels": levels, "codecs": codecs}
+        if self.optimizers:
+            out["optimizers"] = dict(self.optimizers)
+        return out
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -116,7 +132,7 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
     if data.get("version") != VERSION:
         raise DataError(f"{where} has version {data.get('version')!r}; this approxdist reads "
                         f"version {VERSION}; fit it again")
-    _keys(where, data, ("format", "version", "levels", "codecs"))
+    _keys(where, data, ("format", "version", "levels", "codecs", "optimizers"))
     levels, codecs = data.get("levels", {}), data.get("codecs", {})
     if not isinstance(levels, dict) or not isinstance(codecs, dict):
         raise DataError(f"{where}: 'levels' and 'codecs' must be objects, got "
@@ -132,7 +148,23 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
             raise DataError(f"{here}: {exc}") from None
         costs[cost.spec] = cost
     return CostCalibration({n: lv for n, (lv, _) in parsed.items()}, costs,
-                           {n: f for n, (_, f) in parsed.items() if f is not None})
+                           {n: f for n, (_, f) in parsed.items() if f is not None},
+                           _optimizers(f"{where} optimizers", data.get("optimizers", {})))
+
+
+def _optimizers(where: str, entry: Any) -> dict[str, float]:
+    """Optimizer name -> seconds per parameter byte, each a finite number >= 0."""
+    if not isinstance(entry, dict):
+        raise DataError(f"{where} = {entry!r} must be an object like {{\"momentum\": 1e-9}}")
+    for name, value in entry.items():
+        if name not in OPTIMIZER_STATES:
+            raise DataError(f"{where} names optimizer {name!r}; valid: "
+                            f"{', '.join(OPTIMIZER_STATES)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value < float("inf"):
+            raise DataError(f"{where}[{name!r}] = {value!r} must be a finite number of seconds "
+                            f"per byte >= 0")
+    return {k: float(v) for k, v in entry.items()}
 
 
 def _level(where: str, name: str, entry: Any) -> tuple[LinkLevel, Fit | None]:

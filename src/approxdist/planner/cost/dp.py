@@ -96,10 +96,11 @@ def dp_time(profile: Profile, world_size: int, network: Network,
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"data-parallel world_size = {world_size!r} must be an integer >= 1")
     blocks = profile.blocks
-    forward = sum(b.fwd_s for b in blocks)
-    backward = sum(b.bwd_s for b in blocks)
+    shared = network.compute_load(world_size)  # every replica computes at once
+    forward = shared * sum(b.fwd_s for b in blocks)
+    backward = shared * sum(b.bwd_s for b in blocks)
     # backward ends block i's gradient after the blocks behind it: sum of bwd_s over j >= i
-    done = [sum(b.bwd_s for b in blocks[i:]) for i in range(len(blocks))]
+    done = [shared * sum(b.bwd_s for b in blocks[i:]) for i in range(len(blocks))]
     level = network.level(range(world_size))
     busy = network.busy(world_size)
     end, out = 0.0, []

@@ -119,6 +119,11 @@ class Network:
         """Ranks of a `world_size` job that share one node's cores at most."""
         return world_size if self.ranks_per_node is None else min(world_size, self.ranks_per_node)
 
+    def compute_load(self, world_size: int, busy_share: float = 1.0) -> float:
+        """How many times slower compute runs when `busy_share` of the ranks of one node
+        compute at once (processor sharing on a `loopback` level's cores; 1 elsewhere)."""
+        return max(1.0, self.intra.load(self.busy(world_size)) * busy_share)
+
 
 def _spec(link: LinkSpec | str) -> LinkSpec:
     if isinstance(link, LinkSpec):

@@ -16,7 +16,11 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
   has finished its last backward (PipeDream's weight sync after the flush).
 
 Every coding and link term is multiplied by the level's load (loopback: busy ranks /
-cores); compute is the profile's. The step is the makespan plus the optimizer's seconds;
+cores). Compute is the profile's, except where more ranks than cores share a loopback
+machine: there it is slowed by processor sharing, estimated as a mean field: the ranks
+computing at once are the world times the timeline's busy share, so compute is scaled by
+max(1, ranks x busy share / cores), starting from every rank busy and refined on the
+simulated timeline (`SHARING_ROUNDS` times). The step is the makespan plus the optimizer's seconds;
 the bubble is the timeline's idle share. With P equal stages of f and b seconds and no
 communication this is (M + P - 1)(f + b) for both schedules (Huang et al. 2019; Narayanan
 et al. 2021). The exposed all-reduce is the makespan minus that of the same plan with
@@ -44,6 +48,9 @@ from approxdist.planner.cost.collectives import FP32, allreduce_time
 from approxdist.planner.cost.links import LinkLevel, Network
 from approxdist.planner.profile import Profile
 from approxdist.topology.dealing import Dealing
+
+#: fixed-point rounds of the compute-sharing estimate (loopback with more ranks than cores)
+SHARING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -163,15 +170,18 @@ def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algori
     return allreduce_time(level, algorithm, stage.replicas, values, codec, busy=busy)
 
 
-def stage_durations(profile: Profile, plan: PipelinePlan, network: Network) -> StageDurations:
-    """Each stage's `StageTimes` under `plan` on `network` (see the module docstring)."""
+def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
+                    compute_scale: float = 1.0) -> StageDurations:
+    """Each stage's `StageTimes` under `plan` on `network` (see the module docstring), its
+    compute `compute_scale` times the profile's (ranks sharing cores)."""
     plan.check_covers(profile)
     busy = network.busy(plan.world_size)
     p = len(plan.stages)
     out = []
     for s, st in enumerate(plan.stages):
         blocks = profile.blocks[st.first:st.end]
-        fwd, bwd = sum(b.fwd_s for b in blocks), sum(b.bwd_s for b in blocks)
+        fwd = compute_scale * sum(b.fwd_s for b in blocks)
+        bwd = compute_scale * sum(b.bwd_s for b in blocks)
         times: dict[str, float] = {}
         if s > 0:  # receives the activation of blocks[first - 1], sends its gradient back
             cut = boundary(profile, st.first, network.level([*plan.slots(s - 1), *plan.slots(s)]),
@@ -207,9 +217,15 @@ def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
             and optimizer_s >= 0):
         raise ConfigError(f"optimizer_s = {optimizer_s!r} must be a finite number of seconds "
                           f">= 0")
-    durations = stage_durations(profile, plan, network)
     order, route = plan.order()
+    scale = network.compute_load(plan.world_size)
+    durations = stage_durations(profile, plan, network, scale)
     timeline = _run(order, plan, durations, route)
+    for _ in range(SHARING_ROUNDS if scale > 1 else 0):
+        # processor sharing, mean field: compute slows by the ranks busy on average
+        scale = network.compute_load(plan.world_size, 1.0 - timeline.bubble_fraction())
+        durations = stage_durations(profile, plan, network, scale)
+        timeline = _run(order, plan, durations, route)
     exposed = 0.0
     if any(st.all_reduce for st in durations.stages):
         free = StageDurations(tuple(_no_allreduce(st) for st in durations.stages))

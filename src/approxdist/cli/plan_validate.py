@@ -1,0 +1,204 @@
+"""`approxdist plan validate`: predicted against measured step times on held-out configurations.
+
+    approxdist plan validate --quick --json validate.json
+    approxdist plan validate --calibration cost.json --json validate.json   # every setting
+
+For each setting (a model on 2-4 local gloo ranks, a link and a wire format:
+`planner/validation/configs.py`; `--quick` the documented subset) it profiles the model
+at the thread count each rank will use, prices the candidates (our best plans, data
+parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
+`planner/validation/candidates.py`) on the cost model, then times every candidate on the
+ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`).
+It reports per configuration the predicted and measured step, and over all of them the
+median and max absolute percentage error, Kendall's tau of predicted vs measured seconds
+per sample (over every configuration, and the mean within settings), the regret of the
+chosen plan (measured, against the best measured candidate of its setting) and how our
+chosen plans fare against torchgpipe's and PipeDream's where they differ. Without
+`--calibration` it first fits this machine's loopback level (alpha, beta, gamma) from
+all-reduces of 2 and 4 ranks, which no configuration is timed on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from approxdist.bench.host import HostWatch
+from approxdist.bench.report import Column, render
+from approxdist.comm.collectives.bench import BenchPlan, measure_rank, summarize
+from approxdist.config.loader import build_config, merge
+from approxdist.errors import ConfigError
+from approxdist.launch.spawn import run_on_ranks
+from approxdist.planner.cluster import ClusterSpec
+from approxdist.planner.cost.calibration import fit_level
+from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.objective import SolverSettings
+from approxdist.planner.plan_file import parse_plan
+from approxdist.planner.profile import Profile
+from approxdist.planner.profiler import optimizer_s_per_byte, profile_run
+from approxdist.planner.search import auto_microbatches, plan_dict
+from approxdist.planner.validation import report
+from approxdist.planner.validation.candidates import Candidate, candidates
+from approxdist.planner.validation.configs import FULL, QUICK, Setting, select
+from approxdist.train.plan_layer import plan_sections
+from approxdist.train.plan_timing import StepTiming, TimedPlan, time_plans
+
+#: what the loopback fit measures: sizes x algorithms on 2 and 4 ranks (fp32)
+CALIBRATION_SIZES = (256 << 10, 1 << 20, 4 << 20)
+CALIBRATION_ALGORITHMS = ("ring", "brd", "vhd")
+#: the optimizer every plan trains with (`train`'s default: SGD with momentum)
+OPTIMIZER = "momentum"
+
+
+def register(actions: Any) -> None:
+    p = actions.add_parser("validate", help="predicted vs measured step times of held-out plans",
+                           description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="the documented subset (5 settings)")
+    p.add_argument("--only", help="settings whose key contains these comma-separated parts, "
+                                  "e.g. mlp-wide,N2")
+    p.add_argument("--calibration", type=Path,
+                   help="a cost calibration file with this machine's loopback level (default: "
+                        "fit one now from all-reduces)")
+    p.add_argument("--keep", type=int, default=3, help="our best plans measured per setting")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--steps", type=int, default=3, help="steps per plan per round (default 3)")
+    p.add_argument("--warmup", type=int, default=2, help="steps per plan before timing")
+    p.add_argument("--json", type=Path, help="write the rows and the figures here")
+    p.set_defaults(func=run)
+
+
+def calibrate(cores: int) -> CostCalibration:
+    """This machine's loopback level fitted on all-reduces of 2 and 4 ranks."""
+    combos = tuple((a, "fp32") for a in CALIBRATION_ALGORITHMS)
+    rows: list[dict[str, Any]] = []
+    for world in (2, 4):
+        plan = BenchPlan(CALIBRATION_SIZES, combos, max_repeats=20, min_repeats=5, budget_s=1.0)
+        per_rank = run_on_ranks(measure_rank, world, plan, timeout_s=300)
+        rows += [r.as_json() for r in summarize(per_rank, world, None)]
+    fit = fit_level("loopback", rows, cores=cores, source="approxdist plan validate")
+    step = optimizer_s_per_byte(OPTIMIZER, threads=1)
+    lv = fit.level
+    print(f"calibrated loopback ({fit.rows} all-reduces of 2 and 4 ranks): alpha "
+          f"{lv.alpha_s * 1e6:.0f} us, beta {lv.beta_s_per_byte * 1e9:.3f} ns/B, gamma "
+          f"{lv.gamma_s_per_byte * 1e9:.3f} ns/B, rms error {fit.rms_rel_error:.0%}; "
+          f"{OPTIMIZER} step {step * 1e12:.0f} ps/B")
+    return CostCalibration.of((fit,), optimizers={OPTIMIZER: step})
+
+
+def _threads(cores: int, world: int) -> int:
+    return max(1, cores // world)
+
+
+def _profile(setting: Setting, threads: int, cache: dict[tuple[str, int], Profile]) -> Profile:
+    key = (setting.model.label, threads)
+    if key not in cache:
+        cfg = build_config(setting.model.sections)
+        cache[key] = profile_run(cfg.model, cfg.data, setting.model.micro_batch_size, threads)
+    return cache[key]
+
+
+def sections(setting: Setting, c: Candidate, profile: Profile, threads: int
+             ) -> dict[str, dict[str, Any]]:
+    """The config sections that run candidate `c` as `train --plan` would."""
+    layer = plan_sections(parse_plan(plan_dict(profile, c.ranked, {"link": setting.link},
+                                               "validate")))
+    base = merge(setting.model.sections, {"train": {"threads": threads, "seed": 0},
+                                          "comm": {"link": setting.link}})
+    return merge(base, layer)
+
+
+def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, keep: int,
+                    cores: int, cache: dict[tuple[str, int], Profile]) -> list[dict[str, Any]]:
+    """Predict and time every candidate of `setting`: one row per configuration."""
+    n = setting.world_size
+    threads = _threads(cores, n)
+    profile = _profile(setting, threads, cache)
+    cluster = ClusterSpec(world_size=n, link=setting.link or None, calibration=cal)
+    codec = cluster.codec(setting.codec)
+    base = SolverSettings(n, cluster.network(), fwd_codec=codec, bwd_codec=codec,
+                          grad_codec=codec, algorithm="hybrid", optimizer=OPTIMIZER,
+                          optimizer_s_per_byte=cal.optimizer_s_per_byte(OPTIMIZER))
+    found = candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)
+    plans = [TimedPlan(str(i), sections(setting, c, profile, threads))
+             for i, c in enumerate(found)]
+    times = run_on_ranks(time_plans, n, plans, timing, timeout_s=900)[0]
+    rows = []
+    for i, c in enumerate(found):
+        measured = sorted(times[str(i)])[len(times[str(i)]) // 2]
+        rows.append({"setting": setting.key, "model": setting.model.label, "world_size": n,
+                     "link": setting.link or "none", "codec": setting.codec,
+                     "mode": c.ranked.mode, "plan": c.describe(), "choosers": list(c.choosers),
+                     "samples_per_step": c.ranked.samples_per_step,
+                     "predicted_s": c.ranked.step_s, "measured_s": measured,
+                     "rounds_s": times[str(i)], "threads": threads})
+    return rows
+
+
+COLUMNS = (Column("setting", 28, "setting", left=True), Column("plan", 34, "plan", left=True),
+           Column("chosen by", 22, show=lambda r: ",".join(r["choosers"]), left=True),
+           Column("pred ms", 9, show=lambda r: f"{r['predicted_s'] * 1e3:.1f}"),
+           Column("meas ms", 9, show=lambda r: f"{r['measured_s'] * 1e3:.1f}"),
+           Column("err", 6, show=lambda r: f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.0f}%"))
+
+
+def _rivals(summary: dict[str, Any]) -> list[str]:
+    out = []
+    for who in ("torchgpipe", "pipedream"):
+        v = summary[f"vs_{who}"]
+        if not v["differ"]:
+            out.append(f"vs {who}: chose the same plan as ours in every setting")
+            continue
+        out.append(f"vs {who}: differs in {v['differ']} setting(s); ours measured faster in "
+                   f"{v['ours_faster']}, median {v['median_speedup']:.2f}x its time per sample")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.keep < 1:
+        raise ConfigError(f"--keep {args.keep} must be >= 1 (our chosen plan is always measured)")
+    timing = StepTiming(args.rounds, args.steps, args.warmup)
+    settings = select(QUICK if args.quick else FULL, args.only)
+    cores = os.cpu_count() or 1
+    with HostWatch() as host:
+        cal = CostCalibration.load(args.calibration) if args.calibration else calibrate(cores)
+        if "loopback" not in cal.levels:
+            raise ConfigError(f"--calibration {str(args.calibration)!r} has no 'loopback' level "
+                              f"(it has {', '.join(sorted(cal.levels)) or 'none'}); fit one on "
+                              f"this machine, or drop --calibration to fit it now")
+        cache: dict[tuple[str, int], Profile] = {}
+        rows: list[dict[str, Any]] = []
+        for i, setting in enumerate(settings):
+            got = measure_setting(setting, cal, timing, args.keep, cores, cache)
+            rows += got
+            print(f"[{i + 1}/{len(settings)}] {setting.key}: {len(got)} plan(s) timed", flush=True)
+    print(render(COLUMNS, rows))
+    summary = report.summarize(rows)
+    print(f"{summary['configs_measured']} configurations in {summary['settings']} settings; "
+          f"Kendall's tau within settings {summary['kendall_tau_within']:.2f}, worst regret "
+          f"{100 * summary['max_regret']:.1f} %")
+    for key, text, met in report.verdicts(summary):
+        print(f"  {key:12s} {text}: {'met' if met else 'NOT met'}")
+    for line in _rivals(summary):
+        print(f"  {line}")
+    print(host.line())
+    if args.json:
+        out = {**summary, "configs": rows, "host_steal": host.steal,
+               "calibration": cal.to_json(), "quick": bool(args.quick)}
+        args.json.write_text(json.dumps(_finite(out), indent=1, allow_nan=False) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN (a figure with too few configurations) as null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,89 @@
+"""The plans `plan validate` measures in one setting, each with who would choose it (pure).
+
+For one model on one cluster the candidates are: our planner's `keep` best plans (its
+first is *the chosen plan*), data parallelism, the split torchgpipe's balance-by-time
+would use (a straight pipeline of one stage per rank, blocks balanced by forward +
+backward time, GPipe) and PipeDream's optimizer's plan (its own objective, transfers
+ignored as by default). torchgpipe and PipeDream choose a split, not a micro-batch count
+(torchgpipe's `chunks` and PipeDream's in-flight count are set by the user): for their
+splits we take the schedule and micro-batch count our simulation ranks best, so the
+comparison is between the splits. Plans chosen by several are measured once, with every
+chooser named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from approxdist.errors import ConfigError
+from approxdist.pipeline.partition import balance_costs
+from approxdist.planner.cost.pipeline import Stage
+from approxdist.planner.objective import SolverSettings
+from approxdist.planner.pipedream_optimizer import Level, PipeDreamSettings
+from approxdist.planner.profile import Profile
+from approxdist.planner.search import RankedPlan, pipedream, search, simulated
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan, its prediction, and who chooses it (`ours`, `ours-2`, ..., `dp`,
+    `torchgpipe`, `pipedream`)."""
+
+    ranked: RankedPlan
+    choosers: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return plan_key(self.ranked)
+
+    def describe(self) -> str:
+        p = self.ranked.plan
+        stages = " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in p.stages)
+        if self.ranked.mode in ("dp", "single"):
+            return f"dp x{p.world_size}"
+        return f"{p.schedule} M={p.microbatches} {stages}"
+
+
+def plan_key(r: RankedPlan) -> tuple[object, ...]:
+    p = r.plan
+    return (r.mode, p.schedule if r.mode not in ("dp", "single") else "-", p.microbatches,
+            p.stages)
+
+
+def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, ...],
+               levels: tuple[Level, ...], keep: int = 3) -> list[Candidate]:
+    """Our `keep` best plans, data parallelism, torchgpipe's and PipeDream's splits."""
+    if keep < 1:
+        raise ConfigError(f"keep = {keep!r} must be >= 1 (our chosen plan is always measured)")
+    ranked = search(profile, base, SCHEDULES, microbatches)
+    picks: list[tuple[str, RankedPlan]] = [
+        ("ours" if i == 0 else f"ours-{i + 1}", r) for i, r in enumerate(ranked[:keep])]
+    picks += [("dp", r) for r in ranked if r.mode in ("dp", "single")][:1]
+    gpipe = torchgpipe(profile, base, microbatches)
+    if gpipe is not None:
+        picks.append(("torchgpipe", gpipe))
+    settings = PipeDreamSettings(levels)
+    picks.append(("pipedream", pipedream(profile, base, settings, SCHEDULES, microbatches)[1][0]))
+    merged: dict[tuple[object, ...], Candidate] = {}
+    for who, r in picks:
+        k = plan_key(r)
+        merged[k] = Candidate(r, (*merged[k].choosers, who)) if k in merged \
+            else Candidate(r, (who,))
+    return list(merged.values())
+
+
+def torchgpipe(profile: Profile, base: SolverSettings,
+               microbatches: tuple[int, ...]) -> RankedPlan | None:
+    """torchgpipe's `balance_by_time`: one stage per rank, blocks balanced by forward +
+    backward time (an exact minimax split), GPipe, at the micro-batch count our simulation
+    prices best; None when there are fewer blocks than ranks."""
+    n = base.world_size
+    if n < 2 or len(profile.blocks) < n:
+        return None
+    split = balance_costs([b.fwd_s + b.bwd_s for b in profile.blocks], n)
+    stages = tuple(Stage(first, end) for first, end in split.ranges)
+    priced = [simulated(profile, replace(base, schedule="gpipe", microbatches=m), stages)
+              for m in microbatches]
+    return min(priced, key=lambda r: r.per_sample_s)

@@ -1,0 +1,92 @@
+"""What `plan validate` concludes from its rows (pure): errors, order, regret, rivals.
+
+A row is one configuration (a setting x a plan) with `predicted_s` and `measured_s` (one
+step), the samples a step trains, who chose the plan (`choosers`) and its `setting`.
+Plans with more micro-batches train more samples per step, so orders and choices are
+compared on seconds per sample, as the planner ranks them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from approxdist.planner.validation.metrics import ape, kendall_tau, median, regret
+
+Row = Mapping[str, Any]
+
+#: the issue's figures (fractions): median and max APE, Kendall's tau, regret
+TARGETS = {"median_ape": 0.15, "max_ape": 0.35, "kendall_tau": 0.8, "regret": 0.10}
+
+
+def per_sample(row: Row, key: str) -> float:
+    return float(row[key]) / int(row["samples_per_step"])
+
+
+def by_setting(rows: Sequence[Row]) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = {}
+    for r in rows:
+        out.setdefault(str(r["setting"]), []).append(r)
+    return out
+
+
+def chosen_by(rows: Sequence[Row], who: str) -> Row | None:
+    return next((r for r in rows if who in r["choosers"]), None)
+
+
+def summarize(rows: Sequence[Row]) -> dict[str, Any]:
+    """The figures of the validation: `median_ape`, `max_ape`, `kendall_tau` (every
+    configuration, seconds per sample), `kendall_tau_within` (mean over settings),
+    `regret` (mean over settings) and `max_regret`, and the rivals' measured times."""
+    errors = [ape(float(r["predicted_s"]), float(r["measured_s"])) for r in rows]
+    tau = kendall_tau([per_sample(r, "predicted_s") for r in rows],
+                      [per_sample(r, "measured_s") for r in rows])
+    within: list[float] = []
+    regrets: list[dict[str, Any]] = []
+    rivals: dict[str, list[dict[str, Any]]] = {"torchgpipe": [], "pipedream": []}
+    for setting, group in by_setting(rows).items():
+        if len(group) >= 2:
+            t = kendall_tau([per_sample(r, "predicted_s") for r in group],
+                            [per_sample(r, "measured_s") for r in group])
+            if not math.isnan(t):
+                within.append(t)
+        ours = chosen_by(group, "ours")
+        if ours is None:
+            continue
+        mine = per_sample(ours, "measured_s")
+        regrets.append({"setting": setting, "regret": regret(
+            mine, [per_sample(r, "measured_s") for r in group])})
+        for who, out in rivals.items():
+            theirs = chosen_by(group, who)
+            if theirs is not None and theirs is not ours:
+                out.append({"setting": setting, "ours_s": mine,
+                            "theirs_s": per_sample(theirs, "measured_s"),
+                            "speedup": per_sample(theirs, "measured_s") / mine})
+    losses = [float(r["regret"]) for r in regrets]
+    summary: dict[str, Any] = {
+        "configs_measured": len(rows), "settings": len(by_setting(rows)),
+        "median_ape": median(errors), "max_ape": max(errors), "kendall_tau": tau,
+        "kendall_tau_within": sum(within) / len(within) if within else math.nan,
+        "regret": sum(losses) / len(losses) if losses else math.nan,
+        "max_regret": max(losses, default=math.nan),
+        "regret_by_setting": regrets}
+    for who, out in rivals.items():
+        speedups = [r["speedup"] for r in out]
+        summary[f"vs_{who}"] = {
+            "differ": len(out), "ours_faster": sum(s > 1 for s in speedups),
+            "median_speedup": median(speedups) if speedups else math.nan, "by_setting": out}
+    return summary
+
+
+def verdicts(summary: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """(figure, measured vs target, met) for each of the issue's figures."""
+    out = []
+    for key, target in TARGETS.items():
+        value = float(summary[key])
+        met = value >= target if key == "kendall_tau" else value <= target
+        sign = ">=" if key == "kendall_tau" else "<="
+        shown = f"{value:.2f}" if key == "kendall_tau" else f"{100 * value:.1f} %"
+        goal = f"{target:.2f}" if key == "kendall_tau" else f"{100 * target:.0f} %"
+        out.append((key, f"{shown} (target {sign} {goal})", met and not math.isnan(value)))
+    return out

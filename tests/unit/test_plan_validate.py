@@ -1,0 +1,174 @@
+"""`plan validate`'s pure parts: its figures (APE, Kendall's tau, regret), the held-out set,
+the candidates and who chooses them, the optimizer's and shared cores' terms of the cost
+model it checks, and bad input (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from approxdist.cli.main import main
+from approxdist.cli.plan_validate import sections
+from approxdist.config.loader import build_config
+from approxdist.errors import ConfigError, DataError
+from approxdist.pipeline.partition import balance_costs
+from approxdist.planner.cost import CodecCost, LinkLevel, Network, PipelinePlan, Stage, dp_time
+from approxdist.planner.cost.calibration_file import CostCalibration, from_json
+from approxdist.planner.cost.pipeline import pipeline_time
+from approxdist.planner.objective import SolverSettings
+from approxdist.planner.pipedream_optimizer import Level
+from approxdist.planner.profile import BlockProfile, Profile
+from approxdist.planner.search import optimizer_s
+from approxdist.planner.validation.candidates import candidates, torchgpipe
+from approxdist.planner.validation.configs import FULL, QUICK, select
+from approxdist.planner.validation.metrics import ape, kendall_tau, regret
+from approxdist.planner.validation.report import summarize, verdicts
+
+MB = 1 << 20
+
+
+def toy(times: list[tuple[float, float]], params: list[int]) -> Profile:
+    blocks = tuple(BlockProfile(f"b{i}", f, b, 64 * 1024, p, MB)
+                   for i, ((f, b), p) in enumerate(zip(times, params)))
+    return Profile("toy", (4,), 8, 1, "test", "test", blocks)
+
+
+def test_ape_tau_and_regret_by_hand() -> None:
+    assert ape(1.2, 1.0) == pytest.approx(0.2) and ape(0.5, 1.0) == pytest.approx(0.5)
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    # one discordant pair of 6: (5 - 1) / 6
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # tau-b with a tie on one side: 2 concordant, 0 discordant, 1 tie -> 2 / sqrt(2 * 3)
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(6))
+    assert math.isnan(kendall_tau([1], [2])) and math.isnan(kendall_tau([1, 1], [1, 2]))
+    assert regret(1.1, [1.1, 1.0, 2.0]) == pytest.approx(0.1) and regret(1.0, [1.0, 3.0]) == 0
+    with pytest.raises(ConfigError, match="must be > 0"):
+        ape(1.0, 0.0)
+
+
+def test_the_held_out_set_is_fixed_and_quick_is_a_subset() -> None:
+    keys = [s.key for s in FULL]
+    assert len(keys) == len(set(keys)) == 18
+    assert {s.world_size for s in FULL} == {2, 3, 4}
+    assert {s.model.label for s in QUICK} == {"mlp-wide", "resnet20"}
+    assert len(QUICK) == 5 and set(QUICK) <= set(FULL)
+    assert [s.key for s in select(FULL, "resnet20,N3")] == [
+        "resnet20/N3/loopback/fp32", "resnet20/N3/bw=1gbit/fp32", "resnet20/N3/bw=1gbit/bf16"]
+    with pytest.raises(ConfigError, match="matches no configuration; keys look like"):
+        select(FULL, "vgg")
+
+
+def test_candidates_name_every_chooser_once_and_torchgpipe_balances_time() -> None:
+    profile = toy([(1e-3, 2e-3), (4e-3, 8e-3), (1e-3, 2e-3), (2e-3, 4e-3), (1e-3, 1e-3)],
+                  [MB, 4 * MB, 0, MB, 64 * 1024])
+    net = Network(LinkLevel.from_link("inter", "bw=1gbit,lat=50us"))
+    base = SolverSettings(3, net)
+    found = candidates(profile, base, (3, 6), (Level(3, 1.25e8),), keep=3)
+    choosers = [who for c in found for who in c.choosers]
+    assert sorted(choosers) == sorted(["ours", "ours-2", "ours-3", "dp", "torchgpipe",
+                                       "pipedream"])
+    assert "ours" in found[0].choosers  # the planner's best comes first
+    assert len({c.key for c in found}) == len(found)  # a plan chosen twice is measured once
+    gp = torchgpipe(profile, base, (3, 6))
+    assert gp is not None and gp.plan.schedule == "gpipe"
+    split = balance_costs([b.fwd_s + b.bwd_s for b in profile.blocks], 3)
+    assert [(st.first, st.end) for st in gp.plan.stages] == split.ranges
+    assert torchgpipe(profile, SolverSettings(6, net), (6,)) is None  # more ranks than blocks
+    with pytest.raises(ConfigError, match="keep = 0 must be >= 1"):
+        candidates(profile, base, (3,), (Level(3, 1.25e8),), keep=0)
+
+
+def _row(setting: str, predicted: float, measured: float, *who: str,
+         samples: int = 10) -> dict[str, object]:
+    return {"setting": setting, "predicted_s": predicted, "measured_s": measured,
+            "choosers": list(who), "samples_per_step": samples}
+
+
+def test_summary_figures_by_hand() -> None:
+    rows = [_row("a", 1.0, 1.0, "ours"), _row("a", 2.2, 2.0, "dp"),
+            _row("a", 3.0, 2.5, "torchgpipe", "pipedream"),
+            _row("b", 1.5, 2.0, "ours", "pipedream"), _row("b", 1.8, 1.6, "torchgpipe")]
+    s = summarize(rows)
+    assert s["median_ape"] == pytest.approx(0.125) and s["max_ape"] == pytest.approx(0.25)
+    # in b the chosen plan measured 2.0 against 1.6: regret 0.25; in a none
+    assert s["regret"] == pytest.approx(0.125) and s["max_regret"] == pytest.approx(0.25)
+    assert s["kendall_tau_within"] == pytest.approx((1.0 - 1.0) / 2)
+    assert s["vs_torchgpipe"]["differ"] == 2 and s["vs_torchgpipe"]["ours_faster"] == 1
+    assert s["vs_pipedream"]["differ"] == 1  # in b it chose ours
+    met = {key: ok for key, _, ok in verdicts(s)}
+    assert met == {"median_ape": True, "max_ape": True, "kendall_tau": False, "regret": False}
+
+
+def test_the_optimizer_and_shared_cores_are_priced() -> None:
+    profile = toy([(1e-3, 2e-3)] * 4, [MB, 2 * MB, MB, 0])
+    settings = SolverSettings(2, Network(LinkLevel.from_link("inter", "bw=1gbit")),
+                              optimizer_s_per_byte=1e-9)
+    # the largest stage's parameters: blocks 0-1 hold 3 MB
+    assert optimizer_s(profile, settings, (Stage(0, 2), Stage(2, 4))) == pytest.approx(3 * MB * 1e-9)
+    free = LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2)
+    alone, shared = dp_time(profile, 2, Network(free)), dp_time(profile, 4, Network(free))
+    assert shared.forward_s == pytest.approx(2 * alone.forward_s)  # 4 ranks on 2 cores
+    plan2, plan4 = (PipelinePlan(tuple(Stage(i, i + 1) for i in range(0, 4, 4 // n)) if n == 4
+                                 else (Stage(0, 2), Stage(2, 4)), "1f1b", 8) for n in (2, 4))
+    t2 = pipeline_time(profile, plan2, Network(free))
+    t4 = pipeline_time(profile, plan4, Network(free))
+    alone4 = pipeline_time(profile, plan4, Network(LinkLevel("loopback", 0, 0, 0, cores=4)))
+    # sharing slows the 4-rank pipeline, by less than 2x: not every rank computes at once
+    assert alone4.step_s < t4.step_s < 2 * alone4.step_s
+    assert t2.step_s == pytest.approx(pipeline_time(profile, plan2, Network(
+        LinkLevel("loopback", 0, 0, 0, cores=4))).step_s)
+
+
+def test_calibration_file_keeps_optimizer_costs(tmp_path: Path) -> None:
+    cal = CostCalibration.of(levels=(LinkLevel("loopback", 1e-4, 1e-9, 0.0, cores=2),),
+                             codecs={"bf16": CodecCost.of("bf16")},
+                             optimizers={"momentum": 2e-12})
+    back = CostCalibration.load(cal.save(tmp_path / "cost.json"))
+    assert back.optimizer_s_per_byte("momentum") == 2e-12 and back.optimizer_s_per_byte("adam") == 0
+    data = json.loads((tmp_path / "cost.json").read_text())
+    data["optimizers"] = {"lion": 1e-9}
+    with pytest.raises(DataError, match="names optimizer 'lion'; valid: sgd, momentum, adam"):
+        from_json(data, "cost.json")
+    data["optimizers"] = {"adam": -1}
+    with pytest.raises(DataError, match=r"optimizers\['adam'\] = -1 must be a finite number"):
+        from_json(data, "cost.json")
+
+
+def test_a_candidate_runs_as_train_plan_would() -> None:
+    setting = select(FULL, "mlp-wide/N3/bw=1gbit/bf16")[0]
+    profile = toy([(1e-3, 2e-3)] * 7, [MB] * 7)
+    cal = CostCalibration.of(levels=(LinkLevel("loopback", 1e-4, 1e-9, 0.0, cores=2),))
+    net = Network(cal.level("loopback").with_link("bw=1gbit"))
+    bf16 = CodecCost.of("bf16")
+    found = candidates(profile, SolverSettings(3, net, fwd_codec=bf16, bwd_codec=bf16,
+                                               grad_codec=bf16), (3, 6), (Level(3, 1.25e8),))
+    for c in found:
+        cfg = build_config(sections(setting, c, profile, threads=1))
+        assert cfg.train.world_size == 3 and cfg.comm.link == "bw=1gbit"
+        assert cfg.train.parallel == c.ranked.mode and cfg.model.hidden == 1024
+        assert cfg.dp.codec == "bf16" and cfg.train.threads == 1
+        per_step = 3 if c.ranked.mode == "dp" else c.ranked.plan.microbatches
+        assert cfg.data.batch_size == per_step * profile.micro_batch_size
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--only", "vgg"], "--only 'vgg' matches no configuration"),
+    (["--keep", "0"], "--keep 0 must be >= 1"),
+    (["--rounds", "0"], "rounds = 0 must be an integer >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys) -> None:
+    assert main(["plan", "validate", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_calibration_without_this_machine_is_refused(tmp_path: Path, capsys) -> None:
+    cal = CostCalibration.of(levels=(LinkLevel.from_link("inter", "bw=1gbit"),))
+    path = cal.save(tmp_path / "cost.json")
+    assert main(["plan", "validate", "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no 'loopback' level (it has inter)" in err and len(err.splitlines()) == 1
