@@ -36,9 +36,15 @@ def test_a_link_spec_gives_alpha_its_latency_and_beta_its_byte_time() -> None:
 def test_an_emulated_link_adds_to_the_machine_costs() -> None:
     machine = LinkLevel("loopback", 1e-4, 1e-9, 5e-10, cores=2)
     shaped = machine.with_link("bw=1gbit,lat=1ms")
-    assert shaped.alpha_s == pytest.approx(1.1e-3) and shaped.beta_s_per_byte == pytest.approx(9e-9)
+    assert (shaped.alpha_s, shaped.beta_s_per_byte) == (1e-4, 1e-9)  # the machine's, as were
+    assert shaped.link_alpha_s == pytest.approx(1e-3)
+    assert shaped.link_beta_s_per_byte == pytest.approx(8e-9)
+    assert shaped.bandwidth_bytes_per_s == pytest.approx(1 / 9e-9)
     assert (shaped.gamma_s_per_byte, shaped.cores, shaped.name) == (5e-10, 2, "loopback")
     assert machine.with_link(None) is machine
+    # the load of shared cores stretches the machine's terms, not the link's wait
+    assert shaped.p2p_s(MIB, ranks=4) == pytest.approx(2 * (1e-4 + MIB * 1e-9) + 1e-3
+                                                       + MIB * 8e-9)
 
 
 def test_loopback_slows_every_term_by_busy_ranks_over_cores() -> None:

@@ -38,7 +38,8 @@ from approxdist.planner.cost.memory import OPTIMIZER_STATES
 
 FORMAT = "approxdist-cost-calibration"
 VERSION = 1
-_LEVEL_KEYS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "cores", "fit")
+_LEVEL_KEYS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "cores", "fit", "link_alpha_s",
+               "link_beta_s_per_byte")
 _CODEC_KEYS = ("encode_s_per_byte", "decode_s_per_byte")
 _HOW = ("fit one with approxdist.planner.cost.fit_level and save it with "
         "CostCalibration.save")
@@ -87,6 +88,9 @@ class CostCalibration:
                                      "gamma_s_per_byte": lv.gamma_s_per_byte}
             if lv.cores is not None:
                 entry["cores"] = lv.cores
+            for key in ("link_alpha_s", "link_beta_s_per_byte"):
+                if getattr(lv, key):
+                    entry[key] = getattr(lv, key)
             fit = self.fits.get(name)
             if fit is not None:
                 entry["fit"] = {"rows": fit.rows, "rms_rel_error": fit.rms_rel_error,
@@ -172,7 +176,8 @@ def _level(where: str, name: str, entry: Any) -> tuple[LinkLevel, Fit | None]:
     _keys(here, entry, _LEVEL_KEYS, required=_LEVEL_KEYS[:3])
     try:
         level = LinkLevel(name, entry["alpha_s"], entry["beta_s_per_byte"],
-                          entry["gamma_s_per_byte"], entry.get("cores"))
+                          entry["gamma_s_per_byte"], entry.get("cores"),
+                          entry.get("link_alpha_s", 0.0), entry.get("link_beta_s_per_byte", 0.0))
     except ConfigError as exc:
         raise DataError(f"{here}: {exc}") from None
     raw = entry.get("fit")

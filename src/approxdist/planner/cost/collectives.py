@@ -59,9 +59,14 @@ class Step:
     decode_bytes: int = 0
 
     def time(self, level: LinkLevel, codec: CodecCost) -> float:
+        """The step's CPU work (stretched by shared cores' load by the caller)."""
         return (self.messages * level.alpha_s + self.wire_bytes * level.beta_s_per_byte
                 + self.reduce_bytes * level.gamma_s_per_byte + codec.encode_s(self.encode_bytes)
                 + codec.decode_s(self.decode_bytes))
+
+    def link_time(self, level: LinkLevel) -> float:
+        """The step's wait on an emulated link (not stretched by load)."""
+        return self.messages * level.link_alpha_s + self.wire_bytes * level.link_beta_s_per_byte
 
 
 def total(steps: list[Step]) -> Step:
@@ -197,7 +202,8 @@ def allreduce_time(level: LinkLevel, algorithm: str, world: int, values: int,
     if algorithm == "hybrid":
         return fastest(level, world, values, codec, segment_bytes, busy)[1]
     steps = allreduce_steps(algorithm, world, values, codec, segment_bytes)
-    return level.load(world if busy is None else busy) * sum(s.time(level, codec) for s in steps)
+    return (level.load(world if busy is None else busy) * sum(s.time(level, codec) for s in steps)
+            + sum(s.link_time(level) for s in steps))
 
 
 def fastest(level: LinkLevel, world: int, values: int, codec: CodecCost = FP32,

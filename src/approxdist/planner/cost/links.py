@@ -16,7 +16,9 @@ On `loopback` every cost is CPU work (copies through the kernel, additions, codi
 with more busy ranks than cores each rank gets cores/ranks of a core: every term is
 multiplied by `load(ranks) = max(1, ranks / cores)`. `from_link` gives the coefficients a
 `LinkSpec` implies (alpha = latency, beta = 8 / bandwidth); `with_link` adds an emulated
-link to a machine's own costs, as `bench allreduce --link` measures them.
+link to a machine's own costs, as `bench allreduce --link` measures them, as separate
+terms (`link_alpha_s`, `link_beta_s_per_byte`) that the load does not multiply: the
+emulated link holds a message for its wire time on the clock, not on a core.
 A `Network` says which level joins which ranks: `intra` inside a node of
 `ranks_per_node` consecutive ranks, `inter` across nodes.
 """
@@ -42,11 +44,16 @@ class LinkLevel:
     beta_s_per_byte: float
     gamma_s_per_byte: float = 0.0
     cores: int | None = None  # loopback only: the CPU cores the ranks share
+    #: an emulated link's latency and seconds per byte (`with_link`): wall-clock waits, not
+    #: CPU work, so the load of shared cores does not stretch them
+    link_alpha_s: float = 0.0
+    link_beta_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in LEVELS:
             raise ConfigError(f"link level {self.name!r} is not one of {', '.join(LEVELS)}")
-        for key in ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte"):
+        for key in ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "link_alpha_s",
+                    "link_beta_s_per_byte"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"link level {self.name!r} {key} = {value!r} must be a "
@@ -66,12 +73,14 @@ class LinkLevel:
         return cls(name, spec.latency_s, 8.0 / spec.bandwidth_bps, gamma_s_per_byte, cores)
 
     def with_link(self, link: LinkSpec | str | None) -> LinkLevel:
-        """These costs plus an emulated link's latency per message and 8/bandwidth per byte."""
+        """These costs plus an emulated link's latency per message and 8/bandwidth per byte
+        (kept apart: the link waits on the clock, whatever the cores' load)."""
         if link is None:
             return self
         spec = _spec(link)
-        return replace(self, alpha_s=self.alpha_s + spec.latency_s,
-                       beta_s_per_byte=self.beta_s_per_byte + 8.0 / spec.bandwidth_bps)
+        return replace(self, link_alpha_s=self.link_alpha_s + spec.latency_s,
+                       link_beta_s_per_byte=self.link_beta_s_per_byte
+                       + 8.0 / spec.bandwidth_bps)
 
     def load(self, ranks: int) -> float:
         """How many times slower CPU work runs with `ranks` busy ranks (1 off loopback)."""
@@ -80,13 +89,20 @@ class LinkLevel:
         return max(1.0, ranks / self.cores)
 
     def p2p_s(self, wire_bytes: float, ranks: int = 2) -> float:
-        """One message of `wire_bytes`: (alpha + beta n) x load(ranks)."""
-        return (self.alpha_s + self.beta_s_per_byte * wire_bytes) * self.load(ranks)
+        """One message of `wire_bytes`: (alpha + beta n) x load(ranks) + the link's
+        latency + its seconds per byte x n."""
+        return ((self.alpha_s + self.beta_s_per_byte * wire_bytes) * self.load(ranks)
+                + self.link_alpha_s + self.link_beta_s_per_byte * wire_bytes)
+
+    @property
+    def beta_total(self) -> float:
+        """Seconds per wire byte of the machine and its emulated link together."""
+        return self.beta_s_per_byte + self.link_beta_s_per_byte
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
-        """1 / beta (inf when beta is 0)."""
-        return math.inf if self.beta_s_per_byte == 0 else 1.0 / self.beta_s_per_byte
+        """1 / (beta + the link's beta) (inf when both are 0)."""
+        return math.inf if self.beta_total == 0 else 1.0 / self.beta_total
 
 
 @dataclass(frozen=True)

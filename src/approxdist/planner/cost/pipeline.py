@@ -206,8 +206,9 @@ def _send(level: LinkLevel, busy: int, codec: CodecCost,
     """(encode seconds, link seconds, latency) of one message of `fp32_bytes` of fp32."""
     load = level.load(busy)
     wire = codec.wire_bytes(-(-fp32_bytes // 4))
-    return (load * codec.encode_s(fp32_bytes), load * level.beta_s_per_byte * wire,
-            load * level.alpha_s)
+    return (load * codec.encode_s(fp32_bytes),
+            load * level.beta_s_per_byte * wire + level.link_beta_s_per_byte * wire,
+            load * level.alpha_s + level.link_alpha_s)
 
 
 def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
