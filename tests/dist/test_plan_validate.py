@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
-from approxdist.planner.cost import LinkLevel
+from approxdist.planner.cost import LinkLevel, fit_level, read_rows
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.validation.metrics import ape
 
@@ -39,3 +39,22 @@ def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
     assert got["calibration"]["optimizers"] == {"momentum": 1e-11}
     text = capsys.readouterr().out
     assert "median_ape" in text and "vs torchgpipe" in text and "host: CPU time stolen" in text
+
+
+def test_bench_p2p_writes_the_table_the_calibration_takes(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p2p.json"
+    assert main(["bench", "p2p", "--sizes", "4K,256K", "--rounds", "2", "--json",
+                 str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {(r["engine"], r["size_bytes"]) for r in rows} == {
+        (e, s) for e in ("native", "approxdist") for s in (4096, 262144)}
+    ours = [r for r in rows if r["engine"] == "approxdist"]
+    assert all(r["median_s"] > 0 and r["ratio_vs_native"] > 0 for r in ours)
+    # with all-reduce rows of two algorithms, the p2p rows are equations of the same fit
+    allreduce = read_rows("tests/data/cost/bench-allreduce-collectives-md.json",
+                          "bench allreduce --json")
+    alone = fit_level("loopback", allreduce, cores=2)
+    both = fit_level("loopback", allreduce, ours, cores=2)
+    assert both.rows == alone.rows + len(ours)
+    assert "vs native" in capsys.readouterr().out
+    assert main(["bench", "p2p", "--rounds", "0"]) == 2

@@ -9,14 +9,15 @@ from approxdist.cli import (
     bench_codec,
     bench_dp,
     bench_hybrid,
+    bench_p2p,
     bench_pipeline,
     bench_trace,
 )
 from approxdist.cli.groups import command_group
 
 #: each module has `register(subparsers)`: one `approxdist bench KIND` each
-BENCHES: tuple[Any, ...] = (bench_codec, bench_allreduce, bench_dp, bench_pipeline, bench_hybrid,
-                            bench_trace)
+BENCHES: tuple[Any, ...] = (bench_codec, bench_allreduce, bench_p2p, bench_dp, bench_pipeline,
+                            bench_hybrid, bench_trace)
 
 
 def register(sub: Any) -> None:

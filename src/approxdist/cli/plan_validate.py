@@ -15,7 +15,8 @@ per sample (over every configuration, and the mean within settings), the regret 
 chosen plan (measured, against the best measured candidate of its setting) and how our
 chosen plans fare against torchgpipe's and PipeDream's where they differ. Without
 `--calibration` it first fits this machine's loopback level (alpha, beta, gamma) from
-all-reduces of 2 and 4 ranks, which no configuration is timed on.
+all-reduces of 2 and 4 ranks and messages between 2 (`bench p2p`), and the optimizer's
+seconds per parameter byte: no configuration is timed to fit the model.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from typing import Any
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, render
 from approxdist.comm.collectives.bench import BenchPlan, measure_rank, summarize
+from approxdist.comm.p2p_bench import P2PPlan
+from approxdist.comm.p2p_bench import measure_rank as p2p_rank
+from approxdist.comm.p2p_bench import rows as p2p_rows
 from approxdist.config.loader import build_config, merge
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -64,7 +68,7 @@ def register(actions: Any) -> None:
                    help="a cost calibration file with this machine's loopback level (default: "
                         "fit one now from all-reduces)")
     p.add_argument("--keep", type=int, default=3, help="our best plans measured per setting")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=3, help="steps per plan per round (default 3)")
     p.add_argument("--warmup", type=int, default=2, help="steps per plan before timing")
     p.add_argument("--json", type=Path, help="write the rows and the figures here")
@@ -79,10 +83,14 @@ def calibrate(cores: int) -> CostCalibration:
         plan = BenchPlan(CALIBRATION_SIZES, combos, max_repeats=20, min_repeats=5, budget_s=1.0)
         per_rank = run_on_ranks(measure_rank, world, plan, timeout_s=300)
         rows += [r.as_json() for r in summarize(per_rank, world, None)]
-    fit = fit_level("loopback", rows, cores=cores, source="approxdist plan validate")
+    ping = P2PPlan(CALIBRATION_SIZES, rounds=10)
+    p2p = [r for r in p2p_rows(run_on_ranks(p2p_rank, 2, ping, timeout_s=300)[0], ping)
+           if r["engine"] == "approxdist"]
+    fit = fit_level("loopback", rows, p2p, cores=cores, source="approxdist plan validate")
     step = optimizer_s_per_byte(OPTIMIZER, threads=1)
     lv = fit.level
-    print(f"calibrated loopback ({fit.rows} all-reduces of 2 and 4 ranks): alpha "
+    print(f"calibrated loopback ({fit.rows} all-reduces of 2 and 4 ranks and messages "
+          f"between 2): alpha "
           f"{lv.alpha_s * 1e6:.0f} us, beta {lv.beta_s_per_byte * 1e9:.3f} ns/B, gamma "
           f"{lv.gamma_s_per_byte * 1e9:.3f} ns/B, rms error {fit.rms_rel_error:.0%}; "
           f"{OPTIMIZER} step {step * 1e12:.0f} ps/B")
