@@ -126,7 +126,8 @@ def _write_profile(out: Path, batch: int) -> None:
 def simulated(out: Path, cores: int) -> ScalingModel | None:
     """The cost model's s(N,b) for this run (planner.scaling): compute from the run's own
     profile (measured), the all-reduce over loopback with the collectives' default
-    alpha-beta (assumed, with the usual bands), each rank on a core of its own."""
+    alpha-beta (assumed, with the usual bands); ranks beyond this machine's `cores` share
+    them (the cost model slows their compute by ranks / cores)."""
     path = out / PROFILE
     if not path.is_file():
         return None
@@ -212,9 +213,10 @@ def _simulation_trend(rows: list[Row], sim: ScalingModel, cores: int) -> md.Tren
            "loopback with the collectives' default alpha-beta (assumed); the criterion is "
            "25 %")
     if crowded:
-        why += (f"; the simulation gives each rank a core of its own, while at N = "
-                f"{', '.join(map(str, sorted(set(crowded))))} the ranks share {cores} core(s): "
-                f"their compute slows down, which the cost model does not charge to compute")
+        why += (f"; at N = {', '.join(map(str, sorted(set(crowded))))} the ranks share "
+                f"{cores} core(s): the cost model slows every rank's compute and all-reduce by "
+                f"ranks / cores, as if the cores were shared evenly the whole step, which this "
+                f"run's measurement does not bear out there")
     return ("(not in the seed) the cost model's prediction (`approxdist simulate`) matches the "
             "measured speed-ups at N <= 4", "; ".join(parts), ok, why)
 
