@@ -8,7 +8,9 @@ in the same run and prints median / p10 latency, bus bandwidth and the ratio to
 `native` (method: `approxdist.comm.collectives.bench`). `--calibrate` fits hybrid's
 thresholds from the measured medians and writes them to `--calibration` (default
 `allreduce-calibration.json`); when `hybrid` is asked for, everything is then measured
-again in one run with `hybrid` reading that file.
+again in one run with `hybrid` reading that file. Without `--calibrate` or
+`--calibration`, `hybrid` reads this machine's cached calibration and measures it first
+when there is none (`comm/collectives/autocal.py`; its time is printed apart).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ def register(sub: Any) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit hybrid's thresholds and write them to --calibration")
     p.add_argument("--calibration", type=Path, default=None,
-                   help=f"calibration file hybrid reads (and --calibrate writes; default "
-                        f"{DEFAULT_PATH})")
+                   help=f"what hybrid reads: a calibration file (--calibrate writes one; "
+                        f"default {DEFAULT_PATH} there), off (the alpha-beta model) or auto "
+                        f"(default: this machine's cached calibration, measured on first use)")
     p.set_defaults(func=run)
 
 

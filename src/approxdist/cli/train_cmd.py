@@ -40,7 +40,7 @@ DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
             "error_feedback": "error_feedback", "bucket_mb": "bucket_mb", "threads": "threads",
             "chunk_kb": "chunk_kb", "overlap": "overlap", "early_forward": "early_forward",
             "codec_rule": "codec_rules", "codec_times": "codec_times",
-            "find_unused": "find_unused"}
+            "find_unused": "find_unused", "calibration": "calibration"}
 
 #: flag -> (section, key); flags override the config file, `--set` overrides flags
 FLAG_KEYS = {
@@ -141,6 +141,10 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-engine", choices=["approxdist", "plain"],
                    help="approxdist (default: buckets, overlap, codecs) or plain dist.all_reduce")
     g.add_argument("--algorithm", help="all-reduce: hybrid (default), ring, brb, brd, vhd, native")
+    g.add_argument("--calibration", metavar="off|auto|PATH",
+                   help="what hybrid picks by: auto (default: this machine's calibration, "
+                        "measured once and cached), off (the alpha-beta model) or a file of "
+                        "approxdist bench allreduce --calibrate")
     g.add_argument("--codec", help="gradient wire format, e.g. bf16, fp8-e5m2, bits:s1e6m1, or "
                                    "adaprec:fp32,fp8-e5m2,table4,table1 (chosen during training; "
                                    "docs/adaprec.md)")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.comm.collectives import AllReduce, Calibration
+from approxdist.comm.collectives.autocal import resolve
 from approxdist.comm.link import Link
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
@@ -156,6 +157,8 @@ class CommPool:
         self.control = control
         self.control_reducer = AllReduce(self.control, "brd" if group.size > 1 else "ring",
                                          "fp32", check=False)
+        # hybrid's calibration (`autocal`): agreed here, on the main thread, by every member
+        calibration = resolve(control, calibration, algorithm)
         self.threads = [CommThread(f"approxdist-{name}-{s}", lk, algorithm, calibration, rec, s)
                         for s, lk in zip(streams[1:], links[1:])]
         self._balance = Balancer(len(self.threads))

@@ -24,6 +24,7 @@ import torch
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
 from approxdist.comm.codecs import Codec, get_codec
+from approxdist.comm.collectives.autocal import resolve
 from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.calibration import Calibration
 from approxdist.comm.collectives.check import CheckedComm, Signature
@@ -54,6 +55,13 @@ class AllReduce:
         self.channel = get_channel(channel) if channel is None or isinstance(channel, str) \
             else channel
         exact_fp32 = self.codec.spec == "fp32" and self.channel.is_identity
+        if calibration == "off":
+            calibration = None
+        elif calibration == "auto":  # collective: every member builds its all-reduce now
+            if link is None:
+                raise CommError("calibration='auto' measures over a Link; pass a calibration "
+                                "file or 'off' on a simulated world")
+            calibration = resolve(link, "auto", algorithm)
         self.algorithm = get_algorithm(algorithm, calibration=calibration,
                                        link=link.spec if link else None,
                                        wire_fraction=self.codec.bits_per_value / 32,

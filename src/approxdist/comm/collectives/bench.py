@@ -21,6 +21,7 @@ from approxdist.bench.report import Column, render
 from approxdist.bench.stats import median, p10, paired_ratio, slowest
 from approxdist.bench.timing import timed
 from approxdist.comm.collectives.allreduce import AllReduce
+from approxdist.comm.collectives.autocal import resolve
 from approxdist.comm.collectives.calibration import Measurement
 from approxdist.comm.link import Link
 from approxdist.launch.context import DistContext
@@ -81,8 +82,10 @@ def measure_rank(ctx: DistContext, plan: BenchPlan) -> dict[tuple[str, str, int]
     """Run on every rank (via `run_on_ranks`); this rank's times per (algorithm, codec, size)."""
     torch.manual_seed(1234 + ctx.rank)
     link = Link(ctx, plan.link)
-    reducers = {c: AllReduce(link, c[0], c[1], calibration=plan.calibration)
-                for c in plan.combos}
+    # hybrid reads --calibration, else the cached calibration, measured now on first use
+    calibration = resolve(link, plan.calibration) if any(a == "hybrid" for a, _ in plan.combos) \
+        else plan.calibration
+    reducers = {c: AllReduce(link, c[0], c[1], calibration=calibration) for c in plan.combos}
     times: dict[tuple[str, str, int], list[float]] = {}
     try:
         for size in plan.sizes:

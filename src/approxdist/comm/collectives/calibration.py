@@ -104,22 +104,34 @@ class Calibration:
     def load(path: str | Path) -> Calibration:
         try:
             raw = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read calibration file {path}: {exc}") from None
+        except ValueError as exc:
+            raise ConfigError(f"calibration file {path} is malformed ({exc!r}); re-run "
+                              f"approxdist bench allreduce --calibrate") from None
+        return Calibration.from_json(raw, f"calibration file {path}")
+
+    @staticmethod
+    def from_json(raw: object, where: str = "the calibration") -> Calibration:
+        """The calibration `to_json` wrote; `ConfigError` naming `where` if it is not one."""
+        try:
+            assert isinstance(raw, dict), f"a JSON {type(raw).__name__}, not an object"
             if raw.get("version") != VERSION:
-                raise ConfigError(f"calibration file {path} has version {raw.get('version')!r}, "
-                                  f"expected {VERSION}; re-run approxdist bench allreduce "
-                                  f"--calibrate")
-            return Calibration(
+                raise ConfigError(f"{where} has version {raw.get('version')!r}, expected "
+                                  f"{VERSION}; re-run approxdist bench allreduce --calibrate")
+            cal = Calibration(
                 int(raw["world_size"]),
                 tuple((t["max_bytes"], str(t["algorithm"])) for t in raw["thresholds"]),
                 {a: AlphaBeta(float(m["alpha_s"]), float(m["beta_s_per_byte"]))
                  for a, m in raw.get("models", {}).items()},
                 str(raw.get("link", "none")), str(raw.get("codec", "fp32")),
                 tuple(Measurement(**m) for m in raw.get("measured", [])))
-        except OSError as exc:
-            raise ConfigError(f"cannot read calibration file {path}: {exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"calibration file {path} is malformed ({exc!r}); re-run "
-                              f"approxdist bench allreduce --calibrate") from None
+            if not cal.thresholds:
+                raise ValueError("no thresholds")
+            return cal
+        except (AssertionError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{where} is malformed ({exc!r}); re-run approxdist bench "
+                              f"allreduce --calibrate") from None
 
 
 def fit_model(algorithm: str, world: int, points: Sequence[Measurement]) -> AlphaBeta:

@@ -1,0 +1,195 @@
+"""Hybrid's calibration without asking: measured once per machine and world, cached, shared.
+
+`resolve(link, spec)` turns a calibration spec into what `hybrid` reads:
+
+| spec | hybrid uses |
+|---|---|
+| `off` | the alpha-beta model (`model.DEFAULT` + the emulated link), no measurement |
+| a path | that file (`approxdist bench allreduce --calibrate` writes one) |
+| `auto` | the cached calibration of this machine, world size, backend, ranks per node and
+  link; measured now if there is none |
+| `None` (not given) | `APPROXDIST_ALLREDUCE_CALIBRATION` if set (off, auto or a path), else `auto` |
+
+`auto` is collective over the link's group and runs where every member builds its
+all-reduce at once (`DataParallel`'s communication pool, `bench allreduce`), never on a
+communication thread. Member 0 looks in its cache (`$APPROXDIST_CACHE_DIR`, else
+`$XDG_CACHE_HOME/approxdist`, else `~/.cache/approxdist`; one JSON file per key); a file that
+is not a calibration of this key is reported in one line, deleted and rebuilt, never
+trusted. Without one, every member times each of hybrid's candidates (native, ring, brb,
+brd, vhd) on sizes from 4 KiB up, interleaved in rounds, until the size list or the time
+budget (`BUDGET_S`, checked by member 0 between sizes) runs out; member 0 fits the
+thresholds (`calibration.fit`, by paired ratio to native) and saves them. Member 0's
+calibration is then sent to every member, so all choose the same algorithm for every size
+(a disagreement would deadlock), also across machines. Within a process the result is
+kept per key, so later all-reduces of the same world pay nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from hashlib import sha256
+from pathlib import Path
+
+import torch
+
+from approxdist.bench.stats import median, paired_ratio
+from approxdist.comm.collectives.calibration import Calibration, Measurement, fit
+from approxdist.comm.link import Link
+from approxdist.errors import ConfigError
+
+ENV = "APPROXDIST_ALLREDUCE_CALIBRATION"
+CANDIDATES = ("native", "ring", "brb", "brd", "vhd")
+SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+ROUNDS = 5
+#: seconds after which no larger size is measured (member 0 decides, between sizes)
+BUDGET_S = 4.0
+
+_memory: dict[str, Calibration] = {}
+_lock = threading.Lock()
+
+
+def resolve(link: Link, spec: Calibration | str | Path | None,
+            algorithm: str = "hybrid") -> Calibration | str | Path | None:
+    """What `hybrid` should read for `spec` on `link`'s group (see the module docstring);
+    other algorithms and `off` need nothing (None)."""
+    if isinstance(spec, Calibration) or algorithm != "hybrid":
+        return spec
+    text = str(spec) if spec is not None else os.environ.get(ENV, "auto")
+    if text in ("", "auto"):
+        return auto(link)
+    if text == "off":
+        return None
+    return Path(text)
+
+
+def key(link: Link) -> str:
+    """What a calibration is valid for: this machine, the world, backend, ranks per node,
+    the emulated link and the torch version (the cache file's name is its hash)."""
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", str(link.world_size))
+    return (f"host={platform.node()} cpus={os.cpu_count()} world={link.world_size} "
+            f"backend={'nccl' if link.device.type == 'cuda' else 'gloo'} per_node={per_node} "
+            f"link={link.spec.spec if link.spec else 'none'} torch={torch.__version__}")
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("APPROXDIST_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "approxdist"
+
+
+def cache_path(k: str) -> Path:
+    return cache_dir() / "allreduce" / f"{sha256(k.encode()).hexdigest()[:20]}.json"
+
+
+def auto(link: Link) -> Calibration | None:
+    """The calibration every member of `link`'s group agrees on (collective)."""
+    if link.world_size == 1:
+        return None
+    k = key(link)
+    with _lock:
+        if k in _memory:
+            return _memory[k]
+        text = _cached(k) if link.rank == 0 else None
+        text = _share(link, text)
+        if not text:
+            t0 = time.perf_counter()
+            measured = _measure(link)
+            if link.rank == 0:
+                cal = fit(measured, link.world_size, link.spec.spec if link.spec else "none")
+                text = json.dumps({"key": k, "calibration": cal.to_json()})
+                _save(k, text)
+                print(f"approxdist: calibrated hybrid all-reduce for {link.world_size} ranks "
+                      f"in {time.perf_counter() - t0:.1f} s; cached in {cache_path(k)}",
+                      file=sys.stderr)
+            text = _share(link, text)
+        cal = Calibration.from_json(json.loads(text)["calibration"])
+        _memory[k] = cal
+        return cal
+
+
+def _cached(k: str) -> str | None:
+    """Member 0's cached calibration of key `k`, or None (a bad file is removed)."""
+    path = cache_path(k)
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text()
+        raw = json.loads(text)
+        if raw.get("key") != k:
+            raise ValueError(f"it is for {raw.get('key')!r}")
+        Calibration.from_json(raw["calibration"])
+        return text
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
+        print(f"approxdist: ignoring the cached all-reduce calibration {path} ({exc}); "
+              f"measuring again", file=sys.stderr)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _save(k: str, text: str) -> None:
+    path = cache_path(k)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:  # a read-only home still trains, it just measures next time
+        print(f"approxdist: cannot cache the all-reduce calibration in {path} ({exc})",
+              file=sys.stderr)
+
+
+def _share(link: Link, text: str | None) -> str:
+    """Member 0's `text` ("" for none) on every member."""
+    if link.rank == 0:
+        raw = (text or "").encode()
+        data = torch.tensor(list(raw), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64).view(torch.uint8)
+        peers = range(1, link.world_size)
+        _, sends = link.post_bytes([(p, size) for p in peers], [])
+        for s in sends:
+            s.wait()
+        if data.numel():
+            _, sends = link.post_bytes([(p, data) for p in peers], [])
+            for s in sends:
+                s.wait()
+        return text or ""
+    (got,), _ = link.post_bytes([], [(0, 8)])
+    n = int(got.wait().view(torch.int64).item())
+    if n == 0:
+        return ""
+    (body,), _ = link.post_bytes([], [(0, n)])
+    return bytes(body.wait().tolist()).decode()
+
+
+def _measure(link: Link) -> list[Measurement]:
+    """Every candidate at each size, interleaved; the paired ratio to native per size."""
+    from approxdist.comm.collectives.allreduce import AllReduce
+
+    reducers = {a: AllReduce(link, a, "fp32", check=False) for a in CANDIDATES}
+    out: list[Measurement] = []
+    start = time.perf_counter()
+    for size in SIZES:
+        x = torch.randn(size // 4, generator=torch.Generator().manual_seed(size))
+        work = torch.empty_like(x)
+        times: dict[str, list[float]] = {a: [] for a in CANDIDATES}
+        for r in range(ROUNDS + 1):  # the first round warms up
+            for a in (CANDIDATES if r % 2 else CANDIDATES[::-1]):
+                work.copy_(x)
+                t0 = time.perf_counter()
+                reducers[a](work)
+                if r:
+                    times[a].append(time.perf_counter() - t0)
+        for a in CANDIDATES:
+            out.append(Measurement(a, size, median(times[a]),
+                                   paired_ratio(times[a], times["native"])))
+        over = "1" if time.perf_counter() - start > BUDGET_S else "0"
+        if _share(link, over if link.rank == 0 else None) == "1":
+            break
+    return out
