@@ -11,6 +11,7 @@ import pytest
 from approxdist.cli import bench_pipeline
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.models.bench_inputs import bench_input
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
 
 KEYS = {"engine", "schedule", "stages", "microbatches", "samples_per_s", "ratio_vs_torch",
@@ -74,3 +75,15 @@ def test_hybrid_bench_runs_both_compositions_on_a_2x2_grid(tmp_path: Path) -> No
         assert 0.0 <= ours["hidden_comm_fraction"] <= 1.0 and "hidden_comm_fraction" not in torch_row
     assert all(len(r[0]["rounds"]["torch"]) == 1 for r in per_rank)
     assert "approxdist" in bench_hybrid.table(rows)
+
+
+def test_a_transformer_runs_through_both_engines() -> None:
+    """`bench pipeline --model gpt-tiny`: byte tokens in, a next-token loss per position,
+    on our executor and torch.distributed.pipelining alike."""
+    inputs = bench_input("gpt-tiny", ())
+    case = BenchCase("gpt-tiny", (16,), 2, 2, "1f1b", batch_size=4, classes=inputs.classes,
+                     tokens=True)
+    per_rank = run_on_ranks(measure_rank, 2, [case], Timing(rounds=1, steps=1, warmup=1))
+    rows = bench_pipeline.summarize([case], per_rank, steps=1)
+    assert [r["engine"] for r in rows] == ["approxdist", "torch"]
+    assert all(r["samples_per_s"] > 0 for r in rows)

@@ -29,6 +29,8 @@ from approxdist.bench.stats import median, paired_ratio
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.models.bench_inputs import bench_input
+from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.grid import theoretical_bubble
@@ -50,8 +52,9 @@ def register(sub: Any) -> None:
 
 def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     """The flags of one pipeline case (shared with `bench hybrid`, per pipeline row there)."""
-    p.add_argument("--model", default="mlp", choices=sorted(INPUTS),
-                   help="mlp (8 blocks of 1024, the default) or a CIFAR ResNet")
+    p.add_argument("--model", default="mlp", choices=sorted(INPUTS) + sorted(GPT_SIZES),
+                   help="mlp (8 blocks of 1024, the default), a CIFAR ResNet, or a GPT "
+                        "(byte tokens, 64 positions, next-token loss)")
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
     p.add_argument("--microbatches", default=microbatches,
                    help="comma list, per pipeline row (default %(default)s)")
@@ -87,11 +90,13 @@ def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
     """One case per (schedule, micro-batch count); each is validated before any rank starts."""
     check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size,
                  replicas=replicas)
-    cases = [BenchCase(args.model, INPUTS[args.model], args.stages, m, s.strip(),
+    inputs = bench_input(args.model, INPUTS.get(args.model, ()))
+    cases = [BenchCase(args.model, inputs.shape, args.stages, m, s.strip(),
                        batch_size=args.batch_size, split=args.split,
                        balance="" if args.split else args.balance, link=args.link,
                        fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec,
-                       fuse_accumulation=args.fuse_accumulation, replicas=replicas)
+                       fuse_accumulation=args.fuse_accumulation, replicas=replicas,
+                       classes=inputs.classes, tokens=inputs.tokens)
              for s in args.schedule.split(",") for m in _ints(args.microbatches, "microbatches")]
     for case in cases:
         if case.microbatches > case.batch_size:

@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
 from approxdist.bench.stats import fastest, median, paired_ratio, slowest
 from approxdist.bench.timing import timed
@@ -46,6 +45,7 @@ from approxdist.data_parallel.engine import DataParallel
 from approxdist.data_parallel.threads import GIL_SWITCH_MS
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
+from approxdist.models.bench_inputs import BenchInput, bench_input
 
 INPUT_SHAPE = (3, 32, 32)
 CLASSES = 10
@@ -70,29 +70,36 @@ class DPBenchPlan:
 
 
 Step = Callable[[], None]
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _inputs(plan: DPBenchPlan) -> BenchInput:
+    return bench_input(plan.model, INPUT_SHAPE, CLASSES)
 
 
 def _model(plan: DPBenchPlan) -> nn.Module:
     torch.manual_seed(0)
+    inputs = _inputs(plan)
     return build_model(ModelConfig(name=plan.model, hidden=plan.hidden, depth=plan.depth),
-                       INPUT_SHAPE, CLASSES)
+                       inputs.shape, inputs.classes)
 
 
-def _stepper(model: nn.Module, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Step:
+def _stepper(model: nn.Module, wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor,
+             loss: Loss) -> Step:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(wrapped(x), y).backward()
+        loss(wrapped(x), y).backward()
         opt.step()
 
     return step
 
 
-def _early_stepper(dp: DataParallel, x: torch.Tensor, y: torch.Tensor) -> Step:
+def _early_stepper(dp: DataParallel, x: torch.Tensor, y: torch.Tensor, loss: Loss) -> Step:
     """Early forward: the engine applies the optimizer step bucket by bucket."""
     def step() -> None:
-        F.cross_entropy(dp(x), y).backward()
+        loss(dp(x), y).backward()
 
     return step
 
@@ -126,15 +133,15 @@ def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
     """Per-variant step times and per-codec communication times on this rank."""
     base = _model(plan)
     gen = torch.Generator().manual_seed(1 + ctx.rank)
-    x = torch.randn(plan.batch_size, *INPUT_SHAPE, generator=gen)
-    y = torch.randint(0, CLASSES, (plan.batch_size,), generator=gen)
+    inputs = _inputs(plan)
+    x, y = inputs.sample(plan.batch_size, gen)
     steps: dict[str, Step] = {}
     finish: dict[str, Step] = {}
     blocked: dict[str, Callable[[], float]] = {}
     m = copy.deepcopy(base)
-    steps["local"] = _stepper(m, m, x, y)
+    steps["local"] = _stepper(m, m, x, y, inputs.loss)
     m = copy.deepcopy(base)
-    steps["ddp"] = _stepper(m, _ddp(ctx, m, plan), x, y)
+    steps["ddp"] = _stepper(m, _ddp(ctx, m, plan), x, y, inputs.loss)
     engines: dict[str, DataParallel] = {}
     for codec in plan.codecs:
         m = copy.deepcopy(base)
@@ -142,7 +149,8 @@ def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
         opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) if early else None
         dp = _engine(ctx, m, codec, plan, opt)
         engines[codec] = dp
-        steps[f"approxdist:{codec}"] = _early_stepper(dp, x, y) if early else _stepper(m, dp, x, y)
+        steps[f"approxdist:{codec}"] = _early_stepper(dp, x, y, inputs.loss) if early \
+            else _stepper(m, dp, x, y, inputs.loss)
         finish[f"approxdist:{codec}"] = dp.wait
         blocked[f"approxdist:{codec}"] = functools.partial(getattr, dp, "comm_seconds")
     times, waits = _interleave(steps, finish, blocked, plan)
@@ -186,7 +194,7 @@ def _comm_only(ctx: DistContext, base: nn.Module, codec: str, plan: DPBenchPlan,
                x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """Time `reduce_gradients()` alone on a twin engine (no overlap, no early forward)."""
     m = copy.deepcopy(base)
-    F.cross_entropy(m(x), y).backward()
+    _inputs(plan).loss(m(x), y).backward()
     dp = _engine(ctx, m, codec, plan, early_forward=False, overlap=False, broadcast=False)
     grads = [p.grad.clone() if p.grad is not None else None for p in m.parameters()]
     out = []

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
 from approxdist.bench.stats import median
 from approxdist.bench.timing import interleave, timed
@@ -72,7 +71,7 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: TopologyG
     replicate(module, mesh=mesh)  # in place: the module's class becomes a ReplicateModule
     pstage = pipelining.PipelineStage(module, stage, case.stages, ctx.device, group=row.pg)
     sched = getattr(pipelining, TORCH_SCHEDULES[case.schedule])(pstage, case.microbatches,
-                                                                 loss_fn=F.cross_entropy)
+                                                                 loss_fn=case.inputs.loss)
     share = slice(groups.place.replica * case.batch_size, (groups.place.replica + 1) * case.batch_size)
     return torch_step(sched, module, stage, case.stages, x[share], y[share])
 
@@ -109,7 +108,8 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
     model = _model(case)
     x, y = _data(case)
     rt = build_hybrid_runtime(_config(case), copy.deepcopy(model), ctx, groups,
-                              x[: max(1, case.batch_size // case.microbatches)])
+                              x[: max(1, case.batch_size // case.microbatches)],
+                              loss_fn=case.inputs.loss)
     sink: list[StepTimes] = []
     engines = {"approxdist": _ours(rt, x, y, sink),
                "torch": _torch(case, copy.deepcopy(model), rt.partition, groups, row, ctx, x, y)}

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
 from approxdist.bench.timing import interleave, timed
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
+from approxdist.models.bench_inputs import BenchInput
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.stream import StreamExecutor
@@ -58,6 +58,11 @@ class BenchCase:
     bwd_codec: str = "fp32"
     fuse_accumulation: str = "auto"
     replicas: int = 1  # hybrid: ranks per stage; `batch_size` and `microbatches` are per row
+    tokens: bool = False  # a GPT model: token inputs, a next-token label per position
+
+    @property
+    def inputs(self) -> BenchInput:
+        return BenchInput(self.input_shape, self.classes, self.tokens)
 
     def pipeline_config(self) -> PipelineConfig:
         """Ours: with replicas, the rows' micro-batches dealt round robin over one pipeline."""
@@ -88,8 +93,7 @@ def _data(case: BenchCase) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole mini-batch of every pipeline row together (rows take contiguous shares)."""
     gen = torch.Generator().manual_seed(1)
     n = case.batch_size * case.replicas
-    x = torch.randn((n, *case.input_shape), generator=gen)
-    return x, torch.randint(0, case.classes, (n,), generator=gen)
+    return case.inputs.sample(n, gen)
 
 
 def _ours(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
@@ -117,7 +121,7 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
     module = stage_module(model, plan, ctx.rank)
     stage = pipelining.PipelineStage(module, ctx.rank, case.stages, ctx.device)
     cls = getattr(pipelining, TORCH_SCHEDULES[case.schedule])
-    sched = cls(stage, case.microbatches, loss_fn=F.cross_entropy)
+    sched = cls(stage, case.microbatches, loss_fn=case.inputs.loss)
     return torch_step(sched, module, ctx.rank, case.stages, x, y)
 
 
@@ -154,7 +158,7 @@ def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module
     x, y = _data(case)
     rt = build_runtime(case.pipeline_config(), copy.deepcopy(model), ctx,
                        x[: max(1, case.batch_size // case.microbatches)], link_spec=case.link,
-                       minibatches=timing.steps)
+                       minibatches=timing.steps, loss_fn=case.inputs.loss)
     engines = {"approxdist": _ours(rt, x, y, sink)}
     if case.schedule in TORCH_SCHEDULES:
         engines["torch"] = _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)
