@@ -166,3 +166,51 @@ def test_without_a_process_group_the_api_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match=r"needs torch.distributed: call "
                        r"dist.init_process_group\(...\) on every rank first"):
         approxdist.Pipeline(_model(3), sample=torch.zeros(2, 6))
+
+
+HYBRID_EXAMPLE = EXAMPLE.parent / "hybrid_api.py"
+
+
+def _hybrid_ranks(ctx: DistContext) -> dict[str, Any]:
+    """replicas=(2, 1): stage 0 on ranks 0 and 1, stage 1 on rank 2."""
+    out: dict[str, Any] = {"cases": []}
+    x, y = _data("classification")
+    for schedule, m in (("gpipe", 4), ("1f1b", 2)):
+        pipe = approxdist.Pipeline(_model(3), sample=x[:2], split=[2], replicas=(2, 1),
+                                   schedule=schedule, microbatches=m)
+        loss = pipe.step(x, y)
+        out["cases"].append({"loss": loss, "stage": pipe.stage, "grads": {
+            n: p.grad.clone() for n, p in pipe.module.named_parameters()}})
+        pipe.close()
+    with pytest.raises(ConfigError, match=r"replicas=\[2, 2\] place 4 rank\(s\) but the world "
+                                          r"has 3"):
+        approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 2))
+    with pytest.raises(ConfigError, match="on replicated stages .* is not available yet"):
+        approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 1), schedule="2bw",
+                            optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), stream=2)
+    spec = importlib.util.spec_from_file_location("hybrid_api_example", HYBRID_EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example
+    spec.loader.exec_module(example)
+    out["example"] = example.main(steps=20)
+    return out
+
+
+def test_the_public_pipeline_with_replicated_stages_matches_single_process() -> None:
+    ranks = run_on_ranks(_hybrid_ranks, 3, timeout_s=240)
+    x, y = _data("classification")
+    for i in range(2):
+        model = _model(3)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        want = dict(model.named_parameters())
+        for r in ranks:  # each replica of stage 0 holds the whole batch's gradient
+            case = r["cases"][i]
+            for name, g in case["grads"].items():
+                torch.testing.assert_close(g, want[name].grad, atol=1e-5, rtol=1e-5, msg=name)
+        assert [r["cases"][i]["stage"] for r in ranks] == [0, 0, 1]
+        assert ranks[2]["cases"][i]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+        assert ranks[0]["cases"][i]["loss"] is None
+    losses = ranks[2]["example"]
+    assert ranks[0]["example"] == [] and len(losses) == 20 and losses[-1] < 0.5 * losses[0]

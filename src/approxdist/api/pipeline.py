@@ -25,10 +25,20 @@ loss of the micro-batches the last stage finished during the call. With
 (sequence lengths, say): the stages agree on each mini-batch's shapes before its
 transfers (one small message per boundary); off (the default) costs nothing and a
 changed shape is refused with a message saying so.
+
+Hybrid (seed 002's replicated stages): `replicas=(2, 1)` puts stage 0 on two ranks and
+stage 1 on one (one count for every stage, or one per stage, adding up to the world;
+ranks are placed stage-major). Every rank still passes the whole mini-batch; the
+micro-batches are dealt round robin to a stage's replicas (PipeDream's 1F1B-RR with a
+flush), and the replicas sum their gradients through `DataParallel` on their group
+(`grad_codec`, `algorithm`, `calibration`, the link), so after `step` every replica holds
+the mini-batch's gradient of its stage: single-process training on the same batch. A
+replicated last stage returns the mini-batch's mean loss on each of its replicas.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -36,14 +46,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from approxdist.config.loader import build_config
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.data_parallel.checks import context_of
 from approxdist.errors import ConfigError
+from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.group import Group
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
 from approxdist.pipeline.stage import LossFn
 from approxdist.pipeline.stream import StreamExecutor
+from approxdist.topology import Topology
+from approxdist.topology.groups import make_groups
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
@@ -58,7 +72,9 @@ class Pipeline:
                  bwd_channel: str = "none", link: str = "", recompute: bool = False,
                  loss_fn: LossFn = F.cross_entropy, group: Group | None = None,
                  optimizer: OptimizerFactory | None = None, stream: int = 0,
-                 dynamic_shapes: bool = False, seed: int = 0) -> None:
+                 dynamic_shapes: bool = False, seed: int = 0,
+                 replicas: int | Sequence[int] = 1, grad_codec: str = "fp32",
+                 algorithm: str = "hybrid", calibration: str = "") -> None:
         blocks = model if isinstance(model, nn.Sequential) else nn.Sequential(*model)
         ctx = context_of(blocks)
         if not ctx.distributed:
@@ -79,14 +95,37 @@ class Pipeline:
                               f"your own optimiser over pipe.parameters(); optimizer= and "
                               f"stream= are for asynchronous schedules")
         cut = split if isinstance(split, str) else ",".join(str(int(b)) for b in split)
-        pcfg = PipelineConfig(stages=stages or (group.size if group else ctx.world_size),
+        counts = _replicas(replicas, stages, ctx.world_size)
+        pcfg = PipelineConfig(stages=stages or (len(counts) if counts else group.size if group
+                                                else ctx.world_size),
                               split=cut, balance=balance, microbatches=microbatches,
                               schedule=schedule, fwd_codec=fwd_codec, bwd_codec=bwd_codec,
                               fwd_channel=fwd_channel, bwd_channel=bwd_channel,
-                              recompute=recompute, dynamic_shapes=dynamic_shapes)
-        self.runtime: PipelineRuntime = build_runtime(
-            pcfg, blocks, ctx, sample, group=group, link_spec=link, seed=seed, loss_fn=loss_fn,
-            minibatches=max(stream, 1))
+                              recompute=recompute, dynamic_shapes=dynamic_shapes,
+                              replicas=counts)
+        #: the stage's replica group (hybrid), for the loss of a replicated last stage
+        self.replica_group: Group | None = None
+        if counts and asynchronous:
+            raise ConfigError(f"schedule {schedule!r} on replicated stages (replicas="
+                              f"{list(counts)}) is not available yet; use gpipe or 1f1b with "
+                              f"replicas, or {schedule} with one rank per stage")
+        if counts:
+            if group is not None:
+                raise ConfigError("replicas= places the stages on the whole world; drop "
+                                  "group= (or run a pipeline of one rank per stage on it)")
+            cfg = dataclasses.replace(build_config({
+                "train": {"parallel": "hybrid", "world_size": sum(counts), "seed": seed},
+                "dp": {"codec": grad_codec, "algorithm": algorithm, "calibration": calibration},
+                "comm": {"link": link}}), pipeline=pcfg)
+            groups = make_groups(Topology.grid(pcfg.stages, counts), ctx,
+                                 replica_streams=cfg.dp.threads + 2)
+            self.runtime: PipelineRuntime = build_hybrid_runtime(cfg, blocks, ctx, groups,
+                                                                 sample, loss_fn=loss_fn)
+            self.replica_group = groups.replicas
+        else:
+            self.runtime = build_runtime(
+                pcfg, blocks, ctx, sample, group=group, link_spec=link, seed=seed,
+                loss_fn=loss_fn, minibatches=max(stream, 1))
         self.module: nn.Sequential = self.runtime.module
         self.optimizer: torch.optim.Optimizer | None = None
         executor = self.runtime.executor
@@ -124,6 +163,11 @@ class Pipeline:
             return None
         if isinstance(self.runtime.executor, StreamExecutor):
             return res.loss / res.samples if res.samples else None
+        if self.replica_group is not None and self.replica_group.size > 1:
+            # each replica's micro-batches weighted by their share: the sum is the mean
+            total = self.replica_group.all_reduce(torch.tensor([float(res.loss or 0.0)],
+                                                               dtype=torch.float64))
+            return float(total.item())
         return res.loss  # the micro-batches' losses weighted by their share: the mean
 
     @torch.no_grad()
@@ -154,3 +198,26 @@ class Pipeline:
     def close(self) -> None:
         """Release the link's threads (call once, after training)."""
         self.runtime.close()
+
+
+def _replicas(replicas: int | Sequence[int], stages: int | None, world: int) -> tuple[int, ...]:
+    """Ranks per stage, () for one each: a count per stage, or one count for every stage
+    (then the world must divide into stages of that many)."""
+    if isinstance(replicas, int):
+        if replicas == 1:
+            return ()
+        if replicas < 1 or world % replicas:
+            raise ConfigError(f"replicas={replicas} must be >= 1 and divide the world of "
+                              f"{world} ranks, or give one count per stage, e.g. (2, 1)")
+        per = replicas
+        count = stages or world // per
+        counts = (per,) * count
+    else:
+        counts = tuple(int(r) for r in replicas)
+        if stages is not None and stages != len(counts):
+            raise ConfigError(f"replicas={list(counts)} names {len(counts)} stage(s) but "
+                              f"stages={stages}; give one count per stage")
+    if sum(counts) != world or any(r < 1 for r in counts):
+        raise ConfigError(f"replicas={list(counts)} place {sum(counts)} rank(s) but the world "
+                          f"has {world}; the counts (each >= 1) must add up to the world size")
+    return counts if max(counts) > 1 else ()
