@@ -86,7 +86,8 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 @pytest.mark.parametrize(("mode", "victim", "name"), [
-    ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)")])
+    ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)"),
+    ("backup:1", 2, "worker 1 (rank 2)")])
 def test_a_killed_rank_ends_the_run_naming_it(tmp_path: Path, mode: str, victim: int,
                                               name: str) -> None:
     out = tmp_path / mode

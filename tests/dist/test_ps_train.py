@@ -59,10 +59,11 @@ def test_backup_straggler_skips_ahead_and_updates_use_n(
     assert summary["epochs"] == EPOCHS and len(records) == steps == ps["updates"]
     assert all(len(r["applied_from"]) == workers - 1 for r in records)  # N = W - b
     straggler = workers - 1  # global rank 3
-    assert ps["pushes"][straggler] < min(ps["pushes"][:straggler]) == steps
+    assert ps["pushes"][straggler] < min(ps["pushes"][:straggler]) <= steps
     skipped = summary["skipped_steps"]
     assert skipped[:servers] == [0] * servers and skipped[3] > 0
     if servers == 1:  # server 0 saw every push of the straggler
         assert skipped[3] == steps - ps["pushes"][straggler]
     epochs = [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
     assert sum(r["ranks"][3]["skipped_steps"] for r in epochs) == skipped[3]
+
