@@ -13,9 +13,9 @@ once per step on average) or one update from N fresh gradients (N+b). At the end
 epoch the server drains the pushes still due (`owed`) before the epoch's collectives. In
 sync, async and SSP every worker pushes once per trainer step: W pushes per step. In N+b
 a worker whose gradient was dropped goes on from the newest parameters and skips the
-steps it missed (Chen et al. 2016): it pushes again only while the parameters it last
-got from this server are older than the epoch's last update, so each worker owes one
-more push exactly while its last reply is (`replied`).
+steps it missed (Chen et al. 2016), and it pushes to this server only while the version
+it last got from it (`replied`) predates the epoch's last update: a worker owes one more
+push exactly while that is so.
 """
 
 from __future__ import annotations
