@@ -3,8 +3,9 @@
 One set of 4 processes runs every case through the engine the trainer uses: sync with
 1 server + 3 workers and 2 servers + 2 workers must give every parameter of single-process
 SGD (momentum, weight decay) on the combined batch within 1e-5; N+b with a persistent
-straggler applies exactly N gradients per step and drops the straggler's; SSP never lets
-a worker lead the slowest by more than s; async records a staleness for every update.
+straggler applies exactly N gradients per step, drops the straggler's and lets it skip
+the steps taken without it; SSP never lets a worker lead the slowest by more than s;
+async records a staleness for every update.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         slow = Stragglers.parse([case.straggler] if case.straggler else [], 4)
         batches = ShardedBatches(data, BATCH, *engine.shard, seed=0, augment=False)
         engine.start()
-        records = []
-        for step, (x, y) in enumerate(batches.epoch(0)):
+        records, step = [], 0
+        while step < case.steps:  # an N+b worker skips the steps taken without it
+            x, y = next(batches.epoch(0, step))
             slow.pause(ctx.rank, step)
             for opt in engine.optimizers:
                 for g in opt.param_groups:
@@ -81,10 +83,11 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
             res = engine.train_step(x if engine.feeds_inputs else None,
                                     y if engine.feeds_labels else None, batches.local_batch)
             records.append(dict(res.record))
+            step += 1 + res.skip
         engine.end_epoch()
         out.append({"params": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
                     "worker": engine.worker is not None, "records": records,
-                    "summary": engine.summary()})
+                    "summary": engine.summary(), "skipped": engine.skipped})
         engine.close()
     return out
 
@@ -120,14 +123,22 @@ def test_sync_ps_equals_single_process_training(four_ranks: list[list[dict[str, 
     assert server0["summary"]["ps"]["updates"] == STEPS
 
 
-def test_backup_applies_n_and_drops_the_straggler(four_ranks: list[list[dict[str, Any]]]) -> None:
+def test_backup_applies_n_and_the_straggler_skips_ahead(
+        four_ranks: list[list[dict[str, Any]]]) -> None:
     server0 = four_ranks[0][2]
-    records = server0["records"]
+    records, ps = server0["records"], server0["summary"]["ps"]
+    assert len(records) == ps["updates"] == STEPS
     assert all(sorted(r["applied_from"]) == [0, 1] for r in records)  # N = 3 - 1 per step
     dropped = [w for r in records for w in r["dropped_from"]]
-    assert dropped == [2] * STEPS  # b = 1 per step over the epoch, all the straggler's
-    assert server0["summary"]["ps"]["dropped"] == STEPS
+    # every gradient of the straggler came late; having been dropped it went on from the
+    # newest parameters, skipping the steps taken without it (its data unused)
+    assert set(dropped) == {2} and len(dropped) == ps["dropped"] == ps["pushes"][2] < STEPS
+    assert ps["pushes"][:2] == [STEPS, STEPS]
+    assert [r[2]["skipped"] for r in four_ranks[1:]] == [0, 0, STEPS - ps["pushes"][2]]
     assert all(s == 0 for r in records for s in r["staleness"])
+    workers = [r[2]["params"] for r in four_ranks[1:]]
+    for name in workers[0]:  # the straggler ends the epoch with the servers' parameters too
+        assert all(torch.equal(w[name], workers[0][name]) for w in workers)
 
 
 def test_ssp_bounds_the_lead(four_ranks: list[list[dict[str, Any]]]) -> None:

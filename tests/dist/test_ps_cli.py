@@ -28,12 +28,24 @@ FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=f
     (["--workers", "2", "--straggler", "5:100ms"], "rank 5 is not in this run of 3 rank(s)"),
     (["--workers", "2", "--straggler", "random:x:1ms"], "probability 'x'"),
     (["--workers", "2", "--pull-codec", "fp7"], "ps.pull_codec = 'fp7'"),
+    (["--workers", "2", "--tolerate-worker-loss"], "--ps-mode sync: every step waits"),
+    (["--workers", "2", "--ps-mode", "backup:1", "--tolerate-worker-loss"],
+     "--tolerate-worker-loss (--ps-mode backup:1) is not supported"),
+    (["--workers", "2", "--ps-mode", "async", "--tolerate-worker-loss"],
+     "(--ps-mode async) is not supported: the launcher stops every rank"),
 ])
 def test_bad_ps_input_is_one_line_exit_2(args: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--parallel", "ps", *args, *FAST]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_tolerate_worker_loss_outside_ps_is_one_line_exit_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--parallel", "dp", "--tolerate-worker-loss", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "this run is --parallel dp: drop the flag" in err and len(err.strip().splitlines()) == 1
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -74,7 +86,8 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 @pytest.mark.parametrize(("mode", "victim", "name"), [
-    ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)")])
+    ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)"),
+    ("backup:1", 2, "worker 1 (rank 2)")])
 def test_a_killed_rank_ends_the_run_naming_it(tmp_path: Path, mode: str, victim: int,
                                               name: str) -> None:
     out = tmp_path / mode

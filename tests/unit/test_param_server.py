@@ -117,6 +117,24 @@ def test_backup_uses_the_first_n_fresh_gradients_and_drops_late_ones() -> None:
     assert rules.owed(steps=2) == 3
 
 
+def test_backup_owes_one_push_per_worker_behind_the_epochs_last_update() -> None:
+    """A 2-step epoch of N+b (N = 2 of 3) where worker 2 is dropped once and skips ahead."""
+    rules = ServerRules(parse_mode("backup:1", 3), 3)
+    rules.begin_step()
+    rules.arrive(0, 0)
+    rules.arrive(1, 0)  # update 1: workers 0 and 1 get version 1
+    assert rules.owed(steps=2) == 3
+    rules.begin_step()
+    rules.arrive(0, 1)
+    rules.arrive(1, 1)  # update 2 ends the epoch for workers 0 and 1
+    assert rules.owed(steps=2) == 1  # worker 2 still pushes its step-0 gradient
+    late = rules.arrive(2, 0)
+    assert not late.keep and late.replies == (2,) and rules.replied == [2, 2, 2]
+    assert rules.owed(steps=2) == 0  # worker 2 got version 2: it skips step 1
+    rules.end_epoch()
+    assert (rules.base, rules.owed(steps=2), rules.clocks) == (2, 3, [2, 2, 1])
+
+
 def test_roles_and_their_errors() -> None:
     roles = Roles(2, 3)
     assert roles.world_size == 5 and roles.worker_rank(0) == 2 and roles.is_server(1)

@@ -54,6 +54,7 @@ FLAG_KEYS = {
     "servers": ("ps", "servers"), "workers": ("ps", "workers"), "ps_mode": ("ps", "mode"),
     "pull_codec": ("ps", "pull_codec"), "push_channel": ("ps", "push_channel"),
     "pull_channel": ("ps", "pull_channel"), "staleness_lr": ("ps", "staleness_lr"),
+    "tolerate_worker_loss": ("ps", "tolerate_worker_loss"),
     "straggler": ("train", "stragglers"),
     "phase_steps": ("adaprec", "phase_steps"), "speculate_steps": ("adaprec", "speculate_steps"),
     "signal": ("adaprec", "signal"), "overhead_budget": ("adaprec", "overhead_budget"),
@@ -190,6 +191,9 @@ def add_ps_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pull-channel", help="bit errors on pulled parameters")
     g.add_argument("--staleness-lr", action="store_true", default=None,
                    help="divide the learning rate by each applied gradient's staleness")
+    g.add_argument("--tolerate-worker-loss", action="store_true", default=None,
+                   help="go on without a dead worker (async, ssp, backup); refused for now: "
+                        "docs/param_server.md, Failures")
 
 
 #: flags holding a comma list of integers (parsed here, so a bad one is one line, exit 2)

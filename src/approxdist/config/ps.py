@@ -25,6 +25,9 @@ class PSConfig:
     pull_channel: str = ""
     error_feedback: bool = False
     staleness_lr: bool = False  # divide the learning rate by a gradient's staleness
+    #: go on without a dead worker (async / ssp / backup); checked, and refused for now,
+    #: in `approxdist.train.check` (docs/param_server.md, "Failures")
+    tolerate_worker_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.servers < 1:

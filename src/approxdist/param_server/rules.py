@@ -9,9 +9,13 @@ N+b); its *lead* is how many more gradients its worker had pushed than the slowe
 (SSP bounds it by s).
 
 A server step ends when `step_done`: W arrivals (sync, async, SSP: every worker pushes
-once per step on average) or one update from N fresh gradients (N+b). Over an epoch every
-worker pushes once per trainer step, so the server drains until it has seen W pushes per
-step (`owed`) — the late N+b gradients of the last step — before the epoch's collectives.
+once per step on average) or one update from N fresh gradients (N+b). At the end of an
+epoch the server drains the pushes still due (`owed`) before the epoch's collectives. In
+sync, async and SSP every worker pushes once per trainer step: W pushes per step. In N+b
+a worker whose gradient was dropped goes on from the newest parameters and skips the
+steps it missed (Chen et al. 2016), and it pushes to this server only while the version
+it last got from it (`replied`) predates the epoch's last update: a worker owes one more
+push exactly while that is so.
 """
 
 from __future__ import annotations
@@ -46,9 +50,12 @@ class ServerRules:
     updates: int = 0           # in this server step
     epoch_arrivals: int = 0
     dropped: int = 0           # in total
+    base: int = 0              # the version at the start of this epoch
+    replied: list[int] = field(default_factory=list)  # version last sent to each worker
 
     def __post_init__(self) -> None:
         self.clocks = [0] * self.workers
+        self.replied = [self.version] * self.workers
 
     @property
     def needed(self) -> int:
@@ -66,12 +73,19 @@ class ServerRules:
         return self.arrivals == self.workers
 
     def owed(self, steps: int) -> int:
-        """Pushes still due this epoch of `steps` trainer steps (drained before it ends)."""
+        """Pushes still due this epoch of `steps` trainer steps (drained before it ends):
+        in N+b, one from each worker whose last reply predates the epoch's last update."""
+        if self.mode.kind == "backup":
+            end = self.base + steps
+            return sum(1 for v in self.replied if v < end)
         return self.workers * steps - self.epoch_arrivals
 
     def end_epoch(self) -> None:
+        """The epoch is over; every worker is sent the parameters (`Server.reply`)."""
         assert not self.held and not self.kept, "a reply is held past the end of the epoch"
         self.epoch_arrivals = 0
+        self.base = self.version
+        self.replied = [self.version] * self.workers
 
     def arrive(self, worker: int, version: int) -> Verdict:
         """Worker `worker` pushed a gradient computed on parameter version `version`."""
@@ -83,7 +97,7 @@ class ServerRules:
         kind = self.mode.kind
         if kind == "backup" and (version != self.version or self.updates):
             self.dropped += 1  # late: its step has been taken without it
-            return Verdict(False, replies=(worker,), lead=lead)
+            return self._sent(Verdict(False, replies=(worker,), lead=lead))
         self.kept[worker] = version
         if len(self.kept) < self.needed:
             return Verdict(True, lead=lead)
@@ -92,9 +106,14 @@ class ServerRules:
         self.version += 1
         self.updates += 1
         if kind in ("sync", "backup"):
-            return Verdict(True, apply, apply, stale, lead)
+            return self._sent(Verdict(True, apply, apply, stale, lead))
         self.held.append(worker)
-        return Verdict(True, apply, self._release(), stale, lead)
+        return self._sent(Verdict(True, apply, self._release(), stale, lead))
+
+    def _sent(self, verdict: Verdict) -> Verdict:
+        for w in verdict.replies:
+            self.replied[w] = self.version
+        return verdict
 
     def _release(self) -> tuple[int, ...]:
         """Held workers allowed to start their next step: at most `bound` pushes ahead."""

@@ -41,6 +41,8 @@ class Worker:
         self.shards = [list(s) for s in shards]
         self.numels = [sum(p.numel() for p in s) for s in self.shards]
         self.versions = [0] * roles.servers
+        #: each server's version at the last `pull` (the start of the epoch)
+        self.base = [0] * roles.servers
         self.feedback = [ErrorFeedback(_layout(s, n), device=link.device)
                          for s, n in zip(self.shards, names)] if error_feedback else None
 
@@ -51,13 +53,20 @@ class Worker:
         """Receive every server's version and parameters (the replies to a push, or the
         start / end-of-epoch broadcast)."""
         self._finish([self._post_pull(k) for k in range(self.roles.servers)])
+        self.base = list(self.versions)
 
-    def push_pull(self) -> None:
-        """Push this step's gradients (in `.grad`) to every server, then take the replies."""
-        pulls = [self._post_pull(k) for k in range(self.roles.servers)]
+    def updates_seen(self) -> list[int]:
+        """Per server, the updates it had applied this epoch when it last replied."""
+        return [v - b for v, b in zip(self.versions, self.base)]
+
+    def push_pull(self, servers: Sequence[int] | None = None) -> None:
+        """Push this step's gradients (in `.grad`) to `servers` (default: every server),
+        then take their replies."""
+        to = range(self.roles.servers) if servers is None else servers
+        pulls = [self._post_pull(k) for k in to]
         sends = []
-        for k, params in enumerate(self.shards):
-            flat = flat_grads(params)
+        for k in to:
+            flat = flat_grads(self.shards[k])
             if self.feedback is not None:
                 self.feedback[k].compensate(flat, 0, self.wire.push)
             peer = self._peer(k)

@@ -41,6 +41,7 @@ def check_parts(cfg: Config) -> None:
     check_pipeline(cfg.pipeline)
     if cfg.train.parallel == "ps":
         _check_ps(cfg)
+    _check_worker_loss(cfg)
     stragglers_of(cfg)
     _check_growth(cfg)
 
@@ -67,6 +68,29 @@ def _check_ps(cfg: Config) -> None:
     for key in ("push_channel", "pull_channel"):
         if getattr(ps, key):
             _named(f"ps.{key}", getattr(ps, key), partial(get_channel, getattr(ps, key)))
+
+
+def _check_worker_loss(cfg: Config) -> None:
+    """`--tolerate-worker-loss`: meaningless outside an asynchronous parameter server, and
+    not built there: the launchers (torch elastic, local or torchrun) stop every rank when
+    one dies, and the trainer's end-of-epoch collectives (losses, metrics, batch-norm
+    averaging, evaluation, checkpoint) run over every rank, so a dead worker cannot be
+    left behind (docs/param_server.md, "Failures")."""
+    if not cfg.ps.tolerate_worker_loss:
+        return
+    if cfg.train.parallel != "ps":
+        raise ConfigError(f"--tolerate-worker-loss lets a parameter server go on without a dead "
+                          f"worker; this run is --parallel {cfg.train.parallel}: drop the flag "
+                          f"or use --parallel ps")
+    mode = parse_mode(cfg.ps.mode, cfg.ps.workers)
+    if mode.kind == "sync":
+        raise ConfigError("--tolerate-worker-loss with --ps-mode sync: every step waits for a "
+                          "gradient from every worker, so a dead worker must end the run; "
+                          "drop the flag")
+    raise ConfigError(f"--tolerate-worker-loss (--ps-mode {mode.spec}) is not supported: the "
+                      f"launcher stops every rank when one dies and the end-of-epoch "
+                      f"collectives (metrics, evaluation, checkpoint) need every rank; drop the "
+                      f"flag (a dead worker ends the run with an error naming it)")
 
 
 def _check_dp(cfg: Config) -> None:

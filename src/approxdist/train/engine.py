@@ -45,6 +45,10 @@ class StepOutcome:
     #: extra fields of this step's record in metrics.jsonl (e.g. the weight versions an
     #: asynchronous pipeline's loss came from), as rank 0's engine reports them
     record: Mapping[str, Any] = field(default_factory=dict)
+    #: steps of the epoch this rank skips after this one, their data unused (an N+b
+    #: parameter-server worker whose gradient was dropped goes on from the newest
+    #: parameters); the trainer moves on by 1 + skip steps
+    skip: int = 0
 
     @property
     def loss(self) -> float | None:

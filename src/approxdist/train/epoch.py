@@ -6,7 +6,7 @@ all-gather of one small row per rank) and turns them into the epoch record of
 `metrics.jsonl`: losses and accuracy over the samples whose loss was computed (every
 rank in data parallelism, the last stage in a pipeline), mean times per rank and step,
 one row per rank (its place in the topology, compute / comm / wait seconds per step,
-peak activation bytes) and the bytes each directed link carried.
+peak activation bytes, steps skipped) and the bytes each directed link carried.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class EpochTally:
     times: StepTimes = field(default_factory=StepTimes)
     peak_activation_bytes: int = 0
     peak_weight_version_bytes: int = 0
+    skipped: int = 0  # steps the engine skipped (StepOutcome.skip)
     records: list[Mapping[str, Any]] = field(init=False)  # extra step-record fields
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, topology
             "peak_activation_bytes": tally.peak_activation_bytes,
             "peak_weight_version_bytes": tally.peak_weight_version_bytes,
             "loss_sum": float(tally.losses[:, 0].sum()), "seen": float(tally.losses[:, 1].sum()),
-            "correct": tally.correct, "sent": sent}
+            "correct": tally.correct, "sent": sent, "skipped_steps": tally.skipped}
     rows = world.all_gather_object(mine)
     seen = sum(r["seen"] for r in rows) or 1.0
     return {
@@ -81,7 +82,8 @@ def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, topology
         "time_comm_s": _mean(rows, "comm_s") * steps,
         "time_wait_s": _mean(rows, "wait_s") * steps,
         "ranks": [{k: r[k] for k in ("rank", "stage", "replica", "compute_s", "comm_s", "wait_s",
-                                     "peak_activation_bytes", "peak_weight_version_bytes")}
+                                     "peak_activation_bytes", "peak_weight_version_bytes",
+                                     "skipped_steps")}
                   for r in rows],
         "bytes_sent": {k: v for r in rows for k, v in sorted(r["sent"].items()) if v},
     }

@@ -7,7 +7,9 @@ set, `metrics.jsonl` (step and epoch records, `train/epoch.py`), `summary.json`'
 figures, atomic checkpoints and bit-exact resume (`train/resume.py`), and the error a
 run ends with when a peer dies: naming that rank and its place in the topology. A
 recorder (docs/tracing.md) gets each mini-batch as a `step` span holding `data` and the
-engine's phases. Step hooks run before every step with the run's position
+engine's phases. An engine may skip ahead (`StepOutcome.skip`: the steps it skips, their
+data unused; an N+b parameter-server worker whose gradient was dropped); each rank's
+epoch record row counts its skipped steps. Step hooks run before every step with the run's position
 (`snapshot.Position`) and may add records to metrics.jsonl; AdaPrec is one
 (`train/speculation.py`), speculating through `train_steps`, the loop's own step.
 """
@@ -86,14 +88,20 @@ class Trainer:
         bar = log.progress(ctx, steps, f"epoch {epoch + 1}/{cfg.train.epochs}", cfg.train.progress)
         t_epoch = time.perf_counter()
         batches = self.shards(epoch).epoch(epoch)
-        for i in range(steps):
+        i = 0
+        while i < steps:
             self._run_step_hooks(Position(epoch, i, self.progress.step))
             with self.rec.span(STEP, step=self.progress.step):
                 self.stragglers.pause(ctx.rank, self.progress.step)
                 res = self.step(batches, epoch, self.progress.step)
             tally.add(i, res)
-            self.progress.step += 1
-            bar.update(1)
+            skip = min(res.skip, steps - i - 1)  # the engine skips ahead (N+b)
+            if skip:
+                tally.skipped += skip
+                batches = self.shards(epoch).epoch(epoch, i + 1 + skip)
+            i += 1 + skip
+            self.progress.step += 1 + skip
+            bar.update(1 + skip)
             if res.loss is not None:
                 bar.set_postfix(loss=f"{res.loss:.3f}")
         bar.close()
@@ -270,4 +278,15 @@ def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, A
         "parallel": cfg.train.parallel,
         "model": cfg.model.name,
         "dataset": cfg.data.dataset,
+        "skipped_steps": skipped_steps(hist, world_size),
     }
+
+
+def skipped_steps(history: list[dict[str, Any]], world_size: int) -> list[int]:
+    """Per rank, the steps its engine skipped over the run (`StepOutcome.skip`)."""
+    out = [0] * world_size
+    for record in history:
+        for row in record.get("ranks", []):
+            if 0 <= row["rank"] < world_size:
+                out[row["rank"]] += int(row.get("skipped_steps", 0))
+    return out

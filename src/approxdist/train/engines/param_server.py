@@ -51,6 +51,7 @@ class ParamServerEngine:
         self.link = link
         self.server, self.worker, self.rec = server, worker, rec
         self.steps_per_epoch, self._step = steps_per_epoch, 0
+        self.skipped = 0  # steps this worker skipped over the run (N+b)
         self.optimizers = [server.optimizer] if server else []
         self.feeds_inputs = self.feeds_labels = worker is not None
         self.shard = (worker.index if worker else 0, roles.workers)
@@ -79,11 +80,28 @@ class ParamServerEngine:
             loss.backward()
         t1 = time.perf_counter()
         with self.rec.span(SYNC):
-            self.worker.push_pull()
+            skip = self._push_pull(self.worker)
         t2 = time.perf_counter()
         n = self.task.predictions(y)
         return StepOutcome(float(loss.item()) * n, int(self.task.hits(out, y).item()), n,
-                           StepTimes(compute_s=t1 - t0, wait_s=t2 - t1, wall_s=t2 - t0))
+                           StepTimes(compute_s=t1 - t0, wait_s=t2 - t1, wall_s=t2 - t0),
+                           skip=skip)
+
+    def _push_pull(self, worker: Worker) -> int:
+        """Push and pull; the steps this worker skips after this one. In N+b a worker goes
+        on at the step the slowest server has reached (Chen et al. 2016): a dropped worker
+        skips the steps taken without it, and pushes only to the servers whose epoch is
+        not over (`ServerRules.owed` counts on it)."""
+        if self.mode.kind != "backup":
+            worker.push_pull()
+            return 0
+        steps = self.steps_per_epoch
+        worker.push_pull([k for k, n in enumerate(worker.updates_seen()) if n < steps])
+        after = min(steps, *worker.updates_seen())
+        skip = max(0, after - self._step)
+        self._step += skip
+        self.skipped += skip
+        return skip
 
     @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
@@ -165,7 +183,8 @@ class ParamServerEngine:
             out["ps"].update({
                 "staleness_histogram": {str(k): v for k, v in
                                         sorted(self.server.histogram.items())},
-                "updates": rules.version, "dropped": rules.dropped})
+                "updates": rules.version, "dropped": rules.dropped,
+                "pushes": list(rules.clocks)})
         return out
 
     def close(self) -> None:
