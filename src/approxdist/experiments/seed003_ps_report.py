@@ -135,15 +135,21 @@ def staleness_table(stale: list[Row], runs: list[Row]) -> str:
 
 def step_rows(epochs: list[Row]) -> list[tuple[str, int, dict[str, dict[str, float]]]]:
     """Per (model, workers) of the no-straggler runs: per mode of all-reduce / sync / sharded,
-    the median time per step (s) and the bytes per step (all links, busiest rank)."""
+    the median time per step (s), its paired ratio to all-reduce (`vs`: the median over seeds
+    of the ratio within each seed, whose runs ran next to each other) and the bytes per step
+    (all links, busiest rank)."""
     out = []
     for (model, workers), mine in group(select(epochs, setting="none"), "model", "workers").items():
         cells = {}
+        base = {s: med(rs, "step_time_s")
+                for (s,), rs in group(select(mine, mode="allreduce"), "seed").items()}
         for mode in ("allreduce", "sync", "sharded"):
             rs = later(select(mine, mode=mode))
             if rs:
                 steps = median([float(r["steps"]) for r in rs])
-                cells[mode] = {"step_s": med(rs, "step_time_s"),
+                paired = [med(seed_rows, "step_time_s") / base[s]
+                          for (s,), seed_rows in group(rs, "seed").items() if s in base]
+                cells[mode] = {"step_s": med(rs, "step_time_s"), "vs": median(paired),
                                "bytes": med(rs, "bytes_sent") / steps,
                                "busiest": med(rs, "busiest_bytes") / steps,
                                "servers": float(rs[0]["servers"])}
@@ -154,14 +160,13 @@ def step_rows(epochs: list[Row]) -> list[tuple[str, int, dict[str, dict[str, flo
 def step_table(epochs: list[Row]) -> str:
     lines = []
     for model, workers, cells in step_rows(epochs):
-        base = cells.get("allreduce", {}).get("step_s", math.nan)
         for mode, c in cells.items():
             lines.append((model, workers, MODES[mode]["label"], int(c["servers"]),
-                          f"{1e3 * c['step_s']:.2f}", f"{c['step_s'] / base:.2f}x",
+                          f"{1e3 * c['step_s']:.2f}", f"{c['vs']:.2f}x",
                           f"{c['bytes'] / 1e3:.1f}", f"{c['busiest'] / 1e3:.1f}"))
     return md.table(("model", "workers W", "mode", "servers S", "time per step (ms, median)",
-                     "vs all-reduce", "kB per step, all links", "kB per step, busiest rank"),
-                    lines)
+                     "vs all-reduce (paired)", "kB per step, all links",
+                     "kB per step, busiest rank"), lines)
 
 
 def plot_accuracy(out: Path, matrix: list[Row], title: str) -> str:
