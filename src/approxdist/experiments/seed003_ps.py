@@ -244,5 +244,5 @@ PRESET = Preset(
     csv_columns={"epochs.csv": EPOCH_COLUMNS, "runs.csv": RUN_COLUMNS,
                  "staleness.csv": STALENESS_COLUMNS},
     collect=collect, render=render,
-    run_time={"quick": "~4 min (19 runs x 1 seed x 3 epochs, MNIST-1D)",
+    run_time={"quick": "~5 min (19 runs x 1 seed x 3 epochs, MNIST-1D)",
               "full": "~25 min (25 runs x 3 seeds x 10 epochs, MNIST-1D)"})

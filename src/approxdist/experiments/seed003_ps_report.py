@@ -150,6 +150,8 @@ def step_rows(epochs: list[Row]) -> list[tuple[str, int, dict[str, dict[str, flo
                 paired = [med(seed_rows, "step_time_s") / base[s]
                           for (s,), seed_rows in group(rs, "seed").items() if s in base]
                 cells[mode] = {"step_s": med(rs, "step_time_s"), "vs": median(paired),
+                               "vs_min": min(paired, default=math.nan),
+                               "vs_max": max(paired, default=math.nan),
                                "bytes": med(rs, "bytes_sent") / steps,
                                "busiest": med(rs, "busiest_bytes") / steps,
                                "servers": float(rs[0]["servers"])}
@@ -173,7 +175,7 @@ def plot_accuracy(out: Path, matrix: list[Row], title: str) -> str:
     settings = [s for s in SETTING_TITLES if select(matrix, setting=s)]
     fig, axes = plots.figure(len(settings), width=5.5)
     for ax, setting in zip(axes, settings):
-        for mode, spec in MODES.items():
+        for i, (mode, spec) in enumerate(MODES.items()):
             mine = select(matrix, setting=setting, mode=mode)
             if not mine:
                 continue
@@ -181,7 +183,8 @@ def plot_accuracy(out: Path, matrix: list[Row], title: str) -> str:
             epochs = sorted(per_epoch, key=lambda e: int(e[0]))
             ax.plot([mean(per_epoch[e], "elapsed_s") for e in epochs],
                     [100 * mean(per_epoch[e], "test_accuracy") for e in epochs], marker=".",
-                    label=spec["label"], linestyle="--" if mode == "sync" else "-")
+                    label=spec["label"], linestyle="--" if mode == "sync" else "-",
+                    color=f"C{i}")  # one colour per mode in every panel
         plots.label(ax, "training time (s)", "test accuracy (%)", SETTING_TITLES[setting])
     plots.save(fig, out / "ps_accuracy_vs_time.png", title)
     return "ps_accuracy_vs_time.png"
@@ -196,7 +199,7 @@ def plot_staleness(out: Path, stale: list[Row], title: str) -> str:
             n = sum(h.values())
             if n:
                 ax.bar([k + 0.4 * i - 0.2 for k in h], [100 * v / n for v in h.values()],
-                       width=0.4, label=MODES[mode]["label"])
+                       width=0.4, label=MODES[mode]["label"], color=f"C{i + 3}")
         plots.label(ax, "staleness (updates between read and use)", "gradients (%)",
                     SETTING_TITLES[setting])
     plots.save(fig, out / "ps_staleness.png", title)
