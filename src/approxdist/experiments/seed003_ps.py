@@ -46,15 +46,17 @@ from approxdist.train.straggler import stragglers_of
 
 Sections = dict[str, dict[str, Any]]
 
-#: straggler setting -> what it is, as a function of (world size, delay, probability)
+#: straggler settings: none; persistent (the last worker, every step); random (every worker,
+#: each step with probability PROBABILITY)
 SETTINGS = ("none", "persistent", "random")
 PROBABILITY = 0.1
-#: the MLP of seed004-adaprec: bandwidth, not compute, dominates its step
+#: the MLP of seed004-adaprec (578 KB of fp32 parameters): the same modes timed with many
+#: more bytes per step than the task's model moves
 BIG_MODEL = {"name": "mlp", "hidden": 256, "depth": 3}
 MNIST1D_WHY = ("Why this task: MNIST-1D (Greydanus 2020, generated locally) with the narrow "
                "1-D ResNet of seed002-async is far from saturated at these epochs, so update "
                "rules can differ in accuracy; its small model makes a step cheap, so a "
-               "100 ms straggler dominates it. The second model times bytes instead.")
+               "straggler's delay dominates it. The second model times bytes instead.")
 
 
 def plan(settings: Settings) -> list[tuple[str, str]]:

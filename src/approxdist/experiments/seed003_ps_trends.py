@@ -25,6 +25,7 @@ from approxdist.experiments.seed003_ps_report import (
 
 
 def trend_rows(epochs: list[Row], runs: list[Row], stale: list[Row], meta: Meta) -> list[md.Trend]:
+    """Every checked claim; `stale` holds the task model's staleness rows only."""
     model, workers = meta["task_model"], float(meta["workers"])
     matrix = select(epochs, model=model, workers=workers)
     mruns = select(runs, model=model, workers=workers)
