@@ -17,8 +17,8 @@ from approxdist.experiments import Settings, get_preset, run_experiment
 from approxdist.experiments.csvio import read_csv
 
 MULTI_RANK = ["seed000-bits", "seed000-ber", "seed000-bandwidth", "seed001-allreduce",
-              "seed001-scaling", "seed002-hybrid", "seed002-async", "seed004-adaprec",
-              "transformer-wire"]
+              "seed001-scaling", "seed002-hybrid", "seed002-async", "seed003-ps",
+              "seed004-adaprec", "transformer-wire"]
 
 
 def _report(path: Path) -> None:

@@ -21,7 +21,7 @@ from approxdist.experiments.task import task_for
 
 NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
          "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
-         "seed002-hybrid", "seed004-adaprec"]
+         "seed002-hybrid", "seed003-ps", "seed004-adaprec"]
 
 
 def _cli(module: object, argv: list[str]) -> int:
@@ -229,3 +229,73 @@ def test_seed004_adaprec_verdicts_follow_the_measurements() -> None:
     assert "4.2 %" in bad[2][1]  # 0.5 s of 12 s
     table = result_table(_adaprec_rows(0.698, 8.0, "0:fp32", 0.1))
     assert "| adaprec | 69.8 % (n=1) | 8.0 | 0.80x | 74.4 % |" in table
+
+
+# -- seed003-ps's verdicts come from its CSVs --------------------------------------------------
+
+_STEP_MS = {("none", "allreduce"): 10.0, ("none", "sync"): 12.0, ("none", "sharded"): 11.0,
+            ("none", "async"): 10.0, ("none", "ssp"): 10.0,
+            ("persistent", "sync"): 112.0, ("persistent", "async"): 20.0,
+            ("persistent", "backup"): 60.0}
+
+
+def _ps_rows(nb_wall: float, lead: int) -> tuple[list[dict[str, object]], ...]:
+    """Epoch, run and staleness rows of a fabricated seed003-ps run (W = 3, 2 epochs)."""
+    epochs, runs, stale = [], [], []
+    for (setting, mode), ms in _STEP_MS.items():
+        keys = {"model": "m", "setting": setting, "mode": mode,
+                "servers": 3 if mode == "sharded" else 0 if mode == "allreduce" else 1,
+                "workers": 3, "seed": 0}
+        busiest = 100_000 * {"allreduce": 1, "sync": 6, "sharded": 2}.get(mode, 6)
+        for epoch in (1, 2):
+            epochs.append({**keys, "epoch": epoch, "test_accuracy": 0.5 + 0.1 * epoch,
+                           "train_loss": 1.0, "epoch_time_s": ms / 1e3 * 10,
+                           "elapsed_s": epoch * ms / 1e3 * 10, "step_time_s": ms / 1e3,
+                           "steps": 10, "bytes_sent": 10 * busiest, "busiest_bytes": 10 * busiest})
+        wall = nb_wall if mode == "backup" else 7.0 if setting == "persistent" else 1.0
+        runs.append({**keys, "final_accuracy": 0.80 if mode == "async" else 0.85,
+                     "wall_time_s": wall, "steps": 62, "updates": 62,
+                     "dropped": 62 if mode == "backup" else 0, "max_lead": lead,
+                     "straggler_sleep_s": 6.2 if setting == "persistent" else 0.0,
+                     "straggler": "3:100ms" if setting == "persistent" else ""})
+        if mode in ("async", "ssp"):
+            stale += [{**keys, "staleness": s, "count": c} for s, c in ((0, 10), (2, 30))]
+    return epochs, runs, stale
+
+
+def test_seed003_ps_verdicts_follow_the_measurements() -> None:
+    from approxdist.experiments.seed003_ps_report import setting_table, staleness_table
+    from approxdist.experiments.seed003_ps_trends import trend_rows as ps_trends
+
+    meta = {"task_model": "m", "workers": 3, "delay_ms": 100, "cores": 2}
+    epochs, runs, stale = _ps_rows(3.0, 2)
+    rows = {claim.split(":")[0]: (ours, ok, why) for claim, ours, ok, why in
+            ps_trends(epochs, runs, stale, meta)}
+    wait = rows["a synchronous step waits for the slowest worker"]
+    assert wait[1] is True and "112.0 ms per step with the straggler (12.0 ms" in wait[0]
+    assert "sleeps 6.2 s over the run when it runs each of its 62 steps: 88.6 %" in wait[2]
+    assert rows["an asynchronous update does not wait for the slowest worker"][1] is True
+    nb = rows["N+b (b = 1), 3 workers, persistent 100 ms straggler"]
+    assert nb[1] is True and "3.0 s vs 7.0 s: 57.1 % cut" in nb[0]
+    assert "dropped 62 of the 186 gradients" in nb[2] and "ran fewer steps" in nb[2]
+    ratio = rows["sync PS, 1 server + 3 workers, m"]
+    assert ratio[1] is True and "12.00 ms vs 10.00 ms (medians); paired ratio 1.20x" in ratio[0]
+    assert "600.0 kB per step, the busiest all-reduce rank 100.0 kB (6.00x)" in ratio[2]
+    sharded = rows["sync PS, m, W = 3"]
+    assert sharded[1] is True and "gap closed: 50.0 %" in sharded[0]
+    assert rows["SSP never lets a worker run more than s = 2 steps ahead of the slowest (Ho et "
+                "al. 2013)"][1] is True
+    assert rows["async PS"][1] is True and "80.0 % vs 85.0 % (sync PS): -5.0 pts" in \
+        rows["async PS"][0] and "mean staleness 1.50 updates, largest 2" in rows["async PS"][2]
+    assert "| N+b, b = 1 | 0.60 | 0.536x |" in setting_table(
+        [e for e in epochs if e["setting"] == "persistent"], runs, "persistent", 0.7)
+    assert "| SSP, s = 2 | no straggler | 0: 10, 2: 30 | 1.50 | 2 |" in staleness_table(stale, runs)
+
+    epochs, runs, stale = _ps_rows(7.5, 3)
+    rows = {claim.split(":")[0]: (ours, ok, why) for claim, ours, ok, why in
+            ps_trends(epochs, runs, stale, meta)}
+    nb = rows["N+b (b = 1), 3 workers, persistent 100 ms straggler"]
+    assert nb[1] is False and "-7.1 % cut" in nb[0]
+    assert "7.5 s is at least the 6.2 s its straggler sleeps" in nb[2]
+    assert rows["SSP never lets a worker run more than s = 2 steps ahead of the slowest (Ho et "
+                "al. 2013)"][1] is False
