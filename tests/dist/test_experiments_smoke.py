@@ -18,7 +18,8 @@ from approxdist.experiments.csvio import read_csv
 
 MULTI_RANK = ["seed000-bits", "seed000-ber", "seed000-bandwidth", "seed001-allreduce",
               "seed001-scaling", "seed002-hybrid", "seed002-async", "seed003-ps",
-              "seed004-adaprec", "transformer-wire"]
+              "seed004-adaprec", "transformer-wire",
+              "seed003-largebatch"]
 
 
 def _report(path: Path) -> None:

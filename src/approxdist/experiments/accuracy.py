@@ -63,6 +63,22 @@ def curves(ax: plots.Axes, rows: list[Row], key: str, metric: str,
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def time_to(rows: list[Row], target: float) -> float:
+    """Mean over seeds of the training time (`elapsed_s`) until the first epoch whose test
+    accuracy is at or above `target`; NaN when a seed never reached it."""
+    times = []
+    for (_,), mine in group(rows, "seed").items():
+        hit = [float(r["elapsed_s"]) for r in sorted(mine, key=lambda r: int(r["epoch"]))
+               if float(r["test_accuracy"]) >= target]
+        times.append(hit[0] if hit else math.nan)
+    return sum(times) / len(times) if times else math.nan
+
+
+def seconds(value: float) -> str:
+    """A time to accuracy for a table: '12.3', or 'not reached' for NaN."""
+    return f"{value:.1f}" if math.isfinite(value) else "not reached"
+
+
 def noise(a: dict[str, float], b: dict[str, float]) -> str:
     """Whether the difference of two means is beyond the seed-to-seed spread, in words."""
     if a["n"] < 2 or b["n"] < 2:

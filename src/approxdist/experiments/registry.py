@@ -20,6 +20,7 @@ def _register_all() -> None:
     from approxdist.experiments.seed001_scaling import PRESET as SCALING
     from approxdist.experiments.seed002_async import PRESET as ASYNC
     from approxdist.experiments.seed002_hybrid import PRESET as HYBRID
+    from approxdist.experiments.seed003_largebatch import PRESET as LARGEBATCH
     from approxdist.experiments.seed003_ps import PRESET as PS
     from approxdist.experiments.seed004_adaprec import PRESET as ADAPREC
     from approxdist.experiments.transformer_wire import PRESET as TRANSFORMER_WIRE
@@ -28,7 +29,8 @@ def _register_all() -> None:
                    PS, ADAPREC, LINK_CHECK):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
-    for preset in (TRANSFORMER_WIRE,):
+    for preset in (TRANSFORMER_WIRE,
+                   LARGEBATCH):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 

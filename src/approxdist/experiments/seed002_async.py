@@ -28,7 +28,7 @@ from approxdist.config.loader import build_config
 from approxdist.data import load_dataset
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.accuracy import EPOCH_COLUMNS, curves, epoch_rows, finals, noise
+from approxdist.experiments.accuracy import EPOCH_COLUMNS, curves, epoch_rows, finals, noise, seconds, time_to
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
@@ -119,16 +119,6 @@ def _target(rows: list[Row]) -> float:
         best.append(max(spread([float(r["test_accuracy"]) for r in rs])["mean"]
                         for rs in per_epoch.values()))
     return min(best)
-
-
-def _time_to(rows: list[Row], schedule: str, target: float) -> float:
-    """Mean over seeds of the training time until the first epoch at or above `target`."""
-    times = []
-    for (_,), mine in group([r for r in rows if r["schedule"] == schedule], "seed").items():
-        hit = [float(r["elapsed_s"]) for r in sorted(mine, key=lambda r: int(r["epoch"]))
-               if float(r["test_accuracy"]) >= target]
-        times.append(hit[0] if hit else math.nan)
-    return sum(times) / len(times) if times else math.nan
 
 
 def _versions(rows: list[Row], schedule: str) -> list[int]:
@@ -236,10 +226,6 @@ def _early_gap(rows: list[Row], name: str, meta: Meta) -> str:
             f"a lower --set optim.lr would test it")
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.1f}" if math.isfinite(value) else "not reached"
-
-
 def result_table(rows: list[Row], target: float) -> str:
     fin = finals(rows, "schedule")
     return md.table(
@@ -247,7 +233,7 @@ def result_table(rows: list[Row], target: float) -> str:
          f"time to {md.pct(target)} (s)", "weight versions, peak bytes per stage"),
         [(name, md.pct_spread(fin[name]["test_accuracy"]), f"{_rate(rows, name):.0f}",
           f"{_rate(rows, name) / _rate(rows, SYNC):.3f}x",
-          _seconds(_time_to(rows, name, target)),
+          seconds(time_to([r for r in rows if r["schedule"] == name], target)),
           " / ".join(map(str, _versions(rows, name))))
          for name in [*SCHEDULES, *(f"{n} m=0" for n in NO_MOMENTUM)] if name in fin])
 
