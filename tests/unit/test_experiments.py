@@ -21,7 +21,9 @@ from approxdist.experiments.task import task_for
 
 NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
          "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
-         "seed002-hybrid", "seed003-ps", "seed004-adaprec"]
+         "seed002-hybrid",
+         "seed003-largebatch",
+         "seed003-ps", "seed004-adaprec"]
 
 
 def _cli(module: object, argv: list[str]) -> int:
@@ -186,6 +188,14 @@ def test_seed002_async_verdicts_follow_the_measurements() -> None:
     assert by_start["pipedream mem"][1] is True and "2 / 1" in by_start["pipedream mem"][0]
     table = result_table(rows, 0.7)
     assert "| 2bw | 70.0 % (n=1) | 1200 | 1.200x |" in table
+
+
+def test_largebatch_refuses_a_data_dir_before_any_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="seed003-largebatch trains MNIST-1D .*--data-dir "
+                                          "'/data/cifar' does not apply"):
+        run_experiment("seed003-largebatch", Settings(tmp_path, size="smoke",
+                                                      data_dir="/data/cifar"))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_link_shaper_applies_only_to_presets_that_vary_the_link(

@@ -161,6 +161,8 @@ def plot_sweep(out: Path, rows: list[Row], title: str) -> str:
     acc.axhline(100 * goal, color="0.5", linewidth=0.8, linestyle=":", label="target")
     for ax in (acc, when):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(rep.batches(rows), [str(b) for b in rep.batches(rows)])
+    when.set_ylim(bottom=0)
     plots.label(acc, "global batch (samples)", "final test accuracy (%)", "accuracy vs batch")
     plots.label(when, "global batch (samples)", "training time (s)",
                 f"time to {md.pct(goal)} (missing: not reached)")
