@@ -28,7 +28,7 @@ from torch import nn
 
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
-from approxdist.data import load_dataset
+from approxdist.data import TensorDataset, load_dataset
 from approxdist.errors import ConfigError
 from approxdist.experiments import largebatch_report as rep
 from approxdist.experiments import markdown as md
@@ -96,7 +96,8 @@ def collect(settings: Settings) -> Meta:
         raise ConfigError(f"{NAME} trains MNIST-1D (generated locally); --data-dir "
                           f"{settings.data_dir!r} does not apply: leave it out")
     seeds = settings.seed_list()
-    data = load_dataset(build_config(task(settings, 0, BASE_BATCH)).data)
+    cfg = build_config(task(settings, 0, BASE_BATCH))
+    data = load_dataset(cfg.data)
     train_size = int(data.train_x.shape[0])
     # at the base batch the linear rule scales by 1 and ramps from lr to lr: the smoke size
     # leaves that run out to stay short
@@ -114,19 +115,17 @@ def collect(settings: Settings) -> Meta:
             rows += _rows(run_dir, rule, batch, seed)
     write_csv(settings.out / "largebatch.csv", rep.COLUMNS, rows)
     sec = task(settings, 0, BASE_BATCH)
-    cfg = build_config(sec)
     return {"seeds": seeds, "ranks": RANKS, "cores": os.cpu_count() or 0,
-            "dataset": sec["data"]["dataset"], "model": sec["model"],
-            "epochs": sec["train"]["epochs"], "lr": BASE_LR, "base_batch": BASE_BATCH,
+            "dataset": cfg.data.dataset, "model": sec["model"],
+            "epochs": cfg.train.epochs, "lr": BASE_LR, "base_batch": BASE_BATCH,
             "warmup_epochs": WARMUP_EPOCHS, "momentum": cfg.optim.momentum, "gamma": GAMMA,
             "every": every(settings), "train_size": train_size,
-            "test_size": int(data.test_x.shape[0]), "batch_norm": _has_batch_norm(cfg)}
+            "test_size": int(data.test_x.shape[0]), "batch_norm": _has_batch_norm(cfg, data)}
 
 
-def _has_batch_norm(cfg: Config) -> bool:
+def _has_batch_norm(cfg: Config, data: TensorDataset) -> bool:
     """Whether the task's model normalises with batch statistics (the report's hypotheses
     about evaluation name BatchNorm only then)."""
-    data = load_dataset(cfg.data)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
