@@ -8,7 +8,8 @@ over seeds, and plots the per-epoch mean with a min-max band.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +64,16 @@ def curves(ax: plots.Axes, rows: list[Row], key: str, metric: str,
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def time_to(rows: list[Row], target: float) -> float:
-    """Mean over seeds of the training time (`elapsed_s`) until the first epoch whose test
-    accuracy is at or above `target`; NaN when a seed never reached it."""
+def time_to(rows: list[Row], target: float,
+            combine: Callable[[list[float]], float] = statistics.fmean) -> float:
+    """The training time (`elapsed_s`) until the first epoch whose test accuracy is at or
+    above `target`, combined over seeds (mean unless told); NaN when a seed never reached it."""
     times = []
     for (_,), mine in group(rows, "seed").items():
         hit = [float(r["elapsed_s"]) for r in sorted(mine, key=lambda r: int(r["epoch"]))
                if float(r["test_accuracy"]) >= target]
         times.append(hit[0] if hit else math.nan)
-    return sum(times) / len(times) if times else math.nan
+    return combine(times) if times and all(map(math.isfinite, times)) else math.nan
 
 
 def seconds(value: float) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 
 from approxdist.bench.stats import median
 from approxdist.experiments import markdown as md
-from approxdist.experiments.accuracy import EPOCH_COLUMNS, seconds, time_to
+from approxdist.experiments.accuracy import EPOCH_COLUMNS, seconds
+from approxdist.experiments.accuracy import time_to as _time_to
 from approxdist.experiments.base import Meta
 from approxdist.experiments.csvio import Row, group, spread
 
@@ -71,6 +72,11 @@ def target(rows: list[Row]) -> float:
     """The target accuracy: TARGET_SHARE of the reference run's (smallest batch, unscaled)."""
     sweep = batches(rows)
     return TARGET_SHARE * final(runs(rows, UNSCALED, sweep[0]))["mean"] if sweep else math.nan
+
+
+def time_to(rows: list[Row], goal: float) -> float:
+    """Median over seeds of the training time to `goal` (NaN unless every seed reached it)."""
+    return _time_to(rows, goal, median)
 
 
 def epoch_s(rows: list[Row], batch: int) -> float:
@@ -179,13 +185,15 @@ def eval_lag(mine: list[Row], ref: list[Row], meta: Meta, ref_name: str) -> str:
     if gap - ref_gap <= margin(train, test, int(meta.get("test_size", 0))):
         return ""
     worst = max(float(r["test_loss"]) for r in mine)
+    losses = {k: final(mine, k)["mean"] for k in ("test_loss", "train_loss")}
     fastest = max(float(r["lr"]) for r in mine)
     updates = final(mine, "updates")["mean"]
     what = ("BatchNorm's running statistics, which evaluation uses and which move once per "
             "update," if meta.get("batch_norm") else "the evaluated weights")
     return (f"training accuracy {md.pct(train['mean'])} against {md.pct(test['mean'])} on the "
-            f"test set ({md.points(gap)}; {ref_name}: {md.points(ref_gap)}), test loss up to "
-            f"{worst:.3g} during the run: a hypothesis: {what} lag the weights after "
+            f"test set ({md.points(gap)}; {ref_name}: {md.points(ref_gap)}), test loss "
+            f"{losses['test_loss']:.3g} against training loss {losses['train_loss']:.3g} at the "
+            f"end (test loss up to {worst:.3g} during the run): a hypothesis: {what} lag the weights after "
             f"{updates:.0f} updates at rates up to {fastest:.3g}; if so, more epochs (more "
             f"updates) at this batch close the gap between the two")
 

@@ -33,7 +33,7 @@ from approxdist.errors import ConfigError
 from approxdist.experiments import largebatch_report as rep
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.accuracy import epoch_rows, time_to
+from approxdist.experiments.accuracy import epoch_rows
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
@@ -153,7 +153,7 @@ def plot_sweep(out: Path, rows: list[Row], title: str) -> str:
         plots.band(acc, xs, [100 * s["mean"] for s in stats], [100 * s["min"] for s in stats],
                    [100 * s["max"] for s in stats], rule, marker="o",
                    linestyle="--" if rule == rep.UNSCALED else "-")
-        times = [(b, time_to(rep.runs(rows, rule, b), goal)) for b in xs]
+        times = [(b, rep.time_to(rep.runs(rows, rule, b), goal)) for b in xs]
         reached = [(b, t) for b, t in times if math.isfinite(t)]
         when.plot([b for b, _ in reached], [t for _, t in reached], marker="o", label=rule,
                   linestyle="--" if rule == rep.UNSCALED else "-")
