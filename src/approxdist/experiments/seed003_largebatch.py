@@ -237,4 +237,4 @@ PRESET = Preset(
             "+ warm-up; step decay vs batch growth with their noise scale",
     csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~1.5 min (10 runs x 1 seed x 8 epochs, MNIST-1D, 2 ranks)",
-              "full": "~6 min (14 runs x 3 seeds x 10 epochs)"})
+              "full": "~8 min (14 runs x 3 seeds x 10 epochs)"})
