@@ -262,9 +262,15 @@ def _run_rows(rule: str, batch: int, accs: list[float], losses: list[float],
     return rows
 
 
-def _largebatch_report(out: Path, scaled_512_losses: list[float], train_gap: float = 0.0) -> str:
+LB_META = {"seeds": [0], "ranks": 2, "cores": 2, "dataset": "mnist1d", "model": {}, "epochs": 3,
+           "lr": 0.05, "base_batch": 32, "warmup_epochs": 1.0, "momentum": MOMENTUM,
+           "gamma": 0.2, "every": 1, "train_size": N_TRAIN, "test_size": 1000,
+           "batch_norm": True}
+
+
+def _largebatch_rows(scaled_512_losses: list[float], train_gap: float = 0.0) -> list[dict[str, Any]]:
     falling = [1.5, 1.0, 0.8]
-    rows = (_run_rows(rep.UNSCALED, 32, [0.6, 0.8, 0.9], falling)
+    return (_run_rows(rep.UNSCALED, 32, [0.6, 0.8, 0.9], falling)
             + _run_rows(rep.SCALED, 32, [0.6, 0.8, 0.9], falling)
             + _run_rows(rep.UNSCALED, 128, [0.3, 0.5, 0.7], falling)
             + _run_rows(rep.SCALED, 128, [0.5, 0.8, 0.86], falling)
@@ -273,43 +279,40 @@ def _largebatch_report(out: Path, scaled_512_losses: list[float], train_gap: flo
                         train_gap=train_gap)
             + _run_rows(rep.DECAY, 32, [0.6, 0.8, 0.9], falling, lrs=[0.05, 0.01, 0.002])
             + _run_rows(rep.GROWTH, 32, [0.6, 0.75, 0.8], falling, batches=[32, 160, 800]))
-    write_csv(out / "largebatch.csv", rep.COLUMNS, rows)
-    _meta(out, "seed003-largebatch", seeds=[0], ranks=2, cores=2, dataset="mnist1d", model={},
-          epochs=3, lr=0.05, base_batch=32, warmup_epochs=1.0, momentum=MOMENTUM, gamma=0.2,
-          every=1, train_size=N_TRAIN, test_size=1000, batch_norm=True)
-    text = render_report(out).read_text()
-    assert [p.name for p in _pngs(out)] == ["decay_vs_growth.png", "largebatch.png"]
-    return text
 
 
-def _trend(text: str, start: str) -> str:
-    return next(line for line in text.splitlines() if line.startswith(f"| {start}"))
+def _trend(rows: list[dict[str, Any]], start: str) -> tuple[str, str, bool | None, str]:
+    return next(t for t in rep.trend_rows(rows, LB_META) if t[0].startswith(start))
 
 
 def test_the_largebatch_report_states_what_its_csv_holds(tmp_path: Path) -> None:
-    unstable = _largebatch_report(tmp_path, [2.0, 1.0, 1.6])
-    falls = _trend(unstable, "without scaling rules")
-    assert "90.0 % (32) → 70.0 % (128) → 40.0 % (512)" in falls and "| holds |" in falls
-    assert "-50.0 pts" in falls and "B = 512 makes 21 updates in the run against 375" in falls
-    back = _trend(unstable, "B = 128 (4x)")
-    assert "80 % of the loss back" in back and "| holds |" in back and "peak rate 0.2" in back
-    lost = _trend(unstable, "B = 512 (16x)")
-    assert "10 % of the loss back" in lost and "does not hold here" in lost
-    assert "training loss rose at epoch 3 (1.000 → 1.600)" in lost and "peak rate 0.8" in lost
-    assert "12.8 % of the training set" in lost  # 512 / 4000
-    growth = _trend(unstable, "growing the batch instead")
-    assert "80.0 % vs 90.0 % (decay)" in growth and "does not hold here" in growth
-    assert "155 vs 375 updates (0.41x)" in growth  # 125 + 25 + 5 against 3 x 125
-    assert "32 → 160 → 800" in growth and "0.05 → 0.01 → 0.002" in growth
-    noise = _trend(unstable, "growing B by the factor")
-    assert "1.00, 0.97, 0.81" in noise  # (N/160 - 1) / (5 (N/32 - 1)) etc., from the rows
+    unstable = _largebatch_rows([2.0, 1.0, 1.6])
+    write_csv(tmp_path / "largebatch.csv", rep.COLUMNS, unstable)
+    _meta(tmp_path, "seed003-largebatch", **LB_META)
+    text = render_report(tmp_path).read_text()
+    assert [p.name for p in _pngs(tmp_path)] == ["decay_vs_growth.png", "largebatch.png"]
+    assert "| 512 | 7 | 0.8 | 40.0 % (n=1) | 45.0 % (n=1) | not reached |" in text
 
-    slow = _largebatch_report(tmp_path, [2.0, 1.7, 1.6])  # falls every epoch: too few updates
-    lost = _trend(slow, "B = 512 (16x)")
-    assert "rose" not in lost and "fell every epoch but ended at 1.600" in lost
+    _, ours, ok, why = _trend(unstable, "without scaling rules")
+    assert ours == "90.0 % (32) → 70.0 % (128) → 40.0 % (512)" and ok is True
+    assert "-50.0 pts" in why and "B = 512 makes 21 updates in the run against 375" in why
+    _, ours, ok, why = _trend(unstable, "B = 128 (4x)")
+    assert "80 % of the loss back" in ours and ok is True and "peak rate 0.2" in why
+    _, ours, ok, why = _trend(unstable, "B = 512 (16x)")
+    assert "10 % of the loss back" in ours and ok is False
+    assert "training loss rose at epoch 3 (1.000 → 1.600)" in why and "peak rate 0.8" in why
+    assert "12.8 % of the training set" in why  # 512 / 4000
+    _, ours, ok, why = _trend(unstable, "growing the batch instead")
+    assert ours == "80.0 % vs 90.0 % (decay), -10.0 pts; 155 vs 375 updates (0.41x)"  # 125+25+5
+    assert ok is False and "32 → 160 → 800" in why and "0.05 → 0.01 → 0.002" in why
+    _, ours, ok, _ = _trend(unstable, "growing B by the factor")
+    assert ours.endswith("1.00, 0.97, 0.81") and ok is True  # (N/B - 1) ratios from the rows
 
-    lagging = _largebatch_report(tmp_path, [2.0, 1.7, 1.6], train_gap=0.3)  # 75 % train, 45 % test
-    lost = _trend(lagging, "B = 512 (16x)")
-    assert "training accuracy 75.0 % against 45.0 % on the test set (+30.0 pts" in lost
-    assert "BatchNorm's running statistics" in lost and "after 21 updates at rates up to 0.05" in lost
-    assert "the rule brings back 70 % of the loss (75.0 % vs 40.0 % unscaled" in lost
+    _, _, ok, why = _trend(_largebatch_rows([2.0, 1.7, 1.6]), "B = 512 (16x)")  # falls steadily
+    assert ok is False and "rose" not in why and "fell every epoch but ended at 1.600" in why
+
+    lagging = _largebatch_rows([2.0, 1.7, 1.6], train_gap=0.3)  # 75 % train, 45 % test
+    _, _, ok, why = _trend(lagging, "B = 512 (16x)")
+    assert "training accuracy 75.0 % against 45.0 % on the test set (+30.0 pts" in why
+    assert "BatchNorm's running statistics" in why and "after 21 updates at rates up to 0.05" in why
+    assert "the rule brings back 70 % of the loss (75.0 % vs 40.0 % unscaled" in why
