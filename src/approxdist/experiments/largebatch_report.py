@@ -104,9 +104,9 @@ def _falls(rows: list[Row], meta: Meta, sweep: list[int]) -> md.Trend:
     gap = accs[0]["mean"] - accs[-1]["mean"]
     need = margin(accs[0], accs[-1], int(meta.get("test_size", 0)))
     falls = sum(b["mean"] < a["mean"] for a, b in zip(accs, accs[1:]))
-    first = {b: runs(rows, UNSCALED, b) for b in (small, large)}
-    updates = {b: final(first[b], "updates")["mean"] for b in first}
-    g = {b: by_epoch(first[b], "noise_scale")[0][1] for b in first}
+    ends = {b: runs(rows, UNSCALED, b) for b in (small, large)}
+    updates = {b: final(ends[b], "updates")["mean"] for b in ends}
+    g = {b: by_epoch(ends[b], "noise_scale")[0][1] for b in ends}
     return ("without scaling rules, accuracy falls as the global batch grows (seed 003: "
             "accuracy drops as the total batch grows)",
             " → ".join(f"{md.pct(a['mean'])} ({b})" for a, b in zip(accs, sweep)),
@@ -115,8 +115,8 @@ def _falls(rows: list[Row], meta: Meta, sweep: list[int]) -> md.Trend:
             f"it fell at {falls} of {len(sweep) - 1} steps up the sweep. At the same rate, "
             f"B = {large} makes {updates[large]:.0f} updates in the run against "
             f"{updates[small]:.0f} at B = {small}, and its noise scale g in the first epoch "
-            f"(its last step) is {g[large]:.2f} against {g[small]:.1f}: a hypothesis (Smith and Le 2018): "
-            f"too few updates and too little SGD noise; the scaled rule below tests it")
+            f"(its last step) is {g[large]:.2f} against {g[small]:.1f}: a hypothesis (Smith and "
+            f"Le 2018): too few updates and too little SGD noise; the scaled rule below tests it")
 
 
 def _recovers(rows: list[Row], meta: Meta, base: int, batch: int) -> md.Trend:
