@@ -20,6 +20,7 @@ from typing import Any
 from approxdist.bench.stats import median
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
+from approxdist.experiments.accuracy import time_to
 from approxdist.experiments.csvio import Row, group, spread
 
 NAME = "seed003-ps"
@@ -68,16 +69,6 @@ def target(matrix: list[Row]) -> float:
                 for rs in group(mine, "epoch").values())
             for mine in group(matrix, "setting", "mode").values()]
     return min(best) if best else math.nan
-
-
-def time_to(rows: list[Row], goal: float) -> float:
-    """Mean over seeds of the training time until the first epoch at or above `goal`."""
-    times = []
-    for mine in group(rows, "seed").values():
-        hit = [float(r["elapsed_s"]) for r in sorted(mine, key=lambda r: int(r["epoch"]))
-               if float(r["test_accuracy"]) >= goal]
-        times.append(hit[0] if hit else math.nan)
-    return sum(times) / len(times) if times else math.nan
 
 
 def _s(value: float, digits: int = 2) -> str:
