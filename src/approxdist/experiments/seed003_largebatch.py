@@ -236,5 +236,5 @@ PRESET = Preset(
     summary="accuracy and time to accuracy vs global batch, unscaled and with linear scaling "
             "+ warm-up; step decay vs batch growth with their noise scale",
     csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1.5 min (10 runs x 1 seed x 8 epochs, MNIST-1D, 2 ranks)",
-              "full": "~8 min (14 runs x 3 seeds x 10 epochs)"})
+    run_time={"quick": "~1 min (10 runs x 1 seed x 8 epochs, MNIST-1D, 2 ranks)",
+              "full": "~3 min (14 runs x 3 seeds x 10 epochs)"})
