@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from approxdist.experiments import largebatch_report as rep
 from approxdist.experiments import render_report
+from approxdist.experiments import seed003_largebatch_report as rep
 from approxdist.experiments.csvio import write_csv
 from approxdist.experiments.link_check import COLUMNS as LINK_COLUMNS
 from approxdist.experiments.runner import META_FILE

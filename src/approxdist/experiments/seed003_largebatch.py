@@ -30,9 +30,9 @@ from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset, load_dataset
 from approxdist.errors import ConfigError
-from approxdist.experiments import largebatch_report as rep
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
+from approxdist.experiments import seed003_largebatch_report as rep
 from approxdist.experiments.accuracy import epoch_rows
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, read_csv, write_csv
