@@ -16,8 +16,9 @@ communication thread. Member 0 looks in its cache (`$APPROXDIST_CACHE_DIR`, else
 `$XDG_CACHE_HOME/approxdist`, else `~/.cache/approxdist`; one JSON file per key); a file that
 is not a calibration of this key is reported in one line, deleted and rebuilt, never
 trusted. Without one, every member times each of hybrid's candidates (native, ring, brb,
-brd, vhd) on sizes from 4 KiB up, interleaved in rounds, until the size list or the time
-budget (`BUDGET_S`, checked by member 0 between sizes) runs out; member 0 fits the
+brd, vhd) on sizes from 4 KiB up, interleaved in rounds, while the next size's forecast
+fits the time budget (`BUDGET_S`; member 0 decides before each size, so a slow link stops
+at a smaller size instead of overrunning it); member 0 fits the
 thresholds (`calibration.fit`, by paired ratio to native) and saves them. Member 0's
 calibration is then sent to every member, so all choose the same algorithm for every size
 (a disagreement would deadlock), also across machines. Within a process the result is
@@ -45,9 +46,10 @@ from approxdist.errors import ConfigError
 ENV = "APPROXDIST_ALLREDUCE_CALIBRATION"
 CANDIDATES = ("native", "ring", "brb", "brd", "vhd")
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
-ROUNDS = 5
-#: seconds after which no larger size is measured (member 0 decides, between sizes)
-BUDGET_S = 4.0
+ROUNDS = 9
+#: seconds the measurement may take: member 0 starts a size only if the time so far plus
+#: the next size's forecast (the last size's times scaled by the size ratio) fits in it
+BUDGET_S = 5.0
 
 _memory: dict[str, Calibration] = {}
 _lock = threading.Lock()
@@ -175,7 +177,12 @@ def _measure(link: Link) -> list[Measurement]:
     reducers = {a: AllReduce(link, a, "fp32", check=False) for a in CANDIDATES}
     out: list[Measurement] = []
     start = time.perf_counter()
-    for size in SIZES:
+    for i, size in enumerate(SIZES):
+        if i:  # the forecast of this size: the last one's round time scaled by the size
+            last = sum(m.median_s for m in out[-len(CANDIDATES):]) * (ROUNDS + 1)
+            done = time.perf_counter() - start + last * size / SIZES[i - 1] > BUDGET_S
+            if _share(link, ("1" if done else "0") if link.rank == 0 else None) == "1":
+                break
         x = torch.randn(size // 4, generator=torch.Generator().manual_seed(size))
         work = torch.empty_like(x)
         times: dict[str, list[float]] = {a: [] for a in CANDIDATES}
@@ -189,7 +196,4 @@ def _measure(link: Link) -> list[Measurement]:
         for a in CANDIDATES:
             out.append(Measurement(a, size, median(times[a]),
                                    paired_ratio(times[a], times["native"])))
-        over = "1" if time.perf_counter() - start > BUDGET_S else "0"
-        if _share(link, over if link.rank == 0 else None) == "1":
-            break
     return out
