@@ -23,6 +23,7 @@ from approxdist.comm.collectives import autocal
 from approxdist.comm.link import Link
 from approxdist.data_parallel import DataParallel
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import new_group
 from approxdist.launch.spawn import run_on_ranks
 
 
@@ -82,3 +83,26 @@ def test_auto_calibration_is_agreed_cached_and_rebuilt(tmp_path: Path) -> None:
     assert r0["rebuilt"] == r1["rebuilt"] and r0["file_ok"]
     assert r0["off"] is None and r0["env_off"] is None
     assert torch.equal(r0["grad"], r1["grad"])
+
+
+def _overlapping_groups(ctx: DistContext, cache: str) -> dict[str, Any]:
+    os.environ["APPROXDIST_CACHE_DIR"] = cache
+    autocal.SIZES = (4 << 10,)
+    first, second = new_group(ctx, [0, 1], "first"), new_group(ctx, [1, 2], "second")
+    out: dict[str, Any] = {}
+    for name, group in (("first", first), ("second", second)):
+        if group is not None:  # rank 1 meets the key again in "second"; rank 2 for the first time
+            link = Link(ctx, group=group)
+            cal = autocal.resolve(link, "auto")
+            out[name] = cal.to_json() if cal is not None else None
+            link.close()
+    return out
+
+
+def test_groups_that_share_a_key_agree_without_waiting(tmp_path: Path) -> None:
+    """Two 2-rank groups of a 3-rank job have one key; the second group's members have not
+    all met it (rank 2 has not): every member still takes part in member 0's exchange, so
+    none waits for a message that never comes (a deadlock before) and all agree."""
+    r0, r1, r2 = run_on_ranks(_overlapping_groups, 3, str(tmp_path / "cache"), timeout_s=120)
+    assert r0["first"] is not None and r0["first"] == r1["first"]
+    assert r1["second"] == r2["second"] == r1["first"]

@@ -16,13 +16,16 @@ communication thread. Member 0 looks in its cache (`$APPROXDIST_CACHE_DIR`, else
 `$XDG_CACHE_HOME/approxdist`, else `~/.cache/approxdist`; one JSON file per key); a file that
 is not a calibration of this key is reported in one line, deleted and rebuilt, never
 trusted. Without one, every member times each of hybrid's candidates (native, ring, brb,
-brd, vhd) on sizes from 4 KiB up, interleaved in rounds, while the next size's forecast
+brd, vhd) on sizes from 4 KiB up, interleaved in rounds, each op after a barrier and
+timed as its slowest member's (as `bench allreduce` times), while the next size's forecast
 fits the time budget (`BUDGET_S`; member 0 decides before each size, so a slow link stops
 at a smaller size instead of overrunning it); member 0 fits the
 thresholds (`calibration.fit`, by paired ratio to native) and saves them. Member 0's
 calibration is then sent to every member, so all choose the same algorithm for every size
-(a disagreement would deadlock), also across machines. Within a process the result is
-kept per key, so later all-reduces of the same world pay nothing.
+(a disagreement would deadlock), also across machines. Member 0 keeps the result per key
+in memory, so later all-reduces of the same world pay one small message, not a file read;
+every member takes part in that message each time, as the members of a group may not all
+have met the key before.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ ROUNDS = 9
 #: the next size's forecast (the last size's times scaled by the size ratio) fits in it
 BUDGET_S = 5.0
 
-_memory: dict[str, Calibration] = {}
+_memory: dict[str, str] = {}  # member 0's calibrations by key, as JSON
 _lock = threading.Lock()
 
 
@@ -96,9 +99,11 @@ def auto(link: Link) -> Calibration | None:
         return None
     k = key(link)
     with _lock:
-        if k in _memory:
-            return _memory[k]
-        text = _cached(k) if link.rank == 0 else None
+        # member 0 alone decides, also from its memory: the members of this group may not
+        # all have met this key before (ranks 1 and 2 of a 3-rank job can form a 2-rank
+        # group after ranks 0 and 1 did), and a member that skipped the exchange would
+        # leave the others waiting for it
+        text = (_memory.get(k) or _cached(k)) if link.rank == 0 else None
         text = _share(link, text)
         if not text:
             t0 = time.perf_counter()
@@ -111,9 +116,9 @@ def auto(link: Link) -> Calibration | None:
                       f"in {time.perf_counter() - t0:.1f} s; cached in {cache_path(k)}",
                       file=sys.stderr)
             text = _share(link, text)
-        cal = Calibration.from_json(json.loads(text)["calibration"])
-        _memory[k] = cal
-        return cal
+        if link.rank == 0:
+            _memory[k] = text
+        return Calibration.from_json(json.loads(text)["calibration"])
 
 
 def _cached(k: str) -> str | None:
@@ -185,15 +190,25 @@ def _measure(link: Link) -> list[Measurement]:
                 break
         x = torch.randn(size // 4, generator=torch.Generator().manual_seed(size))
         work = torch.empty_like(x)
-        times: dict[str, list[float]] = {a: [] for a in CANDIDATES}
+        mine: dict[str, list[float]] = {a: [] for a in CANDIDATES}
         for r in range(ROUNDS + 1):  # the first round warms up
             for a in (CANDIDATES if r % 2 else CANDIDATES[::-1]):
                 work.copy_(x)
+                link.group.barrier()  # all start together: no op is charged another's tail
                 t0 = time.perf_counter()
                 reducers[a](work)
                 if r:
-                    times[a].append(time.perf_counter() - t0)
+                    mine[a].append(time.perf_counter() - t0)
+        times = _slowest(link, mine)
         for a in CANDIDATES:
             out.append(Measurement(a, size, median(times[a]),
                                    paired_ratio(times[a], times["native"])))
     return out
+
+
+def _slowest(link: Link, mine: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each op's time on the slowest member (a member's own clock would favour the
+    algorithms that finish early on it: the root of brb's tree is done a hop before the
+    leaves, and the next op then waits for them)."""
+    every = link.group.all_gather_object(mine)
+    return {a: [max(ts) for ts in zip(*(m[a] for m in every), strict=True)] for a in mine}
