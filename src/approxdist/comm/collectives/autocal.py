@@ -18,9 +18,10 @@ is not a calibration of this key is reported in one line, deleted and rebuilt, n
 trusted. Without one, every member times each of hybrid's candidates (native, ring, brb,
 brd, vhd) on sizes from 4 KiB up, interleaved in rounds, each op after a barrier and
 timed as its slowest member's (as `bench allreduce` times), while the next size's forecast
-fits the time budget (`BUDGET_S`; member 0 decides before each size, so a slow link stops
-at a smaller size instead of overrunning it); member 0 fits the
-thresholds (`calibration.fit`, by paired ratio to native) and saves them. Member 0's
+(a line through the last two sizes' round times) fits the time budget (`BUDGET_S`;
+member 0 decides before each size, so a slow link stops at a smaller size instead of
+overrunning it); member 0 fits the thresholds (`calibration.fit`, by median time) and
+saves them. Member 0's
 calibration is then sent to every member, so all choose the same algorithm for every size
 (a disagreement would deadlock), also across machines. Member 0 keeps the result per key
 in memory, so later all-reduces of the same world pay one small message, not a file read;
@@ -51,7 +52,7 @@ CANDIDATES = ("native", "ring", "brb", "brd", "vhd")
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 ROUNDS = 9
 #: seconds the measurement may take: member 0 starts a size only if the time so far plus
-#: the next size's forecast (the last size's times scaled by the size ratio) fits in it
+#: the next size's forecast (`_forecast`) fits in it
 BUDGET_S = 5.0
 
 _memory: dict[str, str] = {}  # member 0's calibrations by key, as JSON
@@ -183,9 +184,8 @@ def _measure(link: Link) -> list[Measurement]:
     out: list[Measurement] = []
     start = time.perf_counter()
     for i, size in enumerate(SIZES):
-        if i:  # the forecast of this size: the last one's round time scaled by the size
-            last = sum(m.median_s for m in out[-len(CANDIDATES):]) * (ROUNDS + 1)
-            done = time.perf_counter() - start + last * size / SIZES[i - 1] > BUDGET_S
+        if i:
+            done = time.perf_counter() - start + _forecast(out, SIZES[:i], size) > BUDGET_S
             if _share(link, ("1" if done else "0") if link.rank == 0 else None) == "1":
                 break
         x = torch.randn(size // 4, generator=torch.Generator().manual_seed(size))
@@ -204,6 +204,19 @@ def _measure(link: Link) -> list[Measurement]:
             out.append(Measurement(a, size, median(times[a]),
                                    paired_ratio(times[a], times["native"])))
     return out
+
+
+def _forecast(out: list[Measurement], sizes: tuple[int, ...], size: int) -> float:
+    """Seconds the rounds of `size` should take: a line through the round times of the
+    last two sizes measured (alpha dominates small sizes, so scaling the last one alone
+    would overshoot by up to the size ratio), or the last one scaled after one size."""
+    n = len(CANDIDATES)
+    rounds = [sum(m.median_s for m in out[j * n:(j + 1) * n]) * (ROUNDS + 1)
+              for j in range(len(sizes))]
+    if len(sizes) == 1:
+        return rounds[0] * size / sizes[0]
+    slope = max(rounds[-1] - rounds[-2], 0.0) / (sizes[-1] - sizes[-2])
+    return rounds[-1] + slope * (size - sizes[-1])
 
 
 def _slowest(link: Link, mine: dict[str, list[float]]) -> dict[str, list[float]]:
