@@ -10,9 +10,9 @@ import pytest
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.param_server import Roles, ServerRules, parse_mode, shard_by_bytes
+from approxdist.param_server.node import check_backend
 from approxdist.param_server.sharding import shard_bytes
 from approxdist.train.check import check_parts
-from approxdist.train.engines.param_server import check_backend
 
 
 def test_sharding_covers_every_tensor_once_and_balances_bytes() -> None:
