@@ -21,6 +21,7 @@ from torch.nn import functional as F  # noqa: N812
 import approxdist
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import new_group
 from approxdist.launch.spawn import run_on_ranks
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_api.py"
@@ -62,6 +63,7 @@ class Case:
     task: str  # classification (cross-entropy) or regression (the user's Huber loss)
     optimizer: Callable[[Any], torch.optim.Optimizer]
     steps: int = STEPS
+    group: tuple[int, ...] = ()  # the ranks of `group=`, in order (default: the world)
 
     @property
     def loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -70,9 +72,11 @@ class Case:
 
 ORACLE_CASES = [Case(1, 2, "sync", "classification", _sgd),
                 Case([1, 2], [0], "sync", "regression", _adam),
-                Case(2, None, "async", "classification", _sgd, 4)]
-#: which ranks serve in each oracle case (counts take the ranks in order)
-SERVING = [[True, False, False], [False, True, True], [True, True, False]]
+                Case(2, None, "async", "classification", _sgd, 4),
+                Case(1, None, "async", "regression", _adam, 3, (2, 0))]
+#: which ranks serve in each oracle case (counts take the group's ranks in order; None:
+#: outside the group)
+SERVING = [[True, False, False], [False, True, True], [True, True, False], [False, None, True]]
 
 
 def _model(task: str) -> nn.Module:
@@ -91,10 +95,13 @@ def _batches(task: str, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _run(case: Case, model: nn.Module | None = None) -> dict[str, Any]:
-    ps = approxdist.ParameterServer(model or _model(case.task), servers=case.servers,
+def _run(ctx: DistContext, case: Case) -> dict[str, Any]:
+    group = new_group(ctx, case.group, "ps") if case.group else None
+    if case.group and group is None:
+        return {"server": None}
+    ps = approxdist.ParameterServer(_model(case.task), servers=case.servers,
                                     workers=case.workers, mode=case.mode, steps=case.steps,
-                                    optimizer=case.optimizer, loss_fn=case.loss_fn)
+                                    optimizer=case.optimizer, loss_fn=case.loss_fn, group=group)
     out: dict[str, Any] = {"server": ps.is_server, "losses": [], "records": []}
     if ps.is_server:
         out["records"] = ps.serve()
@@ -135,9 +142,9 @@ def _refusals(ctx: DistContext) -> list[str]:
 
 
 def _ranks(ctx: DistContext) -> dict[str, Any]:
-    out: dict[str, Any] = {"oracle": [_run(case) for case in ORACLE_CASES]}
-    out["ssp"] = _run(Case(1, 2, "ssp:1", "classification", _sgd, 6))
-    out["backup"] = _run(Case(1, 2, "backup:1", "classification", _sgd, 6))
+    out: dict[str, Any] = {"oracle": [_run(ctx, case) for case in ORACLE_CASES]}
+    out["ssp"] = _run(ctx, Case(1, 2, "ssp:1", "classification", _sgd, 6))
+    out["backup"] = _run(ctx, Case(1, 2, "backup:1", "classification", _sgd, 6))
     out["refused"] = _refusals(ctx)
     spec = importlib.util.spec_from_file_location("ps_api_example", EXAMPLE)
     assert spec is not None and spec.loader is not None
@@ -174,13 +181,13 @@ def test_the_public_ps_equals_single_process_training(three_ranks: list[dict[str
     want, losses = _oracle(case)
     runs = [r["oracle"][index] for r in three_ranks]
     assert [r["server"] for r in runs] == SERVING[index]
-    workers = [r for r in runs if not r["server"]]
+    workers = [r for r in runs if r["server"] is False]
     for w in workers:
         for name, p in want.items():
             torch.testing.assert_close(w["params"][name], p, atol=1e-5, rtol=0, msg=name)
     if len(workers) == 1:  # the only worker's losses are the single process's
         assert workers[0]["losses"] == pytest.approx(losses, rel=1e-5)
-    servers = [r for r in runs if r["server"]]
+    servers = [r for r in runs if r["server"] is True]
     assert sum(s["summary"]["updates"] for s in servers) == case.steps * len(servers)
     assert all(x == 0 for s in servers for rec in s["records"] for x in rec["staleness"])
 
@@ -232,3 +239,12 @@ def test_without_a_process_group_the_api_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match=r"needs torch.distributed: call "
                        r"dist.init_process_group\(...\) on every rank first"):
         approxdist.ParameterServer(_model("classification"), steps=1, optimizer=_sgd)
+
+
+def test_the_docs_show_the_example_as_it_is() -> None:
+    docs = (EXAMPLE.parents[1] / "docs" / "api.md").read_text()
+    section = docs[docs.index("## `approxdist.ParameterServer`"):]
+    block = section[section.index("```python\n") + 10:]
+    block = block[:block.index("```")]
+    source = EXAMPLE.read_text()
+    assert block == source[source.index("from __future__"):]
