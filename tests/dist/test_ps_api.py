@@ -120,7 +120,8 @@ def _refusals(ctx: DistContext) -> list[str]:
     model, messages = _model("classification"), []
     for kwargs in ({"mode": "ssp"}, {"servers": 3}, {"workers": 5}, {"servers": [0, 1],
                    "workers": [1, 2]}, {"push_codec": "fp33"}, {"steps": 0},
-                   {"mode": "backup:2"}, {"servers": [0], "workers": [1]}):
+                   {"mode": "backup:2"}, {"servers": [0], "workers": [1]},
+                   {"link": "bw=fast"}, {"optimizer": "sgd"}):
         args = {"steps": 2, "optimizer": _sgd, **kwargs}
         with pytest.raises(ConfigError) as info:
             approxdist.ParameterServer(model, **args)
@@ -222,9 +223,12 @@ def test_bad_arguments_are_refused_in_one_line(three_ranks: list[dict[str, Any]]
     assert got[7] == ("servers=[0] and workers=[1] leave rank(s) [2] of the group without a "
                       "role; name every rank of the group once (or pass group= of the ranks "
                       "used)")
-    assert got[8].startswith("worker 0 (rank 1) computes gradients: call step(inputs, "
-                             "targets) on it, not serve()")
-    assert three_ranks[0]["refused"][8].startswith("server 0 (rank 0) holds parameters: call "
+    assert got[8] == "link='bw=fast': bandwidth 'fast' is not <number><unit>; e.g. bw=100mbit"
+    assert got[9] == ("optimizer='sgd' must be a function of a server's parameters, e.g. "
+                      "optimizer=lambda params: torch.optim.SGD(params, lr=0.1)")
+    assert got[10].startswith("worker 0 (rank 1) computes gradients: call step(inputs, "
+                              "targets) on it, not serve()")
+    assert three_ranks[0]["refused"][10].startswith("server 0 (rank 0) holds parameters: call "
                                                    "serve() on it, not step()")
 
 

@@ -42,6 +42,7 @@ from approxdist.comm.link import Link
 from approxdist.comm.netem import parse_link
 from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.errors import ConfigError, SpecError
+from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, check_ranks, world_group
 from approxdist.param_server.modes import parse_mode
 from approxdist.param_server.node import OptimizerFactory, PSNode, check_backend
@@ -62,20 +63,7 @@ class ParameterServer:
                  error_feedback: bool = False, link: str = "", staleness_lr: bool = False,
                  group: Group | None = None) -> None:
         ctx = context_of(model)
-        if not ctx.distributed:
-            raise ConfigError("approxdist.ParameterServer needs torch.distributed: call "
-                              "dist.init_process_group(...) on every rank first (e.g. under "
-                              "torchrun), one rank per server and per worker")
-        if not callable(optimizer):
-            raise ConfigError(f"optimizer={optimizer!r} must be a function of a server's "
-                              f"parameters, e.g. optimizer=lambda params: "
-                              f"torch.optim.SGD(params, lr=0.1)")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ConfigError(f"steps={steps!r} must be the number of mini-batches each worker "
-                              f"steps per round (>= 1), e.g. steps=len(batches)")
-        if not any(True for _ in model.parameters()):
-            raise ConfigError(f"the model ({type(model).__name__}) has no parameters for the "
-                              f"servers to hold")
+        _check_arguments(ctx, model, optimizer, steps)
         self.group = group if group is not None else world_group(ctx)
         self.roles = _roles(servers, workers, self.group, ctx.world_size)
         ps_mode = parse_mode(mode, self.roles.workers, name="mode")
@@ -84,10 +72,10 @@ class ParameterServer:
                            _spec(get_codec, "pull_codec", pull_codec),
                            _channel("push_channel", push_channel),
                            _channel("pull_channel", pull_channel))
-        _spec(parse_link, "link", link)
+        shaping = _spec(parse_link, "link", link)
         check_same_model(model, self.group, who="approxdist.ParameterServer")
         self.steps, self.loss_fn = steps, loss_fn
-        self.link = Link(ctx, link or None, group=self.group)
+        self.link = Link(ctx, shaping, group=self.group)
         self.node = PSNode(model, self.roles, ps_mode, self.link, self.group, wire,
                            _checked(optimizer), steps, error_feedback=error_feedback,
                            staleness_lr=staleness_lr, servers_name="servers")
@@ -159,6 +147,23 @@ class ParameterServer:
     def close(self) -> None:
         """Release the link (call once, after training)."""
         self.link.close()
+
+
+def _check_arguments(ctx: DistContext, model: nn.Module, optimizer: object, steps: object) -> None:
+    if not ctx.distributed:
+        raise ConfigError("approxdist.ParameterServer needs torch.distributed: call "
+                          "dist.init_process_group(...) on every rank first (e.g. under "
+                          "torchrun), one rank per server and per worker")
+    if not callable(optimizer):
+        raise ConfigError(f"optimizer={optimizer!r} must be a function of a server's "
+                          f"parameters, e.g. optimizer=lambda params: "
+                          f"torch.optim.SGD(params, lr=0.1)")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps={steps!r} must be the number of mini-batches each worker "
+                          f"steps per round (>= 1), e.g. steps=len(batches)")
+    if not any(True for _ in model.parameters()):
+        raise ConfigError(f"the model ({type(model).__name__}) has no parameters for the "
+                          f"servers to hold")
 
 
 def _roles(servers: int | Sequence[int], workers: int | Sequence[int] | None, group: Group,
