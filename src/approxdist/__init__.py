@@ -2,12 +2,12 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["DataParallel", "Pipeline", "__version__"]
+__all__ = ["DataParallel", "ParameterServer", "Pipeline", "__version__"]
 
 
 def __getattr__(name: str) -> object:
-    """`approxdist.DataParallel`, `approxdist.Pipeline` without importing torch at
-    `import approxdist`."""
+    """`approxdist.DataParallel`, `approxdist.Pipeline`, `approxdist.ParameterServer`
+    without importing torch at `import approxdist`."""
     if name == "DataParallel":
         from approxdist.data_parallel.engine import DataParallel
 
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> object:
         from approxdist.api.pipeline import Pipeline
 
         return Pipeline
+    if name == "ParameterServer":
+        from approxdist.api.param_server import ParameterServer
+
+        return ParameterServer
     raise AttributeError(f"module 'approxdist' has no attribute {name!r}")

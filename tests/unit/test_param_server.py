@@ -10,9 +10,9 @@ import pytest
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.param_server import Roles, ServerRules, parse_mode, shard_by_bytes
+from approxdist.param_server.node import check_backend
 from approxdist.param_server.sharding import shard_bytes
 from approxdist.train.check import check_parts
-from approxdist.train.engines.param_server import check_backend
 
 
 def test_sharding_covers_every_tensor_once_and_balances_bytes() -> None:
@@ -143,6 +143,28 @@ def test_roles_and_their_errors() -> None:
         Roles(0, 2)
     with pytest.raises(ConfigError, match="--workers 0 must be >= 1"):
         Roles(1, 0)
+
+
+def test_roles_on_named_ranks() -> None:
+    """approxdist.ParameterServer(servers=[3], workers=[0, 2]): servers, then workers."""
+    roles = Roles(1, 2, (3, 0, 2))
+    assert [roles.server_rank(0), roles.worker_rank(0), roles.worker_rank(1)] == [3, 0, 2]
+    assert [roles.is_server(r) for r in (0, 2, 3)] == [False, False, True]
+    assert [roles.index(r) for r in (3, 0, 2)] == [0, 0, 1]
+    assert roles.describe(2) == "worker 1 (rank 2)" and roles.describe(3) == "server 0 (rank 3)"
+
+
+def test_the_api_s_messages_name_its_arguments() -> None:
+    with pytest.raises(ConfigError, match=r"^mode='later' is not one of: sync, async"):
+        parse_mode("later", 2, name="mode")
+    with pytest.raises(ConfigError, match=r"^mode='backup:1': b = 1 .* \(add workers\)$"):
+        parse_mode("backup:1", 1, name="mode")
+    with pytest.raises(ConfigError, match=r"^servers=3: the model has only 2 parameter "
+                                          r"tensor\(s\) to shard; use servers=2 or fewer$"):
+        shard_by_bytes([4, 4], 3, name="servers")
+    with pytest.raises(ConfigError, match=r"^mode='async' has the server .* NCCL cannot; use a "
+                                          r"CPU model on a gloo process group, or mode='sync'$"):
+        check_backend("async", True, "nccl", name="mode")
 
 
 def _ps(servers: int = 1, workers: int = 2, **ps: object) -> dict[str, dict[str, object]]:

@@ -1,8 +1,11 @@
 """The public Python API for users' own models, data and loops (beside `DataParallel`).
 
-- `pipeline`: `Pipeline`, pipeline parallelism driven one mini-batch at a time.
+- `pipeline`: `Pipeline`, pipeline parallelism driven one mini-batch at a time;
+- `param_server`: `ParameterServer`, servers holding the parameters and the optimiser,
+  workers stepping one mini-batch at a time.
 """
 
+from approxdist.api.param_server import ParameterServer
 from approxdist.api.pipeline import Pipeline
 
-__all__ = ["Pipeline"]
+__all__ = ["ParameterServer", "Pipeline"]

@@ -50,8 +50,9 @@ def _idx(field: str) -> int:
     return ["name", "shape", "dtype", "requires_grad"].index(field)
 
 
-def check_same_model(module: nn.Module, group: Group) -> None:
-    """Raise `ConfigError` on every member unless all members hold the same model structure."""
+def check_same_model(module: nn.Module, group: Group, who: str = "DataParallel") -> None:
+    """Raise `ConfigError` on every member unless all members hold the same model structure
+    (`who` is the API that needs it, for the message)."""
     if not group.distributed:
         return
     every: list[Signature] = group.all_gather_object(model_signature(module))
@@ -61,7 +62,7 @@ def check_same_model(module: nn.Module, group: Group) -> None:
         if diff:
             problems.append(f"{diff} on rank {rank}")
     if problems:
-        raise ConfigError("DataParallel needs the same model on every rank (same parameters, "
+        raise ConfigError(f"{who} needs the same model on every rank (same parameters, "
                           "shapes, dtypes and requires_grad, in the same order): "
                           + "; ".join(problems) + ". Build the model identically everywhere and "
                           "freeze parameters before wrapping it")

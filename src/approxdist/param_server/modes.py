@@ -38,8 +38,10 @@ class PSMode:
         return f"backup:{self.backup}" if self.kind == "backup" else self.kind
 
 
-def parse_mode(text: str, workers: int) -> PSMode:
-    """`text` for a run of `workers` workers; `ConfigError` naming the value and the forms."""
+def parse_mode(text: str, workers: int, name: str = "--ps-mode") -> PSMode:
+    """`text` for a run of `workers` workers; `ConfigError` naming the value and the forms.
+    `name` is what the user set (`--ps-mode`, or the API's `mode`)."""
+    shown = f"{name} {text!r}" if name.startswith("-") else f"{name}={text!r}"
     kind, _, arg = text.strip().partition(":")
     if kind in ("sync", "async") and not arg:
         return PSMode(kind, 0.0 if kind == "sync" else math.inf)
@@ -53,7 +55,8 @@ def parse_mode(text: str, workers: int) -> PSMode:
         if kind == "backup" and 1 <= n < workers:
             return PSMode("backup", 0.0, n)
         if kind == "backup" and n >= workers >= 1:
-            raise ConfigError(f"--ps-mode {text!r}: b = {n} backup workers leaves no gradient "
+            more = "--workers" if name.startswith("-") else "workers"
+            raise ConfigError(f"{shown}: b = {n} backup workers leaves no gradient "
                               f"of the {workers} worker(s) to use; use b <= {workers - 1}"
-                              + ("" if workers > 1 else " (add --workers)"))
-    raise ConfigError(f"--ps-mode {text!r} is not one of: {FORMS}")
+                              + ("" if workers > 1 else f" (add {more})"))
+    raise ConfigError(f"{shown} is not one of: {FORMS}")

@@ -8,15 +8,17 @@ from collections.abc import Sequence
 from approxdist.errors import ConfigError
 
 
-def shard_by_bytes(sizes: Sequence[int], servers: int) -> tuple[tuple[int, ...], ...]:
+def shard_by_bytes(sizes: Sequence[int], servers: int,
+                   name: str = "--servers") -> tuple[tuple[int, ...], ...]:
     """For each of `servers` servers, the indices (ascending) of the tensors it holds, given
     each tensor's size in bytes. Every tensor goes to exactly one server; every server gets
-    at least one (`ConfigError` naming the counts otherwise)."""
+    at least one (`ConfigError` naming the counts, and `name`, the setting, otherwise)."""
+    sep = " " if name.startswith("-") else "="
     if servers < 1:
-        raise ConfigError(f"--servers {servers} must be >= 1")
+        raise ConfigError(f"{name}{sep}{servers} must be >= 1")
     if len(sizes) < servers:
-        raise ConfigError(f"--servers {servers}: the model has only {len(sizes)} parameter "
-                          f"tensor(s) to shard; use --servers {max(1, len(sizes))} or fewer")
+        raise ConfigError(f"{name}{sep}{servers}: the model has only {len(sizes)} parameter "
+                          f"tensor(s) to shard; use {name}{sep}{max(1, len(sizes))} or fewer")
     load = [0] * servers
     owned: list[list[int]] = [[] for _ in range(servers)]
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):

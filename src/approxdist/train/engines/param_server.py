@@ -27,9 +27,9 @@ from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
-from approxdist.param_server import PSMode, Roles, ServerRules, parse_mode, shard_by_bytes
+from approxdist.param_server import Roles, parse_mode
+from approxdist.param_server.node import PSNode, check_backend
 from approxdist.param_server.server import Server
-from approxdist.param_server.sharding import shard_bytes
 from approxdist.param_server.wire import WireFormats
 from approxdist.param_server.worker import Worker
 from approxdist.topology.groups import TopologyGroups
@@ -40,32 +40,37 @@ from approxdist.train.task import Task, task_named
 
 
 class ParamServerEngine:
-    """This rank as a server (`server` set) or a worker (`worker` set) of a PS run."""
+    """This rank as a server (`server` set) or a worker (`worker` set) of a PS run; the
+    sharding, the two ends and the epoch's end are `param_server.node.PSNode`'s."""
 
-    def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, groups: TopologyGroups,
-                 link: Link, steps_per_epoch: int, server: Server | None, worker: Worker | None,
-                 rec: Recorder, shards: tuple[tuple[int, ...], ...], sizes: list[int],
-                 task: Task) -> None:
-        self.module, self.roles, self.mode, self.groups = model, roles, mode, groups
-        self.task = task
-        self.link = link
-        self.server, self.worker, self.rec = server, worker, rec
-        self.steps_per_epoch, self._step = steps_per_epoch, 0
-        self.skipped = 0  # steps this worker skipped over the run (N+b)
-        self.optimizers = [server.optimizer] if server else []
-        self.feeds_inputs = self.feeds_labels = worker is not None
-        self.shard = (worker.index if worker else 0, roles.workers)
-        self._shards, self._sizes = shards, sizes
+    def __init__(self, node: PSNode, groups: TopologyGroups, rec: Recorder, task: Task) -> None:
+        self.node, self.module, self.roles, self.mode = node, node.module, node.roles, node.mode
+        self.groups, self.link, self.rec, self.task = groups, node.link, rec, task
+        self.steps_per_epoch = node.steps
+        self.optimizers = [node.server.optimizer] if node.server else []
+        self.feeds_inputs = self.feeds_labels = node.worker is not None
+        self.shard = (node.worker.index if node.worker else 0, self.roles.workers)
+
+    @property
+    def server(self) -> Server | None:
+        return self.node.server
+
+    @property
+    def worker(self) -> Worker | None:
+        return self.node.worker
+
+    @property
+    def skipped(self) -> int:
+        """Steps this worker skipped over the run (N+b)."""
+        return self.node.skipped
 
     # -- steps -----------------------------------------------------------------------------
     def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> StepOutcome:
-        self._step += 1
-        last = self._step == self.steps_per_epoch
         if self.server is not None:
             t0 = time.perf_counter()
             with self.rec.span(SYNC):
-                log = self.server.step(last, self.steps_per_epoch)
+                log = self.node.serve_step()
             wall = time.perf_counter() - t0
             return StepOutcome(0.0, 0, 0, StepTimes(comm_s=wall, wall_s=wall),
                                record=log.record(self.server.rules.version))
@@ -80,28 +85,12 @@ class ParamServerEngine:
             loss.backward()
         t1 = time.perf_counter()
         with self.rec.span(SYNC):
-            skip = self._push_pull(self.worker)
+            skip = self.node.push_pull()
         t2 = time.perf_counter()
         n = self.task.predictions(y)
         return StepOutcome(float(loss.item()) * n, int(self.task.hits(out, y).item()), n,
                            StepTimes(compute_s=t1 - t0, wait_s=t2 - t1, wall_s=t2 - t0),
                            skip=skip)
-
-    def _push_pull(self, worker: Worker) -> int:
-        """Push and pull; the steps this worker skips after this one. In N+b a worker goes
-        on at the step the slowest server has reached (Chen et al. 2016): a dropped worker
-        skips the steps taken without it, and pushes only to the servers whose epoch is
-        not over (`ServerRules.owed` counts on it)."""
-        if self.mode.kind != "backup":
-            worker.push_pull()
-            return 0
-        steps = self.steps_per_epoch
-        worker.push_pull([k for k, n in enumerate(worker.updates_seen()) if n < steps])
-        after = min(steps, *worker.updates_seen())
-        skip = max(0, after - self._step)
-        self._step += skip
-        self.skipped += skip
-        return skip
 
     @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
@@ -114,28 +103,7 @@ class ParamServerEngine:
                 self.task.predictions(y))
 
     def end_epoch(self) -> None:
-        self._step = 0
-        if self.mode.kind != "sync":  # asynchronous modes leave workers a step behind
-            if self.server is not None:
-                self.server.reply(range(self.roles.workers))
-            elif self.worker is not None:
-                self.worker.pull()
-        self._average_buffers()
-
-    def _average_buffers(self) -> None:
-        """Batch-norm statistics: the mean over the workers (servers add zeros)."""
-        bufs = [b for b in self.module.buffers() if b.is_floating_point()]
-        if not bufs:
-            return
-        flat = torch.cat([b.reshape(-1) for b in bufs]).double()
-        if self.worker is None:
-            flat.zero_()
-        self.groups.world.all_reduce(flat)
-        flat /= self.roles.workers
-        at = 0
-        for b in bufs:
-            b.copy_(flat[at:at + b.numel()].view_as(b).to(b.dtype))
-            at += b.numel()
+        self.node.end_round()
 
     def link_bytes(self) -> dict[str, int]:
         return self.link.stats.as_dict(self.link.me)
@@ -167,25 +135,10 @@ class ParamServerEngine:
             self.module.load_state_dict(state["model"])  # buffers; parameters come from servers
 
     def start(self) -> None:
-        if self.server is not None:
-            self.server.start()
-        else:
-            assert self.worker is not None
-            self.worker.pull()
+        self.node.start()
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ps": {"servers": self.roles.servers,
-                                      "workers": self.roles.workers,
-                                      "mode": self.mode.spec,
-                                      "shard_bytes": shard_bytes(self._sizes, self._shards)}}
-        if self.server is not None:
-            rules = self.server.rules
-            out["ps"].update({
-                "staleness_histogram": {str(k): v for k, v in
-                                        sorted(self.server.histogram.items())},
-                "updates": rules.version, "dropped": rules.dropped,
-                "pushes": list(rules.clocks)})
-        return out
+        return {"ps": self.node.summary()}
 
     def close(self) -> None:
         self.link.close()
@@ -194,42 +147,25 @@ class ParamServerEngine:
 def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
                        rec: Recorder) -> ParamServerEngine:
     """Servers and workers of `cfg.ps` on the world; the model from `cfg.train.seed`."""
-    ps = cfg.ps
+    ps, optim = cfg.ps, cfg.optim
     roles = Roles(ps.servers, ps.workers)
     mode = parse_mode(ps.mode, roles.workers)
     check_backend(mode.spec, mode.any_source, ctx.backend)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
-    named = list(model.named_parameters())
-    sizes = [p.numel() * p.element_size() for _, p in named]
-    shards = shard_by_bytes(sizes, roles.servers)
     wire = WireFormats(get_codec(ps.push_codec), get_codec(ps.pull_codec),
                        get_channel(ps.push_channel) if ps.push_channel else None,
                        get_channel(ps.pull_channel) if ps.pull_channel else None)
     link = Link(ctx, cfg.comm.link or None, hook=rec.transfer_hook(), group=groups.world)
-    steps = data.train_x.shape[0] // cfg.data.batch_size
-    server = worker = None
-    if roles.is_server(ctx.rank):
-        k = roles.index(ctx.rank)
-        params = [named[i][1] for i in shards[k]]
-        opt = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
-                              weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)
-        server = Server(link, roles, k, params, opt, ServerRules(mode, roles.workers), wire,
-                        ps.staleness_lr)
-    else:
-        worker = Worker(link, roles, roles.index(ctx.rank),
-                        [[named[i][1] for i in s] for s in shards],
-                        [[named[i][0] for i in s] for s in shards], wire, ps.error_feedback)
-    return ParamServerEngine(model, roles, mode, groups, link, steps, server, worker, rec,
-                             shards, sizes, task_named(data.task))
 
+    def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum,
+                               weight_decay=optim.weight_decay, nesterov=optim.nesterov)
 
-def check_backend(mode: str, any_source: bool, backend: str) -> None:
-    """Refuse a mode that receives from any source on NCCL, which cannot."""
-    if any_source and backend == "nccl":
-        raise ConfigError(f"--ps-mode {mode} has the server take pushes in arrival order "
-                          f"(receive from any source), which NCCL cannot; use --device cpu "
-                          f"(gloo) or --ps-mode sync")
+    node = PSNode(model, roles, mode, link, groups.world, wire, sgd,
+                  data.train_x.shape[0] // cfg.data.batch_size,
+                  error_feedback=ps.error_feedback, staleness_lr=ps.staleness_lr)
+    return ParamServerEngine(node, groups, rec, task_named(data.task))
 
 
 ENGINES.add("ps", build_param_server)

@@ -1,0 +1,152 @@
+"""This rank's end of a parameter-server run of any model: the pieces the trainer's engine
+(`train.engines.param_server`) and the public API (`approxdist.ParameterServer`) share.
+
+A `PSNode` shards the model's parameters over the servers (`sharding`), builds this
+rank's `Server` (with the optimiser the caller's factory makes over its shard) or
+`Worker`, and runs a *round* of `steps` steps (the trainer's epoch): a server step
+serves pushes under the mode; a worker step pushes the gradients in `.grad` and pulls
+the parameters, and in N+b says how many steps the worker skips. `end_round` leaves
+every worker with the servers' final parameters and the mean of the workers'
+floating-point buffers (batch-norm statistics), a collective over the node's group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from approxdist.comm.link import Link
+from approxdist.errors import ConfigError
+from approxdist.launch.group import Group
+from approxdist.param_server.modes import PSMode
+from approxdist.param_server.roles import Roles
+from approxdist.param_server.rules import ServerRules
+from approxdist.param_server.server import Server, StepLog
+from approxdist.param_server.sharding import shard_by_bytes, shard_bytes
+from approxdist.param_server.wire import WireFormats
+from approxdist.param_server.worker import Worker
+
+#: the optimiser a server steps over its shard, from the shard's parameters
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+class PSNode:
+    """`model`'s parameters sharded over `roles`' servers; this rank (`link.me`) as a
+    server or a worker of rounds of `steps` steps under `mode`. `group` holds every
+    server and worker (the end-of-round buffer average runs over it)."""
+
+    def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, link: Link, group: Group,
+                 wire: WireFormats, optimizer: OptimizerFactory, steps: int, *,
+                 error_feedback: bool = False, staleness_lr: bool = False,
+                 servers_name: str = "--servers") -> None:
+        self.module, self.roles, self.mode, self.link, self.group = model, roles, mode, link, group
+        self.steps = steps
+        named = list(model.named_parameters())
+        self.sizes = [p.numel() * p.element_size() for _, p in named]
+        self.shards = shard_by_bytes(self.sizes, roles.servers, servers_name)
+        self.server: Server | None = None
+        self.worker: Worker | None = None
+        if roles.is_server(link.me):
+            k = roles.index(link.me)
+            params = [named[i][1] for i in self.shards[k]]
+            self.server = Server(link, roles, k, params, optimizer(params),
+                                 ServerRules(mode, roles.workers), wire, staleness_lr)
+        else:
+            self.worker = Worker(link, roles, roles.index(link.me),
+                                 [[named[i][1] for i in s] for s in self.shards],
+                                 [[named[i][0] for i in s] for s in self.shards], wire,
+                                 error_feedback)
+        self.done = 0     # steps of this round taken or skipped
+        self.skipped = 0  # steps this worker skipped over the run (N+b)
+
+    def start(self) -> None:
+        """Every worker starts from the servers' parameters."""
+        if self.server is not None:
+            self.server.start()
+        else:
+            assert self.worker is not None
+            self.worker.pull()
+
+    @property
+    def round_over(self) -> bool:
+        return self.done >= self.steps
+
+    def serve_step(self) -> StepLog:
+        """One server step; the round's last also drains the pushes still due."""
+        assert self.server is not None
+        self.done += 1
+        return self.server.step(self.done == self.steps, self.steps)
+
+    def push_pull(self) -> int:
+        """A worker's step after its backward: push, pull; the steps it skips after this
+        one. In N+b a worker goes on at the step the slowest server has reached (Chen et
+        al. 2016): a dropped worker skips the steps taken without it, and pushes only to
+        the servers whose round is not over (`ServerRules.owed` counts on it)."""
+        worker = self.worker
+        assert worker is not None
+        self.done += 1
+        if self.mode.kind != "backup":
+            worker.push_pull()
+            return 0
+        worker.push_pull([k for k, n in enumerate(worker.updates_seen()) if n < self.steps])
+        after = min(self.steps, *worker.updates_seen())
+        skip = max(0, after - self.done)
+        self.done += skip
+        self.skipped += skip
+        return skip
+
+    def end_round(self) -> None:
+        """The round is over on this rank: asynchronous modes leave workers a step behind,
+        so the servers send their parameters once more; then the buffers are averaged."""
+        self.done = 0
+        if self.mode.kind != "sync":
+            if self.server is not None:
+                self.server.reply(range(self.roles.workers))
+            else:
+                assert self.worker is not None
+                self.worker.pull()
+        self._average_buffers()
+
+    def _average_buffers(self) -> None:
+        """Batch-norm statistics: the mean over the workers (servers add zeros)."""
+        bufs = [b for b in self.module.buffers() if b.is_floating_point()]
+        if not bufs:
+            return
+        flat = torch.cat([b.reshape(-1) for b in bufs]).double()
+        if self.worker is None:
+            flat.zero_()
+        self.group.all_reduce(flat)
+        flat /= self.roles.workers
+        at = 0
+        for b in bufs:
+            b.copy_(flat[at:at + b.numel()].view_as(b).to(b.dtype))
+            at += b.numel()
+
+    def summary(self) -> dict[str, Any]:
+        """Servers, workers, mode and bytes per shard; on a server also its staleness
+        histogram, updates, dropped gradients and pushes per worker."""
+        out: dict[str, Any] = {"servers": self.roles.servers, "workers": self.roles.workers,
+                               "mode": self.mode.spec,
+                               "shard_bytes": shard_bytes(self.sizes, self.shards)}
+        if self.server is not None:
+            rules = self.server.rules
+            out.update({"staleness_histogram": {str(k): v for k, v in
+                                                sorted(self.server.histogram.items())},
+                        "updates": rules.version, "dropped": rules.dropped,
+                        "pushes": list(rules.clocks)})
+        return out
+
+
+def check_backend(mode: str, any_source: bool, backend: str, name: str = "--ps-mode") -> None:
+    """Refuse a mode that receives from any source on NCCL, which cannot."""
+    if any_source and backend == "nccl":
+        cli = name.startswith("-")
+        shown = f"{name} {mode}" if cli else f"{name}={mode!r}"
+        fix = "--device cpu (gloo) or --ps-mode sync" if cli else \
+            "a CPU model on a gloo process group, or mode='sync'"
+        raise ConfigError(f"{shown} has the server take pushes in arrival order "
+                          f"(receive from any source), which NCCL cannot; use {fix}")
+
