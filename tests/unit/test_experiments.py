@@ -206,11 +206,67 @@ def test_link_shaper_applies_only_to_presets_that_vary_the_link(
                  "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == ("approxdist: error: --link-shaper kernel does not apply to seed002-async, "
-                   "which does not vary a link's rate; presets that take it: "
-                   "seed000-bandwidth\n")
+                   "which has no link to shape; presets that take it: "
+                   "seed000-bandwidth, seed001-allreduce\n")
     with pytest.raises(ConfigError, match="--link-shaper 'tc' is not one of: inproc, kernel"):
         Settings(tmp_path, link_shaper="tc")
     assert get_preset("seed000-bandwidth").shapers == ("inproc", "kernel")
+    assert get_preset("seed001-allreduce").shapers == ("inproc", "kernel")
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["seed001-allreduce", "--link-shaper", "kernel"],
+     "--link-shaper kernel on seed001-allreduce needs --link bw=RATE, the rate tc shapes the "
+     "hosts' links to; e.g. --link bw=100mbit"),
+    (["seed000-bandwidth", "--link", "bw=1gbit"],
+     "--link bw=1gbit does not apply to seed000-bandwidth (it varies the link's rate itself); "
+     "drop --link, or run a preset that takes it: seed001-allreduce"),
+    (["seed002-async", "--link", "bw=1gbit"],
+     "--link bw=1gbit does not apply to seed002-async (it has no link to shape); drop --link, "
+     "or run a preset that takes it: seed001-allreduce"),
+    (["seed001-allreduce", "--link", "bw=fast"],
+     "bandwidth 'fast' is not"),
+])
+def test_link_options_that_do_not_fit_are_refused_in_one_line(
+        argv: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before anything runs (nothing written into --out), exit 2, one line."""
+    from approxdist.cli.main import main
+
+    assert main(["experiment", *argv, "--smoke", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"approxdist: error: {line}") and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_experiment_all_skips_presets_the_link_options_do_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`all --link-shaper kernel` without --link skips seed001-allreduce with the reason and
+    runs seed000-bandwidth; `all --link X` runs only the presets that take one."""
+    ran: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(experiment_cmd, "run_experiment", lambda name, s: ran.append(
+        (name, s.link_shaper, s.link)) or s.out / "report.md")
+    assert _cli(experiment_cmd, ["experiment", "all", "--smoke", "--link-shaper", "kernel",
+                                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "seed001-allreduce: skipped: --link-shaper kernel on seed001-allreduce needs " \
+           "--link bw=RATE" in out
+    assert [r[0] for r in ran] == ["seed000-bandwidth"]
+    ran.clear()
+    assert _cli(experiment_cmd, ["experiment", "all", "--smoke", "--link", "bw=1gbit",
+                                 "--link-shaper", "kernel", "--out", str(tmp_path)]) == 0
+    assert ran == [("seed001-allreduce", "kernel", "bw=1gbit")]
+    assert "seed000-bandwidth: skipped: --link bw=1gbit does not apply" in capsys.readouterr().out
+
+
+def test_the_command_line_and_settings_keep_the_link(tmp_path: Path) -> None:
+    from approxdist.experiments.runner import command_line
+
+    settings = Settings(tmp_path, size="quick", link="bw=100mbit", link_shaper="kernel")
+    assert command_line("seed001-allreduce", settings) == (
+        f"approxdist experiment seed001-allreduce --out {tmp_path} --quick --link bw=100mbit "
+        f"--link-shaper kernel")
+    assert settings.as_dict()["link"] == "bw=100mbit"
 
 
 # -- seed004-adaprec's verdicts come from its CSV ----------------------------------------------

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from approxdist.bench.host import HostWatch
@@ -57,8 +58,11 @@ def register(sub: Any) -> None:
     p.add_argument("--codec", default="fp32", help="comma list of codec specs (default fp32)")
     p.add_argument("--link", default=None, help="emulated link, e.g. bw=1gbit,lat=100us")
     p.add_argument("--repeats", type=int, default=100, help="most rounds per size (default 100)")
+    p.add_argument("--min-repeats", type=int, default=5,
+                   help="fewest rounds per size, however long they take (default 5)")
     p.add_argument("--budget", type=float, default=6.0,
-                   help="seconds per size that set the rounds between 5 and --repeats")
+                   help="seconds per size that set the rounds between --min-repeats and "
+                        "--repeats")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")
     p.add_argument("--calibrate", action="store_true",
                    help="fit hybrid's thresholds and write them to --calibration")
@@ -102,6 +106,7 @@ def combos_for(algorithms: list[str], codecs: list[str]) -> tuple[Combo, ...]:
 
 def _measure(args: argparse.Namespace, plan: BenchPlan) -> list[Row]:
     if under_torchrun():  # e.g. `approxdist cluster run -- bench allreduce` across hosts
+        torch.set_num_threads(1)  # as run_on_ranks' local ranks: the same measurement
         ctx = init_from_env(timeout_s=300.0)
         try:
             mine = measure_rank(ctx, plan)
@@ -115,6 +120,20 @@ def _measure(args: argparse.Namespace, plan: BenchPlan) -> list[Row]:
     return summarize(per_rank, args.world_size, plan.link)
 
 
+def check_rounds(min_repeats: int, repeats: int) -> None:
+    """`ConfigError` naming the flag unless 1 <= --min-repeats <= --repeats."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats} must be >= 1; e.g. --repeats 100")
+    if not 1 <= min_repeats <= repeats:
+        raise ConfigError(f"--min-repeats {min_repeats} must be from 1 to --repeats "
+                          f"({repeats}); e.g. --min-repeats {min(5, repeats)}")
+
+
+def world_size(args: argparse.Namespace) -> int:
+    """The ranks measured: torchrun's world under torchrun, else --world-size."""
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else int(args.world_size)
+
+
 def under_torchrun() -> bool:
     """Inside a torchrun worker: the world comes from the environment, not --world-size."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -126,12 +145,13 @@ def run(args: argparse.Namespace) -> int:
     link = parse_link(args.link)
     if args.world_size < 1:
         raise ConfigError(f"--world-size {args.world_size} must be >= 1")
+    check_rounds(args.min_repeats, args.repeats)
     cal_path: Path | None = args.calibration or (DEFAULT_PATH if args.calibrate else None)
 
     def plan(names: list[str], calibration: Path | None) -> BenchPlan:
         return BenchPlan(sizes, combos_for(names, codecs), link.spec if link else None,
                          str(calibration) if calibration else None, args.repeats,
-                         budget_s=args.budget)
+                         args.min_repeats, args.budget)
 
     with HostWatch() as host:
         if not args.calibrate:
@@ -139,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             assert cal_path is not None
             rows = _measure(args, plan([a for a in algorithms if a != "hybrid"], None))
-            cal = fit(measurements(rows, codecs[0]), args.world_size,
+            cal = fit(measurements(rows, codecs[0]), world_size(args),
                       link.spec if link else "none", codecs[0])
             print(f"calibration written to {cal.save(cal_path)}: " + ", ".join(
                 f"<= {m} B: {a}" if m is not None else f"above: {a}" for m, a in cal.thresholds))
@@ -147,12 +167,14 @@ def run(args: argparse.Namespace) -> int:
                 rows = _measure(args, plan(algorithms, cal_path))
     if under_torchrun() and os.environ["RANK"] != "0":
         return 0  # rank 0 prints and writes the rows
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
     print(table(rows))
     finish(host, [r.as_json() for r in rows], args.json,
-           f"approxdist bench allreduce --world-size {world} --sizes {args.sizes} "
+           f"approxdist bench allreduce --world-size {world_size(args)} --sizes {args.sizes} "
            f"--algorithms {args.algorithms} --codec {args.codec}"
            + (f" --link {args.link}" if args.link else "")
+           + (f" --repeats {args.repeats}" if args.repeats != 100 else "")
+           + (f" --min-repeats {args.min_repeats}" if args.min_repeats != 5 else "")
+           + (f" --budget {args.budget:g}" if args.budget != 6.0 else "")
            + (" --calibrate" if args.calibrate else "")
            + (f" --calibration {args.calibration}" if args.calibration else ""))
     return 0

@@ -4,6 +4,7 @@
     approxdist experiment seed000-bits --quick --out exp/bits
     approxdist experiment seed000-bits --out exp/bits --data-dir ~/data/cifar-10-batches-py --seeds 3
     approxdist experiment all --quick --out exp          # every preset into exp/<name>/
+    approxdist experiment seed001-allreduce --quick --link bw=100mbit --link-shaper kernel --out exp/ar-tc
 
 Presets and their run times: docs/experiments.md. `approxdist report DIR` regenerates
 the plots and report.md of a finished experiment from its CSVs.
@@ -18,6 +19,7 @@ from typing import Any
 
 from approxdist.errors import ConfigError
 from approxdist.experiments import Settings, get_preset, preset_names, run_experiment
+from approxdist.experiments.runner import mismatch
 
 ALL = "all"
 
@@ -37,9 +39,12 @@ def register(sub: Any) -> None:
                         "on CIFAR-10 instead of MNIST-1D")
     p.add_argument("--seeds", type=int, default=0,
                    help="training seeds per configuration (default 3; 1 with --quick)")
+    p.add_argument("--link", default="",
+                   help="presets that measure over one link (seed001-allreduce): its spec, "
+                        "e.g. bw=100mbit (default: none, loopback)")
     p.add_argument("--link-shaper", default="inproc", choices=["inproc", "kernel"],
-                   help="presets that vary the link rate: shape it with our in-process "
-                        "emulator (default) or with tc on namespaced hosts (root)")
+                   help="presets that vary the link rate or take --link: shape it with our "
+                        "in-process emulator (default) or with tc on namespaced hosts (root)")
     p.set_defaults(func=run)
 
 
@@ -64,15 +69,13 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     for name in names:
         preset = get_preset(name)
-        why_not = preset.unavailable() if args.name == ALL else ""
-        if args.name == ALL and args.link_shaper not in preset.shapers:
-            why_not = f"it does not vary a link's rate (--link-shaper {args.link_shaper})"
+        out = args.out / name if args.name == ALL else args.out
+        settings = Settings(out=out, size=size, data_dir=args.data_dir, seeds=args.seeds,
+                            link_shaper=args.link_shaper, link=args.link)
+        why_not = (preset.unavailable() or mismatch(preset, settings)) if args.name == ALL else ""
         if why_not:
             print(f"{name}: skipped: {why_not}", flush=True)
             continue
-        out = args.out / name if args.name == ALL else args.out
-        settings = Settings(out=out, size=size, data_dir=args.data_dir, seeds=args.seeds,
-                            link_shaper=args.link_shaper)
         t0 = time.perf_counter()
         report = run_experiment(name, settings)
         print(f"{name}: {time.perf_counter() - t0:.0f} s, report {report}", flush=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 
 #: run sizes: `smoke` checks the machinery in seconds (tests), `quick` is CI-size,
@@ -25,15 +26,19 @@ Meta = dict[str, Any]
 
 @dataclass(frozen=True)
 class Settings:
-    """One invocation: `approxdist experiment NAME [--quick] --out DIR [--data-dir D] [--seeds N]`."""
+    """One invocation: `approxdist experiment NAME [--quick] --out DIR [--data-dir D] [--seeds N]
+    [--link SPEC] [--link-shaper inproc|kernel]`."""
 
     out: Path
     size: str = "full"
     data_dir: str = ""
     seeds: int = 0  # 0: the preset's default for the size (1 for smoke/quick, 3 for full)
-    #: who shapes the link of presets that vary it: "inproc" (`--link`) or "kernel" (tc on
-    #: namespaced hosts, `experiments.shaping`)
+    #: who shapes the link of presets that vary it or take `link`: "inproc" (our emulator,
+    #: `comm.netem`) or "kernel" (tc on namespaced hosts, `experiments.shaping`)
     link_shaper: str = "inproc"
+    #: the link every measurement of a preset that takes one goes through (`--link`, e.g.
+    #: "bw=100mbit"; "" for none); who shapes it is `link_shaper`
+    link: str = ""
 
     def __post_init__(self) -> None:
         if self.size not in SIZES:
@@ -42,6 +47,7 @@ class Settings:
             raise ConfigError(f"--link-shaper {self.link_shaper!r} is not one of: inproc, kernel")
         if self.seeds < 0:
             raise ConfigError(f"--seeds {self.seeds} must be >= 1 (or 0 for the default)")
+        parse_link(self.link)  # a bad spec fails here (SpecError), before anything runs
 
     def seed_list(self, full_default: int = 3) -> list[int]:
         """Training seeds 0..n-1: `--seeds`, else 1 (smoke, quick) or `full_default`."""
@@ -54,7 +60,7 @@ class Settings:
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.out), "size": self.size, "data_dir": self.data_dir,
-                "seeds": self.seeds, "link_shaper": self.link_shaper}
+                "seeds": self.seeds, "link_shaper": self.link_shaper, "link": self.link}
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,9 @@ class Preset:
     #: the link shapers it runs with (`--link-shaper`); only presets that vary the link
     #: rate offer "kernel"
     shapers: tuple[str, ...] = ("inproc",)
+    #: whether it takes `--link SPEC`, one link for all its measurements (presets that
+    #: vary the rate themselves take none); under the kernel shaper it needs one
+    takes_link: bool = False
 
 
 def cores_of(meta: Meta) -> int:

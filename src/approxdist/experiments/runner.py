@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from approxdist.errors import ConfigError, DataError
-from approxdist.experiments.base import Meta, Settings
+from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import read_csv
 from approxdist.experiments.registry import get_preset, preset_names
 from approxdist.experiments.shaping import check_shaper
@@ -47,6 +47,8 @@ def command_line(name: str, settings: Settings) -> str:
         parts += ["--data-dir", settings.data_dir]
     if settings.seeds:
         parts += ["--seeds", str(settings.seeds)]
+    if settings.link:
+        parts += ["--link", settings.link]
     if settings.link_shaper != "inproc":
         parts += ["--link-shaper", settings.link_shaper]
     return " ".join(parts)
@@ -55,16 +57,33 @@ def command_line(name: str, settings: Settings) -> str:
 def run_experiment(name: str, settings: Settings) -> Path:
     """Execute preset `name` into `settings.out`; write experiment.json and the report."""
     preset = get_preset(name)
-    if settings.link_shaper not in preset.shapers:
-        offering = [n for n in preset_names() if settings.link_shaper in get_preset(n).shapers]
-        raise ConfigError(f"--link-shaper {settings.link_shaper} does not apply to {name}, which "
-                          f"does not vary a link's rate; presets that take it: "
-                          f"{', '.join(offering) or 'none'}")
+    why_not = mismatch(preset, settings)
+    if why_not:
+        raise ConfigError(why_not)
     if settings.link_shaper == "kernel":
         check_shaper("kernel")  # root or CAP_NET_ADMIN, before anything runs
     settings.out.mkdir(parents=True, exist_ok=True)
     with exclusive(settings.out):
         return _run(preset.name, settings)
+
+
+def mismatch(preset: Preset, settings: Settings) -> str:
+    """Why `settings`' link options do not apply to `preset` (one line that names the
+    fix), or "" when they do; `run_experiment` refuses with it, `experiment all` skips."""
+    if settings.link_shaper not in preset.shapers:
+        offering = [n for n in preset_names() if settings.link_shaper in get_preset(n).shapers]
+        return (f"--link-shaper {settings.link_shaper} does not apply to {preset.name}, which "
+                f"has no link to shape; presets that take it: {', '.join(offering) or 'none'}")
+    if settings.link and not preset.takes_link:
+        offering = [n for n in preset_names() if get_preset(n).takes_link]
+        how = ("it varies the link's rate itself" if "kernel" in preset.shapers else
+               "it has no link to shape")
+        return (f"--link {settings.link} does not apply to {preset.name} ({how}); drop "
+                f"--link, or run a preset that takes it: {', '.join(offering) or 'none'}")
+    if settings.link_shaper == "kernel" and preset.takes_link and not settings.link:
+        return (f"--link-shaper kernel on {preset.name} needs --link bw=RATE, the rate tc "
+                f"shapes the hosts' links to; e.g. --link bw=100mbit")
+    return ""
 
 
 @contextlib.contextmanager

@@ -9,6 +9,10 @@ median) on 2 and 4 local gloo ranks, twice per world as `bench allreduce --calib
 does: a first run without `hybrid` fits its thresholds (`calibration-N<world>.json`, as
 seed 001 proposes: measured, per machine), then every algorithm, calibrated `hybrid`
 included, is measured again in one run; the rows come from that second run.
+`--link SPEC` puts every rank behind that link, shaped by the in-process emulator
+(`--link-shaper inproc`, local ranks) or by the kernel (`--link-shaper kernel`: per world
+size a fresh cluster of namespaced hosts whose links tc shapes, one rank per host, the
+same measurement run there by `approxdist bench allreduce`; `experiments.shaping`).
 CSV `allreduce.csv`: world_size, algorithm, codec, size_bytes, median_s, p10_s,
 busbw_gbps (nccl-tests bus bandwidth, 1e9 B/s), ratio_vs_native (ratio of medians),
 paired_ratio (median of per-round ratios to native), repeats.
@@ -16,8 +20,11 @@ paired_ratio (median of per-round ratios to native), repeats.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from approxdist.comm.collectives import algorithm_names, fit
@@ -29,10 +36,12 @@ from approxdist.comm.collectives.bench import (
     measurements,
     summarize,
 )
+from approxdist.comm.collectives.bench import Row as BenchRow
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
+from approxdist.experiments.shaping import on_cluster, shaped_cluster
 from approxdist.launch.spawn import run_on_ranks
 
 NAME = "seed001-allreduce"
@@ -53,28 +62,70 @@ def plan_for(settings: Settings) -> BenchPlan:
 
 
 def collect(settings: Settings) -> Meta:
-    plan = plan_for(settings)
+    plan = dataclasses.replace(plan_for(settings), link=settings.link or None)
+    kernel = settings.link_shaper == "kernel"
     rows = []
     for world in (2, 4):
-        print(f"[{NAME}] {world} ranks, sizes {', '.join(fmt_size(s) for s in plan.sizes)}: "
+        print(f"[{NAME}] {world} {'hosts' if kernel else 'ranks'}, sizes "
+              f"{', '.join(fmt_size(s) for s in plan.sizes)}, link {settings.link or 'none'}: "
               f"calibrating hybrid", flush=True)
         first = dataclasses.replace(plan, combos=tuple(c for c in plan.combos if c[0] != "hybrid"))
-        per_rank = run_on_ranks(measure_rank, world, first, timeout_s=3600, comm_timeout_s=300)
-        cal = fit(measurements(summarize(per_rank, world, None), "fp32"), world)
-        path = cal.save(settings.out / f"calibration-N{world}.json")
-        print(f"[{NAME}] {world} ranks: every algorithm, hybrid calibrated", flush=True)
-        per_rank = run_on_ranks(measure_rank, world,
-                                dataclasses.replace(plan, calibration=str(path.resolve())),
-                                timeout_s=3600, comm_timeout_s=300)
-        for r in summarize(per_rank, world, None):
+        cal_path = settings.out.resolve() / f"calibration-N{world}.json"
+        with _measuring(settings, world) as measure:
+            cal = fit(measurements(measure(first, "calibrate"), "fp32"), world,
+                      settings.link or "none")
+            cal.save(cal_path)
+            print(f"[{NAME}] {world} ranks: every algorithm, hybrid calibrated", flush=True)
+            measured = measure(dataclasses.replace(plan, calibration=str(cal_path)), "measure")
+        for r in measured:
             js = r.as_json()
             rows.append({c: js.get(c, math.nan) if js.get(c) is not None else math.nan
                          for c in COLUMNS})
     write_csv(settings.out / "allreduce.csv", COLUMNS, rows)
-    return {"sizes": list(plan.sizes), "budget_s": plan.budget_s}
+    return {"sizes": list(plan.sizes), "budget_s": plan.budget_s, "link": settings.link,
+            "link_shaper": settings.link_shaper}
 
 
-def plot(out: Path, rows: list[Row], title: str) -> str:
+Measure = Callable[[BenchPlan, str], list[BenchRow]]
+
+
+@contextlib.contextmanager
+def _measuring(settings: Settings, world: int) -> Iterator[Measure]:
+    """How `world` ranks measure a plan: local ranks, the link emulated in-process
+    (`inproc`), or one rank per host on a fresh cluster whose links tc shapes (`kernel`;
+    removed again on leaving, also on failure)."""
+    if settings.link_shaper != "kernel":
+        yield lambda plan, step: summarize(run_on_ranks(
+            measure_rank, world, plan, timeout_s=3600, comm_timeout_s=300), world, plan.link)
+        return
+    with shaped_cluster(world, settings.link) as name:
+        yield lambda plan, step: _on_hosts(name, plan, settings.out / f"kernel-N{world}-{step}")
+
+
+def _on_hosts(cluster: str, plan: BenchPlan, stem: Path) -> list[BenchRow]:
+    """`approxdist bench allreduce` (the same measurement) on every host of `cluster`, the
+    link left to tc; its rows from `<stem>.json`, the hosts' output in `<stem>.log`."""
+    stem = stem.resolve()
+    on_cluster(cluster, bench_argv(dataclasses.replace(plan, link=None), stem.with_suffix(".json")),
+               log=stem.with_suffix(".log"))
+    return [BenchRow.from_json(r) for r in json.loads(stem.with_suffix(".json").read_text())]
+
+
+def bench_argv(plan: BenchPlan, out: Path) -> list[str]:
+    """The `approxdist bench allreduce` command that measures `plan` and writes `out`."""
+    argv = ["bench", "allreduce", "--sizes", ",".join(str(s) for s in plan.sizes),
+            "--algorithms", ",".join(dict.fromkeys(a for a, _ in plan.combos)),
+            "--codec", ",".join(dict.fromkeys(c for _, c in plan.combos)),
+            "--repeats", str(plan.max_repeats), "--min-repeats", str(plan.min_repeats),
+            "--budget", str(plan.budget_s), "--json", str(out)]
+    if plan.link:
+        argv += ["--link", plan.link]
+    if plan.calibration:
+        argv += ["--calibration", plan.calibration]
+    return argv
+
+
+def plot(out: Path, rows: list[Row], title: str, how: str = "gloo, loopback") -> str:
     worlds = sorted({int(r["world_size"]) for r in rows})
     fig, axes = plots.figure(len(worlds))
     for ax, world in zip(axes, worlds):
@@ -89,7 +140,7 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
         plots.plain_log(ax)
         plots.label(ax, "message size (bytes of fp32; K, M = 2^10, 2^20)",
                     "all-reduce time, median (ms)",
-                    f"N = {world} ranks (gloo, loopback, 2 CPU cores)")
+                    f"N = {world} ranks ({how}, 2 CPU cores)")
     plots.save(fig, out / "allreduce_time.png", title)
     return "allreduce_time.png"
 
@@ -182,13 +233,33 @@ def _close(rows: list[Row], world: int, size: int) -> bool:
     return "hybrid" in rs and rs["hybrid"] <= HYBRID_SLACK * best
 
 
+def link_of(meta: Meta) -> tuple[str, str]:
+    """Who shaped the link, short (titles) and in a sentence (the report)."""
+    link, shaper = meta.get("link") or "", meta.get("link_shaper", "inproc")
+    if not link:
+        return ("gloo, loopback", "Link: none, local ranks over loopback TCP (gloo), unshaped.")
+    if shaper == "kernel":
+        return (f"gloo, {link} shaped by tc",
+                f"Link: `{link}`, shaped by the kernel (`--link-shaper kernel`): one rank per "
+                f"host, each host a network namespace on one bridge (`approxdist cluster`, a "
+                f"fresh cluster per world size), its veth link shaped by `tc` (tbf) to the "
+                f"rate in both directions; `bench allreduce` runs on the hosts through "
+                f"`approxdist cluster run`.")
+    return (f"gloo, {link} emulated in-process",
+            f"Link: `{link}`, shaped by approxdist's in-process emulator (`comm.netem`, "
+            f"`--link-shaper inproc`): local ranks over loopback TCP, each rank's sends "
+            f"released when its link would have carried them.")
+
+
 def render(out: Path, meta: Meta) -> str:
     rows = read_csv(out / "allreduce.csv", COLUMNS)
-    title = f"{NAME}: all-reduce of fp32 vectors, gloo over loopback, medians ({meta['budget_s']} s/size)"
-    png = plot(out, rows, title)
+    short, sentence = link_of(meta)
+    title = f"{NAME}: all-reduce of fp32 vectors, {short}, medians ({meta['budget_s']} s/size)"
+    png = plot(out, rows, title, short)
     return "\n\n".join([
         md.section("Result", "Median time per all-reduce, slowest rank per op; all algorithms "
-                   "interleaved with `native` in the same rounds.", winner_table(rows)),
+                   f"interleaved with `native` in the same rounds. {sentence}",
+                   winner_table(rows)),
         md.section("Figure", md.image(png, "all-reduce time vs message size"),
                    "Seed 001 gives no measured curve for the algorithms, only their costs "
                    "(its Table 1) and the conclusion quoted in the trends below."),
@@ -197,7 +268,10 @@ def render(out: Path, meta: Meta) -> str:
                    "Seed 001 ran MPI on InfiniBand nodes with GPUs; here N ranks share 2 CPU "
                    "cores and talk over loopback TCP (gloo), so per-step overheads are "
                    "scheduler ticks rather than network latency and N = 4 oversubscribes the "
-                   "cores. See docs/collectives.md for the same bench on a quieter machine."),
+                   "cores. See docs/collectives.md for the same bench on a quieter machine."
+                   + (" The namespaced hosts share this machine's cores too; tc adds "
+                      "latency only for a spec with lat= (netem)."
+                      if meta.get("link") and meta.get("link_shaper") == "kernel" else "")),
     ])
 
 
@@ -206,5 +280,6 @@ PRESET = Preset(
     seed_ref="seed 001, section 4 (Table 1, BRB / BRD / VHD, hybrid)",
     summary="all-reduce time vs size for native, ring, brb, brd, vhd, hybrid on N = 2 and 4",
     csv_columns={"allreduce.csv": COLUMNS}, collect=collect, render=render,
+    shapers=("inproc", "kernel"), takes_link=True,
     run_time={"quick": "~1 min (4 sizes up to 16 MiB, two runs per world)",
               "full": "~3 min (8 sizes up to 64 MiB, two runs per world)"})

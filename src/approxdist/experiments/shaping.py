@@ -6,14 +6,17 @@ cluster of network namespaces whose veth links `tc` shapes to RATE, one rank per
 through `approxdist cluster run` (`kernel`, needs root or CAP_NET_ADMIN;
 `approxdist.cluster`), with the torch threads per rank the local runs get (under torchrun
 each host would otherwise give its one rank every core). Both write the same run
-directory, so the report is the same.
+directory, so the report is the same. Presets that run something else on a shaped link
+(seed001-allreduce's benchmark) use `shaped_cluster` and `on_cluster` directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +70,30 @@ def train_on_link(sections: Sections, run_dir: Path, rate: str, shaper: str) -> 
     probe.replace(wanted)
     for name in ("metrics.jsonl", "summary.json", "trace.json"):
         (run_dir / name).unlink(missing_ok=True)
+    with shaped_cluster(cfg.train.world_size, f"bw={rate}") as name:
+        try:
+            on_cluster(name, ["train", "--config", str(wanted), "--out", str(run_dir)],
+                       log=run_dir / "cluster.log")
+        except ClusterError as exc:
+            if not summary.is_file():
+                raise
+            # the run finished and wrote its summary; a host failed while exiting (seen as
+            # "terminate called without an active exception" at teardown): keep the run
+            print(f"warning: {exc} (after the run had finished and written its summary)",
+                  file=sys.stderr, flush=True)
+    return dict(json.loads(summary.read_text()))
+
+
+@contextlib.contextmanager
+def shaped_cluster(hosts: int, link: str) -> Iterator[str]:
+    """A fresh cluster of `hosts` namespaced hosts whose links tc shapes to `link` (e.g.
+    "bw=100mbit"); its name inside the block, removed on leaving it, also on failure."""
     name = cluster_name()
-    cluster_up(name, cfg.train.world_size, f"bw={rate}")
+    cluster_up(name, hosts, link)
     try:
-        on_cluster(name, ["train", "--config", str(wanted), "--out", str(run_dir)],
-                   log=run_dir / "cluster.log")
-    except ClusterError as exc:
-        if not summary.is_file():
-            raise
-        # the run finished and wrote its summary; a host failed while exiting (seen as
-        # "terminate called without an active exception" at teardown): keep the run, say so
-        print(f"warning: {exc} (after the run had finished and written its summary)",
-              file=sys.stderr, flush=True)
+        yield name
     finally:
         cluster_down(name)
-    return dict(json.loads(summary.read_text()))
 
 
 def on_cluster(name: str, argv: list[str], log: Path | None = None) -> None:

@@ -11,7 +11,7 @@ nccl-tests' `busbw = size / time * 2 (N-1) / N`, in GB/s (1e9 bytes/s).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -61,6 +61,13 @@ class Row:
         out = {k: v for k, v in vars(self).items() if k != "extra"}
         out.update(self.extra)
         return out
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> Row:
+        """The row `as_json` (`bench allreduce --json`) wrote; other keys go to `extra`."""
+        named = {f.name for f in fields(Row)} - {"extra"}
+        return Row(**{k: v for k, v in raw.items() if k in named},
+                   extra={k: v for k, v in raw.items() if k not in named})
 
 
 def _max_across(ctx: DistContext, value: float) -> float:
