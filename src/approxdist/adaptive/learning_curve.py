@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import OptimizeWarning, curve_fit
 
+from approxdist.adaptive import varpro
 from approxdist.adaptive.curves import FAMILIES, Family, family_names
 from approxdist.errors import ConfigError
 
@@ -47,7 +46,7 @@ class CurveConfig:
     flat_tol: float = 1e-3
     short_std: float = 0.05
     bounds: tuple[float, float] | None = (0.0, 1.0)
-    max_evals: int = 100
+    max_iter: int = 6
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in family_names()]
@@ -56,6 +55,9 @@ class CurveConfig:
                               f"{', '.join(family_names())}")
         if self.min_points < 2:
             raise ConfigError(f"min_points = {self.min_points} must be >= 2; e.g. 5")
+        if self.max_iter < 0:
+            raise ConfigError(f"max_iter = {self.max_iter} must be >= 0 (polishing steps per "
+                              f"family; e.g. 20)")
         if self.flat_tol < 0 or self.short_std < 0:
             raise ConfigError(f"flat_tol = {self.flat_tol} and short_std = {self.short_std} "
                               f"must be >= 0")
@@ -143,22 +145,15 @@ class LearningCurveModel:
 
     def _fit(self, fam: Family, x: np.ndarray, y: np.ndarray,
              at: float) -> tuple[str, tuple[float, float], float, int] | None:
-        lo, hi = np.array(fam.lower), np.array(fam.upper)
-        p0 = np.clip(np.array(fam.guess(x, y), dtype=float), lo + 1e-9, hi - 1e-9)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OptimizeWarning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            try:
-                params, cov = curve_fit(fam.f, x, y, p0=p0, bounds=(lo, hi),
-                                        max_nfev=self.config.max_evals)
-            except (RuntimeError, ValueError):
-                return None
-            resid = y - fam.f(x, *params)
-            pred = float(fam.f(np.array([at]), *params)[0])
-        mse = float(np.mean(resid ** 2))
+        fitted = varpro.fit(fam, x, y, self.config.max_iter)
+        if fitted is None:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            pred = float(fam.f(np.array([at]), *fitted.params)[0])
+        mse = fitted.ssr / len(y)
         if not (math.isfinite(pred) and math.isfinite(mse) and self._plausible(pred)):
             return None
-        var = _delta_var(fam, params, cov, at)
+        var = _delta_var(fam, fitted.params, fitted.cov, at)
         if not math.isfinite(var):
             var = (pred - float(y[-1])) ** 2  # degenerate fit: the whole step ahead is uncertain
         return fam.name, (pred, var), mse, fam.n_params
