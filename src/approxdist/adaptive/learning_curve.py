@@ -130,8 +130,10 @@ class LearningCurveModel:
         return mean, math.sqrt(var), "ensemble", tuple(members)
 
     def _fit_members(self, x: np.ndarray, y: np.ndarray, at: float) -> list[Member]:
-        fits = [f for f in (self._fit(fam, x, y, at) for fam in self._families
-                            if len(y) >= fam.n_params + 2) if f is not None]
+        families = [fam for fam in self._families if len(y) >= fam.n_params + 2]
+        fitted = varpro.fit_all(families, x, y, self.config.max_iter)
+        fits = [f for f in (self._member(fam, fit, y, at) for fam, fit in zip(families, fitted))
+                if f is not None]
         if not fits:
             return []
         n = len(y)
@@ -143,9 +145,9 @@ class LearningCurveModel:
         return [Member(name, mean, var, mse * n / (n - k), w / total)
                 for (name, (mean, var), mse, k), w in zip(fits, raw)]
 
-    def _fit(self, fam: Family, x: np.ndarray, y: np.ndarray,
-             at: float) -> tuple[str, tuple[float, float], float, int] | None:
-        fitted = varpro.fit(fam, x, y, self.config.max_iter)
+    def _member(self, fam: Family, fitted: varpro.Fit | None, y: np.ndarray,
+                at: float) -> tuple[str, tuple[float, float], float, int] | None:
+        """A fitted family's prediction at `at` and its variance; None if implausible."""
         if fitted is None:
             return None
         with np.errstate(over="ignore", invalid="ignore"):

@@ -4,39 +4,48 @@ Every family in `curves.py` is `u + v * g(x; theta)`: for fixed nonlinear parame
 `theta` (one or two) the linear ones `(u, v)` have a closed-form least-squares solution
 (Golub & Pereyra 1973, "The differentiation of pseudo-inverses and nonlinear least squares
 problems whose variables separate"). So the fit is
-1. a vectorised search: `g` on a whole grid of `theta` (a few hundred rows) in one numpy
-   expression, `(u, v)` and the residual for every row in closed form, the best row kept
-   (a global start, where a local solver from a guess may stop in a poor basin);
-2. a polish of `theta` by damped Newton steps on the projected sum of squares (gradient
-   and Hessian by central differences on a stencil, several damping factors tried in one
-   vectorised evaluation, `theta` clipped to its bounds, a bound the gradient pushes
-   against held), until the sum of squares stops falling;
+1. a vectorised search: `g` on a whole grid of `theta` in one numpy expression, `(u, v)`
+   and the sum of squares for every grid point in closed form (a global start, where a
+   local solver from a guess may stop in a poor basin); for two nonlinear parameters,
+   a few Newton steps on the second alone from the best grid point of each value of the
+   first (the grid is too coarse for a narrow valley);
+2. damped Newton steps on the projected sum of squares from the best `STARTS` points
+   (gradient and Hessian by central differences on a stencil; several damping factors,
+   the steps shortened to the bounds and each parameter moved to either bound all tried
+   in one evaluation; a bound the gradient pushes against held), until no point's sum
+   of squares falls by more than `TOL` of it in a step, or `max_iter` steps;
 3. the covariance as `scipy.optimize.curve_fit` reports it: the pseudo-inverse of
    `J^T J` (J the Jacobian of `f` in the family's own parameters at the optimum,
    singular values below `eps * max(J.shape) * s_max` dropped) times `SSR / (n - p)`.
 
-`fit` costs a few numpy calls on arrays of grid x points, about a tenth of a millisecond
-per family on the development machine, where `curve_fit` took several milliseconds.
+`fit_all` fits several families at once: their points travel in the same arrays, so a
+Newton step costs the same few numpy calls for all of them (one `g` per family), which
+is what makes a fit a fraction of a millisecond: numpy's per-call overhead, not the
+arithmetic, dominates curves of a few dozen points.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from approxdist.adaptive.curves import Family, Separable
+from approxdist.adaptive.curves import Family
 
 Array = np.ndarray
 #: damping factors (relative to the Hessian's diagonal) tried at once in each Newton step
 DAMPING = np.array([0.0, 1e-2, 1e-1, 1.0, 10.0, 1e3])
-#: for two nonlinear parameters, Newton steps on the second alone from the grid's best
-#: point for each value of the first (the grid is too coarse for a narrow valley); then
-#: how many of the best points are polished in every parameter
+#: Newton steps on the second parameter alone (two-parameter families); how many of the
+#: best points are then polished in every parameter
 PROFILE_ITER = 3
 STARTS = 3
 #: Newton stops when no point's sum of squares fell by more than this share in a step
 TOL = 1e-5
+Q = 2  # the most nonlinear parameters of a family: every point has Q coordinates
+#: the stencil's offsets (in steps h): the centre, +-1 along each coordinate, the corners
+STENCIL = np.array([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0],
+                    [1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])
 
 
 @dataclass(frozen=True)
@@ -50,23 +59,57 @@ class Fit:
 
 def fit(fam: Family, x: Array, y: Array, max_iter: int = 6) -> Fit | None:
     """Least-squares fit of `fam` to (x, y) within its bounds; None if none is finite."""
-    sep = fam.sep
-    grid = sep.grid()
-    phi = _ssr(sep, x, y, grid)
-    if len(sep.axes) == 2:  # the best second parameter for each value of the first
-        table = phi.reshape(len(sep.axes[0]), len(sep.axes[1]))
-        inner = table.argmin(axis=1)
-        rows = np.arange(len(table))
-        grid, phi = grid.reshape(*table.shape, 2)[rows, inner], table[rows, inner]
-        grid, phi = _newton(sep, x, y, grid, phi, np.array([False, True]), PROFILE_ITER)
-    starts = np.argsort(phi)[:STARTS]
-    if not np.isfinite(phi[starts[0]]):
+    return fit_all([fam], x, y, max_iter)[0]
+
+
+def fit_all(families: Sequence[Family], x: Array, y: Array,
+            max_iter: int = 6) -> list[Fit | None]:
+    """`fit` for each family, their points in the same arrays (see the module docstring)."""
+    if not families:
+        return []
+    grids = [_pad(f.sep.grid()) for f in families]
+    phi = Points(families, [len(g) for g in grids], x, y).ssr(np.concatenate(grids)[:, None])[:, 0]
+    starts, free, cut = [], [], np.cumsum([0] + [len(g) for g in grids])
+    for fam, grid, ph in zip(families, grids, np.split(phi, cut[1:-1])):
+        if len(fam.sep.axes) == 2:  # the best second parameter for each value of the first
+            table = ph.reshape(len(fam.sep.axes[0]), -1)
+            best = table.argmin(axis=1)
+            rows = np.arange(len(table)) * table.shape[1] + best
+            starts.append((grid[rows], ph[rows]))
+            free.append(np.tile([False, True], (len(rows), 1)))
+        else:
+            rows = np.argsort(ph)[:STARTS]
+            starts.append((grid[rows], ph[rows]))
+            free.append(np.tile([True, False], (len(rows), 1)))
+    points = Points(families, [len(t) for t, _ in starts], x, y)
+    thetas, phi = points.newton(np.concatenate([t for t, _ in starts]),
+                                np.concatenate([p for _, p in starts]), np.concatenate(free),
+                                PROFILE_ITER if any(len(f.sep.axes) == 2 for f in families)
+                                else max_iter)
+    polish = [np.argsort(ph)[:STARTS] + a
+              for ph, a in zip(np.split(phi, points.cut[1:-1]), points.cut[:-1])]
+    points = Points(families, [len(r) for r in polish], x, y)
+    rows = np.concatenate(polish)
+    thetas, phi = points.newton(thetas[rows], phi[rows],
+                                np.array([[True, len(f.sep.axes) == 2] for f in points.rows]),
+                                max_iter)
+    return [_finish(fam, x, y, thetas[a + int(np.argmin(phi[a:b]))], float(phi[a:b].min()))
+            for fam, a, b in zip(families, points.cut[:-1], points.cut[1:])]
+
+
+def _pad(grid: Array) -> Array:
+    """A grid of one coordinate with a second, unused one (0) so every point has Q."""
+    return grid if grid.shape[1] == Q else np.hstack([grid, np.zeros((len(grid), 1))])
+
+
+def _finish(fam: Family, x: Array, y: Array, theta: Array, phi: float) -> Fit | None:
+    """The family's parameters at `theta`, their covariance; None if not finite."""
+    if not np.isfinite(phi):
         return None
-    thetas, phi = _newton(sep, x, y, grid[starts], phi[starts], np.ones(len(sep.axes), bool),
-                          max_iter)
-    theta = thetas[int(np.argmin(phi))]
-    u, v, _ = _project(sep, _shapes(sep, x, theta[None]), y)
-    params = np.clip(np.array(sep.params(float(u[0]), float(v[0]), theta), dtype=float),
+    th = theta[:len(fam.sep.axes)]
+    pts = Points([fam], [1], x, y)
+    u, v, _ = pts.project(pts.shapes(theta[None, None]))
+    params = np.clip(np.array(fam.sep.params(float(u[0]), float(v[0]), th), dtype=float),
                      fam.lower, fam.upper)
     with np.errstate(over="ignore", invalid="ignore"):
         resid = fam.f(x, *params) - y
@@ -76,123 +119,121 @@ def fit(fam: Family, x: Array, y: Array, max_iter: int = 6) -> Fit | None:
     return Fit(params, covariance(fam, x, params, ssr), ssr)
 
 
-def _shapes(sep: Separable, x: Array, thetas: Array) -> Array:
-    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        return sep.shape(x, thetas)
+class Points:
+    """Points in the families' search spaces, `counts[i]` of them for `families[i]` in
+    that order (rows of (K, Q) arrays): their projected sums of squares, Newton steps."""
 
+    def __init__(self, families: Sequence[Family], counts: Sequence[int], x: Array,
+                 y: Array) -> None:
+        self.families, self.x, self.y = families, x, y
+        self.cut = np.cumsum([0, *counts])
+        self.rows = [f for f, c in zip(families, counts) for _ in range(c)]
+        each = np.array(counts)
+        self.offset = np.repeat([f.sep.offset for f in families], each)
+        self.v_min = np.repeat([-np.inf if f.sep.v_min is None else f.sep.v_min
+                                for f in families], each)
+        self.lo = np.repeat([_pad(np.array([f.sep.lower]))[0] for f in families], each, axis=0)
+        self.hi = np.repeat([_pad(np.array([f.sep.upper]))[0] for f in families], each, axis=0)
 
-def _project(sep: Separable, g: Array, y: Array) -> tuple[Array, Array, Array]:
-    """For each row of `g` (G, n): the least-squares (u, v) and the sum of squares."""
-    n = len(y)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        if sep.offset:
-            gm = g.sum(axis=1) / n
-            gc, yc = g - gm[:, None], y - y.sum() / n
-        else:
-            gm, gc, yc = np.zeros(len(g)), g, y
-        sgg = np.einsum("ij,ij->i", gc, gc)
-        usable = np.isfinite(sgg) & (sgg > 1e-300)
-        v = np.where(usable, (gc @ yc) / np.where(usable, sgg, 1.0), 0.0)
-        if sep.v_min is not None:
-            v = np.maximum(v, sep.v_min)
-        u = (y.sum() / n - v * gm) if sep.offset else gm
-        r = np.where(v[:, None] == 0.0, 0.0, v[:, None] * g) + (u[:, None] - y)
-        ssr = np.einsum("ij,ij->i", r, r)
-    return u, v, np.where(np.isfinite(ssr), ssr, np.inf)
+    def shapes(self, thetas: Array) -> Array:
+        """`g` at every x for each point of `thetas` (K, M, Q), family by family: (K*M, n)."""
+        m = thetas.shape[1]
+        flat = thetas.reshape(-1, Q)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            return np.concatenate([
+                f.sep.shape(self.x, flat[a * m:b * m, :len(f.sep.axes)])
+                for f, a, b in zip(self.families, self.cut[:-1], self.cut[1:]) if b > a])
 
+    def project(self, g: Array) -> tuple[Array, Array, Array]:
+        """For each row of `g` (K*M, n): the least-squares (u, v), the sum of squares."""
+        y, n, m = self.y, len(self.y), len(g) // max(len(self.offset), 1)
+        offset, v_min = np.repeat(self.offset, m), np.repeat(self.v_min, m)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            gm = np.where(offset, g.sum(axis=1) / n, 0.0)
+            gc, yc = g - gm[:, None], y - np.where(offset, y.sum() / n, 0.0)[:, None]
+            sgg = np.einsum("ij,ij->i", gc, gc)
+            usable = np.isfinite(sgg) & (sgg > 1e-300)
+            v = np.where(usable, np.einsum("ij,ij->i", gc, yc) / np.where(usable, sgg, 1.0), 0.0)
+            v = np.maximum(v, v_min)
+            u = np.where(offset, y.sum() / n - v * gm, 0.0)
+            r = np.where(v[:, None] == 0.0, 0.0, v[:, None] * g) + (u[:, None] - y)
+            ssr = np.einsum("ij,ij->i", r, r)
+        return u, v, np.where(np.isfinite(ssr), ssr, np.inf)
 
-def _ssr(sep: Separable, x: Array, y: Array, thetas: Array) -> Array:
-    """The projected sum of squares for each row of `thetas` (..., q): shape (...)."""
-    flat = thetas.reshape(-1, thetas.shape[-1])
-    return _project(sep, _shapes(sep, x, flat), y)[2].reshape(thetas.shape[:-1])
+    def ssr(self, thetas: Array) -> Array:
+        """The projected sum of squares at each point of `thetas` (K, M, Q): (K, M)."""
+        return self.project(self.shapes(thetas))[2].reshape(thetas.shape[:2])
 
-
-#: stencil offsets (in steps h) for one and for two free parameters: the centre, then
-#: +-1 along each, then (for two) the four corners
-_STENCILS = {1: np.array([[0.0], [1.0], [-1.0]]),
-             2: np.array([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0],
-                          [1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])}
+    def newton(self, thetas: Array, phi: Array, free: Array,
+               max_iter: int) -> tuple[Array, Array]:
+        """Damped Newton steps from each point (K, Q) at once, moving its `free` (K, Q)
+        coordinates only; the points and their sums of squares (module docstring)."""
+        lo, hi = self.lo, self.hi
+        thetas, phi = thetas.copy(), phi.copy()
+        eye = np.eye(Q)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            for _ in range(max_iter):
+                h = 1e-4 * np.maximum(1.0, np.abs(thetas))
+                grad, hess = _derivatives(
+                    self.ssr(thetas[:, None] + STENCIL[None] * (h * free)[:, None]), h)
+                held = ~free | ((thetas <= lo) & (grad > 0)) | ((thetas >= hi) & (grad < 0))
+                grad = np.where(held, 0.0, grad)
+                hess = np.where(held[:, :, None] | held[:, None, :], 0.0, hess) \
+                    + held[:, :, None] * eye
+                diag = np.abs(np.diagonal(hess, axis1=1, axis2=2))
+                systems = hess[:, None] + DAMPING[None, :, None, None] * (diag[:, None, :, None]
+                                                                          * eye)
+                steps = np.where(held[:, None], 0.0, _solve(systems, -grad[:, None, :]))
+                trials = _trials(thetas, steps, lo, hi, free)
+                cand = self.ssr(trials)
+                best = cand.argmin(axis=1)
+                new = cand[np.arange(len(cand)), best]
+                better = new < phi
+                gain = np.where(better, phi - new, 0.0)
+                thetas[better] = trials[better, best[better]]
+                phi = np.where(better, new, phi)
+                if np.all(gain <= TOL * phi + 1e-30):
+                    break
+        return thetas, phi
 
 
 def _derivatives(phi: Array, h: Array) -> tuple[Array, Array]:
-    """Gradient (K, f) and Hessian (K, f, f) of the sum of squares from its values on the
-    stencil (K, S) with steps h (K, f)."""
-    f = h.shape[1]
-    grad = np.stack([(phi[:, 1 + 2 * i] - phi[:, 2 + 2 * i]) / (2 * h[:, i])
-                     for i in range(f)], axis=1)
-    hess = np.zeros((len(phi), f, f))
-    for i in range(f):
-        hess[:, i, i] = (phi[:, 1 + 2 * i] - 2 * phi[:, 0] + phi[:, 2 + 2 * i]) / h[:, i] ** 2
-    if f == 2:
-        hess[:, 0, 1] = hess[:, 1, 0] = (phi[:, 5] - phi[:, 6] - phi[:, 7] + phi[:, 8]) \
-            / (4 * h[:, 0] * h[:, 1])
+    """Gradient (K, Q) and Hessian (K, Q, Q) of the sum of squares from its values on
+    STENCIL (K, 9) with steps h (K, Q) (zero along a coordinate the stencil kept)."""
+    grad = np.stack([(phi[:, 1] - phi[:, 2]) / (2 * h[:, 0]),
+                     (phi[:, 3] - phi[:, 4]) / (2 * h[:, 1])], axis=1)
+    hess = np.empty((len(phi), Q, Q))
+    hess[:, 0, 0] = (phi[:, 1] - 2 * phi[:, 0] + phi[:, 2]) / h[:, 0] ** 2
+    hess[:, 1, 1] = (phi[:, 3] - 2 * phi[:, 0] + phi[:, 4]) / h[:, 1] ** 2
+    hess[:, 0, 1] = hess[:, 1, 0] = (phi[:, 5] - phi[:, 6] - phi[:, 7] + phi[:, 8]) \
+        / (4 * h[:, 0] * h[:, 1])
     return grad, hess
 
 
 def _solve(a: Array, b: Array) -> Array:
-    """a^-1 b for stacks of 1x1 or 2x2 systems (..., f, f), (..., f) in closed form
-    (a singular system gives a non-finite step, which is never taken)."""
-    if a.shape[-1] == 1:
-        return b / a[..., 0]
+    """a^-1 b for stacks of 2x2 systems (..., 2, 2), (..., 2) in closed form (a singular
+    system gives a non-finite step, which is never taken)."""
     det = a[..., 0, 0] * a[..., 1, 1] - a[..., 0, 1] * a[..., 1, 0]
     return np.stack([a[..., 1, 1] * b[..., 0] - a[..., 0, 1] * b[..., 1],
                      a[..., 0, 0] * b[..., 1] - a[..., 1, 0] * b[..., 0]], axis=-1) \
         / det[..., None]
 
 
-def _newton(sep: Separable, x: Array, y: Array, thetas: Array, phi: Array, free: Array,
-            max_iter: int) -> tuple[Array, Array]:
-    """Damped Newton steps from each row of `thetas` (K, q) at once, moving the `free`
-    parameters only; a bound that the gradient pushes against is held. Returns the rows
-    and their sums of squares once none improves by more than a relative `TOL`."""
-    lo, hi = np.array(sep.lower), np.array(sep.upper)
-    stencil = _STENCILS[int(free.sum())]
-    thetas, phi = thetas.copy(), phi.copy()
-    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        for _ in range(max_iter):
-            t = thetas[:, free]
-            h = 1e-4 * np.maximum(1.0, np.abs(t))
-            pts = np.repeat(thetas[:, None, :], len(stencil), axis=1)
-            pts[..., free] += stencil[None] * h[:, None, :]
-            grad, hess = _derivatives(_ssr(sep, x, y, pts), h)
-            held = ((t <= lo[free]) & (grad > 0)) | ((t >= hi[free]) & (grad < 0))
-            grad = np.where(held, 0.0, grad)
-            hess = np.where(held[:, :, None] | held[:, None, :], 0.0, hess)
-            diag = np.abs(np.diagonal(hess, axis1=1, axis2=2)) + np.where(held, 1.0, 0.0)
-            hess += np.where(held, 1.0, 0.0)[:, :, None] * np.eye(len(h[0]))
-            systems = hess[:, None] + DAMPING[None, :, None, None] * (
-                diag[:, None, :, None] * np.eye(len(h[0])))
-            steps = np.zeros((*systems.shape[:2], thetas.shape[1]))
-            steps[..., free] = _solve(systems, -grad[:, None, :])
-            trials = _inside(thetas, steps, lo, hi, free)
-            cand = _ssr(sep, x, y, trials)
-            cand = np.where(np.isfinite(cand), cand, np.inf)
-            best = cand.argmin(axis=1)
-            new = cand[np.arange(len(cand)), best]
-            better = new < phi
-            gain = np.where(better, phi - new, 0.0)
-            thetas[better] = trials[better, best[better]]
-            phi = np.where(better, new, phi)
-            if np.all(gain <= TOL * phi + 1e-30):
-                break
-    return thetas, phi
-
-
-def _inside(thetas: Array, steps: Array, lo: Array, hi: Array, free: Array) -> Array:
-    """The trial points from each row (K, q): each step (K, L, q) clipped to the bounds,
-    each step shortened to end at the first bound it meets (which keeps a step along a
-    diagonal valley on it), and each free parameter moved to either bound (where a sum
-    of squares that flattens towards a bound has its infimum): (K, 2L + 2f, q)."""
-    start = thetas[:, None, :]
-    room = np.where(steps > 0, (hi - start) / steps,
-                    np.where(steps < 0, (lo - start) / steps, np.inf))
+def _trials(thetas: Array, steps: Array, lo: Array, hi: Array, free: Array) -> Array:
+    """The points each Newton step tries from each point (K, Q): each step (K, L, Q)
+    clipped to the bounds, each step shortened to end at the first bound it meets (which
+    keeps a step along a diagonal valley on it), and each free coordinate moved to either
+    bound (where a sum of squares that flattens towards a bound has its infimum)."""
+    start, lo3, hi3 = thetas[:, None, :], lo[:, None, :], hi[:, None, :]
+    room = np.where(steps > 0, (hi3 - start) / steps,
+                    np.where(steps < 0, (lo3 - start) / steps, np.inf))
     scale = np.clip(np.nan_to_num(room.min(axis=2, keepdims=True), nan=0.0), 0.0, 1.0)
-    index = np.flatnonzero(free)
-    jumps = np.repeat(start, 2 * len(index), axis=1)
-    for j, i in enumerate(index):
-        jumps[:, 2 * j, i], jumps[:, 2 * j + 1, i] = lo[i], hi[i]
-    return np.concatenate([np.clip(start + steps, lo, hi),
-                           np.clip(start + scale * steps, lo, hi), jumps], axis=1)
+    jumps = np.repeat(start, 2 * Q, axis=1)
+    for i in range(Q):
+        jumps[:, 2 * i, i] = np.where(free[:, i], lo[:, i], thetas[:, i])
+        jumps[:, 2 * i + 1, i] = np.where(free[:, i], hi[:, i], thetas[:, i])
+    trials = np.concatenate([start + steps, start + scale * steps, jumps], axis=1)
+    return np.clip(trials, lo3, hi3)
 
 
 def jacobian(fam: Family, x: Array, params: Array) -> Array:
