@@ -46,7 +46,7 @@ class CurveConfig:
     flat_tol: float = 1e-3
     short_std: float = 0.05
     bounds: tuple[float, float] | None = (0.0, 1.0)
-    max_iter: int = 6
+    max_iter: int = 12
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in family_names()]
@@ -56,8 +56,8 @@ class CurveConfig:
         if self.min_points < 2:
             raise ConfigError(f"min_points = {self.min_points} must be >= 2; e.g. 5")
         if self.max_iter < 0:
-            raise ConfigError(f"max_iter = {self.max_iter} must be >= 0 (polishing steps per "
-                              f"family; e.g. 20)")
+            raise ConfigError(f"max_iter = {self.max_iter} must be >= 0 (Newton steps per "
+                              f"fit; e.g. 12)")
         if self.flat_tol < 0 or self.short_std < 0:
             raise ConfigError(f"flat_tol = {self.flat_tol} and short_std = {self.short_std} "
                               f"must be >= 0")

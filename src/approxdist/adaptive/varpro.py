@@ -12,8 +12,9 @@ problems whose variables separate"). So the fit is
 2. damped Newton steps on the projected sum of squares from the best `STARTS` points
    (gradient and Hessian by central differences on a stencil; several damping factors,
    the steps shortened to the bounds and each parameter moved to either bound all tried
-   in one evaluation; a bound the gradient pushes against held), until no point's sum
-   of squares falls by more than `TOL` of it in a step, or `max_iter` steps;
+   in one evaluation; a bound the gradient pushes against held), each point until
+   its sum of squares falls by less than `TOL` of it in a step, or `max_iter` steps (a
+   point's result does not depend on the others fitted with it);
 3. the covariance as `scipy.optimize.curve_fit` reports it: the pseudo-inverse of
    `J^T J` (J the Jacobian of `f` in the family's own parameters at the optimum,
    singular values below `eps * max(J.shape) * s_max` dropped) times `SSR / (n - p)`.
@@ -57,44 +58,56 @@ class Fit:
     ssr: float
 
 
-def fit(fam: Family, x: Array, y: Array, max_iter: int = 6) -> Fit | None:
+def fit(fam: Family, x: Array, y: Array, max_iter: int = 12) -> Fit | None:
     """Least-squares fit of `fam` to (x, y) within its bounds; None if none is finite."""
     return fit_all([fam], x, y, max_iter)[0]
 
 
 def fit_all(families: Sequence[Family], x: Array, y: Array,
-            max_iter: int = 6) -> list[Fit | None]:
+            max_iter: int = 12) -> list[Fit | None]:
     """`fit` for each family, their points in the same arrays (see the module docstring)."""
-    if not families:
-        return []
-    grids = [_pad(f.sep.grid()) for f in families]
-    phi = Points(families, [len(g) for g in grids], x, y).ssr(np.concatenate(grids)[:, None])[:, 0]
-    starts, free, cut = [], [], np.cumsum([0] + [len(g) for g in grids])
-    for fam, grid, ph in zip(families, grids, np.split(phi, cut[1:-1])):
+    return fit_curves(families, x, np.asarray(y, dtype=float)[None], max_iter)[0]
+
+
+def fit_curves(families: Sequence[Family], x: Array, ys: Array,
+               max_iter: int = 12) -> list[list[Fit | None]]:
+    """`fit` for each family and each curve (rows of `ys`, all at the same `x`), all in
+    the same arrays: `[curve][family]`. The grid's `g` is computed once per family."""
+    blocks = [(f, c) for f in families for c in range(len(ys))]  # family by family
+    if not blocks:
+        return [[] for _ in ys]
+    grids = {f.name: _pad(f.sep.grid()) for f in families}
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        g = np.concatenate([np.tile(f.sep.shape(x, f.sep.grid()), (len(ys), 1))
+                            for f in families])
+    grid_points = Points(blocks, [len(grids[f.name]) for f, _ in blocks], x, ys)
+    phi = grid_points.project(g)[2]
+    starts, free = [], []
+    for (fam, _), a, b in zip(blocks, grid_points.cut[:-1], grid_points.cut[1:]):
+        grid, ph = grids[fam.name], phi[a:b]
         if len(fam.sep.axes) == 2:  # the best second parameter for each value of the first
             table = ph.reshape(len(fam.sep.axes[0]), -1)
-            best = table.argmin(axis=1)
-            rows = np.arange(len(table)) * table.shape[1] + best
-            starts.append((grid[rows], ph[rows]))
+            rows = np.arange(len(table)) * table.shape[1] + table.argmin(axis=1)
             free.append(np.tile([False, True], (len(rows), 1)))
         else:
             rows = np.argsort(ph)[:STARTS]
-            starts.append((grid[rows], ph[rows]))
             free.append(np.tile([True, False], (len(rows), 1)))
-    points = Points(families, [len(t) for t, _ in starts], x, y)
+        starts.append((grid[rows], ph[rows]))
+    points = Points(blocks, [len(t) for t, _ in starts], x, ys)
     thetas, phi = points.newton(np.concatenate([t for t, _ in starts]),
                                 np.concatenate([p for _, p in starts]), np.concatenate(free),
-                                PROFILE_ITER if any(len(f.sep.axes) == 2 for f in families)
-                                else max_iter)
-    polish = [np.argsort(ph)[:STARTS] + a
-              for ph, a in zip(np.split(phi, points.cut[1:-1]), points.cut[:-1])]
-    points = Points(families, [len(r) for r in polish], x, y)
+                                PROFILE_ITER)
+    polish = [np.argsort(phi[a:b])[:STARTS] + a for a, b in zip(points.cut[:-1], points.cut[1:])]
+    points = Points(blocks, [len(r) for r in polish], x, ys)
     rows = np.concatenate(polish)
-    thetas, phi = points.newton(thetas[rows], phi[rows],
-                                np.array([[True, len(f.sep.axes) == 2] for f in points.rows]),
-                                max_iter)
-    return [_finish(fam, x, y, thetas[a + int(np.argmin(phi[a:b]))], float(phi[a:b].min()))
-            for fam, a, b in zip(families, points.cut[:-1], points.cut[1:])]
+    free = np.repeat([[True, len(f.sep.axes) == 2] for f, _ in blocks],
+                     [len(r) for r in polish], axis=0)
+    thetas, phi = points.newton(thetas[rows], phi[rows], free, max_iter)
+    fits: list[list[Fit | None]] = [[] for _ in ys]
+    for (fam, c), a, b in zip(blocks, points.cut[:-1], points.cut[1:]):
+        best = a + int(np.argmin(phi[a:b]))
+        fits[c].append(_finish(fam, x, ys[c], thetas[best], float(phi[best])))
+    return fits
 
 
 def _pad(grid: Array) -> Array:
@@ -106,11 +119,10 @@ def _finish(fam: Family, x: Array, y: Array, theta: Array, phi: float) -> Fit | 
     """The family's parameters at `theta`, their covariance; None if not finite."""
     if not np.isfinite(phi):
         return None
-    th = theta[:len(fam.sep.axes)]
-    pts = Points([fam], [1], x, y)
+    pts = Points([(fam, 0)], [1], x, y[None])
     u, v, _ = pts.project(pts.shapes(theta[None, None]))
-    params = np.clip(np.array(fam.sep.params(float(u[0]), float(v[0]), th), dtype=float),
-                     fam.lower, fam.upper)
+    params = np.clip(np.array(fam.sep.params(float(u[0]), float(v[0]), theta[:len(fam.sep.axes)]),
+                              dtype=float), fam.lower, fam.upper)
     with np.errstate(over="ignore", invalid="ignore"):
         resid = fam.f(x, *params) - y
     ssr = float(resid @ resid)
@@ -120,42 +132,53 @@ def _finish(fam: Family, x: Array, y: Array, theta: Array, phi: float) -> Fit | 
 
 
 class Points:
-    """Points in the families' search spaces, `counts[i]` of them for `families[i]` in
-    that order (rows of (K, Q) arrays): their projected sums of squares, Newton steps."""
+    """Points in the families' search spaces, `counts[i]` of them for block `blocks[i]`
+    (a family and the row of `ys` it fits), blocks of a family next to each other (rows
+    of (K, Q) arrays): their projected sums of squares, and Newton steps."""
 
-    def __init__(self, families: Sequence[Family], counts: Sequence[int], x: Array,
-                 y: Array) -> None:
-        self.families, self.x, self.y = families, x, y
+    def __init__(self, blocks: Sequence[tuple[Family, int]], counts: Sequence[int], x: Array,
+                 ys: Array) -> None:
+        self.x = x
         self.cut = np.cumsum([0, *counts])
-        self.rows = [f for f, c in zip(families, counts) for _ in range(c)]
         each = np.array(counts)
-        self.offset = np.repeat([f.sep.offset for f in families], each)
+        fams = [f for f, _ in blocks]
+        #: (family, first row, end row) of each run of blocks of one family
+        self.runs: list[tuple[Family, int, int]] = []
+        for f, a, b in zip(fams, self.cut[:-1], self.cut[1:]):
+            if self.runs and self.runs[-1][0] is f:
+                self.runs[-1] = (f, self.runs[-1][1], int(b))
+            else:
+                self.runs.append((f, int(a), int(b)))
+        self.y = np.repeat(ys[[c for _, c in blocks]], each, axis=0)
+        self.offset = np.repeat([f.sep.offset for f in fams], each)
         self.v_min = np.repeat([-np.inf if f.sep.v_min is None else f.sep.v_min
-                                for f in families], each)
-        self.lo = np.repeat([_pad(np.array([f.sep.lower]))[0] for f in families], each, axis=0)
-        self.hi = np.repeat([_pad(np.array([f.sep.upper]))[0] for f in families], each, axis=0)
+                                for f in fams], each)
+        self.lo = np.repeat([_pad(np.array([f.sep.lower]))[0] for f in fams], each, axis=0)
+        self.hi = np.repeat([_pad(np.array([f.sep.upper]))[0] for f in fams], each, axis=0)
 
     def shapes(self, thetas: Array) -> Array:
         """`g` at every x for each point of `thetas` (K, M, Q), family by family: (K*M, n)."""
         m = thetas.shape[1]
         flat = thetas.reshape(-1, Q)
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            return np.concatenate([
-                f.sep.shape(self.x, flat[a * m:b * m, :len(f.sep.axes)])
-                for f, a, b in zip(self.families, self.cut[:-1], self.cut[1:]) if b > a])
+            return np.concatenate([f.sep.shape(self.x, flat[a * m:b * m, :len(f.sep.axes)])
+                                   for f, a, b in self.runs if b > a])
 
     def project(self, g: Array) -> tuple[Array, Array, Array]:
         """For each row of `g` (K*M, n): the least-squares (u, v), the sum of squares."""
-        y, n, m = self.y, len(self.y), len(g) // max(len(self.offset), 1)
+        m = len(g) // max(len(self.offset), 1)
+        y = self.y if m == 1 else np.repeat(self.y, m, axis=0)
         offset, v_min = np.repeat(self.offset, m), np.repeat(self.v_min, m)
+        n = y.shape[1]
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            y_mean = np.where(offset, y.sum(axis=1) / n, 0.0)
             gm = np.where(offset, g.sum(axis=1) / n, 0.0)
-            gc, yc = g - gm[:, None], y - np.where(offset, y.sum() / n, 0.0)[:, None]
+            gc, yc = g - gm[:, None], y - y_mean[:, None]
             sgg = np.einsum("ij,ij->i", gc, gc)
             usable = np.isfinite(sgg) & (sgg > 1e-300)
             v = np.where(usable, np.einsum("ij,ij->i", gc, yc) / np.where(usable, sgg, 1.0), 0.0)
             v = np.maximum(v, v_min)
-            u = np.where(offset, y.sum() / n - v * gm, 0.0)
+            u = y_mean - v * gm
             r = np.where(v[:, None] == 0.0, 0.0, v[:, None] * g) + (u[:, None] - y)
             ssr = np.einsum("ij,ij->i", r, r)
         return u, v, np.where(np.isfinite(ssr), ssr, np.inf)
@@ -170,6 +193,7 @@ class Points:
         coordinates only; the points and their sums of squares (module docstring)."""
         lo, hi = self.lo, self.hi
         thetas, phi = thetas.copy(), phi.copy()
+        active = np.ones(len(phi), bool)  # a point stops once a step gains less than TOL
         eye = np.eye(Q)
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
             for _ in range(max_iter):
@@ -188,11 +212,11 @@ class Points:
                 cand = self.ssr(trials)
                 best = cand.argmin(axis=1)
                 new = cand[np.arange(len(cand)), best]
-                better = new < phi
-                gain = np.where(better, phi - new, 0.0)
+                better = active & (new < phi)
+                active = better & (phi - new > TOL * new + 1e-30)
                 thetas[better] = trials[better, best[better]]
                 phi = np.where(better, new, phi)
-                if np.all(gain <= TOL * phi + 1e-30):
+                if not active.any():
                     break
         return thetas, phi
 
