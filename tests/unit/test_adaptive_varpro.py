@@ -1,5 +1,6 @@
 """The variable-projection solver (adaptive/varpro.py) against known parameters and against
-`scipy.optimize.curve_fit`, the generic bounded least squares it replaces."""
+`scipy.optimize.curve_fit`, the generic bounded least squares it replaces; several curves
+predicted (and a decision's trials judged) at once equal them one by one."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import numpy as np
 import pytest
 from scipy.optimize import curve_fit
 
-from approxdist.adaptive import CurveConfig, varpro
+from approxdist.adaptive import CurveConfig, LearningCurveModel, varpro
 from approxdist.adaptive.curves import FAMILIES
+from approxdist.adaptive.decide import Trial, assess, assess_all
+from approxdist.config.adaprec import AdaPrecConfig
 from approxdist.errors import ConfigError
 
-X = np.arange(1, 41, dtype=float) / 40
+STEPS_40 = np.arange(1, 41, dtype=float)
+X = STEPS_40 / 40
 #: parameters inside each family's search space, and the relative tolerance they are
 #: recovered to from noise-free points
 TRUE = {"pow3": ((0.9, 0.1, 0.6), 1e-3), "log_power": ((0.9, -1.5, -1.2), 1e-3),
@@ -104,3 +108,49 @@ def test_newton_steps_are_a_checked_setting() -> None:
     assert CurveConfig(max_iter=0).max_iter == 0  # the grid's best points, unpolished
     with pytest.raises(ConfigError, match="max_iter"):
         CurveConfig(max_iter=-1)
+
+
+def test_predicting_several_curves_at_once_equals_predicting_each() -> None:
+    """A decision's candidates: the run's curve then each candidate's points (same steps),
+    plus a curve at other steps, a short one and a diverged one."""
+    rng = np.random.default_rng(9)
+    run = [(50.0 * k, 0.2 + 0.1 * k) for k in range(1, 4)]
+    curves = []
+    for rate in (0.004, 0.002, 0.0005, -0.001):
+        spec = [(150.0 + s, 0.5 + rate * s + 0.002 * rng.standard_normal()) for s in (1, 2, 4, 5)]
+        pts = run + spec
+        curves.append(([s for s, _ in pts], [v for _, v in pts]))
+    curves.append((list(STEPS_40), list(0.9 - 0.5 * STEPS_40 ** -0.7)))
+    curves.append(([1.0, 2.0, 3.0], [0.1, 0.2, 0.3]))
+    curves.append(([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [0.1, 0.2, np.nan, 0.3, 0.4, 0.5]))
+    model = LearningCurveModel()
+    together = model.predict_many(curves, 200)
+    assert [p.method for p in together][-2:] == ["short", "diverged"]
+    for (steps, values), p in zip(curves, together):
+        alone = model.predict(steps, values, 200)
+        assert p.method == alone.method
+        if p.method == "diverged":
+            continue
+        assert p.mean == pytest.approx(alone.mean, rel=1e-9, abs=1e-12)
+        assert p.std == pytest.approx(alone.std, rel=1e-9, abs=1e-12)
+        assert [m.family for m in p.members] == [m.family for m in alone.members]
+        assert p.fit_s == together[0].fit_s > 0  # equal shares of the call's time
+    assert model.predict_many([], 10) == []
+
+
+def test_a_decision_judges_its_trials_as_one_by_one() -> None:
+    cfg = AdaPrecConfig(phase_steps=50, speculate_steps=5, points=4)
+    run = [(50, 0.3), (100, 0.42), (150, 0.5)]
+    trials = [Trial(name, tuple((150 + s, 0.5 + rate * s) for s in (1, 2, 4, 5)), secs, True)
+              for name, rate, secs in (("fp32", 0.004, 0.02), ("table4", 0.003, 0.005),
+                                       ("poison", -0.05, 0.003), ("table1", 0.001, 0.003))]
+    trials.append(Trial("nan", ((151, 0.5),), 0.003, False))
+    model = LearningCurveModel()
+    together = assess_all(trials, run, 200, 0.5, 0.1, cfg, model)
+    assert (together[2].verdict, together[4].verdict) == ("collapsed", "diverged")
+    assert together[0].prediction is not None and together[0].prediction.method == "ensemble"
+    for t, a in zip(trials, together):
+        alone = assess(t, run, 200, 0.5, 0.1, cfg, model)
+        assert (a.verdict, a.trial) == (alone.verdict, alone.trial)
+        assert a.gain == pytest.approx(alone.gain, rel=1e-9, abs=1e-12)
+        assert a.score == pytest.approx(alone.score, rel=1e-9, abs=1e-12)

@@ -95,23 +95,54 @@ class Prediction:
         return -math.inf if self.diverged else self.mean - z * self.std
 
 
+#: mean, std, method, members
+_Result = tuple[float, float, str, tuple[Member, ...]]
+
+
 class LearningCurveModel:
-    """`predict(steps, values, at)`: the value of the curve at step `at`."""
+    """`predict(steps, values, at)`: the value of the curve at step `at`;
+    `predict_many(curves, at)` for several curves at once."""
 
     def __init__(self, config: CurveConfig | None = None) -> None:
         self.config = config or CurveConfig()
         self._families = [f for f in FAMILIES if f.name in self.config.families]
 
     def predict(self, steps: Sequence[float], values: Sequence[float], at: float) -> Prediction:
+        return self.predict_many([(steps, values)], at)[0]
+
+    def predict_many(self, curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+                     at: float) -> list[Prediction]:
+        """`predict` for each (steps, values) curve at the same step `at`. The curves
+        measured at the same steps (a decision's candidates) have their families fitted in
+        the same arrays (`varpro.fit_curves`); each prediction's `fit_s` is an equal share
+        of the whole call's time, so they add up to its cost."""
         t0 = time.perf_counter()
-        x, y, at_x = _check(steps, values, at)
-        mean, std, method, members = self._predict(x, y, at_x)
+        checked = [_check(steps, values, at) for steps, values in curves]
+        done: list[_Result | None] = [self._fallback(x, y, a) for x, y, a in checked]
+        same_steps: dict[bytes, list[int]] = {}
+        for i, (x, _, _) in enumerate(checked):
+            if done[i] is None:
+                same_steps.setdefault(x.tobytes(), []).append(i)
+        for group in same_steps.values():
+            x = checked[group[0]][0]
+            families = [fam for fam in self._families if len(x) >= fam.n_params + 2]
+            fitted = varpro.fit_curves(families, x, np.stack([checked[i][1] for i in group]),
+                                       self.config.max_iter)
+            for i, fits in zip(group, fitted):
+                _, y, at_x = checked[i]
+                done[i] = self._ensemble(families, fits, x, y, at_x)
+        share = (time.perf_counter() - t0) / max(len(curves), 1)
+        return [self._prediction(r, share) for r in done if r is not None]
+
+    def _prediction(self, result: _Result, fit_s: float) -> Prediction:
+        mean, std, method, members = result
         if self.config.bounds is not None and math.isfinite(mean):
             mean = float(np.clip(mean, *self.config.bounds))
-        return Prediction(mean, std, method, time.perf_counter() - t0, members)
+        return Prediction(mean, std, method, fit_s, members)
 
-    def _predict(self, x: np.ndarray, y: np.ndarray,
-                 at: float) -> tuple[float, float, str, tuple[Member, ...]]:
+    def _fallback(self, x: np.ndarray, y: np.ndarray, at: float) -> _Result | None:
+        """The prediction of a curve no family is fitted to (module docstring); None for
+        a curve the ensemble takes."""
         cfg = self.config
         if not np.all(np.isfinite(y)):
             return math.nan, math.inf, "diverged", ()
@@ -121,7 +152,12 @@ class LearningCurveModel:
             return float(y.mean()), max(float(y.std()), cfg.flat_tol), "flat", ()
         if _declining(x, y, cfg.flat_tol):
             return (*_trend(x, y, at), "trend", ())
-        members = self._fit_members(x, y, at)
+        return None
+
+    def _ensemble(self, families: Sequence[Family], fitted: Sequence[varpro.Fit | None],
+                  x: np.ndarray, y: np.ndarray, at: float) -> _Result:
+        """The Akaike-weighted families (or the trend if none fits plausibly)."""
+        members = self._members(families, fitted, y, at)
         if not members:
             return (*_trend(x, y, at), "trend", ())
         mean = sum(m.weight * m.mean for m in members)
@@ -129,9 +165,8 @@ class LearningCurveModel:
         var = sum(m.weight * (m.var + (m.mean - mean) ** 2) for m in members) + noise
         return mean, math.sqrt(var), "ensemble", tuple(members)
 
-    def _fit_members(self, x: np.ndarray, y: np.ndarray, at: float) -> list[Member]:
-        families = [fam for fam in self._families if len(y) >= fam.n_params + 2]
-        fitted = varpro.fit_all(families, x, y, self.config.max_iter)
+    def _members(self, families: Sequence[Family], fitted: Sequence[varpro.Fit | None],
+                 y: np.ndarray, at: float) -> list[Member]:
         fits = [f for f in (self._member(fam, fit, y, at) for fam, fit in zip(families, fitted))
                 if f is not None]
         if not fits:
