@@ -1,10 +1,10 @@
 """Parametric learning-curve families (Domhan, Springenberg & Hutter, IJCAI 2015).
 
 Each family is a saturating, increasing function of the (normalised) step `x > 0`,
-with an initial guess and bounds derived from the observed points, so that
-bounded least squares can fit it. The step axis is normalised by the caller (last
-observed step = 1), which keeps every family's parameters of order one whatever the
-phase length.
+with bounds, and an initial guess from the observed points (the start a generic local
+solver such as `scipy.optimize.curve_fit` needs; the tests compare with it). The step
+axis is normalised by the caller (last observed step = 1), which keeps every family's
+parameters of order one whatever the phase length.
 
 Every family is separable: `f = u + v * g(x; theta)` (`u = 0` for `log_power`), linear
 in `(u, v)` once the one or two nonlinear parameters `theta` are fixed. `Family.sep`

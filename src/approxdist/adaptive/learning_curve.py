@@ -3,9 +3,10 @@
 AdaPrec (seed 004) trains each candidate precision for a few steps and predicts its
 accuracy at the next phase boundary from the points measured so far. This model is an
 ensemble of the parametric families in `curves.py` (Domhan et al. 2015), each fitted by
-bounded least squares (`scipy.optimize.curve_fit`) and combined with Akaike weights
-(AICc; Burnham & Anderson 2002). The prediction's variance is the weighted sum of each
-member's extrapolation variance (delta method on its parameter covariance), the spread
+bounded least squares (variable projection, `varpro.py`: the optimum `curve_fit` reaches,
+at a small fraction of its cost) and combined with Akaike weights (AICc; Burnham &
+Anderson 2002). The prediction's variance is the weighted sum of each member's
+extrapolation variance (delta method on its parameter covariance), the spread
 of the members around their mean, and the measurement noise left in the residuals, so
 `Prediction.lcb(z)` is a lower confidence bound a controller can guard with.
 
@@ -20,7 +21,9 @@ Curves that cannot be fitted meaningfully take a named fallback (`Prediction.met
 | `ensemble` | otherwise | Akaike-weighted families |
 
 Predictions are clipped to `bounds` (the signal's range: [0, 1] for an accuracy or a
-mean probability). `Prediction.fit_s` is the model's cost for this decision.
+mean probability). `Prediction.fit_s` is the model's cost for this prediction: a share of
+`predict_many`'s, which fits the families of every curve measured at the same steps (a
+decision's candidates) in the same arrays.
 """
 
 from __future__ import annotations

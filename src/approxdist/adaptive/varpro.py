@@ -76,10 +76,32 @@ def fit_curves(families: Sequence[Family], x: Array, ys: Array,
     blocks = [(f, c) for f in families for c in range(len(ys))]  # family by family
     if not blocks:
         return [[] for _ in ys]
+    starts, free = _grid_starts(families, blocks, x, ys)
+    points = Points(blocks, [len(t) for t, _ in starts], x, ys)
+    thetas, phi = points.newton(np.concatenate([t for t, _ in starts]),
+                                np.concatenate([p for _, p in starts]), np.concatenate(free),
+                                PROFILE_ITER)
+    polish = [np.argsort(phi[a:b])[:STARTS] + a for a, b in zip(points.cut[:-1], points.cut[1:])]
+    points = Points(blocks, [len(r) for r in polish], x, ys)
+    rows = np.concatenate(polish)
+    every = np.repeat([[True, len(f.sep.axes) == 2] for f, _ in blocks],
+                      [len(r) for r in polish], axis=0)
+    thetas, phi = points.newton(thetas[rows], phi[rows], every, max_iter)
+    fits: list[list[Fit | None]] = [[] for _ in ys]
+    for (fam, c), a, b in zip(blocks, points.cut[:-1], points.cut[1:]):
+        best = a + int(np.argmin(phi[a:b]))
+        fits[c].append(_finish(fam, x, ys[c], thetas[best], float(phi[best])))
+    return fits
+
+
+def _grid_starts(families: Sequence[Family], blocks: Sequence[tuple[Family, int]], x: Array,
+                 ys: Array) -> tuple[list[tuple[Array, Array]], list[Array]]:
+    """Each block's starting points (and their sums of squares) from its family's grid,
+    and which of their coordinates the first Newton steps move."""
     grids = {f.name: _pad(f.sep.grid()) for f in families}
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         g = np.concatenate([np.tile(f.sep.shape(x, f.sep.grid()), (len(ys), 1))
-                            for f in families])
+                            for f in families])  # `g` does not depend on the curve
     grid_points = Points(blocks, [len(grids[f.name]) for f, _ in blocks], x, ys)
     phi = grid_points.project(g)[2]
     starts, free = [], []
@@ -93,21 +115,7 @@ def fit_curves(families: Sequence[Family], x: Array, ys: Array,
             rows = np.argsort(ph)[:STARTS]
             free.append(np.tile([True, False], (len(rows), 1)))
         starts.append((grid[rows], ph[rows]))
-    points = Points(blocks, [len(t) for t, _ in starts], x, ys)
-    thetas, phi = points.newton(np.concatenate([t for t, _ in starts]),
-                                np.concatenate([p for _, p in starts]), np.concatenate(free),
-                                PROFILE_ITER)
-    polish = [np.argsort(phi[a:b])[:STARTS] + a for a, b in zip(points.cut[:-1], points.cut[1:])]
-    points = Points(blocks, [len(r) for r in polish], x, ys)
-    rows = np.concatenate(polish)
-    free = np.repeat([[True, len(f.sep.axes) == 2] for f, _ in blocks],
-                     [len(r) for r in polish], axis=0)
-    thetas, phi = points.newton(thetas[rows], phi[rows], free, max_iter)
-    fits: list[list[Fit | None]] = [[] for _ in ys]
-    for (fam, c), a, b in zip(blocks, points.cut[:-1], points.cut[1:]):
-        best = a + int(np.argmin(phi[a:b]))
-        fits[c].append(_finish(fam, x, ys[c], thetas[best], float(phi[best])))
-    return fits
+    return starts, free
 
 
 def _pad(grid: Array) -> Array:
