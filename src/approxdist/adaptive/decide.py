@@ -3,8 +3,9 @@
 Seed 004's step (3): continue with the precision that gives the best accuracy gain per
 unit of time. Each candidate's signal at the next boundary is predicted by the
 learning-curve model (`learning_curve.py`) from the run's curve so far followed by the
-candidate's speculative points; its time to get there is its measured seconds per step
-times the phase length. The guards the seed does not discuss:
+candidate's speculative points (`assess_all` predicts every candidate in one
+`predict_many`, their fits sharing arrays); its time to get there is its measured seconds
+per step times the phase length. The guards the seed does not discuss:
 * a candidate whose speculation produced a non-finite loss or signal (`diverged`) or lost
   more than `collapse` of the signal the run had above chance (`collapsed`) is blacklisted;
 * a candidate whose lower confidence bound `mean - lcb_z * std` falls below the current
