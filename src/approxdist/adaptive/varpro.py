@@ -19,10 +19,11 @@ problems whose variables separate"). So the fit is
    `J^T J` (J the Jacobian of `f` in the family's own parameters at the optimum,
    singular values below `eps * max(J.shape) * s_max` dropped) times `SSR / (n - p)`.
 
-`fit_all` fits several families at once: their points travel in the same arrays, so a
-Newton step costs the same few numpy calls for all of them (one `g` per family), which
-is what makes a fit a fraction of a millisecond: numpy's per-call overhead, not the
-arithmetic, dominates curves of a few dozen points.
+`fit_all` fits several families at once and `fit_curves` several curves at the same
+steps too (a decision's candidates): their points travel in the same arrays, so a Newton
+step costs the same few numpy calls for all of them (one `g` per family). On curves of a
+few dozen points numpy's per-call overhead, not the arithmetic, dominates, and the
+shared arrays divide it among the fits (docs/adaprec.md has the measurements).
 """
 
 from __future__ import annotations
