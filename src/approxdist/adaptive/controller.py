@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Any, Protocol, TypeVar
 
-from approxdist.adaptive.decide import Assessment, Point, Trial, assess, choose, collapsed
+from approxdist.adaptive.decide import Assessment, Point, Trial, assess_all, choose, collapsed
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.config.adaprec import AdaPrecConfig
 
@@ -119,8 +119,8 @@ class AdaPrecController:
         self.run.restore()
         t_judge = time.perf_counter()
         at = min(step + self.cfg.phase_steps, self.run.total_steps)
-        judged = [assess(t, self.curve, at, current, self.run.chance, self.cfg, self.model)
-                  for t in trials]
+        judged = assess_all(trials, self.curve, at, current, self.run.chance, self.cfg,
+                            self.model)
         fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
         if judged and all(a.blacklisted for a in judged):
             # every candidate fails from here: the run, not the codecs, is unsound; if the

@@ -3,8 +3,9 @@
 Seed 004's step (3): continue with the precision that gives the best accuracy gain per
 unit of time. Each candidate's signal at the next boundary is predicted by the
 learning-curve model (`learning_curve.py`) from the run's curve so far followed by the
-candidate's speculative points; its time to get there is its measured seconds per step
-times the phase length. The guards the seed does not discuss:
+candidate's speculative points (`assess_all` predicts every candidate in one
+`predict_many`, their fits sharing arrays); its time to get there is its measured seconds
+per step times the phase length. The guards the seed does not discuss:
 * a candidate whose speculation produced a non-finite loss or signal (`diverged`) or lost
   more than `collapse` of the signal the run had above chance (`collapsed`) is blacklisted;
 * a candidate whose lower confidence bound `mean - lcb_z * std` falls below the current
@@ -72,20 +73,42 @@ class Assessment:
 def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance: float,
            cfg: AdaPrecConfig, model: LearningCurveModel) -> Assessment:
     """Judge one trial against the run's `curve` (ending at the boundary, value `current`)."""
+    return assess_all([trial], curve, at, current, chance, cfg, model)[0]
+
+
+def assess_all(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: float,
+               chance: float, cfg: AdaPrecConfig,
+               model: LearningCurveModel) -> list[Assessment]:
+    """`assess` for each trial; the trials' curves predicted in one `predict_many` (they
+    share the run's curve and, when whole, their steps: the fits share their arrays)."""
+    screened = [_screen(t, current, chance, cfg) for t in trials]
+    fitted = [t for t, a in zip(trials, screened) if a is None]
+    curves = [[*curve, *t.points] for t in fitted]
+    preds = iter(model.predict_many([([s for s, _ in c], [v for _, v in c]) for c in curves], at))
+    return [a if a is not None else _judge(t, next(preds), curve, at, current, cfg)
+            for t, a in zip(trials, screened)]
+
+
+def _screen(trial: Trial, current: float, chance: float, cfg: AdaPrecConfig) -> Assessment | None:
+    """The verdict of a trial that needs no prediction (diverged, collapsed), else None."""
     values = [v for _, v in trial.points]
     if not trial.finite or not all(math.isfinite(v) for v in values):
         return Assessment(trial, None, -math.inf, -math.inf, "diverged")
     if collapsed(current, values[-1], chance, cfg.collapse):
         return Assessment(trial, None, -math.inf, -math.inf, "collapsed")
-    pts = [*curve, *trial.points]
-    pred = model.predict([s for s, _ in pts], [v for _, v in pts], at)
+    return None
+
+
+def _judge(trial: Trial, pred: Prediction, curve: Sequence[Point], at: int, current: float,
+           cfg: AdaPrecConfig) -> Assessment:
+    """A trial's verdict, gain and score from its prediction."""
     if pred.diverged:
         return Assessment(trial, pred, -math.inf, -math.inf, "diverged")
     pace = own_pace(trial, curve[-1], at)
     mean = min(pred.mean, pace)
     gain = mean - current
     seconds = max(trial.s_per_step, 1e-9) * (at - curve[-1][0])
-    if values[-1] < current - cfg.margin:  # its own points fell, whatever the fit says
+    if trial.points[-1][1] < current - cfg.margin:  # its own points fell, whatever the fit says
         verdict = "falling"
     else:
         verdict = "eligible" if mean - cfg.lcb_z * pred.std >= current - cfg.margin \

@@ -3,9 +3,10 @@
 AdaPrec (seed 004) trains each candidate precision for a few steps and predicts its
 accuracy at the next phase boundary from the points measured so far. This model is an
 ensemble of the parametric families in `curves.py` (Domhan et al. 2015), each fitted by
-bounded least squares (`scipy.optimize.curve_fit`) and combined with Akaike weights
-(AICc; Burnham & Anderson 2002). The prediction's variance is the weighted sum of each
-member's extrapolation variance (delta method on its parameter covariance), the spread
+bounded least squares (variable projection, `varpro.py`: the optimum `curve_fit` reaches,
+at a small fraction of its cost) and combined with Akaike weights (AICc; Burnham &
+Anderson 2002). The prediction's variance is the weighted sum of each member's
+extrapolation variance (delta method on its parameter covariance), the spread
 of the members around their mean, and the measurement noise left in the residuals, so
 `Prediction.lcb(z)` is a lower confidence bound a controller can guard with.
 
@@ -20,20 +21,21 @@ Curves that cannot be fitted meaningfully take a named fallback (`Prediction.met
 | `ensemble` | otherwise | Akaike-weighted families |
 
 Predictions are clipped to `bounds` (the signal's range: [0, 1] for an accuracy or a
-mean probability). `Prediction.fit_s` is the model's cost for this decision.
+mean probability). `Prediction.fit_s` is the model's cost for this prediction: a share of
+`predict_many`'s, which fits the families of every curve measured at the same steps (a
+decision's candidates) in the same arrays.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import OptimizeWarning, curve_fit
 
+from approxdist.adaptive import varpro
 from approxdist.adaptive.curves import FAMILIES, Family, family_names
 from approxdist.errors import ConfigError
 
@@ -47,7 +49,7 @@ class CurveConfig:
     flat_tol: float = 1e-3
     short_std: float = 0.05
     bounds: tuple[float, float] | None = (0.0, 1.0)
-    max_evals: int = 100
+    max_iter: int = 12
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.families if f not in family_names()]
@@ -56,6 +58,9 @@ class CurveConfig:
                               f"{', '.join(family_names())}")
         if self.min_points < 2:
             raise ConfigError(f"min_points = {self.min_points} must be >= 2; e.g. 5")
+        if self.max_iter < 0:
+            raise ConfigError(f"max_iter = {self.max_iter} must be >= 0 (Newton steps per "
+                              f"fit; e.g. 12)")
         if self.flat_tol < 0 or self.short_std < 0:
             raise ConfigError(f"flat_tol = {self.flat_tol} and short_std = {self.short_std} "
                               f"must be >= 0")
@@ -93,23 +98,54 @@ class Prediction:
         return -math.inf if self.diverged else self.mean - z * self.std
 
 
+#: mean, std, method, members
+_Result = tuple[float, float, str, tuple[Member, ...]]
+
+
 class LearningCurveModel:
-    """`predict(steps, values, at)`: the value of the curve at step `at`."""
+    """`predict(steps, values, at)`: the value of the curve at step `at`;
+    `predict_many(curves, at)` for several curves at once."""
 
     def __init__(self, config: CurveConfig | None = None) -> None:
         self.config = config or CurveConfig()
         self._families = [f for f in FAMILIES if f.name in self.config.families]
 
     def predict(self, steps: Sequence[float], values: Sequence[float], at: float) -> Prediction:
+        return self.predict_many([(steps, values)], at)[0]
+
+    def predict_many(self, curves: Sequence[tuple[Sequence[float], Sequence[float]]],
+                     at: float) -> list[Prediction]:
+        """`predict` for each (steps, values) curve at the same step `at`. The curves
+        measured at the same steps (a decision's candidates) have their families fitted in
+        the same arrays (`varpro.fit_curves`); each prediction's `fit_s` is an equal share
+        of the whole call's time, so they add up to its cost."""
         t0 = time.perf_counter()
-        x, y, at_x = _check(steps, values, at)
-        mean, std, method, members = self._predict(x, y, at_x)
+        checked = [_check(steps, values, at) for steps, values in curves]
+        done: list[_Result | None] = [self._fallback(x, y, a) for x, y, a in checked]
+        same_steps: dict[bytes, list[int]] = {}
+        for i, (x, _, _) in enumerate(checked):
+            if done[i] is None:
+                same_steps.setdefault(x.tobytes(), []).append(i)
+        for group in same_steps.values():
+            x = checked[group[0]][0]
+            families = [fam for fam in self._families if len(x) >= fam.n_params + 2]
+            fitted = varpro.fit_curves(families, x, np.stack([checked[i][1] for i in group]),
+                                       self.config.max_iter)
+            for i, fits in zip(group, fitted):
+                _, y, at_x = checked[i]
+                done[i] = self._ensemble(families, fits, x, y, at_x)
+        share = (time.perf_counter() - t0) / max(len(curves), 1)
+        return [self._prediction(r, share) for r in done if r is not None]
+
+    def _prediction(self, result: _Result, fit_s: float) -> Prediction:
+        mean, std, method, members = result
         if self.config.bounds is not None and math.isfinite(mean):
             mean = float(np.clip(mean, *self.config.bounds))
-        return Prediction(mean, std, method, time.perf_counter() - t0, members)
+        return Prediction(mean, std, method, fit_s, members)
 
-    def _predict(self, x: np.ndarray, y: np.ndarray,
-                 at: float) -> tuple[float, float, str, tuple[Member, ...]]:
+    def _fallback(self, x: np.ndarray, y: np.ndarray, at: float) -> _Result | None:
+        """The prediction of a curve no family is fitted to (module docstring); None for
+        a curve the ensemble takes."""
         cfg = self.config
         if not np.all(np.isfinite(y)):
             return math.nan, math.inf, "diverged", ()
@@ -119,7 +155,12 @@ class LearningCurveModel:
             return float(y.mean()), max(float(y.std()), cfg.flat_tol), "flat", ()
         if _declining(x, y, cfg.flat_tol):
             return (*_trend(x, y, at), "trend", ())
-        members = self._fit_members(x, y, at)
+        return None
+
+    def _ensemble(self, families: Sequence[Family], fitted: Sequence[varpro.Fit | None],
+                  x: np.ndarray, y: np.ndarray, at: float) -> _Result:
+        """The Akaike-weighted families (or the trend if none fits plausibly)."""
+        members = self._members(families, fitted, y, at)
         if not members:
             return (*_trend(x, y, at), "trend", ())
         mean = sum(m.weight * m.mean for m in members)
@@ -127,9 +168,10 @@ class LearningCurveModel:
         var = sum(m.weight * (m.var + (m.mean - mean) ** 2) for m in members) + noise
         return mean, math.sqrt(var), "ensemble", tuple(members)
 
-    def _fit_members(self, x: np.ndarray, y: np.ndarray, at: float) -> list[Member]:
-        fits = [f for f in (self._fit(fam, x, y, at) for fam in self._families
-                            if len(y) >= fam.n_params + 2) if f is not None]
+    def _members(self, families: Sequence[Family], fitted: Sequence[varpro.Fit | None],
+                 y: np.ndarray, at: float) -> list[Member]:
+        fits = [f for f in (self._member(fam, fit, y, at) for fam, fit in zip(families, fitted))
+                if f is not None]
         if not fits:
             return []
         n = len(y)
@@ -141,24 +183,17 @@ class LearningCurveModel:
         return [Member(name, mean, var, mse * n / (n - k), w / total)
                 for (name, (mean, var), mse, k), w in zip(fits, raw)]
 
-    def _fit(self, fam: Family, x: np.ndarray, y: np.ndarray,
-             at: float) -> tuple[str, tuple[float, float], float, int] | None:
-        lo, hi = np.array(fam.lower), np.array(fam.upper)
-        p0 = np.clip(np.array(fam.guess(x, y), dtype=float), lo + 1e-9, hi - 1e-9)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OptimizeWarning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            try:
-                params, cov = curve_fit(fam.f, x, y, p0=p0, bounds=(lo, hi),
-                                        max_nfev=self.config.max_evals)
-            except (RuntimeError, ValueError):
-                return None
-            resid = y - fam.f(x, *params)
-            pred = float(fam.f(np.array([at]), *params)[0])
-        mse = float(np.mean(resid ** 2))
+    def _member(self, fam: Family, fitted: varpro.Fit | None, y: np.ndarray,
+                at: float) -> tuple[str, tuple[float, float], float, int] | None:
+        """A fitted family's prediction at `at` and its variance; None if implausible."""
+        if fitted is None:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            pred = float(fam.f(np.array([at]), *fitted.params)[0])
+        mse = fitted.ssr / len(y)
         if not (math.isfinite(pred) and math.isfinite(mse) and self._plausible(pred)):
             return None
-        var = _delta_var(fam, params, cov, at)
+        var = _delta_var(fam, fitted.params, fitted.cov, at)
         if not math.isfinite(var):
             var = (pred - float(y[-1])) ** 2  # degenerate fit: the whole step ahead is uncertain
         return fam.name, (pred, var), mse, fam.n_params
