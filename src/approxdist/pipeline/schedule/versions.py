@@ -19,6 +19,14 @@ of the schedule, as data:
 A version is *alive* on a stage between two of its actions if it is the newest, or a
 later forward or backward of that stage uses it. `check_versions` holds a schedule to
 these rules; nothing here runs it (docs/pipeline.md, "Asynchronous schedules").
+
+Replicated stages (hybrid; `dealing`): the order is keyed by *slot* (stage-major position
+of a rank, `topology.dealing`), stage s's items go round robin to its r_s replicas
+(replica n mod r_s), and a stage steps in lockstep on all its replicas: where the
+schedule steps *and* a whole round of r_s items (one per replica) is complete. Each
+replica's step follows its own last backward of the step's items, then `AR` (after that
+backward's send upstream) sums the replicas' gradients; version v means the same weights
+on every replica of a stage.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.schedule.action import Action, Kind, Order
 from approxdist.pipeline.schedule.comm import with_comm
+from approxdist.topology.dealing import Dealing
 
 Slot = tuple[int, int]  # (rank, index in that rank's list)
 
@@ -82,7 +91,8 @@ class Update:
 class AsyncSchedule:
     """An asynchronous schedule: the actions per rank (with sends and receives), the version
     each forward and backward uses, the optimizer steps, and the paper's bound on versions
-    alive per stage. Rank s runs stage s."""
+    alive per stage. Rank s runs stage s; with `dealing` (replicated stages) the keys of
+    `order`, `versions`, `updates` and `version_limit` are slots (`placement`)."""
 
     name: str
     num_stages: int
@@ -91,6 +101,20 @@ class AsyncSchedule:
     versions: dict[Slot, int]
     updates: dict[int, list[Update]]
     version_limit: dict[int, int]
+    dealing: Dealing | None = None
+
+    @property
+    def placement(self) -> Dealing:
+        """Which slot runs which stage's items: `dealing`, or one slot per stage."""
+        return self.dealing if self.dealing is not None else Dealing.single(self.num_stages)
+
+    def stage_of(self, slot: int) -> int:
+        return self.placement.place(slot)[0]
+
+    def slots_of(self, stage: int) -> list[int]:
+        """The slots of `stage`'s replicas, in replica order."""
+        first = sum(self.placement.replicas[:stage])
+        return list(range(first, first + self.placement.replicas[stage]))
 
     def version_of(self, rank: int, action: Action) -> int:
         """The version forward or backward `action` uses on `rank`."""
@@ -107,12 +131,23 @@ ForwardVersion = Callable[[int, int, int], int]
 
 def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
                     forward_version: ForwardVersion, steps_after: Callable[[int], bool],
-                    version_limit: dict[int, int]) -> AsyncSchedule:
-    """Add communication (`with_comm`) to a compute-only order and walk each rank's list:
-    a forward gets `forward_version(stage, n, newest)`, a backward its forward's version,
-    and the backward of micro-batch n is followed by an optimizer step when `steps_after(n)`,
-    applying every gradient computed since the previous step."""
-    order = with_comm(compute, num_stages)
+                    version_limit: dict[int, int],
+                    dealing: Dealing | None = None) -> AsyncSchedule:
+    """Deal each stage's compute-only order (keyed by stage) to its replicas (`dealing`,
+    default one per stage), add communication (`with_comm`) and walk each slot's list: a
+    forward gets `forward_version(stage, n, newest)`, a backward its forward's version,
+    and the backward of micro-batch n is followed by an optimizer step when `steps_after(n)`
+    (on a replicated stage: when the step's round is complete, `step_ends`), applying
+    every gradient computed since the previous step. `version_limit` is per stage."""
+    placement = dealing if dealing is not None else Dealing.single(num_stages)
+    ends = {s: step_ends(steps_after, stream.items, r) for s, r in enumerate(placement.replicas)}
+    dealt: Order = {}
+    for s, actions in compute.items():
+        for j, slot in enumerate(range(sum(placement.replicas[:s]),
+                                       sum(placement.replicas[:s + 1]))):
+            dealt[slot] = [a for a in actions if placement.replica(s, a.microbatch) == j]
+    order = {slot: _with_reduces(actions, placement, ends)
+             for slot, actions in with_comm(dealt, num_stages).items()}
     versions: dict[Slot, int] = {}
     updates: dict[int, list[Update]] = {}
     for rank, actions in order.items():
@@ -126,13 +161,39 @@ def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
             elif a.kind is Kind.BACKWARD:
                 versions[(rank, i)] = forward[a.microbatch]
                 pending.append(a.microbatch)
-                if steps_after(a.microbatch):
+                if a.microbatch in ends[a.stage]:
                     at = {forward[n] for n in pending}
                     assert len(at) == 1, f"one step mixes gradients of versions {sorted(at)}"
                     steps.append(Update(a.stage, i, len(steps) + 1, tuple(pending), at.pop()))
                     pending = []
         updates[rank] = steps
-    return AsyncSchedule(name, num_stages, stream, order, versions, updates, version_limit)
+    limits = {slot: version_limit[placement.place(slot)[0]] for slot in order}
+    return AsyncSchedule(name, num_stages, stream, order, versions, updates, limits,
+                         dealing if dealing is not None and max(dealing.replicas) > 1 else None)
+
+
+def step_ends(steps_after: Callable[[int], bool], items: int, replicas: int) -> set[int]:
+    """The items after whose backward a replica of a stage with `replicas` replicas steps:
+    the stage steps after item e when `steps_after(e)` and e closes a round of `replicas`
+    items ((e + 1) % replicas == 0), and each replica steps after its own last item of
+    that step, one of e - replicas + 1 .. e (one replica: just e)."""
+    closing = [e for e in range(items) if steps_after(e) and (e + 1) % replicas == 0]
+    return {n for e in closing for n in range(e - replicas + 1, e + 1)}
+
+
+def _with_reduces(actions: list[Action], dealing: Dealing,
+                  ends: dict[int, set[int]]) -> list[Action]:
+    """On a replicated stage, `AR` after each backward that closes a replica's step, and
+    after that backward's send upstream when one follows it (the send need not wait)."""
+    out: list[Action] = []
+    for a in actions:
+        out.append(a)
+        if dealing.replicas[a.stage] == 1 or a.microbatch not in ends[a.stage]:
+            continue
+        # stage 0's backward sends nothing upstream (`with_comm` puts SB right after B)
+        if a.kind is Kind.SEND_GRAD or (a.kind is Kind.BACKWARD and a.stage == 0):
+            out.append(Action(a.stage, Kind.ALL_REDUCE, a.microbatch))
+    return out
 
 
 def versions_alive(schedule: AsyncSchedule) -> dict[int, list[tuple[int, ...]]]:
