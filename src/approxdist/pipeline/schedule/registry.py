@@ -133,8 +133,9 @@ def check_rounds(name: str, dealing: Dealing, num_stages: int, num_microbatches:
                             f"{len(dealing.replicas)} stages, not {num_stages}")
     rounds = math.lcm(*dealing.replicas)
     if num_microbatches % rounds:
+        low = rounds * max(1, num_microbatches // rounds)
+        high = rounds * (num_microbatches // rounds + 1)
         raise ScheduleError(f"{name} with replicas {','.join(map(str, dealing.replicas))} "
                             f"steps each stage once per round of its replicas: micro-batches "
                             f"({num_microbatches}) must be a multiple of {rounds}; try "
-                            f"{rounds * max(1, num_microbatches // rounds)} or "
-                            f"{rounds * (num_microbatches // rounds + 1)}")
+                            f"{low} or {high if high > low else low + rounds}")
