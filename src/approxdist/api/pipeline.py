@@ -170,19 +170,18 @@ class Pipeline:
                                                targets if self.is_last else None, size)
         if not self.is_last:
             return None
-        replicated = self.replica_group is not None and self.replica_group.size > 1
+        replicas = self.replica_group if (self.replica_group is not None
+                                          and self.replica_group.size > 1) else None
         if isinstance(self.runtime.executor, StreamExecutor):
             loss, samples = res.loss, float(res.samples)
-            if replicated:  # the samples every replica of the last stage finished
-                assert self.replica_group is not None
-                both = self.replica_group.all_reduce(torch.tensor([loss, samples],
-                                                                  dtype=torch.float64))
+            if replicas is not None:  # the samples every replica of the last stage finished
+                both = replicas.all_reduce(torch.tensor([loss, samples], dtype=torch.float64))
                 loss, samples = float(both[0]), float(both[1])
             return loss / samples if samples else None
-        if replicated:
+        if replicas is not None:
             # each replica's micro-batches weighted by their share: the sum is the mean
-            total = self.replica_group.all_reduce(torch.tensor([float(res.loss or 0.0)],
-                                                               dtype=torch.float64))
+            total = replicas.all_reduce(torch.tensor([float(res.loss or 0.0)],
+                                                     dtype=torch.float64))
             return float(total.item())
         return res.loss  # the micro-batches' losses weighted by their share: the mean
 

@@ -70,7 +70,7 @@ def pipedream_vsync(num_stages: int, stream: Stream,
                             f"stages share version numbers, one step per micro-batch, but a "
                             f"replicated stage steps once per round of its replicas; use "
                             f"pipedream or 2bw")
-    first = pipedream(p, stream)
+    first = pipedream(p, stream, None)
     used = {a.microbatch: first.versions[(0, i)]
             for i, a in enumerate(first.order[0]) if a.is_compute}
 
