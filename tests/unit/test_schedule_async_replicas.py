@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from approxdist.cli.main import main
 from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule.action import Action, Kind, format_actions
 from approxdist.pipeline.schedule.check_versions import check_versions
@@ -144,3 +146,22 @@ def test_stream_pieces_run_a_stage_all_reduce_in_one_step() -> None:
             # the last stage's replicas together report every micro-batch's loss once
             rows = loss_versions(s, cuts)
             assert len(rows) == 4 and rows[-1][-1] != (-1, -1)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--parallel", "hybrid", "--stages", "2", "--replicas", "2,1", "--microbatches",
+      "4", "--schedule", "pipedream-vsync", "--model", "mlp"],
+     "pipedream-vsync with replicated stages (replicas 2,1) is not available"),
+    (["train", "--parallel", "hybrid", "--stages", "2", "--replicas", "3,1", "--microbatches",
+      "4", "--schedule", "2bw", "--model", "mlp"],
+     "micro-batches (4) must be a multiple of 3; try 3 or 6"),
+    (["bench", "hybrid", "--model", "mlp", "--stages", "2", "--replicas", "2",
+      "--microbatches", "4", "--schedule", "1f1b,2bw"],
+     "--schedule 2bw: bench hybrid compares flushed schedules (gpipe, 1f1b)"),
+])
+def test_what_does_not_run_on_replicas_is_one_line_exit_2(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    assert main([*argv, *(["--out", str(tmp_path / "run")] if argv[0] == "train" else [])]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
