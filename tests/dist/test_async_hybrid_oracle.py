@@ -12,8 +12,9 @@ micro-batches of (n's share of the step's samples) x (gradient of n's mean loss 
 version): 2BW's W(t+1) = W(t) - lr * grad f(W(t-1)) over the whole mini-batch, PipeDream's
 average over a round of r_s micro-batches, one per replica, each at its stashed version.
 Every parameter after both streams and every step's loss (summed over the last stage's
-replicas) agree within 1e-5; the replicas of a stage hold bitwise the same parameters; a
-replica never holds more versions than the schedule's limit.
+replicas) agree within 1e-5 (1e-2 with a bf16 all-reduce and error feedback); the
+replicas of a stage hold bitwise the same parameters, whatever the codec; a replica never
+holds more versions than the schedule's limit.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ class Case:
     batch: int = 12
     threads: str = "inline"
     fuse: str = "auto"
+    dp: tuple[tuple[str, Any], ...] = ()  # [dp] keys of the replica all-reduce
 
     def sections(self) -> dict[str, dict[str, Any]]:
         return {"train": {"parallel": "hybrid", "world_size": sum(self.replicas), "seed": 0},
                 "pipeline": {"stages": len(self.replicas), "replicas": list(self.replicas),
                              "schedule": self.schedule, "microbatches": self.microbatches,
                              "comm_threads": self.threads, "fuse_accumulation": self.fuse},
-                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002}}
+                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **dict(self.dp)}}
 
     def build(self) -> AsyncSchedule:
         return build_async_schedule(self.schedule, len(self.replicas), self.microbatches,
@@ -186,6 +188,7 @@ def _loss_items_per_step(sched: AsyncSchedule) -> list[list[int]]:
 def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
     sched = case.build()
     params, losses = _oracle(case, ranks[0]["partition"])
+    tol = 1e-2 if dict(case.dp).get("codec", "fp32") != "fp32" else 1e-5
     seen: set[str] = set()
     for stage, count in enumerate(case.replicas):
         mine = [r for r in ranks if r["stage"] == stage]
@@ -193,7 +196,7 @@ def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
         for name, t in mine[0]["params"].items():
             for other in mine[1:]:  # the replicas of a stage stay identical
                 assert torch.equal(other["params"][name], t), (case, stage, name)
-            torch.testing.assert_close(t, params[name], atol=1e-5, rtol=1e-5,
+            torch.testing.assert_close(t, params[name], atol=tol, rtol=tol,
                                        msg=f"{case}: {name}")
             seen.add(name)
         for r in mine:
@@ -204,7 +207,7 @@ def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
         loss = sum(rank[step][0] for rank in last)
         samples = sum(rank[step][1] for rank in last)
         assert samples == want[1], f"{case}: step {step} ran {samples} samples, not {want[1]}"
-        assert loss == pytest.approx(want[0], rel=1e-5, abs=1e-6), f"{case}: step {step} loss"
+        assert loss == pytest.approx(want[0], rel=tol, abs=1e-6), f"{case}: step {step} loss"
 
 
 def test_the_stage_steps_are_the_documented_ones() -> None:
@@ -231,6 +234,8 @@ CASES_4 = [
     Case((2, 2), "pipedream", 2, 3, threads="per-message"),
     Case((3, 1), "pipedream", 3, 2),
     Case((1, 2, 1), "2bw", 2, 3),
+    Case((2, 2), "2bw", 2, 3, dp=(("codec", "bf16"), ("error_feedback", True),
+                                  ("algorithm", "ring"))),  # lossy: replicas still agree
 ]
 
 
