@@ -31,20 +31,27 @@ def _rules(s: AsyncSchedule) -> list[tuple[str, int, str]]:
 
 
 def test_pipedream_2_1_golden_lists() -> None:
-    """Stage 0's replicas each take every other micro-batch and step after each backward's
-    `AR`; stage 1 steps after every backward, as without replicas."""
+    """Stage 0's replicas each take every other micro-batch and step after each backward, at
+    the `AR` right before the next forward (which uses the new version); stage 1 steps after
+    every backward, as without replicas."""
     s = _build("pipedream", (2, 1), 2, 2)
-    assert format_actions(s.order[0]) == "0RB0 0F0 0SF0 0B0 0AR0 0RB2 0F2 0SF2 0B2 0AR2"
-    assert format_actions(s.order[1]) == "0RB1 0F1 0SF1 0B1 0AR1 0RB3 0F3 0SF3 0B3 0AR3"
+    assert format_actions(s.order[0]) == "0RB0 0F0 0SF0 0B0 0RB2 0AR0 0F2 0SF2 0B2 0AR2"
+    assert format_actions(s.order[1]) == "0RB1 0F1 0SF1 0B1 0RB3 0AR1 0F3 0SF3 0B3 0AR3"
     assert [(u.version, u.items, u.computed_at) for u in s.updates[0]] == [(1, (0,), 0),
                                                                            (2, (2,), 1)]
     assert [u.items for u in s.updates[2]] == [(0,), (1,), (2,), (3,)]
     assert s.version_of(1, Action(0, Kind.FORWARD, 3)) == 1
 
 
-def test_ar_follows_the_send_upstream() -> None:
-    s = _build("2bw", (1, 2), 2, 2)
-    assert format_actions(s.order[1]) == "1RF0 1F0 1RF2 1B0 1SB0 1AR0 1F2 1B2 1SB2 1AR2"
+def test_2bw_defers_each_all_reduce_to_the_first_use_of_its_version() -> None:
+    """2BW's step after mini-batch b makes version b + 1, first used by mini-batch b + 2: the
+    replica runs mini-batch b + 1 (on version b) before it waits for the all-reduce."""
+    s = _build("2bw", (1, 2), 2, 3)
+    assert format_actions(s.order[1]) == ("1RF0 1F0 1RF2 1B0 1SB0 1F2 1RF4 1B2 1SB2 1AR0 "
+                                          "1F4 1B4 1SB4 1AR2 1AR4")
+    assert [(s.order[1][u.after], u.version) for u in s.updates[1]] == [
+        (Action(1, Kind.BACKWARD, 0), 1), (Action(1, Kind.BACKWARD, 2), 2),
+        (Action(1, Kind.BACKWARD, 4), 3)]
 
 
 @pytest.mark.parametrize("name", ["pipedream", "2bw"])
@@ -92,13 +99,22 @@ def test_microbatches_must_be_whole_rounds_and_vsync_is_refused() -> None:
         _build("pipedream-vsync", (2, 1), 2, 2)
 
 
-def test_validator_catches_a_step_without_its_all_reduce() -> None:
+def test_validator_catches_a_missing_or_late_all_reduce() -> None:
     s = _build("pipedream", (2, 1), 2, 2)
     order = {**s.order, 1: [a for a in s.order[1] if str(a) != "0AR3"]}
-    rules = _rules(replace(s, order=order))
-    assert ("lockstep", 1, "0B3") in rules
-    assert any(rule == "lockstep" and "1 all-reduce(s) for 2 optimizer step(s)" in str(v)
-               for rule, v in zip((r[0] for r in rules), check_versions(replace(s, order=order))))
+    found = check_versions(replace(s, order=order))
+    assert [(v.rule, v.rank) for v in found] == [("lockstep", 1)]
+    assert "1 all-reduce(s) for 2 optimizer step(s)" in str(found[0])
+    # 0AR1 moved after 0F3, which already uses the version it makes
+    late = [a for a in s.order[1] if str(a) != "0AR1"]
+    late.insert(late.index(Action(0, Kind.FORWARD, 3)) + 1, Action(0, Kind.ALL_REDUCE, 1))
+    index = {a: i for i, a in enumerate(late)}
+    versions = {**{k: v for k, v in s.versions.items() if k[0] != 1},
+                **{(1, index[s.order[1][i]]): v for (r, i), v in s.versions.items() if r == 1}}
+    updates = {**s.updates, 1: [replace(u, after=index[s.order[1][u.after]])
+                                for u in s.updates[1]]}
+    rules = _rules(replace(s, order={**s.order, 1: late}, versions=versions, updates=updates))
+    assert rules == [("lockstep", 1, "0B1")]
 
 
 def test_validator_catches_replicas_that_step_apart() -> None:

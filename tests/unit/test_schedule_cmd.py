@@ -109,7 +109,8 @@ def test_show_async_on_replicated_stages(capsys: pytest.CaptureFixture[str]) -> 
                         "stage-major, micro-batches dealt round robin)), a stream of 3 "
                         "mini-batches x 2 micro-batches = 6; valid, with versions")
     rows = {line.split()[1]: line.split()[2:] for line in lines[3:6]}
-    assert [c for c in rows["0"] if c != "."][:5] == ["0RB0", "0F0v0", "0SF0", "0B0v0", "0AR0"]
+    assert [c for c in rows["0"] if c != "."][:7] == ["0RB0", "0F0v0", "0SF0", "0B0v0", "0RB2",
+                                                      "0AR0", "0F2v1"]
     assert "0F3v1" in rows["1"] and "0AR1" in rows["1"] and "1F1v1" in rows["2"]
     assert lines[7] == ("optimizer steps per stage, every replica of a stage in lockstep: "
                         "stage 0: 3, one per 2 micro-batch(es) (1 on each of 2 replicas, "

@@ -19,7 +19,8 @@ Replicated stages (hybrid, `schedule.dealing`): this rank is one slot, a replica
 stage, and runs the items dealt to it (n mod r_s). Its step's gradient is taken after
 its own last backward of the step, scaled to the items' share of the *stage's* step
 (`stage_weights`: the last stage weighs each loss by its own step's samples), and the
-schedule's `AR` sums it over the stage's replicas through `reduce` (the hybrid engine's
+schedule's `AR` (placed before the first action that uses the version the step makes, so
+2BW's next mini-batch runs meanwhile) sums it over the stage's replicas through `reduce` (the hybrid engine's
 `DataParallel` on the replica group, op sum: any algorithm, codec, link) before the
 optimiser steps, so the replicas of a stage step in lockstep and stay identical.
 
@@ -32,6 +33,7 @@ to the previous mini-batch; `versions_of_step` says which weight versions produc
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -100,8 +102,8 @@ class StreamExecutor(PipelineExecutor):
                                 f"schedule but has no all-reduce; build it with replicas")
         #: micro-batch -> factor from the last stage's loss weight to this stage's step share
         self._scale: dict[int, float] = {}
-        #: a replicated stage's step between its backward and its `AR`
-        self._pending: tuple[Update, list[torch.Tensor | None]] | None = None
+        #: a replicated stage's steps between their backward and their `AR`, oldest first
+        self._pending: deque[tuple[Update, list[torch.Tensor | None]]] = deque()
         self.order = schedule.order[rank]
         #: every rank's pieces (`schedule.stream_cut.step_cuts`); this rank's: `cuts`
         self.all_cuts = cuts = step_cuts(schedule)
@@ -195,7 +197,7 @@ class StreamExecutor(PipelineExecutor):
     def _end_stream(self) -> None:
         """The stream drained: nothing in flight, every version but the module's dropped."""
         assert self._pos == len(self.order), "the last step runs the rest of the stream"
-        assert self._pending is None, "every step of a replicated stage met its AR"
+        assert not self._pending, "every step of a replicated stage met its AR"
         self._scale.clear()
         self.weights.reset(keep_initial=False)
         self.transport.window = 0
@@ -231,14 +233,13 @@ class StreamExecutor(PipelineExecutor):
             grads = [g.mul_(scale) if g is not None else None for g in grads]
         if self.reduce is None:
             self._update(update, grads)
-        else:  # the schedule's AR (after this backward's send upstream) sums and steps
-            self._pending = (update, grads)
+        else:  # the schedule's AR (before the version's first use) sums and steps
+            self._pending.append((update, grads))
 
     def _all_reduce(self, a: Action, step: _Step) -> None:
-        """`AR`: sum this step's gradient over the stage's replicas, then step."""
-        assert self.reduce is not None and self._pending is not None, f"{a} without a step"
-        update, grads = self._pending
-        self._pending = None
+        """`AR`: sum the oldest pending step's gradient over the stage's replicas, then step."""
+        assert self.reduce is not None and self._pending, f"{a} without a step"
+        update, grads = self._pending.popleft()
         self.weights.load_gradient(grads)
         t0 = time.perf_counter()
         with self.rec.span(ph.SYNC, mb=a.microbatch), self.rec.span(ph.WAIT, on="replicas"):

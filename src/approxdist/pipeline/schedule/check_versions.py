@@ -17,8 +17,9 @@ rules, `dealt` (each slot runs only its stage's actions, and stage s's forward a
 backward of item n run once, on replica n mod r_s) and `deadlock` (`routes.check_replicated`:
 run on paper with messages routed between slots, the k-th `AR`s of a stage's replicas one
 all-reduce, FIFO channels); then the version rules per slot, and `lockstep`: the replicas
-of a stage take the same number of steps, each followed by one `AR` of its backward's
-micro-batch before the slot's next forward or backward.
+of a stage take the same number of steps, and a slot's k-th `AR` carries its k-th step:
+after the step's backward, naming its micro-batch, before the first forward or backward
+that uses the version the step makes.
 """
 
 from __future__ import annotations
@@ -233,20 +234,22 @@ def _check_lockstep(s: AsyncSchedule) -> list[Violation]:
 
 
 def _reduces_after_steps(s: AsyncSchedule, slot: int) -> list[Violation]:
+    """The k-th `AR` of a slot carries its k-th step: after the step's backward, naming its
+    micro-batch, before the first forward or backward that uses the version it makes."""
     actions = s.order[slot]
     reduces = [i for i, a in enumerate(actions) if a.kind is Kind.ALL_REDUCE]
+    steps = s.updates.get(slot, [])
     found: list[Violation] = []
-    for u in s.updates.get(slot, []):
-        n = actions[u.after].microbatch
-        nxt = next((j for j in range(u.after + 1, len(actions)) if actions[j].is_compute
-                    or actions[j].kind is Kind.ALL_REDUCE), None)
-        if nxt is None or actions[nxt] != Action(u.stage, Kind.ALL_REDUCE, n):
+    for u, at in zip(steps, reduces):
+        want = Action(u.stage, Kind.ALL_REDUCE, actions[u.after].microbatch)
+        first_use = next((i for i in range(u.after + 1, len(actions))
+                          if s.versions.get((slot, i), -1) >= u.version), len(actions))
+        if actions[at] != want or not u.after < at < first_use:
             found.append(_v("lockstep", slot, actions[u.after], f"step {u} after "
-                            f"{actions[u.after]} has no {Action(u.stage, Kind.ALL_REDUCE, n)} "
-                            f"before the next forward or backward",
-                            "sum the replicas' gradients before the step"))
-    if len(reduces) != len(s.updates.get(slot, [])):
+                            f"{actions[u.after]} needs {want} between it and the first use of "
+                            f"version {u.version}, found {actions[at]} at {at}",
+                            "sum the replicas' gradients before the version is used"))
+    if len(reduces) != len(steps):
         found.append(_v("lockstep", slot, None, f"{len(reduces)} all-reduce(s) for "
-                        f"{len(s.updates.get(slot, []))} optimizer step(s)",
-                        "one AR per step of a replicated stage"))
+                        f"{len(steps)} optimizer step(s)", "one AR per step of a replicated stage"))
     return found

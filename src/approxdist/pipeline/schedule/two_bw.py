@@ -14,10 +14,11 @@ forwards, so this needs M >= P - 1 (the paper takes M >= P).
 
 Replicated stages (`dealing`, hybrid): replica n mod r_s of stage s runs item n; M must
 be a multiple of r_s, so each mini-batch is whole rounds and every replica steps once per
-mini-batch, after its own last backward of it, on the gradient summed over the replicas
-(`AR`). All of mini-batch b's items use version max(b - 1, 0) on every replica, so the
-update is the same as with one rank per stage: W(t+1) = W(t) - lr * grad f(W(t-1)), the
-gradient of the whole mini-batch.
+mini-batch on the gradient of its own last backward of it summed over the replicas; the
+`AR` that sums and applies it waits until the first forward of mini-batch b + 2, the
+first user of the version it makes. All of mini-batch b's items use version
+max(b - 1, 0) on every replica, so the update is the same as with one rank per stage:
+W(t+1) = W(t) - lr * grad f(W(t-1)), the gradient of the whole mini-batch.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ Replicated stages (hybrid; `dealing`): the order is keyed by *slot* (stage-major
 of a rank, `topology.dealing`), stage s's items go round robin to its r_s replicas
 (replica n mod r_s), and a stage steps in lockstep on all its replicas: where the
 schedule steps *and* a whole round of r_s items (one per replica) is complete. Each
-replica's step follows its own last backward of the step's items, then `AR` (after that
-backward's send upstream) sums the replicas' gradients; version v means the same weights
-on every replica of a stage.
+replica's `Update` follows its own last backward of the step's items; its `AR`, right
+before the slot's first action that uses the version the step makes, sums the replicas'
+gradients and applies it; version v means the same weights on every replica of a stage.
 """
 
 from __future__ import annotations
@@ -146,8 +146,7 @@ def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
         for j, slot in enumerate(range(sum(placement.replicas[:s]),
                                        sum(placement.replicas[:s + 1]))):
             dealt[slot] = [a for a in actions if placement.replica(s, a.microbatch) == j]
-    order = {slot: _with_reduces(actions, placement, ends)
-             for slot, actions in with_comm(dealt, num_stages).items()}
+    order = with_comm(dealt, num_stages)
     versions: dict[Slot, int] = {}
     updates: dict[int, list[Update]] = {}
     for rank, actions in order.items():
@@ -167,6 +166,8 @@ def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
                     steps.append(Update(a.stage, i, len(steps) + 1, tuple(pending), at.pop()))
                     pending = []
         updates[rank] = steps
+    if max(placement.replicas) > 1:
+        order, versions, updates = _with_reduces(order, versions, updates, placement)
     limits = {slot: version_limit[placement.place(slot)[0]] for slot in order}
     return AsyncSchedule(name, num_stages, stream, order, versions, updates, limits,
                          dealing if dealing is not None and max(dealing.replicas) > 1 else None)
@@ -181,19 +182,41 @@ def step_ends(steps_after: Callable[[int], bool], items: int, replicas: int) -> 
     return {n for e in closing for n in range(e - replicas + 1, e + 1)}
 
 
-def _with_reduces(actions: list[Action], dealing: Dealing,
-                  ends: dict[int, set[int]]) -> list[Action]:
-    """On a replicated stage, `AR` after each backward that closes a replica's step, and
-    after that backward's send upstream when one follows it (the send need not wait)."""
-    out: list[Action] = []
-    for a in actions:
-        out.append(a)
-        if dealing.replicas[a.stage] == 1 or a.microbatch not in ends[a.stage]:
+def _with_reduces(order: Order, versions: dict[Slot, int], updates: dict[int, list[Update]],
+                  dealing: Dealing) -> tuple[Order, dict[Slot, int], dict[int, list[Update]]]:
+    """On a replicated stage, the k-th `AR` of each replica carries its k-th step: as late as
+    the step allows, right before the slot's first forward or backward that uses the version
+    the step makes (or at the end of the list), so the stage's all-reduce waits for no
+    forward that does not need it (2BW's next mini-batch still runs one version back).
+    Indices in `versions` and `updates` move with the inserted actions."""
+    new_order: Order = {}
+    new_versions: dict[Slot, int] = {}
+    new_updates: dict[int, list[Update]] = {}
+    for slot, actions in order.items():
+        steps = updates.get(slot, [])
+        if not steps or dealing.replicas[steps[0].stage] == 1:
+            new_order[slot], new_updates[slot] = actions, steps
+            new_versions.update({k: v for k, v in versions.items() if k[0] == slot})
             continue
-        # stage 0's backward sends nothing upstream (`with_comm` puts SB right after B)
-        if a.kind is Kind.SEND_GRAD or (a.kind is Kind.BACKWARD and a.stage == 0):
-            out.append(Action(a.stage, Kind.ALL_REDUCE, a.microbatch))
-    return out
+        before: dict[int, list[Action]] = {}  # index -> ARs inserted before it
+        for u in steps:
+            uses = (i for i in range(u.after + 1, len(actions))
+                    if versions.get((slot, i), -1) >= u.version)
+            at = next(uses, len(actions))
+            before.setdefault(at, []).append(Action(u.stage, Kind.ALL_REDUCE,
+                                                    actions[u.after].microbatch))
+        moved: dict[int, int] = {}
+        out: list[Action] = []
+        for i, a in enumerate([*actions, None]):
+            out += before.get(i, [])
+            if a is not None:
+                moved[i] = len(out)
+                out.append(a)
+        new_order[slot] = out
+        new_versions.update({(slot, moved[i]): v for (r, i), v in versions.items() if r == slot})
+        new_updates[slot] = [Update(u.stage, moved[u.after], u.version, u.items, u.computed_at)
+                             for u in steps]
+    return new_order, new_versions, new_updates
 
 
 def versions_alive(schedule: AsyncSchedule) -> dict[int, list[tuple[int, ...]]]:
