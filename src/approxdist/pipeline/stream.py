@@ -18,11 +18,12 @@ action uses are dropped as soon as their last user ran.
 Replicated stages (hybrid, `schedule.dealing`): this rank is one slot, a replica of its
 stage, and runs the items dealt to it (n mod r_s). Its step's gradient is taken after
 its own last backward of the step, scaled to the items' share of the *stage's* step
-(`stage_weights`: the last stage weighs each loss by its own step's samples), and the
-schedule's `AR` (placed before the first action that uses the version the step makes, so
-2BW's next mini-batch runs meanwhile) sums it over the stage's replicas through `reduce` (the hybrid engine's
-`DataParallel` on the replica group, op sum: any algorithm, codec, link) before the
-optimiser steps, so the replicas of a stage step in lockstep and stay identical.
+(`stage_weights`: the last stage weighs each loss by its own step's samples) and set
+aside; the schedule's `AR` (placed before the first action that uses the version the step
+makes, so 2BW's next mini-batch runs meanwhile) sums the oldest one over the stage's
+replicas through `reduce` (the hybrid engine's `DataParallel` on the replica group, op
+sum: any algorithm, codec, link) and the optimiser steps on it, so the replicas of a stage
+step in lockstep and stay identical.
 
 The handlers are the flushed executor's (`executor.PipelineExecutor`); evaluation is its
 forward-only pipeline over the newest weights. A step's loss is the summed per-sample
