@@ -165,7 +165,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     module = stage_module(model, plan, stage)
     if rec.enabled:  # lets `approxdist analyze` compute the bubble from the trace alone
         rec.meta["pipeline"] = {"stages": plan.num_stages, "microbatches": pcfg.microbatches,
-                                "schedule": pcfg.schedule}
+                                "schedule": pcfg.schedule, "replicas": list(dealing.replicas)}
     link = Link(ctx, link_spec or None, hook=rec.transfer_hook(), group=group)
     transport = StageTransport(link, stage, plan.num_stages,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
