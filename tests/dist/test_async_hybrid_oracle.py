@@ -57,13 +57,15 @@ class Case:
     batch: int = 12
     threads: str = "inline"
     fuse: str = "auto"
+    recompute: bool = False
     dp: tuple[tuple[str, Any], ...] = ()  # [dp] keys of the replica all-reduce
 
     def sections(self) -> dict[str, dict[str, Any]]:
         return {"train": {"parallel": "hybrid", "world_size": sum(self.replicas), "seed": 0},
                 "pipeline": {"stages": len(self.replicas), "replicas": list(self.replicas),
                              "schedule": self.schedule, "microbatches": self.microbatches,
-                             "comm_threads": self.threads, "fuse_accumulation": self.fuse},
+                             "comm_threads": self.threads, "fuse_accumulation": self.fuse,
+                             "recompute": self.recompute},
                 "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **dict(self.dp)}}
 
     def build(self) -> AsyncSchedule:
@@ -228,6 +230,7 @@ CASES_3 = [
     Case((2, 1), "pipedream", 2, 3),
     Case((1, 2), "pipedream", 4, 2, batch=10),  # unequal micro-batches: 3, 3, 2, 2
     Case((1, 2), "2bw", 2, 3, threads="sa", fuse="all"),
+    Case((2, 1), "pipedream", 4, 2, recompute=True, threads="per-message"),
 ]
 CASES_4 = [
     Case((2, 2), "2bw", 4, 3, fuse="all"),
