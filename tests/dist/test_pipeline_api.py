@@ -185,9 +185,20 @@ def _hybrid_ranks(ctx: DistContext) -> dict[str, Any]:
     with pytest.raises(ConfigError, match=r"replicas=\[2, 2\] place 4 rank\(s\) but the world "
                                           r"has 3"):
         approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 2))
-    with pytest.raises(ConfigError, match="on replicated stages .* is not available yet"):
-        approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 1), schedule="2bw",
+    # 2bw on replicated stages: a stream of 2 mini-batches (the same one twice), plain SGD
+    pipe = approxdist.Pipeline(_model(3), sample=x[:2], split=[2], replicas=(2, 1),
+                               schedule="2bw", microbatches=2, stream=2,
+                               optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    losses = [pipe.step(x, y) for _ in range(2)]
+    out["2bw"] = {"losses": losses, "params": {n: p.detach().clone()
+                                               for n, p in pipe.module.named_parameters()}}
+    pipe.close()
+    with pytest.raises(ConfigError, match=r"schedule 'pipedream-vsync' on replicas=\[2, 1\]: "
+                                          r"pipedream-vsync with replicated stages .* is not "
+                                          r"available") as info:
+        approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 1), schedule="pipedream-vsync",
                             optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), stream=2)
+    assert len(str(info.value).splitlines()) == 1
     spec = importlib.util.spec_from_file_location("hybrid_api_example", HYBRID_EXAMPLE)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
@@ -214,3 +225,21 @@ def test_the_public_pipeline_with_replicated_stages_matches_single_process() -> 
         assert ranks[0]["cases"][i]["loss"] is None
     losses = ranks[2]["example"]
     assert ranks[0]["example"] == [] and len(losses) == 20 and losses[-1] < 0.5 * losses[0]
+    # 2BW: both mini-batches of the stream run at version 0 (W(t+1) = W(t) - lr * grad
+    # f(W(t-1)), W(-1) = W(0)), so after it W = W0 - 2 * lr * grad f(W0); the replicas of
+    # stage 0 hold the same weights; each step's loss is the mean over the samples the last
+    # stage finished during it (the stream drains in the second)
+    model = _model(3)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    for r in ranks:
+        for name, t in r["2bw"]["params"].items():
+            p = dict(model.named_parameters())[name]
+            torch.testing.assert_close(t, p.detach() - 2 * 0.1 * p.grad, atol=1e-5, rtol=1e-5,
+                                       msg=name)
+    assert ranks[0]["2bw"]["params"].keys() == ranks[1]["2bw"]["params"].keys()
+    for name, t in ranks[0]["2bw"]["params"].items():
+        assert torch.equal(t, ranks[1]["2bw"]["params"][name]), name
+    finished = [v for v in ranks[2]["2bw"]["losses"] if v is not None]
+    assert finished and all(v == pytest.approx(float(loss.detach()), rel=1e-5) for v in finished)
+    assert ranks[0]["2bw"]["losses"] == [None, None]

@@ -128,7 +128,8 @@ def test_pipeline_executor_phases_in_one_process() -> None:
         assert a.grad is not None and torch.equal(a.grad, b.grad)
     names = Counter(e[0] for e in rec.events)
     assert names[RUN_FOR] == 3 and names[RUN_BACK] == 3 and names[WAIT] == 1
-    assert rec.meta["pipeline"] == {"stages": 1, "microbatches": 3, "schedule": "gpipe"}
+    assert rec.meta["pipeline"] == {"stages": 1, "microbatches": 3, "schedule": "gpipe",
+                                    "replicas": [1]}
 
 
 # -- dp and pipeline, two ranks each, run side by side ------------------------------------

@@ -230,16 +230,27 @@ def test_config_check_accepts_async_schedules(name: str) -> None:
                                    "pipeline": {"schedule": name}}))
 
 
+def test_config_check_accepts_async_schedules_on_replicated_stages() -> None:
+    for name in ("2bw", "pipedream"):
+        check_parts(load_config(None, {"train": {"parallel": "hybrid"},
+                                       "pipeline": {"schedule": name, "replicas": [2, 1],
+                                                    "stages": 2, "microbatches": 4}}))
+
+
 @pytest.mark.parametrize("section,match", [
-    ({"replicas": [2]}, r"pipeline.schedule = '2bw' with replicated stages \(pipeline.replicas = "
-                        r"\[2\]\) is not available yet; use one rank per stage"),
+    ({"replicas": [3, 1], "stages": 2},
+     r"pipeline.schedule = '2bw': 2bw with replicas 3,1 steps each stage once per round of "
+     r"its replicas: micro-batches \(4\) must be a multiple of 3; try 3 or 6"),
+    ({"replicas": [2], "schedule": "pipedream-vsync"},
+     r"pipeline.schedule = 'pipedream-vsync': pipedream-vsync with replicated stages "
+     r"\(replicas 2,2\) is not available: .*; use pipedream or 2bw"),
     ({"comm_threads": "sra"}, r"pipeline.comm_threads = 'sra' agrees a message order per flushed "
                               r"step and does not run '2bw'; use inline, per-message or sa"),
 ])
 def test_config_check_refuses_what_streams_cannot_run(section: dict[str, object],
                                                       match: str) -> None:
     cfg = load_config(None, {"train": {"parallel": "hybrid"},
-                             "pipeline": {"schedule": "2bw", **section}})
+                             "pipeline": {"schedule": "2bw", "microbatches": 4, **section}})
     with pytest.raises(ConfigError, match=match) as info:
         check_parts(cfg)
     assert len(str(info.value).splitlines()) == 1

@@ -38,7 +38,7 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(["schedule", "list"], capsys)
     assert out.startswith("1f1b ") and "\ngpipe " in out
     assert "\npipedream       PipeDream: " in out
-    assert out.splitlines()[2].endswith("(asynchronous: schedule show only)")
+    assert out.splitlines()[2].endswith("(asynchronous)")
 
 
 def test_errors_are_domain_errors() -> None:
@@ -91,8 +91,32 @@ def test_stream_options_are_refused_where_they_do_not_apply() -> None:
     with pytest.raises(ScheduleError, match=r"--minibatches 2: gpipe flushes after every "
                                             r"mini-batch"):
         schedule_cmd.render_show("gpipe", 2, 2, minibatches=2)
-    with pytest.raises(ScheduleError, match=r"--replicas 2: 2bw is asynchronous"):
-        schedule_cmd.render_show("2bw", 2, 2, replicas="2")
+    with pytest.raises(ScheduleError, match=r"pipedream-vsync with replicated stages \(replicas "
+                                            r"2,2\) is not available"):
+        schedule_cmd.render_show("pipedream-vsync", 2, 2, replicas="2")
+    with pytest.raises(ScheduleError, match=r"2bw with replicas 3,1 steps each stage once per "
+                                            r"round of its replicas: micro-batches \(4\) must "
+                                            r"be a multiple of 3; try 3 or 6"):
+        schedule_cmd.render_show("2bw", 2, 4, replicas="3,1")
+
+
+def test_show_async_on_replicated_stages(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(["schedule", "show", "pipedream", "-p", "2", "-m", "2", "--replicas", "2,1",
+                "-k", "3", "--with-comm"], capsys)
+    lines = out.splitlines()
+    assert lines[0] == ("schedule pipedream (asynchronous: no flush between mini-batches; "
+                        "train streams each epoch): 2 stages (replicas 2,1 (3 ranks, "
+                        "stage-major, micro-batches dealt round robin)), a stream of 3 "
+                        "mini-batches x 2 micro-batches = 6; valid, with versions")
+    rows = {line.split()[1]: line.split()[2:] for line in lines[3:6]}
+    assert [c for c in rows["0"] if c != "."][:7] == ["0RB0", "0F0v0", "0SF0", "0B0v0", "0RB2",
+                                                      "0AR0", "0F2v1"]
+    assert "0F3v1" in rows["1"] and "0AR1" in rows["1"] and "1F1v1" in rows["2"]
+    assert lines[7] == ("optimizer steps per stage, every replica of a stage in lockstep: "
+                        "stage 0: 3, one per 2 micro-batch(es) (1 on each of 2 replicas, "
+                        "summed by AR); stage 1: 6, one per 1 micro-batch(es)")
+    assert lines[9] == ("weight versions alive per stage, most (limit): rank 0 (stage 0): 1 (1), "
+                        "rank 1 (stage 0): 1 (1), rank 2 (stage 1): 1 (1)")
 
 
 def test_output_into_a_closed_pipe_ends_quietly() -> None:

@@ -165,3 +165,6 @@ def test_bubble_line_of_an_asynchronous_run_uses_the_stream_length() -> None:
                            "mini-batch: 0.200); measured bubble 0.150")
     flushed = _bubble(analysis, RunInfo(2, 4, "1f1b", {"epoch": 2, "step": 20}))[0]
     assert "theory (P-1)/(M+P-1) = 1/5 = 0.200; measured bubble 0.150" in flushed
+    hybrid = _bubble(analysis, RunInfo(2, 4, "2bw", {"epoch": 2, "step": 20}, replicated=True))
+    assert ("(a flush per mini-batch: 0.200); with one rank per stage: replicated stages step "
+            "in lockstep and remove less (docs/pipeline.md); measured bubble 0.150") in hybrid[0]

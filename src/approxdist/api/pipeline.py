@@ -34,6 +34,9 @@ flush), and the replicas sum their gradients through `DataParallel` on their gro
 (`grad_codec`, `algorithm`, `calibration`, the link), so after `step` every replica holds
 the mini-batch's gradient of its stage: single-process training on the same batch. A
 replicated last stage returns the mini-batch's mean loss on each of its replicas.
+pipedream and 2bw run on replicated stages too (micro-batches a multiple of every replica
+count; the replicas of a stage step in lockstep on their summed gradient, docs/pipeline.md);
+pipedream-vsync does not.
 """
 
 from __future__ import annotations
@@ -52,11 +55,14 @@ from approxdist.data_parallel.checks import context_of
 from approxdist.errors import ConfigError
 from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.group import Group
+from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
+from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.stage import LossFn
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Topology
+from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import make_groups
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
@@ -105,10 +111,13 @@ class Pipeline:
                               replicas=counts)
         #: the stage's replica group (hybrid), for the loss of a replicated last stage
         self.replica_group: Group | None = None
-        if counts and asynchronous:
-            raise ConfigError(f"schedule {schedule!r} on replicated stages (replicas="
-                              f"{list(counts)}) is not available yet; use gpipe or 1f1b with "
-                              f"replicas, or {schedule} with one rank per stage")
+        if counts and asynchronous:  # its rules on replicas, as one line (docs/pipeline.md)
+            try:
+                build_async_schedule(schedule, len(counts), microbatches, 1,
+                                     dealing=Dealing(counts))
+            except ScheduleError as exc:
+                raise ConfigError(f"schedule {schedule!r} on replicas={list(counts)}: "
+                                  f"{exc}") from None
         if counts:
             if group is not None:
                 raise ConfigError("replicas= places the stages on the whole world; drop "
@@ -119,8 +128,8 @@ class Pipeline:
                 "comm": {"link": link}}), pipeline=pcfg)
             groups = make_groups(Topology.grid(pcfg.stages, counts), ctx,
                                  replica_streams=cfg.dp.threads + 2)
-            self.runtime: PipelineRuntime = build_hybrid_runtime(cfg, blocks, ctx, groups,
-                                                                 sample, loss_fn=loss_fn)
+            self.runtime: PipelineRuntime = build_hybrid_runtime(
+                cfg, blocks, ctx, groups, sample, loss_fn=loss_fn, minibatches=max(stream, 1))
             self.replica_group = groups.replicas
         else:
             self.runtime = build_runtime(
@@ -161,12 +170,18 @@ class Pipeline:
                                                targets if self.is_last else None, size)
         if not self.is_last:
             return None
+        replicas = self.replica_group if (self.replica_group is not None
+                                          and self.replica_group.size > 1) else None
         if isinstance(self.runtime.executor, StreamExecutor):
-            return res.loss / res.samples if res.samples else None
-        if self.replica_group is not None and self.replica_group.size > 1:
+            loss, samples = res.loss, float(res.samples)
+            if replicas is not None:  # the samples every replica of the last stage finished
+                both = replicas.all_reduce(torch.tensor([loss, samples], dtype=torch.float64))
+                loss, samples = float(both[0]), float(both[1])
+            return loss / samples if samples else None
+        if replicas is not None:
             # each replica's micro-batches weighted by their share: the sum is the mean
-            total = self.replica_group.all_reduce(torch.tensor([float(res.loss or 0.0)],
-                                                               dtype=torch.float64))
+            total = replicas.all_reduce(torch.tensor([float(res.loss or 0.0)],
+                                                     dtype=torch.float64))
             return float(total.item())
         return res.loss  # the micro-batches' losses weighted by their share: the mean
 

@@ -22,8 +22,10 @@ from approxdist.bench.report import Column, render
 from approxdist.bench.stats import median
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
+from approxdist.errors import ConfigError
 from approxdist.hybrid.bench import measure_rank
-from approxdist.pipeline.runtime_bench import BenchCase
+from approxdist.pipeline.runtime_bench import TORCH_SCHEDULES, BenchCase
+from approxdist.pipeline.schedule import async_schedule_names
 
 COLUMNS = (*PIPELINE_COLUMNS[:3], Column("r", 2, "replicas"), *PIPELINE_COLUMNS[3:],
            Column("hidden", 7, show=lambda r: f"{100 * r['hidden_comm_fraction']:.0f}%"
@@ -64,4 +66,11 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_bench(args, plan_cases(args, args.replicas), measure_rank, "hybrid", table, hidden)
+    cases = plan_cases(args, args.replicas)
+    streamed = sorted({c.schedule for c in cases} & set(async_schedule_names()))
+    if streamed:  # the baseline (torch pipelining + replicate) has no asynchronous schedule
+        raise ConfigError(f"--schedule {','.join(streamed)}: bench hybrid compares flushed "
+                          f"schedules ({', '.join(TORCH_SCHEDULES)}) with torch pipelining + "
+                          f"replicate, which has no asynchronous one; train it with "
+                          f"approxdist train --parallel hybrid --schedule {streamed[0]}")
+    return run_bench(args, cases, measure_rank, "hybrid", table, hidden)

@@ -1,7 +1,8 @@
 """`approxdist schedule show|list`: print a pipeline schedule as a grid, checked, no processes.
 
 Asynchronous schedules (pipedream, pipedream-vsync, 2bw) print here with the weight version
-of every forward and backward; `approxdist train` refuses them (`train.check`).
+of every forward and backward; with `--replicas` (pipedream, 2bw) one row per rank, the
+micro-batches dealt round robin and each stage's lockstep steps closed by `AR`.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ def register(sub: Any) -> None:
     show = kinds.add_parser("show", help="print a schedule as a grid",
                             description="Validate the schedule and print its grid, the "
                                         "bubble fraction and peak in-flight activations.")
-    show.add_argument("name", help=f"schedule name: {', '.join(schedule_names())}; asynchronous "
-                                   f"(show only): {', '.join(async_schedule_names())}")
+    show.add_argument("name", help=f"schedule name: {', '.join(schedule_names())}; asynchronous: "
+                                   f"{', '.join(async_schedule_names())}")
     show.add_argument("--stages", "-p", type=int, required=True, metavar="P",
-                      help="pipeline stages (= ranks)")
+                      help="pipeline stages (= ranks without --replicas)")
     show.add_argument("--microbatches", "-m", type=int, required=True, metavar="M",
                       help="micro-batches per mini-batch")
     show.add_argument("--with-comm", action="store_true",
@@ -45,7 +46,7 @@ def register(sub: Any) -> None:
     show.add_argument("--replicas", metavar="R|R0,R1,...",
                       help="replicated stages (hybrid): micro-batches dealt round robin to each "
                            "stage's replicas, one row per rank (stage-major), `AR` = gradient "
-                           "all-reduce")
+                           "all-reduce (asynchronous schedules: before each lockstep step)")
     show.add_argument("--minibatches", "-k", type=int, metavar="K",
                       help="asynchronous schedules: mini-batches in the stream, no flush between "
                            "them (default: the fewest that show every version rule)")
@@ -59,11 +60,7 @@ def render_show(name: str, num_stages: int, num_microbatches: int,
                 minibatches: int | None = None) -> str:
     """The text `schedule show` prints; raises `ScheduleError`/`PipelineError` on bad input."""
     if name in ASYNC_SCHEDULES:
-        if replicas:
-            raise ScheduleError(f"--replicas {replicas}: {name} is asynchronous and runs one rank "
-                                f"per stage here; replicate a flushed schedule "
-                                f"({', '.join(schedule_names())})")
-        return render_async(name, num_stages, num_microbatches, with_comm, minibatches)
+        return render_async(name, num_stages, num_microbatches, with_comm, minibatches, replicas)
     if name not in SCHEDULES:
         raise ScheduleError(unknown_name("schedule", name, schedule_names()
                                          + async_schedule_names()))
@@ -90,12 +87,18 @@ def render_show(name: str, num_stages: int, num_microbatches: int,
 
 
 def render_async(name: str, num_stages: int, num_microbatches: int,
-                 with_comm: bool = False, minibatches: int | None = None) -> str:
+                 with_comm: bool = False, minibatches: int | None = None,
+                 replicas: str | None = None) -> str:
     """`schedule show` of an asynchronous schedule: grid with weight versions and summary."""
-    sched = build_async_schedule(name, num_stages, num_microbatches, minibatches)
+    counts = replica_counts(num_stages, parse_replicas(replicas)) if replicas else ()
+    dealing = Dealing(counts) if counts and max(counts) > 1 else None
+    sched = build_async_schedule(name, num_stages, num_microbatches, minibatches,
+                                 dealing=dealing)
     k = sched.stream.minibatches
+    ranks = (f"replicas {','.join(map(str, counts))} ({sum(counts)} ranks, stage-major, "
+             f"micro-batches dealt round robin)" if dealing is not None else "one per rank")
     head = (f"schedule {name} (asynchronous: no flush between mini-batches; train streams "
-            f"each epoch): {num_stages} stages (one per rank), a stream of {k} mini-batches x "
+            f"each epoch): {num_stages} stages ({ranks}), a stream of {k} mini-batches x "
             f"{num_microbatches} micro-batches = {sched.stream.items}; valid, with versions")
     return "\n".join([head, LEGEND, format_async_grid(sched, with_comm), async_summary(sched)])
 
@@ -112,6 +115,6 @@ def run_list(args: argparse.Namespace) -> int:
     for name in schedule_names():
         print(f"{name:<{width}} {describe(name)}")
     for name in async_schedule_names():
-        print(f"{name:<{width}} {describe(name)} (asynchronous: schedule show only)")
+        print(f"{name:<{width}} {describe(name)} (asynchronous)")
     return 0
 

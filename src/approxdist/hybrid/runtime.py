@@ -9,6 +9,11 @@ data-parallel engine): its gradient hooks are off for the earlier micro-batches 
 only accumulate) and launch buckets during the last one's backward, which continues
 meanwhile; the schedule's `AR` action waits for them before the optimiser step, so the
 stage sends its last input gradient upstream without waiting for the all-reduce.
+
+An asynchronous schedule (pipedream, 2bw; `pipeline.stream`) streams `minibatches`
+mini-batches: each replica steps in lockstep with the others of its stage, once per round
+of its replicas (2bw: once per mini-batch), and the schedule's `AR` sums the step's
+gradient through the same `DataParallel` (`reduce_gradients`) before the optimiser step.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from approxdist.trace.recorder import NULL_RECORDER, Recorder
 def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
                          groups: TopologyGroups, sample: torch.Tensor,
                          rec: Recorder = NULL_RECORDER,
-                         loss_fn: LossFn = F.cross_entropy) -> PipelineRuntime:
-    """This rank's replicated stage of `model` (collective over the pipeline group)."""
+                         loss_fn: LossFn = F.cross_entropy,
+                         minibatches: int = 1) -> PipelineRuntime:
+    """This rank's replicated stage of `model` (collective over the pipeline group);
+    `minibatches`: the stream of an asynchronous schedule (the trainer's steps per epoch)."""
 
     def sync(module: nn.Module) -> GradSync:
         engine = build_sync(cfg, module, None, ctx, groups.replicas, rec, op="sum",
@@ -45,4 +52,4 @@ def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
     return build_runtime(cfg.pipeline, model, ctx, sample, group=groups.pipeline,
                          dealing=Dealing.of(groups.topology), grad_sync=sync,
                          link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec,
-                         loss_fn=loss_fn)
+                         loss_fn=loss_fn, minibatches=minibatches)

@@ -45,7 +45,7 @@ from approxdist.pipeline.schedule.replicated import (
     slot_route,
 )
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
-from approxdist.pipeline.stream import StreamExecutor
+from approxdist.pipeline.stream import StageReduce, StreamExecutor
 from approxdist.pipeline.transport import StageTransport, WireFormat
 from approxdist.pipeline.weights import WeightVersions, available_bytes, check_version_memory
 from approxdist.topology.dealing import Dealing
@@ -57,9 +57,11 @@ def check_run(pcfg: PipelineConfig, num_blocks: int, batch_size: int) -> None:
 
     Which ranks run the stages is the topology's business (`approxdist.topology`)."""
     check_stage_count(pcfg.stages, num_blocks)
-    check_dealing(Dealing(pcfg.replica_counts), pcfg.microbatches)
-    if pcfg.schedule in ASYNC_SCHEDULES:  # its micro-batch rule (2bw: M >= P - 1)
-        build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches)
+    dealing = Dealing(pcfg.replica_counts)
+    check_dealing(dealing, pcfg.microbatches)
+    if pcfg.schedule in ASYNC_SCHEDULES:  # its micro-batch rules (2bw: M >= P - 1; rounds)
+        build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches,
+                             dealing=dealing if max(dealing.replicas) > 1 else None)
     if pcfg.split:
         plan = parse_split(pcfg.split, num_blocks)
         if plan.num_stages != pcfg.stages:
@@ -147,7 +149,8 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     (`hybrid.build_hybrid_runtime`). Collective over the group (partition broadcast and
     the shape exchange); `rec` records the stage's phases and transfers. An asynchronous
     schedule (pipedream, 2bw) streams `minibatches` mini-batches with no flush between
-    them (`pipeline.stream`; the trainer passes its steps per epoch).
+    them (`pipeline.stream`; the trainer passes its steps per epoch); on replicated stages
+    its `AR`s sum the step's gradients through the same `grad_sync(module)`.
     """
     group = group if group is not None else world_group(ctx)
     dealing = dealing if dealing is not None else Dealing.single(pcfg.stages)
@@ -162,7 +165,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     module = stage_module(model, plan, stage)
     if rec.enabled:  # lets `approxdist analyze` compute the bubble from the trace alone
         rec.meta["pipeline"] = {"stages": plan.num_stages, "microbatches": pcfg.microbatches,
-                                "schedule": pcfg.schedule}
+                                "schedule": pcfg.schedule, "replicas": list(dealing.replicas)}
     link = Link(ctx, link_spec or None, hook=rec.transfer_hook(), group=group)
     transport = StageTransport(link, stage, plan.num_stages,
                                WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
@@ -175,39 +178,40 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     dtype = sample.dtype if transport.is_first else torch.float32
     transport.exchange_shapes(tuple(sample.shape[1:]),
                               lambda shape: output_shape(module, shape, ctx.device, dtype))
+    if pcfg.schedule in ASYNC_SCHEDULES and pcfg.dynamic_shapes:
+        raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} streams mini-batches "
+                            f"whose transfers are posted ahead across steps, so their "
+                            f"shapes cannot change: dynamic_shapes needs a flushed "
+                            f"schedule (1f1b, gpipe)")
+    sync = grad_sync(module) if grad_sync is not None and dealing.replicas[stage] > 1 else None
     if pcfg.schedule in ASYNC_SCHEDULES:
-        if pcfg.dynamic_shapes:
-            raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} streams mini-batches "
-                                f"whose transfers are posted ahead across steps, so their "
-                                f"shapes cannot change: dynamic_shapes needs a flushed "
-                                f"schedule (1f1b, gpipe)")
-        if max(dealing.replicas) > 1:
-            raise PipelineError(f"pipeline.schedule = {pcfg.schedule!r} with replicated stages "
-                                f"(replicas {','.join(map(str, dealing.replicas))}) is not "
-                                f"available yet; run it with one rank per stage")
-        compute, stream = stream_executor(pcfg, minibatches, stage, module, transport, loss_fn,
-                                          rec)
-        return PipelineRuntime(plan, module, link, transport, compute, stream)
+        compute, stream = stream_executor(pcfg, minibatches, dealing, group.rank, module,
+                                          transport, loss_fn, rec, sync)
+        return PipelineRuntime(plan, module, link, transport, compute, stream, sync)
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation)
-    sync = grad_sync(module) if grad_sync is not None and dealing.replicas[stage] > 1 else None
     executor = PipelineExecutor(schedule_orders(pcfg.schedule, dealing, group.rank),
                                 compute, transport, pcfg.microbatches, rec, sync)
     executor.dynamic_shapes = pcfg.dynamic_shapes
     return PipelineRuntime(plan, module, link, transport, compute, executor, sync)
 
 
-def stream_executor(pcfg: PipelineConfig, minibatches: int, stage: int, module: nn.Module,
-                    transport: StageTransport, loss_fn: LossFn,
-                    rec: Recorder) -> tuple[StageCompute, StreamExecutor]:
+def stream_executor(pcfg: PipelineConfig, minibatches: int, dealing: Dealing, slot: int,
+                    module: nn.Module, transport: StageTransport, loss_fn: LossFn,
+                    rec: Recorder, sync: GradSync | None = None
+                    ) -> tuple[StageCompute, StreamExecutor]:
     """The stage's compute on weight versions and the executor of the asynchronous
-    schedule `pcfg.schedule` over a stream of `minibatches` (the trainer's steps per epoch).
-    Evaluation runs GPipe's forward-only pipeline."""
-    schedule = build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches, minibatches)
+    schedule `pcfg.schedule` over a stream of `minibatches` (the trainer's steps per epoch)
+    for the rank at `slot`; `sync` sums a replicated stage's gradients at each `AR`.
+    Evaluation runs GPipe's forward-only pipeline (dealt round robin when replicated)."""
+    replicated = max(dealing.replicas) > 1
+    schedule = build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches, minibatches,
+                                    dealing=dealing if replicated else None)
+    stage = schedule.stage_of(slot)
     params = list(module.parameters())
     device = params[0].device if params else torch.device("cpu")
-    check_version_memory(module, schedule.version_limit[stage], stage, pcfg.schedule,
+    check_version_memory(module, schedule.version_limit[slot], stage, pcfg.schedule,
                          available_bytes(device))
     weights = WeightVersions(module)
     # versions run through functional_call, so a fused Linear (accumulate.py) receives the
@@ -215,7 +219,10 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, stage: int, module: 
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation, call=weights)
-    def flushed(m: int) -> list[Action]:  # evaluation: GPipe's forward-only pipeline
-        return build_schedule("gpipe", pcfg.stages, m)[stage]
-
-    return compute, StreamExecutor(schedule, stage, flushed, compute, transport, weights, rec)
+    reduce = sync if isinstance(sync, StageReduce) else None
+    if sync is not None and reduce is None:
+        raise PipelineError(f"{pcfg.schedule} on replicated stages sums gradients outside "
+                            f"backward and needs an all-reduce with reduce_gradients() and "
+                            f"finish() (DataParallel), not {type(sync).__name__}")
+    return compute, StreamExecutor(schedule, slot, schedule_orders("gpipe", dealing, slot),
+                                   compute, transport, weights, rec, reduce)

@@ -15,6 +15,16 @@ backward an `Update` names, the optimiser steps inside the piece (PipeDream: aft
 backward; 2BW: once per mini-batch, with a gradient one version old). Versions no later
 action uses are dropped as soon as their last user ran.
 
+Replicated stages (hybrid, `schedule.dealing`): this rank is one slot, a replica of its
+stage, and runs the items dealt to it (n mod r_s). Its step's gradient is taken after
+its own last backward of the step, scaled to the items' share of the *stage's* step
+(`stage_weights`: the last stage weighs each loss by its own step's samples) and set
+aside; the schedule's `AR` (placed before the first action that uses the version the step
+makes, so 2BW's next mini-batch runs meanwhile) sums the oldest one over the stage's
+replicas through `reduce` (the hybrid engine's `DataParallel` on the replica group, op
+sum: any algorithm, codec, link) and the optimiser steps on it, so the replicas of a stage
+step in lockstep and stay identical.
+
 The handlers are the flushed executor's (`executor.PipelineExecutor`); evaluation is its
 forward-only pipeline over the newest weights. A step's loss is the summed per-sample
 loss of the micro-batches whose forward the last stage ran during it, which may belong
@@ -24,8 +34,9 @@ to the previous mini-batch; `versions_of_step` says which weight versions produc
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -44,27 +55,56 @@ from approxdist.trace.recorder import NULL_RECORDER, Recorder
 _DIRECTION = {Kind.SEND_ACT: "act", Kind.SEND_GRAD: "grad"}
 
 
-def loss_weights_by_update(schedule: AsyncSchedule, sizes: dict[int, int]) -> dict[int, float]:
-    """Each micro-batch's loss weight: its share of the samples of the optimiser step that
-    applies its gradient (PipeDream: 1, each micro-batch is a step of its own; 2BW: its
-    share of the mini-batch), for the micro-batches in `sizes`."""
+def stage_weights(schedule: AsyncSchedule, stage: int, sizes: dict[int, int]) -> dict[int, float]:
+    """Each micro-batch's share of the samples of `stage`'s optimiser step that applies its
+    gradient (PipeDream: its round of r_s micro-batches, one per replica; 2BW: the
+    mini-batch), for the steps whose micro-batches are all in `sizes`. The k-th steps of a
+    stage's replicas are one step of the stage."""
     weights: dict[int, float] = {}
-    for update in schedule.updates[schedule.num_stages - 1]:
-        if update.items[0] in sizes:
-            total = sum(sizes[n] for n in update.items)
-            weights.update({n: sizes[n] / total for n in update.items})
+    for steps in zip(*(schedule.updates[r] for r in schedule.slots_of(stage))):
+        items = [n for u in steps for n in u.items]
+        if all(n in sizes for n in items):
+            total = sum(sizes[n] for n in items)
+            weights.update({n: sizes[n] / total for n in items})
     return weights
+
+
+def loss_weights_by_update(schedule: AsyncSchedule, sizes: dict[int, int]) -> dict[int, float]:
+    """Each micro-batch's loss weight: its share of the samples of the last stage's step that
+    applies its gradient (PipeDream: 1 on one replica, each micro-batch is a step of its
+    own; 2BW: its share of the mini-batch), for the micro-batches in `sizes`."""
+    return stage_weights(schedule, schedule.num_stages - 1, sizes)
+
+
+@runtime_checkable
+class StageReduce(Protocol):
+    """What the executor needs from a replicated stage's all-reduce (`DataParallel`)."""
+
+    def reduce_gradients(self) -> None:
+        """Start summing the module's `.grad` over the stage's replicas."""
+
+    def finish(self) -> None:
+        """Wait until the sums have landed in `.grad`."""
 
 
 class StreamExecutor(PipelineExecutor):
     """This rank's piece of `schedule`'s stream per trainer step; `optimizer` (set by the
-    engine with `bind`) steps the stage's newest weights where the schedule updates."""
+    engine with `bind`) steps the stage's newest weights where the schedule updates. `rank`
+    is this rank's slot; `reduce` sums a replicated stage's gradients at each `AR`."""
 
     def __init__(self, schedule: AsyncSchedule, rank: int, flushed: Callable[[int], list[Action]],
                  compute: StageCompute, transport: StageTransport, weights: WeightVersions,
-                 rec: Recorder = NULL_RECORDER) -> None:
+                 rec: Recorder = NULL_RECORDER, reduce: StageReduce | None = None) -> None:
         super().__init__(flushed, compute, transport, schedule.stream.microbatches, rec)
         self.schedule, self.rank, self.weights = schedule, rank, weights
+        self.stage, self.reduce = schedule.stage_of(rank), reduce
+        if reduce is None and any(a.kind is Kind.ALL_REDUCE for a in schedule.order[rank]):
+            raise PipelineError(f"stage {self.stage} is replicated in the {schedule.name} "
+                                f"schedule but has no all-reduce; build it with replicas")
+        #: micro-batch -> factor from the last stage's loss weight to this stage's step share
+        self._scale: dict[int, float] = {}
+        #: a replicated stage's steps between their backward and their `AR`, oldest first
+        self._pending: deque[tuple[Update, list[torch.Tensor | None]]] = deque()
         self.order = schedule.order[rank]
         #: every rank's pieces (`schedule.stream_cut.step_cuts`); this rank's: `cuts`
         self.all_cuts = cuts = step_cuts(schedule)
@@ -124,7 +164,10 @@ class StreamExecutor(PipelineExecutor):
                                 f"the same size")
         # receives of the next mini-batch may be posted during this step: same sizes
         state.sizes.update(zip(range(b * m, (b + 2) * m), sizes + sizes))
-        state.weights.update(loss_weights_by_update(self.schedule, dict(zip(items, sizes))))
+        loss_weights = loss_weights_by_update(self.schedule, dict(zip(items, sizes)))
+        state.weights.update(loss_weights)
+        mine = stage_weights(self.schedule, self.stage, dict(zip(items, sizes)))
+        self._scale.update({n: w / loss_weights[n] for n, w in mine.items()})
         self.agree_shapes(inputs)  # a stream keeps its shapes (dynamic shapes are refused)
         step0 = self._prepare(inputs, labels, batch_size, m)
         state.inputs.update(zip(items, step0.inputs.values()))
@@ -155,6 +198,8 @@ class StreamExecutor(PipelineExecutor):
     def _end_stream(self) -> None:
         """The stream drained: nothing in flight, every version but the module's dropped."""
         assert self._pos == len(self.order), "the last step runs the rest of the stream"
+        assert not self._pending, "every step of a replicated stage met its AR"
+        self._scale.clear()
         self.weights.reset(keep_initial=False)
         self.transport.window = 0
         self._state = None
@@ -180,8 +225,29 @@ class StreamExecutor(PipelineExecutor):
         grads = self.weights.take_gradient(update) if update is not None else []
         for v in self.drop_after.get(self._index, []):  # before the update makes a new one
             self.weights.drop(v)
-        if update is not None:
+        if update is None:
+            return
+        scale = self._scale.pop(update.items[0], 1.0)
+        for n in update.items[1:]:
+            assert abs(self._scale.pop(n, 1.0) - scale) < 1e-12, "one scale per replica step"
+        if scale != 1.0:
+            grads = [g.mul_(scale) if g is not None else None for g in grads]
+        if self.reduce is None:
             self._update(update, grads)
+        else:  # the schedule's AR (before the version's first use) sums and steps
+            self._pending.append((update, grads))
+
+    def _all_reduce(self, a: Action, step: _Step) -> None:
+        """`AR`: sum the oldest pending step's gradient over the stage's replicas, then step."""
+        assert self.reduce is not None and self._pending, f"{a} without a step"
+        update, grads = self._pending.popleft()
+        self.weights.load_gradient(grads)
+        t0 = time.perf_counter()
+        with self.rec.span(ph.SYNC, mb=a.microbatch), self.rec.span(ph.WAIT, on="replicas"):
+            self.reduce.reduce_gradients()
+            self.reduce.finish()
+        self._times.wait_s += time.perf_counter() - t0
+        self._update(update, self.weights.module_gradient())
 
     def _update(self, update: Update, grads: list[torch.Tensor | None]) -> None:
         assert self.optimizer is not None

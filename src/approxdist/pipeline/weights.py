@@ -119,6 +119,15 @@ class WeightVersions:
             leaf.grad = None
         return grads
 
+    def load_gradient(self, grads: list[torch.Tensor | None]) -> None:
+        """Put `grads` (from `take_gradient`) into the module's `.grad`, where a replicated
+        stage's all-reduce sums them (`module_gradient` reads the result back)."""
+        for p, g in zip(self._params, grads):
+            p.grad = g
+
+    def module_gradient(self) -> list[torch.Tensor | None]:
+        return [p.grad for p in self._params]
+
     def update(self, step: Update, grads: list[torch.Tensor | None],
                optimizer: torch.optim.Optimizer, keep: bool) -> None:
         """Apply `step` with `grads` (from `take_gradient`) to the module's (newest) weights;

@@ -26,6 +26,7 @@ class RunInfo:
     schedule: str = ""
     epoch: dict[str, Any] = field(default_factory=dict)
     clocks: dict[str, Any] = field(default_factory=dict)
+    replicated: bool = False  # some stage runs on several ranks (hybrid)
 
     @staticmethod
     def load(run_dir: str | Path, trace: dict[str, Any]) -> RunInfo:
@@ -48,7 +49,9 @@ class RunInfo:
             schedule = str(recorded.get("schedule", ""))
         epochs = [r for r in _records(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
         clocks = {r: info.get("clock", {}) for r, info in ranks.items()}
-        return RunInfo(stages, microbatches, schedule, epochs[-1] if epochs else {}, clocks)
+        replicated = max(recorded.get("replicas", [1]) or [1]) > 1
+        return RunInfo(stages, microbatches, schedule, epochs[-1] if epochs else {}, clocks,
+                       replicated)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -125,8 +128,9 @@ def _bubble(analysis: Analysis, info: RunInfo) -> list[str]:
         k = steps // epochs  # an asynchronous schedule streams each epoch's mini-batches
         return [f"pipeline bubble ({info.schedule}, P={p}, M={m}, a stream of K={k} "
                 f"mini-batches per epoch): theory (P-1)/(K*M+P-1) = {p - 1}/{k * m + p - 1} = "
-                f"{(p - 1) / (k * m + p - 1):.3f} (a flush per mini-batch: {b.theory:.3f}); "
-                f"{measured}"]
+                f"{(p - 1) / (k * m + p - 1):.3f} (a flush per mini-batch: {b.theory:.3f})"
+                + ("; with one rank per stage: replicated stages step in lockstep and remove "
+                   "less (docs/pipeline.md)" if info.replicated else "") + f"; {measured}"]
     return [f"pipeline bubble ({info.schedule or 'pipeline'}, P={p}, M={m}): theory "
             f"(P-1)/(M+P-1) = {p - 1}/{m + p - 1} = {b.theory:.3f}; {measured}"]
 

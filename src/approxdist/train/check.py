@@ -27,6 +27,8 @@ from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
 from approxdist.param_server.modes import parse_mode
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
+from approxdist.pipeline.schedule.registry import build_async_schedule
+from approxdist.topology.dealing import Dealing
 from approxdist.train.straggler import stragglers_of
 
 T = TypeVar("T")
@@ -118,17 +120,17 @@ def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> No
 
 def check_pipeline(p: PipelineConfig) -> None:
     """The `[pipeline]` section's schedule, codecs and channels. An asynchronous schedule
-    (pipedream, pipedream-vsync, 2bw) runs one rank per stage with any communication-thread
-    strategy but `sra` (whose agreed order is per flushed step)."""
+    (pipedream, pipedream-vsync, 2bw) runs with any communication-thread strategy but `sra`
+    (whose agreed order is per flushed step); pipedream and 2bw also on replicated stages,
+    with micro-batches a multiple of every replica count (docs/pipeline.md)."""
     names = schedule_names() + async_schedule_names()
     if p.schedule not in names:
         raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: {', '.join(names)}")
     if p.schedule in async_schedule_names():
         if max(p.replica_counts) > 1:
-            raise ConfigError(f"pipeline.schedule = {p.schedule!r} with replicated stages "
-                              f"(pipeline.replicas = {list(p.replicas)}) is not available yet; "
-                              f"use one rank per stage or a flushed schedule "
-                              f"({', '.join(schedule_names())})")
+            _named("pipeline.schedule", p.schedule, partial(
+                build_async_schedule, p.schedule, p.stages, p.microbatches, 1,
+                dealing=Dealing(p.replica_counts)))
         if p.comm_threads == "sra":
             raise ConfigError(f"pipeline.comm_threads = 'sra' agrees a message order per "
                               f"flushed step and does not run {p.schedule!r}; use inline, "

@@ -14,6 +14,7 @@ asynchronous one cannot reach it by accident: `build_schedule` refuses their nam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,11 +24,13 @@ from approxdist.pipeline.schedule.check_versions import validate_versions
 from approxdist.pipeline.schedule.validate import validate_schedule
 from approxdist.pipeline.schedule.versions import AsyncSchedule, Stream
 from approxdist.registry import Registry
+from approxdist.topology.dealing import Dealing
 
 #: (num_stages, num_microbatches) -> rank -> actions, including sends and receives
 ScheduleFn = Callable[[int, int], Order]
-#: (num_stages, stream) -> actions per rank with the weight version of each forward/backward
-AsyncScheduleFn = Callable[[int, Stream], AsyncSchedule]
+#: (num_stages, stream, replicated stages or None) -> actions per slot with the weight
+#: version of each forward/backward
+AsyncScheduleFn = Callable[[int, Stream, Dealing | None], AsyncSchedule]
 
 SCHEDULES: Registry[ScheduleFn] = Registry("schedule", ScheduleError)
 
@@ -105,15 +108,34 @@ def build_schedule(name: str, num_stages: int, num_microbatches: int,
 
 
 def build_async_schedule(name: str, num_stages: int, num_microbatches: int,
-                         num_minibatches: int | None = None,
-                         validate: bool = True) -> AsyncSchedule:
+                         num_minibatches: int | None = None, validate: bool = True,
+                         dealing: Dealing | None = None) -> AsyncSchedule:
     """The named asynchronous schedule over a stream of K mini-batches of M micro-batches
-    (K defaults to the entry's `default_minibatches`), checked by `check_versions`."""
+    (K defaults to the entry's `default_minibatches`), checked by `check_versions`. With
+    `dealing` (replicated stages) its lists are per slot (`versions`, module doc)."""
     entry = ASYNC_SCHEDULES.get(name)
     check_sizes(num_stages, num_microbatches)
+    if dealing is not None:
+        check_rounds(name, dealing, num_stages, num_microbatches)
     stream = Stream(num_microbatches, entry.default_minibatches if num_minibatches is None
                     else num_minibatches)
-    schedule = entry.build(num_stages, stream)
+    schedule = entry.build(num_stages, stream, dealing)
     if validate:
         validate_versions(schedule)
     return schedule
+
+
+def check_rounds(name: str, dealing: Dealing, num_stages: int, num_microbatches: int) -> None:
+    """An asynchronous schedule on replicated stages steps each stage in whole rounds of its
+    replicas, so M must be a multiple of every replica count (`ScheduleError` otherwise)."""
+    if len(dealing.replicas) != num_stages:
+        raise ScheduleError(f"replicas {','.join(map(str, dealing.replicas))} name "
+                            f"{len(dealing.replicas)} stages, not {num_stages}")
+    rounds = math.lcm(*dealing.replicas)
+    if num_microbatches % rounds:
+        low = rounds * max(1, num_microbatches // rounds)
+        high = rounds * (num_microbatches // rounds + 1)
+        raise ScheduleError(f"{name} with replicas {','.join(map(str, dealing.replicas))} "
+                            f"steps each stage once per round of its replicas: micro-batches "
+                            f"({num_microbatches}) must be a multiple of {rounds}; try "
+                            f"{low} or {high if high > low else low + rounds}")

@@ -20,8 +20,10 @@ from __future__ import annotations
 from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule.action import Action, Kind, Order
 from approxdist.pipeline.schedule.registry import build_schedule
-from approxdist.pipeline.schedule.simulate import Route, simulate
+from approxdist.pipeline.schedule.routes import check_replicated, slot_route
 from approxdist.topology.dealing import Dealing
+
+__all__ = ["check_dealing", "check_replicated", "replicated_schedule", "slot_route"]
 
 
 def replicated_schedule(name: str, dealing: Dealing, num_microbatches: int) -> Order:
@@ -51,40 +53,3 @@ def check_dealing(dealing: Dealing, num_microbatches: int) -> None:
         raise ScheduleError(f"micro-batches ({num_microbatches}) must be at least the largest "
                             f"replica count ({most}) so that every replica gets one; use "
                             f"{most} or a multiple of it")
-
-
-def slot_route(dealing: Dealing) -> Route:
-    """Messages travel between slots: the replica that handles the micro-batch at each end."""
-    def channel(slot: int, a: Action) -> tuple[int, int]:
-        peer = dealing.slot(a.peer_stage, a.microbatch)
-        return (slot, peer) if a.is_send else (peer, slot)
-
-    return channel
-
-
-def check_replicated(order: Order, dealing: Dealing) -> None:
-    """Run `order` on paper with messages routed between slots; `ScheduleError` naming where
-    ranks block if it deadlocks or a receive would get another micro-batch's data."""
-    channel = slot_route(dealing)
-    timeline = simulate(order, len(dealing.replicas), route=channel)
-    if not timeline.completed:
-        waits = "; ".join(f"slot {r} blocked at {a} waiting for {timeline.waiting_for[r]}"
-                          for r, a in sorted(timeline.stuck.items()))
-        raise ScheduleError(f"invalid replicated schedule: deadlock: {waits}",
-                            stuck=timeline.stuck)
-    _check_fifo(order, channel)
-
-
-def _check_fifo(order: Order, channel: Route) -> None:
-    sends: dict[tuple[int, int], list[Action]] = {}
-    recvs: dict[tuple[int, int], list[Action]] = {}
-    for slot, actions in sorted(order.items()):
-        for a in actions:
-            if a.is_send or a.is_recv:
-                key = channel(slot, a)
-                (sends if a.is_send else recvs).setdefault(key, []).append(a)
-    for key, posted in recvs.items():
-        for k, (recv, send) in enumerate(zip(posted, sends.get(key, []))):
-            if recv.microbatch != send.microbatch:
-                raise ScheduleError(f"invalid replicated schedule: on channel {key} receive "
-                                    f"#{k} {recv} would get the data of {send}")

@@ -113,7 +113,7 @@ def simulate(order: Order, num_stages: int | None = None,
         for r, actions in order.items():
             while len(end[r]) < len(actions):
                 i = len(end[r])
-                ready = sim.ready(r, actions[i])
+                ready = sim.ready(r, i, actions[i])
                 if ready is None:
                     break
                 start[r].append(max(clock[r], ready))
@@ -139,8 +139,12 @@ class _Simulation:
         self.sends: dict[tuple[int, int], list[Slot]] = {}
         self.recv_k: dict[Slot, int] = {}
         self.recv_at: dict[tuple[int, Action], int] = {}
-        self.reduce_at: dict[int, dict[int, int]] = {}  # stage -> rank -> index of its AR
+        #: (stage, k) -> rank -> index of that rank's k-th AR: the k-th ARs of a stage's
+        #: replicas are one all-reduce (a stream has one per optimizer step)
+        self.reduce_at: dict[tuple[int, int], dict[int, int]] = {}
+        self.reduce_k: dict[Slot, int] = {}
         counts: dict[tuple[int, tuple[int, int]], int] = {}
+        reduces: dict[int, int] = {}  # rank -> its ARs so far
         for r, actions in order.items():
             for i, a in enumerate(actions):
                 if a.is_send:
@@ -151,7 +155,9 @@ class _Simulation:
                     counts[key] = self.recv_k[(r, i)] + 1
                     self.recv_at.setdefault((r, a), i)
                 elif a.kind is Kind.ALL_REDUCE:
-                    self.reduce_at.setdefault(a.stage, {})[r] = i
+                    k = self.reduce_k[(r, i)] = reduces.get(r, 0)
+                    reduces[r] = k + 1
+                    self.reduce_at.setdefault((a.stage, k), {})[r] = i
 
     def post(self, rank: int, i: int, send: Action, at: float,
              transfer: tuple[float, float]) -> None:
@@ -163,20 +169,21 @@ class _Simulation:
         self.link_free[channel] = leaves + busy
         self.arrived[(rank, i)] = leaves + busy + latency
 
-    def ready(self, rank: int, action: Action) -> float | None:
-        """When `action` may start given its input, or None while the input is missing."""
+    def ready(self, rank: int, i: int, action: Action) -> float | None:
+        """When `action` (`i`-th of `rank`) may start given its input, or None while the
+        input is missing."""
         if action.kind is Kind.ALL_REDUCE:
-            return self._all_arrived(action.stage)
+            return self._all_arrived(action.stage, self.reduce_k[(rank, i)])
         recv = self._input_recv(action)
         if recv is None:
             return 0.0
         send = self._input_send(rank, recv)
         return None if send is None else self.arrived.get(send)
 
-    def _all_arrived(self, stage: int) -> float | None:
-        """When the last replica of `stage` reached its `AR`, or None if one has not yet."""
+    def _all_arrived(self, stage: int, k: int) -> float | None:
+        """When the last replica of `stage` reached its `k`-th `AR`, or None if one has not."""
         arrived = 0.0
-        for r, i in self.reduce_at.get(stage, {}).items():
+        for r, i in self.reduce_at.get((stage, k), {}).items():
             if i == 0:
                 continue
             if (r, i - 1) not in self.ended:

@@ -9,10 +9,11 @@ mini-batch, directly or through a neighbour. The pieces are computed here, as da
   of stage 0 needs its mini-batch's inputs; a forward of stage s > 0 needs the matching
   send of stage s - 1 inside that stage's prefix; a backward of stage s < P - 1 needs
   the matching send of stage s + 1 likewise. The prefixes shrink from the full lists to
-  the fixed point, so the result is the largest set of prefixes that is closed under
-  these dependencies: executing it cannot deadlock (each blocking action's data is sent
-  within the same step), and no rank stops earlier than it has to. The last step's
-  prefix is the whole list (the stream drains).
+  the fixed point (an `AR` of a replicated stage, a collective, needs the same
+  all-reduce's `AR` inside every replica's prefix), so the result is the largest set of
+  prefixes that is closed under these dependencies: executing it cannot deadlock (each
+  blocking action's data is sent within the same step), and no rank stops earlier than
+  it has to. The last step's prefix is the whole list (the stream drains).
 - `send_waits`: the sends a rank waits for at the end of each step: those whose
   receive its peer posts within the same step. A send whose receive is posted in a
   later step stays pending across the step boundary (waiting for it would deadlock).
@@ -35,6 +36,7 @@ def step_cuts(schedule: AsyncSchedule) -> Cuts:
     """Per rank, the end (exclusive) of the actions it has run after each of the K steps."""
     m, k = schedule.stream.microbatches, schedule.stream.minibatches
     where = _positions(schedule)
+    reduces = _reduce_peers(schedule)
     cuts: Cuts = {r: [] for r in schedule.order}
     done = {r: 0 for r in schedule.order}  # each step's prefixes contain the previous step's
     for b in range(k):
@@ -44,7 +46,7 @@ def step_cuts(schedule: AsyncSchedule) -> Cuts:
         while changed:
             changed = False
             for r, actions in schedule.order.items():
-                end = _first_blocked(r, actions, done[r], ends, where, limit,
+                end = _first_blocked(r, actions, done[r], ends, where, reduces, limit,
                                      schedule.num_stages)
                 if end < ends[r]:
                     ends[r], changed = end, True
@@ -62,12 +64,27 @@ def _positions(schedule: AsyncSchedule) -> dict[Action, tuple[int, int]]:
     return {a: (r, i) for r, actions in schedule.order.items() for i, a in enumerate(actions)}
 
 
+def _reduce_peers(schedule: AsyncSchedule) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(slot, index) of each `AR` -> (slot, index) of the same all-reduce's `AR` on every
+    replica of the stage (the k-th `AR` of each)."""
+    by_k: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for r, actions in schedule.order.items():
+        reduces = [i for i, a in enumerate(actions) if a.kind is Kind.ALL_REDUCE]
+        for k, i in enumerate(reduces):
+            by_k.setdefault((schedule.stage_of(r), k), []).append((r, i))
+    return {member: group for group in by_k.values() for member in group}
+
+
 def _first_blocked(rank: int, actions: list[Action], start: int, ends: dict[int, int],
-                   where: dict[Action, tuple[int, int]], limit: int, num_stages: int) -> int:
+                   where: dict[Action, tuple[int, int]],
+                   reduces: dict[tuple[int, int], list[tuple[int, int]]], limit: int,
+                   num_stages: int) -> int:
     """The first action from `start` on that cannot run within the prefixes `ends`."""
     for i in range(start, ends[rank]):
         a = actions[i]
         if a.kind is Kind.FORWARD and a.stage == 0 and a.microbatch >= limit:
+            return i
+        if any(j >= ends[peer] for peer, j in reduces.get((rank, i), [])):
             return i
         feed = _feeding_send(a, num_stages)
         if feed is not None:
@@ -118,6 +135,8 @@ def buffer_window(schedule: AsyncSchedule, cuts: Cuts) -> int:
     for r, actions in schedule.order.items():
         held: dict[int, list[int]] = {}  # item -> [first index, last index holding a buffer]
         for i, a in enumerate(actions):
+            if a.kind is Kind.ALL_REDUCE:  # sums the stage's gradients, no buffer
+                continue
             span = held.setdefault(a.microbatch, [i, i])
             span[1] = i
         for b, sends in enumerate(waits[r]):
@@ -134,17 +153,18 @@ def buffer_window(schedule: AsyncSchedule, cuts: Cuts) -> int:
 
 def loss_versions(schedule: AsyncSchedule, cuts: Cuts) -> list[list[tuple[int, int]]]:
     """Per step, per stage, the (oldest, newest) weight version of the forwards that produced
-    the step's loss: those of the micro-batches whose last-stage forward ran in the step
-    ((-1, -1) for a step in which the last stage ran none)."""
-    last = schedule.num_stages - 1
-    forward_at = {(r, a.microbatch): schedule.versions[(r, i)]
+    the step's loss: those of the micro-batches whose last-stage forward ran in the step, on
+    any replica of the last stage ((-1, -1) for a step in which the last stage ran none)."""
+    forward_at = {(schedule.stage_of(r), a.microbatch): schedule.versions[(r, i)]
                   for r, actions in schedule.order.items()
                   for i, a in enumerate(actions) if a.kind is Kind.FORWARD}
     out: list[list[tuple[int, int]]] = []
-    start = 0
-    for end in cuts[last]:
-        items = [a.microbatch for a in schedule.order[last][start:end] if a.kind is Kind.FORWARD]
-        start = end
+    for b in range(schedule.stream.minibatches):
+        items = []
+        for r in schedule.slots_of(schedule.num_stages - 1):
+            start = cuts[r][b - 1] if b else 0
+            items += [a.microbatch for a in schedule.order[r][start:cuts[r][b]]
+                      if a.kind is Kind.FORWARD]
         row = []
         for s in range(schedule.num_stages):
             used = [forward_at[(s, n)] for n in items]

@@ -11,6 +11,14 @@ that ends mini-batch b applies a gradient computed one version back:
 and each stage holds at most 2 versions: the one in use and the newest. Version b - 1 must
 exist when the first forward of mini-batch b runs; stage 0 runs it after P - 1 warm-up
 forwards, so this needs M >= P - 1 (the paper takes M >= P).
+
+Replicated stages (`dealing`, hybrid): replica n mod r_s of stage s runs item n; M must
+be a multiple of r_s, so each mini-batch is whole rounds and every replica steps once per
+mini-batch on the gradient of its own last backward of it summed over the replicas; the
+`AR` that sums and applies it waits until the first forward of mini-batch b + 2, the
+first user of the version it makes. All of mini-batch b's items use version
+max(b - 1, 0) on every replica, so the update is the same as with one rank per stage:
+W(t+1) = W(t) - lr * grad f(W(t-1)), the gradient of the whole mini-batch.
 """
 
 from __future__ import annotations
@@ -19,13 +27,14 @@ from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule.one_f_one_b import stage_order
 from approxdist.pipeline.schedule.registry import register_async
 from approxdist.pipeline.schedule.versions import AsyncSchedule, Stream, assign_versions
+from approxdist.topology.dealing import Dealing
 
 #: versions a 2BW stage holds at most: double buffering
 TWO_BW_VERSIONS = 2
 
 
 @register_async("2bw", default_minibatches=3)
-def two_bw(num_stages: int, stream: Stream) -> AsyncSchedule:
+def two_bw(num_stages: int, stream: Stream, dealing: Dealing | None = None) -> AsyncSchedule:
     """PipeDream-2BW: 1F1B with no flush, a step per mini-batch, two weight versions per stage."""
     p, m = num_stages, stream.microbatches
     if p > 1 and m < p - 1:
@@ -42,4 +51,4 @@ def two_bw(num_stages: int, stream: Stream) -> AsyncSchedule:
 
     compute = {s: stage_order(s, p, stream.items) for s in range(p)}
     return assign_versions("2bw", p, stream, compute, previous, last_of_minibatch,
-                           {s: TWO_BW_VERSIONS for s in range(p)})
+                           {s: TWO_BW_VERSIONS for s in range(p)}, dealing)

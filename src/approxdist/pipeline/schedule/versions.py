@@ -19,6 +19,14 @@ of the schedule, as data:
 A version is *alive* on a stage between two of its actions if it is the newest, or a
 later forward or backward of that stage uses it. `check_versions` holds a schedule to
 these rules; nothing here runs it (docs/pipeline.md, "Asynchronous schedules").
+
+Replicated stages (hybrid; `dealing`): the order is keyed by *slot* (stage-major position
+of a rank, `topology.dealing`), stage s's items go round robin to its r_s replicas
+(replica n mod r_s), and a stage steps in lockstep on all its replicas: where the
+schedule steps *and* a whole round of r_s items (one per replica) is complete. Each
+replica's `Update` follows its own last backward of the step's items; its `AR`, right
+before the slot's first action that uses the version the step makes, sums the replicas'
+gradients and applies it; version v means the same weights on every replica of a stage.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.schedule.action import Action, Kind, Order
 from approxdist.pipeline.schedule.comm import with_comm
+from approxdist.topology.dealing import Dealing
 
 Slot = tuple[int, int]  # (rank, index in that rank's list)
 
@@ -82,7 +91,8 @@ class Update:
 class AsyncSchedule:
     """An asynchronous schedule: the actions per rank (with sends and receives), the version
     each forward and backward uses, the optimizer steps, and the paper's bound on versions
-    alive per stage. Rank s runs stage s."""
+    alive per stage. Rank s runs stage s; with `dealing` (replicated stages) the keys of
+    `order`, `versions`, `updates` and `version_limit` are slots (`placement`)."""
 
     name: str
     num_stages: int
@@ -91,6 +101,20 @@ class AsyncSchedule:
     versions: dict[Slot, int]
     updates: dict[int, list[Update]]
     version_limit: dict[int, int]
+    dealing: Dealing | None = None
+
+    @property
+    def placement(self) -> Dealing:
+        """Which slot runs which stage's items: `dealing`, or one slot per stage."""
+        return self.dealing if self.dealing is not None else Dealing.single(self.num_stages)
+
+    def stage_of(self, slot: int) -> int:
+        return self.placement.place(slot)[0]
+
+    def slots_of(self, stage: int) -> list[int]:
+        """The slots of `stage`'s replicas, in replica order."""
+        first = sum(self.placement.replicas[:stage])
+        return list(range(first, first + self.placement.replicas[stage]))
 
     def version_of(self, rank: int, action: Action) -> int:
         """The version forward or backward `action` uses on `rank`."""
@@ -107,12 +131,22 @@ ForwardVersion = Callable[[int, int, int], int]
 
 def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
                     forward_version: ForwardVersion, steps_after: Callable[[int], bool],
-                    version_limit: dict[int, int]) -> AsyncSchedule:
-    """Add communication (`with_comm`) to a compute-only order and walk each rank's list:
-    a forward gets `forward_version(stage, n, newest)`, a backward its forward's version,
-    and the backward of micro-batch n is followed by an optimizer step when `steps_after(n)`,
-    applying every gradient computed since the previous step."""
-    order = with_comm(compute, num_stages)
+                    version_limit: dict[int, int],
+                    dealing: Dealing | None = None) -> AsyncSchedule:
+    """Deal each stage's compute-only order (keyed by stage) to its replicas (`dealing`,
+    default one per stage), add communication (`with_comm`) and walk each slot's list: a
+    forward gets `forward_version(stage, n, newest)`, a backward its forward's version,
+    and the backward of micro-batch n is followed by an optimizer step when `steps_after(n)`
+    (on a replicated stage: when the step's round is complete, `step_ends`), applying
+    every gradient computed since the previous step. `version_limit` is per stage."""
+    placement = dealing if dealing is not None else Dealing.single(num_stages)
+    ends = {s: step_ends(steps_after, stream.items, r) for s, r in enumerate(placement.replicas)}
+    dealt: Order = {}
+    for s, actions in compute.items():
+        for j, slot in enumerate(range(sum(placement.replicas[:s]),
+                                       sum(placement.replicas[:s + 1]))):
+            dealt[slot] = [a for a in actions if placement.replica(s, a.microbatch) == j]
+    order = with_comm(dealt, num_stages)
     versions: dict[Slot, int] = {}
     updates: dict[int, list[Update]] = {}
     for rank, actions in order.items():
@@ -126,13 +160,63 @@ def assign_versions(name: str, num_stages: int, stream: Stream, compute: Order,
             elif a.kind is Kind.BACKWARD:
                 versions[(rank, i)] = forward[a.microbatch]
                 pending.append(a.microbatch)
-                if steps_after(a.microbatch):
+                if a.microbatch in ends[a.stage]:
                     at = {forward[n] for n in pending}
                     assert len(at) == 1, f"one step mixes gradients of versions {sorted(at)}"
                     steps.append(Update(a.stage, i, len(steps) + 1, tuple(pending), at.pop()))
                     pending = []
         updates[rank] = steps
-    return AsyncSchedule(name, num_stages, stream, order, versions, updates, version_limit)
+    if max(placement.replicas) > 1:
+        order, versions, updates = _with_reduces(order, versions, updates, placement)
+    limits = {slot: version_limit[placement.place(slot)[0]] for slot in order}
+    return AsyncSchedule(name, num_stages, stream, order, versions, updates, limits,
+                         dealing if dealing is not None and max(dealing.replicas) > 1 else None)
+
+
+def step_ends(steps_after: Callable[[int], bool], items: int, replicas: int) -> set[int]:
+    """The items after whose backward a replica of a stage with `replicas` replicas steps:
+    the stage steps after item e when `steps_after(e)` and e closes a round of `replicas`
+    items ((e + 1) % replicas == 0), and each replica steps after its own last item of
+    that step, one of e - replicas + 1 .. e (one replica: just e)."""
+    closing = [e for e in range(items) if steps_after(e) and (e + 1) % replicas == 0]
+    return {n for e in closing for n in range(e - replicas + 1, e + 1)}
+
+
+def _with_reduces(order: Order, versions: dict[Slot, int], updates: dict[int, list[Update]],
+                  dealing: Dealing) -> tuple[Order, dict[Slot, int], dict[int, list[Update]]]:
+    """On a replicated stage, the k-th `AR` of each replica carries its k-th step: as late as
+    the step allows, right before the slot's first forward or backward that uses the version
+    the step makes (or at the end of the list), so the stage's all-reduce waits for no
+    forward that does not need it (2BW's next mini-batch still runs one version back).
+    Indices in `versions` and `updates` move with the inserted actions."""
+    new_order: Order = {}
+    new_versions: dict[Slot, int] = {}
+    new_updates: dict[int, list[Update]] = {}
+    for slot, actions in order.items():
+        steps = updates.get(slot, [])
+        if not steps or dealing.replicas[steps[0].stage] == 1:
+            new_order[slot], new_updates[slot] = actions, steps
+            new_versions.update({k: v for k, v in versions.items() if k[0] == slot})
+            continue
+        before: dict[int, list[Action]] = {}  # index -> ARs inserted before it
+        for u in steps:
+            uses = (i for i in range(u.after + 1, len(actions))
+                    if versions.get((slot, i), -1) >= u.version)
+            at = next(uses, len(actions))
+            before.setdefault(at, []).append(Action(u.stage, Kind.ALL_REDUCE,
+                                                    actions[u.after].microbatch))
+        moved: dict[int, int] = {}
+        out: list[Action] = []
+        for i, a in enumerate([*actions, None]):
+            out += before.get(i, [])
+            if a is not None:
+                moved[i] = len(out)
+                out.append(a)
+        new_order[slot] = out
+        new_versions.update({(slot, moved[i]): v for (r, i), v in versions.items() if r == slot})
+        new_updates[slot] = [Update(u.stage, moved[u.after], u.version, u.items, u.computed_at)
+                             for u in steps]
+    return new_order, new_versions, new_updates
 
 
 def versions_alive(schedule: AsyncSchedule) -> dict[int, list[tuple[int, ...]]]:

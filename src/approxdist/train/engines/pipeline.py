@@ -6,8 +6,9 @@ Each mini-batch runs as M micro-batches through the schedule (`pipeline.executor
 replicated stage (`--parallel hybrid`) runs the micro-batches dealt to it round robin
 and sums its gradients over its replicas (`hybrid`), then every stage takes one
 optimiser step on its own parameters. An asynchronous schedule (pipedream, 2bw) runs as a
-stream over each epoch's mini-batches (`StreamEngine`, `pipeline.stream`): the optimiser
-steps inside it, and each step record says which weight versions produced its loss.
+stream over each epoch's mini-batches (`StreamEngine`, `pipeline.stream`), replicated or
+not: the optimiser steps inside it (a replicated stage's replicas in lockstep on their
+summed gradient), and each step record says which weight versions produced its loss.
 Evaluation is a forward-only pipeline; loss and hits exist on the last stage. Which
 ranks hold the stages is the topology's.
 """
@@ -167,11 +168,12 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: 
     micro = max(1, cfg.data.batch_size // cfg.pipeline.microbatches)
     sample = data.train_x[:micro].to(ctx.device)
     task = task_named(data.task)
+    steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
     if max(groups.topology.replicas) > 1:
-        runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec, loss_fn=task)
+        runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec, loss_fn=task,
+                                       minibatches=steps)
     else:
         row = groups.pipeline if groups.pipeline is not None else groups.world
-        steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
         runtime = build_runtime(cfg.pipeline, model, ctx, sample, group=row,
                                 link_spec=cfg.comm.link, seed=cfg.train.seed, minibatches=steps,
                                 rec=rec, loss_fn=task)
