@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from approxdist.comm import raw
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
@@ -180,9 +181,12 @@ class Link:
     def irecv_bytes(self, peer: int, nbytes: int | torch.Tensor) -> RecvHandle[torch.Tensor]:
         """Receive `nbytes` bytes (or into the given 1-D uint8 buffer); wait() returns them."""
         self._check_peer(peer)
-        out = nbytes if isinstance(nbytes, torch.Tensor) else None
-        n = int(out.numel()) if out is not None else int(nbytes)
-        return self._irecv(peer, n, out, torch.Size([n]), lambda buf, shape: buf)
+        buf = nbytes if isinstance(nbytes, torch.Tensor) else self._bytes(int(nbytes))
+        n = int(buf.numel())
+        return self._irecv(peer, n, torch.Size([n]), lambda _n, _s: [buf], lambda bufs, _: bufs[0])
+
+    def _bytes(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.uint8, device=self.device)
 
     def recv_any_bytes(self, nbytes: int) -> tuple[int, torch.Tensor]:
         """Receive `nbytes` bytes from whichever member's message comes first: (member,
@@ -214,10 +218,10 @@ class Link:
         """Backend rank -> global rank of every member."""
         return {self.group.backend_rank(i): r for i, r in enumerate(self.group.ranks)}
 
-    def _irecv(self, peer: int, nbytes: int | None, out: torch.Tensor | None,
-               shape: torch.Size | None, finish: Callable[[torch.Tensor, torch.Size], T]
-               ) -> RecvHandle[T]:
-        handle = RecvHandle(self, peer, nbytes, out, shape, finish)
+    def _irecv(self, peer: int, nbytes: int | None, shape: torch.Size | None,
+               buffers: Callable[[int, torch.Size], list[torch.Tensor]],
+               finish: Callable[[list[torch.Tensor], torch.Size], T]) -> RecvHandle[T]:
+        handle = RecvHandle(self, peer, nbytes, shape, buffers, finish)
         queue = self._pending[peer]
         if queue or nbytes is None:
             queue.append(handle)
@@ -233,17 +237,23 @@ class Link:
 
         With `describe=True` an 80-byte shape header goes first and the receiver calls
         `irecv(peer, None, codec)`; with `describe=False` the receiver passes the shape.
+        Exact fp32 of `raw.SPLIT_MIN_BYTES` or more travels uncopied (`comm/raw.py`): `x`
+        must then stay unchanged until `wait()` returns, as for `isend_bytes`.
         """
         self._check_peer(peer)
         codec = codec or self._fp32
-        payload = codec.encode(x.detach())
-        if channel is not None:
-            payload = channel.corrupt(payload, codec)
+        if raw.splits(codec, channel, x.numel()):
+            parts = raw.send_parts(codec, x.detach())  # type: ignore[arg-type]
+        else:
+            payload = codec.encode(x.detach())
+            if channel is not None:
+                payload = channel.corrupt(payload, codec)
+            parts = [payload.data]
         ops = []
         if describe:
-            header = shape_header(payload.wire_bytes, list(x.shape), self.device)
-            ops.append(self._post("send", peer, header))
-        ops.append(self._post("send", peer, payload.data))
+            nbytes = sum(int(p.numel()) for p in parts)
+            ops.append(self._post("send", peer, shape_header(nbytes, list(x.shape), self.device)))
+        ops.extend(self._post("send", peer, p) for p in parts)
         return SendHandle(ops)
 
     def irecv(self, peer: int, shape: Sequence[int] | int | None = None,
@@ -258,12 +268,22 @@ class Link:
         codec = codec or self._fp32
         size = None if shape is None else torch.Size([shape] if isinstance(shape, int) else shape)
         nbytes = None if size is None else codec.payload_nbytes(size.numel())
-        return self._irecv(peer, nbytes, None, size,
-                           lambda buf, shp: self._decode(buf, shp, codec, channel))
+        return self._irecv(peer, nbytes, size,
+                           lambda n, shp: self._recv_buffers(n, shp, codec, channel),
+                           lambda bufs, shp: self._decode(bufs, shp, codec, channel))
 
-    def _decode(self, buf: torch.Tensor, shape: torch.Size, codec: Codec,
+    def _recv_buffers(self, nbytes: int, shape: torch.Size, codec: Codec,
+                      channel: Channel | None) -> list[torch.Tensor]:
+        numel = shape.numel()
+        if raw.splits(codec, channel, numel) and nbytes == codec.payload_nbytes(numel):
+            return raw.recv_parts(shape, self.device)
+        return [self._bytes(nbytes)]
+
+    def _decode(self, bufs: list[torch.Tensor], shape: torch.Size, codec: Codec,
                 channel: Channel | None) -> torch.Tensor:
-        x = codec.decode(Payload(buf, shape))
+        if len(bufs) == 2:  # the split layout of `_recv_buffers`
+            return raw.finish(codec, bufs, shape)  # type: ignore[arg-type]
+        x = codec.decode(Payload(bufs[0], shape))
         if channel is not None:
             x, bad = channel.guard(x)
             self.stats.nonfinite += bad
