@@ -25,7 +25,7 @@ def as_fp32(x: torch.Tensor, spec: str) -> torch.Tensor:
 
 def typed(region: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """View a 1-D uint8 region as `dtype`; copies when the region is not aligned for it."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     if region.storage_offset() % size != 0 or not region.is_contiguous():
         region = region.clone()
     return region.view(dtype)
