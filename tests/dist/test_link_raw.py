@@ -83,9 +83,9 @@ def test_exact_values_and_bytes(spec: str | None, describe: bool) -> None:
     assert messages > len(CASES) + 2 + (len(CASES) + 2) * describe  # some did split
 
 
-def _no_aliasing(ctx: DistContext) -> dict[str, Any]:
+def _no_aliasing(ctx: DistContext, n: int) -> dict[str, Any]:
     """Receive several tensors of one size back to back; each keeps its own values."""
-    link, fp32, n = Link(ctx), get_codec("fp32"), 4 * LIMIT
+    link, fp32 = Link(ctx), get_codec("fp32")
     out: dict[str, Any] = {}
     if ctx.rank == 0:
         x = torch.zeros(n)
@@ -102,7 +102,8 @@ def _no_aliasing(ctx: DistContext) -> dict[str, Any]:
     return out
 
 
-def test_received_tensors_are_not_overwritten() -> None:
-    _, r1 = run_on_ranks(_no_aliasing, 2, timeout_s=120)
+@pytest.mark.parametrize("n", [LIMIT // 4, 4 * LIMIT])  # framed and split
+def test_received_tensors_are_not_overwritten(n: int) -> None:
+    _, r1 = run_on_ranks(_no_aliasing, 2, n, timeout_s=120)
     assert r1["values"] == [(float(i), float(i)) for i in range(4)]
     assert r1["distinct"]

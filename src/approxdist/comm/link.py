@@ -275,13 +275,13 @@ class Link:
     def _recv_buffers(self, nbytes: int, shape: torch.Size, codec: Codec,
                       channel: Channel | None) -> list[torch.Tensor]:
         numel = shape.numel()
-        if raw.splits(codec, channel, numel) and nbytes == codec.payload_nbytes(numel):
-            return raw.recv_parts(shape, self.device)
+        if raw.exact(codec, channel) and nbytes == codec.payload_nbytes(numel):
+            return raw.recv_parts(nbytes, shape, raw.splits(codec, channel, numel), self.device)
         return [self._bytes(nbytes)]
 
     def _decode(self, bufs: list[torch.Tensor], shape: torch.Size, codec: Codec,
                 channel: Channel | None) -> torch.Tensor:
-        if len(bufs) == 2:  # the split layout of `_recv_buffers`
+        if raw.exact(codec, channel):  # received into new buffers: the values are a view
             return raw.finish(codec, bufs, shape)  # type: ignore[arg-type]
         x = codec.decode(Payload(bufs[0], shape))
         if channel is not None:

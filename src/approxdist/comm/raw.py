@@ -1,22 +1,25 @@
-"""Exact fp32 through `Link.isend` / `Link.irecv` without codec copies: the split payload.
+"""Exact fp32 through `Link.isend` / `Link.irecv` without codec copies (seed 001 transport).
 
 The `fp32` codec's payload is its 16-byte header followed by the values' own bytes
-(`codecs/framed.py`). Framing it means copying the tensor into a fresh buffer to send and
-out of the received buffer to decode: at 16 MiB about 9 ms each way on a 2-core machine,
-more than gloo needs to move the bytes. For an exact `fp32` transfer (no channel) of at
-least `SPLIT_MIN_BYTES` of values the link sends the same bytes as two messages instead:
+(`codecs/framed.py`). Encoding copies the tensor into a fresh [header | values] buffer and
+decoding copies the values out again: at 16 MiB about 9 ms each way on a 2-core machine,
+more than gloo needs to move the bytes. For an *exact* transfer (codec `fp32`, no
+channel) the link skips both copies and sends the same bytes:
 
-1. the codec header (16 bytes, made by `codecs.header`, checked by the receiver);
-2. the values: the contiguous tensor's own storage, read in place by torch.distributed.
+* **Receiving**: the payload lands in a buffer allocated for this receive alone, and the
+  result is a view of its values (after the header check): nothing is decoded or copied.
+* **Sending, split layout** (at least `SPLIT_MIN_BYTES` of values): two messages, the
+  codec header (16 bytes), then the contiguous tensor's own storage, read in place by
+  torch.distributed, received straight into the storage of a new fp32 tensor. A
+  non-contiguous or non-fp32 input is made contiguous fp32 once, as `encode` did.
+* **Sending, framed layout** (smaller): one message, encoded as before, where a second
+  message would cost more than the copy it saves (`approxdist bench p2p`,
+  docs/collectives.md "Point to point").
 
-The receiver posts the values straight into the storage of a new fp32 tensor and returns
-that tensor: nothing is encoded, decoded or copied (a non-contiguous or non-fp32 input is
-made contiguous fp32 once, as `encode` did). Bytes on the wire and in `LinkStats` are the
-framed payload's exactly (`codec.payload_nbytes(numel)`); only the message count grows by
-one. Both ends choose the layout from the element count, which both know (a sized
-receive's shape, or the self-describing header's), so no flag travels. Below
-`SPLIT_MIN_BYTES` one framed message stays cheaper than a second message (measured with
-`approxdist bench p2p`, docs/collectives.md "Point to point").
+Bytes on the wire and in `LinkStats` are the framed payload's exactly
+(`codec.payload_nbytes(numel)`); the split layout adds one message. Both ends pick the
+layout from the element count, which both know (a sized receive's shape, or the
+self-describing header's), so no flag travels.
 """
 
 from __future__ import annotations
@@ -26,37 +29,51 @@ import torch
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec
 from approxdist.comm.codecs.framed import FramedCodec, as_fp32
-from approxdist.comm.codecs.header import HEADER_NBYTES, check_header, header_bytes
+from approxdist.comm.codecs.header import HEADER_NBYTES, check_header
 
-#: values of at least this many bytes travel split (header, then the values in place)
+#: exact transfers of at least this many bytes of values travel split (header, values)
 SPLIT_MIN_BYTES = 64 << 10
+
+
+def exact(codec: Codec, channel: Channel | None) -> bool:
+    """Whether values through `codec` and `channel` arrive as sent, as fp32 bytes."""
+    return channel is None and codec.spec == "fp32" and codec.lossless \
+        and isinstance(codec, FramedCodec)
 
 
 def splits(codec: Codec, channel: Channel | None, numel: int) -> bool:
     """Whether `numel` values through `codec` and `channel` travel as header + values."""
-    return (channel is None and 4 * numel >= SPLIT_MIN_BYTES and codec.spec == "fp32"
-            and codec.lossless and isinstance(codec, FramedCodec))
+    return 4 * numel >= SPLIT_MIN_BYTES and exact(codec, channel)
 
 
 def send_parts(codec: FramedCodec, x: torch.Tensor) -> list[torch.Tensor]:
     """The codec header and the values of `x` as bytes; the second aliases `x` when it is
     contiguous fp32 (it must then stay unchanged until the send's `wait()`)."""
     values = as_fp32(x, codec.spec).contiguous()
-    header = header_bytes(codec.family, codec.spec, values.numel())
-    return [header.to(values.device), values.view(-1).view(torch.uint8)]
+    return [codec.header(values.numel()).to(values.device), values.view(-1).view(torch.uint8)]
 
 
-def recv_parts(shape: torch.Size, device: torch.device) -> list[torch.Tensor]:
-    """Receive buffers for a split payload: the header, then a new fp32 tensor's bytes."""
+def recv_parts(nbytes: int, shape: torch.Size, split: bool,
+               device: torch.device) -> list[torch.Tensor]:
+    """New receive buffers for an exact payload of `nbytes` decoding to `shape`: the
+    header and a new fp32 tensor's bytes when `split`, else one buffer for both."""
+    if not split:
+        return [torch.empty(nbytes, dtype=torch.uint8, device=device)]
     values = torch.empty(shape, dtype=torch.float32, device=device)
-    header = torch.empty(HEADER_NBYTES, dtype=torch.uint8, device=device)
-    return [header, values.view(-1).view(torch.uint8)]
+    return [torch.empty(HEADER_NBYTES, dtype=torch.uint8, device=device),
+            values.view(-1).view(torch.uint8)]
 
 
 def finish(codec: FramedCodec, parts: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-    """The received tensor, after checking the header (`CodecError` if it is not `codec`'s
-    header for this many values)."""
-    header, values = parts
-    numel = values.numel() // 4
-    check_header(header, codec.family, codec.spec, numel, HEADER_NBYTES)
+    """The received fp32 tensor: a view of the buffers of `recv_parts`, which must not be
+    reused. `CodecError` unless the header is `codec`'s for this many values."""
+    numel = shape.numel()
+    if len(parts) == 2:
+        header, values = parts
+    else:
+        header, values = parts[0][:HEADER_NBYTES], parts[0][HEADER_NBYTES:]
+    expected = codec.header(numel)
+    if values.numel() != 4 * numel or not torch.equal(header, expected.to(header.device)):
+        check_header(parts[0], codec.family, codec.spec, numel, codec.payload_nbytes(numel)
+                     if len(parts) == 1 else HEADER_NBYTES)  # raises, naming what differs
     return values.view(torch.float32).view(shape)
