@@ -65,6 +65,15 @@ def test_framed_receive_is_a_view_of_its_buffer(shape: tuple[int, ...]) -> None:
     assert y.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(0), lambda: torch.randn(()), lambda: torch.randn(5, 7).t(),
+    lambda: torch.randn(40, dtype=torch.float64)[3::3], lambda: torch.randn(9).half(),
+])
+def test_pack_is_encode(make) -> None:  # type: ignore[no-untyped-def]
+    fp32, x = _fp32(), make()
+    assert torch.equal(raw.pack(fp32, x), fp32.encode(x).data)
+
+
 def test_contiguous_fp32_is_sent_in_place() -> None:
     x = torch.randn(LIMIT)
     assert raw.send_parts(_fp32(), x)[1].data_ptr() == x.data_ptr()

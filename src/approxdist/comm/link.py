@@ -244,6 +244,8 @@ class Link:
         codec = codec or self._fp32
         if raw.splits(codec, channel, x.numel()):
             parts = raw.send_parts(codec, x.detach())  # type: ignore[arg-type]
+        elif raw.exact(codec, channel):
+            parts = [raw.pack(codec, x.detach())]  # type: ignore[arg-type]
         else:
             payload = codec.encode(x.detach())
             if channel is not None:
