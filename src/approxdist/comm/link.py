@@ -52,6 +52,9 @@ __all__ = ["Link", "RecvHandle", "SendHandle"]
 
 T = TypeVar("T")
 
+#: finished gloo requests kept alive (with their buffers) until this many more finish
+RETIRED_REQUESTS = 4
+
 
 class Link:
     """This rank's end of every link in `group`; see the module docstring for matching rules."""
@@ -83,6 +86,8 @@ class Link:
             collections.defaultdict(collections.deque)
         self._batch: list[_Op] | None = None
         self._fp32 = get_codec("fp32")
+        #: finished backend requests, dropped a few messages later (`_Op.wait`)
+        self.retired: collections.deque[Any] = collections.deque(maxlen=RETIRED_REQUESTS)
 
     @property
     def me(self) -> int:
@@ -204,6 +209,7 @@ class Link:
             work = self.group.pg.recv_anysource([buf], self.tag)
             work.wait()
             source = work._source_rank()
+            self.retired.append(work)
         except Exception as exc:  # noqa: BLE001 - re-raised with the rank and the group
             raise CommError(f"rank {self.me}: receive of {nbytes} bytes from any member of "
                             f"{self.group.describe()} failed: {exc}") from exc

@@ -86,6 +86,11 @@ class _Op:
         except Exception as exc:  # noqa: BLE001 - re-raised with ranks and sizes
             raise CommError(f"{self.describe()} failed: {exc}", peer=self.global_peer) from exc
         self.done = True
+        # Dropping a gloo request right after its wait can block: its buffer's destructor
+        # waits for gloo's I/O thread to let go of it, and on a busy machine that thread
+        # may be descheduled right after waking us (a scheduler slice, ~1 ms, per
+        # message). A request dropped a few messages later finds it long released.
+        self.link.retired.append(self.work)
         if self.link.hook is not None:
             self.link.hook(TransferEvent(self.direction, self.link.me, self.global_peer,
                                          self.buf.numel(), self.start, time.perf_counter()))
