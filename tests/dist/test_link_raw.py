@@ -12,14 +12,16 @@ import torch
 
 from approxdist.comm import raw
 from approxdist.comm.codecs import get_codec
-from approxdist.comm.link import Link
+from approxdist.comm.link import RETIRED_REQUESTS, Link
 from approxdist.comm.transfer import SHAPE_WORDS
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 
-LIMIT = raw.SPLIT_MIN_BYTES // 4  # values at the threshold
-#: (rows, cols, transposed): element counts just under, at and over the threshold, and 1 Mi
-CASES = [(LIMIT - 1, 1, False), (LIMIT // 8, 8, True), (LIMIT + 1, 1, False),
+LIMIT = max(1, raw.SPLIT_MIN_BYTES // 4)  # values at the threshold
+N = 4096
+#: (rows, cols, transposed): element counts just under, at and over the threshold, small
+#: and transposed (not contiguous), 4 MiB, 4 MiB transposed
+CASES = [(LIMIT - 1, 1, False), (LIMIT, 1, False), (LIMIT + 1, 1, False), (7, 9, True),
          (256, 4096, False), (1024, 1024, True)]
 
 
@@ -39,7 +41,7 @@ def _exchange(ctx: DistContext, spec: str | None, describe: bool) -> dict[str, A
         handles = [link.isend(_data(i, *c), 1, fp32, describe=describe)
                    for i, c in enumerate(CASES)]
         # a strided slice with a storage offset, and an fp16 tensor (cast to fp32 once)
-        big = _data(99, 2 * LIMIT, 2, False)
+        big = _data(99, 2 * N, 2, False)
         handles.append(link.isend(big[1::2, 1], 1, fp32, describe=describe))
         handles.append(link.isend(big[::2, 0].half(), 1, fp32, describe=describe))
         for h in handles:
@@ -47,10 +49,10 @@ def _exchange(ctx: DistContext, spec: str | None, describe: bool) -> dict[str, A
         out["sent"], out["messages"] = dict(link.stats.sent), dict(link.stats.messages_sent)
     else:
         shapes = [None if describe else _shape(*c) for c in CASES] + \
-            [None if describe else LIMIT] * 2
+            [None if describe else N] * 2
         handles = [link.irecv(0, s, fp32) for s in shapes]
         got = [h.wait() for h in reversed(handles)][::-1]  # waited out of order
-        big = _data(99, 2 * LIMIT, 2, False)
+        big = _data(99, 2 * N, 2, False)
         want = [_data(i, *c) for i, c in enumerate(CASES)] + [big[1::2, 1], big[::2, 0].half().float()]
         out["exact"] = [g.shape == w.shape and g.dtype == torch.float32 and torch.equal(g, w)
                         for g, w in zip(got, want)]
@@ -63,7 +65,7 @@ def _exchange(ctx: DistContext, spec: str | None, describe: bool) -> dict[str, A
 def _expected() -> tuple[int, int]:
     """(bytes, messages) for the sends of `_exchange` without shape headers."""
     fp32 = get_codec("fp32")
-    counts = [r * c for r, c, _ in CASES] + [LIMIT, LIMIT]
+    counts = [r * c for r, c, _ in CASES] + [N, N]
     nbytes = sum(fp32.payload_nbytes(n) for n in counts)
     messages = sum(2 if raw.splits(fp32, None, n) else 1 for n in counts)
     return nbytes, messages
@@ -98,12 +100,14 @@ def _no_aliasing(ctx: DistContext, n: int) -> dict[str, Any]:
         kept += [h.wait() for h in later]
         out["values"] = [(float(k.min()), float(k.max())) for k in kept]
         out["distinct"] = len({k.data_ptr() for k in kept}) == len(kept)
+    out["retired"] = len(link.retired)  # finished requests kept alive: a bounded few
     link.close()
     return out
 
 
-@pytest.mark.parametrize("n", [LIMIT // 4, 4 * LIMIT])  # framed and split
+@pytest.mark.parametrize("n", [LIMIT, 1 << 18])
 def test_received_tensors_are_not_overwritten(n: int) -> None:
     _, r1 = run_on_ranks(_no_aliasing, 2, n, timeout_s=120)
     assert r1["values"] == [(float(i), float(i)) for i in range(4)]
     assert r1["distinct"]
+    assert r1["retired"] == RETIRED_REQUESTS  # of 4 or 8 messages, never more

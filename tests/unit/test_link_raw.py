@@ -14,7 +14,8 @@ from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.codecs.header import HEADER_NBYTES, header_bytes
 from approxdist.errors import CodecError
 
-LIMIT = raw.SPLIT_MIN_BYTES // 4
+LIMIT = max(1, raw.SPLIT_MIN_BYTES // 4)  # values at the threshold
+N = 4096
 
 
 def _fp32() -> FramedCodec:
@@ -33,10 +34,10 @@ def test_only_exact_fp32_from_the_threshold_splits() -> None:
 
 
 @pytest.mark.parametrize("make", [
-    lambda: torch.randn(LIMIT + 3),
-    lambda: torch.randn(64, LIMIT // 32).t(),  # not contiguous
-    lambda: torch.randn(3 * LIMIT)[LIMIT + 1::2],  # strided, with a storage offset
-    lambda: torch.randn(LIMIT, dtype=torch.float64),
+    lambda: torch.randn(N + 3),
+    lambda: torch.randn(64, N // 32).t(),  # not contiguous
+    lambda: torch.randn(3 * N)[N + 1::2],  # strided, with a storage offset
+    lambda: torch.randn(N, dtype=torch.float64),
 ])
 def test_parts_are_the_framed_payload(make) -> None:  # type: ignore[no-untyped-def]
     fp32, x = _fp32(), make()
@@ -75,18 +76,18 @@ def test_pack_is_encode(make) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_contiguous_fp32_is_sent_in_place() -> None:
-    x = torch.randn(LIMIT)
+    x = torch.randn(N)
     assert raw.send_parts(_fp32(), x)[1].data_ptr() == x.data_ptr()
 
 
 def test_a_foreign_or_wrong_size_header_is_refused() -> None:
-    fp32, shape = _fp32(), torch.Size([LIMIT])
-    bufs = raw.recv_parts(fp32.payload_nbytes(LIMIT), shape, True, torch.device("cpu"))
-    bufs[0].copy_(header_bytes("bf16", "bf16", LIMIT))
+    fp32, shape = _fp32(), torch.Size([N])
+    bufs = raw.recv_parts(fp32.payload_nbytes(N), shape, True, torch.device("cpu"))
+    bufs[0].copy_(header_bytes("bf16", "bf16", N))
     with pytest.raises(CodecError, match="different codec"):
         raw.finish(fp32, bufs, shape)
-    bufs[0].copy_(header_bytes("fp32", "fp32", LIMIT + 1))
-    with pytest.raises(CodecError, match=f"holds {LIMIT + 1} values"):
+    bufs[0].copy_(header_bytes("fp32", "fp32", N + 1))
+    with pytest.raises(CodecError, match=f"holds {N + 1} values"):
         raw.finish(fp32, bufs, shape)
     assert bufs[0].numel() == HEADER_NBYTES
     small = torch.Size([7])

@@ -325,3 +325,4 @@ class Link:
         """
         if self._shaper is not None and self._owns_shaper:
             self._shaper.close()
+        self.retired.clear()

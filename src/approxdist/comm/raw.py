@@ -13,9 +13,13 @@ channel) the link skips both copies and sends the same bytes:
   torch.distributed, received straight into the storage of a new fp32 tensor. A
   non-contiguous or non-fp32 input is made contiguous fp32 once, as `encode` did.
 * **Sending, framed layout** (smaller): one message, the header and the values copied
-  once into a new buffer (`pack`: the bytes of `codec.encode` with less work per call),
-  where a second message would cost more than the copy it saves (`approxdist bench p2p`,
-  docs/collectives.md "Point to point").
+  once into a new buffer (`pack`: the bytes of `codec.encode` with less work per call).
+
+Where the second message costs more than the copy it saves sets `SPLIT_MIN_BYTES`. It
+does not on a 2-core machine: the split layout was 10-30 % faster than one framed
+message at every size from 16 bytes to 256 KiB (`approxdist bench p2p`, docs/collectives.md
+"Point to point"), the few torch ops of the copy costing more than gloo's second message.
+So every non-empty tensor splits; the framed layout carries only empty ones.
 
 Bytes on the wire and in `LinkStats` are the framed payload's exactly
 (`codec.payload_nbytes(numel)`); the split layout adds one message. Both ends pick the
@@ -33,7 +37,7 @@ from approxdist.comm.codecs.framed import FramedCodec, as_fp32
 from approxdist.comm.codecs.header import HEADER_NBYTES, check_header
 
 #: exact transfers of at least this many bytes of values travel split (header, values)
-SPLIT_MIN_BYTES = 64 << 10
+SPLIT_MIN_BYTES = 4
 
 
 def exact(codec: Codec, channel: Channel | None) -> bool:
