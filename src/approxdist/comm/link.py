@@ -33,7 +33,7 @@ import collections
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ import torch.distributed as dist
 from approxdist.comm import raw
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
+from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
 from approxdist.comm.netem import LinkSpec, Shaper, parse_link
 from approxdist.comm.transfer import LinkStats, TraceHook, TransferEvent, shape_header
@@ -248,10 +249,11 @@ class Link:
         """
         self._check_peer(peer)
         codec = codec or self._fp32
-        if raw.splits(codec, channel, x.numel()):
-            parts = raw.send_parts(codec, x.detach())  # type: ignore[arg-type]
-        elif raw.exact(codec, channel):
-            parts = [raw.pack(codec, x.detach())]  # type: ignore[arg-type]
+        exact = raw.exact(codec, channel)
+        if exact and raw.splits(codec, channel, x.numel()):
+            parts = raw.send_parts(cast(FramedCodec, codec), x.detach())
+        elif exact:
+            parts = [raw.pack(cast(FramedCodec, codec), x.detach())]
         else:
             payload = codec.encode(x.detach())
             if channel is not None:
@@ -276,22 +278,17 @@ class Link:
         codec = codec or self._fp32
         size = None if shape is None else torch.Size([shape] if isinstance(shape, int) else shape)
         nbytes = None if size is None else codec.payload_nbytes(size.numel())
-        return self._irecv(peer, nbytes, size,
-                           lambda n, shp: self._recv_buffers(n, shp, codec, channel),
-                           lambda bufs, shp: self._decode(bufs, shp, codec, channel))
+        if raw.exact(codec, channel):  # new buffers for each receive: the result is a view
+            fp32 = cast(FramedCodec, codec)
+            return self._irecv(peer, nbytes, size,
+                               lambda n, shp: raw.recv_parts(n, shp, self.device),
+                               lambda bufs, shp: raw.finish(fp32, bufs, shp))
+        return self._irecv(peer, nbytes, size, lambda n, _: [self._bytes(n)],
+                           lambda bufs, shp: self._decode(bufs[0], shp, codec, channel))
 
-    def _recv_buffers(self, nbytes: int, shape: torch.Size, codec: Codec,
-                      channel: Channel | None) -> list[torch.Tensor]:
-        numel = shape.numel()
-        if raw.exact(codec, channel) and nbytes == codec.payload_nbytes(numel):
-            return raw.recv_parts(nbytes, shape, raw.splits(codec, channel, numel), self.device)
-        return [self._bytes(nbytes)]
-
-    def _decode(self, bufs: list[torch.Tensor], shape: torch.Size, codec: Codec,
+    def _decode(self, buf: torch.Tensor, shape: torch.Size, codec: Codec,
                 channel: Channel | None) -> torch.Tensor:
-        if raw.exact(codec, channel):  # received into new buffers: the values are a view
-            return raw.finish(codec, bufs, shape)  # type: ignore[arg-type]
-        x = codec.decode(Payload(bufs[0], shape))
+        x = codec.decode(Payload(buf, shape))
         if channel is not None:
             x, bad = channel.guard(x)
             self.stats.nonfinite += bad

@@ -55,7 +55,8 @@ def send_parts(codec: FramedCodec, x: torch.Tensor) -> list[torch.Tensor]:
     """The codec header and the values of `x` as bytes; the second aliases `x` when it is
     contiguous fp32 (it must then stay unchanged until the send's `wait()`)."""
     values = as_fp32(x, codec.spec).contiguous()
-    return [codec.header(values.numel()).to(values.device), values.view(-1).view(torch.uint8)]
+    flat = values if values.dim() == 1 else values.view(-1)
+    return [codec.header(values.numel()).to(values.device), flat.view(torch.uint8)]
 
 
 def pack(codec: FramedCodec, x: torch.Tensor) -> torch.Tensor:
@@ -68,15 +69,15 @@ def pack(codec: FramedCodec, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def recv_parts(nbytes: int, shape: torch.Size, split: bool,
-               device: torch.device) -> list[torch.Tensor]:
+def recv_parts(nbytes: int, shape: torch.Size, device: torch.device) -> list[torch.Tensor]:
     """New receive buffers for an exact payload of `nbytes` decoding to `shape`: the
-    header and a new fp32 tensor's bytes when `split`, else one buffer for both."""
-    if not split:
-        return [torch.empty(nbytes, dtype=torch.uint8, device=device)]
-    values = torch.empty(shape, dtype=torch.float32, device=device)
-    return [torch.empty(HEADER_NBYTES, dtype=torch.uint8, device=device),
-            values.view(-1).view(torch.uint8)]
+    header and the values when the sender split it, else one buffer for both (also when
+    `nbytes` is not an fp32 payload's size: `finish` then says what was sent)."""
+    numel = shape.numel()
+    if 4 * numel >= SPLIT_MIN_BYTES and nbytes == HEADER_NBYTES + 4 * numel:
+        return [torch.empty(HEADER_NBYTES, dtype=torch.uint8, device=device),
+                torch.empty(4 * numel, dtype=torch.uint8, device=device)]
+    return [torch.empty(nbytes, dtype=torch.uint8, device=device)]
 
 
 def finish(codec: FramedCodec, parts: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
