@@ -110,4 +110,4 @@ def test_received_tensors_are_not_overwritten(n: int) -> None:
     _, r1 = run_on_ranks(_no_aliasing, 2, n, timeout_s=120)
     assert r1["values"] == [(float(i), float(i)) for i in range(4)]
     assert r1["distinct"]
-    assert r1["retired"] == RETIRED_REQUESTS  # of 4 or 8 messages, never more
+    assert r1["retired"] == RETIRED_REQUESTS  # of 4 or 8 messages: the last two

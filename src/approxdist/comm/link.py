@@ -54,7 +54,7 @@ __all__ = ["Link", "RecvHandle", "SendHandle"]
 T = TypeVar("T")
 
 #: finished gloo requests kept alive (with their buffers) until this many more finish
-RETIRED_REQUESTS = 4
+RETIRED_REQUESTS = 2
 
 
 class Link:
