@@ -17,8 +17,9 @@ channel) the link skips both copies and sends the same bytes:
 
 Where the second message costs more than the copy it saves sets `SPLIT_MIN_BYTES`. It
 does not on a 2-core machine: the split layout was 10-30 % faster than one framed
-message at every size from 16 bytes to 256 KiB (`approxdist bench p2p`, docs/collectives.md
-"Point to point"), the few torch ops of the copy costing more than gloo's second message.
+message at every size from 16 bytes to 256 KiB (interleaved ping-pongs of both layouts,
+docs/collectives.md "Point to point"), the torch ops of the copy costing more than gloo's
+second message.
 So every non-empty tensor splits; the framed layout carries only empty ones.
 
 Bytes on the wire and in `LinkStats` are the framed payload's exactly
