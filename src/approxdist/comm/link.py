@@ -121,6 +121,21 @@ class Link:
             op.post()
         return op
 
+    def _post_parts(self, peer: int, bufs: Sequence[torch.Tensor]) -> list[_Op]:
+        """Send `bufs` as consecutive messages, the parts of one payload: the emulated
+        wire books and releases them together, as it did the payload in one piece."""
+        if self._shaper is None or len(bufs) == 1:
+            return [self._post("send", peer, buf) for buf in bufs]
+        ops = [_Op(self, "send", peer, buf, True) for buf in bufs]
+        for op in ops:
+            self.stats.count("send", op.global_peer, op.buf.numel())
+
+        def post_all() -> None:
+            for op in ops:
+                op.post()
+        self._shaper.submit(ops[0].global_peer, sum(int(b.numel()) for b in bufs), post_all)
+        return ops
+
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Post the sends and sized receives made inside the block together."""
@@ -263,7 +278,7 @@ class Link:
         if describe:
             nbytes = sum(int(p.numel()) for p in parts)
             ops.append(self._post("send", peer, shape_header(nbytes, list(x.shape), self.device)))
-        ops.extend(self._post("send", peer, p) for p in parts)
+        ops.extend(self._post_parts(peer, parts))
         return SendHandle(ops)
 
     def irecv(self, peer: int, shape: Sequence[int] | int | None = None,
