@@ -33,13 +33,15 @@ import collections
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
+from approxdist.comm import raw
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
+from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
 from approxdist.comm.netem import LinkSpec, Shaper, parse_link
 from approxdist.comm.transfer import LinkStats, TraceHook, TransferEvent, shape_header
@@ -50,6 +52,9 @@ from approxdist.launch.group import Group, world_group
 __all__ = ["Link", "RecvHandle", "SendHandle"]
 
 T = TypeVar("T")
+
+#: finished gloo requests kept alive (with their buffers) until this many more finish
+RETIRED_REQUESTS = 2
 
 
 class Link:
@@ -82,6 +87,8 @@ class Link:
             collections.defaultdict(collections.deque)
         self._batch: list[_Op] | None = None
         self._fp32 = get_codec("fp32")
+        #: finished backend requests, dropped a few messages later (`_Op.wait`)
+        self.retired: collections.deque[Any] = collections.deque(maxlen=RETIRED_REQUESTS)
 
     @property
     def me(self) -> int:
@@ -113,6 +120,21 @@ class Link:
         else:
             op.post()
         return op
+
+    def _post_parts(self, peer: int, bufs: Sequence[torch.Tensor]) -> list[_Op]:
+        """Send `bufs` as consecutive messages, the parts of one payload: the emulated
+        wire books and releases them together, as it did the payload in one piece."""
+        if self._shaper is None or len(bufs) == 1:
+            return [self._post("send", peer, buf) for buf in bufs]
+        ops = [_Op(self, "send", peer, buf, True) for buf in bufs]
+        for op in ops:
+            self.stats.count("send", op.global_peer, op.buf.numel())
+
+        def post_all() -> None:
+            for op in ops:
+                op.post()
+        self._shaper.submit(ops[0].global_peer, sum(int(b.numel()) for b in bufs), post_all)
+        return ops
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -180,9 +202,12 @@ class Link:
     def irecv_bytes(self, peer: int, nbytes: int | torch.Tensor) -> RecvHandle[torch.Tensor]:
         """Receive `nbytes` bytes (or into the given 1-D uint8 buffer); wait() returns them."""
         self._check_peer(peer)
-        out = nbytes if isinstance(nbytes, torch.Tensor) else None
-        n = int(out.numel()) if out is not None else int(nbytes)
-        return self._irecv(peer, n, out, torch.Size([n]), lambda buf, shape: buf)
+        buf = nbytes if isinstance(nbytes, torch.Tensor) else self._bytes(int(nbytes))
+        n = int(buf.numel())
+        return self._irecv(peer, n, torch.Size([n]), lambda _n, _s: [buf], lambda bufs, _: bufs[0])
+
+    def _bytes(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.uint8, device=self.device)
 
     def recv_any_bytes(self, nbytes: int) -> tuple[int, torch.Tensor]:
         """Receive `nbytes` bytes from whichever member's message comes first: (member,
@@ -200,6 +225,7 @@ class Link:
             work = self.group.pg.recv_anysource([buf], self.tag)
             work.wait()
             source = work._source_rank()
+            self.retired.append(work)
         except Exception as exc:  # noqa: BLE001 - re-raised with the rank and the group
             raise CommError(f"rank {self.me}: receive of {nbytes} bytes from any member of "
                             f"{self.group.describe()} failed: {exc}") from exc
@@ -214,10 +240,10 @@ class Link:
         """Backend rank -> global rank of every member."""
         return {self.group.backend_rank(i): r for i, r in enumerate(self.group.ranks)}
 
-    def _irecv(self, peer: int, nbytes: int | None, out: torch.Tensor | None,
-               shape: torch.Size | None, finish: Callable[[torch.Tensor, torch.Size], T]
-               ) -> RecvHandle[T]:
-        handle = RecvHandle(self, peer, nbytes, out, shape, finish)
+    def _irecv(self, peer: int, nbytes: int | None, shape: torch.Size | None,
+               buffers: Callable[[int, torch.Size], list[torch.Tensor]],
+               finish: Callable[[list[torch.Tensor], torch.Size], T]) -> RecvHandle[T]:
+        handle = RecvHandle(self, peer, nbytes, shape, buffers, finish)
         queue = self._pending[peer]
         if queue or nbytes is None:
             queue.append(handle)
@@ -233,17 +259,26 @@ class Link:
 
         With `describe=True` an 80-byte shape header goes first and the receiver calls
         `irecv(peer, None, codec)`; with `describe=False` the receiver passes the shape.
+        Exact fp32 of `raw.SPLIT_MIN_BYTES` or more travels uncopied (`comm/raw.py`): `x`
+        must then stay unchanged until `wait()` returns, as for `isend_bytes`.
         """
         self._check_peer(peer)
         codec = codec or self._fp32
-        payload = codec.encode(x.detach())
-        if channel is not None:
-            payload = channel.corrupt(payload, codec)
+        exact = raw.exact(codec, channel)
+        if exact and raw.splits(codec, channel, x.numel()):
+            parts = raw.send_parts(cast(FramedCodec, codec), x.detach())
+        elif exact:
+            parts = [raw.pack(cast(FramedCodec, codec), x.detach())]
+        else:
+            payload = codec.encode(x.detach())
+            if channel is not None:
+                payload = channel.corrupt(payload, codec)
+            parts = [payload.data]
         ops = []
         if describe:
-            header = shape_header(payload.wire_bytes, list(x.shape), self.device)
-            ops.append(self._post("send", peer, header))
-        ops.append(self._post("send", peer, payload.data))
+            nbytes = sum(int(p.numel()) for p in parts)
+            ops.append(self._post("send", peer, shape_header(nbytes, list(x.shape), self.device)))
+        ops.extend(self._post_parts(peer, parts))
         return SendHandle(ops)
 
     def irecv(self, peer: int, shape: Sequence[int] | int | None = None,
@@ -258,8 +293,13 @@ class Link:
         codec = codec or self._fp32
         size = None if shape is None else torch.Size([shape] if isinstance(shape, int) else shape)
         nbytes = None if size is None else codec.payload_nbytes(size.numel())
-        return self._irecv(peer, nbytes, None, size,
-                           lambda buf, shp: self._decode(buf, shp, codec, channel))
+        if raw.exact(codec, channel):  # new buffers for each receive: the result is a view
+            fp32 = cast(FramedCodec, codec)
+            return self._irecv(peer, nbytes, size,
+                               lambda n, shp: raw.recv_parts(n, shp, self.device),
+                               lambda bufs, shp: raw.finish(fp32, bufs, shp))
+        return self._irecv(peer, nbytes, size, lambda n, _: [self._bytes(n)],
+                           lambda bufs, shp: self._decode(bufs[0], shp, codec, channel))
 
     def _decode(self, buf: torch.Tensor, shape: torch.Size, codec: Codec,
                 channel: Channel | None) -> torch.Tensor:
@@ -297,3 +337,4 @@ class Link:
         """
         if self._shaper is not None and self._owns_shaper:
             self._shaper.close()
+        self.retired.clear()

@@ -86,6 +86,11 @@ class _Op:
         except Exception as exc:  # noqa: BLE001 - re-raised with ranks and sizes
             raise CommError(f"{self.describe()} failed: {exc}", peer=self.global_peer) from exc
         self.done = True
+        # Dropping a gloo request right after its wait can block: its buffer's destructor
+        # waits for gloo's I/O thread to let go of it, and on a busy machine that thread
+        # may be descheduled right after waking us (a scheduler slice, ~1 ms, per
+        # message). A request dropped a few messages later finds it long released.
+        self.link.retired.append(self.work)
         if self.link.hook is not None:
             self.link.hook(TransferEvent(self.direction, self.link.me, self.global_peer,
                                          self.buf.numel(), self.start, time.perf_counter()))
@@ -108,20 +113,27 @@ class SendHandle:
 
 
 class RecvHandle(Generic[T]):
-    """A posted receive; `wait()` returns the received value."""
+    """A posted receive; `wait()` returns the received value.
 
-    def __init__(self, link: Link, peer: int, nbytes: int | None, out: torch.Tensor | None,
-                 shape: torch.Size | None, finish: Callable[[torch.Tensor, torch.Size], T]) -> None:
-        self.link, self.peer, self._finish = link, peer, finish
-        self._nbytes, self._out, self._shape = nbytes, out, shape
+    `nbytes` and `shape` are None until a self-describing header gives them; then
+    `buffers(nbytes, shape)` names the receive buffers of the message's parts (one per
+    torch.distributed message, posted in order) and `finish(buffers, shape)` makes the
+    value once all have arrived.
+    """
+
+    def __init__(self, link: Link, peer: int, nbytes: int | None, shape: torch.Size | None,
+                 buffers: Callable[[int, torch.Size], list[torch.Tensor]],
+                 finish: Callable[[list[torch.Tensor], torch.Size], T]) -> None:
+        self.link, self.peer, self._buffers, self._finish = link, peer, buffers, finish
+        self._nbytes, self._shape = nbytes, shape
         self._header: _Op | None = None
-        self._payload: _Op | None = None
+        self._parts: list[_Op] | None = None
         self._result: T | None = None
         self._done = False
 
     def _post_next(self, block: bool) -> bool:
-        """Post what can be posted; True once the payload receive is posted."""
-        if self._payload is not None:
+        """Post what can be posted; True once the payload receives are posted."""
+        if self._parts is not None:
             return True
         if self._nbytes is None and self._header is None:
             self._header = self.link._post("recv", self.peer, header_buffer(self.link.device))
@@ -131,17 +143,16 @@ class RecvHandle(Generic[T]):
             assert self._header is not None
             self._header.wait()
             self._nbytes, self._shape = parse_header(self._header.buf, self.peer)
-        if self._out is None:
-            self._out = torch.empty(self._nbytes, dtype=torch.uint8, device=self.link.device)
-        self._payload = self.link._post("recv", self.peer, self._out[:self._nbytes])
+        assert self._shape is not None
+        self._parts = [self.link._post("recv", self.peer, buf)
+                       for buf in self._buffers(self._nbytes, self._shape)]
         return True
 
     def wait(self) -> T:
         if not self._done:
-            if self._payload is None:
+            if self._parts is None:
                 self.link._pump(self.peer, until=self)
-            assert self._payload is not None and self._shape is not None
-            self._payload.wait()
-            self._result = self._finish(self._payload.buf, self._shape)
+            assert self._parts is not None and self._shape is not None
+            self._result = self._finish([op.wait() for op in self._parts], self._shape)
             self._done = True
         return self._result  # type: ignore[return-value]

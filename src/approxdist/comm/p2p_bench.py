@@ -4,10 +4,10 @@
 ping-pong of that many bytes of fp32 values between ranks 0 and 1 through each engine in
 turn (interleaved, alternating order, a barrier before each): `native` is
 `dist.send`/`dist.recv` of the raw tensor, `approxdist` is `Link.isend`/`Link.irecv` with
-the codec asked for (fp32: the raw path) over the emulated link, if any. Rank 0 times the
-round trip; half of it is one message's one-way time, the median of the rounds is the
-row's `median_s`: the p2p table the cost model's calibration takes (`fit_level`'s
-`p2p_rows`: `size_bytes`, `median_s`).
+the codec asked for (exact fp32 goes without codec copies, `comm/raw.py`) over the
+emulated link, if any. Rank 0 times the round trip; half of it is one message's one-way
+time, the median of the rounds is the row's `median_s`: the p2p table the cost model's
+calibration takes (`fit_level`'s `p2p_rows`: `size_bytes`, `median_s`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from approxdist.bench.stats import median, p10
-from approxdist.comm.codecs import get_codec
+from approxdist.comm.codecs import Codec, get_codec
 from approxdist.comm.link import Link
 from approxdist.launch.context import DistContext
 
@@ -47,8 +47,8 @@ def _native(ctx: DistContext, x: torch.Tensor, buf: torch.Tensor) -> None:
         dist.send(buf, peer)
 
 
-def _ours(ctx: DistContext, link: Link, x: torch.Tensor, plan: P2PPlan) -> None:
-    peer, codec = link.group.member(1 - ctx.rank), get_codec(plan.codec)
+def _ours(ctx: DistContext, link: Link, x: torch.Tensor, codec: Codec) -> None:
+    peer = link.group.member(1 - ctx.rank)
     if ctx.rank == 0:
         link.isend(x, peer, codec, describe=False).wait()
         link.irecv(peer, x.numel(), codec).wait()
@@ -59,14 +59,14 @@ def _ours(ctx: DistContext, link: Link, x: torch.Tensor, plan: P2PPlan) -> None:
 
 def measure_rank(ctx: DistContext, plan: P2PPlan) -> dict[tuple[str, int], list[float]]:
     """One-way seconds (half a round trip) per (engine, size); rank 0's are the times."""
-    link = Link(ctx, plan.link)
+    link, codec = Link(ctx, plan.link), get_codec(plan.codec)  # one codec, as a user keeps it
     out: dict[tuple[str, int], list[float]] = {}
     try:
         for size in plan.sizes:
             x = torch.randn(size // 4)
             buf = torch.empty_like(x)
             ops = {"native": partial(_native, ctx, x, buf),
-                   "approxdist": partial(_ours, ctx, link, x, plan)}
+                   "approxdist": partial(_ours, ctx, link, x, codec)}
             for op in ops.values():
                 for _ in range(plan.warmup):
                     op()

@@ -19,7 +19,7 @@ class CastCodec(FramedCodec):
 
     @property
     def code_bits(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size() * 8
+        return self.dtype.itemsize * 8
 
     @property
     def lossless(self) -> bool:

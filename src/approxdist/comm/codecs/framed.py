@@ -9,7 +9,7 @@ import torch
 
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.codecs.base import Codec, Payload
-from approxdist.comm.codecs.header import HEADER_NBYTES, check_header, write_header
+from approxdist.comm.codecs.header import HEADER_NBYTES, check_header, header_bytes
 from approxdist.errors import CodecError
 
 
@@ -25,7 +25,7 @@ def as_fp32(x: torch.Tensor, spec: str) -> torch.Tensor:
 
 def typed(region: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """View a 1-D uint8 region as `dtype`; copies when the region is not aligned for it."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     if region.storage_offset() % size != 0 or not region.is_contiguous():
         region = region.clone()
     return region.view(dtype)
@@ -54,6 +54,7 @@ class FramedCodec(Codec):
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.work = BufferPool()
+        self._header: tuple[int, torch.Tensor] | None = None
 
     @property
     def bits_per_value(self) -> float:
@@ -74,12 +75,20 @@ class FramedCodec(Codec):
     def payload_nbytes(self, numel: int) -> int:
         return self.codes_offset(numel) + (numel * self.code_bits + 7) // 8
 
+    def header(self, numel: int) -> torch.Tensor:
+        """The 16 header bytes of a payload of `numel` values (CPU uint8, not to be
+        modified: the one for the last `numel` asked is kept for the next call)."""
+        cached = self._header
+        if cached is None or cached[0] != numel:
+            cached = self._header = (numel, header_bytes(self.family, self.spec, numel))
+        return cached[1]
+
     def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> Payload:
         """Encode `x`; `out` (uint8, `payload_nbytes(x.numel())` bytes) avoids the allocation."""
         x = as_fp32(x, self.spec)
         n = x.numel()
         out = self._payload_buffer(n, x.device, out)
-        write_header(out, self.family, self.spec, n)
+        out[:HEADER_NBYTES].copy_(self.header(n))
         start = self.codes_offset(n)
         flat = self._flat(x)
         state = self._prepare(flat, out[HEADER_NBYTES:start])
