@@ -55,7 +55,7 @@ def test_sync_averages_one_gradient_per_worker_with_no_staleness() -> None:
     assert rules.arrive(0, 0).apply == () and rules.arrive(1, 0).apply == ()
     v = rules.arrive(2, 0)
     assert (v.apply, v.replies, v.staleness) == ((0, 1, 2), (0, 1, 2), (0, 0, 0))
-    assert rules.step_done and rules.version == 1
+    assert rules.step_done(100) and rules.version == 1
 
 
 def test_async_applies_each_gradient_on_arrival_and_counts_staleness() -> None:
@@ -65,7 +65,7 @@ def test_async_applies_each_gradient_on_arrival_and_counts_staleness() -> None:
     b = rules.arrive(1, 0)  # read version 0, one update since
     assert (a.apply, a.staleness, a.replies) == ((0,), (0,), (0,))
     assert (b.apply, b.staleness, b.replies) == ((1,), (1,), (1,))
-    assert rules.step_done and rules.version == 2
+    assert rules.step_done(100) and rules.version == 2
 
 
 def _simulate(mode: str, workers: int, speeds: list[int], pushes: int) -> list[tuple[int, int]]:
@@ -109,11 +109,11 @@ def test_backup_uses_the_first_n_fresh_gradients_and_drops_late_ones() -> None:
     rules.begin_step()
     assert rules.arrive(2, 0).apply == ()
     v = rules.arrive(0, 0)
-    assert (v.apply, v.replies, v.staleness) == ((0, 2), (0, 2), (0, 0)) and rules.step_done
+    assert (v.apply, v.replies, v.staleness) == ((0, 2), (0, 2), (0, 0)) and rules.step_done(100)
     rules.begin_step()
     late = rules.arrive(1, 0)  # computed on version 0, the server is at 1
     assert (late.keep, late.replies, late.apply) == (False, (1,), ())
-    assert rules.dropped == 1 and not rules.step_done
+    assert rules.dropped == 1 and not rules.step_done(100)
     assert rules.owed(steps=2) == 3
 
 

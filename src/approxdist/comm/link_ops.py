@@ -145,3 +145,54 @@ class RecvHandle(Generic[T]):
             self._result = self._finish(self._payload.buf, self._shape)
             self._done = True
         return self._result  # type: ignore[return-value]
+
+
+class AnyRecv:
+    """A posted receive from whichever member sends first (`Link.post_any_bytes`).
+
+    `take()` waits for it and returns (member, bytes). `ready(timeout)` lets the caller
+    poll instead, e.g. to notice a lost peer meanwhile: gloo's `is_completed()` turns true
+    only inside `wait()`, so the first poll hands the wait to a helper thread. A receive
+    that is never taken stays posted; it takes the next message from any member.
+    """
+
+    def __init__(self, link: Link, work: Any, buf: torch.Tensor, start: float) -> None:
+        self.link, self._work, self.buf, self._start = link, work, buf, start
+        self._done: threading.Event | None = None
+        self._error: BaseException | None = None
+
+    def _wait(self) -> None:
+        try:
+            self._work.wait()
+        except BaseException as exc:  # noqa: BLE001 - raised by take() on the caller's thread
+            self._error = exc
+        assert self._done is not None
+        self._done.set()
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the message has come, waiting at most `timeout` seconds for it."""
+        if self._done is None:
+            self._done = threading.Event()
+            threading.Thread(target=self._wait, daemon=True, name="approxdist-recv-any").start()
+        return self._done.wait(timeout)
+
+    def take(self) -> tuple[int, torch.Tensor]:
+        """(member, bytes) of the message, waiting for it."""
+        link, nbytes = self.link, self.buf.numel()
+        try:
+            if self._done is None:
+                self._work.wait()
+            else:
+                self._done.wait()
+                if self._error is not None:
+                    raise self._error
+            source = self._work._source_rank()
+        except Exception as exc:  # noqa: BLE001 - re-raised with the rank and the group
+            raise CommError(f"rank {link.me}: receive of {nbytes} bytes from any member of "
+                            f"{link.group.describe()} failed: {exc}") from exc
+        peer = link.group.ranks.index(link._backend_members()[source])
+        link.stats.count("recv", link.group.ranks[peer], nbytes)
+        if link.hook is not None:
+            link.hook(TransferEvent("recv", link.me, link.group.ranks[peer], nbytes, self._start,
+                                    time.perf_counter()))
+        return peer, self.buf

@@ -8,6 +8,13 @@ run's `--ps-mode` (`param_server.Server`) and reports, as rank 0, the staleness 
 gradient it applied in the step's record of metrics.jsonl. After each epoch every worker
 pulls the final parameters (asynchronous modes leave them a little behind) and the
 workers average their batch-norm statistics, so evaluation sees the servers' model.
+
+With `--tolerate-worker-loss` the world is a `launch.survivors.SurvivorGroup`: a server
+goes on without a worker the launcher reports dead (`param_server.Server`), recording
+the step it found it at; at the end of each epoch the ranks agree on the surviving
+workers (one gather over the survivors), which share the test set between them and
+average their batch-norm statistics. Checkpoints hold every server's shard and optimiser
+state, each worker's error-feedback residuals and the averaged batch-norm statistics.
 """
 
 from __future__ import annotations
@@ -56,16 +63,21 @@ class ParamServerEngine:
         self.feeds_inputs = self.feeds_labels = worker is not None
         self.shard = (worker.index if worker else 0, roles.workers)
         self._shards, self._sizes = shards, sizes
+        self.steps_run = 0  # trainer steps this rank has taken over the run (skips included)
+        #: the workers this server found dead: worker, rank, the step it found each at
+        self.lost: list[dict[str, int]] = []
 
     # -- steps -----------------------------------------------------------------------------
     def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> StepOutcome:
         self._step += 1
+        self.steps_run += 1
         last = self._step == self.steps_per_epoch
         if self.server is not None:
             t0 = time.perf_counter()
             with self.rec.span(SYNC):
                 log = self.server.step(last, self.steps_per_epoch)
+            self._note_losses(self.server)
             wall = time.perf_counter() - t0
             return StepOutcome(0.0, 0, 0, StepTimes(comm_s=wall, wall_s=wall),
                                record=log.record(self.server.rules.version))
@@ -100,6 +112,7 @@ class ParamServerEngine:
         after = min(steps, *worker.updates_seen())
         skip = max(0, after - self._step)
         self._step += skip
+        self.steps_run += skip
         self.skipped += skip
         return skip
 
@@ -113,25 +126,42 @@ class ParamServerEngine:
         return (float(self.task.summed_loss(out, y).item()), int(self.task.hits(out, y).item()),
                 self.task.predictions(y))
 
+    def _note_losses(self, server: Server) -> None:
+        for w in server.newly_lost:
+            self.lost.append({"worker": w, "rank": self.roles.worker_rank(w),
+                              "step": self.steps_run,
+                              "epoch": (self.steps_run - 1) // self.steps_per_epoch + 1})
+        server.newly_lost.clear()
+
     def end_epoch(self) -> None:
         self._step = 0
         if self.mode.kind != "sync":  # asynchronous modes leave workers a step behind
             if self.server is not None:
                 self.server.reply(range(self.roles.workers))
+                self._note_losses(self.server)
             elif self.worker is not None:
                 self.worker.pull()
+        workers = self._surviving_workers()
+        if self.worker is not None:  # the survivors share the test set
+            self.shard = (workers.index(self.link.me), len(workers))
         self._average_buffers()
 
+    def _surviving_workers(self) -> list[int]:
+        """The workers' global ranks, as every surviving rank agrees (a collective)."""
+        rows = self.groups.world.all_gather_object((self.link.me, self.worker is not None))
+        return [rank for rank, is_worker in rows if is_worker]
+
     def _average_buffers(self) -> None:
-        """Batch-norm statistics: the mean over the workers (servers add zeros)."""
+        """Batch-norm statistics: the mean over the (surviving) workers; servers add
+        zeros and count none."""
         bufs = [b for b in self.module.buffers() if b.is_floating_point()]
         if not bufs:
             return
-        flat = torch.cat([b.reshape(-1) for b in bufs]).double()
+        flat = torch.cat([*(b.reshape(-1) for b in bufs), torch.ones(1)]).double()
         if self.worker is None:
             flat.zero_()
         self.groups.world.all_reduce(flat)
-        flat /= self.roles.workers
+        flat = flat[:-1] / flat[-1]
         at = 0
         for b in bufs:
             b.copy_(flat[at:at + b.numel()].view_as(b).to(b.dtype))
@@ -142,14 +172,21 @@ class ParamServerEngine:
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every server's shard and optimiser state, gathered on every rank (a collective)."""
-        mine = None
+        """Every server's shard and optimiser state and every (surviving) worker's
+        error-feedback residuals, gathered on every rank (a collective); the batch-norm
+        statistics (averaged at the end of the epoch: the same on every rank)."""
+        mine: dict[str, Any] = {"steps": self.steps_run}
         if self.server is not None:
-            mine = {"params": [p.detach().cpu().clone() for p in self.server.params],
-                    "optimizer": self.server.optimizer.state_dict()}
+            mine["server"] = {"params": [p.detach().cpu().clone() for p in self.server.params],
+                              "optimizer": self.server.optimizer.state_dict()}
+        elif self.worker is not None and self.worker.feedback is not None:
+            mine["feedback"] = (self.worker.index, self.worker.state_dict())
         gathered = self.groups.world.all_gather_object(mine)
-        return {"servers": gathered[:self.roles.servers],
-                "model": self.module.state_dict() if self.worker is not None else {}}
+        return {"servers": [g["server"] for g in gathered if "server" in g],
+                "feedback": {str(w): f for w, f in (g["feedback"] for g in gathered
+                                                     if "feedback" in g)},
+                "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
+                "steps": max(g["steps"] for g in gathered)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         servers = state["servers"]
@@ -163,8 +200,14 @@ class ParamServerEngine:
                 for p, v in zip(self.server.params, saved["params"]):
                     p.copy_(v)
             self.server.optimizer.load_state_dict(saved["optimizer"])
-        if self.worker is not None and state.get("model"):
-            self.module.load_state_dict(state["model"])  # buffers; parameters come from servers
+        if self.worker is not None and self.worker.feedback is not None:
+            # a worker lost before the checkpoint has none: it starts from zero
+            self.worker.load_state_dict(state.get("feedback", {}).get(str(self.worker.index), {}))
+        buffers = dict(self.module.named_buffers())
+        with torch.no_grad():
+            for name, value in state.get("buffers", {}).items():
+                buffers[name].copy_(value)
+        self.steps_run = int(state.get("steps", 0))
 
     def start(self) -> None:
         if self.server is not None:
@@ -184,7 +227,7 @@ class ParamServerEngine:
                 "staleness_histogram": {str(k): v for k, v in
                                         sorted(self.server.histogram.items())},
                 "updates": rules.version, "dropped": rules.dropped,
-                "pushes": list(rules.clocks)})
+                "pushes": list(rules.clocks), "lost_workers": self.lost})
         return out
 
     def close(self) -> None:
@@ -215,7 +258,7 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, da
         opt = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
                               weight_decay=cfg.optim.weight_decay, nesterov=cfg.optim.nesterov)
         server = Server(link, roles, k, params, opt, ServerRules(mode, roles.workers), wire,
-                        ps.staleness_lr)
+                        ps.staleness_lr, ps.tolerate_worker_loss)
     else:
         worker = Worker(link, roles, roles.index(ctx.rank),
                         [[named[i][1] for i in s] for s in shards],
