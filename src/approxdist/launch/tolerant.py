@@ -103,11 +103,11 @@ def _watch(procs: list[Any], results: list[Connection], board: LossBoard, out: O
     while len(out.results) + len(out.lost) < len(procs):
         waiting = [c for r, c in enumerate(results) if r not in out.results and r not in errors
                    and r not in out.lost and r not in closed]
-        for conn in wait(waiting, timeout=_POLL_S):
-            rank = results.index(conn)  # type: ignore[arg-type]
+        for ready in wait(waiting, timeout=_POLL_S):
+            rank = next(r for r, c in enumerate(results) if c is ready)
             closed.add(rank)
             with contextlib.suppress(EOFError, OSError):
-                ok, value = conn.recv()
+                ok, value = results[rank].recv()
                 if ok:
                     out.results[rank] = pickle.loads(value)
                 else:
