@@ -88,3 +88,11 @@ def test_tolerate_worker_loss_under_torchrun_is_refused(
                  "--tolerate-worker-loss", *FAST]) == 2
     err = capsys.readouterr().err
     assert "available with the local launcher only" in err and len(err.strip().splitlines()) == 1
+
+
+def test_losing_the_last_worker_ends_the_run_naming_it(tmp_path: Path) -> None:
+    code, err = _kill_during_run(tmp_path / "run", 1, "--workers", "1", "--ps-mode", "async",
+                                 "--epochs", "500", "--tolerate-worker-loss")
+    assert code != 0, err
+    assert "lost worker 0 (rank 1) (exit code -9 (SIGKILL))" in err, err  # the warning
+    assert "server 0 (rank 0) failed" in err and "0 worker(s) left" in err, err
