@@ -158,7 +158,7 @@ class Server:
             raise CommError(f"{self.roles.describe(self.link.me)} lost {lost}: "
                             f"{len(self.rules.live)} worker(s) left, fewer than the "
                             f"{self.rules.needed} gradient(s) each update of --ps-mode "
-                            f"{self.rules.mode.spec} needs; the run cannot go on", peer=rank)
+                            f"{self.rules.mode.spec} needs; the run cannot go on")
         self.reply(released, log)
 
     def _confirm_lost(self, worker: int, exc: CommError, log: StepLog) -> None:
