@@ -9,8 +9,9 @@ byte accounting and tracing apply to every push and pull.
 With `tolerate_loss` (`--tolerate-worker-loss`) the server waits for a push in short
 slices and reads its group's lost ranks (`Group.lost_ranks`: the launcher's loss board)
 in between; a lost worker leaves the `ServerRules`, its replies are skipped, and a failed
-transfer with a worker the board then lists is that loss, not an error. Fewer workers
-than an update needs end the run with an error naming the lost ones.
+transfer with a worker the board then lists is that loss, not an error (a failed
+receive from any worker too: gloo binds it to a sender once its message starts). Fewer
+workers than an update needs end the run with an error naming the lost ones.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Server:
         self.histogram: dict[int, int] = {}
         self.tolerate_loss = tolerate_loss
         self._any: AnyRecv | None = None  # a receive from any worker, posted, not taken
+        self._excused = 0  # failed receives from any worker put down to a lost worker
         #: workers found dead since the engine last looked (it records the step)
         self.newly_lost: list[int] = []
 
@@ -132,10 +134,27 @@ class Server:
                 if self.check_losses(log):
                     return None
         try:
-            got, self._any = self._any.take(), None
+            got = self._any.take()
         except CommError as exc:
-            raise self._lost(exc, None) from exc
+            self._any = None
+            if not self._excuse(log):
+                raise self._lost(exc, None) from exc
+            return None
+        self._any = None
         return got
+
+    def _excuse(self, log: StepLog) -> bool:
+        """A receive from any worker failed: gloo binds it to a sender once that sender's
+        message starts, so a worker killed while sending fails it. Excuse one failure per
+        lost worker, once the board lists it (a tolerant server; within the timeout)."""
+        deadline = time.monotonic() + self.link.timeout_s
+        while self.tolerate_loss and time.monotonic() < deadline:
+            self.check_losses(log)
+            if len(self.rules.lost) > self._excused:
+                self._excused += 1
+                return True
+            time.sleep(_POLL_S)
+        return False
 
     def check_losses(self, log: StepLog) -> bool:
         """Take in the workers the loss board lists that the rules still count on; whether
