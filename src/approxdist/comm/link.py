@@ -40,14 +40,14 @@ import torch.distributed as dist
 
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
-from approxdist.comm.link_ops import AnyRecv, Direction, RecvHandle, SendHandle, _Op
+from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
 from approxdist.comm.netem import LinkSpec, Shaper, parse_link
-from approxdist.comm.transfer import LinkStats, TraceHook, shape_header
+from approxdist.comm.transfer import LinkStats, TraceHook, TransferEvent, shape_header
 from approxdist.errors import CommError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
 
-__all__ = ["AnyRecv", "Link", "RecvHandle", "SendHandle"]
+__all__ = ["Link", "RecvHandle", "SendHandle"]
 
 T = TypeVar("T")
 
@@ -186,13 +186,8 @@ class Link:
 
     def recv_any_bytes(self, nbytes: int) -> tuple[int, torch.Tensor]:
         """Receive `nbytes` bytes from whichever member's message comes first: (member,
-        bytes). Blocking; see `post_any_bytes`."""
-        return self.post_any_bytes(nbytes).take()
-
-    def post_any_bytes(self, nbytes: int) -> AnyRecv:
-        """Post a receive of `nbytes` bytes from whichever member sends first; gloo only
-        (NCCL has no receive from any source). No receive may be queued at the time, and
-        the sender's next message must be of this size."""
+        bytes). Blocking. gloo only (NCCL has no receive from any source); no receive may
+        be queued at the time, and the sender's next message must be of this size."""
         if self.device.type == "cuda":
             raise CommError("a receive from any source needs gloo; NCCL cannot (use "
                             "--device cpu, or a mode that receives in a fixed order)")
@@ -203,10 +198,17 @@ class Link:
         start = time.perf_counter() if self.hook is not None else 0.0
         try:
             work = self.group.pg.recv_anysource([buf], self.tag)
+            work.wait()
+            source = work._source_rank()
         except Exception as exc:  # noqa: BLE001 - re-raised with the rank and the group
             raise CommError(f"rank {self.me}: receive of {nbytes} bytes from any member of "
                             f"{self.group.describe()} failed: {exc}") from exc
-        return AnyRecv(self, work, buf, start)
+        peer = self.group.ranks.index(self._backend_members()[source])
+        self.stats.count("recv", self.group.ranks[peer], nbytes)
+        if self.hook is not None:
+            self.hook(TransferEvent("recv", self.me, self.group.ranks[peer], nbytes, start,
+                                    time.perf_counter()))
+        return peer, buf
 
     def _backend_members(self) -> dict[int, int]:
         """Backend rank -> global rank of every member."""

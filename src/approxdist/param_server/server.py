@@ -6,12 +6,13 @@ gradients with the optimiser (the trainer sets its learning rate) and replies wi
 parameters. Everything crosses a `comm.link.Link`, so codecs, channels, emulated links,
 byte accounting and tracing apply to every push and pull.
 
-With `tolerate_loss` (`--tolerate-worker-loss`) the server waits for a push in short
+With `tolerate_loss` (`--tolerate-worker-loss`) the server takes pushes from one posted
+receive per live worker instead of gloo's receive from any source, which fails for good
+once a dead worker's connection is reset (`param_server.arrivals`); it waits in short
 slices and reads its group's lost ranks (`Group.lost_ranks`: the launcher's loss board)
-in between; a lost worker leaves the `ServerRules`, its replies are skipped, and a failed
-transfer with a worker the board then lists is that loss, not an error (a failed
-receive from any worker too: gloo binds it to a sender once its message starts). Fewer
-workers than an update needs end the run with an error naming the lost ones.
+in between. A lost worker leaves the `ServerRules`, its replies are skipped, and a failed
+transfer with a worker the board then lists is that loss, not an error. Fewer workers
+than an update needs end the run with an error naming the lost ones.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from approxdist.comm.link import AnyRecv, Link
+from approxdist.comm.link import Link
 from approxdist.errors import CommError
+from approxdist.param_server.arrivals import FirstArrival
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules, Verdict
 from approxdist.param_server.wire import (
@@ -70,8 +72,8 @@ class Server:
         #: how many applied gradients had each staleness, over the run
         self.histogram: dict[int, int] = {}
         self.tolerate_loss = tolerate_loss
-        self._any: AnyRecv | None = None  # a receive from any worker, posted, not taken
-        self._excused = 0  # failed receives from any worker put down to a lost worker
+        #: a tolerant server's posted receives, one per live worker
+        self._arrivals = FirstArrival(link) if tolerate_loss else None
         #: workers found dead since the engine last looked (it records the step)
         self.newly_lost: list[int] = []
 
@@ -125,36 +127,25 @@ class Server:
         return self.roles.index(rank), read_version(word), grad
 
     def _next_any(self, log: StepLog) -> tuple[int, torch.Tensor] | None:
-        """The version word of the next push from any worker; None if a worker was found
-        dead meanwhile (the receive stays posted for the next call)."""
-        if self._any is None:
-            self._any = self.link.post_any_bytes(VERSION_BYTES)
-        if self.tolerate_loss:
-            while not self._any.ready(_POLL_S):
-                if self.check_losses(log):
-                    return None
-        try:
-            got = self._any.take()
-        except CommError as exc:
-            self._any = None
-            if not self._excuse(log):
+        """(member, version word) of the next push from any worker; a tolerant server
+        returns None when it found a worker dead meanwhile (`param_server.arrivals`)."""
+        if self._arrivals is None:
+            try:
+                return self.link.recv_any_bytes(VERSION_BYTES)
+            except CommError as exc:
                 raise self._lost(exc, None) from exc
-            return None
-        self._any = None
-        return got
-
-    def _excuse(self, log: StepLog) -> bool:
-        """A receive from any worker failed: gloo binds it to a sender once that sender's
-        message starts, so a worker killed while sending fails it. Excuse one failure per
-        lost worker, once the board lists it (a tolerant server; within the timeout)."""
-        deadline = time.monotonic() + self.link.timeout_s
-        while self.tolerate_loss and time.monotonic() < deadline:
-            self.check_losses(log)
-            if len(self.rules.lost) > self._excused:
-                self._excused += 1
-                return True
-            time.sleep(_POLL_S)
-        return False
+        self._arrivals.post([self._peer(w) for w in self.rules.live], VERSION_BYTES)
+        while True:
+            got = self._arrivals.next(_POLL_S)
+            if got is not None:
+                peer, word, error = got
+                if error is None:
+                    assert word is not None
+                    return peer, word
+                self._confirm_lost(self.roles.index(self.link.global_rank(peer)), error, log)
+                return None
+            if self.check_losses(log):
+                return None
 
     def check_losses(self, log: StepLog) -> bool:
         """Take in the workers the loss board lists that the rules still count on; whether
@@ -171,6 +162,8 @@ class Server:
         log.lost.append(rank)
         self.newly_lost.append(worker)
         released = self.rules.lose(worker)
+        if self._arrivals is not None:
+            self._arrivals.forget(self._peer(worker))
         if self.rules.short:
             lost = ", ".join(self.roles.describe(self.roles.worker_rank(w))
                              for w in sorted(self.rules.lost))
