@@ -190,10 +190,12 @@ def test_a_lost_worker_owes_nothing_and_ends_the_step_early() -> None:
         rules.arrive(0, rules.version)
     rules.arrive(1, rules.version)
     assert rules.owed(steps=3) == 2 and rules.step_done(3)  # this step had its 2 pushes
+    assert not rules.owes(0, steps=3) and rules.owes(1, steps=3)
     rules.begin_step()
     assert not rules.step_done(3)
     rules.lose(1)
     assert rules.owed(steps=3) == 0 and rules.step_done(3)  # nothing more is coming
+    assert not rules.owes(1, steps=3)
     rules.end_epoch()
     assert rules.owed(steps=3) == 3  # the next epoch expects worker 0's steps only
 

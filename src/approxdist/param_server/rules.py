@@ -102,6 +102,14 @@ class ServerRules:
             return self.updates == 1 or (bool(self.lost) and self.owed(steps) == 0)
         return self.arrivals >= len(self.live) or self.owed(steps) == 0
 
+    def owes(self, worker: int, steps: int) -> bool:
+        """Whether live `worker` has a push still due this epoch of `steps` steps."""
+        if worker in self.lost:
+            return False
+        if self.mode.kind == "backup":
+            return self.replied[worker] < self.base + steps
+        return self.clocks[worker] - self.started[worker] < steps
+
     def owed(self, steps: int) -> int:
         """Pushes still due this epoch of `steps` trainer steps (drained before it ends):
         in N+b, one from each live worker whose last reply predates the epoch's last

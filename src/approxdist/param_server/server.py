@@ -100,12 +100,13 @@ class Server:
                     raise
                 self._confirm_lost(w, exc, log if log is not None else StepLog())
 
-    def _receive(self, worker: int | None, log: StepLog) -> tuple[int, int, torch.Tensor] | None:
-        """(worker, version, gradient) of the next push: from `worker`, or from any; None
-        when the server found a worker dead meanwhile."""
+    def _receive(self, worker: int | None, log: StepLog,
+                 steps: int) -> tuple[int, int, torch.Tensor] | None:
+        """(worker, version, gradient) of the next push: from `worker`, or from any (in an
+        epoch of `steps` steps); None when the server found a worker dead meanwhile."""
         link = self.link
         if worker is None:
-            got = self._next_any(log)
+            got = self._next_any(log, steps)
             if got is None:
                 return None
             peer, word = got
@@ -126,15 +127,17 @@ class Server:
             return None
         return self.roles.index(rank), read_version(word), grad
 
-    def _next_any(self, log: StepLog) -> tuple[int, torch.Tensor] | None:
+    def _next_any(self, log: StepLog, steps: int) -> tuple[int, torch.Tensor] | None:
         """(member, version word) of the next push from any worker; a tolerant server
-        returns None when it found a worker dead meanwhile (`param_server.arrivals`)."""
+        returns None when it found a worker dead meanwhile (`param_server.arrivals`). It
+        posts receives only for pushes due this epoch, so none is left when it ends."""
         if self._arrivals is None:
             try:
                 return self.link.recv_any_bytes(VERSION_BYTES)
             except CommError as exc:
                 raise self._lost(exc, None) from exc
-        self._arrivals.post([self._peer(w) for w in self.rules.live], VERSION_BYTES)
+        self._arrivals.post([self._peer(w) for w in self.rules.live
+                             if self.rules.owes(w, steps)], VERSION_BYTES)
         while True:
             got = self._arrivals.next(_POLL_S)
             if got is not None:
@@ -212,15 +215,15 @@ class Server:
         if self.tolerate_loss:
             self.check_losses(log)
         while not rules.step_done(steps):
-            self._serve(next(order) if order is not None else None, log)
+            self._serve(next(order) if order is not None else None, log, steps)
         while last_of_epoch and rules.owed(steps) > 0:
-            self._serve(None, log)
+            self._serve(None, log, steps)
         if last_of_epoch:
             rules.end_epoch()
         return log
 
-    def _serve(self, worker: int | None, log: StepLog) -> None:
-        got = self._receive(worker, log)
+    def _serve(self, worker: int | None, log: StepLog, steps: int) -> None:
+        got = self._receive(worker, log, steps)
         if got is None:  # a worker was lost meanwhile: the caller looks at the rules again
             return
         w, version, grad = got
