@@ -6,7 +6,8 @@ one receive of the 8-byte version word posted per live worker (`Link.irecv_bytes
 that worker only) and takes the first to complete; a receive from a dead worker fails or
 never completes and concerns that worker alone. gloo's `is_completed()` turns true only
 inside `wait()`, so each receive is waited on by a helper thread and the server polls
-(`next`, in slices, reading the loss board in between).
+(`next`, in slices, reading the loss board in between). The server posts receives only
+for pushes still due (`ServerRules.owes`): a receive left pending at exit aborts it.
 """
 
 from __future__ import annotations
