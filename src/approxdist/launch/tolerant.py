@@ -53,6 +53,12 @@ def _rank_main(entry: Callable[..., Any], env: dict[str, str], args: tuple[Any, 
         result.send((False, f"{type(exc).__name__}: {exc}".strip().splitlines()[-1]))
         sys.exit(1)
     result.send((True, pickle.dumps(out)))
+    # done, and the process group already left: a survivor may still hold a receive
+    # posted to a dead rank (gloo cannot cancel one), and finalising the interpreter with
+    # it pending aborts the process ("terminate called ..."), so leave at once
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch_tolerant(entry: Callable[..., Any], world_size: int, *args: Any,
