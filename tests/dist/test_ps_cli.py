@@ -29,10 +29,8 @@ FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=f
     (["--workers", "2", "--straggler", "random:x:1ms"], "probability 'x'"),
     (["--workers", "2", "--pull-codec", "fp7"], "ps.pull_codec = 'fp7'"),
     (["--workers", "2", "--tolerate-worker-loss"], "--ps-mode sync: every step waits"),
-    (["--workers", "2", "--ps-mode", "backup:1", "--tolerate-worker-loss"],
-     "--tolerate-worker-loss (--ps-mode backup:1) is not supported"),
-    (["--workers", "2", "--ps-mode", "async", "--tolerate-worker-loss"],
-     "(--ps-mode async) is not supported: the launcher stops every rank"),
+    (["--workers", "2", "--ps-mode", "async", "--tolerate-worker-loss", "--trace"],
+     "--tolerate-worker-loss with --trace: the trace is gathered from every rank"),
 ])
 def test_bad_ps_input_is_one_line_exit_2(args: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:

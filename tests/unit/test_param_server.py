@@ -55,7 +55,7 @@ def test_sync_averages_one_gradient_per_worker_with_no_staleness() -> None:
     assert rules.arrive(0, 0).apply == () and rules.arrive(1, 0).apply == ()
     v = rules.arrive(2, 0)
     assert (v.apply, v.replies, v.staleness) == ((0, 1, 2), (0, 1, 2), (0, 0, 0))
-    assert rules.step_done and rules.version == 1
+    assert rules.step_done(100) and rules.version == 1
 
 
 def test_async_applies_each_gradient_on_arrival_and_counts_staleness() -> None:
@@ -65,7 +65,7 @@ def test_async_applies_each_gradient_on_arrival_and_counts_staleness() -> None:
     b = rules.arrive(1, 0)  # read version 0, one update since
     assert (a.apply, a.staleness, a.replies) == ((0,), (0,), (0,))
     assert (b.apply, b.staleness, b.replies) == ((1,), (1,), (1,))
-    assert rules.step_done and rules.version == 2
+    assert rules.step_done(100) and rules.version == 2
 
 
 def _simulate(mode: str, workers: int, speeds: list[int], pushes: int) -> list[tuple[int, int]]:
@@ -109,11 +109,11 @@ def test_backup_uses_the_first_n_fresh_gradients_and_drops_late_ones() -> None:
     rules.begin_step()
     assert rules.arrive(2, 0).apply == ()
     v = rules.arrive(0, 0)
-    assert (v.apply, v.replies, v.staleness) == ((0, 2), (0, 2), (0, 0)) and rules.step_done
+    assert (v.apply, v.replies, v.staleness) == ((0, 2), (0, 2), (0, 0)) and rules.step_done(100)
     rules.begin_step()
     late = rules.arrive(1, 0)  # computed on version 0, the server is at 1
     assert (late.keep, late.replies, late.apply) == (False, (1,), ())
-    assert rules.dropped == 1 and not rules.step_done
+    assert rules.dropped == 1 and not rules.step_done(100)
     assert rules.owed(steps=2) == 3
 
 
@@ -191,3 +191,53 @@ def test_any_source_modes_are_refused_on_nccl() -> None:
         check_backend("async", True, "nccl")
     check_backend("sync", False, "nccl")
     check_backend("async", True, "gloo")
+
+
+def test_ssp_releases_the_held_workers_when_the_slowest_dies() -> None:
+    rules = ServerRules(parse_mode("ssp:1", 3), 3)
+    rules.begin_step()
+    assert rules.arrive(0, 0).replies == (0,)
+    assert rules.arrive(1, 1).replies == (1,)
+    assert rules.arrive(0, 2).replies == ()  # 2 pushes ahead of worker 2: held
+    assert rules.held == [0]
+    assert rules.lose(2) == (0,)  # the slowest was the dead one: worker 0 may go on
+    assert rules.live == [0, 1] and not rules.short and not rules.held
+    assert rules.arrive(1, 3).lead == 0  # the lead now counts from the live workers only
+
+
+def test_a_lost_worker_owes_nothing_and_ends_the_step_early() -> None:
+    rules = ServerRules(parse_mode("async", 2), 2)
+    rules.begin_step()
+    for _ in range(3):  # worker 0 pushes its 3 steps; worker 1 pushes once, then dies
+        rules.arrive(0, rules.version)
+    rules.arrive(1, rules.version)
+    assert rules.owed(steps=3) == 2 and rules.step_done(3)  # this step had its 2 pushes
+    assert not rules.owes(0, steps=3) and rules.owes(1, steps=3)
+    rules.begin_step()
+    assert not rules.step_done(3)
+    rules.lose(1)
+    assert rules.owed(steps=3) == 0 and rules.step_done(3)  # nothing more is coming
+    assert not rules.owes(1, steps=3)
+    rules.end_epoch()
+    assert rules.owed(steps=3) == 3  # the next epoch expects worker 0's steps only
+
+
+def test_backup_keeps_n_and_is_short_below_it() -> None:
+    rules = ServerRules(parse_mode("backup:1", 3), 3)  # N = 2
+    rules.lose(2)
+    assert rules.needed == 2 and not rules.short
+    rules.begin_step()
+    rules.arrive(0, 0)
+    v = rules.arrive(1, 0)
+    assert v.apply == (0, 1) and rules.step_done(5)
+    assert rules.owed(steps=1) == 0  # the dead worker owes no push
+    rules.lose(1)
+    assert rules.short  # one worker left, each update needs 2
+
+
+def test_async_is_short_only_without_workers() -> None:
+    rules = ServerRules(parse_mode("async", 2), 2)
+    rules.lose(0)
+    assert not rules.short
+    rules.lose(1)
+    assert rules.short and rules.live == []

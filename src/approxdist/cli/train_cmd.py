@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from approxdist.data import DATASETS, load_dataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
+from approxdist.launch.tolerant import launch_tolerant
 from approxdist.models import MODELS, build_model
 from approxdist.param_server import Roles
 from approxdist.pipeline.runtime import check_run
@@ -192,7 +194,8 @@ def add_ps_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--staleness-lr", action="store_true", default=None,
                    help="divide the learning rate by each applied gradient's staleness")
     g.add_argument("--tolerate-worker-loss", action="store_true", default=None,
-                   help="go on without a dead worker (async, ssp, backup); refused for now: "
+                   help="go on without a dead worker (async, ssp, backup; local launcher "
+                        "only): summary.json names it and the step it was lost at; "
                         "docs/param_server.md, Failures")
 
 
@@ -291,10 +294,30 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.data.dataset}  -> {run_dir}")
     if cfg.train.world_size == 1:
         summary = run_worker(to_dict(cfg), str(run_dir), resume)
+    elif cfg.ps.tolerate_worker_loss:
+        return run_tolerant(cfg, run_dir, resume)
     else:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
                                resume, describe=describe_ranks(cfg))[0]
     return finish(run_dir, summary, cfg.train.trace)
+
+
+def run_tolerant(cfg: Config, run_dir: Path, resume: bool) -> int:
+    """A parameter-server run that goes on when a worker dies (`--tolerate-worker-loss`):
+    the launcher keeps the others running and tells them; exit 0 with the loss recorded."""
+    roles = Roles(cfg.ps.servers, cfg.ps.workers)
+    outcome = launch_tolerant(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
+                              resume, expendable=lambda rank: not roles.is_server(rank),
+                              describe=roles.describe, timeout_s=cfg.train.timeout_s)
+    summary = outcome.results[0]
+    code = finish(run_dir, summary, cfg.train.trace)
+    found = {row["rank"]: row for row in summary.get("ps", {}).get("lost_workers", [])}
+    for rank, why in sorted(outcome.lost.items()):
+        at = (f"at step {found[rank]['step']} (epoch {found[rank]['epoch']})" if rank in found
+              else "after server 0's last step")
+        print(f"approxdist: warning: the run lost {roles.describe(rank)} {at} ({why}) and "
+              f"finished without it; summary.json: ps.lost_workers", file=sys.stderr)
+    return code
 
 
 def describe_ranks(cfg: Config) -> Callable[[int], str]:
@@ -307,6 +330,10 @@ def describe_ranks(cfg: Config) -> Callable[[int], str]:
 def run_under_torchrun(args: argparse.Namespace) -> int:
     """Already inside a torchrun worker: the world comes from the environment."""
     cfg, run_dir, resume = resolve(args)
+    if cfg.ps.tolerate_worker_loss:
+        raise ConfigError("--tolerate-worker-loss is available with the local launcher only "
+                          "(approxdist train --parallel ps --workers N, without torchrun): "
+                          "torchrun's agent stops every rank when one dies; drop the flag")
     world = int(os.environ["WORLD_SIZE"])
     sections = to_dict(cfg)
     sections["train"]["world_size"] = world

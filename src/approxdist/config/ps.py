@@ -25,8 +25,8 @@ class PSConfig:
     pull_channel: str = ""
     error_feedback: bool = False
     staleness_lr: bool = False  # divide the learning rate by a gradient's staleness
-    #: go on without a dead worker (async / ssp / backup); checked, and refused for now,
-    #: in `approxdist.train.check` (docs/param_server.md, "Failures")
+    #: go on without a dead worker (async / ssp / backup, local launcher only; checked in
+    #: `approxdist.train.check`; docs/param_server.md, "Failures")
     tolerate_worker_loss: bool = False
 
     def __post_init__(self) -> None:

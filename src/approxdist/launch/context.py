@@ -24,6 +24,9 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     backend: str = "none"
     timeout_s: float = 120.0
+    #: `host:port` of the store where the tolerant launcher posts lost ranks
+    #: (`launch/losses.py`); empty when a dead rank ends the run
+    board: str = ""
 
     @property
     def is_main(self) -> bool:

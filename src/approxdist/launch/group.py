@@ -97,6 +97,10 @@ class Group:
         """The rank torch.distributed gives member `member` inside this group's stream."""
         return self._backend[member]
 
+    def lost_ranks(self) -> frozenset[int]:
+        """Members known to have died (only a `launch.survivors.SurvivorGroup` knows any)."""
+        return frozenset()
+
     def describe(self) -> str:
         return f"{self.name} (global ranks {', '.join(map(str, self.ranks))})"
 

@@ -41,7 +41,7 @@ class PSNode:
     def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, link: Link, group: Group,
                  wire: WireFormats, optimizer: OptimizerFactory, steps: int, *,
                  error_feedback: bool = False, staleness_lr: bool = False,
-                 servers_name: str = "--servers") -> None:
+                 tolerate_worker_loss: bool = False, servers_name: str = "--servers") -> None:
         self.module, self.roles, self.mode, self.link, self.group = model, roles, mode, link, group
         self.steps = steps
         named = list(model.named_parameters())
@@ -53,7 +53,8 @@ class PSNode:
             k = roles.index(link.me)
             params = [named[i][1] for i in self.shards[k]]
             self.server = Server(link, roles, k, params, optimizer(params),
-                                 ServerRules(mode, roles.workers), wire, staleness_lr)
+                                 ServerRules(mode, roles.workers), wire, staleness_lr,
+                                 tolerate_worker_loss)
         else:
             self.worker = Worker(link, roles, roles.index(link.me),
                                  [[named[i][1] for i in s] for s in self.shards],
@@ -61,6 +62,11 @@ class PSNode:
                                  error_feedback)
         self.done = 0     # steps of this round taken or skipped
         self.skipped = 0  # steps this worker skipped over the run (N+b)
+        self.steps_run = 0  # steps this rank has taken over the run (skips included)
+        #: the workers this server found dead: worker, rank, the step and round of each
+        self.lost: list[dict[str, int]] = []
+        #: the workers' global ranks at the last round's end, as every surviving rank agrees
+        self.live_workers = [roles.worker_rank(w) for w in range(roles.workers)]
 
     def start(self) -> None:
         """Every worker starts from the servers' parameters."""
@@ -78,7 +84,10 @@ class PSNode:
         """One server step; the round's last also drains the pushes still due."""
         assert self.server is not None
         self.done += 1
-        return self.server.step(self.done == self.steps, self.steps)
+        self.steps_run += 1
+        log = self.server.step(self.done == self.steps, self.steps)
+        self._note_losses(self.server)
+        return log
 
     def push_pull(self) -> int:
         """A worker's step after its backward: push, pull; the steps it skips after this
@@ -88,6 +97,7 @@ class PSNode:
         worker = self.worker
         assert worker is not None
         self.done += 1
+        self.steps_run += 1
         if self.mode.kind != "backup":
             worker.push_pull()
             return 0
@@ -95,31 +105,46 @@ class PSNode:
         after = min(self.steps, *worker.updates_seen())
         skip = max(0, after - self.done)
         self.done += skip
+        self.steps_run += skip
         self.skipped += skip
         return skip
 
+    def _note_losses(self, server: Server) -> None:
+        for w in server.newly_lost:
+            self.lost.append({"worker": w, "rank": self.roles.worker_rank(w),
+                              "step": self.steps_run,
+                              "epoch": (self.steps_run - 1) // self.steps + 1})
+        server.newly_lost.clear()
+
     def end_round(self) -> None:
         """The round is over on this rank: asynchronous modes leave workers a step behind,
-        so the servers send their parameters once more; then the buffers are averaged."""
+        so the servers send their parameters once more; the ranks agree on the surviving
+        workers (`live_workers`; all of them unless a worker was lost under
+        `--tolerate-worker-loss`, where the group is a survivors' group); then the buffers
+        are averaged over them."""
         self.done = 0
         if self.mode.kind != "sync":
             if self.server is not None:
                 self.server.reply(range(self.roles.workers))
+                self._note_losses(self.server)
             else:
                 assert self.worker is not None
                 self.worker.pull()
+        rows = self.group.all_gather_object((self.link.me, self.worker is not None))
+        self.live_workers = [rank for rank, is_worker in rows if is_worker]
         self._average_buffers()
 
     def _average_buffers(self) -> None:
-        """Batch-norm statistics: the mean over the workers (servers add zeros)."""
+        """Batch-norm statistics: the mean over the (surviving) workers; servers add
+        zeros and count none."""
         bufs = [b for b in self.module.buffers() if b.is_floating_point()]
         if not bufs:
             return
-        flat = torch.cat([b.reshape(-1) for b in bufs]).double()
+        flat = torch.cat([*(b.reshape(-1) for b in bufs), torch.ones(1)]).double()
         if self.worker is None:
             flat.zero_()
         self.group.all_reduce(flat)
-        flat /= self.roles.workers
+        flat = flat[:-1] / flat[-1]
         at = 0
         for b in bufs:
             b.copy_(flat[at:at + b.numel()].view_as(b).to(b.dtype))
@@ -136,7 +161,7 @@ class PSNode:
             out.update({"staleness_histogram": {str(k): v for k, v in
                                                 sorted(self.server.histogram.items())},
                         "updates": rules.version, "dropped": rules.dropped,
-                        "pushes": list(rules.clocks)})
+                        "pushes": list(rules.clocks), "lost_workers": self.lost})
         return out
 
 

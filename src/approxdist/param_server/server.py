@@ -5,10 +5,19 @@ first otherwise), asks `ServerRules` what to do with each, applies the averaged 
 gradients with the optimiser (the trainer sets its learning rate) and replies with the
 parameters. Everything crosses a `comm.link.Link`, so codecs, channels, emulated links,
 byte accounting and tracing apply to every push and pull.
+
+With `tolerate_loss` (`--tolerate-worker-loss`) the server takes pushes from one posted
+receive per live worker instead of gloo's receive from any source, which fails for good
+once a dead worker's connection is reset (`param_server.arrivals`); it waits in short
+slices and reads its group's lost ranks (`Group.lost_ranks`: the launcher's loss board)
+in between. A lost worker leaves the `ServerRules`, its replies are skipped, and a failed
+transfer with a worker the board then lists is that loss, not an error. Fewer workers
+than an update needs end the run with an error naming the lost ones.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +26,7 @@ from torch import nn
 
 from approxdist.comm.link import Link
 from approxdist.errors import CommError
+from approxdist.param_server.arrivals import FirstArrival
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules, Verdict
 from approxdist.param_server.wire import (
@@ -37,10 +47,15 @@ class StepLog:
     lead: list[int] = field(default_factory=list)       # per arrival
     applied: list[int] = field(default_factory=list)    # worker of each applied gradient
     dropped: list[int] = field(default_factory=list)    # worker of each dropped gradient
+    lost: list[int] = field(default_factory=list)       # global ranks found dead
 
     def record(self, version: int) -> dict[str, object]:
         return {"staleness": self.staleness, "lead": self.lead, "applied_from": self.applied,
-                "dropped_from": self.dropped, "version": version}
+                "dropped_from": self.dropped, "version": version, "lost": self.lost}
+
+
+#: how long a tolerant server waits for a push between two looks at the loss board
+_POLL_S = 0.05
 
 
 class Server:
@@ -48,7 +63,7 @@ class Server:
 
     def __init__(self, link: Link, roles: Roles, index: int, params: Sequence[nn.Parameter],
                  optimizer: torch.optim.Optimizer, rules: ServerRules, wire: WireFormats,
-                 staleness_lr: bool = False) -> None:
+                 staleness_lr: bool = False, tolerate_loss: bool = False) -> None:
         self.link, self.roles, self.index, self.params = link, roles, index, list(params)
         self.optimizer, self.rules, self.wire = optimizer, rules, wire
         self.staleness_lr = staleness_lr
@@ -56,39 +71,123 @@ class Server:
         self._kept: dict[int, torch.Tensor] = {}
         #: how many applied gradients had each staleness, over the run
         self.histogram: dict[int, int] = {}
+        self.tolerate_loss = tolerate_loss
+        #: a tolerant server's posted receives, one per live worker
+        self._arrivals = FirstArrival(link) if tolerate_loss else None
+        #: workers found dead since the engine last looked (it records the step)
+        self.newly_lost: list[int] = []
 
     # -- the wire --------------------------------------------------------------------------
     def _peer(self, worker: int) -> int:
         return self.link.group.member(self.roles.worker_rank(worker))
 
-    def reply(self, workers: Sequence[int]) -> None:
-        """Send this shard's version and parameters to `workers`, in order."""
+    def reply(self, workers: Sequence[int], log: StepLog | None = None) -> None:
+        """Send this shard's version and parameters to `workers`, in order (a tolerant
+        server skips the lost ones and takes in a loss found on the way into `log`)."""
+        workers = [w for w in workers if w not in self.rules.lost]
         if not workers:
             return
         word = version_word(self.rules.version, self.link.device)
         flat = flat_values(self.params)
         for w in workers:
             peer = self._peer(w)
-            self.link.isend_bytes(word, peer).wait()
-            self.link.send(flat, peer, self.wire.pull, self.wire.pull_channel, describe=False)
+            try:
+                self.link.isend_bytes(word, peer).wait()
+                self.link.send(flat, peer, self.wire.pull, self.wire.pull_channel,
+                               describe=False)
+            except CommError as exc:
+                if not self.tolerate_loss:
+                    raise
+                self._confirm_lost(w, exc, log if log is not None else StepLog())
 
-    def _receive(self, worker: int | None) -> tuple[int, int, torch.Tensor]:
-        """(worker, version, gradient) of the next push: from `worker`, or from any."""
+    def _receive(self, worker: int | None, log: StepLog,
+                 steps: int) -> tuple[int, int, torch.Tensor] | None:
+        """(worker, version, gradient) of the next push: from `worker`, or from any (in an
+        epoch of `steps` steps); None when the server found a worker dead meanwhile."""
         link = self.link
+        if worker is None:
+            got = self._next_any(log, steps)
+            if got is None:
+                return None
+            peer, word = got
+        else:
+            peer = self._peer(worker)
+            try:
+                word = link.irecv_bytes(peer, VERSION_BYTES).wait()
+            except CommError as exc:
+                raise self._lost(exc, worker) from exc
+        rank = link.global_rank(peer)
+        if self.roles.is_server(rank):
+            raise CommError(f"{self.roles.describe(link.me)} got a push from "
+                            f"{self.roles.describe(rank)}, which is a server")
         try:
-            if worker is None:
-                peer, word = link.recv_any_bytes(VERSION_BYTES)
-            else:
-                peer, word = self._peer(worker), link.irecv_bytes(self._peer(worker),
-                                                                    VERSION_BYTES).wait()
-            rank = link.global_rank(peer)
-            if self.roles.is_server(rank):
-                raise CommError(f"{self.roles.describe(link.me)} got a push from "
-                                f"{self.roles.describe(rank)}, which is a server")
             grad = link.recv(peer, self.numel, self.wire.push, self.wire.push_channel)
         except CommError as exc:
-            raise self._lost(exc, worker) from exc
+            self._confirm_lost(self.roles.index(rank), exc, log)
+            return None
         return self.roles.index(rank), read_version(word), grad
+
+    def _next_any(self, log: StepLog, steps: int) -> tuple[int, torch.Tensor] | None:
+        """(member, version word) of the next push from any worker; a tolerant server
+        returns None when it found a worker dead meanwhile (`param_server.arrivals`). It
+        posts receives only for pushes due this epoch, so none is left when it ends."""
+        if self._arrivals is None:
+            try:
+                return self.link.recv_any_bytes(VERSION_BYTES)
+            except CommError as exc:
+                raise self._lost(exc, None) from exc
+        self._arrivals.post([self._peer(w) for w in self.rules.live
+                             if self.rules.owes(w, steps)], VERSION_BYTES)
+        while True:
+            got = self._arrivals.next(_POLL_S)
+            if got is not None:
+                peer, word, error = got
+                if error is None:
+                    assert word is not None
+                    return peer, word
+                self._confirm_lost(self.roles.index(self.link.global_rank(peer)), error, log)
+                return None
+            if self.check_losses(log):
+                return None
+
+    def check_losses(self, log: StepLog) -> bool:
+        """Take in the workers the loss board lists that the rules still count on; whether
+        there were any."""
+        known = {self.roles.worker_rank(w) for w in self.rules.lost}
+        new = sorted(r for r in self.link.group.lost_ranks() - known
+                     if not self.roles.is_server(r))
+        for rank in new:
+            self._take_loss(self.roles.index(rank), log)
+        return bool(new)
+
+    def _take_loss(self, worker: int, log: StepLog) -> None:
+        rank = self.roles.worker_rank(worker)
+        log.lost.append(rank)
+        self.newly_lost.append(worker)
+        released = self.rules.lose(worker)
+        if self._arrivals is not None:
+            self._arrivals.forget(self._peer(worker))
+        if self.rules.short:
+            lost = ", ".join(self.roles.describe(self.roles.worker_rank(w))
+                             for w in sorted(self.rules.lost))
+            raise CommError(f"{self.roles.describe(self.link.me)} lost {lost}: "
+                            f"{len(self.rules.live)} worker(s) left, fewer than the "
+                            f"{self.rules.needed} gradient(s) each update of --ps-mode "
+                            f"{self.rules.mode.spec} needs; the run cannot go on")
+        self.reply(released, log)
+
+    def _confirm_lost(self, worker: int, exc: CommError, log: StepLog) -> None:
+        """A transfer with `worker` failed: its loss, once the board lists it (a tolerant
+        server); otherwise, or if the board never does, the error naming it."""
+        rank = self.roles.worker_rank(worker)
+        deadline = time.monotonic() + self.link.timeout_s
+        while self.tolerate_loss and time.monotonic() < deadline:
+            if rank in self.link.group.lost_ranks():
+                if worker not in self.rules.lost:
+                    self._take_loss(worker, log)
+                return
+            time.sleep(_POLL_S)
+        raise self._lost(exc, worker) from exc
 
     def _lost(self, exc: CommError, worker: int | None) -> CommError:
         """`exc` naming the worker the server was waiting for (any of them: the ones owing)."""
@@ -113,16 +212,23 @@ class Server:
         rules, log = self.rules, StepLog()
         rules.begin_step()
         order = iter(range(self.roles.workers)) if not self.rules.mode.any_source else None
-        while not rules.step_done:
-            self._serve(next(order) if order is not None else None, log)
+        if self.tolerate_loss:
+            self.check_losses(log)
+        while not rules.step_done(steps):
+            self._serve(next(order) if order is not None else None, log, steps)
         while last_of_epoch and rules.owed(steps) > 0:
-            self._serve(None, log)
+            self._serve(None, log, steps)
         if last_of_epoch:
             rules.end_epoch()
         return log
 
-    def _serve(self, worker: int | None, log: StepLog) -> None:
-        w, version, grad = self._receive(worker)
+    def _serve(self, worker: int | None, log: StepLog, steps: int) -> None:
+        got = self._receive(worker, log, steps)
+        if got is None:  # a worker was lost meanwhile: the caller looks at the rules again
+            return
+        w, version, grad = got
+        if w in self.rules.lost:  # sent before it died, read after its loss was taken in
+            return
         verdict = self.rules.arrive(w, version)
         log.lead.append(verdict.lead)
         if not verdict.keep:
@@ -131,7 +237,7 @@ class Server:
             self._kept[w] = grad
         if verdict.apply:
             self._apply(verdict, log)
-        self.reply(verdict.replies)
+        self.reply(verdict.replies, log)
 
     def _apply(self, verdict: Verdict, log: StepLog) -> None:
         grads = [self._kept.pop(w) for w in verdict.apply]

@@ -8,7 +8,7 @@ residual per server shard): what the codec dropped is added to the next push.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -100,7 +100,13 @@ class Worker:
                          f"{str(exc).splitlines()[0]}", peer=rank)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The error-feedback residuals, per server shard (empty without feedback)."""
         return {str(k): f.state_dict() for k, f in enumerate(self.feedback or [])}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Residuals from `state_dict()`; a shard without any starts from zero."""
+        for k, f in enumerate(self.feedback or []):
+            f.load_state_dict(state.get(str(k), {}))
 
 
 def _layout(params: Sequence[nn.Parameter], names: Sequence[str]) -> list[tuple[str, int, int]]:

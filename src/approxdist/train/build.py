@@ -18,7 +18,10 @@ from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset, load_dataset
 from approxdist.data.holdout import hold_out
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
+from approxdist.launch.losses import LossBoard
+from approxdist.launch.survivors import SurvivorGroup
 from approxdist.topology import Topology
 from approxdist.topology.groups import TopologyGroups, make_groups
 from approxdist.trace import NULL_RECORDER, Recorder
@@ -56,7 +59,22 @@ def engine_for(cfg: Config, ctx: DistContext, data: TensorDataset,
     """This rank's engine of `cfg`'s mode on `data` and the groups it runs on (collective:
     every rank makes the groups). What `train` steps; `plan validate` times it too."""
     groups = make_groups(topology_of(cfg), ctx, replica_streams=cfg.dp.threads + 2)
+    if cfg.ps.tolerate_worker_loss:
+        groups = survivable(groups, ctx)
     return ENGINES.get(cfg.train.parallel)(first_phase(cfg), ctx, groups, data, rec), groups
+
+
+def survivable(groups: TopologyGroups, ctx: DistContext) -> TopologyGroups:
+    """`groups` whose world (and its one stage's replicas) runs its collectives over the
+    ranks still alive (`launch.survivors`); needs the tolerant launcher's loss board."""
+    if not ctx.board:
+        raise ConfigError("--tolerate-worker-loss needs the local launcher (approxdist train "
+                          "--workers N), which keeps the others running when a worker dies; "
+                          "under torchrun the agent stops every rank: drop the flag")
+    world = SurvivorGroup(groups.world.ranks, ctx.rank, LossBoard.connect(ctx.board, ctx.timeout_s),
+                          ctx.timeout_s)
+    replicas = world if groups.replicas.ranks == world.ranks else groups.replicas
+    return dataclasses.replace(groups, world=world, replicas=replicas)
 
 
 def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,

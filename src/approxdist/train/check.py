@@ -73,11 +73,11 @@ def _check_ps(cfg: Config) -> None:
 
 
 def _check_worker_loss(cfg: Config) -> None:
-    """`--tolerate-worker-loss`: meaningless outside an asynchronous parameter server, and
-    not built there: the launchers (torch elastic, local or torchrun) stop every rank when
-    one dies, and the trainer's end-of-epoch collectives (losses, metrics, batch-norm
-    averaging, evaluation, checkpoint) run over every rank, so a dead worker cannot be
-    left behind (docs/param_server.md, "Failures")."""
+    """`--tolerate-worker-loss`: only where the servers can go on without a worker (async,
+    ssp, backup; not sync, whose every step needs every worker), and not with `--trace`,
+    whose timelines are gathered from every rank at the end (docs/param_server.md,
+    "Failures"). The launcher it needs is checked when the run starts
+    (`train.build.survivable`)."""
     if not cfg.ps.tolerate_worker_loss:
         return
     if cfg.train.parallel != "ps":
@@ -88,11 +88,11 @@ def _check_worker_loss(cfg: Config) -> None:
     if mode.kind == "sync":
         raise ConfigError("--tolerate-worker-loss with --ps-mode sync: every step waits for a "
                           "gradient from every worker, so a dead worker must end the run; "
-                          "drop the flag")
-    raise ConfigError(f"--tolerate-worker-loss (--ps-mode {mode.spec}) is not supported: the "
-                      f"launcher stops every rank when one dies and the end-of-epoch "
-                      f"collectives (metrics, evaluation, checkpoint) need every rank; drop the "
-                      f"flag (a dead worker ends the run with an error naming it)")
+                          "drop the flag or use --ps-mode async, ssp:<s> or backup:<b>")
+    if cfg.train.trace:
+        raise ConfigError("--tolerate-worker-loss with --trace: the trace is gathered from "
+                          "every rank at the end of the run, which a lost worker cannot "
+                          "join; drop one of the two")
 
 
 def _check_dp(cfg: Config) -> None:

@@ -6,7 +6,9 @@ all-gather of one small row per rank) and turns them into the epoch record of
 `metrics.jsonl`: losses and accuracy over the samples whose loss was computed (every
 rank in data parallelism, the last stage in a pipeline), mean times per rank and step,
 one row per rank (its place in the topology, compute / comm / wait seconds per step,
-peak activation bytes, steps skipped) and the bytes each directed link carried.
+peak activation bytes, steps skipped) and the bytes each directed link carried. In a
+run that tolerates lost ranks the world gathers over the survivors only, and the record
+names the ranks it did not hear from (`lost_ranks`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, topology
             "correct": tally.correct, "sent": sent, "skipped_steps": tally.skipped}
     rows = world.all_gather_object(mine)
     seen = sum(r["seen"] for r in rows) or 1.0
+    lost = sorted(set(world.ranks) - {r["rank"] for r in rows})
     return {
+        **({"lost_ranks": lost} if lost else {}),
         "train_loss": sum(r["loss_sum"] for r in rows) / seen,
         "train_accuracy": sum(r["correct"] for r in rows) / seen,
         "epoch_time_s": wall,

@@ -7,6 +7,7 @@ writes the merged `trace.json` into the run directory after training.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -49,10 +50,12 @@ def record_worker(run_dir: Path, ctx: DistContext) -> None:
     (wdir / f"rank{ctx.rank}.json").write_text(json.dumps(info))
 
 
-def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool) -> dict[str, Any]:
-    """The entry point of every rank; returns rank 0's summary (others return theirs)."""
+def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
+               board: str = "") -> dict[str, Any]:
+    """The entry point of every rank; returns rank 0's summary (others return theirs).
+    `board`: where the tolerant launcher posts lost ranks (`launch/tolerant.py`)."""
     cfg = build_config(cfg_sections)
-    ctx = init_from_env(cfg.train.device, cfg.train.timeout_s)
+    ctx = dataclasses.replace(init_from_env(cfg.train.device, cfg.train.timeout_s), board=board)
     try:
         set_threads(ctx, cfg.train.threads)
         hold_freed_memory()  # launch.malloc: no page faults from a trimmed heap every step

@@ -8,6 +8,13 @@ run's `--ps-mode` (`param_server.Server`) and reports, as rank 0, the staleness 
 gradient it applied in the step's record of metrics.jsonl. After each epoch every worker
 pulls the final parameters (asynchronous modes leave them a little behind) and the
 workers average their batch-norm statistics, so evaluation sees the servers' model.
+
+With `--tolerate-worker-loss` the world is a `launch.survivors.SurvivorGroup`: a server
+goes on without a worker the launcher reports dead (`param_server.Server`), recording
+the step it found it at; at the end of each epoch the ranks agree on the surviving
+workers (one gather over the survivors), which share the test set between them and
+average their batch-norm statistics. Checkpoints hold every server's shard and optimiser
+state, each worker's error-feedback residuals and the averaged batch-norm statistics.
 """
 
 from __future__ import annotations
@@ -104,20 +111,30 @@ class ParamServerEngine:
 
     def end_epoch(self) -> None:
         self.node.end_round()
+        if self.worker is not None:  # the (surviving) workers share the test set
+            workers = self.node.live_workers
+            self.shard = (workers.index(self.link.me), len(workers))
 
     def link_bytes(self) -> dict[str, int]:
         return self.link.stats.as_dict(self.link.me)
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every server's shard and optimiser state, gathered on every rank (a collective)."""
-        mine = None
+        """Every server's shard and optimiser state and every (surviving) worker's
+        error-feedback residuals, gathered on every rank (a collective); the batch-norm
+        statistics (averaged at the end of the epoch: the same on every rank)."""
+        mine: dict[str, Any] = {"steps": self.node.steps_run}
         if self.server is not None:
-            mine = {"params": [p.detach().cpu().clone() for p in self.server.params],
-                    "optimizer": self.server.optimizer.state_dict()}
+            mine["server"] = {"params": [p.detach().cpu().clone() for p in self.server.params],
+                              "optimizer": self.server.optimizer.state_dict()}
+        elif self.worker is not None and self.worker.feedback is not None:
+            mine["feedback"] = (self.worker.index, self.worker.state_dict())
         gathered = self.groups.world.all_gather_object(mine)
-        return {"servers": gathered[:self.roles.servers],
-                "model": self.module.state_dict() if self.worker is not None else {}}
+        return {"servers": [g["server"] for g in gathered if "server" in g],
+                "feedback": {str(w): f for w, f in (g["feedback"] for g in gathered
+                                                     if "feedback" in g)},
+                "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
+                "steps": max(g["steps"] for g in gathered)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         servers = state["servers"]
@@ -131,8 +148,14 @@ class ParamServerEngine:
                 for p, v in zip(self.server.params, saved["params"]):
                     p.copy_(v)
             self.server.optimizer.load_state_dict(saved["optimizer"])
-        if self.worker is not None and state.get("model"):
-            self.module.load_state_dict(state["model"])  # buffers; parameters come from servers
+        if self.worker is not None and self.worker.feedback is not None:
+            # a worker lost before the checkpoint has none: it starts from zero
+            self.worker.load_state_dict(state.get("feedback", {}).get(str(self.worker.index), {}))
+        buffers = dict(self.module.named_buffers())
+        with torch.no_grad():
+            for name, value in state.get("buffers", {}).items():
+                buffers[name].copy_(value)
+        self.node.steps_run = int(state.get("steps", 0))
 
     def start(self) -> None:
         self.node.start()
@@ -164,7 +187,8 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, da
 
     node = PSNode(model, roles, mode, link, groups.world, wire, sgd,
                   data.train_x.shape[0] // cfg.data.batch_size,
-                  error_feedback=ps.error_feedback, staleness_lr=ps.staleness_lr)
+                  error_feedback=ps.error_feedback, staleness_lr=ps.staleness_lr,
+                  tolerate_worker_loss=ps.tolerate_worker_loss)
     return ParamServerEngine(node, groups, rec, task_named(data.task))
 
 
