@@ -169,7 +169,7 @@ def render(out: Path, meta: Meta) -> str:
                    "stages, GPipe, 4 micro-batches; weight gradients: data parallelism on 2 "
                    "ranks).", result_table(ch)),
         md.section("Figure", md.image(figure, "validation loss change per format and place")),
-        md.section("Trends", md.trends(trend_rows(ch))),
+        md.section("Trends of the seed", md.trends(trend_rows(ch))),
     ])
 
 
