@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F  # noqa: N812
 
@@ -32,7 +31,6 @@ from approxdist.config.loader import build_config
 from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.models.mlp import mlp
 from approxdist.pipeline.microbatch import microbatch_sizes, split_batch
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.schedule.action import Kind
@@ -43,9 +41,7 @@ from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Topology
 from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import make_groups
-
-FEATURES, CLASSES, HIDDEN = 12, 5, 16
-LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
+from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot
 
 
 @dataclass(frozen=True)
@@ -73,37 +69,22 @@ class Case:
                                     self.minibatches, dealing=Dealing(self.replicas))
 
 
-def _model() -> nn.Sequential:
-    torch.manual_seed(0)
-    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=4)  # 5 blocks, no batch norm
-
-
-def _minibatch(case: Case, epoch: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 * epoch + b)
-    return (torch.randn(case.batch, FEATURES, generator=gen),
-            torch.randint(0, CLASSES, (case.batch,), generator=gen))
-
-
-def _sgd(module: nn.Module) -> torch.optim.SGD:
-    return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
-
-
 def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         cfg = build_config(case.sections())
         groups = make_groups(Topology.grid(len(case.replicas), case.replicas), ctx,
                              replica_streams=cfg.dp.threads + 2)
-        x0, _ = _minibatch(case, 0, 0)
-        rt = build_hybrid_runtime(cfg, _model(), ctx, groups, x0[:2],
+        x0, _ = minibatch(case, 0, 0)
+        rt = build_hybrid_runtime(cfg, oracle_model(), ctx, groups, x0[:2],
                                   minibatches=case.minibatches)
         assert isinstance(rt.executor, StreamExecutor)
-        rt.executor.bind(_sgd(rt.module))
+        rt.executor.bind(sgd(rt.module))
         first, last = rt.transport.is_first, rt.transport.is_last
         losses = []
         for epoch in range(2):
             for b in range(case.minibatches):
-                x, y = _minibatch(case, epoch, b)
+                x, y = minibatch(case, epoch, b)
                 res = rt.executor.train_step(x if first else None, y if last else None,
                                              case.batch)
                 losses.append((res.loss, res.samples))
@@ -128,22 +109,22 @@ def stage_steps(sched: AsyncSchedule, stage: int) -> list[list[int]]:
 
 def _oracle(case: Case, partition: Partition) -> tuple[dict[str, torch.Tensor],
                                                       list[tuple[float, int]]]:
-    model = _model()
+    model = oracle_model()
     sched = case.build()
     p, m, k = len(case.replicas), case.microbatches, case.minibatches
     stages = [stage_module(model, partition, s) for s in range(p)]
-    opts = [_sgd(s) for s in stages]
+    opts = [sgd(s) for s in stages]
     forward_version = {(sched.stage_of(r), a.microbatch): sched.versions[(r, i)]
                        for r, actions in sched.order.items()
                        for i, a in enumerate(actions) if a.kind is Kind.FORWARD}
     steps = [stage_steps(sched, s) for s in range(p)]
     losses: list[tuple[float, int]] = []
     for epoch in range(2):
-        snaps = [{0: _snapshot(s)} for s in stages]
+        snaps = [{0: snapshot(s)} for s in stages]
         grads: list[dict[int, dict[str, torch.Tensor]]] = [{} for _ in range(p)]
         done = [0] * p
         item_loss: dict[int, float] = {}
-        data = [_minibatch(case, epoch, b) for b in range(k)]
+        data = [minibatch(case, epoch, b) for b in range(k)]
         sizes = {b * m + j: size for b in range(k)
                  for j, size in enumerate(microbatch_sizes(case.batch, m))}
         for n in range(k * m):
@@ -167,15 +148,11 @@ def _oracle(case: Case, partition: Partition) -> tuple[dict[str, torch.Tensor],
                     opts[s].step()
                     opts[s].zero_grad(set_to_none=True)
                     done[s] += 1
-                    snaps[s][done[s]] = _snapshot(stages[s])
+                    snaps[s][done[s]] = snapshot(stages[s])
         assert done == [len(x) for x in steps]
         for items in _loss_items_per_step(sched):
             losses.append((sum(item_loss[n] for n in items), sum(sizes[n] for n in items)))
     return {n: t.detach().clone() for n, t in model.named_parameters()}, losses
-
-
-def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
 
 
 def _loss_items_per_step(sched: AsyncSchedule) -> list[list[int]]:

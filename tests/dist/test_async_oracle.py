@@ -19,14 +19,12 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F  # noqa: N812
 
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.models.mlp import mlp
 from approxdist.pipeline.microbatch import microbatch_sizes, split_batch
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import build_runtime
@@ -35,9 +33,7 @@ from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.stream_cut import step_cuts
 from approxdist.pipeline.schedule.versions import AsyncSchedule
 from approxdist.pipeline.stream import StreamExecutor, loss_weights_by_update
-
-FEATURES, CLASSES, HIDDEN = 12, 5, 16
-LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
+from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot
 
 
 @dataclass(frozen=True)
@@ -58,33 +54,18 @@ class Case:
                               fuse_accumulation=self.fuse)
 
 
-def _model() -> nn.Sequential:
-    torch.manual_seed(0)
-    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=4)  # 5 blocks, no batch norm
-
-
-def _minibatch(case: Case, epoch: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 * epoch + b)
-    return (torch.randn(case.batch, FEATURES, generator=gen),
-            torch.randint(0, CLASSES, (case.batch,), generator=gen))
-
-
-def _sgd(module: nn.Module) -> torch.optim.SGD:
-    return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
-
-
 def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
-        x0, _ = _minibatch(case, 0, 0)
-        rt = build_runtime(case.config(), _model(), ctx, x0[:2], minibatches=case.minibatches)
+        x0, _ = minibatch(case, 0, 0)
+        rt = build_runtime(case.config(), oracle_model(), ctx, x0[:2], minibatches=case.minibatches)
         assert isinstance(rt.executor, StreamExecutor)
-        rt.executor.bind(_sgd(rt.module))
+        rt.executor.bind(sgd(rt.module))
         first, last = rt.transport.is_first, rt.transport.is_last
         losses = []
         for epoch in range(2):
             for b in range(case.minibatches):
-                x, y = _minibatch(case, epoch, b)
+                x, y = minibatch(case, epoch, b)
                 res = rt.executor.train_step(x if first else None, y if last else None,
                                              case.batch)
                 losses.append((res.loss, res.samples))
@@ -101,22 +82,22 @@ def _oracle(case: Case, partition: Partition) -> tuple[dict[str, torch.Tensor],
                                                       list[tuple[float, int]]]:
     """Every parameter after two streams, and each step's (summed loss, samples) on the
     last stage, replayed in one process from the schedule's versions and updates."""
-    model = _model()
+    model = oracle_model()
     p, m, k = case.stages, case.microbatches, case.minibatches
     sched = build_async_schedule(case.schedule, p, m, k)
     stages = [stage_module(model, partition, s) for s in range(p)]
-    opts = [_sgd(s) for s in stages]
+    opts = [sgd(s) for s in stages]
     forward_version = {(r, a.microbatch): sched.versions[(r, i)]
                        for r, actions in sched.order.items()
                        for i, a in enumerate(actions) if a.kind is Kind.FORWARD}
     step_items = _loss_items_per_step(sched)
     losses: list[tuple[float, int]] = []
     for epoch in range(2):
-        snaps = [{0: _snapshot(s)} for s in stages]
+        snaps = [{0: snapshot(s)} for s in stages]
         grads: list[dict[int, dict[str, torch.Tensor]]] = [{} for _ in range(p)]
         done = [0] * p
         item_loss: dict[int, float] = {}
-        data = [_minibatch(case, epoch, b) for b in range(k)]
+        data = [minibatch(case, epoch, b) for b in range(k)]
         sizes = {b * m + j: size for b in range(k)
                  for j, size in enumerate(microbatch_sizes(case.batch, m))}
         weights = loss_weights_by_update(sched, sizes)
@@ -141,16 +122,12 @@ def _oracle(case: Case, partition: Partition) -> tuple[dict[str, torch.Tensor],
                         param.grad = sum(grads[s][i][name] for i in u.items)  # type: ignore[assignment]
                     opts[s].step()
                     opts[s].zero_grad(set_to_none=True)
-                    snaps[s][u.version] = _snapshot(stages[s])
+                    snaps[s][u.version] = snapshot(stages[s])
                     done[s] += 1
         assert done == [len(sched.updates[s]) for s in range(p)]
         for items in step_items:
             losses.append((sum(item_loss[n] for n in items), sum(sizes[n] for n in items)))
     return {n: t.detach().clone() for n, t in model.named_parameters()}, losses
-
-
-def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
 
 
 def _loss_items_per_step(sched: AsyncSchedule) -> list[list[int]]:

@@ -1,0 +1,39 @@
+"""What the asynchronous-schedule oracles share (`tests/dist/test_async_oracle.py` and
+`test_async_hybrid_oracle.py`): the model, the data of each mini-batch, the optimizer
+and a parameter snapshot the replays differentiate through."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from approxdist.models.mlp import mlp
+
+FEATURES, CLASSES, HIDDEN = 12, 5, 16
+LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
+
+
+class HasBatch(Protocol):
+    @property
+    def batch(self) -> int: ...
+
+
+def oracle_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=4)  # 5 blocks, no batch norm
+
+
+def minibatch(case: HasBatch, epoch: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * epoch + b)
+    return (torch.randn(case.batch, FEATURES, generator=gen),
+            torch.randint(0, CLASSES, (case.batch,), generator=gen))
+
+
+def sgd(module: nn.Module) -> torch.optim.SGD:
+    return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
+
+
+def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
