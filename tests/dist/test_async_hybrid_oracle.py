@@ -41,7 +41,7 @@ from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Topology
 from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import make_groups
-from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot
+from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot, train_streams
 
 
 @dataclass(frozen=True)
@@ -78,18 +78,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         x0, _ = minibatch(case, 0, 0)
         rt = build_hybrid_runtime(cfg, oracle_model(), ctx, groups, x0[:2],
                                   minibatches=case.minibatches)
-        assert isinstance(rt.executor, StreamExecutor)
-        rt.executor.bind(sgd(rt.module))
-        first, last = rt.transport.is_first, rt.transport.is_last
-        losses = []
-        for epoch in range(2):
-            for b in range(case.minibatches):
-                x, y = minibatch(case, epoch, b)
-                res = rt.executor.train_step(x if first else None, y if last else None,
-                                             case.batch)
-                losses.append((res.loss, res.samples))
-            assert not rt.executor.in_stream
-        out.append({"slot": rt.executor.rank, "stage": rt.stage, "last": last,
+        losses = train_streams(rt, case, case.minibatches)
+        out.append({"slot": rt.executor.rank, "stage": rt.stage, "last": rt.transport.is_last,
                     "params": {n: p.detach().clone() for n, p in rt.module.named_parameters()},
                     "losses": losses, "partition": rt.partition,
                     "peak": rt.executor.weights.peak_bytes,

@@ -33,7 +33,7 @@ from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.stream_cut import step_cuts
 from approxdist.pipeline.schedule.versions import AsyncSchedule
 from approxdist.pipeline.stream import StreamExecutor, loss_weights_by_update
-from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot
+from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot, train_streams
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         x0, _ = minibatch(case, 0, 0)
         rt = build_runtime(case.config(), oracle_model(), ctx, x0[:2], minibatches=case.minibatches)
-        assert isinstance(rt.executor, StreamExecutor)
-        rt.executor.bind(sgd(rt.module))
-        first, last = rt.transport.is_first, rt.transport.is_last
-        losses = []
-        for epoch in range(2):
-            for b in range(case.minibatches):
-                x, y = minibatch(case, epoch, b)
-                res = rt.executor.train_step(x if first else None, y if last else None,
-                                             case.batch)
-                losses.append((res.loss, res.samples))
-            assert not rt.executor.in_stream
+        losses = train_streams(rt, case, case.minibatches)
         params = {n: p.detach().clone() for n, p in rt.module.named_parameters()}
         stage_bytes = sum(p.nelement() * p.element_size() for p in rt.module.parameters())
         out.append({"params": params, "losses": losses, "partition": rt.partition,

@@ -4,12 +4,13 @@ and a parameter snapshot the replays differentiate through."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from approxdist.models.mlp import mlp
+from approxdist.pipeline.stream import StreamExecutor
 
 FEATURES, CLASSES, HIDDEN = 12, 5, 16
 LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
@@ -37,3 +38,20 @@ def sgd(module: nn.Module) -> torch.optim.SGD:
 
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
+
+
+def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2
+                  ) -> list[tuple[float, int]]:
+    """Bind SGD to a runtime's stream executor and train `epochs` streams of
+    `minibatches` (each epoch one stream, none left in flight); (loss, samples) per step."""
+    assert isinstance(rt.executor, StreamExecutor)
+    rt.executor.bind(sgd(rt.module))
+    first, last = rt.transport.is_first, rt.transport.is_last
+    losses = []
+    for epoch in range(epochs):
+        for b in range(minibatches):
+            x, y = minibatch(case, epoch, b)
+            res = rt.executor.train_step(x if first else None, y if last else None, case.batch)
+            losses.append((res.loss, res.samples))
+        assert not rt.executor.in_stream
+    return losses
