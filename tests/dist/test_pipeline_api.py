@@ -4,8 +4,6 @@ schedule through the API; the documented example (examples/pipeline_api.py) trai
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.pipeline.errors import PipelineError
+from tests.helpers.examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline_api.py"
 
@@ -122,11 +121,7 @@ def _ranks(ctx: DistContext) -> dict[str, Any]:
     pipe.close()
     with pytest.raises(ConfigError, match="schedule '2bw' is asynchronous"):
         approxdist.Pipeline(_model(3), sample=x[:2], schedule="2bw")
-    spec = importlib.util.spec_from_file_location("pipeline_api_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    example = load_example(EXAMPLE, "pipeline_api_example")
     out["example"] = example.main(steps=30)
     return out
 
@@ -199,11 +194,7 @@ def _hybrid_ranks(ctx: DistContext) -> dict[str, Any]:
         approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 1), schedule="pipedream-vsync",
                             optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), stream=2)
     assert len(str(info.value).splitlines()) == 1
-    spec = importlib.util.spec_from_file_location("hybrid_api_example", HYBRID_EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    example = load_example(HYBRID_EXAMPLE, "hybrid_api_example")
     out["example"] = example.main(steps=20)
     return out
 

@@ -6,8 +6,6 @@ example (examples/ps_api.py) trains. One set of processes runs every case."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import new_group
 from approxdist.launch.spawn import run_on_ranks
+from tests.helpers.examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_api.py"
 BATCH, STEPS = 12, 3
@@ -147,11 +146,7 @@ def _ranks(ctx: DistContext) -> dict[str, Any]:
     out["ssp"] = _run(ctx, Case(1, 2, "ssp:1", "classification", _sgd, 6))
     out["backup"] = _run(ctx, Case(1, 2, "backup:1", "classification", _sgd, 6))
     out["refused"] = _refusals(ctx)
-    spec = importlib.util.spec_from_file_location("ps_api_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    example = load_example(EXAMPLE, "ps_api_example")
     out["example"] = example.main(steps=30)
     return out
 
