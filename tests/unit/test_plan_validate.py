@@ -117,8 +117,9 @@ def test_the_optimizer_and_shared_cores_are_priced() -> None:
     t2 = pipeline_time(profile, plan2, Network(free))
     t4 = pipeline_time(profile, plan4, Network(free))
     alone4 = pipeline_time(profile, plan4, Network(LinkLevel("loopback", 0, 0, 0, cores=4)))
-    # sharing slows the 4-rank pipeline, by less than 2x: not every rank computes at once
-    assert alone4.step_s < t4.step_s < 2 * alone4.step_s
+    # 4 ranks on 2 cores: every rank's work runs at half speed for the whole step, waiting
+    # or not (a mean field over the busy ranks predicted tiny pipelines far too fast)
+    assert t4.step_s == pytest.approx(2 * alone4.step_s)
     assert t2.step_s == pytest.approx(pipeline_time(profile, plan2, Network(
         LinkLevel("loopback", 0, 0, 0, cores=4))).step_s)
 

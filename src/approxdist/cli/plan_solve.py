@@ -23,6 +23,7 @@ from approxdist.cli.plan_profile import add_model_flags, measure
 from approxdist.errors import ConfigError
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.cost.overhead import NONE
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
                           memory_bytes=_bytes(args.memory), optimizer=args.optimizer,
                           optimizer_s_per_byte=cluster.calibration.optimizer_s_per_byte(
                               args.optimizer) if cluster.calibration else 0.0,
-                          stages=args.stages)
+                          stages=args.stages, overhead=cluster.calibration.overhead
+                          if cluster.calibration else NONE)
     schedules = tuple(s.strip() for s in args.schedule.split(","))
     counts = auto_microbatches(cluster.ranks) if args.microbatches == "auto" \
         else _ints(args.microbatches)

@@ -15,8 +15,10 @@ per sample (over every configuration, and the mean within settings), the regret 
 chosen plan (measured, against the best measured candidate of its setting) and how our
 chosen plans fare against torchgpipe's and PipeDream's where they differ. Without
 `--calibration` it first fits this machine's loopback level (alpha, beta, gamma) from
-all-reduces of 2 and 4 ranks and messages between 2 (`bench p2p`), and the optimizer's
-seconds per parameter byte: no configuration is timed to fit the model.
+all-reduces of 2 and 4 ranks and messages between 2 (`bench p2p`), the optimizer's
+seconds per parameter byte, and the engines' own work per pipeline action and per step
+from a tiny model's steps on 2 ranks (`planner/validation/engine_runs.py`): no
+configuration is timed to fit the model.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration import fit_level
 from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.cost.overhead import EngineOverhead
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.plan_file import parse_plan
 from approxdist.planner.profile import Profile
 from approxdist.planner.profiler import optimizer_s_per_byte, profile_run
 from approxdist.planner.search import auto_microbatches, plan_dict
-from approxdist.planner.validation import report
+from approxdist.planner.validation import engine_runs, report
 from approxdist.planner.validation.candidates import Candidate, candidates
 from approxdist.planner.validation.configs import FULL, QUICK, Setting, select
 from approxdist.train.plan_layer import plan_sections
@@ -75,7 +78,7 @@ def register(actions: Any) -> None:
     p.set_defaults(func=run)
 
 
-def calibrate(cores: int) -> CostCalibration:
+def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
     """This machine's loopback level fitted on all-reduces of 2 and 4 ranks."""
     combos = tuple((a, "fp32") for a in CALIBRATION_ALGORITHMS)
     rows: list[dict[str, Any]] = []
@@ -94,7 +97,26 @@ def calibrate(cores: int) -> CostCalibration:
           f"{lv.alpha_s * 1e6:.0f} us, beta {lv.beta_s_per_byte * 1e9:.3f} ns/B, gamma "
           f"{lv.gamma_s_per_byte * 1e9:.3f} ns/B, rms error {fit.rms_rel_error:.0%}; "
           f"{OPTIMIZER} step {step * 1e12:.0f} ps/B")
-    return CostCalibration.of((fit,), optimizers={OPTIMIZER: step})
+    overhead = engine_overhead(CostCalibration.of((fit,), optimizers={OPTIMIZER: step}), timing)
+    return CostCalibration.of((fit,), optimizers={OPTIMIZER: step}, overhead=overhead)
+
+
+def engine_overhead(cal: CostCalibration, timing: StepTiming) -> EngineOverhead:
+    """The engines' CPU work per action and per step, fitted on the tiny model's runs
+    (`planner/validation/engine_runs.py`) timed through the engines on 2 ranks."""
+    cfg = build_config(engine_runs.TINY.sections)
+    profile = profile_run(cfg.model, cfg.data, engine_runs.TINY.micro_batch_size, threads=1)
+    runs = [TimedPlan(key, sections) for key, sections in engine_runs.plans()]
+    times = run_on_ranks(time_plans, engine_runs.WORLD, runs, timing, timeout_s=300)[0]
+    measured = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    network = ClusterSpec(world_size=engine_runs.WORLD, calibration=cal).network()
+    overhead, rms, found = engine_runs.fit(profile, network, measured,
+                                           cal.optimizer_s_per_byte(OPTIMIZER))
+    print(f"engine overhead ({len(found)} steps of a {len(profile.blocks)}-block MLP of width "
+          f"16 on 2 ranks): {overhead.action_s * 1e6:.0f} us per pipeline action, "
+          f"{overhead.pipeline_step_s * 1e6:.0f} us per pipeline step (rms error {rms:.0%}), "
+          f"{overhead.dp_step_s * 1e6:.0f} us per data-parallel step")
+    return overhead
 
 
 def _threads(cores: int, world: int) -> int:
@@ -129,7 +151,8 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     codec = cluster.codec(setting.codec)
     base = SolverSettings(n, cluster.network(), fwd_codec=codec, bwd_codec=codec,
                           grad_codec=codec, algorithm="hybrid", optimizer=OPTIMIZER,
-                          optimizer_s_per_byte=cal.optimizer_s_per_byte(OPTIMIZER))
+                          optimizer_s_per_byte=cal.optimizer_s_per_byte(OPTIMIZER),
+                          overhead=cal.overhead)
     found = candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)
     plans = [TimedPlan(str(i), sections(setting, c, profile, threads))
              for i, c in enumerate(found)]
@@ -172,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
     settings = select(QUICK if args.quick else FULL, args.only)
     cores = os.cpu_count() or 1
     with HostWatch() as host:
-        cal = CostCalibration.load(args.calibration) if args.calibration else calibrate(cores)
+        cal = CostCalibration.load(args.calibration) if args.calibration \
+            else calibrate(cores, timing)
         if "loopback" not in cal.levels:
             raise ConfigError(f"--calibration {str(args.calibration)!r} has no 'loopback' level "
                               f"(it has {', '.join(sorted(cal.levels)) or 'none'}); fit one on "

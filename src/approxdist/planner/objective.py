@@ -3,8 +3,9 @@
 Stage s of a plan holds blocks [first, end) on r_s replicas (placed stage-major, replicas
 consecutive) and runs M micro-batches of the profile, replica m mod r_s taking
 micro-batch m (PipeDream's 1F1B-RR). Per micro-batch it is busy t_s seconds: the
-blocks' forward and backward, plus the coding of what crosses its two cuts (encoding
-the activation it sends and the gradient it sends back, decoding what it receives;
+blocks' forward and backward and the engine's work for both (2 x `action_s`), plus the
+coding of what crosses its two cuts (encoding the activation it sends and the gradient
+it sends back, decoding what it receives;
 `cost.pipeline.boundary`, fwd codec for activations, bwd codec for gradients). Then
 
     step = max( max_s (ceil(M / r_s) - 1) t_s,  max_b (ceil(M / c_b) - 1) w_b )   steady state
@@ -38,6 +39,7 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32
 from approxdist.planner.cost.links import Network
 from approxdist.planner.cost.memory import OPTIMIZER_STATES
+from approxdist.planner.cost.overhead import NONE, EngineOverhead
 from approxdist.planner.cost.pipeline import (
     Boundary,
     PipelinePlan,
@@ -66,6 +68,8 @@ class SolverSettings:
     #: seconds of the optimizer's step per parameter byte (0: not priced)
     optimizer_s_per_byte: float = 0.0
     stages: int | None = None  # a fixed stage count; None: any
+    #: the engines' own CPU work per action and per step (`cost.overhead`; zeros: unpriced)
+    overhead: EngineOverhead = NONE
     keep: int = 5  # best plans the solver returns
     front: int = 12  # plans a cell of the solver's table keeps at most (exact below it)
 
@@ -172,7 +176,8 @@ def estimate(profile: Profile, stages: tuple[Stage, ...],
             for s, st in enumerate(stages)):
         return None
     busy = net.busy(settings.world_size)
-    t = [sum(b.compute_s for b in profile.blocks[st.first:st.end]) for st in stages]
+    t = [sum(b.compute_s for b in profile.blocks[st.first:st.end]) + 2 * settings.overhead.action_s
+         for st in stages]
     steady = fill = 0.0
     links = []
     for s in range(p - 1):

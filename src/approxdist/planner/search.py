@@ -82,7 +82,8 @@ def simulated(profile: Profile, settings: SolverSettings, stages: tuple[Stage, .
               estimate_s: float | None = None) -> RankedPlan:
     """A pipeline or hybrid plan priced by the event simulation of its schedule."""
     plan = settings.plan(stages)
-    t = pipeline_time(profile, plan, settings.network, optimizer_s(profile, settings, stages))
+    t = pipeline_time(profile, plan, settings.network, optimizer_s(profile, settings, stages),
+                      settings.overhead)
     mode = "pipeline" if all(st.replicas == 1 for st in stages) else "hybrid"
     busy = sum(b.compute_s for b in profile.blocks) * settings.microbatches
     parts = {"compute_s": busy / settings.world_size, "bubble_fraction": t.bubble_fraction,
@@ -109,7 +110,8 @@ def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | No
         return None
     t = dp_time(profile, n, settings.network,
                 DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
-                          optimizer_s=optimizer_s(profile, settings, plan.stages)))
+                          optimizer_s=optimizer_s(profile, settings, plan.stages),
+                          step_overhead_s=settings.overhead.dp_step_s))
     parts = {"forward_s": t.forward_s, "backward_s": t.backward_s, "allreduce_s": t.comm_s,
              "exposed_allreduce_s": t.exposed_comm_s}
     return RankedPlan(plan, "single" if n == 1 else "dp", t.step_s, t.samples_per_step,

@@ -10,14 +10,17 @@
                            "world_sizes": [2], "link": "none", "source": "ar2.json"}}
      },
      "codecs": {"bf16": {"encode_s_per_byte": 2.1e-10, "decode_s_per_byte": 1.4e-10}},
-     "optimizers": {"momentum": 1.2e-9}
+     "optimizers": {"momentum": 1.2e-9},
+     "engine": {"action_s": 0.00025, "pipeline_step_s": 0.0004, "dp_step_s": 0.0009}
     }
 
 `levels` maps a level name (`intra`, `inter`, `loopback`) to its coefficients (`cores`
 for loopback only) and, when fitted, how (`fit`, for the reader; a hand-written level
 needs none); `codecs` maps a codec spec to its seconds per fp32 byte; `optimizers`
 (optional) maps an optimizer (`sgd`, `momentum`, `adam`) to the seconds its step takes
-per byte of parameters (`optimizer_step_s` measures it). A file that is
+per byte of parameters (`optimizer_step_s` measures it); `engine` (optional) the engines'
+own CPU work per pipeline action and per step (`overhead.EngineOverhead`, fitted on a tiny
+model's runs by `approxdist plan validate`). A file that is
 missing, not JSON, someone else's JSON or holds a bad value gives one `DataError` line
 naming the file, the key and the value.
 """
@@ -35,6 +38,8 @@ from approxdist.planner.cost.calibration import Fit
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.cost.memory import OPTIMIZER_STATES
+from approxdist.planner.cost.overhead import FIELDS as OVERHEAD_FIELDS
+from approxdist.planner.cost.overhead import NONE, EngineOverhead
 
 FORMAT = "approxdist-cost-calibration"
 VERSION = 1
@@ -54,16 +59,19 @@ class CostCalibration:
     fits: Mapping[str, Fit] = field(default_factory=dict)
     #: seconds of one optimizer step per parameter byte, by optimizer name
     optimizers: Mapping[str, float] = field(default_factory=dict)
+    #: the engines' CPU work per action and per step (zeros: not measured, not priced)
+    overhead: EngineOverhead = NONE
 
     @classmethod
     def of(cls, fits: tuple[Fit, ...] = (), levels: tuple[LinkLevel, ...] = (),
            codecs: Mapping[str, CodecCost] | None = None,
-           optimizers: Mapping[str, float] | None = None) -> CostCalibration:
+           optimizers: Mapping[str, float] | None = None,
+           overhead: EngineOverhead = NONE) -> CostCalibration:
         """From fitted and hand-given levels (a name given twice: the last wins)."""
         all_levels = {f.level.name: f.level for f in fits} | {lv.name: lv for lv in levels}
         return cls(all_levels, dict(codecs or {}),
                    {f.level.name: f for f in fits if all_levels[f.level.name] is f.level},
-                   _optimizers("optimizers", dict(optimizers or {})))
+                   _optimizers("optimizers", dict(optimizers or {})), overhead)
 
     def optimizer_s_per_byte(self, name: str) -> float:
         """Seconds of `name`'s step per parameter byte (0 where not measured: the step is
@@ -103,6 +111,8 @@ class CostCalibration:
         out = {"format": FORMAT, "version": VERSION, "levels": levels, "codecs": codecs}
         if self.optimizers:
             out["optimizers"] = dict(self.optimizers)
+        if self.overhead != NONE:
+            out["engine"] = self.overhead.to_json()
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -136,7 +146,7 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
     if data.get("version") != VERSION:
         raise DataError(f"{where} has version {data.get('version')!r}; this approxdist reads "
                         f"version {VERSION}; fit it again")
-    _keys(where, data, ("format", "version", "levels", "codecs", "optimizers"))
+    _keys(where, data, ("format", "version", "levels", "codecs", "optimizers", "engine"))
     levels, codecs = data.get("levels", {}), data.get("codecs", {})
     if not isinstance(levels, dict) or not isinstance(codecs, dict):
         raise DataError(f"{where}: 'levels' and 'codecs' must be objects, got "
@@ -153,7 +163,19 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
         costs[cost.spec] = cost
     return CostCalibration({n: lv for n, (lv, _) in parsed.items()}, costs,
                            {n: f for n, (_, f) in parsed.items() if f is not None},
-                           _optimizers(f"{where} optimizers", data.get("optimizers", {})))
+                           _optimizers(f"{where} optimizers", data.get("optimizers", {})),
+                           _engine(f"{where} engine", data.get("engine")))
+
+
+def _engine(where: str, entry: Any) -> EngineOverhead:
+    """The engines' overheads (absent: none)."""
+    if entry is None:
+        return NONE
+    _keys(where, entry, OVERHEAD_FIELDS)
+    try:
+        return EngineOverhead(**entry)
+    except ConfigError as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _optimizers(where: str, entry: Any) -> dict[str, float]:

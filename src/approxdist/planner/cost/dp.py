@@ -14,13 +14,23 @@ order, as the reducer launches them):
 
 with F and B the summed forward and backward seconds. The exposed communication is
 max(B, e_last) - B: what the backward did not hide. Without overlap every bucket is ready
-at B. The optimizer step is a given number of seconds.
+at B. The optimizer step is a given number of seconds, and the engine's own work per
+step (`DPOptions.step_overhead_s`, `overhead.EngineOverhead.dp_step_s`, measured on a tiny
+model) is added like compute.
+
+Where the ranks leave no core free (a `loopback` level whose busy ranks are at least its
+cores) the all-reduce's CPU work (its alpha, beta, gamma and coding terms; an emulated
+link's wait is not CPU work) cannot hide under backward: it takes the rank's core from
+the backward, so bucket k is ready only after the backward *and* the CPU work of the
+buckets before it, c_<k, and the backward ends at B + the CPU work of every bucket:
+
+    s_k = max(r_k + c_<k, e_{k-1}),   step = F + max(B + c_all, e_last) + optimizer
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from approxdist.config.dp import DPConfig
 from approxdist.data_parallel.buckets import BucketPlan, ParamInfo, plan_buckets
@@ -47,9 +57,11 @@ class DPOptions:
     overlap: bool = DPConfig.overlap
     optimizer_s: float = 0.0
     segment_bytes: int | None = None  # None: each algorithm's own
+    step_overhead_s: float = 0.0  # the engine's CPU work per step (before core sharing)
 
     def __post_init__(self) -> None:
-        for key in ("bucket_mb", "first_bucket_mb", "solo_mb", "optimizer_s"):
+        for key in ("bucket_mb", "first_bucket_mb", "solo_mb", "optimizer_s",
+                    "step_overhead_s"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"data-parallel {key} = {value!r} must be a finite number "
@@ -83,6 +95,7 @@ class DPTime:
     step_s: float
     samples_per_step: int
     buckets: tuple[BucketTime, ...] = field(default=())
+    overhead_s: float = 0.0  # the engine's per-step work, after core sharing
 
     @property
     def samples_per_s(self) -> float:
@@ -103,7 +116,10 @@ def dp_time(profile: Profile, world_size: int, network: Network,
     done = [shared * sum(b.bwd_s for b in blocks[i:]) for i in range(len(blocks))]
     level = network.level(range(world_size))
     busy = network.busy(world_size)
-    end, out = 0.0, []
+    # no free core: the all-reduce's CPU work (not an emulated link's wait) cannot overlap
+    cpu_level = replace(level, link_alpha_s=0.0, link_beta_s_per_byte=0.0) \
+        if level.cores is not None and busy >= level.cores else None
+    end, cpu, out = 0.0, 0.0, []
     for plan in _buckets(profile, opts):
         values = plan.numel
         name = opts.algorithm
@@ -111,15 +127,19 @@ def dp_time(profile: Profile, world_size: int, network: Network,
             name = fastest(level, world_size, values, opts.codec, opts.segment_bytes, busy)[0]
         took = allreduce_time(level, name, world_size, values, opts.codec, opts.segment_bytes,
                               busy)
-        ready = done[min(plan.positions)] if opts.overlap else backward
+        ready = (done[min(plan.positions)] if opts.overlap else backward) + cpu
         start = max(ready, end)
         end = start + took
+        if cpu_level is not None:
+            cpu += allreduce_time(cpu_level, name, world_size, values, opts.codec,
+                                  opts.segment_bytes, busy)
         out.append(BucketTime(plan.index, plan.positions, 4 * values, name, ready, start, end))
-    finish = max(backward, end)
+    finish = max(backward + cpu, end)
     comm = sum(b.end_s - b.start_s for b in out)
+    overhead = shared * opts.step_overhead_s
     return DPTime(world_size, forward, backward, comm, finish - backward, opts.optimizer_s,
-                  forward + finish + opts.optimizer_s, world_size * profile.micro_batch_size,
-                  tuple(out))
+                  forward + finish + opts.optimizer_s + overhead,
+                  world_size * profile.micro_batch_size, tuple(out), overhead)
 
 
 def _buckets(profile: Profile, opts: DPOptions) -> list[BucketPlan]:

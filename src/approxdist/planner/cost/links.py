@@ -135,10 +135,10 @@ class Network:
         """Ranks of a `world_size` job that share one node's cores at most."""
         return world_size if self.ranks_per_node is None else min(world_size, self.ranks_per_node)
 
-    def compute_load(self, world_size: int, busy_share: float = 1.0) -> float:
-        """How many times slower compute runs when `busy_share` of the ranks of one node
-        compute at once (processor sharing on a `loopback` level's cores; 1 elsewhere)."""
-        return max(1.0, self.intra.load(self.busy(world_size)) * busy_share)
+    def compute_load(self, world_size: int) -> float:
+        """How many times slower a rank's CPU work runs when the ranks of a `world_size` job
+        share one node's cores (processor sharing on a `loopback` level; 1 elsewhere)."""
+        return self.intra.load(self.busy(world_size))
 
 
 def _spec(link: LinkSpec | str) -> LinkSpec:

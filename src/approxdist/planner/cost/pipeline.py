@@ -16,12 +16,15 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
   has finished its last backward (PipeDream's weight sync after the flush).
 
 Every coding and link term is multiplied by the level's load (loopback: busy ranks /
-cores). Compute is the profile's, except where more ranks than cores share a loopback
-machine: there it is slowed by processor sharing, estimated as a mean field: the ranks
-computing at once are the world times the timeline's busy share, so compute is scaled by
-max(1, ranks x busy share / cores), starting from every rank busy and refined on the
-simulated timeline (`SHARING_ROUNDS` times). The step is the makespan plus the optimizer's seconds;
-the bubble is the timeline's idle share. With P equal stages of f and b seconds and no
+cores). The engines' own work (`overhead.EngineOverhead`, measured on a tiny model) adds
+`action_s` to every forward and every backward of a micro-batch and `pipeline_step_s`
+once per step, both CPU work like the compute. Compute is the profile's, except where
+more ranks than cores share a loopback machine: there every rank's CPU work (compute,
+coding, the engine's work) runs at cores / ranks of its speed for the whole step,
+whether the timeline has the rank busy or waiting (`Network.compute_load`): a rank that
+waits is not woken the moment its message lands but when the scheduler next
+gives it a core. The step is the makespan plus the optimizer's seconds and the step
+overhead; the bubble is the timeline's idle share. With P equal stages of f and b seconds and no
 communication this is (M + P - 1)(f + b) for both schedules (Huang et al. 2019; Narayanan
 et al. 2021). The exposed all-reduce is the makespan minus that of the same plan with
 free all-reduces (what the flush does not hide: all of it, in these schedules).
@@ -46,11 +49,9 @@ from approxdist.pipeline.schedule.simulate import Route, stage_route
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32, allreduce_time
 from approxdist.planner.cost.links import LinkLevel, Network
+from approxdist.planner.cost.overhead import NONE, EngineOverhead
 from approxdist.planner.profile import Profile
 from approxdist.topology.dealing import Dealing
-
-#: fixed-point rounds of the compute-sharing estimate (loopback with more ranks than cores)
-SHARING_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -171,17 +172,19 @@ def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algori
 
 
 def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
-                    compute_scale: float = 1.0) -> StageDurations:
+                    compute_scale: float = 1.0,
+                    overhead: EngineOverhead = NONE) -> StageDurations:
     """Each stage's `StageTimes` under `plan` on `network` (see the module docstring), its
-    compute `compute_scale` times the profile's (ranks sharing cores)."""
+    compute and the engine's per-action work `compute_scale` times the profile's and
+    `overhead.action_s` (ranks sharing cores)."""
     plan.check_covers(profile)
     busy = network.busy(plan.world_size)
     p = len(plan.stages)
     out = []
     for s, st in enumerate(plan.stages):
         blocks = profile.blocks[st.first:st.end]
-        fwd = compute_scale * sum(b.fwd_s for b in blocks)
-        bwd = compute_scale * sum(b.bwd_s for b in blocks)
+        fwd = compute_scale * (sum(b.fwd_s for b in blocks) + overhead.action_s)
+        bwd = compute_scale * (sum(b.bwd_s for b in blocks) + overhead.action_s)
         times: dict[str, float] = {}
         if s > 0:  # receives the activation of blocks[first - 1], sends its gradient back
             cut = boundary(profile, st.first, network.level([*plan.slots(s - 1), *plan.slots(s)]),
@@ -212,26 +215,23 @@ def _send(level: LinkLevel, busy: int, codec: CodecCost,
 
 
 def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
-                  optimizer_s: float = 0.0) -> PipelineTime:
-    """Simulate `plan`'s schedule with its priced actions; the step time and its parts."""
+                  optimizer_s: float = 0.0, overhead: EngineOverhead = NONE) -> PipelineTime:
+    """Simulate `plan`'s schedule with its priced actions; the step time and its parts
+    (`overhead`: the engine's work per action and per step, see the module docstring)."""
     if not (isinstance(optimizer_s, (int, float)) and math.isfinite(optimizer_s)
             and optimizer_s >= 0):
         raise ConfigError(f"optimizer_s = {optimizer_s!r} must be a finite number of seconds "
                           f">= 0")
     order, route = plan.order()
-    scale = network.compute_load(plan.world_size)
-    durations = stage_durations(profile, plan, network, scale)
+    scale = network.compute_load(plan.world_size)  # every rank's CPU work slows alike
+    durations = stage_durations(profile, plan, network, scale, overhead)
     timeline = _run(order, plan, durations, route)
-    for _ in range(SHARING_ROUNDS if scale > 1 else 0):
-        # processor sharing, mean field: compute slows by the ranks busy on average
-        scale = network.compute_load(plan.world_size, 1.0 - timeline.bubble_fraction())
-        durations = stage_durations(profile, plan, network, scale)
-        timeline = _run(order, plan, durations, route)
     exposed = 0.0
     if any(st.all_reduce for st in durations.stages):
         free = StageDurations(tuple(_no_allreduce(st) for st in durations.stages))
         exposed = timeline.makespan - _run(order, plan, free, route).makespan
-    return PipelineTime(timeline.makespan + optimizer_s, timeline.makespan,
+    fixed = optimizer_s + scale * overhead.pipeline_step_s
+    return PipelineTime(timeline.makespan + fixed, timeline.makespan,
                         timeline.bubble_fraction(), exposed, optimizer_s,
                         plan.microbatches * profile.micro_batch_size, durations, timeline)
 

@@ -1,0 +1,119 @@
+"""The engines' own CPU work around the profiled compute, and its fit to held-out runs of a tiny model.
+
+A profile times each block's forward and backward alone; a training step also runs the
+engines: the pipeline executor's per-action work (walking the schedule, setting up
+autograd for a received activation, posting and completing its transfer through the
+link layer, the loss of the last stage) and each engine's per-step work (zero_grad,
+the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). On this
+2-core machine these are not small: a 2-stage pipeline of a 3-block MLP of width 16
+(0.2 ms of forward + backward for the whole model) takes about 0.6 ms per micro-batch.
+`EngineOverhead` holds three numbers, all CPU seconds on one rank:
+
+- `action_s`: one forward or one backward of one micro-batch on one pipeline stage
+  (charged to every such action of a pipeline or hybrid schedule);
+- `pipeline_step_s`: one step of a pipeline or hybrid rank beyond its actions (once per
+  step);
+- `dp_step_s`: one step of a data-parallel rank beyond its forward, backward,
+  all-reduces and optimizer (once per step).
+
+They are measured, not fitted to the configurations a model is judged on: `fit_pipeline`
+takes step times of a *tiny* pipeline (any model whose compute is small next to its
+overhead) at several micro-batch counts and schedules, each with the cost model's
+prediction at zero overhead (`base_s`) and its growth per second of `action_s`
+(`per_action`, from the simulation: how many actions lie on the step's critical path),
+and solves `measured = base + per_action x action_s + pipeline_step_s` by non-negative
+least squares on the relative error; `fit_dp` takes a tiny data-parallel step's
+measured and predicted times and keeps the median difference (>= 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from approxdist.errors import ConfigError, DataError
+
+FIELDS = ("action_s", "pipeline_step_s", "dp_step_s")
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Seconds of engine CPU work per action and per step (see the module docstring)."""
+
+    action_s: float = 0.0
+    pipeline_step_s: float = 0.0
+    dp_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"engine overhead {key} = {value!r} must be a finite number "
+                                  f"of seconds >= 0")
+
+    def to_json(self) -> dict[str, float]:
+        return {k: float(getattr(self, k)) for k in FIELDS}
+
+
+NONE = EngineOverhead()
+
+
+@dataclass(frozen=True)
+class OverheadRow:
+    """One timed configuration of the tiny model: what was measured, what the cost model
+    predicts at zero overhead, and how many seconds the prediction grows per second of
+    `action_s` (0 for data parallelism)."""
+
+    key: str
+    measured_s: float
+    base_s: float
+    per_action: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("measured_s", "base_s", "per_action"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise DataError(f"overhead row {self.key!r} {name} = {value!r} must be a finite "
+                                f"number >= 0")
+        if self.measured_s <= 0:
+            raise DataError(f"overhead row {self.key!r} measured_s = {self.measured_s!r} must "
+                            f"be > 0")
+
+
+def fit_pipeline(rows: Sequence[OverheadRow]) -> tuple[float, float, float]:
+    """(action_s, pipeline_step_s, rms relative error) from >= 2 rows whose `per_action`
+    differ (several micro-batch counts), by non-negative least squares on relative error."""
+    if len({round(r.per_action, 12) for r in rows}) < 2:
+        raise DataError(f"{len(rows)} pipeline row(s) with per_action "
+                        f"{sorted({r.per_action for r in rows})}: the fit needs >= 2 rows whose "
+                        f"critical paths hold different numbers of actions (time several "
+                        f"micro-batch counts, e.g. 2 and 32)")
+    t = np.array([r.measured_s for r in rows])
+    x = np.array([[r.per_action, 1.0] for r in rows]) / t[:, None]
+    y = np.array([(r.measured_s - r.base_s) / r.measured_s for r in rows])
+    best: tuple[float, np.ndarray] | None = None
+    for support in ((0, 1), (0,), (1,)):
+        cols = x[:, list(support)]
+        sol, *_ = np.linalg.lstsq(cols, y, rcond=None)
+        if np.any(sol < 0):
+            continue
+        coef = np.zeros(2)
+        coef[list(support)] = sol
+        residual = float(np.sum((x @ coef - y) ** 2))
+        if best is None or residual < best[0] - 1e-15:
+            best = (residual, coef)
+    coef = best[1] if best is not None else np.zeros(2)
+    errors = (x @ coef - y)
+    return float(coef[0]), float(coef[1]), float(math.sqrt(float(np.mean(errors ** 2))))
+
+
+def fit_dp(rows: Sequence[OverheadRow]) -> float:
+    """dp_step_s: the median of measured - predicted over the rows, at least 0."""
+    if not rows:
+        raise DataError("no data-parallel row to fit dp_step_s; time a tiny data-parallel step")
+    gaps = sorted(r.measured_s - r.base_s for r in rows)
+    return max(0.0, float(np.median(gaps)))

@@ -1,0 +1,149 @@
+"""The engines' overhead in the cost model: its terms by hand, the no-free-core rule of data
+parallelism, its fit on the tiny model's rows (recovering known values), its calibration
+file entry, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from approxdist.errors import ConfigError, DataError
+from approxdist.planner.cost import LinkLevel, Network, PipelinePlan, Stage, dp_time
+from approxdist.planner.cost.calibration_file import CostCalibration, from_json
+from approxdist.planner.cost.dp import DPOptions
+from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_dp, fit_pipeline
+from approxdist.planner.cost.pipeline import pipeline_time
+from approxdist.planner.objective import SolverSettings, estimate
+from approxdist.planner.profile import BlockProfile, Profile
+from approxdist.planner.validation import engine_runs
+
+MB = 1 << 20
+FREE = Network(LinkLevel("intra", 0.0, 0.0, 0.0))
+
+
+def toy(times: list[tuple[float, float]], params: list[int], out: int = 64) -> Profile:
+    blocks = tuple(BlockProfile(f"b{i}", f, b, out, p, out)
+                   for i, ((f, b), p) in enumerate(zip(times, params)))
+    return Profile("toy", (4,), 1, 1, "test", "test", blocks)
+
+
+@pytest.mark.parametrize(("stages", "m"), [(2, 4), (3, 8), (4, 2)])
+def test_actions_and_the_step_overhead_by_hand(stages: int, m: int) -> None:
+    f, b, a, s = 1e-3, 2e-3, 3e-4, 5e-4
+    profile = toy([(f, b)] * stages, [MB] * stages)
+    plan = PipelinePlan(tuple(Stage(i, i + 1) for i in range(stages)), "gpipe", m)
+    t = pipeline_time(profile, plan, FREE, 0.0, EngineOverhead(a, s, 9.0))
+    # equal stages, free links: (M + P - 1) slots of forward + backward, each with its action
+    assert t.step_s == pytest.approx((m + stages - 1) * (f + b + 2 * a) + s)
+    settings = SolverSettings(stages, FREE, schedule="gpipe", microbatches=m,
+                              overhead=EngineOverhead(a, s, 9.0))
+    got = estimate(profile, plan.stages, settings)
+    assert got is not None and got.step_s == pytest.approx((m + stages - 1) * (f + b + 2 * a))
+
+
+def test_the_step_overhead_is_cpu_work_slowed_by_shared_cores() -> None:
+    profile = toy([(1e-3, 2e-3)] * 4, [MB] * 4)
+    plan = PipelinePlan(tuple(Stage(i, i + 1) for i in range(4)), "1f1b", 4)
+    over = EngineOverhead(2e-4, 1e-3, 0.0)
+    two = Network(LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2))
+    four = Network(LinkLevel("loopback", 0.0, 0.0, 0.0, cores=4))
+    assert pipeline_time(profile, plan, two, 0.0, over).step_s == pytest.approx(
+        2 * pipeline_time(profile, plan, four, 0.0, over).step_s)
+
+
+def test_data_parallel_overhead_and_no_free_core() -> None:
+    # one block of 4 MB: one solo bucket, ready when the backward ends
+    profile = toy([(1e-3, 4e-3)], [4 * MB])
+    level = LinkLevel("loopback", 1e-4, 1e-9, 1e-9, cores=2)
+    intra = LinkLevel("intra", 1e-4, 1e-9, 1e-9)
+    on_loop = dp_time(profile, 2, Network(level), DPOptions(algorithm="ring",
+                                                            step_overhead_s=2e-3))
+    on_intra = dp_time(profile, 2, Network(intra), DPOptions(algorithm="ring",
+                                                             step_overhead_s=2e-3))
+    ar = on_intra.comm_s
+    assert on_loop.comm_s == pytest.approx(ar)  # 2 ranks on 2 cores: load 1
+    assert on_intra.step_s == pytest.approx(1e-3 + 4e-3 + ar + 2e-3)
+    # the only bucket is ready at the end of backward either way: no free core changes
+    # nothing here; with two buckets the second's CPU work delays the first's ready time
+    assert on_loop.step_s == pytest.approx(on_intra.step_s)
+    two = toy([(1e-3, 2e-3), (1e-3, 2e-3)], [4 * MB, 4 * MB])
+    loop2 = dp_time(two, 2, Network(level), DPOptions(algorithm="ring"))
+    intra2 = dp_time(two, 2, Network(intra), DPOptions(algorithm="ring"))
+    per = intra2.comm_s / 2
+    # on a free core the last block's bucket (ready after 2 ms of backward) hides under the
+    # first block's backward; with none, both buckets' CPU work follows the backward
+    assert intra2.step_s == pytest.approx(2e-3 + max(4e-3, 2e-3 + per) + per)
+    assert loop2.step_s == pytest.approx(2e-3 + 4e-3 + 2 * per)
+    # an emulated link's wait is not CPU work: it still hides under the backward
+    slow = LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2).with_link("bw=8gbit")
+    hidden = dp_time(two, 2, Network(slow), DPOptions(algorithm="ring"))
+    assert hidden.step_s == pytest.approx(2e-3 + max(4e-3, 2e-3 + hidden.comm_s / 2)
+                                          + hidden.comm_s / 2)
+
+
+def test_the_fit_recovers_a_known_overhead() -> None:
+    profile = toy([(5e-5, 8e-5)] * 3, [1024] * 3)
+    level = LinkLevel("loopback", 2e-4, 3e-10, 8e-10, cores=2)
+    net = Network(level)
+    truth = EngineOverhead(2.5e-4, 4e-4, 9e-4)
+    stages = (Stage(0, engine_runs.SPLIT), Stage(engine_runs.SPLIT, 3))
+    measured = {}
+    for key, _ in engine_runs.plans():
+        if key == "dp":
+            measured[key] = dp_time(profile, 2, net, DPOptions(step_overhead_s=truth.dp_step_s)
+                                    ).step_s
+            continue
+        _, schedule, m = key.split("/")
+        measured[key] = pipeline_time(profile, PipelinePlan(stages, schedule, int(m[1:])), net,
+                                      0.0, truth).step_s
+    got, rms, rows = engine_runs.fit(profile, net, measured)
+    assert len(rows) == len(measured)
+    assert got.action_s == pytest.approx(truth.action_s, rel=1e-6)
+    assert got.pipeline_step_s == pytest.approx(truth.pipeline_step_s, rel=1e-6)
+    assert got.dp_step_s == pytest.approx(truth.dp_step_s, rel=1e-6)
+    assert rms == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_runs_are_the_tiny_model_on_two_ranks() -> None:
+    keys = [k for k, _ in engine_runs.plans()]
+    assert keys == [f"pipe/{s}/M{m}" for s in engine_runs.SCHEDULES
+                    for m in engine_runs.MICROBATCHES] + ["dp"]
+    sections = dict(engine_runs.plans())
+    assert sections["pipe/1f1b/M8"]["pipeline"] == {"stages": 2, "split": "2",
+                                                    "microbatches": 8, "schedule": "1f1b"}
+    assert sections["pipe/1f1b/M8"]["data"]["batch_size"] == 8
+    assert sections["dp"]["train"]["parallel"] == "dp" and sections["dp"]["data"]["batch_size"] == 2
+    assert sections["dp"]["model"] == {"name": "mlp", "hidden": 16, "depth": 2}
+
+
+def test_fits_clip_at_zero_and_need_two_action_counts() -> None:
+    assert fit_dp([OverheadRow("dp", 1e-3, 2e-3), OverheadRow("dp", 1e-3, 3e-3)]) == 0.0
+    with pytest.raises(DataError, match="different numbers of actions"):
+        fit_pipeline([OverheadRow("a", 1e-3, 5e-4, 4.0), OverheadRow("b", 2e-3, 5e-4, 4.0)])
+    # a measured time below the zero-overhead prediction: no negative overhead
+    action, step, _ = fit_pipeline([OverheadRow("a", 1e-3, 2e-3, 4.0),
+                                    OverheadRow("b", 2e-3, 3e-3, 8.0)])
+    assert action == 0.0 and step == 0.0
+    with pytest.raises(DataError, match="measured_s = 0"):
+        OverheadRow("x", 0.0, 1e-3)
+    with pytest.raises(ConfigError, match="action_s = -1 must be a finite number"):
+        EngineOverhead(action_s=-1)
+
+
+def test_the_calibration_file_keeps_the_engine_overhead(tmp_path: Path) -> None:
+    cal = CostCalibration.of(levels=(LinkLevel("loopback", 1e-4, 1e-9, 0.0, cores=2),),
+                             overhead=EngineOverhead(2e-4, 3e-5, 1e-3))
+    path = cal.save(tmp_path / "cost.json")
+    assert CostCalibration.load(path).overhead == EngineOverhead(2e-4, 3e-5, 1e-3)
+    data = json.loads(path.read_text())
+    assert data["engine"] == {"action_s": 2e-4, "pipeline_step_s": 3e-5, "dp_step_s": 1e-3}
+    del data["engine"]
+    assert from_json(data).overhead == EngineOverhead()  # older files: not priced
+    data["engine"] = {"action_s": "fast"}
+    with pytest.raises(DataError, match=r"engine: engine overhead action_s = 'fast'"):
+        from_json(data, "cost.json")
+    data["engine"] = {"per_message_s": 1e-4}
+    with pytest.raises(DataError, match="unknown key"):
+        from_json(data, "cost.json")
