@@ -67,7 +67,7 @@ def test_the_engine_overhead_is_timed_through_the_engines(capsys) -> None:
     got = engine_overhead(cal, StepTiming(rounds=2, steps=2, warmup=1))
     # every tiny run stepped (a run that failed would raise) and the fit is in seconds (no
     # timing is asserted: only that the numbers are what a fit of step times can give)
-    for value in (got.action_s, got.pipeline_step_s, got.dp_step_s):
+    for value in (got.action_s, got.pipeline_step_s, got.dp_step_s, got.dp_byte_s * 1e6):
         assert 0 <= value < 0.5
     text = capsys.readouterr().out
-    assert "engine overhead (7 steps of a 3-block MLP of width 16 on 2 ranks)" in text
+    assert "engine overhead (8 steps of MLPs of width 16 and 2048 on 2 ranks)" in text

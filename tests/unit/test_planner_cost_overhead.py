@@ -13,7 +13,7 @@ from approxdist.errors import ConfigError, DataError
 from approxdist.planner.cost import LinkLevel, Network, PipelinePlan, Stage, dp_time
 from approxdist.planner.cost.calibration_file import CostCalibration, from_json
 from approxdist.planner.cost.dp import DPOptions
-from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_dp, fit_pipeline
+from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_linear
 from approxdist.planner.cost.pipeline import pipeline_time
 from approxdist.planner.objective import SolverSettings, estimate
 from approxdist.planner.profile import BlockProfile, Profile
@@ -84,48 +84,65 @@ def test_data_parallel_overhead_and_no_free_core() -> None:
 
 
 def test_the_fit_recovers_a_known_overhead() -> None:
-    profile = toy([(5e-5, 8e-5)] * 3, [1024] * 3)
+    tiny = toy([(5e-5, 8e-5)] * 3, [1024] * 3)
+    wide = toy([(2e-4, 4e-4)] * 3, [1024, 16 * MB, 1024])
+    profiles = {engine_runs.TINY.label: tiny, engine_runs.WIDE.label: wide}
     level = LinkLevel("loopback", 2e-4, 3e-10, 8e-10, cores=2)
     net = Network(level)
-    truth = EngineOverhead(2.5e-4, 4e-4, 9e-4)
+    truth = EngineOverhead(2.5e-4, 4e-4, 9e-4, 6e-10)
     stages = (Stage(0, engine_runs.SPLIT), Stage(engine_runs.SPLIT, 3))
     measured = {}
     for key, _ in engine_runs.plans():
-        if key == "dp":
-            measured[key] = dp_time(profile, 2, net, DPOptions(step_overhead_s=truth.dp_step_s)
-                                    ).step_s
+        if key in engine_runs.MODELS:
+            profile = profiles[engine_runs.MODELS[key].label]
+            measured[key] = dp_time(profile, 2, net, DPOptions(
+                step_overhead_s=truth.dp_step_s, byte_overhead_s=truth.dp_byte_s)).step_s
             continue
         _, schedule, m = key.split("/")
-        measured[key] = pipeline_time(profile, PipelinePlan(stages, schedule, int(m[1:])), net,
+        measured[key] = pipeline_time(tiny, PipelinePlan(stages, schedule, int(m[1:])), net,
                                       0.0, truth).step_s
-    got, rms, rows = engine_runs.fit(profile, net, measured)
+    got, rms, rows = engine_runs.fit(profiles, net, measured)
     assert len(rows) == len(measured)
-    assert got.action_s == pytest.approx(truth.action_s, rel=1e-6)
-    assert got.pipeline_step_s == pytest.approx(truth.pipeline_step_s, rel=1e-6)
-    assert got.dp_step_s == pytest.approx(truth.dp_step_s, rel=1e-6)
-    assert rms == pytest.approx(0.0, abs=1e-9)
+    for key in ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s"):
+        assert getattr(got, key) == pytest.approx(getattr(truth, key), rel=1e-6), key
+    assert rms["pipeline"] == pytest.approx(0.0, abs=1e-9)
+    assert rms["dp"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_replicated_stage_pays_the_engine_per_gradient_byte() -> None:
+    profile = toy([(1e-3, 2e-3)] * 2, [4 * MB, MB])
+    plan = PipelinePlan((Stage(0, 1, 2), Stage(1, 2, 1)), "gpipe", 2)
+    without = pipeline_time(profile, plan, FREE)
+    with_bytes = pipeline_time(profile, plan, FREE, 0.0, EngineOverhead(dp_byte_s=1e-9))
+    # stage 0's 4 MB all-reduce comes last (after the flush): the step grows by its bytes'
+    # engine work; stage 1 has one replica and no all-reduce
+    assert with_bytes.step_s - without.step_s == pytest.approx(4 * MB * 1e-9)
+    one = toy([(1e-3, 2e-3)], [4 * MB])
+    base = dp_time(one, 2, FREE, DPOptions(algorithm="ring"))
+    more = dp_time(one, 2, FREE, DPOptions(algorithm="ring", byte_overhead_s=1e-9))
+    assert more.step_s - base.step_s == pytest.approx(4 * MB * 1e-9)
 
 
 def test_the_runs_are_the_tiny_model_on_two_ranks() -> None:
     keys = [k for k, _ in engine_runs.plans()]
     assert keys == [f"pipe/{s}/M{m}" for s in engine_runs.SCHEDULES
-                    for m in engine_runs.MICROBATCHES] + ["dp"]
+                    for m in engine_runs.MICROBATCHES] + ["dp", "dp-wide"]
     sections = dict(engine_runs.plans())
     assert sections["pipe/1f1b/M8"]["pipeline"] == {"stages": 2, "split": "2",
                                                     "microbatches": 8, "schedule": "1f1b"}
     assert sections["pipe/1f1b/M8"]["data"]["batch_size"] == 8
     assert sections["dp"]["train"]["parallel"] == "dp" and sections["dp"]["data"]["batch_size"] == 2
     assert sections["dp"]["model"] == {"name": "mlp", "hidden": 16, "depth": 2}
+    assert sections["dp-wide"]["model"] == {"name": "mlp", "hidden": 2048, "depth": 2}
 
 
-def test_fits_clip_at_zero_and_need_two_action_counts() -> None:
-    assert fit_dp([OverheadRow("dp", 1e-3, 2e-3), OverheadRow("dp", 1e-3, 3e-3)]) == 0.0
-    with pytest.raises(DataError, match="different numbers of actions"):
-        fit_pipeline([OverheadRow("a", 1e-3, 5e-4, 4.0), OverheadRow("b", 2e-3, 5e-4, 4.0)])
-    # a measured time below the zero-overhead prediction: no negative overhead
-    action, step, _ = fit_pipeline([OverheadRow("a", 1e-3, 2e-3, 4.0),
-                                    OverheadRow("b", 2e-3, 3e-3, 8.0)])
-    assert action == 0.0 and step == 0.0
+def test_fits_clip_at_zero_and_need_two_slopes() -> None:
+    with pytest.raises(DataError, match="grow differently with the overhead"):
+        fit_linear([OverheadRow("a", 1e-3, 5e-4, 4.0), OverheadRow("b", 2e-3, 5e-4, 4.0)])
+    # measured times below the zero-overhead prediction: no negative overhead
+    per, fixed, _ = fit_linear([OverheadRow("a", 1e-3, 2e-3, 4.0),
+                                OverheadRow("b", 2e-3, 3e-3, 8.0)])
+    assert per == 0.0 and fixed == 0.0
     with pytest.raises(DataError, match="measured_s = 0"):
         OverheadRow("x", 0.0, 1e-3)
     with pytest.raises(ConfigError, match="action_s = -1 must be a finite number"):
@@ -134,11 +151,12 @@ def test_fits_clip_at_zero_and_need_two_action_counts() -> None:
 
 def test_the_calibration_file_keeps_the_engine_overhead(tmp_path: Path) -> None:
     cal = CostCalibration.of(levels=(LinkLevel("loopback", 1e-4, 1e-9, 0.0, cores=2),),
-                             overhead=EngineOverhead(2e-4, 3e-5, 1e-3))
+                             overhead=EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10))
     path = cal.save(tmp_path / "cost.json")
-    assert CostCalibration.load(path).overhead == EngineOverhead(2e-4, 3e-5, 1e-3)
+    assert CostCalibration.load(path).overhead == EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10)
     data = json.loads(path.read_text())
-    assert data["engine"] == {"action_s": 2e-4, "pipeline_step_s": 3e-5, "dp_step_s": 1e-3}
+    assert data["engine"] == {"action_s": 2e-4, "pipeline_step_s": 3e-5, "dp_step_s": 1e-3,
+                              "dp_byte_s": 5e-10}
     del data["engine"]
     assert from_json(data).overhead == EngineOverhead()  # older files: not priced
     data["engine"] = {"action_s": "fast"}

@@ -102,20 +102,25 @@ def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
 
 
 def engine_overhead(cal: CostCalibration, timing: StepTiming) -> EngineOverhead:
-    """The engines' CPU work per action and per step, fitted on the tiny model's runs
-    (`planner/validation/engine_runs.py`) timed through the engines on 2 ranks."""
-    cfg = build_config(engine_runs.TINY.sections)
-    profile = profile_run(cfg.model, cfg.data, engine_runs.TINY.micro_batch_size, threads=1)
+    """The engines' CPU work per action, per step and per gradient byte, fitted on the tiny
+    models' runs (`planner/validation/engine_runs.py`) timed through the engines on 2
+    ranks."""
+    profiles = {}
+    for spec in (engine_runs.TINY, engine_runs.WIDE):
+        cfg = build_config(spec.sections)
+        profiles[spec.label] = profile_run(cfg.model, cfg.data, spec.micro_batch_size,
+                                           threads=1)
     runs = [TimedPlan(key, sections) for key, sections in engine_runs.plans()]
     times = run_on_ranks(time_plans, engine_runs.WORLD, runs, timing, timeout_s=300)[0]
     measured = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     network = ClusterSpec(world_size=engine_runs.WORLD, calibration=cal).network()
-    overhead, rms, found = engine_runs.fit(profile, network, measured,
+    overhead, rms, found = engine_runs.fit(profiles, network, measured,
                                            cal.optimizer_s_per_byte(OPTIMIZER))
-    print(f"engine overhead ({len(found)} steps of a {len(profile.blocks)}-block MLP of width "
-          f"16 on 2 ranks): {overhead.action_s * 1e6:.0f} us per pipeline action, "
-          f"{overhead.pipeline_step_s * 1e6:.0f} us per pipeline step (rms error {rms:.0%}), "
-          f"{overhead.dp_step_s * 1e6:.0f} us per data-parallel step")
+    print(f"engine overhead ({len(found)} steps of MLPs of width 16 and 2048 on 2 ranks): "
+          f"{overhead.action_s * 1e6:.0f} us per pipeline action, "
+          f"{overhead.pipeline_step_s * 1e6:.0f} us per pipeline step (rms error "
+          f"{rms['pipeline']:.0%}); data-parallel {overhead.dp_step_s * 1e6:.0f} us per step "
+          f"and {overhead.dp_byte_s * 1e12:.0f} ps per gradient byte")
     return overhead
 
 

@@ -111,7 +111,8 @@ def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | No
     t = dp_time(profile, n, settings.network,
                 DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
                           optimizer_s=optimizer_s(profile, settings, plan.stages),
-                          step_overhead_s=settings.overhead.dp_step_s))
+                          step_overhead_s=settings.overhead.dp_step_s,
+                          byte_overhead_s=settings.overhead.dp_byte_s))
     parts = {"forward_s": t.forward_s, "backward_s": t.backward_s, "allreduce_s": t.comm_s,
              "exposed_allreduce_s": t.exposed_comm_s}
     return RankedPlan(plan, "single" if n == 1 else "dp", t.step_s, t.samples_per_step,

@@ -16,7 +16,8 @@ with F and B the summed forward and backward seconds. The exposed communication 
 max(B, e_last) - B: what the backward did not hide. Without overlap every bucket is ready
 at B. The optimizer step is a given number of seconds, and the engine's own work per
 step (`DPOptions.step_overhead_s`, `overhead.EngineOverhead.dp_step_s`, measured on a tiny
-model) is added like compute.
+model) is added like compute; its work per gradient byte (`byte_overhead_s`: copies into
+and out of the bucket, averaging) lengthens each bucket's all-reduce.
 
 Where the ranks leave no core free (a `loopback` level whose busy ranks are at least its
 cores) the all-reduce's CPU work (its alpha, beta, gamma and coding terms; an emulated
@@ -58,10 +59,11 @@ class DPOptions:
     optimizer_s: float = 0.0
     segment_bytes: int | None = None  # None: each algorithm's own
     step_overhead_s: float = 0.0  # the engine's CPU work per step (before core sharing)
+    byte_overhead_s: float = 0.0  # ... per gradient byte, with each bucket's all-reduce
 
     def __post_init__(self) -> None:
         for key in ("bucket_mb", "first_bucket_mb", "solo_mb", "optimizer_s",
-                    "step_overhead_s"):
+                    "step_overhead_s", "byte_overhead_s"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"data-parallel {key} = {value!r} must be a finite number "
@@ -125,14 +127,15 @@ def dp_time(profile: Profile, world_size: int, network: Network,
         name = opts.algorithm
         if name == "hybrid":
             name = fastest(level, world_size, values, opts.codec, opts.segment_bytes, busy)[0]
-        took = allreduce_time(level, name, world_size, values, opts.codec, opts.segment_bytes,
-                              busy)
+        own = shared * opts.byte_overhead_s * 4 * values  # the engine's passes over it
+        took = own + allreduce_time(level, name, world_size, values, opts.codec,
+                                    opts.segment_bytes, busy)
         ready = (done[min(plan.positions)] if opts.overlap else backward) + cpu
         start = max(ready, end)
         end = start + took
         if cpu_level is not None:
-            cpu += allreduce_time(cpu_level, name, world_size, values, opts.codec,
-                                  opts.segment_bytes, busy)
+            cpu += own + allreduce_time(cpu_level, name, world_size, values, opts.codec,
+                                        opts.segment_bytes, busy)
         out.append(BucketTime(plan.index, plan.positions, 4 * values, name, ready, start, end))
     finish = max(backward + cpu, end)
     comm = sum(b.end_s - b.start_s for b in out)

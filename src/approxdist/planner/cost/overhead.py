@@ -14,16 +14,20 @@ the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). 
 - `pipeline_step_s`: one step of a pipeline or hybrid rank beyond its actions (once per
   step);
 - `dp_step_s`: one step of a data-parallel rank beyond its forward, backward,
-  all-reduces and optimizer (once per step).
+  all-reduces and optimizer (once per step);
+- `dp_byte_s`: per gradient byte a data-parallel rank all-reduces, the engine's own
+  passes over it (copying into and out of its buckets, averaging), charged with each
+  bucket's all-reduce and with a replicated stage's.
 
-They are measured, not fitted to the configurations a model is judged on: `fit_pipeline`
+They are measured, not fitted to the configurations a model is judged on: `fit_linear`
 takes step times of a *tiny* pipeline (any model whose compute is small next to its
 overhead) at several micro-batch counts and schedules, each with the cost model's
 prediction at zero overhead (`base_s`) and its growth per second of `action_s`
-(`per_action`, from the simulation: how many actions lie on the step's critical path),
-and solves `measured = base + per_action x action_s + pipeline_step_s` by non-negative
-least squares on the relative error; `fit_dp` takes a tiny data-parallel step's
-measured and predicted times and keeps the median difference (>= 0).
+(`slope`, from the simulation: how many actions lie on the step's critical path), and
+solves `measured = base + slope x action_s + pipeline_step_s` by non-negative least
+squares on the relative error; the same fit of a tiny and a wide data-parallel step
+(slope: the growth per second of `dp_byte_s`, about the gradient bytes) gives
+`dp_byte_s` and `dp_step_s`.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numpy as np
 
 from approxdist.errors import ConfigError, DataError
 
-FIELDS = ("action_s", "pipeline_step_s", "dp_step_s")
+FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class EngineOverhead:
     action_s: float = 0.0
     pipeline_step_s: float = 0.0
     dp_step_s: float = 0.0
+    dp_byte_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in FIELDS:
@@ -64,17 +69,17 @@ NONE = EngineOverhead()
 
 @dataclass(frozen=True)
 class OverheadRow:
-    """One timed configuration of the tiny model: what was measured, what the cost model
+    """One timed configuration of a tiny model: what was measured, what the cost model
     predicts at zero overhead, and how many seconds the prediction grows per second of
-    `action_s` (0 for data parallelism)."""
+    the per-unit overhead being fitted (`action_s` or `dp_byte_s`)."""
 
     key: str
     measured_s: float
     base_s: float
-    per_action: float = 0.0
+    slope: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("measured_s", "base_s", "per_action"):
+        for name in ("measured_s", "base_s", "slope"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise DataError(f"overhead row {self.key!r} {name} = {value!r} must be a finite "
@@ -84,16 +89,17 @@ class OverheadRow:
                             f"be > 0")
 
 
-def fit_pipeline(rows: Sequence[OverheadRow]) -> tuple[float, float, float]:
-    """(action_s, pipeline_step_s, rms relative error) from >= 2 rows whose `per_action`
-    differ (several micro-batch counts), by non-negative least squares on relative error."""
-    if len({round(r.per_action, 12) for r in rows}) < 2:
-        raise DataError(f"{len(rows)} pipeline row(s) with per_action "
-                        f"{sorted({r.per_action for r in rows})}: the fit needs >= 2 rows whose "
-                        f"critical paths hold different numbers of actions (time several "
-                        f"micro-batch counts, e.g. 2 and 32)")
+def fit_linear(rows: Sequence[OverheadRow]) -> tuple[float, float, float]:
+    """(per-unit seconds, fixed seconds, rms relative error) solving measured = base +
+    slope x per-unit + fixed over `rows` (>= 2 distinct slopes), both >= 0, by least
+    squares on the relative error."""
+    if len({round(r.slope, 12) for r in rows}) < 2:
+        raise DataError(f"{len(rows)} overhead row(s) with slopes "
+                        f"{sorted({r.slope for r in rows})}: the fit needs >= 2 rows whose "
+                        f"predictions grow differently with the overhead (time several "
+                        f"micro-batch counts, e.g. 2 and 32, or two model widths)")
     t = np.array([r.measured_s for r in rows])
-    x = np.array([[r.per_action, 1.0] for r in rows]) / t[:, None]
+    x = np.array([[r.slope, 1.0] for r in rows]) / t[:, None]
     y = np.array([(r.measured_s - r.base_s) / r.measured_s for r in rows])
     best: tuple[float, np.ndarray] | None = None
     for support in ((0, 1), (0,), (1,)):
@@ -109,11 +115,3 @@ def fit_pipeline(rows: Sequence[OverheadRow]) -> tuple[float, float, float]:
     coef = best[1] if best is not None else np.zeros(2)
     errors = (x @ coef - y)
     return float(coef[0]), float(coef[1]), float(math.sqrt(float(np.mean(errors ** 2))))
-
-
-def fit_dp(rows: Sequence[OverheadRow]) -> float:
-    """dp_step_s: the median of measured - predicted over the rows, at least 0."""
-    if not rows:
-        raise DataError("no data-parallel row to fit dp_step_s; time a tiny data-parallel step")
-    gaps = sorted(r.measured_s - r.base_s for r in rows)
-    return max(0.0, float(np.median(gaps)))

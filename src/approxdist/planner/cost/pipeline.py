@@ -17,8 +17,9 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
 
 Every coding and link term is multiplied by the level's load (loopback: busy ranks /
 cores). The engines' own work (`overhead.EngineOverhead`, measured on a tiny model) adds
-`action_s` to every forward and every backward of a micro-batch and `pipeline_step_s`
-once per step, both CPU work like the compute. Compute is the profile's, except where
+`action_s` to every forward and every backward of a micro-batch, `pipeline_step_s` once
+per step and `dp_byte_s` per gradient byte to a replicated stage's all-reduce, all CPU
+work like the compute. Compute is the profile's, except where
 more ranks than cores share a loopback machine: there every rank's CPU work (compute,
 coding, the engine's work) runs at cores / ranks of its speed for the whole step,
 whether the timeline has the rank busy or waiting (`Network.compute_load`): a rank that
@@ -198,8 +199,12 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
             bwd += cut.decode_grad
             times.update(send_act=cut.encode_act, act_wire=cut.act_wire,
                          act_latency=cut.act_latency)
-        times["all_reduce"] = replica_allreduce_s(profile, st, network.level(plan.slots(s)),
-                                                  plan.algorithm, plan.grad_codec, busy)
+        level = network.level(plan.slots(s))
+        times["all_reduce"] = replica_allreduce_s(profile, st, level, plan.algorithm,
+                                                  plan.grad_codec, busy)
+        if st.replicas > 1:  # the data-parallel engine's passes over the stage's gradients
+            times["all_reduce"] += compute_scale * overhead.dp_byte_s * sum(
+                b.param_bytes for b in blocks)
         out.append(StageTimes(forward=fwd, backward=bwd, **times))
     return StageDurations(tuple(out))
 

@@ -1,13 +1,15 @@
-"""The tiny model whose timed steps measure the engines' overhead (`cost.overhead`), held out.
+"""The tiny models whose timed steps measure the engines' overhead (`cost.overhead`), held out.
 
-`plan validate` measures the engines' own CPU work per pipeline action and per step on a
-model that is in none of its settings: `TINY`, a 3-block MLP of width 16 on 16 inputs
-at one sample per micro-batch, whose forward + backward (about 0.2 ms for the whole model
-here) is small next to what the engines do around it. `plans` lists the runs (a 2-stage
-pipeline, GPipe and 1F1B, at 2, 8 and 32 micro-batches, and data parallelism, on 2
-ranks, each as the config sections `train --plan` would run); `rows` prices each with
-the cost model at zero overhead and its growth per second of `action_s`, and `fit`
-solves for `EngineOverhead`. Pure: the timing is the caller's (`train/plan_timing.py`).
+`plan validate` measures the engines' own CPU work on models that are in none of its
+settings: `TINY`, a 3-block MLP of width 16 on 16 inputs at one sample per
+micro-batch, whose forward + backward (about 0.2 ms for the whole model here) is small
+next to what the engines do around it, and `WIDE`, the same with width 2048 (17 MB of
+gradients for little compute), for the data-parallel engine's work per gradient byte.
+`plans` lists the runs on 2 ranks (a 2-stage pipeline of `TINY`, GPipe and 1F1B, at 2, 8
+and 32 micro-batches; data parallelism of `TINY` and of `WIDE`), each as the config
+sections `train --plan` would run; `fit` prices each with the cost model at zero
+overhead and its growth per second of the overhead (secant slopes, refined), and solves
+for `EngineOverhead`. Pure: the timing is the caller's (`train/plan_timing.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from approxdist.planner.cost.links import Network
 from approxdist.planner.cost.overhead import (
     EngineOverhead,
     OverheadRow,
-    fit_dp,
-    fit_pipeline,
+    fit_linear,
 )
 from approxdist.planner.cost.pipeline import PipelinePlan, Stage, pipeline_time
 from approxdist.planner.profile import Profile
@@ -33,6 +34,8 @@ TINY = ModelSpec("tiny-mlp", {
     "model": {"name": "mlp", "hidden": 16, "depth": 2},
     "data": {"dataset": "synthetic", "synthetic_shape": [16], "synthetic_samples": 512,
              "augment": False}}, 1)
+WIDE = ModelSpec("wide-mlp", merge(TINY.sections, {"model": {"hidden": 2048}}), 1)
+MODELS = {"dp": TINY, "dp-wide": WIDE}
 WORLD = 2
 MICROBATCHES = (2, 8, 32)
 SPLIT = 2  # stage 1 starts at block 2 (of 3: two hidden layers and the classifier)
@@ -53,8 +56,10 @@ def plans(threads: int = 1) -> list[tuple[str, dict[str, dict[str, Any]]]]:
         "pipeline": {"stages": WORLD, "split": str(SPLIT), "microbatches": m, "schedule": s},
         "data": {"batch_size": m * TINY.micro_batch_size}}))
         for s in SCHEDULES for m in MICROBATCHES]
-    out.append(("dp", merge(base, {"train": {"parallel": "dp"},
-                                   "data": {"batch_size": WORLD * TINY.micro_batch_size}})))
+    for key, spec in MODELS.items():
+        out.append((key, merge(base, {"train": {"parallel": "dp"},
+                                      "model": spec.sections["model"],
+                                      "data": {"batch_size": WORLD * spec.micro_batch_size}})))
     return out
 
 
@@ -67,40 +72,50 @@ def _stages(profile: Profile) -> tuple[Stage, ...]:
     return (Stage(0, SPLIT), Stage(SPLIT, n))
 
 
-def rows(profile: Profile, network: Network, measured: dict[str, float],
-         optimizer_s_per_byte: float = 0.0, probe_s: float = PROBE_S) -> list[OverheadRow]:
-    """Every timed run of `plans` as an `OverheadRow` (measured seconds per step, the cost
-    model's at zero overhead, and its slope in `action_s` between 0 and `probe_s`)."""
-    cut = _stages(profile)
+def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
+         optimizer_s_per_byte: float = 0.0, probe: EngineOverhead | None = None
+         ) -> list[OverheadRow]:
+    """Every timed run of `plans` as an `OverheadRow`: measured seconds per step, the cost
+    model's at zero overhead, and its slope in `action_s` (pipelines) or `dp_byte_s` (data
+    parallelism) between 0 and `probe`'s value. `profiles`: `TINY` and `WIDE` by label."""
+    at = probe or EngineOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     out = []
     for key, seconds in measured.items():
-        if key == "dp":
+        if key in MODELS:
+            profile = profiles[MODELS[key].label]
             opt = optimizer_s_per_byte * sum(b.param_bytes for b in profile.blocks)
-            base = dp_time(profile, WORLD, network, DPOptions(optimizer_s=opt)).step_s
-            out.append(OverheadRow(key, seconds, base))
+            zero = dp_time(profile, WORLD, network, DPOptions(optimizer_s=opt)).step_s
+            grown = dp_time(profile, WORLD, network,
+                            DPOptions(optimizer_s=opt, byte_overhead_s=at.dp_byte_s)).step_s
+            out.append(OverheadRow(key, seconds, zero, (grown - zero) / at.dp_byte_s))
             continue
+        profile = profiles[TINY.label]
+        cut = _stages(profile)
         _, schedule, m = key.split("/")
         plan = PipelinePlan(cut, schedule, int(m[1:]))
         opt = optimizer_s_per_byte * max(sum(b.param_bytes for b in profile.blocks[s.first:s.end])
                                          for s in cut)
         zero = pipeline_time(profile, plan, network, opt).step_s
-        probe = pipeline_time(profile, plan, network, opt,
-                              EngineOverhead(action_s=probe_s)).step_s
-        out.append(OverheadRow(key, seconds, zero, (probe - zero) / probe_s))
+        grown = pipeline_time(profile, plan, network, opt,
+                              EngineOverhead(action_s=at.action_s)).step_s
+        out.append(OverheadRow(key, seconds, zero, (grown - zero) / at.action_s))
     return out
 
 
-def fit(profile: Profile, network: Network, measured: dict[str, float],
-        optimizer_s_per_byte: float = 0.0) -> tuple[EngineOverhead, float, list[OverheadRow]]:
-    """The engines' overhead from the timed runs, the pipeline fit's rms relative error and
-    the rows of the last fit (slopes refined by secants, `REFINE` times)."""
-    probe = PROBE_S
+def fit(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
+        optimizer_s_per_byte: float = 0.0
+        ) -> tuple[EngineOverhead, dict[str, float], list[OverheadRow]]:
+    """The engines' overhead from the timed runs, each fit's rms relative error (`pipeline`,
+    `dp`) and the rows of the last round (slopes refined by secants, `REFINE` times)."""
+    probe = EngineOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     for _ in range(1 + REFINE):
-        found = rows(profile, network, measured, optimizer_s_per_byte, probe)
-        action, step, rms = fit_pipeline([r for r in found if r.key != "dp"])
-        if action <= 0 or abs(action - probe) <= 1e-9:
+        found = rows(profiles, network, measured, optimizer_s_per_byte, probe)
+        action, step, pipe_rms = fit_linear([r for r in found if r.key not in MODELS])
+        per_byte, dp_step, dp_rms = fit_linear([r for r in found if r.key in MODELS])
+        got = EngineOverhead(action, step, dp_step, per_byte)
+        nxt = replace(probe, **{k: v for k, v in (("action_s", action), ("dp_byte_s", per_byte))
+                                if v > 0})
+        if nxt == probe:
             break
-        probe = action
-    dp = fit_dp([r for r in found if r.key == "dp"])
-    return replace(EngineOverhead(), action_s=action, pipeline_step_s=step,
-                   dp_step_s=dp), rms, found
+        probe = nxt
+    return got, {"pipeline": pipe_rms, "dp": dp_rms}, found
