@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
-from approxdist.cli.plan_validate import engine_overhead
 from approxdist.planner.cost import LinkLevel, fit_level, read_rows
 from approxdist.planner.cost.calibration_file import CostCalibration
-from approxdist.train.plan_timing import StepTiming
 from approxdist.planner.validation.metrics import ape
 
 
@@ -62,12 +60,17 @@ def test_bench_p2p_writes_the_table_the_calibration_takes(tmp_path: Path, capsys
     assert main(["bench", "p2p", "--rounds", "0"]) == 2
 
 
-def test_the_engine_overhead_is_timed_through_the_engines(capsys) -> None:
-    cal = CostCalibration.of(levels=(LinkLevel("loopback", 2e-4, 3e-10, 8e-10, cores=2),))
-    got = engine_overhead(cal, StepTiming(rounds=2, steps=2, warmup=1))
-    # every tiny run stepped (a run that failed would raise) and the fit is in seconds (no
-    # timing is asserted: only that the numbers are what a fit of step times can give)
+def test_the_calibration_is_fitted_and_saved(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cost.json"
+    assert main(["plan", "validate", "--calibrate-only", "--save-calibration", str(out),
+                 "--rounds", "2", "--steps", "2", "--warmup", "1"]) == 0
+    cal = CostCalibration.load(out)
+    got = cal.overhead
+    # every tiny run stepped through the engines (a run that failed would raise) and the
+    # fit is in seconds (no timing is asserted: only what a fit of step times can give)
     for value in (got.action_s, got.pipeline_step_s, got.dp_step_s, got.dp_byte_s * 1e6):
         assert 0 <= value < 0.5
+    assert cal.level("loopback").cores and cal.optimizer_s_per_byte("momentum") > 0
     text = capsys.readouterr().out
     assert "engine overhead (8 steps of MLPs of width 16 and 2048 on 2 ranks)" in text
+    assert f"wrote {out}" in text and "median_ape" not in text  # it stopped there

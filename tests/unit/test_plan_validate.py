@@ -160,6 +160,10 @@ def test_a_candidate_runs_as_train_plan_would() -> None:
     (["--only", "vgg"], "--only 'vgg' matches no configuration"),
     (["--keep", "0"], "--keep 0 must be >= 1"),
     (["--rounds", "0"], "rounds = 0 must be an integer >= 1"),
+    (["--calibrate-only"], "--calibrate-only fits a calibration to save: give "
+                           "--save-calibration FILE too"),
+    (["--save-calibration", "a.json", "--calibration", "b.json"],
+     "nothing is fitted when a calibration is given; drop one"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys) -> None:
     assert main(["plan", "validate", *args]) == 2

@@ -2,6 +2,7 @@
 
     approxdist plan validate --quick --json validate.json
     approxdist plan validate --calibration cost.json --json validate.json   # every setting
+    approxdist plan validate --calibrate-only --save-calibration cost.json  # fit, save, stop
 
 For each setting (a model on 2-4 local gloo ranks, a link and a wire format:
 `planner/validation/configs.py`; `--quick` the documented subset) it profiles the model
@@ -70,6 +71,12 @@ def register(actions: Any) -> None:
     p.add_argument("--calibration", type=Path,
                    help="a cost calibration file with this machine's loopback level (default: "
                         "fit one now from all-reduces)")
+    p.add_argument("--save-calibration", type=Path, metavar="FILE",
+                   help="write the calibration fitted here (loopback level, optimizer, engine "
+                        "overhead) to FILE, for `approxdist plan --calibration FILE`")
+    p.add_argument("--calibrate-only", action="store_true",
+                   help="stop after fitting and saving the calibration (needs "
+                        "--save-calibration)")
     p.add_argument("--keep", type=int, default=3, help="our best plans measured per setting")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=3, help="steps per plan per round (default 3)")
@@ -196,12 +203,23 @@ def _rivals(summary: dict[str, Any]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.keep < 1:
         raise ConfigError(f"--keep {args.keep} must be >= 1 (our chosen plan is always measured)")
+    if args.calibrate_only and not args.save_calibration:
+        raise ConfigError("--calibrate-only fits a calibration to save: give --save-calibration "
+                          "FILE too")
+    if args.save_calibration and args.calibration:
+        raise ConfigError(f"--save-calibration with --calibration {str(args.calibration)!r}: "
+                          f"nothing is fitted when a calibration is given; drop one")
     timing = StepTiming(args.rounds, args.steps, args.warmup)
     settings = select(QUICK if args.quick else FULL, args.only)
     cores = os.cpu_count() or 1
     with HostWatch() as host:
         cal = CostCalibration.load(args.calibration) if args.calibration \
             else calibrate(cores, timing)
+        if args.save_calibration:
+            print(f"wrote {cal.save(args.save_calibration)}")
+            if args.calibrate_only:
+                print(host.line())
+                return 0
         if "loopback" not in cal.levels:
             raise ConfigError(f"--calibration {str(args.calibration)!r} has no 'loopback' level "
                               f"(it has {', '.join(sorted(cal.levels)) or 'none'}); fit one on "
