@@ -52,6 +52,8 @@ def test_plan_file_holds_the_contract_and_its_prediction(tmp_path: Path, capsys)
             "bwd_codec", "grad_codec", "link", "predicted"} <= set(plan)
     assert plan["fwd_codec"] == "bf16" and plan["bwd_codec"] == "fp32"
     assert plan["link"]["link"] == "bw=8gbit"
+    # a profile file records the input shape, not model options or a data set
+    assert plan["input_shape"] == [3, 224, 224] and "model_options" not in plan
     # the prediction is the event simulation (or dp_time) of the plan written
     profile = read_pipedream_profile(ALEXNET)
     net = Network(LinkLevel.from_link("inter", "bw=8gbit"))
