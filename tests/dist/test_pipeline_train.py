@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from approxdist.cli.main import main
-from approxdist.config.loader import build_config
+from approxdist.config.loader import build_config, read_toml
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.errors import LaunchError
 from approxdist.launch.context import DistContext
@@ -48,11 +48,18 @@ def test_resume_from_stage_checkpoints_is_bit_exact(tmp_path: Path) -> None:
 
 
 def test_cli_pipeline_run_writes_per_link_metrics_and_stage_checkpoints(tmp_path: Path) -> None:
+    # planned with the model's options; `train --plan` alone trains what was planned
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "mlp", "--set", "model.hidden=32", "--microbatch-size", "16",
+                 "--world-size", "2", "--link", "bw=1gbit", "--stages", "2", "--microbatches",
+                 "4", "--schedule", "1f1b", "--fwd-codec", "bits:s0e8m0", "--bwd-codec", "bf16",
+                 "--repeat", "1", "--json", str(plan)]) == 0
     out = tmp_path / "run"
-    args = ["train", "--parallel", "pipeline", "--epochs", "2", "--microbatches", "4",
-            "--schedule", "1f1b", "--fwd-codec", "bits:s0e8m0", "--bwd-codec", "bf16",
-            "--split", "2", "--out", str(out), *FAST]
-    assert main(args) == 0
+    assert main(["train", "--plan", str(plan), "--epochs", "2", "--out", str(out),
+                 "--set", "train.progress=false"]) == 0
+    config = build_config(read_toml(out / "config.toml"))
+    assert (config.model.name, config.model.hidden, config.data.dataset) == ("mlp", 32, "digits")
+    assert (config.data.batch_size, config.pipeline.microbatches) == (64, 4)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["stages"] == 2 and summary["parallel"] == "pipeline"
     assert summary["fwd_codec"] == "bits:s0e8m0" and summary["bytes_sent"] > 0

@@ -1,7 +1,8 @@
 """`approxdist.ParameterServer` from a user's own loop, on 3 gloo ranks: a model of the
 user's own (not one of approxdist's) with the user's loss and optimiser against
 single-process training on the combined batch (sync with 2 workers, sync sharded over 2
-servers, async with 1 worker); SSP and N+b invariants; bad arguments; the documented
+servers, async with 1 worker, sync with a learning-rate schedule on 1 and 2 servers); SSP
+and N+b invariants; bad arguments; the documented
 example (examples/ps_api.py) trains. One set of processes runs every case."""
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def _adam(params: Any) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=0.01)
 
 
+def _warmup(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 3))
+
+
+def _linear(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=3)
+
+
 @dataclass(frozen=True)
 class Case:
     """`servers` and `workers` as the API takes them, on ranks 0, 1, 2."""
@@ -63,6 +72,7 @@ class Case:
     optimizer: Callable[[Any], torch.optim.Optimizer]
     steps: int = STEPS
     group: tuple[int, ...] = ()  # the ranks of `group=`, in order (default: the world)
+    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
 
     @property
     def loss_fn(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -72,10 +82,13 @@ class Case:
 ORACLE_CASES = [Case(1, 2, "sync", "classification", _sgd),
                 Case([1, 2], [0], "sync", "regression", _adam),
                 Case(2, None, "async", "classification", _sgd, 4),
-                Case(1, None, "async", "regression", _adam, 3, (2, 0))]
+                Case(1, None, "async", "regression", _adam, 3, (2, 0)),
+                Case(1, 2, "sync", "classification", _sgd, 4, scheduler=_warmup),
+                Case([1, 2], [0], "sync", "regression", _adam, 4, scheduler=_linear)]
 #: which ranks serve in each oracle case (counts take the group's ranks in order; None:
 #: outside the group)
-SERVING = [[True, False, False], [False, True, True], [True, True, False], [False, None, True]]
+SERVING = [[True, False, False], [False, True, True], [True, True, False], [False, None, True],
+           [True, False, False], [False, True, True]]
 
 
 def _model(task: str) -> nn.Module:
@@ -100,10 +113,13 @@ def _run(ctx: DistContext, case: Case) -> dict[str, Any]:
         return {"server": None}
     ps = approxdist.ParameterServer(_model(case.task), servers=case.servers,
                                     workers=case.workers, mode=case.mode, steps=case.steps,
-                                    optimizer=case.optimizer, loss_fn=case.loss_fn, group=group)
+                                    optimizer=case.optimizer, loss_fn=case.loss_fn, group=group,
+                                    scheduler=case.scheduler)
     out: dict[str, Any] = {"server": ps.is_server, "losses": [], "records": []}
     if ps.is_server:
         out["records"] = ps.serve()
+        assert ps.optimizer is not None
+        out["lr"] = [g["lr"] for g in ps.optimizer.param_groups]
     else:
         w, n = ps.index, ps.roles.workers
         for x, y in _batches(case.task, case.steps):
@@ -120,7 +136,8 @@ def _refusals(ctx: DistContext) -> list[str]:
     for kwargs in ({"mode": "ssp"}, {"servers": 3}, {"workers": 5}, {"servers": [0, 1],
                    "workers": [1, 2]}, {"push_codec": "fp33"}, {"steps": 0},
                    {"mode": "backup:2"}, {"servers": [0], "workers": [1]},
-                   {"link": "bw=fast"}, {"optimizer": "sgd"}):
+                   {"link": "bw=fast"}, {"optimizer": "sgd"}, {"scheduler": "linear"},
+                   {"scheduler": lambda opt: 3}):
         args = {"steps": 2, "optimizer": _sgd, **kwargs}
         with pytest.raises(ConfigError) as info:
             approxdist.ParameterServer(model, **args)
@@ -156,25 +173,30 @@ def three_ranks() -> list[dict[str, Any]]:
     return run_on_ranks(_ranks, 3, timeout_s=240)
 
 
-def _oracle(case: Case) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Single-process training on the combined batches, and its losses."""
+def _oracle(case: Case) -> tuple[dict[str, torch.Tensor], list[float], float]:
+    """Single-process training on the combined batches (the scheduler stepped after each
+    optimiser step), its losses and its final learning rate."""
     model = _model(case.task)
     opt = case.optimizer(list(model.parameters()))
+    sched = case.scheduler(opt) if case.scheduler else None
     losses = []
     for x, y in _batches(case.task, case.steps):
         opt.zero_grad()
         loss = case.loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if sched is not None:
+            sched.step()
         losses.append(float(loss.detach()))
-    return {k: p.detach() for k, p in model.named_parameters()}, losses
+    return ({k: p.detach() for k, p in model.named_parameters()}, losses,
+            opt.param_groups[0]["lr"])
 
 
 @pytest.mark.parametrize("index", range(len(ORACLE_CASES)))
 def test_the_public_ps_equals_single_process_training(three_ranks: list[dict[str, Any]],
                                                       index: int) -> None:
     case = ORACLE_CASES[index]
-    want, losses = _oracle(case)
+    want, losses, lr = _oracle(case)
     runs = [r["oracle"][index] for r in three_ranks]
     assert [r["server"] for r in runs] == SERVING[index]
     workers = [r for r in runs if r["server"] is False]
@@ -186,6 +208,7 @@ def test_the_public_ps_equals_single_process_training(three_ranks: list[dict[str
     servers = [r for r in runs if r["server"] is True]
     assert sum(s["summary"]["updates"] for s in servers) == case.steps * len(servers)
     assert all(x == 0 for s in servers for rec in s["records"] for x in rec["staleness"])
+    assert all(s["lr"] == [pytest.approx(lr, rel=1e-12)] for s in servers)
 
 
 def test_ssp_bounds_the_lead_and_backup_applies_n(three_ranks: list[dict[str, Any]]) -> None:
@@ -221,9 +244,15 @@ def test_bad_arguments_are_refused_in_one_line(three_ranks: list[dict[str, Any]]
     assert got[8] == "link='bw=fast': bandwidth 'fast' is not <number><unit>; e.g. bw=100mbit"
     assert got[9] == ("optimizer='sgd' must be a function of a server's parameters, e.g. "
                       "optimizer=lambda params: torch.optim.SGD(params, lr=0.1)")
-    assert got[10].startswith("worker 0 (rank 1) computes gradients: call step(inputs, "
+    assert got[10] == ("scheduler='linear' must be a function of a server's optimizer, e.g. "
+                       "scheduler=lambda opt: torch.optim.lr_scheduler.LinearLR(opt, 0.1, "
+                       "total_iters=100)")
+    for r in three_ranks:  # found on the server, raised on the workers too
+        assert r["refused"][11].startswith("scheduler= returned int, which has no step(); "
+                                           "return a learning-rate scheduler")
+    assert got[12].startswith("worker 0 (rank 1) computes gradients: call step(inputs, "
                               "targets) on it, not serve()")
-    assert three_ranks[0]["refused"][10].startswith("server 0 (rank 0) holds parameters: call "
+    assert three_ranks[0]["refused"][12].startswith("server 0 (rank 0) holds parameters: call "
                                                    "serve() on it, not step()")
 
 

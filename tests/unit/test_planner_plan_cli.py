@@ -21,7 +21,7 @@ from approxdist.planner.cost import (
     dp_time,
     pipeline_time,
 )
-from approxdist.planner.plan_file import parse_plan, read_plan
+from approxdist.planner.plan_file import parse_plan, read_plan, write_plan
 from approxdist.train.plan_layer import plan_sections
 from tests.helpers.pipedream import PROFILES
 
@@ -52,6 +52,8 @@ def test_plan_file_holds_the_contract_and_its_prediction(tmp_path: Path, capsys)
             "bwd_codec", "grad_codec", "link", "predicted"} <= set(plan)
     assert plan["fwd_codec"] == "bf16" and plan["bwd_codec"] == "fp32"
     assert plan["link"]["link"] == "bw=8gbit"
+    # a profile file records the input shape, not model options or a data set
+    assert plan["input_shape"] == [3, 224, 224] and "model_options" not in plan
     # the prediction is the event simulation (or dp_time) of the plan written
     profile = read_pipedream_profile(ALEXNET)
     net = Network(LinkLevel.from_link("inter", "bw=8gbit"))
@@ -138,6 +140,11 @@ def test_train_reads_the_plan_under_its_flags(tmp_path: Path) -> None:
     ({"stages": [{"blocks": [0, 2], "replicas": 1}, {"blocks": [3, 4], "replicas": 1}]},
      "stages[1].blocks = [3, 4] must start where stage 0 ends (block 2)"),
     ({"stages": [{"replicas": 2}], "microbatches": 0}, "microbatches = 0 must be an integer"),
+    ({"stages": [{"replicas": 2}], "model_options": {"hiden": 3}},
+     "model_options has unknown key 'hiden'; known: shortcut, width, hidden"),
+    ({"stages": [{"replicas": 2}], "data": "digits"}, "data = 'digits' must be an object of"),
+    ({"stages": [{"replicas": 2}], "input_shape": [3, 0]},
+     "input_shape = [3, 0] must be a non-empty list of sizes >= 1"),
 ])
 def test_bad_plan_files_name_the_value(tmp_path: Path, plan: dict, message: str) -> None:
     path = tmp_path / "plan.json"
@@ -145,3 +152,70 @@ def test_bad_plan_files_name_the_value(tmp_path: Path, plan: dict, message: str)
     with pytest.raises(ConfigError) as err:
         read_plan(path)
     assert message in str(err.value) and str(path) in str(err.value)
+
+
+PLANNED = {"model": "mlp", "model_options": {"hidden": 48, "depth": 2},
+           "data": {"dataset": "synthetic", "synthetic_shape": [12], "synthetic_samples": 96},
+           "input_shape": [12], "micro_batch_size": 8,
+           "stages": [{"blocks": [0, 1], "replicas": 1}, {"blocks": [1, 3], "replicas": 1}]}
+
+
+def test_what_was_planned_for_round_trips_and_binds_train(tmp_path: Path, capsys) -> None:
+    path = write_plan(PLANNED, tmp_path / "plan.json")
+    plan = read_plan(path)
+    assert (plan.model, plan.model_options, plan.data, plan.input_shape) == (
+        "mlp", {"hidden": 48, "depth": 2}, PLANNED["data"], (12,))
+    assert parse_plan(json.loads(path.read_text())) == plan
+    cfg = resolve(build_parser().parse_args(["train", "--plan", str(path)]))[0]
+    assert (cfg.model.name, cfg.model.hidden, cfg.model.depth) == ("mlp", 48, 2)
+    assert (cfg.data.dataset, cfg.data.synthetic_shape, cfg.data.batch_size) == \
+        ("synthetic", (12,), 8)  # one micro-batch of 8: the file names no count
+    # the same values again are no contradiction
+    cfg = resolve(build_parser().parse_args(["train", "--plan", str(path), "--model", "mlp",
+                                             "--set", "model.hidden=48"]))[0]
+    assert cfg.model.hidden == 48
+    assert main(["plan", "show", str(path)]) == 0
+    assert ("planned for: model mlp (depth=2, hidden=48), data synthetic (synthetic_samples=96, "
+            "synthetic_shape=[12]), input [12] x micro-batch 8") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--set", "model.hidden=64"], "--set model.hidden=64 contradicts plan file {path!r}, made "
+                                   "for model.hidden = 48; drop the flag"),
+    (["--model", "resnet20"], "--model 'resnet20' contradicts plan file {path!r}, made for "
+                              "model.name = 'mlp'"),
+    (["--dataset", "digits"], "--dataset 'digits' contradicts plan file {path!r}, made for "
+                              "data.dataset = 'synthetic'"),
+    (["--set", "data.synthetic_shape=[3,4]"], "--set data.synthetic_shape=[3, 4] contradicts "
+                                              "plan file {path!r}, made for data.synthetic_shape "
+                                              "= [12]"),
+])
+def test_a_flag_that_contradicts_the_plan_is_one_line_exit_2(tmp_path: Path, capsys,
+                                                              flags: list[str],
+                                                              message: str) -> None:
+    path = str(write_plan(PLANNED, tmp_path / "plan.json"))
+    assert main(["train", "--plan", path, *flags, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message.format(path=path) in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_samples_of_another_shape_than_profiled_are_one_line_exit_2(tmp_path: Path,
+                                                                    capsys) -> None:
+    path = str(write_plan({**PLANNED, "input_shape": [3, 32, 32]}, tmp_path / "plan.json"))
+    assert main(["train", "--plan", path, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (f"data set 'synthetic' has samples of shape [12]; plan file {path!r} was profiled "
+            f"on [3, 32, 32]") in err and len(err.splitlines()) == 1
+
+
+def test_an_old_plan_file_leaves_model_options_and_data_to_the_command_line(
+        tmp_path: Path) -> None:
+    old = {k: v for k, v in PLANNED.items() if k not in ("model_options", "data", "input_shape")}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "approxdist-plan", "version": 1, **old}))
+    plan = read_plan(path)
+    assert (plan.model_options, plan.data, plan.input_shape) == (None, None, None)
+    cfg = resolve(build_parser().parse_args(["train", "--plan", str(path), "--dataset",
+                                             "synthetic", "--set", "model.hidden=64"]))[0]
+    assert (cfg.model.name, cfg.model.hidden, cfg.data.dataset) == ("mlp", 64, "synthetic")

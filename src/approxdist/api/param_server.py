@@ -19,6 +19,11 @@ link and byte count applies:
             loss = ps.step(x, y)         # forward, backward, push, pull
     ps.close()
 
+`scheduler=` (optional) makes a learning-rate schedule of each server's optimiser, e.g.
+`scheduler=lambda opt: torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=100)`;
+a server steps it once after each server step (as `train --parallel ps` applies its lr
+rule): in sync and N+b mode after each update, in async and SSP after each W pushes.
+
 A *round* is `steps` calls of `step` on every worker and one `serve` on every server
 (call both again for another round, an epoch say). Its last step leaves every worker
 with the servers' final parameters in `ps.module` (asynchronous modes pull them once
@@ -44,8 +49,14 @@ from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.errors import ConfigError, SpecError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, check_ranks, world_group
-from approxdist.param_server.modes import parse_mode
-from approxdist.param_server.node import OptimizerFactory, PSNode, check_backend
+from approxdist.param_server.modes import PSMode, parse_mode
+from approxdist.param_server.node import (
+    OptimizerFactory,
+    PSNode,
+    Scheduler,
+    SchedulerFactory,
+    check_backend,
+)
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.wire import WireFormats
 
@@ -61,9 +72,9 @@ class ParameterServer:
                  push_codec: str = "fp32", pull_codec: str = "fp32",
                  push_channel: str = "none", pull_channel: str = "none",
                  error_feedback: bool = False, link: str = "", staleness_lr: bool = False,
-                 group: Group | None = None) -> None:
+                 scheduler: SchedulerFactory | None = None, group: Group | None = None) -> None:
         ctx = context_of(model)
-        _check_arguments(ctx, model, optimizer, steps)
+        _check_arguments(ctx, model, optimizer, steps, scheduler)
         self.group = group if group is not None else world_group(ctx)
         self.roles = _roles(servers, workers, self.group, ctx.world_size)
         ps_mode = parse_mode(mode, self.roles.workers, name="mode")
@@ -76,13 +87,31 @@ class ParameterServer:
         check_same_model(model, self.group, who="approxdist.ParameterServer")
         self.steps, self.loss_fn = steps, loss_fn
         self.link = Link(ctx, shaping, group=self.group)
-        self.node = PSNode(model, self.roles, ps_mode, self.link, self.group, wire,
-                           _checked(optimizer), steps, error_feedback=error_feedback,
-                           staleness_lr=staleness_lr, servers_name="servers")
+        self.node = self._node(model, ps_mode, wire, optimizer, scheduler, steps,
+                               error_feedback, staleness_lr)
         self.module = model
         self._calls = 0    # steps of this round called
         self._covered = 0  # of them, taken or skipped by the last push (N+b skips ahead)
         self.node.start()
+
+    def _node(self, model: nn.Module, mode: PSMode, wire: WireFormats,
+              optimizer: OptimizerFactory, scheduler: SchedulerFactory | None, steps: int,
+              error_feedback: bool, staleness_lr: bool) -> PSNode:
+        """This rank's node; a factory's bad result on a server is refused on every rank
+        (one gather), so that no worker waits for a server that will not start."""
+        node, problem = None, ""
+        try:
+            node = PSNode(model, self.roles, mode, self.link, self.group, wire,
+                          _checked(optimizer), steps, error_feedback=error_feedback,
+                          staleness_lr=staleness_lr, servers_name="servers",
+                          scheduler=None if scheduler is None else _stepping(scheduler))
+        except ConfigError as exc:
+            problem = str(exc)
+        problems = [p for p in self.group.all_gather_object(problem) if p]
+        if problems or node is None:
+            self.link.close()
+            raise ConfigError(problems[0] if problems else problem)
+        return node
 
     @property
     def is_server(self) -> bool:
@@ -97,6 +126,12 @@ class ParameterServer:
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The optimiser of this server's shard (None on a worker)."""
         return self.node.server.optimizer if self.node.server is not None else None
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The learning-rate scheduler of this server's optimiser (None on a worker, or
+        without `scheduler=`)."""
+        return self.node.scheduler
 
     def serve(self) -> list[dict[str, object]]:
         """On a server: serve one round, until every worker has taken `steps` steps.
@@ -149,7 +184,8 @@ class ParameterServer:
         self.link.close()
 
 
-def _check_arguments(ctx: DistContext, model: nn.Module, optimizer: object, steps: object) -> None:
+def _check_arguments(ctx: DistContext, model: nn.Module, optimizer: object, steps: object,
+                     scheduler: object) -> None:
     if not ctx.distributed:
         raise ConfigError("approxdist.ParameterServer needs torch.distributed: call "
                           "dist.init_process_group(...) on every rank first (e.g. under "
@@ -158,6 +194,10 @@ def _check_arguments(ctx: DistContext, model: nn.Module, optimizer: object, step
         raise ConfigError(f"optimizer={optimizer!r} must be a function of a server's "
                           f"parameters, e.g. optimizer=lambda params: "
                           f"torch.optim.SGD(params, lr=0.1)")
+    if scheduler is not None and not callable(scheduler):
+        raise ConfigError(f"scheduler={scheduler!r} must be a function of a server's "
+                          f"optimizer, e.g. scheduler=lambda opt: "
+                          f"torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=100)")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps={steps!r} must be the number of mini-batches each worker "
                           f"steps per round (>= 1), e.g. steps=len(batches)")
@@ -224,4 +264,17 @@ def _checked(factory: OptimizerFactory) -> OptimizerFactory:
                               f"torch.optim.Optimizer; e.g. optimizer=lambda params: "
                               f"torch.optim.SGD(params, lr=0.1)")
         return opt
+    return make
+
+
+def _stepping(factory: SchedulerFactory) -> SchedulerFactory:
+    """`factory`, refusing what has no `step()`."""
+    def make(optimizer: torch.optim.Optimizer) -> Scheduler:
+        made = factory(optimizer)
+        if not callable(getattr(made, "step", None)):
+            raise ConfigError(f"scheduler= returned {type(made).__name__}, which has no "
+                              f"step(); return a learning-rate scheduler of the optimizer "
+                              f"it is given, e.g. scheduler=lambda opt: "
+                              f"torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=100)")
+        return made
     return make

@@ -8,7 +8,8 @@
 
 `plan show` prints a topology (ranks -> stage, replica) and each rank's groups, no
 processes; from a plan file (DESIGN.md "Plan file") it reads `world_size` and `stages`
-(replicas and optional ranks per stage).
+(replicas and optional ranks per stage) and says what the plan was made for (`model`,
+`model_options`, `data`, `input_shape`, `micro_batch_size`) where the file says it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.cli import plan_profile, plan_solve, plan_validate
+from approxdist.config.loader import to_dict
+from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
 from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
 
@@ -77,5 +80,31 @@ def _help(p: argparse.ArgumentParser) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     print(render(topology_from(args)))
+    if args.file:
+        planned = planned_for(_read_plan(Path(args.file)))
+        if planned:
+            print(planned)
     return 0
+
+
+def planned_for(plan: dict[str, Any]) -> str:
+    """`planned for: model mlp (depth=3, hidden=256), data digits, input [1, 8, 8] x
+    micro-batch 16`, from the keys the plan file has (empty if none)."""
+    parts = []
+    if "model" in plan:
+        options = plan.get("model_options") or {}
+        listed = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(options.items()))
+        parts.append(f"model {plan['model']}" + (f" ({listed})" if listed else ""))
+    data = plan.get("data") or {}
+    if data:
+        where = f" in {data['data_dir']}" if data.get("data_dir") else ""
+        default = to_dict(Config())["data"]
+        rest = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(data.items())
+                         if k not in ("dataset", "data_dir") and v != default.get(k))
+        parts.append(f"data {data.get('dataset', 'digits')}{where}" +
+                     (f" ({rest})" if rest else ""))
+    if "input_shape" in plan:
+        batch = plan.get("micro_batch_size")
+        parts.append(f"input {plan['input_shape']}" + (f" x micro-batch {batch}" if batch else ""))
+    return "planned for: " + ", ".join(parts) if parts else ""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from approxdist.bench.report import Column, render
 from approxdist.config.loader import load_config, parse_overrides
+from approxdist.config.schema import Config
 from approxdist.data import DATASETS
 from approxdist.models import MODELS
 from approxdist.planner.profile import Profile, write_profile
@@ -47,14 +48,19 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="model or data option as for train, e.g. --set model.hidden=512")
 
 
-def measure(args: argparse.Namespace, micro_batch_size: int, threads: int | None) -> Profile:
-    """Profile the model the flags name."""
+def model_config(args: argparse.Namespace) -> Config:
+    """The config of the model and data set the flags name (defaults elsewhere)."""
     layer: dict[str, dict[str, Any]] = {"model": {}, "data": {}}
     for flag, (section, key) in {"model": ("model", "name"), "dataset": ("data", "dataset"),
                                  "data_dir": ("data", "data_dir")}.items():
         if getattr(args, flag, None) is not None:
             layer[section][key] = getattr(args, flag)
-    cfg = load_config(None, layer, parse_overrides(args.set))
+    return load_config(None, layer, parse_overrides(args.set))
+
+
+def measure(args: argparse.Namespace, micro_batch_size: int, threads: int | None) -> Profile:
+    """Profile the model the flags name."""
+    cfg = model_config(args)
     return profile_run(cfg.model, cfg.data, micro_batch_size, threads, args.repeat)
 
 

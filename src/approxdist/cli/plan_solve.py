@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
-from approxdist.cli.plan_profile import add_model_flags, measure
+from approxdist.cli.plan_profile import add_model_flags, measure, model_config
+from approxdist.config.loader import to_dict
+from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
@@ -27,7 +29,7 @@ from approxdist.planner.cost.overhead import NONE
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
-from approxdist.planner.plan_file import write_plan
+from approxdist.planner.plan_file import DATA_KEYS, MODEL_KEYS, write_plan
 from approxdist.planner.profile import Profile
 from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, plan_dict, search
 
@@ -109,10 +111,18 @@ def run(args: argparse.Namespace) -> int:
     print(_describe(ranked[0], "best"))
     print(_table(ranked[:max(1, args.top)]))
     if args.json:
-        write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra),
+        write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra,
+                             None if args.profile else planned_for(model_config(args))),
                    args.json)
         print(f"plan file: {args.json} (run it: approxdist train --plan {args.json})")
     return 0
+
+
+def planned_for(cfg: Config) -> dict[str, Any]:
+    """The plan file's `model_options` and `data`: what `train --plan` must train."""
+    sections = to_dict(cfg)
+    return {"model_options": {k: v for k, v in sections["model"].items() if k in MODEL_KEYS},
+            "data": {k: sections["data"][k] for k in DATA_KEYS}}
 
 
 def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:

@@ -28,7 +28,7 @@ from approxdist.topology.groups import check_world
 from approxdist.trace.gather import TRACE_FILE
 from approxdist.train.build import topology_of
 from approxdist.train.check import check_parts
-from approxdist.train.plan_layer import plan_sections
+from approxdist.train.plan_layer import check_agrees, check_input_shape, plan_sections
 from approxdist.train.task import check_fits
 from approxdist.train.worker import run_worker
 
@@ -101,9 +101,10 @@ def register(sub: Any) -> None:
     add_ps_flags(p)
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
-    p.add_argument("--plan", help="plan file (`approxdist plan --json FILE`): mode, world size, "
-                                  "stages, replicas, schedule, micro-batches, wire formats; flags "
-                                  "and --set override it")
+    p.add_argument("--plan", help="plan file (`approxdist plan --json FILE`): model and its "
+                                  "options, data set, mode, world size, stages, replicas, "
+                                  "schedule, micro-batches, wire formats; flags and --set "
+                                  "override the rest, not the model or data set")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set optim.momentum=0.8 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint")
@@ -243,8 +244,12 @@ def _ps_layer(args: argparse.Namespace, layer: dict[str, dict[str, Any]]) -> Non
 
 def plan_layer(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
     """The plan file's config values, as a layer (none without --plan)."""
-    plan = getattr(args, "plan", None)
-    return [plan_sections(read_plan(plan))] if plan else []
+    path = getattr(args, "plan", None)
+    if not path:
+        return []
+    plan = read_plan(path)
+    check_agrees(plan, path, flag_layer(args), parse_overrides(args.set))
+    return [plan_sections(plan)]
 
 
 def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
@@ -265,10 +270,13 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
     return cfg, run_dir, False
 
 
-def preflight(cfg: Config) -> None:
-    """Catch bad names, data paths and model/data mismatches here, before any worker starts."""
+def preflight(cfg: Config, plan: str | None = None) -> None:
+    """Catch bad names, data paths and model/data mismatches here, before any worker starts
+    (and samples of another shape than the plan file `plan` was profiled on)."""
     check_parts(cfg)
     data = load_dataset(cfg.data)
+    if plan:
+        check_input_shape(read_plan(plan), plan, cfg.data.dataset, data.input_shape)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     check_fits(model, data, cfg.model.name)
     n = data.train_x.shape[0]
@@ -287,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return run_under_torchrun(args)
     cfg, run_dir, resume = resolve(args)
-    preflight(cfg)
+    preflight(cfg, getattr(args, "plan", None))
     run_dir.mkdir(parents=True, exist_ok=True)
     write_config(cfg, run_dir / "config.toml")
     print(f"approxdist: {cfg.train.parallel} x{cfg.train.world_size}  {cfg.model.name} on "

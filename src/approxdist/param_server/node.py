@@ -2,18 +2,22 @@
 (`train.engines.param_server`) and the public API (`approxdist.ParameterServer`) share.
 
 A `PSNode` shards the model's parameters over the servers (`sharding`), builds this
-rank's `Server` (with the optimiser the caller's factory makes over its shard) or
-`Worker`, and runs a *round* of `steps` steps (the trainer's epoch): a server step
-serves pushes under the mode; a worker step pushes the gradients in `.grad` and pulls
-the parameters, and in N+b says how many steps the worker skips. `end_round` leaves
-every worker with the servers' final parameters and the mean of the workers'
-floating-point buffers (batch-norm statistics), a collective over the node's group.
+rank's `Server` (with the optimiser the caller's factory makes over its shard, and
+optionally a learning-rate scheduler of that optimiser) or `Worker`, and runs a *round*
+of `steps` steps (the trainer's epoch): a server step serves pushes under the mode; a
+worker step pushes the gradients in `.grad` and pulls the parameters, and in N+b says
+how many steps the worker skips. A server's scheduler steps once after each server step,
+so server step k runs at the rate it gives after k steps: what `train --parallel ps` does
+with its lr rule, which the trainer sets on the servers' optimisers before each step from
+the step's index. `end_round` leaves every worker with the servers' final parameters and
+the mean of the workers' floating-point buffers (batch-norm statistics), a collective
+over the node's group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -33,6 +37,17 @@ from approxdist.param_server.worker import Worker
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
+class Scheduler(Protocol):
+    """What a server steps after each server step: a `torch.optim.lr_scheduler.LRScheduler`
+    or anything with `step()`."""
+
+    def step(self) -> Any: ...
+
+
+#: the scheduler of a server's optimiser, from the optimiser
+SchedulerFactory = Callable[[torch.optim.Optimizer], Scheduler]
+
+
 class PSNode:
     """`model`'s parameters sharded over `roles`' servers; this rank (`link.me`) as a
     server or a worker of rounds of `steps` steps under `mode`. `group` holds every
@@ -41,7 +56,8 @@ class PSNode:
     def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, link: Link, group: Group,
                  wire: WireFormats, optimizer: OptimizerFactory, steps: int, *,
                  error_feedback: bool = False, staleness_lr: bool = False,
-                 tolerate_worker_loss: bool = False, servers_name: str = "--servers") -> None:
+                 tolerate_worker_loss: bool = False, servers_name: str = "--servers",
+                 scheduler: SchedulerFactory | None = None) -> None:
         self.module, self.roles, self.mode, self.link, self.group = model, roles, mode, link, group
         self.steps = steps
         named = list(model.named_parameters())
@@ -49,12 +65,15 @@ class PSNode:
         self.shards = shard_by_bytes(self.sizes, roles.servers, servers_name)
         self.server: Server | None = None
         self.worker: Worker | None = None
+        self.scheduler: Scheduler | None = None
         if roles.is_server(link.me):
             k = roles.index(link.me)
             params = [named[i][1] for i in self.shards[k]]
             self.server = Server(link, roles, k, params, optimizer(params),
                                  ServerRules(mode, roles.workers), wire, staleness_lr,
                                  tolerate_worker_loss)
+            if scheduler is not None:
+                self.scheduler = scheduler(self.server.optimizer)
         else:
             self.worker = Worker(link, roles, roles.index(link.me),
                                  [[named[i][1] for i in s] for s in self.shards],
@@ -81,12 +100,16 @@ class PSNode:
         return self.done >= self.steps
 
     def serve_step(self) -> StepLog:
-        """One server step; the round's last also drains the pushes still due."""
+        """One server step; the round's last also drains the pushes still due. Then the
+        scheduler (if any) steps: once per server step, whatever the mode applied in it
+        (sync, N+b: one update; async, SSP: one per push)."""
         assert self.server is not None
         self.done += 1
         self.steps_run += 1
         log = self.server.step(self.done == self.steps, self.steps)
         self._note_losses(self.server)
+        if self.scheduler is not None:
+            self.scheduler.step()
         return log
 
     def push_pull(self) -> int:

@@ -2,7 +2,9 @@
 
     {
      "format": "approxdist-plan", "version": 1,
-     "model": "alexnet", "micro_batch_size": 32, "world_size": 4, "mode": "hybrid",
+     "model": "mlp", "model_options": {"hidden": 256, "depth": 3, ...},
+     "data": {"dataset": "digits", "data_dir": "", ...}, "input_shape": [1, 8, 8],
+     "micro_batch_size": 32, "world_size": 4, "mode": "hybrid",
      "stages": [{"blocks": [0, 13], "replicas": 3}, {"blocks": [13, 22], "replicas": 1}],
      "schedule": "1f1b", "microbatches": 12,
      "fwd_codec": "fp32", "bwd_codec": "fp32", "grad_codec": "fp32", "algorithm": "hybrid",
@@ -15,17 +17,21 @@
 Pure data: a hand-written plan is as valid as a generated one. `read_plan` needs only
 `stages` (each `replicas`, and `blocks` [first, end) on every stage or on none; `ranks`
 as `topology.plan` reads them); every other key is optional and checked when present.
-A pure data-parallel run is one stage with `replicas = world_size`.
+A pure data-parallel run is one stage with `replicas = world_size`. `model`,
+`model_options` (the `[model]` keys but `name`), `data` (the `[data]` keys in `DATA_KEYS`:
+which samples) and `input_shape` (one sample's, as profiled) say what was planned for:
+`train --plan` trains that and refuses a flag that contradicts it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from approxdist.config.schema import ModelConfig
 from approxdist.errors import ConfigError
 from approxdist.topology import from_plan
 from approxdist.topology.layout import TopologyError
@@ -35,6 +41,11 @@ VERSION = 1
 _STRINGS = ("model", "schedule", "fwd_codec", "bwd_codec", "grad_codec", "algorithm", "mode",
             "objective")
 _INTS = ("micro_batch_size", "microbatches", "world_size")
+#: the [data] keys that say which samples a plan was made for (not how they are batched)
+DATA_KEYS = ("dataset", "data_dir", "synthetic_shape", "synthetic_classes",
+             "synthetic_samples", "seq_len")
+#: the [model] keys a plan's `model_options` may hold (`name` is the plan's `model`)
+MODEL_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name != "name")
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,9 @@ class PlanFile:
     bwd_codec: str | None = None
     grad_codec: str | None = None
     algorithm: str | None = None
+    model_options: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    input_shape: tuple[int, ...] | None = None
 
     @property
     def world_size(self) -> int:
@@ -120,11 +134,37 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
         if key in data and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key} = {value!r} must be an integer >= 1")
     given = stages[0].get("ranks") is not None
+    shape = data.get("input_shape")
     return PlanFile(topology.replicas, ranges,
                     tuple(r for ranks in topology.stages for r in ranks) if given else None,
                     **{k: data.get(k) for k in ("model", "micro_batch_size", "microbatches",
                                                 "schedule", "fwd_codec", "bwd_codec",
-                                                "grad_codec", "algorithm")})
+                                                "grad_codec", "algorithm")},
+                    model_options=_table(data, "model_options", MODEL_KEYS),
+                    data=_table(data, "data", DATA_KEYS),
+                    input_shape=None if shape is None else _shape(shape))
+
+
+def _table(data: Mapping[str, Any], key: str, known: tuple[str, ...]) -> dict[str, Any] | None:
+    """`data[key]`: an object of `known` keys (None when absent)."""
+    if key not in data:
+        return None
+    table = data[key]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{key} = {table!r} must be an object of {', '.join(known)}")
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{key} has unknown key {unknown[0]!r}; known: {', '.join(known)}")
+    return dict(table)
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    ok = isinstance(value, list) and value and \
+        all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    if not ok:
+        raise ConfigError(f"input_shape = {value!r} must be a non-empty list of sizes >= 1, "
+                          f"e.g. [3, 32, 32]")
+    return tuple(value)
 
 
 def _range(stage: int, value: Any) -> tuple[int, int]:

@@ -147,12 +147,15 @@ def _one_stage(profile: Profile, settings: SolverSettings) -> RankedPlan:
 
 
 def plan_dict(profile: Profile, best: RankedPlan, link: dict[str, Any], objective: str,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              extra: dict[str, Any] | None = None,
+              planned_for: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan-file contract's keys for `best` (`link`: what it was planned for, as
-    `ClusterSpec.to_json` gives it; `extra`: more `predicted` keys)."""
+    `ClusterSpec.to_json` gives it; `extra`: more `predicted` keys; `planned_for`: the
+    `model_options` and `data` the profile was measured with)."""
     plan = best.plan
     return {
-        "model": profile.model, "micro_batch_size": profile.micro_batch_size,
+        "model": profile.model, **(planned_for or {}),
+        "input_shape": list(profile.input_shape), "micro_batch_size": profile.micro_batch_size,
         "world_size": plan.world_size, "mode": best.mode,
         "stages": [{"blocks": [st.first, st.end], "replicas": st.replicas} for st in plan.stages],
         "schedule": plan.schedule, "microbatches": plan.microbatches,

@@ -6,14 +6,24 @@ of one rank each: pipeline; otherwise hybrid), the world size, where stages star
 three wire formats (`pipeline.fwd_codec`, `pipeline.bwd_codec`, `dp.codec` with
 `dp.algorithm` for the replicas' all-reduce). With `micro_batch_size` the mini-batch is
 M micro-batches of it (data parallel: one per rank). The layer sits above the config
-file and below the flags, so `--microbatches` or `--set` still override it.
+file and below the flags, so `--microbatches` or `--set` still override it; but what the
+plan was made for (`model`, `model_options`, `data`) is binding: a flag or `--set` that
+contradicts it is a `ConfigError` (`check_agrees`), and `check_input_shape` compares the
+data set's samples with the profiled `input_shape`.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
+from approxdist.errors import ConfigError
 from approxdist.planner.plan_file import PlanFile
+
+#: the flags that set a binding key (others are named as `--set section.key=value`)
+FLAGS = {("model", "name"): "--model", ("data", "dataset"): "--dataset",
+         ("data", "data_dir"): "--data-dir"}
 
 
 def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
@@ -22,8 +32,8 @@ def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {
         "train": {"parallel": mode, "world_size": plan.world_size}, "model": {},
         "pipeline": {}, "dp": {}, "data": {}}
-    if plan.model is not None:
-        out["model"]["name"] = plan.model
+    out["model"].update(binding(plan)["model"])
+    out["data"].update(binding(plan)["data"])
     if mode in ("pipeline", "hybrid"):
         pipe = out["pipeline"]
         pipe["stages"] = len(plan.replicas)
@@ -44,3 +54,42 @@ def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
         per_step = plan.world_size if mode == "dp" else (plan.microbatches or 1)
         out["data"]["batch_size"] = per_step * plan.micro_batch_size
     return {section: keys for section, keys in out.items() if keys}
+
+
+def binding(plan: PlanFile) -> dict[str, dict[str, Any]]:
+    """What the plan was made for, as config values: `model.name`, its options, the data."""
+    model = {"name": plan.model} if plan.model is not None else {}
+    return {"model": {**model, **(plan.model_options or {})}, "data": dict(plan.data or {})}
+
+
+def check_agrees(plan: PlanFile, path: str, flags: Mapping[str, Mapping[str, Any]],
+                 overrides: Mapping[str, Mapping[str, Any]]) -> None:
+    """One `ConfigError` line if a flag (`flags`) or `--set` (`overrides`) sets a key the
+    plan in `path` binds to another value."""
+    for section, planned in binding(plan).items():
+        for layer, from_set in ((flags, False), (overrides, True)):
+            for key, value in layer.get(section, {}).items():
+                if key in planned and _plain(value) != _plain(planned[key]):
+                    flag = f"--set {section}.{key}={_text(value)}" if from_set else \
+                        f"{FLAGS.get((section, key), '--' + key)} {_text(value)}"
+                    raise ConfigError(
+                        f"{flag} contradicts plan file {path!r}, made for {section}.{key} = "
+                        f"{_text(planned[key])}; drop the flag to train what was planned, or "
+                        f"plan again with it (approxdist plan ... --json {path})")
+
+
+def check_input_shape(plan: PlanFile, path: str, dataset: str, shape: tuple[int, ...]) -> None:
+    """One `ConfigError` line if the data set's samples are not the shape profiled."""
+    if plan.input_shape is not None and tuple(shape) != plan.input_shape:
+        raise ConfigError(f"data set {dataset!r} has samples of shape {list(shape)}; plan file "
+                          f"{path!r} was profiled on {list(plan.input_shape)}; train on the "
+                          f"data set it names, or plan again on this one")
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, so a flag's value compares with the file's."""
+    return json.loads(json.dumps(value))
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
