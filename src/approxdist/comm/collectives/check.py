@@ -166,10 +166,11 @@ class CheckedComm:
             buf.zero_()  # a short foreign message must not pass as ours
         if not new and not recvs:
             return None
-        posted = self.inner.start([], [*zip(new, bufs), *recvs])
+        # one batch: gloo posts its receives before its sends
+        posted = self.inner.start([(p, self._sig) for p in new], [*zip(new, bufs), *recvs])
         self._waiting.update((p, (posted, i)) for i, p in enumerate(new))
         if new:
-            self._exchanges.append(self.inner.start([(p, self._sig) for p in new], []))
+            self._exchanges.append(posted)
         return posted
 
     def wait_signature(self, peer: int) -> None:
