@@ -8,7 +8,14 @@ import pytest
 
 from approxdist.cli.main import main
 from approxdist.cluster import state
-from approxdist.cluster.commands import build_commands, burst_bytes, remove_commands, shape_commands
+from approxdist.cluster.commands import (
+    build_commands,
+    burst_bytes,
+    gso_commands,
+    remove_commands,
+    shape_commands,
+    wants_gso_off,
+)
 from approxdist.cluster.layout import ClusterLayout
 from approxdist.cluster.run import _report, run_on_cluster, torchrun_argv
 from approxdist.cluster.system import _has_cap
@@ -48,6 +55,18 @@ def test_commands_build_a_bridge_and_shape_both_ends_of_every_link() -> None:
     assert with_lat[0] == "tc -n ad-ad-h0 qdisc add dev eth0 root handle 1: netem delay 2000us"
     assert with_lat[1].startswith("tc -n ad-ad-h0 qdisc add dev eth0 parent 1: handle 2: tbf")
     assert burst_bytes(LinkSpec(10e6)) == 32 * 1024 and burst_bytes(LinkSpec(1e9)) == 1_250_000
+    # with segmentation offload off, 1 ms of the rate, at least two frames
+    assert burst_bytes(LinkSpec(1e8), gso_off=True) == 12_500
+    assert burst_bytes(LinkSpec(2e6), gso_off=True) == 2 * 1514
+    small = [" ".join(c) for c in shape_commands(layout, gso_off=True)]
+    assert small[0] == ("tc -n ad-ad-h0 qdisc add dev eth0 root tbf rate 100000000bit "
+                        "burst 12500 latency 100ms")
+    assert [" ".join(c) for c in gso_commands(layout)] == [
+        "ip -n ad-ad-h0 link set dev eth0 gso_max_segs 1",
+        "ip -n ad-ad-h1 link set dev eth0 gso_max_segs 1",
+        "ip -n ad-ad-sw link set dev ad7p0 gso_max_segs 1",
+        "ip -n ad-ad-sw link set dev ad7p1 gso_max_segs 1"]
+    assert wants_gso_off(LinkSpec(1e8)) and not wants_gso_off(LinkSpec(1e9))
     assert remove_commands(["ad-ad-h0"]) == [["ip", "netns", "delete", "ad-ad-h0"]]
 
 
