@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
-from approxdist.cluster import state
+from approxdist.cluster import manage, state
 from approxdist.cluster.commands import (
     build_commands,
     burst_bytes,
@@ -91,6 +92,28 @@ def test_state_round_trip_and_free_subnets() -> None:
     (state.state_dir() / "bad.json").write_text("{}")
     with pytest.raises(ClusterError, match="bad.json is not an approxdist cluster state file"):
         state.load("bad")
+
+
+def test_a_kernel_that_refuses_gso_off_keeps_the_old_bucket_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = ClusterLayout("ad", 2, 7, "bw=100mbit")
+    ran: list[list[str]] = []
+
+    def refuse(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 2, "", "Error: unknown attribute gso_max_segs\n")
+
+    monkeypatch.setattr(manage, "run", refuse)
+    why = manage._segmentation_off(layout)
+    assert len(ran) == 1 and why.startswith("GSO on (`ip -n ad-ad-h0 link set dev eth0")
+    assert "unknown attribute gso_max_segs" in why and "10 ms" in why
+    monkeypatch.setattr(manage, "run", lambda cmd, check=True: subprocess.CompletedProcess(
+        cmd, 0, "", ""))
+    assert manage._segmentation_off(layout) == manage.GSO_OFF
+    state.save(layout, "up", why)
+    assert state.shaping("ad") == why and state.shaping("none") == ""
+    line = manage.ClusterStatus(layout, "up", [], manage.GSO_OFF).line()
+    assert line.endswith("[up, ok; GSO off, bucket 1 ms]")
 
 
 def test_run_needs_a_cluster_that_is_up_and_a_command() -> None:
