@@ -25,7 +25,7 @@ from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 
 UNIT = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8}
-LARGE = 70_001  # > the 256 KiB check head, several 64 KiB segments
+LARGE = 70_001  # several 64 KiB segments
 
 
 def _lengths(world: int) -> list[int]:
@@ -79,6 +79,10 @@ def _mismatched(ctx: DistContext, algorithm: str, sizes: list[int],
     ("vhd", [10 ** 6, 2 * 10 ** 6, 10 ** 6, 10 ** 6], [torch.float32] * 4,
      r"length: (1000000 on rank \d; 2000000 on rank 1|2000000 on rank 1; 1000000)"),
     ("ring", [8, 8, 8], [torch.float32, torch.float16, torch.float32], r"dtype: .*float16 on rank 1"),
+    # one-way steps (the tree's reduce): the receivers' signatures still reach the senders
+    ("brb", [3 * 10 ** 5, 3 * 10 ** 5, 3 * 10 ** 5 + 1], [torch.float32] * 3,
+     r"length: (300000 on ranks? [\d, ]+; 300001 on rank 2|300001 on rank 2; 300000)"),
+    ("ring", [0, 5000, 5000], [torch.float32] * 3, r"length: 0 on rank 0; 5000 on rank"),
 ])
 def test_mismatch_names_ranks_and_values(algorithm: str, sizes: list[int],
                                          dtypes: list[torch.dtype], message: str) -> None:

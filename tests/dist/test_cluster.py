@@ -24,7 +24,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from approxdist.cluster import ClusterLayout, cluster_down, cluster_up, run_on_cluster, state
+from approxdist.cluster import (
+    ClusterLayout,
+    cluster_down,
+    cluster_status,
+    cluster_up,
+    run_on_cluster,
+    state,
+)
 from approxdist.cluster.probe import measure
 from approxdist.cluster.system import namespaces
 
@@ -72,6 +79,20 @@ def test_hosts_route_only_inside_the_cluster(cluster: ClusterLayout) -> None:
     qdiscs = subprocess.run(["tc", "-n", cluster.switch_ns, "qdisc"], capture_output=True,
                             text=True, check=True).stdout
     assert qdiscs.count("tbf") == cluster.hosts and "rate 200Mbit" in qdiscs
+
+
+def test_segmentation_offload_is_off_so_the_bucket_is_small(cluster: ClusterLayout) -> None:
+    (status,) = [s for s in cluster_status() if s.layout.name == cluster.name]
+    if not status.shaping.startswith("GSO off"):  # the kernel refused: the reason is stated
+        assert "failed" in status.shaping and "10 ms" in status.shaping, status.shaping
+        return
+    for ns, dev in [(cluster.host_ns(0), "eth0"), (cluster.switch_ns, cluster.switch_veth(0))]:
+        link = subprocess.run(["ip", "-n", ns, "-d", "link", "show", dev], capture_output=True,
+                              text=True, check=True).stdout
+        assert "gso_max_segs 1 " in link, link
+    qdiscs = subprocess.run(["tc", "-n", cluster.host_ns(0), "qdisc"], capture_output=True,
+                            text=True, check=True).stdout
+    assert "burst 25000b" in qdiscs, qdiscs  # 1 ms of 200 Mbit/s
 
 
 def test_the_shaped_link_carries_its_rate(cluster: ClusterLayout) -> None:

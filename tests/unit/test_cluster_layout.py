@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
-from approxdist.cluster import state
-from approxdist.cluster.commands import build_commands, burst_bytes, remove_commands, shape_commands
+from approxdist.cluster import manage, state
+from approxdist.cluster.commands import (
+    build_commands,
+    burst_bytes,
+    gso_commands,
+    remove_commands,
+    shape_commands,
+    wants_gso_off,
+)
 from approxdist.cluster.layout import ClusterLayout
 from approxdist.cluster.run import _report, run_on_cluster, torchrun_argv
 from approxdist.cluster.system import _has_cap
@@ -48,6 +56,18 @@ def test_commands_build_a_bridge_and_shape_both_ends_of_every_link() -> None:
     assert with_lat[0] == "tc -n ad-ad-h0 qdisc add dev eth0 root handle 1: netem delay 2000us"
     assert with_lat[1].startswith("tc -n ad-ad-h0 qdisc add dev eth0 parent 1: handle 2: tbf")
     assert burst_bytes(LinkSpec(10e6)) == 32 * 1024 and burst_bytes(LinkSpec(1e9)) == 1_250_000
+    # with segmentation offload off, 1 ms of the rate, at least two frames
+    assert burst_bytes(LinkSpec(1e8), gso_off=True) == 12_500
+    assert burst_bytes(LinkSpec(2e6), gso_off=True) == 2 * 1514
+    small = [" ".join(c) for c in shape_commands(layout, gso_off=True)]
+    assert small[0] == ("tc -n ad-ad-h0 qdisc add dev eth0 root tbf rate 100000000bit "
+                        "burst 12500 latency 100ms")
+    assert [" ".join(c) for c in gso_commands(layout)] == [
+        "ip -n ad-ad-h0 link set dev eth0 gso_max_segs 1",
+        "ip -n ad-ad-h1 link set dev eth0 gso_max_segs 1",
+        "ip -n ad-ad-sw link set dev ad7p0 gso_max_segs 1",
+        "ip -n ad-ad-sw link set dev ad7p1 gso_max_segs 1"]
+    assert wants_gso_off(LinkSpec(1e8)) and not wants_gso_off(LinkSpec(1e9))
     assert remove_commands(["ad-ad-h0"]) == [["ip", "netns", "delete", "ad-ad-h0"]]
 
 
@@ -72,6 +92,28 @@ def test_state_round_trip_and_free_subnets() -> None:
     (state.state_dir() / "bad.json").write_text("{}")
     with pytest.raises(ClusterError, match="bad.json is not an approxdist cluster state file"):
         state.load("bad")
+
+
+def test_a_kernel_that_refuses_gso_off_keeps_the_old_bucket_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = ClusterLayout("ad", 2, 7, "bw=100mbit")
+    ran: list[list[str]] = []
+
+    def refuse(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 2, "", "Error: unknown attribute gso_max_segs\n")
+
+    monkeypatch.setattr(manage, "run", refuse)
+    why = manage._segmentation_off(layout)
+    assert len(ran) == 1 and why.startswith("GSO on (`ip -n ad-ad-h0 link set dev eth0")
+    assert "unknown attribute gso_max_segs" in why and "10 ms" in why
+    monkeypatch.setattr(manage, "run", lambda cmd, check=True: subprocess.CompletedProcess(
+        cmd, 0, "", ""))
+    assert manage._segmentation_off(layout) == manage.GSO_OFF
+    state.save(layout, "up", why)
+    assert state.shaping("ad") == why and state.shaping("none") == ""
+    line = manage.ClusterStatus(layout, "up", [], manage.GSO_OFF).line()
+    assert line.endswith("[up, ok; GSO off, bucket 1 ms]")
 
 
 def test_run_needs_a_cluster_that_is_up_and_a_command() -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from approxdist.cluster import state
-from approxdist.cluster.commands import build_commands, remove_commands, shape_commands
+from approxdist.cluster.commands import (
+    build_commands,
+    gso_commands,
+    remove_commands,
+    shape_commands,
+    wants_gso_off,
+)
 from approxdist.cluster.layout import PREFIX, ClusterLayout, check_name
 from approxdist.cluster.system import has_netem, namespaces, require_net_admin, run
 from approxdist.errors import ClusterError
@@ -36,13 +42,29 @@ def cluster_up(name: str, hosts: int, link: str = "") -> ClusterLayout:
                                f"qdisc, so the kernel cannot add latency here; shape "
                                f"bandwidth only (--link bw=...) or use the in-process "
                                f"emulator (`approxdist train --link {link}`)")
-        for cmd in shape_commands(layout):
+        shaping = "" if spec is None else _segmentation_off(layout) if wants_gso_off(spec) \
+            else "GSO on (1 ms of the rate exceeds a GSO packet), bucket 10 ms"
+        for cmd in shape_commands(layout, gso_off=shaping == GSO_OFF):
             run(cmd)
     except BaseException:
         _remove(layout.namespaces, name)
         raise
-    state.save(layout, "up")
+    state.save(layout, "up", shaping)
     return layout
+
+
+GSO_OFF = "GSO off, bucket 1 ms"
+
+
+def _segmentation_off(layout: ClusterLayout) -> str:
+    """Turn GSO off on every veth end: `GSO_OFF`, or why the bucket stays at 10 ms."""
+    for cmd in gso_commands(layout):
+        done = run(cmd, check=False)
+        if done.returncode != 0:
+            why = (done.stderr.strip() or f"exit {done.returncode}").splitlines()[0]
+            return (f"GSO on (`{' '.join(cmd)}` failed: {why}), so the bucket holds 10 ms "
+                    f"and small messages leave at the veth's speed")
+    return GSO_OFF
 
 
 def cluster_down(name: str) -> list[str]:
@@ -79,10 +101,12 @@ class ClusterStatus:
     layout: ClusterLayout
     status: str            # "up", or "creating" for an `up` that did not finish
     missing: list[str]     # namespaces of the layout that do not exist (any: broken)
+    shaping: str = ""      # how the bucket was set up (GSO off, or why not); "" unshaped
 
     def line(self) -> str:
         health = "ok" if not self.missing else f"BROKEN: missing {', '.join(self.missing)}"
-        return f"{self.layout.describe()} [{self.status}, {health}]"
+        shaping = f"; {self.shaping}" if self.shaping else ""
+        return f"{self.layout.describe()} [{self.status}, {health}{shaping}]"
 
 
 def cluster_status() -> list[ClusterStatus]:
@@ -94,5 +118,6 @@ def cluster_status() -> list[ClusterStatus]:
         if found is not None:
             layout, status = found
             out.append(ClusterStatus(layout, status,
-                                     [ns for ns in layout.namespaces if ns not in present]))
+                                     [ns for ns in layout.namespaces if ns not in present],
+                                     state.shaping(name)))
     return out

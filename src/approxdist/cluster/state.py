@@ -30,10 +30,12 @@ def _path(name: str) -> Path:
     return state_dir() / f"{name}.json"
 
 
-def save(layout: ClusterLayout, status: str) -> None:
+def save(layout: ClusterLayout, status: str, shaping: str = "") -> None:
+    """Record `layout`; `shaping` says how its links' buckets were set up (for `status`)."""
     state_dir().mkdir(parents=True, exist_ok=True)
     record = {"format": FORMAT, "name": layout.name, "hosts": layout.hosts,
               "subnet": layout.subnet, "link": layout.link, "status": status,
+              "shaping": shaping,
               "namespaces": layout.namespaces,
               "written": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     tmp = _path(layout.name).with_suffix(".tmp")
@@ -49,6 +51,12 @@ def load(name: str) -> tuple[ClusterLayout, str] | None:
     record = _read(path)
     return (ClusterLayout(record["name"], int(record["hosts"]), int(record["subnet"]),
                           str(record.get("link", ""))), str(record.get("status", "")))
+
+
+def shaping(name: str) -> str:
+    """How cluster `name`'s buckets were set up ("" if unshaped, unknown or no cluster)."""
+    path = _path(name)
+    return str(_read(path).get("shaping", "")) if path.is_file() else ""
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -1,16 +1,25 @@
-"""Argument check across ranks, carried by each pair's first message (no extra round trip).
+"""Argument check across ranks: a signature handshake with each peer before its data.
 
 gloo aborts the whole process when a message is longer than the posted receive buffer,
-and accepts shorter ones silently, so mismatched lengths must be caught before a data
-receive of the expected size is posted. `CheckedComm` wraps a `PeerComm`: the first
-message a rank sends to each peer in a call is a *head*: its 112-byte `Signature`
-(length, dtype, op, algorithm, codec, world size, segment size) followed by at most `HEAD_CAP` bytes
-of the data; anything beyond travels in a second message. The receiver posts a head
-buffer of signature + `HEAD_CAP` bytes (never too short), compares the signature with
-its own, raises a `CommError` naming both ranks and their values on a mismatch, and
-only then posts the rest. Small messages thus cost nothing extra; large ones one more
-message per new peer. NCCL needs exact sizes, so there the head is the signature alone.
-A rank with nothing to send or receive (length 0) swaps heads with every rank.
+and accepts shorter ones silently, so a rank must not send data to a peer whose
+arguments differ from its own. `CheckedComm` wraps a `PeerComm`. On first contact with a
+peer in a call (a batch that sends to it or receives from it) a rank posts the receive
+of the peer's 112-byte `Signature` (length, dtype, op, algorithm, codec, world size,
+segment size) and the batch's data receives, then sends the peer its own; data *sends*
+to a peer wait until its signature has arrived and equals this rank's, and so does
+taking a received message. A mismatch raises a `CommError` naming both ranks and
+their values, before any data has gone to the mismatched peer (so no receive overruns).
+
+The exchange is symmetric over the call's peers: a one-way step (BRB's reduce, the
+fold's first send) still has the receiver send its signature to the sender, which is
+what the sender waits for. Every receive is posted before the data it takes can leave,
+which a real TCP link needs: the earlier scheme (the signature at the head of the first
+data message, the rest of the receives posted once it was checked) let later segments
+reach the receiver before their receives existed, and gloo's pair stalled on a shaped
+link (docs/links.md: a 4 MB BRD at 100 Mbit/s took 610 ms instead of 345). Cost: one
+112-byte message each way per new peer, and a sender waits for its receiver to reach
+the call. A rank with nothing to send or receive (length 0) swaps signatures with
+every rank.
 """
 
 from __future__ import annotations
@@ -94,79 +103,34 @@ def mismatch_message(sigs: Sequence[Signature], ranks: Sequence[int]) -> str | N
             "segment size")
 
 
-#: data bytes carried by a head: one reduce segment (`wire.SEGMENT_BYTES`) plus codec headers,
-#: so messages up to a segment never pay the extra round trip of a second part
-HEAD_CAP = (1 << 20) + 4096
-
-
 class _CheckedPending:
-    """Receives of one batch: plain ones are posted; those from unchecked peers wait for the
-    head, are checked, and are then posted in order (rest of the head's message first)."""
+    """A batch posted through `CheckedComm`: receives are posted, sends maybe still held."""
 
-    def __init__(self, comm: CheckedComm, inner: Pending, recvs: Sequence[Recv],
-                 where: list[tuple[str, int]], heads: dict[int, int],
-                 send_map: list[list[int]]) -> None:
-        self.comm, self.inner, self.recvs, self.send_map = comm, inner, list(recvs), send_map
-        self.where, self.heads = where, heads  # where[i]: ("plain", j) or ("peer", peer)
-        self.late: dict[int, tuple[Pending | None, dict[int, int], dict[int, torch.Tensor]]] = {}
-
-    def _open(self, peer: int) -> tuple[Pending | None, dict[int, int], dict[int, torch.Tensor]]:
-        """Wait for `peer`'s head, check it, post the rest of its receives."""
-        entry = self.late.get(peer)
-        if entry is not None:
-            return entry
-        buf = self.inner.recv(self.heads[peer])
-        self.comm.verify(peer, buf[:SIGNATURE_BYTES])
-        mine = [i for i, w in enumerate(self.where) if w == ("peer", peer)]
-        first = mine[0]
-        target = self.recvs[first][1]
-        n = int(target.numel()) if isinstance(target, torch.Tensor) else int(target)
-        later: list[Recv] = []
-        index: dict[int, int] = {}
-        if n <= self.comm.cap:  # all of it came with the head: hand out the head's bytes
-            whole = buf[SIGNATURE_BYTES:SIGNATURE_BYTES + n]
-        else:
-            whole = target if isinstance(target, torch.Tensor) else \
-                torch.empty(n, dtype=torch.uint8, device=buf.device)
-            k = self.comm.cap
-            whole[:k].copy_(buf[SIGNATURE_BYTES:SIGNATURE_BYTES + k])
-            index[first] = 0
-            later.append((peer, whole[k:]))
-        for i in mine[1:]:
-            index[i] = len(later)
-            later.append(self.recvs[i])
-        entry = (self.comm.inner.start([], later) if later else None, index, {first: whole})
-        self.late[peer] = entry
-        return entry
+    def __init__(self, comm: CheckedComm, recvs: Pending | None, first: int,
+                 recv_peers: list[int], sends: Pending | None) -> None:
+        """Receive i is receive `first + i` of `recvs` (after the batch's signatures)."""
+        self.comm, self.recvs, self.first, self.sends = comm, recvs, first, sends
+        self.recv_peers = recv_peers
 
     def recv(self, i: int) -> torch.Tensor:
-        kind, ref = self.where[i]
-        if kind == "plain":
-            return self.inner.recv(ref)
-        pending, index, whole = self._open(ref)
-        if i in index:
-            assert pending is not None
-            data = pending.recv(index[i])  # the rest of the head's message, or a later one
-            if i not in whole:
-                return data
-        return whole[i]
+        self.comm.wait_signature(self.recv_peers[i])
+        assert self.recvs is not None
+        return self.recvs.recv(self.first + i)
 
     def received(self) -> list[torch.Tensor]:
-        return [self.recv(i) for i in range(len(self.recvs))]
+        return [self.recv(i) for i in range(len(self.recv_peers))]
 
     def sent(self, i: int) -> None:
-        for j in self.send_map[i]:
-            self.inner.sent(j)
+        assert self.sends is not None
+        self.sends.sent(i)
 
     def finish(self) -> None:
-        self.inner.finish()
-        for pending, _, _ in self.late.values():
-            if pending is not None:
-                pending.finish()
+        if self.sends is not None:
+            self.sends.finish()
 
 
 class CheckedComm:
-    """A `PeerComm` whose first message to and from each peer carries the `Signature`."""
+    """A `PeerComm` that swaps the `Signature` with each peer before data goes to it."""
 
     def __init__(self, inner: PeerComm, signature: Signature, encoded: torch.Tensor,
                  scratch: BufferPool | None = None, names: Sequence[int] | None = None) -> None:
@@ -175,51 +139,47 @@ class CheckedComm:
         self.names = list(names) if names is not None else list(range(inner.world_size))
         self.scratch = scratch or BufferPool()
         self.rank, self.world_size = inner.rank, inner.world_size
-        self.cap = 0 if encoded.device.type == "cuda" else HEAD_CAP
-        self.announced: set[int] = set()
+        self._waiting: dict[int, tuple[Pending, int]] = {}  # peer -> its signature's receive
+        self._exchanges: list[Pending] = []
         self.verified: set[int] = set()
 
     def start(self, sends: Sequence[Send], recvs: Sequence[Recv]) -> Pending:
-        out: list[Send] = []
-        send_map: list[list[int]] = []
-        for peer, data in sends:
-            if peer in self.announced:
-                send_map.append([len(out)])
-                out.append((peer, data))
-                continue
-            self.announced.add(peer)
-            k = min(self.cap, int(data.numel()))
-            send_map.append([len(out)])
-            out.append((peer, self._head(peer, data[:k])))
-            if data.numel() > k:
-                send_map[-1].append(len(out))
-                out.append((peer, data[k:]))
-        posted: list[Recv] = []
-        where: list[tuple[str, int]] = []
-        heads: dict[int, int] = {}
-        for peer, target in recvs:
-            if peer in self.verified:
-                where.append(("plain", len(posted)))
-                posted.append((peer, target))
-                continue
-            where.append(("peer", peer))
-            if peer not in heads:
-                heads[peer] = len(posted)
-                head = self.scratch.get(f"head{peer}", SIGNATURE_BYTES + self.cap, torch.uint8,
-                                        self._sig.device)
-                head[:SIGNATURE_BYTES].zero_()  # a short foreign message must not pass as ours
-                posted.append((peer, head))
-        self.verified.update(heads)
-        return _CheckedPending(self, self.inner.start(out, posted), recvs, where, heads,
-                               send_map)
-    def _head(self, peer: int, data: torch.Tensor) -> torch.Tensor:
-        """Signature + `data` in a reused buffer (a fresh large one costs page faults)."""
-        n = SIGNATURE_BYTES + int(data.numel())
-        head = self.scratch.get(f"send{peer}", n, torch.uint8, self._sig.device)
-        head[:SIGNATURE_BYTES].copy_(self._sig)
-        if n > SIGNATURE_BYTES:
-            head[SIGNATURE_BYTES:].copy_(data)
-        return head
+        new = sorted({p for p, _ in [*sends, *recvs]} - self.verified - set(self._waiting))
+        held = [p for p, _ in sends if p in self._waiting or p in new]
+        peers = [p for p, _ in recvs]
+        if not held and not new:
+            both = self.inner.start(sends, recvs)
+            return _CheckedPending(self, both, 0, peers, both)
+        posted = self.contact(new, recvs)  # every receive is up before our signature leaves
+        for peer in held:
+            self.wait_signature(peer)
+        return _CheckedPending(self, posted, len(new), peers,
+                               self.inner.start(sends, []) if sends else None)
+
+    def contact(self, new: Sequence[int], recvs: Sequence[Recv] = ()) -> Pending | None:
+        """Post the receives of the signatures of `new` peers (met for the first time), then
+        `recvs`, then send them this rank's signature: they send data only once they have
+        it, so nothing of theirs arrives before its receive is posted."""
+        bufs = [self.scratch.get(f"sig{p}", SIGNATURE_BYTES, torch.uint8, self._sig.device)
+                for p in new]
+        for buf in bufs:
+            buf.zero_()  # a short foreign message must not pass as ours
+        if not new and not recvs:
+            return None
+        # one batch: gloo posts its receives before its sends
+        posted = self.inner.start([(p, self._sig) for p in new], [*zip(new, bufs), *recvs])
+        self._waiting.update((p, (posted, i)) for i, p in enumerate(new))
+        if new:
+            self._exchanges.append(posted)
+        return posted
+
+    def wait_signature(self, peer: int) -> None:
+        """Wait for `peer`'s signature (once) and raise `CommError` unless it equals ours."""
+        entry = self._waiting.pop(peer, None)
+        if entry is not None:
+            pending, i = entry
+            self.verify(peer, pending.recv(i))
+            self.verified.add(peer)
 
     def verify(self, peer: int, data: torch.Tensor) -> None:
         """Raise `CommError` unless `peer`'s signature equals this rank's."""
@@ -233,13 +193,15 @@ class CheckedComm:
         raise CommError(f"rank {me}: {message}")
 
     def close(self) -> None:
-        """For length 0 (nothing was exchanged), swap heads with every rank to check them."""
-        if self.signature.numel == 0 and not self.announced and not self.verified:
-            others = [r for r in range(self.world_size) if r != self.rank]
-            empty = torch.empty(0, dtype=torch.uint8, device=self._sig.device)
-            pending = self.start([(p, empty) for p in others], [(p, 0) for p in others])
-            pending.received()
+        """Check every signature still in flight and finish the exchanges; with length 0
+        (nothing was exchanged) swap signatures with every rank first."""
+        if self.signature.numel == 0 and not self._exchanges:
+            self.contact([r for r in range(self.world_size) if r != self.rank])
+        for peer in sorted(self._waiting):
+            self.wait_signature(peer)
+        for pending in self._exchanges:
             pending.finish()
+        self._exchanges.clear()
 
     def native_sum(self, x: torch.Tensor) -> None:
         self.inner.native_sum(x)
