@@ -116,6 +116,37 @@ def _judge(trial: Trial, pred: Prediction, curve: Sequence[Point], at: int, curr
     return Assessment(trial, pred, gain, gain / seconds, verdict, pace)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A boundary's outcome, all every rank needs: rank 0 computes it (the fits) and the
+    others take it (`SpeculativeRun.agree`). `winner` None: every candidate failed."""
+
+    winner: str | None
+    reason: str
+    blacklisted: tuple[str, ...]
+    records: dict[str, dict[str, object]]
+    fit_s: float
+
+
+def decide(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: float,
+           chance: float, cfg: AdaPrecConfig, model: LearningCurveModel, keep: str) -> Decision:
+    """Judge every trial (`assess_all`) and choose (`choose`; `keep` when none is eligible)."""
+    judged = assess_all(trials, curve, at, current, chance, cfg, model)
+    fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
+    records = {a.trial.candidate: a.record() for a in judged}
+    out = tuple(a.trial.candidate for a in judged if a.blacklisted)
+    if judged and all(a.blacklisted for a in judged):
+        return Decision(None, "every candidate failed", out, records, fit_s)
+    return Decision(choose(judged, keep), _reason(judged), out, records, fit_s)
+
+
+def _reason(judged: Sequence[Assessment]) -> str:
+    if not any(a.eligible for a in judged):
+        return "no candidate eligible; kept the current codec"
+    return "best predicted gain per second" if any(a.eligible and a.gain > 0 for a in judged) \
+        else "no candidate gains; best predicted signal"
+
+
 def collapsed(before: float, after: float, chance: float, share: float) -> bool:
     """Did the signal go from `before` to `after` losing more than `share` of what it had
     above `chance` (or to a non-finite value)?"""

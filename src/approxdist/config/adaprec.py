@@ -31,6 +31,8 @@ class AdaPrecConfig:
     overhead_budget: float = 0.5  # most share of the run's time speculation may take
     collapse: float = 0.5        # a speculation losing this share of the signal above chance
     first: str = "fp32"          # the first phase's codec
+    reuse: bool = True           # go on from the winner's speculation (one state copy per
+    #                              candidate held until the decision); False: retrain it
 
     def __post_init__(self) -> None:
         if self.phase_steps < 2:
