@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
 
 from approxdist.adaptive.candidates import candidate_rules, check_candidates
 from approxdist.adaptive.controller import AdaPrecController
-from approxdist.adaptive.decide import Trial, assess, assess_all, choose
+from approxdist.adaptive.decide import Trial, assess, assess_all, choose, outgained
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.cli.main import main
 from approxdist.config.adaprec import AdaPrecConfig, candidates_of
@@ -279,6 +279,31 @@ def test_choose_prefers_gain_per_second_then_signal_then_keeps_the_current_codec
     assert nan.blacklisted and nan.record()["gain"] is None
 
 
+def test_the_gain_share_guard_keeps_a_cheap_candidate_from_buying_speed_with_progress() -> None:
+    model, curve = LearningCurveModel(), [(10, 0.5)]
+    trials = [Trial("slow", tuple((11 + i, 0.5 + 0.01 * (i + 1)) for i in range(4)), 1.0, True),
+              Trial("cheap", tuple((11 + i, 0.5 + 0.002 * (i + 1)) for i in range(4)), 0.1, True)]
+    plain = assess_all(trials, curve, 20, 0.5, 0.1, CFG, model)
+    assert [a.verdict for a in plain] == ["eligible", "eligible"]
+    assert plain[1].gain < 0.5 * plain[0].gain and choose(plain, keep="slow") == "cheap"
+    guarded = assess_all(trials, curve, 20, 0.5, 0.1, replace(CFG, gain_share=0.5), model)
+    assert [a.verdict for a in guarded] == ["eligible", "outgained"]
+    assert choose(guarded, keep="cheap") == "slow"
+    assert guarded[1].record()["verdict"] == "outgained"
+    # a share the cheap one reaches changes nothing
+    share = plain[1].gain / plain[0].gain * 0.9
+    assert outgained(plain, share) == plain
+
+
+def test_the_run_horizon_predicts_at_the_last_step() -> None:
+    sim = Sim({"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}, total_steps=40)
+    cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0,
+                        horizon="run")
+    _, records = _drive(sim, cfg)
+    assert [r["predict_at"] for r in records[1:]] == [40, 40, 40]
+    assert [r["chosen"] for r in records[1:]] == ["fast"] * 3
+
+
 def test_candidates_parse_and_unknown_ones_are_one_clear_error() -> None:
     assert candidates_of("fp8-e5m2") is None
     assert candidates_of("adaprec:fp32, table4,policy:seed004") == ("fp32", "table4",
@@ -300,6 +325,10 @@ def test_config_rejects_a_phase_shorter_than_its_speculation() -> None:
         AdaPrecConfig(phase_steps=10, speculate_steps=10)
     with pytest.raises(ConfigError, match="adaprec.signal"):
         AdaPrecConfig(signal="loss")
+    with pytest.raises(ConfigError, match="adaprec.horizon = 'epoch' is not one of: phase, run"):
+        AdaPrecConfig(horizon="epoch")
+    with pytest.raises(ConfigError, match=r"adaprec.gain_share = 1.5 must be in \[0, 1\]"):
+        AdaPrecConfig(gain_share=1.5)
     with pytest.raises(ConfigError, match="AdaPrec switches"):
         build_config({"train": {"parallel": "single", "world_size": 1},
                       "dp": {"codec": "adaprec:fp32,bf16"}})

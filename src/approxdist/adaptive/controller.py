@@ -142,7 +142,8 @@ class AdaPrecController:
         self.run.snapshot()
         specs = {c: self._speculate(c, step) for c in self.candidates if c not in self.blacklist}
         t_judge = time.perf_counter()
-        at = min(step + self.cfg.phase_steps, self.run.total_steps)
+        at = self.run.total_steps if self.cfg.horizon == "run" else \
+            min(step + self.cfg.phase_steps, self.run.total_steps)
         decision = self.run.agree(self._decide([s.trial for s in specs.values()], at, current)
                                   if self.run.decides else None)
         assert decision is not None, "rank 0 decides"

@@ -14,15 +14,20 @@ per step times the phase length. The guards the seed does not discuss:
   a decline that started at the snapshot);
 * the prediction is at most the candidate's own pace (`own_pace`): the run's curve so far
   dominates the fit, and a candidate that stalls must not inherit its rise;
+* optionally (`gain_share` > 0) a candidate predicted to gain less than that share of the
+  best eligible candidate's gain is not eligible (`outgained`): speed may not buy more
+  than a bounded loss of progress;
 * among eligible candidates with a positive predicted gain the best gain per second wins;
   if none gains, the best predicted signal; if none is eligible, the current codec stays.
+  The prediction is at the next boundary, or with `horizon = "run"` at the run's last
+  step (the gain per second then over the steps left).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from approxdist.adaptive.learning_curve import LearningCurveModel, Prediction
 from approxdist.config.adaprec import AdaPrecConfig
@@ -49,7 +54,7 @@ class Assessment:
     prediction: Prediction | None
     gain: float
     score: float
-    verdict: str  # eligible | below-lcb | falling | diverged | collapsed
+    verdict: str  # eligible | below-lcb | falling | outgained | diverged | collapsed
     pace: float = math.nan  # `own_pace`, the bound on the prediction
 
     @property
@@ -85,8 +90,20 @@ def assess_all(trials: Sequence[Trial], curve: Sequence[Point], at: int, current
     fitted = [t for t, a in zip(trials, screened) if a is None]
     curves = [[*curve, *t.points] for t in fitted]
     preds = iter(model.predict_many([([s for s, _ in c], [v for _, v in c]) for c in curves], at))
-    return [a if a is not None else _judge(t, next(preds), curve, at, current, cfg)
-            for t, a in zip(trials, screened)]
+    judged = [a if a is not None else _judge(t, next(preds), curve, at, current, cfg)
+              for t, a in zip(trials, screened)]
+    return outgained(judged, cfg.gain_share)
+
+
+def outgained(judged: Sequence[Assessment], share: float) -> list[Assessment]:
+    """The accuracy guard: an eligible candidate predicted to gain less than `share` of the
+    best eligible candidate's predicted gain is not eligible (`outgained`), however cheap;
+    with `share` 0 (or no gain) the judgement is unchanged."""
+    best = max((a.gain for a in judged if a.eligible), default=0.0)
+    if share <= 0 or best <= 0:
+        return list(judged)
+    return [replace(a, verdict="outgained") if a.eligible and a.gain < share * best else a
+            for a in judged]
 
 
 def _screen(trial: Trial, current: float, chance: float, cfg: AdaPrecConfig) -> Assessment | None:
