@@ -5,7 +5,10 @@
   error-feedback residuals), on every rank — weights and optimiser state;
 * `--codec adaprec:fp32,<poison>` (digits, mlp): the poison is never chosen, the run
   equals plain fp32 training bit for bit, and two runs decide identically; the decisions,
-  predictions and overhead are in metrics.jsonl and summary.json.
+  predictions and overhead are in metrics.jsonl and summary.json; the winner's
+  speculative steps become the run's (the engine trains each run step once: a run that
+  retrained them, or went on from another state, would not equal plain training), and
+  every rank takes rank 0's decisions.
 """
 
 from __future__ import annotations
@@ -104,8 +107,16 @@ def _adaprec(ctx: DistContext, root: str) -> dict[str, Any]:
             sec["adaprec"] = {**sec["adaprec"], "phase_steps": 1000, "speculate_steps": 1,
                           "points": 1}
         trainer = build_trainer(build_config(sec), ctx, Path(root) / name, False)
+        calls = [0]
+        step = trainer.engine.train_step
+
+        def counted(*args: Any) -> Any:
+            calls[0] += 1
+            return step(*args)
+
+        trainer.engine.train_step = counted  # type: ignore[method-assign]
         summary = trainer.run()
-        return {"summary": summary,
+        return {"summary": summary, "train_steps": calls[0],
                 "weights": {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}}
 
     return {"plain": train("plain", "fp32"), "a": train("a", f"adaprec:fp32,{POISON}"),
@@ -150,3 +161,14 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
     if blacklisted:  # once out, never speculated again
         assert all(POISON not in r["candidates"] for r in bounds if r["step"] > blacklisted[0])
     assert a["speculation_s"] > 0 and a["fit_s"] > 0
+    # the winner's speculative steps are the run's own, never trained again: every step
+    # the engine trained is a run step or a speculative step that was not kept
+    assert a["reused_steps"] > 0 and a["reused_steps"] == sum(r["reused_steps"] for r in bounds)
+    speculated = sum(len(r["candidates"]) * ADAPREC["adaprec"]["speculate_steps"]
+                     for r in bounds)
+    steps = runs["a"]["summary"]["steps"]
+    assert steps == runs["plain"]["summary"]["steps"]
+    for rank in ranks:  # every rank took rank 0's decisions (only rank 0 fitted)
+        assert rank["adaprec"]["a"]["train_steps"] == steps + speculated - a["reused_steps"]
+        mine = rank["adaprec"]["a"]["summary"]["adaprec"]
+        assert mine["chosen"] == a["chosen"] and mine["blacklist"] == a["blacklist"]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
 
 from approxdist.adaptive.candidates import candidate_rules, check_candidates
 from approxdist.adaptive.controller import AdaPrecController
-from approxdist.adaptive.decide import Trial, assess, choose
+from approxdist.adaptive.decide import Trial, assess, assess_all, choose, outgained
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.cli.main import main
 from approxdist.config.adaprec import AdaPrecConfig, candidates_of
@@ -43,12 +43,31 @@ class Sim:
     trained: list[str] = field(default_factory=list)
     _since: int = 0
     saved: list[float] = field(default_factory=list)
+    decides: bool = True
+    #: steps trained since the last restore; steps the run adopted and must skip
+    spec_steps: int = 0
+    ahead: int = 0
+    #: (codec, value) at the end of every speculation kept, and of every one adopted
+    ends: list[tuple[str, float]] = field(default_factory=list)
+    adopted: list[tuple[str, float]] = field(default_factory=list)
+    reusable: bool = True
+    main_steps: int = 0  # steps the driver's loop trained (not adopted)
 
     def snapshot(self) -> None:
         self.saved = [*self.saved[-1:], self.value]
 
     def restore(self) -> None:
         self.value = self.saved[-1]
+        self.spec_steps = 0
+
+    def keep(self) -> tuple[str, float, int, int] | None:
+        self.ends.append((self.codec, self.value))
+        return (self.codec, self.value, self._since, self.spec_steps) if self.reusable else None
+
+    def adopt(self, kept: tuple[str, float, int, int]) -> None:
+        codec, self.value, self._since, self.ahead = kept
+        assert codec == self.codec  # `use(winner)` came first
+        self.adopted.append((codec, self.value))
 
     def drop(self) -> None:
         self.saved.pop()
@@ -70,28 +89,45 @@ class Sim:
         self.trained.append(self.codec)
         time.sleep(self.sleep)
         self.advance(steps)
+        self.spec_steps += steps
         return [self.secs[self.codec]] * steps, self.codec != "nan"
 
     def signal(self) -> float:
         return self.value
 
-    def agree(self, value: str) -> str:
+    #: what `agree` returned (rank 0); a replay of rank 0's, for a rank that does not decide
+    agreed: list[object] = field(default_factory=list)
+    replay: list[object] | None = None
+
+    def agree(self, value: object) -> object:
+        if self.replay is not None:
+            assert value is None  # a rank that does not decide has nothing to offer
+            value = self.replay.pop(0)
+        self.agreed.append(value)
         return value
 
 
 CFG = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0)
 
 
-def _drive(sim: Sim, cfg: AdaPrecConfig = CFG, candidates: tuple[str, ...] = ("fp32", "fast")
-           ) -> tuple[AdaPrecController, list[dict]]:
-    """Every step of the simulated run: the controller's hook, then one step of the codec."""
-    ctl = AdaPrecController(candidates, cfg, sim)  # type: ignore[arg-type]
+def _drive(sim: Sim, cfg: AdaPrecConfig = CFG, candidates: tuple[str, ...] = ("fp32", "fast"),
+           model: LearningCurveModel | None = None) -> tuple[AdaPrecController, list[dict]]:
+    """Every step of the simulated run: the controller's hook, then one step of the codec
+    (or none for the steps the run adopted from the winner's speculation)."""
+    ctl = AdaPrecController(candidates, cfg, sim, model)  # type: ignore[arg-type]
+    sim.main_steps = 0
     records = []
-    for step in range(sim.total_steps):
+    step = 0
+    while step < sim.total_steps:
         rec = ctl.before_step(step)
         if rec is not None:
             records.append(rec)
+        if sim.ahead:  # the run goes on after the winner's speculative steps
+            step, sim.ahead = step + sim.ahead, 0
+            continue
         sim.advance(1)
+        sim.main_steps += 1
+        step += 1
     return ctl, records
 
 
@@ -117,6 +153,68 @@ def test_decisions_are_deterministic_and_speculation_leaves_no_trace() -> None:
     sim = Sim(rates, secs)
     _drive(sim)
     assert sim.value == pytest.approx(0.1 + 40 * 0.006)
+
+
+def test_the_run_goes_on_from_the_winners_speculation_without_retraining_it() -> None:
+    rates, secs = {"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}
+    sim = Sim(rates, secs, total_steps=40)
+    ctl, records = _drive(sim)
+    bounds = records[1:]
+    assert [r["chosen"] for r in bounds] == ["fast"] * 3
+    # the state adopted is the winner's speculative end, at each boundary
+    assert sim.adopted == [e for e in sim.ends if e[0] == "fast"]
+    assert all(r["reused_steps"] == 4 for r in bounds) and ctl.summary()["reused_steps"] == 12
+    # steps counted once: the loop trained 40 - 3 x 4, every candidate 4 per boundary
+    assert sim.main_steps == 40 - 12
+    assert sim.value == pytest.approx(0.1 + 40 * 0.004)
+    # the same run retraining the winner's steps ends in the same state
+    again = Sim(rates, secs, total_steps=40, reusable=False)
+    ctl2, records2 = _drive(again)
+    assert ctl2.chosen == ctl.chosen and again.value == pytest.approx(sim.value)
+    assert again.adopted == [] and again.main_steps == 40
+    assert all(r["reused_steps"] == 0 for r in records2[1:])
+    off = Sim(rates, secs, total_steps=40)
+    _drive(off, AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0,
+                              reuse=False))
+    assert off.adopted == [] and off.main_steps == 40
+
+
+def test_speculation_seconds_leave_out_the_winners_steps() -> None:
+    sim = Sim({"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}, total_steps=20,
+              sleep=0.05)
+    cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0)
+    ctl, records = _drive(sim, cfg)
+    rec = records[1]
+    assert rec["chosen"] == "fast" and rec["reused_s"] >= 4 * 0.05
+    # the loser's 4 x 0.05 s and the measurements, not the winner's 4 x 0.05 s
+    assert 4 * 0.05 <= rec["speculation_s"] < 7 * 0.05
+    assert ctl.summary()["speculation_s"] == rec["speculation_s"]
+
+
+class _NoFits(LearningCurveModel):
+    def predict_many(self, *args: object, **kwargs: object) -> list:  # type: ignore[override]
+        raise AssertionError("only rank 0 fits the curves")
+
+
+def test_only_rank_0_fits_and_every_rank_takes_its_decision() -> None:
+    rates, secs = {"fp32": 0.006, "fast": 0.004, "nan": 0.05}, \
+        {"fp32": 1.0, "fast": 0.5, "nan": 0.01}
+    cands = ("fp32", "fast", "nan")
+    root = Sim(rates, secs)
+    ctl0, rec0 = _drive(root, candidates=cands)
+    other = Sim(rates, secs, decides=False, replay=list(root.agreed))
+    ctl1, rec1 = _drive(other, candidates=cands, model=_NoFits())
+    assert ctl1.chosen == ctl0.chosen and ctl1.blacklist == ctl0.blacklist == ["nan"]
+    assert [r["candidates"] for r in rec1[1:]] == [r["candidates"] for r in rec0[1:]]
+    assert other.value == pytest.approx(root.value) and other.adopted == root.adopted
+    # the decision is the one every rank computed before: judge all, choose
+    model, curve = LearningCurveModel(), list(ctl0.curve)
+    for rec, decision in zip(rec0[1:], root.agreed):
+        trials = [Trial(c, tuple((int(s), v) for s, v in r["points"]), r["s_per_step"],
+                        r["finite"]) for c, r in rec["candidates"].items()]
+        judged = assess_all(trials, [p for p in curve if p[0] <= rec["step"]],
+                            rec["predict_at"], rec["signal"], 0.1, CFG, model)
+        assert decision.winner == choose(judged, decision.winner or "fp32") == rec["chosen"]
 
 
 def test_a_diverging_candidate_is_blacklisted_at_once_and_never_chosen() -> None:
@@ -181,6 +279,31 @@ def test_choose_prefers_gain_per_second_then_signal_then_keeps_the_current_codec
     assert nan.blacklisted and nan.record()["gain"] is None
 
 
+def test_the_gain_share_guard_keeps_a_cheap_candidate_from_buying_speed_with_progress() -> None:
+    model, curve = LearningCurveModel(), [(10, 0.5)]
+    trials = [Trial("slow", tuple((11 + i, 0.5 + 0.01 * (i + 1)) for i in range(4)), 1.0, True),
+              Trial("cheap", tuple((11 + i, 0.5 + 0.002 * (i + 1)) for i in range(4)), 0.1, True)]
+    plain = assess_all(trials, curve, 20, 0.5, 0.1, CFG, model)
+    assert [a.verdict for a in plain] == ["eligible", "eligible"]
+    assert plain[1].gain < 0.5 * plain[0].gain and choose(plain, keep="slow") == "cheap"
+    guarded = assess_all(trials, curve, 20, 0.5, 0.1, replace(CFG, gain_share=0.5), model)
+    assert [a.verdict for a in guarded] == ["eligible", "outgained"]
+    assert choose(guarded, keep="cheap") == "slow"
+    assert guarded[1].record()["verdict"] == "outgained"
+    # a share the cheap one reaches changes nothing
+    share = plain[1].gain / plain[0].gain * 0.9
+    assert outgained(plain, share) == plain
+
+
+def test_the_run_horizon_predicts_at_the_last_step() -> None:
+    sim = Sim({"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}, total_steps=40)
+    cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0,
+                        horizon="run")
+    _, records = _drive(sim, cfg)
+    assert [r["predict_at"] for r in records[1:]] == [40, 40, 40]
+    assert [r["chosen"] for r in records[1:]] == ["fast"] * 3
+
+
 def test_candidates_parse_and_unknown_ones_are_one_clear_error() -> None:
     assert candidates_of("fp8-e5m2") is None
     assert candidates_of("adaprec:fp32, table4,policy:seed004") == ("fp32", "table4",
@@ -202,6 +325,10 @@ def test_config_rejects_a_phase_shorter_than_its_speculation() -> None:
         AdaPrecConfig(phase_steps=10, speculate_steps=10)
     with pytest.raises(ConfigError, match="adaprec.signal"):
         AdaPrecConfig(signal="loss")
+    with pytest.raises(ConfigError, match="adaprec.horizon = 'epoch' is not one of: phase, run"):
+        AdaPrecConfig(horizon="epoch")
+    with pytest.raises(ConfigError, match=r"adaprec.gain_share = 1.5 must be in \[0, 1\]"):
+        AdaPrecConfig(gain_share=1.5)
     with pytest.raises(ConfigError, match="AdaPrec switches"):
         build_config({"train": {"parallel": "single", "world_size": 1},
                       "dp": {"codec": "adaprec:fp32,bf16"}})

@@ -7,10 +7,14 @@ The first phase runs `cfg.first`. At each boundary (every `phase_steps` steps, w
 whole speculation still fits in the run) the controller measures the run's signal,
 snapshots the run, and for each candidate not blacklisted restores the snapshot, switches
 the gradients' codecs to it and trains `speculate_steps` steps, measuring the signal at
-`points` points and the seconds per step (slowest rank). It then restores the snapshot
-once more, judges the candidates (`decide.py`) and switches to the winner, so training
-itself only ever continues from the snapshot: a speculation that diverged leaves no
-trace. A chosen codec can still turn bad after the speculation's few steps: when the
+`points` points and the seconds per step (slowest rank), and keeps its end. Rank 0 judges
+the candidates (`decide.py`: the curve fits) and every rank takes its decision; the run
+switches to the winner and goes on from the end of the winner's speculation, whose steps
+become the run's own (`reuse`; they trained the winner's codec from the snapshot, exactly
+what the run would have computed); otherwise, or where the speculation ran past the
+epoch, it restores the snapshot and trains those steps again. Training itself only ever
+continues from the snapshot or the winner's own steps from it: a speculation that
+diverged leaves no trace. A chosen codec can still turn bad after the speculation's few steps: when the
 signal at a boundary has collapsed since the last one (`decide.collapsed`), the phase is
 undone (the model, optimiser and residuals of the last boundary's snapshot, the data
 position and learning rate where they are: the phase's steps are lost time) and its
@@ -18,7 +22,7 @@ codec blacklisted. When speculation has taken more than `overhead_budget` of the
 time so far, the boundary keeps the current codec without speculating.
 
 The controller drives a `SpeculativeRun` (the trainer's, `train/speculation.py`); every
-rank calls it in step, so every collective inside matches, and the winner is rank 0's.
+rank calls it in step, so every collective inside matches; only rank 0 fits the curves.
 Each boundary returns its record for metrics.jsonl (`kind: adaprec`).
 """
 
@@ -26,9 +30,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from approxdist.adaptive.decide import Assessment, Point, Trial, assess_all, choose, collapsed
+from approxdist.adaptive.decide import Decision, Point, Trial, collapsed, decide
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.config.adaprec import AdaPrecConfig
 
@@ -68,6 +73,25 @@ class SpeculativeRun(Protocol):
     def agree(self, value: T) -> T:
         """Rank 0's `value`, on every rank."""
 
+    #: whether this rank fits the curves and decides (rank 0; the others `agree`)
+    decides: bool
+
+    def keep(self) -> Any:
+        """The end of the speculation since the last restore (state, position, its steps),
+        or None where the run cannot go on from it; for `adopt`."""
+
+    def adopt(self, kept: Any) -> None:
+        """Go on from a kept speculation's end: its steps become the run's own."""
+
+
+@dataclass(frozen=True)
+class _Speculation:
+    """A candidate's trial, its kept end (None: cannot go on from it), its training seconds."""
+
+    trial: Trial
+    kept: Any
+    train_s: float
+
 
 class AdaPrecController:
     """Chooses the gradients' codec phase by phase; see the module docstring."""
@@ -83,6 +107,7 @@ class AdaPrecController:
         self.speculation_s = 0.0
         self.decision_s = 0.0
         self.fit_s = 0.0
+        self.reused_steps = 0
         self._start = 0.0
 
     def before_step(self, step: int) -> dict[str, Any] | None:
@@ -115,14 +140,19 @@ class AdaPrecController:
             return {**record, "chosen": keep, "reason": "overhead budget spent",
                     "blacklist": list(self.blacklist), "speculation_s": 0.0}
         self.run.snapshot()
-        trials = [self._speculate(c, step) for c in self.candidates if c not in self.blacklist]
-        self.run.restore()
+        specs = {c: self._speculate(c, step) for c in self.candidates if c not in self.blacklist}
         t_judge = time.perf_counter()
-        at = min(step + self.cfg.phase_steps, self.run.total_steps)
-        judged = assess_all(trials, self.curve, at, current, self.run.chance, self.cfg,
-                            self.model)
-        fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
-        if judged and all(a.blacklisted for a in judged):
+        at = self.run.total_steps if self.cfg.horizon == "run" else \
+            min(step + self.cfg.phase_steps, self.run.total_steps)
+        decision = self.run.agree(self._decide([s.trial for s in specs.values()], at, current)
+                                  if self.run.decides else None)
+        assert decision is not None, "rank 0 decides"
+        t_done = time.perf_counter()
+        won = specs.get(decision.winner or "")
+        kept = won.kept if won is not None else None
+        if kept is None:
+            self.run.restore()
+        if decision.winner is None:
             # every candidate fails from here: the run, not the codecs, is unsound; if the
             # last phase made it so, undo that phase as if its collapse had shown already
             if "rolled_back" not in record and self.current != self.cfg.first:
@@ -132,39 +162,56 @@ class AdaPrecController:
             reason = "every candidate failed; kept the reference" if "rolled_back" not in \
                 record else "every candidate failed; the last phase undone"
         else:
-            self.blacklist += [a.trial.candidate for a in judged if a.blacklisted]
-            winner = self.run.agree(choose(judged, self._fallback()))
-            reason = _reason(judged)
-        self._switch(step, winner)
-        spent = t_judge - t0
+            self.blacklist += [c for c in decision.blacklisted if c not in self.blacklist]
+            winner, reason = decision.winner, decision.reason
+        self._switch(step, winner, kept)
+        # the winner's steps, when kept, are the run's own: not speculation
+        reused_s = won.train_s if kept is not None and won is not None else 0.0
+        spent = t_judge - t0 - reused_s
         self.speculation_s += spent
-        self.fit_s += fit_s
+        self.fit_s += decision.fit_s
         self.decision_s += time.perf_counter() - t_judge
-        return {**record, "chosen": winner, "reason": reason,
-                "predict_at": at, "candidates": {a.trial.candidate: a.record() for a in judged},
-                "blacklist": list(self.blacklist), "speculation_s": spent, "fit_s": fit_s}
+        self.reused_steps += self.cfg.speculate_steps if kept is not None else 0
+        return {**record, "chosen": winner, "reason": reason, "predict_at": at,
+                "candidates": decision.records, "blacklist": list(self.blacklist),
+                "speculation_s": spent, "fit_s": decision.fit_s,
+                "agree_s": t_done - t_judge,
+                "reused_steps": self.cfg.speculate_steps if kept is not None else 0,
+                "reused_s": reused_s}
 
-    def _switch(self, step: int, codec: str) -> str:
+    def _decide(self, trials: list[Trial], at: int, current: float) -> Decision:
+        return decide(trials, self.curve, at, current, self.run.chance, self.cfg, self.model,
+                      self._fallback())
+
+    def _switch(self, step: int, codec: str, kept: Any = None) -> str:
         self.run.use(codec)
+        if kept is not None:  # after `use`: the kept residuals are in the winner's buckets
+            self.run.adopt(kept)
         self.current = codec
         self.chosen.append((step, codec))
         return codec
 
-    def _speculate(self, candidate: str, step: int) -> Trial:
-        """Train `candidate` from the snapshot, measuring the signal `points` times."""
+    def _speculate(self, candidate: str, step: int) -> _Speculation:
+        """Train `candidate` from the snapshot, measuring the signal `points` times; its end
+        kept (`SpeculativeRun.keep`) for the run to go on from if it wins."""
         self.run.restore()
         self.run.use(candidate)
         points: list[Point] = []
         seconds: list[float] = []
         finite = True
+        train_s = 0.0
         for n in _chunks(self.cfg.speculate_steps, self.cfg.points):
+            t = time.perf_counter()
             walls, finite = self.run.train(n)
+            train_s += time.perf_counter() - t
             seconds += walls
             if not finite:
                 break
             points.append((step + len(seconds), self.run.signal()))
+        kept = self.run.keep() if finite and self.cfg.reuse else None
         # the median: a codec's first step also builds its all-reduce and checks the peers
-        return Trial(candidate, tuple(points), statistics.median(seconds), finite)
+        trial = Trial(candidate, tuple(points), statistics.median(seconds), finite)
+        return _Speculation(trial, kept, train_s)
 
     def _roll_back(self, record: dict[str, Any]) -> float:
         """The last phase collapsed the signal: undo it (state back to the boundary before,
@@ -185,16 +232,10 @@ class AdaPrecController:
         """summary.json's `adaprec` figures."""
         return {"candidates": list(self.candidates), "chosen": [list(c) for c in self.chosen],
                 "blacklist": list(self.blacklist), "speculation_s": self.speculation_s,
-                "fit_s": self.fit_s, "decision_s": self.decision_s}
+                "fit_s": self.fit_s, "decision_s": self.decision_s,
+                "reused_steps": self.reused_steps}
 
 
 def _chunks(steps: int, parts: int) -> list[int]:
     """`steps` cut into `parts` nearly equal positive pieces."""
     return [steps * (i + 1) // parts - steps * i // parts for i in range(parts)]
-
-
-def _reason(judged: list[Assessment]) -> str:
-    if not any(a.eligible for a in judged):
-        return "no candidate eligible; kept the current codec"
-    return "best predicted gain per second" if any(a.eligible and a.gain > 0 for a in judged) \
-        else "no candidate gains; best predicted signal"

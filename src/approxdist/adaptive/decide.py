@@ -14,15 +14,20 @@ per step times the phase length. The guards the seed does not discuss:
   a decline that started at the snapshot);
 * the prediction is at most the candidate's own pace (`own_pace`): the run's curve so far
   dominates the fit, and a candidate that stalls must not inherit its rise;
+* optionally (`gain_share` > 0) a candidate predicted to gain less than that share of the
+  best eligible candidate's gain is not eligible (`outgained`): speed may not buy more
+  than a bounded loss of progress;
 * among eligible candidates with a positive predicted gain the best gain per second wins;
   if none gains, the best predicted signal; if none is eligible, the current codec stays.
+  The prediction is at the next boundary, or with `horizon = "run"` at the run's last
+  step (the gain per second then over the steps left).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from approxdist.adaptive.learning_curve import LearningCurveModel, Prediction
 from approxdist.config.adaprec import AdaPrecConfig
@@ -49,7 +54,7 @@ class Assessment:
     prediction: Prediction | None
     gain: float
     score: float
-    verdict: str  # eligible | below-lcb | falling | diverged | collapsed
+    verdict: str  # eligible | below-lcb | falling | outgained | diverged | collapsed
     pace: float = math.nan  # `own_pace`, the bound on the prediction
 
     @property
@@ -85,8 +90,20 @@ def assess_all(trials: Sequence[Trial], curve: Sequence[Point], at: int, current
     fitted = [t for t, a in zip(trials, screened) if a is None]
     curves = [[*curve, *t.points] for t in fitted]
     preds = iter(model.predict_many([([s for s, _ in c], [v for _, v in c]) for c in curves], at))
-    return [a if a is not None else _judge(t, next(preds), curve, at, current, cfg)
-            for t, a in zip(trials, screened)]
+    judged = [a if a is not None else _judge(t, next(preds), curve, at, current, cfg)
+              for t, a in zip(trials, screened)]
+    return outgained(judged, cfg.gain_share)
+
+
+def outgained(judged: Sequence[Assessment], share: float) -> list[Assessment]:
+    """The accuracy guard: an eligible candidate predicted to gain less than `share` of the
+    best eligible candidate's predicted gain is not eligible (`outgained`), however cheap;
+    with `share` 0 (or no gain) the judgement is unchanged."""
+    best = max((a.gain for a in judged if a.eligible), default=0.0)
+    if share <= 0 or best <= 0:
+        return list(judged)
+    return [replace(a, verdict="outgained") if a.eligible and a.gain < share * best else a
+            for a in judged]
 
 
 def _screen(trial: Trial, current: float, chance: float, cfg: AdaPrecConfig) -> Assessment | None:
@@ -114,6 +131,37 @@ def _judge(trial: Trial, pred: Prediction, curve: Sequence[Point], at: int, curr
         verdict = "eligible" if mean - cfg.lcb_z * pred.std >= current - cfg.margin \
             else "below-lcb"
     return Assessment(trial, pred, gain, gain / seconds, verdict, pace)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A boundary's outcome, all every rank needs: rank 0 computes it (the fits) and the
+    others take it (`SpeculativeRun.agree`). `winner` None: every candidate failed."""
+
+    winner: str | None
+    reason: str
+    blacklisted: tuple[str, ...]
+    records: dict[str, dict[str, object]]
+    fit_s: float
+
+
+def decide(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: float,
+           chance: float, cfg: AdaPrecConfig, model: LearningCurveModel, keep: str) -> Decision:
+    """Judge every trial (`assess_all`) and choose (`choose`; `keep` when none is eligible)."""
+    judged = assess_all(trials, curve, at, current, chance, cfg, model)
+    fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
+    records = {a.trial.candidate: a.record() for a in judged}
+    out = tuple(a.trial.candidate for a in judged if a.blacklisted)
+    if judged and all(a.blacklisted for a in judged):
+        return Decision(None, "every candidate failed", out, records, fit_s)
+    return Decision(choose(judged, keep), _reason(judged), out, records, fit_s)
+
+
+def _reason(judged: Sequence[Assessment]) -> str:
+    if not any(a.eligible for a in judged):
+        return "no candidate eligible; kept the current codec"
+    return "best predicted gain per second" if any(a.eligible and a.gain > 0 for a in judged) \
+        else "no candidate gains; best predicted signal"
 
 
 def collapsed(before: float, after: float, chance: float, share: float) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from approxdist.errors import ConfigError
 
 SIGNALS = ("soft", "accuracy")
+HORIZONS = ("phase", "run")
 #: the `dp.codec` prefix that turns AdaPrec on
 PREFIX = "adaprec:"
 
@@ -31,6 +32,10 @@ class AdaPrecConfig:
     overhead_budget: float = 0.5  # most share of the run's time speculation may take
     collapse: float = 0.5        # a speculation losing this share of the signal above chance
     first: str = "fp32"          # the first phase's codec
+    horizon: str = "phase"       # predict at the next boundary (phase) or the run's end (run)
+    gain_share: float = 0.0      # eligible only if gaining >= this share of the best gain
+    reuse: bool = True           # go on from the winner's speculation (one state copy per
+    #                              candidate held until the decision); False: retrain it
 
     def __post_init__(self) -> None:
         if self.phase_steps < 2:
@@ -58,6 +63,13 @@ class AdaPrecConfig:
                               f"(0, 1]; e.g. 0.5")
         if not 0.0 < self.collapse <= 1.0:
             raise ConfigError(f"adaprec.collapse = {self.collapse} must be in (0, 1]; e.g. 0.5")
+        if self.horizon not in HORIZONS:
+            raise ConfigError(f"adaprec.horizon = {self.horizon!r} is not one of: "
+                              f"{', '.join(HORIZONS)}")
+        if not 0.0 <= self.gain_share <= 1.0:
+            raise ConfigError(f"adaprec.gain_share = {self.gain_share} must be in [0, 1]; "
+                              f"e.g. 0.9 (at most 10 % less predicted gain than the best), "
+                              f"0 for none")
         if self.first.startswith(PREFIX):
             raise ConfigError(f"adaprec.first = {self.first!r} must be one codec, e.g. fp32")
 

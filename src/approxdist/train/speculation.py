@@ -6,12 +6,16 @@ position to an `AdaPrecController` before every step; the controller speculates 
 (`train/snapshot.py`), trains with `Trainer.train_steps` (the loop's own step), switches
 codecs with `DataParallel.set_codecs` and measures the signal on the validation split
 held out of the training set (`data/holdout.py`): the mean probability of the true class
-(`soft`) or the accuracy, summed over every rank's share.
+(`soft`) or the accuracy, summed over every rank's share. `keep` copies a speculation's
+end (state and step outcomes); `adopt` puts the winner's back and hands its steps to the
+trainer's loop (`Trainer.ahead`), which counts them as its own instead of training them
+again: a speculation draws the batches, rates and random numbers the loop would.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -19,12 +23,20 @@ from torch.nn import functional as F  # noqa: N812
 
 from approxdist.adaptive.candidates import candidate_rules
 from approxdist.adaptive.controller import AdaPrecController
-from approxdist.data.loader import _mix
+from approxdist.train.engine import StepOutcome
 from approxdist.train.engines.replicated import ReplicatedEngine
 from approxdist.train.snapshot import Position, RunSnapshot
 from approxdist.train.trainer import Trainer
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A speculation's end: the run's state there and the outcomes of its steps."""
+
+    snapshot: RunSnapshot
+    outs: tuple[StepOutcome, ...]
 
 
 class TrainerRun:
@@ -45,6 +57,8 @@ class TrainerRun:
         self.at = Position(0, 0, 0)
         self._snaps: list[RunSnapshot] = []  # this boundary's and the one before
         self._cursor = self.at
+        self._outs: list[StepOutcome] = []  # the steps trained since the last restore
+        self.decides = trainer.groups.replicas.is_root
 
     def snapshot(self) -> None:
         self._snaps = [*self._snaps[-1:], RunSnapshot.take(self.engine, self.at)]
@@ -52,6 +66,18 @@ class TrainerRun:
 
     def restore(self) -> None:
         self._cursor = self._snaps[-1].restore(self.engine)
+        self._outs = []
+
+    def keep(self) -> Kept | None:
+        # the loop goes on within its epoch only (an epoch's end syncs buffers, evaluates)
+        if self.at.index + len(self._outs) > self.trainer.shards(self.at.epoch).steps_per_epoch:
+            return None
+        return Kept(RunSnapshot.take(self.engine, self._cursor), tuple(self._outs))
+
+    def adopt(self, kept: Kept) -> None:
+        kept.snapshot.restore(self.engine)
+        self._cursor = kept.snapshot.position
+        self.trainer.ahead = list(kept.outs)
 
     def drop(self) -> None:
         self._snaps.pop()
@@ -64,10 +90,10 @@ class TrainerRun:
         self.engine.set_codecs(*candidate_rules(candidate, self.trainer.cfg.dp.codec_rules))
 
     def train(self, steps: int) -> tuple[list[float], bool]:
-        # each speculation draws its own dropout masks, the same for every candidate
-        torch.manual_seed(_mix(self.trainer.cfg.train.seed, self._cursor.step,
-                               self.trainer.groups.topology.slot(self.trainer.ctx.rank)))
+        # the generators go on from the snapshot's (or the last chunk's) state: every
+        # candidate draws the dropout masks the run itself would draw
         outs = self.trainer.train_steps(self._cursor, steps)
+        self._outs += outs
         epoch, index = self._cursor.epoch, self._cursor.index + steps
         while index >= self.trainer.shards(epoch).steps_per_epoch:
             index -= self.trainer.shards(epoch).steps_per_epoch

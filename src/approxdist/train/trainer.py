@@ -11,7 +11,8 @@ engine's phases. An engine may skip ahead (`StepOutcome.skip`: the steps it skip
 data unused; an N+b parameter-server worker whose gradient was dropped); each rank's
 epoch record row counts its skipped steps. Step hooks run before every step with the run's position
 (`snapshot.Position`) and may add records to metrics.jsonl; AdaPrec is one
-(`train/speculation.py`), speculating through `train_steps`, the loop's own step.
+(`train/speculation.py`), speculating through `train_steps`, the loop's own step, and
+handing the winner's speculative steps back to the loop (`Trainer.ahead`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class Trainer:
     epoch_hooks: list[EpochHook] = field(default_factory=list)
     stragglers: Stragglers = field(default_factory=Stragglers)
     step_hooks: list[StepHook] = field(default_factory=list)
+    #: steps a step hook already trained from the run's position, with the run's batches
+    #: and rates (AdaPrec going on from its winner's speculation): the loop counts them as
+    #: its own next steps and goes on after them; they must end within the epoch
+    ahead: list[StepOutcome] = field(default_factory=list)
     #: figures for summary.json from the parts hooked into the run (e.g. AdaPrec's)
     summaries: list[Callable[[], dict[str, Any]]] = field(default_factory=list)
     #: the global batch of each epoch (constant unless optim.schedule = "grow")
@@ -91,6 +96,13 @@ class Trainer:
         i = 0
         while i < steps:
             self._run_step_hooks(Position(epoch, i, self.progress.step))
+            if self.ahead:  # a hook trained the next steps already: they are the run's
+                n = self._take_ahead(tally, i, steps)
+                i += n
+                self.progress.step += n
+                bar.update(n)
+                batches = self.shards(epoch).epoch(epoch, i)
+                continue
             with self.rec.span(STEP, step=self.progress.step):
                 self.stragglers.pause(ctx.rank, self.progress.step)
                 res = self.step(batches, epoch, self.progress.step)
@@ -127,16 +139,33 @@ class Trainer:
     def train_steps(self, at: Position, steps: int) -> list[StepOutcome]:
         """Train `steps` steps from `at` (into the next epochs if need be) without logging
         them or moving the run's progress: the speculation of AdaPrec, which restores the
-        run's snapshot afterwards (`train/snapshot.py`)."""
+        run's snapshot afterwards (`train/snapshot.py`) or hands the steps to the loop
+        (`ahead`). Within an epoch they compute what the loop would; a new epoch reseeds
+        the generators as the loop does (its end-of-epoch buffer sync and evaluation are
+        not run)."""
         outs: list[StepOutcome] = []
         epoch, index = at.epoch, at.index
         while len(outs) < steps:
+            if epoch != at.epoch:
+                torch.manual_seed(_mix(self.cfg.train.seed, epoch,
+                                       self.groups.topology.slot(self.ctx.rank)))
             shards = self.shards(epoch)
             batches = shards.epoch(epoch, index)
             for _ in range(min(steps - len(outs), shards.steps_per_epoch - index)):
                 outs.append(self.step(batches, epoch, at.step + len(outs)))
             epoch, index = epoch + 1, 0
         return outs
+
+    def _take_ahead(self, tally: EpochTally, i: int, steps: int) -> int:
+        """Count the steps in `ahead` as the epoch's steps `i`, `i + 1`, ...; how many."""
+        outs, self.ahead = self.ahead, []
+        if i + len(outs) > steps or any(o.skip for o in outs):
+            raise ApproxDistError(f"a step hook trained {len(outs)} steps ahead from batch {i} "
+                                  f"of {steps}: steps ahead must stay in their epoch and "
+                                  f"skip none")
+        for k, res in enumerate(outs):
+            tally.add(i + k, res)
+        return len(outs)
 
     def _run_step_hooks(self, at: Position) -> None:
         for hook in self.step_hooks:
