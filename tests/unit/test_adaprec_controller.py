@@ -209,7 +209,8 @@ def test_only_rank_0_fits_and_every_rank_takes_its_decision() -> None:
     assert other.value == pytest.approx(root.value) and other.adopted == root.adopted
     # the decision is the one every rank computed before: judge all, choose
     model, curve = LearningCurveModel(), list(ctl0.curve)
-    for rec, decision in zip(rec0[1:], root.agreed):
+    decisions = [a for a in root.agreed if not isinstance(a, bool)]  # not budget verdicts
+    for rec, decision in zip(rec0[1:], decisions, strict=True):
         trials = [Trial(c, tuple((int(s), v) for s, v in r["points"]), r["s_per_step"],
                         r["finite"]) for c, r in rec["candidates"].items()]
         judged = assess_all(trials, [p for p in curve if p[0] <= rec["step"]],
@@ -360,3 +361,20 @@ def test_the_cli_says_one_line_and_exits_2(args: list[str], says: str,
                  "--epochs", "1", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_every_rank_follows_rank_0_on_the_overhead_budget() -> None:
+    # rank 0 speculates cheaply; the other rank's speculation is slow on its own clock, so
+    # by its own measure the budget is spent at the second boundary. Deciding that alone,
+    # it would train on while rank 0 speculates (a hang across processes): it must not.
+    rates, secs = {"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}
+    cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=0.5)
+    root = Sim(rates, secs)
+    _, rec0 = _drive(root, cfg)
+    assert all("candidates" in r for r in rec0[1:])  # rank 0: never over budget
+    other = Sim(rates, secs, decides=False, replay=list(root.agreed), sleep=0.02)
+    ctl1, rec1 = _drive(other, cfg, model=_NoFits())
+    assert ctl1.speculation_s > 0.5 * 0.02  # its own clock did see the time spent
+    assert [("candidates" in r, r["chosen"]) for r in rec1[1:]] == \
+        [("candidates" in r, r["chosen"]) for r in rec0[1:]]
+    assert other.trained == root.trained  # the same speculations, in the same order

@@ -5,12 +5,20 @@ file entry, and bad input."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from approxdist.errors import ConfigError, DataError
-from approxdist.planner.cost import LinkLevel, Network, PipelinePlan, Stage, dp_time
+from approxdist.planner.cost import (
+    LinkLevel,
+    Network,
+    PipelinePlan,
+    Stage,
+    allreduce_time,
+    dp_time,
+)
 from approxdist.planner.cost.calibration_file import CostCalibration, from_json
 from approxdist.planner.cost.dp import DPOptions
 from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_linear
@@ -78,9 +86,25 @@ def test_data_parallel_overhead_and_no_free_core() -> None:
     assert loop2.step_s == pytest.approx(2e-3 + 4e-3 + 2 * per)
     # an emulated link's wait is not CPU work: it still hides under the backward
     slow = LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2).with_link("bw=8gbit")
+    wait = allreduce_time(slow, "ring", 2, MB)  # 4 MB: one bucket's wait on the link
     hidden = dp_time(two, 2, Network(slow), DPOptions(algorithm="ring"))
-    assert hidden.step_s == pytest.approx(2e-3 + max(4e-3, 2e-3 + hidden.comm_s / 2)
-                                          + hidden.comm_s / 2)
+    assert hidden.step_s == pytest.approx(2e-3 + max(4e-3, 2e-3 + wait) + wait)
+
+
+def test_a_second_thread_codes_one_bucket_while_another_waits_on_the_link() -> None:
+    # two 4 MB buckets ready together (no overlap): CPU work w, then the link's wait l
+    two = toy([(1e-3, 2e-3), (1e-3, 2e-3)], [4 * MB, 4 * MB])
+    level = LinkLevel("intra", 0.0, 0.0, 0.0).with_link("bw=1gbit")
+    opts = DPOptions(algorithm="ring", overlap=False, byte_overhead_s=1e-9)
+    w = 4 * MB * 1e-9
+    link = allreduce_time(level, "ring", 2, MB)
+    one = dp_time(two, 2, Network(level), replace(opts, threads=1))
+    both = dp_time(two, 2, Network(level), opts)
+    assert one.step_s == pytest.approx(2e-3 + 4e-3 + 2 * (w + link))  # one stream
+    # the second bucket's w runs during the first's wait; the link takes one at a time
+    assert both.step_s == pytest.approx(2e-3 + 4e-3 + w + max(w, link) + link)
+    with pytest.raises(ConfigError, match="threads = 0 must be an integer >= 1"):
+        DPOptions(threads=0)
 
 
 def test_the_fit_recovers_a_known_overhead() -> None:

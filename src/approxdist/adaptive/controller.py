@@ -19,7 +19,8 @@ signal at a boundary has collapsed since the last one (`decide.collapsed`), the 
 undone (the model, optimiser and residuals of the last boundary's snapshot, the data
 position and learning rate where they are: the phase's steps are lost time) and its
 codec blacklisted. When speculation has taken more than `overhead_budget` of the run's
-time so far, the boundary keeps the current codec without speculating.
+time so far (on rank 0's clock, which every rank follows), the boundary keeps the
+current codec without speculating.
 
 The controller drives a `SpeculativeRun` (the trainer's, `train/speculation.py`); every
 rank calls it in step, so every collective inside matches; only rank 0 fits the curves.
@@ -133,7 +134,12 @@ class AdaPrecController:
                                     self.cfg.collapse):
             current = self._roll_back(record)
         self.curve.append((step, current))
-        if self.speculation_s > self.cfg.overhead_budget * (t0 - self._start):
+        # rank 0's clock decides for every rank: each rank's own (under load they differ)
+        # could send one rank to speculate while another trains on, and both would hang
+        spent_budget = self.run.agree(
+            self.speculation_s > self.cfg.overhead_budget * (t0 - self._start)
+            if self.run.decides else None)
+        if spent_budget:
             self.run.snapshot()
             keep = self._switch(step, self._fallback())
             self.decision_s += time.perf_counter() - t0

@@ -19,13 +19,23 @@ step (`DPOptions.step_overhead_s`, `overhead.EngineOverhead.dp_step_s`, measured
 model) is added like compute; its work per gradient byte (`byte_overhead_s`: copies into
 and out of the bucket, averaging) lengthens each bucket's all-reduce.
 
+With two or more communication threads (`DataParallel`'s default is 2) a bucket's
+all-reduce is its CPU work w_k (the alpha, beta, gamma, coding and per-byte terms), then
+its wait on an emulated link l_k; the next bucket's CPU work runs on another thread
+during that wait, while the link carries one bucket at a time:
+
+    u_k = max(r_k, u_{k-1}) + w_k,   e_k = max(u_k, e_{k-1}) + l_k
+
+(u_k: when its CPU work ends; with one thread, or no emulated link, this is the single
+stream above).
+
 Where the ranks leave no core free (a `loopback` level whose busy ranks are at least its
 cores) the all-reduce's CPU work (its alpha, beta, gamma and coding terms; an emulated
 link's wait is not CPU work) cannot hide under backward: it takes the rank's core from
 the backward, so bucket k is ready only after the backward *and* the CPU work of the
 buckets before it, c_<k, and the backward ends at B + the CPU work of every bucket:
 
-    s_k = max(r_k + c_<k, e_{k-1}),   step = F + max(B + c_all, e_last) + optimizer
+    r_k -> r_k + c_<k,   step = F + max(B + c_all, e_last) + optimizer
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ class DPOptions:
     overlap: bool = DPConfig.overlap
     optimizer_s: float = 0.0
     segment_bytes: int | None = None  # None: each algorithm's own
+    threads: int = DPConfig.threads  # communication threads (`--threads`)
     step_overhead_s: float = 0.0  # the engine's CPU work per step (before core sharing)
     byte_overhead_s: float = 0.0  # ... per gradient byte, with each bucket's all-reduce
 
@@ -68,6 +79,10 @@ class DPOptions:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"data-parallel {key} = {value!r} must be a finite number "
                                   f">= 0")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) \
+                or self.threads < 1:
+            raise ConfigError(f"data-parallel threads = {self.threads!r} must be an integer "
+                              f">= 1")
 
 
 @dataclass(frozen=True)
@@ -119,9 +134,10 @@ def dp_time(profile: Profile, world_size: int, network: Network,
     level = network.level(range(world_size))
     busy = network.busy(world_size)
     # no free core: the all-reduce's CPU work (not an emulated link's wait) cannot overlap
-    cpu_level = replace(level, link_alpha_s=0.0, link_beta_s_per_byte=0.0) \
-        if level.cores is not None and busy >= level.cores else None
-    end, cpu, out = 0.0, 0.0, []
+    no_core = level.cores is not None and busy >= level.cores
+    machine = replace(level, link_alpha_s=0.0, link_beta_s_per_byte=0.0)
+    end = cpu_end = cpu = 0.0
+    out = []
     for plan in _buckets(profile, opts):
         values = plan.numel
         name = opts.algorithm
@@ -130,12 +146,18 @@ def dp_time(profile: Profile, world_size: int, network: Network,
         own = shared * opts.byte_overhead_s * 4 * values  # the engine's passes over it
         took = own + allreduce_time(level, name, world_size, values, opts.codec,
                                     opts.segment_bytes, busy)
+        work = own + allreduce_time(machine, name, world_size, values, opts.codec,
+                                    opts.segment_bytes, busy)  # its CPU part
         ready = (done[min(plan.positions)] if opts.overlap else backward) + cpu
-        start = max(ready, end)
-        end = start + took
-        if cpu_level is not None:
-            cpu += own + allreduce_time(cpu_level, name, world_size, values, opts.codec,
-                                        opts.segment_bytes, busy)
+        if opts.threads > 1:  # CPU work, then the link's wait; the next bucket's CPU work
+            start = max(ready, cpu_end)  # runs on another thread during this wait
+            cpu_end = start + work
+            end = max(cpu_end, end) + (took - work)
+        else:
+            start = max(ready, end)
+            end = start + took
+        if no_core:
+            cpu += work
         out.append(BucketTime(plan.index, plan.positions, 4 * values, name, ready, start, end))
     finish = max(backward + cpu, end)
     comm = sum(b.end_s - b.start_s for b in out)
