@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -113,6 +113,31 @@ class SimComm:
         self.world.native_sum(self.rank, x)
 
 
+def run_ranks(world: SimWorld, main: Callable[[int], Any]) -> list[Any]:
+    """`main(rank)` for every rank of `world`, each on its own thread; their results in rank
+    order. A rank that raises aborts the world (its peers' waits fail) and its error (the
+    first that is not a peer's abort) is raised here."""
+    outs: list[Any] = [None] * world.world_size
+    failed: list[tuple[int, BaseException]] = []
+
+    def run(rank: int) -> None:
+        try:
+            outs[rank] = main(rank)
+        except BaseException as exc:  # noqa: BLE001 - reported below with the rank
+            failed.append((rank, exc))
+            world.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world.world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        primary = [e for e in failed if "another simulated rank failed" not in str(e[1])]
+        raise (primary or failed)[0][1]
+    return outs
+
+
 def simulate(algorithm: str, inputs: Sequence[torch.Tensor], codec: str = "fp32",
              op: str = "sum", **kwargs: Any) -> list[torch.Tensor]:
     """Run one all-reduce over `len(inputs)` simulated ranks; each rank's result, in order.
@@ -122,24 +147,5 @@ def simulate(algorithm: str, inputs: Sequence[torch.Tensor], codec: str = "fp32"
     from approxdist.comm.collectives.allreduce import AllReduce
 
     world = SimWorld(len(inputs))
-    outs: list[Any] = [None] * len(inputs)
-
-    def rank_main(rank: int) -> None:
-        try:
-            reduce = AllReduce(world.comm(rank), algorithm, codec, **kwargs)
-            outs[rank] = reduce(inputs[rank].clone(), op)
-        except BaseException as exc:  # noqa: BLE001 - reported below with the rank
-            outs[rank] = exc
-            world.abort()
-
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    errors = [(r, o) for r, o in enumerate(outs) if isinstance(o, BaseException)]
-    if errors:
-        primary = [e for e in errors if "another simulated rank failed" not in str(e[1])]
-        rank, exc = (primary or errors)[0]
-        raise exc
-    return outs
+    return run_ranks(world, lambda rank: AllReduce(world.comm(rank), algorithm, codec, **kwargs)(
+        inputs[rank].clone(), op))

@@ -23,7 +23,7 @@ from approxdist.comm.collectives import AllReduce
 from approxdist.comm.collectives.base import Pending, Recv, Send
 from approxdist.comm.collectives.check import SIGNATURE_BYTES
 from approxdist.errors import CommError
-from tests.helpers.sim_world import SimComm, SimWorld
+from tests.helpers.sim_world import SimComm, SimWorld, run_ranks
 
 Entry = tuple[str, int, int, int, int]
 
@@ -53,22 +53,8 @@ class _Logged:
 def _run(algorithm: str, xs: list[torch.Tensor], **kwargs: Any) -> list[Entry]:
     world, lock = SimWorld(len(xs)), threading.Lock()
     log: list[Entry] = []
-    errors: list[BaseException] = []
-
-    def rank_main(rank: int) -> None:
-        try:
-            AllReduce(_Logged(world.comm(rank), log, lock), algorithm, **kwargs)(xs[rank])
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            world.abort()
-
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_ranks(world, lambda rank: AllReduce(_Logged(world.comm(rank), log, lock), algorithm,
+                                            **kwargs)(xs[rank]))
     return log
 
 

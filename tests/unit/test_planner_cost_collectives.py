@@ -3,7 +3,6 @@ algorithms really post on a simulated world (the oracle for the counts)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import pytest
@@ -21,7 +20,7 @@ from approxdist.planner.cost import (
     fastest,
     total,
 )
-from tests.helpers.sim_world import SimComm, SimWorld
+from tests.helpers.sim_world import SimComm, SimWorld, run_ranks
 
 MIB = 1 << 20
 S = 4 * MIB  # fp32 bytes of the 2^20-value vector used below
@@ -124,23 +123,8 @@ class _Counting(SimComm):
 def _run(algorithm: str, world: int, values: int, codec: str, segment: int) -> list[_Counting]:
     sim = SimWorld(world)
     comms = [_Counting(sim, r) for r in range(world)]
-    errors: list[BaseException] = []
-
-    def main(rank: int) -> None:
-        try:
-            reduce = AllReduce(comms[rank], algorithm, codec, check=False, segment_bytes=segment)
-            reduce(torch.randn(values))
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            sim.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_ranks(sim, lambda rank: AllReduce(comms[rank], algorithm, codec, check=False,
+                                          segment_bytes=segment)(torch.randn(values)))
     return comms
 
 

@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from approxdist.errors import ConfigError, DataError
@@ -21,6 +22,7 @@ from approxdist.planner.cost import (
 )
 from approxdist.planner.cost.calibration_file import CostCalibration, from_json
 from approxdist.planner.cost.dp import DPOptions
+from approxdist.planner.cost.nnls import nonnegative_lstsq
 from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_linear
 from approxdist.planner.cost.pipeline import pipeline_time
 from approxdist.planner.objective import SolverSettings, estimate
@@ -189,3 +191,12 @@ def test_the_calibration_file_keeps_the_engine_overhead(tmp_path: Path) -> None:
     data["engine"] = {"per_message_s": 1e-4}
     with pytest.raises(DataError, match="unknown key"):
         from_json(data, "cost.json")
+
+
+def test_nonnegative_least_squares_by_supports() -> None:
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert nonnegative_lstsq(a, a @ np.array([2.0, 3.0])) == pytest.approx([2.0, 3.0])
+    # the unconstrained answer has a negative part: the best non-negative one drops it
+    got = nonnegative_lstsq(a, np.array([2.0, -1.0, 1.0]))
+    assert got is not None and got[1] == 0.0 and got[0] == pytest.approx(1.5)
+    assert nonnegative_lstsq(a, np.array([-1.0, -1.0, -2.0])) is None

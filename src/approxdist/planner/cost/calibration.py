@@ -23,7 +23,6 @@ of a codec whose costs were not given, and worlds of 1.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from approxdist.errors import ConfigError, DataError
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32, allreduce_steps, total
 from approxdist.planner.cost.links import LinkLevel
+from approxdist.planner.cost.nnls import nonnegative_lstsq
 
 FITTED = ("ring", "brb", "brd", "vhd")
 _ROW_KEYS = ("algorithm", "codec", "size_bytes", "world_size", "median_s")
@@ -121,26 +121,11 @@ def _nnls_relative(x: np.ndarray, t: np.ndarray) -> np.ndarray:
         bad = float(t[t <= 0][0])
         raise DataError(f"a measured time less the known codec time is {bad!r} s; times must "
                         f"be > 0 (the codec costs given may be too high)")
-    a, b = x / t[:, None], np.ones_like(t)
-    best: tuple[float, int, int, np.ndarray] | None = None
-    supports = [s for k in (1, 2, 3) for s in itertools.combinations(range(3), k)]
-    for order, support in enumerate(supports):
-        cols = a[:, list(support)]
-        if np.linalg.matrix_rank(cols) < len(support):
-            continue
-        sol, *_ = np.linalg.lstsq(cols, b, rcond=None)
-        if np.any(sol < 0):
-            continue
-        coef = np.zeros(3)
-        coef[list(support)] = sol
-        residual = float(np.sum((a @ coef - b) ** 2))
-        key = (round(residual, 12), len(support), order, coef)
-        if best is None or key[:3] < best[:3]:
-            best = key
-    if best is None:
+    coef = nonnegative_lstsq(x / t[:, None], np.ones_like(t))
+    if coef is None:
         raise DataError("no non-negative alpha, beta, gamma fits these measurements (every "
                         "row has zero messages and bytes?); measure sizes above 0")
-    return best[3]
+    return coef
 
 
 def _checked(i: int, row: Any, kind: str) -> dict[str, Any]:

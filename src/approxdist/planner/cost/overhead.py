@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from approxdist.errors import ConfigError, DataError
+from approxdist.planner.cost.nnls import nonnegative_lstsq
 
 FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s")
 
@@ -101,17 +102,7 @@ def fit_linear(rows: Sequence[OverheadRow]) -> tuple[float, float, float]:
     t = np.array([r.measured_s for r in rows])
     x = np.array([[r.slope, 1.0] for r in rows]) / t[:, None]
     y = np.array([(r.measured_s - r.base_s) / r.measured_s for r in rows])
-    best: tuple[float, np.ndarray] | None = None
-    for support in ((0, 1), (0,), (1,)):
-        cols = x[:, list(support)]
-        sol, *_ = np.linalg.lstsq(cols, y, rcond=None)
-        if np.any(sol < 0):
-            continue
-        coef = np.zeros(2)
-        coef[list(support)] = sol
-        residual = float(np.sum((x @ coef - y) ** 2))
-        if best is None or residual < best[0] - 1e-15:
-            best = (residual, coef)
-    coef = best[1] if best is not None else np.zeros(2)
+    found = nonnegative_lstsq(x, y)
+    coef = found if found is not None else np.zeros(2)
     errors = (x @ coef - y)
     return float(coef[0]), float(coef[1]), float(math.sqrt(float(np.mean(errors ** 2))))
