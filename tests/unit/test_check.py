@@ -21,8 +21,8 @@ import torch
 
 from approxdist.comm.collectives import AllReduce
 from approxdist.comm.collectives.base import Pending, Recv, Send
-from approxdist.comm.collectives.check import SIGNATURE_BYTES
-from approxdist.errors import CommError
+from approxdist.comm.collectives.check import SIGNATURE_BYTES, scheme
+from approxdist.errors import CommError, SpecError
 from tests.helpers.sim_world import SimComm, SimWorld, run_ranks
 
 Entry = tuple[str, int, int, int, int]
@@ -61,8 +61,9 @@ def _run(algorithm: str, xs: list[torch.Tensor], **kwargs: Any) -> list[Entry]:
 @pytest.mark.parametrize("algorithm", ["ring", "brb", "brd", "vhd"])
 @pytest.mark.parametrize("world", [2, 3, 4, 5])
 def test_every_data_receive_is_posted_before_its_send(algorithm: str, world: int) -> None:
+    """The handshake (ranks on several hosts); the head scheme of one host fails this."""
     xs = [torch.full((1001,), float(r + 1)) for r in range(world)]
-    log = _run(algorithm, xs, segment_bytes=256)  # several segments per message
+    log = _run(algorithm, xs, segment_bytes=256, check="handshake")  # several segments
     assert all(torch.equal(x, xs[0]) for x in xs)
     assert float(xs[0][0]) == world * (world + 1) / 2
     posted: dict[tuple[str, int, int], list[int]] = {}
@@ -82,7 +83,28 @@ def test_every_data_receive_is_posted_before_its_send(algorithm: str, world: int
                 assert recv_at < send_at, f"{src}->{dst} message {k}: sent before its receive"
 
 
-def test_a_one_way_step_still_checks_both_ends() -> None:
+@pytest.mark.parametrize("check", ["head", "handshake"])
+def test_a_one_way_step_still_checks_both_ends(check: str) -> None:
     """BRB's reduce is one-way; the receiver's signature still reaches the sender."""
     with pytest.raises(CommError, match=r"length: .*5 on rank.*6 on rank|6 on rank.*5 on"):
-        _run("brb", [torch.ones(5), torch.ones(6)])
+        _run("brb", [torch.ones(5), torch.ones(6)], check=check)
+
+
+def test_the_scheme_follows_the_hosts() -> None:
+    assert scheme(True, {}) == "head"  # no launcher variables: one host
+    assert scheme(True, {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}) == "head"
+    assert scheme("auto", {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}) == "handshake"
+    assert scheme("head", {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}) == "head"
+    assert scheme("handshake", {}) == "handshake" and scheme(False) is None
+    with pytest.raises(SpecError, match="check = 'loose' is not one of True, False"):
+        scheme("loose")
+
+
+@pytest.mark.parametrize("check", ["head", "handshake"])
+@pytest.mark.parametrize("algorithm", ["ring", "brb", "brd", "vhd"])
+def test_both_schemes_reduce_and_catch_a_mismatch(check: str, algorithm: str) -> None:
+    xs = [torch.full((3000,), float(r + 1)) for r in range(3)]
+    _run(algorithm, xs, segment_bytes=1024, check=check)
+    assert all(torch.equal(x, torch.full((3000,), 6.0)) for x in xs)
+    with pytest.raises(CommError, match="all-reduce arguments differ across ranks"):
+        _run(algorithm, [torch.ones(7), torch.ones(7), torch.ones(9)], check=check)

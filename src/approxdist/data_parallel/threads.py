@@ -68,7 +68,7 @@ class CommThread:
         elif ar.check:
             # the first call checked that every rank agrees (length, codec, algorithm); the
             # layout is fixed at construction, so later calls skip the extra messages
-            ar.check = False
+            ar.check = None
         return ar
 
     def submit(self, job: Job, **span: Any) -> None:

@@ -10,7 +10,10 @@ world by default), so the same algorithms serve a stage's replicas or any sub-gr
 Input: any floating tensor of any shape; it is reduced in fp32 and written back in its
 own dtype. All ranks must pass the same length, dtype, op, algorithm, codec and segment
 size; with `check=True` (default) a mismatch raises a `CommError` naming the ranks and
-values on the ranks that detect it; the others fail as soon as those exit (`check.py`).
+values on the ranks that detect it; the others fail as soon as those exit. On one host
+the signature rides on each pair's first message (`check_head.py`); where the ranks span
+hosts it is swapped before the data (`check.py`), which a real TCP link needs;
+`check="head"` or `"handshake"` picks one (`check.scheme`).
 With fp32 and no channel the result equals `dist.all_reduce` within fp32 rounding; with
 any codec all ranks end bitwise identical. One `AllReduce` serves one thread at a time.
 """
@@ -27,7 +30,8 @@ from approxdist.comm.codecs import Codec, get_codec
 from approxdist.comm.collectives.autocal import resolve
 from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.calibration import Calibration
-from approxdist.comm.collectives.check import CheckedComm, Signature
+from approxdist.comm.collectives.check import CheckedComm, Signature, scheme
+from approxdist.comm.collectives.check_head import HeadCheckedComm
 from approxdist.comm.collectives.native import cast_dtype
 from approxdist.comm.collectives.peers import LinkComm
 from approxdist.comm.collectives.registry import get_algorithm
@@ -43,7 +47,8 @@ class AllReduce:
 
     def __init__(self, transport: Link | PeerComm, algorithm: str = "ring",
                  codec: str | Codec = "fp32", channel: str | Channel | None = None, *,
-                 calibration: Calibration | str | Path | None = None, check: bool = True,
+                 calibration: Calibration | str | Path | None = None,
+                 check: bool | str = True,
                  segment_bytes: int | None = None, device: torch.device | None = None) -> None:
         link = transport if isinstance(transport, Link) else None
         self.comm: PeerComm = LinkComm(transport) if isinstance(transport, Link) else transport
@@ -69,7 +74,7 @@ class AllReduce:
                                        encodes=not exact_fp32)
         if not self.algorithm.any_codec:
             cast_dtype(self.codec.spec, not self.channel.is_identity)
-        self.check = check
+        self.check = scheme(check)  # None, "head" or "handshake" (`check.scheme`)
         if segment_bytes is not None and segment_bytes < 4:
             raise SpecError(f"segment_bytes {segment_bytes} must be >= 4 (one fp32 value)")
         self.segment_bytes = segment_bytes
@@ -115,15 +120,17 @@ class AllReduce:
         segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
                                          if self.emulated else algorithm.segment_bytes)
         comm = self.comm
+        checked: CheckedComm | HeadCheckedComm | None = None
         if self.check and algorithm.name != "native" and self.world_size > 1:
             sig = Signature(work.numel(), dtype, op, algorithm.name, self.codec.spec,
                             self.world_size, segment)
-            comm = CheckedComm(self.comm, sig, self._encoded(sig), self.scratch, self.names)
+            kind = CheckedComm if self.check == "handshake" else HeadCheckedComm
+            comm = checked = kind(self.comm, sig, self._encoded(sig), self.scratch, self.names)
         wire = Wire(comm, self.codec, self.channel, self.scratch, self.device, self._decode_into)
         wire.segment_bytes = segment
         algorithm.run(wire, work)
-        if isinstance(comm, CheckedComm):
-            comm.close()
+        if checked is not None:
+            checked.close()
         self.nonfinite += wire.nonfinite
 
 

@@ -24,14 +24,15 @@ every rank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send
-from approxdist.errors import CommError
+from approxdist.errors import CommError, SpecError
 
 _MAGIC = 0x41524447  # "ARDG"
 _NAME_BYTES = 32
@@ -101,6 +102,43 @@ def mismatch_message(sigs: Sequence[Signature], ranks: Sequence[int]) -> str | N
     return ("all-reduce arguments differ across ranks (" + " | ".join(parts)
             + "); every rank must pass the same length, dtype, op, algorithm, codec and "
             "segment size")
+
+
+def verify_signature(mine: Signature, encoded: torch.Tensor, me: int, them: int,
+                     data: torch.Tensor) -> None:
+    """Raise `CommError` (rank `me` naming rank `them` and both values) unless the received
+    signature bytes `data` equal this rank's `encoded`."""
+    if torch.equal(data, encoded):
+        return
+    theirs = Signature.decode(data, them)
+    sigs = {me: mine, them: theirs}
+    message = mismatch_message([sigs[r] for r in sorted(sigs)], sorted(sigs)) or \
+        f"the all-reduce signature of rank {them} differs from this rank's ({theirs})"
+    raise CommError(f"rank {me}: {message}")
+
+
+#: how `AllReduce(check=...)` checks: the signature on each pair's first message
+#: (`check_head.py`, no extra round trip) or swapped before data (this module)
+SCHEMES = ("auto", "head", "handshake")
+
+
+def scheme(check: bool | str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The check `AllReduce(check=...)` runs: None (off), "head" or "handshake". `True` /
+    "auto": the handshake where the ranks span hosts (torchrun's LOCAL_WORLD_SIZE below
+    WORLD_SIZE: the late receives of the head scheme stall gloo on a real TCP link), the
+    head scheme on one host, where the handshake's round trip would be pure cost. Every
+    rank reads the same two numbers, so all choose alike."""
+    if check is False:
+        return None
+    if check is True or check == "auto":
+        env = os.environ if environ is None else environ
+        world = int(env.get("WORLD_SIZE", "1") or 1)
+        local = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
+        return "handshake" if local < world else "head"
+    if check in ("head", "handshake"):
+        return str(check)
+    raise SpecError(f"all-reduce check = {check!r} is not one of True, False, "
+                    f"{', '.join(map(repr, SCHEMES))}")
 
 
 class _CheckedPending:
@@ -183,14 +221,8 @@ class CheckedComm:
 
     def verify(self, peer: int, data: torch.Tensor) -> None:
         """Raise `CommError` unless `peer`'s signature equals this rank's."""
-        if torch.equal(data, self._sig):
-            return
-        me, them = self.names[self.rank], self.names[peer]
-        theirs = Signature.decode(data, them)
-        sigs = {me: self.signature, them: theirs}
-        message = mismatch_message([sigs[r] for r in sorted(sigs)], sorted(sigs)) or \
-            f"the all-reduce signature of rank {them} differs from this rank's ({theirs})"
-        raise CommError(f"rank {me}: {message}")
+        verify_signature(self.signature, self._sig, self.names[self.rank], self.names[peer],
+                         data)
 
     def close(self) -> None:
         """Check every signature still in flight and finish the exchanges; with length 0
