@@ -104,17 +104,32 @@ def mismatch_message(sigs: Sequence[Signature], ranks: Sequence[int]) -> str | N
             "segment size")
 
 
-def verify_signature(mine: Signature, encoded: torch.Tensor, me: int, them: int,
-                     data: torch.Tensor) -> None:
-    """Raise `CommError` (rank `me` naming rank `them` and both values) unless the received
-    signature bytes `data` equal this rank's `encoded`."""
-    if torch.equal(data, encoded):
-        return
-    theirs = Signature.decode(data, them)
-    sigs = {me: mine, them: theirs}
-    message = mismatch_message([sigs[r] for r in sorted(sigs)], sorted(sigs)) or \
-        f"the all-reduce signature of rank {them} differs from this rank's ({theirs})"
-    raise CommError(f"rank {me}: {message}")
+class SignedComm:
+    """What both check schemes share: the wrapped `PeerComm`, this rank's `Signature` (and
+    its bytes), how errors name the members, and the comparison with a peer's."""
+
+    def __init__(self, inner: PeerComm, signature: Signature, encoded: torch.Tensor,
+                 scratch: BufferPool | None = None, names: Sequence[int] | None = None) -> None:
+        """`names[i]` is how errors name member i (its global rank; default i itself)."""
+        self.inner, self.signature, self._sig = inner, signature, encoded
+        self.names = list(names) if names is not None else list(range(inner.world_size))
+        self.scratch = scratch or BufferPool()
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.verified: set[int] = set()
+
+    def verify(self, peer: int, data: torch.Tensor) -> None:
+        """Raise `CommError` unless `peer`'s signature bytes `data` equal this rank's."""
+        if torch.equal(data, self._sig):
+            return
+        me, them = self.names[self.rank], self.names[peer]
+        theirs = Signature.decode(data, them)
+        sigs = {me: self.signature, them: theirs}
+        message = mismatch_message([sigs[r] for r in sorted(sigs)], sorted(sigs)) or \
+            f"the all-reduce signature of rank {them} differs from this rank's ({theirs})"
+        raise CommError(f"rank {me}: {message}")
+
+    def native_sum(self, x: torch.Tensor) -> None:
+        self.inner.native_sum(x)
 
 
 #: how `AllReduce(check=...)` checks: the signature on each pair's first message
@@ -167,19 +182,14 @@ class _CheckedPending:
             self.sends.finish()
 
 
-class CheckedComm:
+class CheckedComm(SignedComm):
     """A `PeerComm` that swaps the `Signature` with each peer before data goes to it."""
 
     def __init__(self, inner: PeerComm, signature: Signature, encoded: torch.Tensor,
                  scratch: BufferPool | None = None, names: Sequence[int] | None = None) -> None:
-        """`names[i]` is how errors name member i (its global rank; default i itself)."""
-        self.inner, self.signature, self._sig = inner, signature, encoded
-        self.names = list(names) if names is not None else list(range(inner.world_size))
-        self.scratch = scratch or BufferPool()
-        self.rank, self.world_size = inner.rank, inner.world_size
+        super().__init__(inner, signature, encoded, scratch, names)
         self._waiting: dict[int, tuple[Pending, int]] = {}  # peer -> its signature's receive
         self._exchanges: list[Pending] = []
-        self.verified: set[int] = set()
 
     def start(self, sends: Sequence[Send], recvs: Sequence[Recv]) -> Pending:
         new = sorted({p for p, _ in [*sends, *recvs]} - self.verified - set(self._waiting))
@@ -219,10 +229,6 @@ class CheckedComm:
             self.verify(peer, pending.recv(i))
             self.verified.add(peer)
 
-    def verify(self, peer: int, data: torch.Tensor) -> None:
-        """Raise `CommError` unless `peer`'s signature equals this rank's."""
-        verify_signature(self.signature, self._sig, self.names[self.rank], self.names[peer],
-                         data)
 
     def close(self) -> None:
         """Check every signature still in flight and finish the exchanges; with length 0
@@ -234,6 +240,3 @@ class CheckedComm:
         for pending in self._exchanges:
             pending.finish()
         self._exchanges.clear()
-
-    def native_sum(self, x: torch.Tensor) -> None:
-        self.inner.native_sum(x)

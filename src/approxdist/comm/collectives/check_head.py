@@ -20,7 +20,7 @@ import torch
 
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send
-from approxdist.comm.collectives.check import SIGNATURE_BYTES, Signature, verify_signature
+from approxdist.comm.collectives.check import SIGNATURE_BYTES, Signature, SignedComm
 
 #: data bytes carried by a head: one reduce segment (`wire.SEGMENT_BYTES`) plus codec headers,
 #: so messages up to a segment never pay the extra round trip of a second part
@@ -93,19 +93,14 @@ class _CheckedPending:
                 pending.finish()
 
 
-class HeadCheckedComm:
+class HeadCheckedComm(SignedComm):
     """A `PeerComm` whose first message to and from each peer carries the `Signature`."""
 
     def __init__(self, inner: PeerComm, signature: Signature, encoded: torch.Tensor,
                  scratch: BufferPool | None = None, names: Sequence[int] | None = None) -> None:
-        """`names[i]` is how errors name member i (its global rank; default i itself)."""
-        self.inner, self.signature, self._sig = inner, signature, encoded
-        self.names = list(names) if names is not None else list(range(inner.world_size))
-        self.scratch = scratch or BufferPool()
-        self.rank, self.world_size = inner.rank, inner.world_size
+        super().__init__(inner, signature, encoded, scratch, names)
         self.cap = 0 if encoded.device.type == "cuda" else HEAD_CAP
         self.announced: set[int] = set()
-        self.verified: set[int] = set()
 
     def start(self, sends: Sequence[Send], recvs: Sequence[Recv]) -> Pending:
         out: list[Send] = []
@@ -150,11 +145,6 @@ class HeadCheckedComm:
             head[SIGNATURE_BYTES:].copy_(data)
         return head
 
-    def verify(self, peer: int, data: torch.Tensor) -> None:
-        """Raise `CommError` unless `peer`'s signature equals this rank's."""
-        verify_signature(self.signature, self._sig, self.names[self.rank], self.names[peer],
-                         data)
-
     def close(self) -> None:
         """For length 0 (nothing was exchanged), swap heads with every rank to check them."""
         if self.signature.numel == 0 and not self.announced and not self.verified:
@@ -163,6 +153,3 @@ class HeadCheckedComm:
             pending = self.start([(p, empty) for p in others], [(p, 0) for p in others])
             pending.received()
             pending.finish()
-
-    def native_sum(self, x: torch.Tensor) -> None:
-        self.inner.native_sum(x)
