@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -192,17 +193,43 @@ def test_summary_rows_use_the_slowest_rank_and_native_ratio() -> None:
 
 def test_auto_calibration_forecasts_a_size_from_a_line_through_the_last_two() -> None:
     """A fixed cost dominates the small sizes: scaling 1 MiB's time by 16 would forecast
-    16 MiB at 16x, the line through 64 KiB and 1 MiB at what the bytes add."""
+    16 MiB at 16x, the line through 64 KiB and 1 MiB at what the bytes add; the size then
+    costs its warm-up and the rounds `_rounds` gives it."""
     from approxdist.comm.collectives import autocal
 
     def size_rows(size: int, seconds: float) -> list[Measurement]:
         return [Measurement(a, size, seconds / len(autocal.CANDIDATES))
                 for a in autocal.CANDIDATES]
 
-    rounds = autocal.ROUNDS + 1
     out = size_rows(64 << 10, 0.020) + size_rows(1 << 20, 0.030)
     got = autocal._forecast(out, (64 << 10, 1 << 20), 16 << 20)
     per_byte = (0.030 - 0.020) / ((1 << 20) - (64 << 10))
-    assert got == pytest.approx(rounds * (0.030 + per_byte * 15 * (1 << 20)))
-    assert got < rounds * 0.030 * 16
-    assert autocal._forecast(out[:5], (64 << 10,), 1 << 20) == pytest.approx(rounds * 0.020 * 16)
+    one = 0.030 + per_byte * 15 * (1 << 20)
+    assert got == pytest.approx(one * (1 + autocal._rounds(one)))
+    assert got < (autocal.ROUNDS + 1) * 0.030 * 16
+    assert autocal._forecast(out[:5], (64 << 10,), 1 << 20) == pytest.approx(
+        0.020 * 16 * (1 + autocal._rounds(0.020 * 16)))
+
+
+def test_auto_calibration_gives_cheap_sizes_more_rounds_within_bounds() -> None:
+    from approxdist.comm.collectives import autocal
+
+    assert autocal._rounds(10.0) == autocal.ROUNDS  # a slow size still gets its minimum
+    assert autocal._rounds(1e-6) == autocal.MAX_ROUNDS  # a fast one is capped
+    assert autocal._rounds(autocal.SIZE_S / (autocal.ROUNDS + 5.5)) == autocal.ROUNDS + 5
+    assert autocal._rounds(0.0) == autocal.MAX_ROUNDS
+
+
+def test_calibration_windows_scores_each_window_pick_against_the_full_run() -> None:
+    """A window that sees only `b`'s fast rounds picks it; over the whole run `a` is the
+    best by median, so that window's pick scores `b`'s full median over `a`'s."""
+    from approxdist.comm.collectives.calibration_windows import quantile, window_picks
+
+    times = {"a": [2.0] * 10, "b": [1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0]}
+    ratios = window_picks(times, 3, statistics.median, stride=1)
+    # rounds 0-2 and 1-3 see b mostly at 1.0: b picked, its full median 5.0 / a's 2.0
+    assert ratios[:2] == [2.5, 2.5]
+    assert ratios[2:] == [1.0] * 6  # every later window sees b mostly slow: a picked
+    assert len(ratios) == 8
+    assert quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert quantile([1.0, 2.0], 0.0) == 1.0 and quantile([1.0, 2.0], 1.0) == 2.0

@@ -16,7 +16,8 @@ communication thread. Member 0 looks in its cache (`$APPROXDIST_CACHE_DIR`, else
 `$XDG_CACHE_HOME/approxdist`, else `~/.cache/approxdist`; one JSON file per key); a file that
 is not a calibration of this key is reported in one line, deleted and rebuilt, never
 trusted. Without one, every member times each of hybrid's candidates (native, ring, brb,
-brd, vhd) on sizes from 4 KiB up, interleaved in rounds, each op after a barrier and
+brd, vhd) on sizes from 4 KiB up, interleaved in rounds (at least `ROUNDS`, more where
+they are cheap), each op after a barrier, with the argument check the runs use, and
 timed as its slowest member's (as `bench allreduce` times), while the next size's forecast
 (a line through the last two sizes' round times) fits the time budget (`BUDGET_S`;
 member 0 decides before each size, so a slow link stops at a smaller size instead of
@@ -50,10 +51,17 @@ from approxdist.errors import ConfigError
 ENV = "APPROXDIST_ALLREDUCE_CALIBRATION"
 CANDIDATES = ("native", "ring", "brb", "brd", "vhd")
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
-ROUNDS = 9
+ROUNDS = 9  # measured rounds per size, at least (`_rounds`)
+#: rounds of a cheap size: where ranks share cores, 30-40 % of ops take a scheduler tick
+#: longer (at 1 MiB on 2 ranks 3-8 ms instead of 1-1.6), so the median over 40 rounds
+#: picked an algorithm more than 1.15x slower than the best in 6-8 % of windows at 1 MiB;
+#: over 80 rounds in 2-3 % (`calibration_windows`, docs/collectives.md "Why 80 rounds")
+MAX_ROUNDS = 80
+#: seconds a size's measured rounds may take when `ROUNDS` would take less
+SIZE_S = 2.5
 #: seconds the measurement may take: member 0 starts a size only if the time so far plus
 #: the next size's forecast (`_forecast`) fits in it
-BUDGET_S = 5.0
+BUDGET_S = 10.0
 
 _memory: dict[str, str] = {}  # member 0's calibrations by key, as JSON
 _lock = threading.Lock()
@@ -177,10 +185,16 @@ def _share(link: Link, text: str | None) -> str:
 
 
 def _measure(link: Link) -> list[Measurement]:
-    """Every candidate at each size, interleaved; the paired ratio to native per size."""
+    """Every candidate at each size, interleaved; the paired ratio to native per size.
+
+    Each op runs with the argument check the runs use (`AllReduce`'s default: the heads on
+    one host, the handshake across hosts): it costs our algorithms 0.1-0.5 ms a call on
+    loopback and `native` nothing, and a calibration timed without it chose brb at 1 MiB on
+    2 ranks where native was 1.4x faster in `bench allreduce`. After a warm-up round,
+    member 0 sets the size's number of rounds (`_rounds`), so every member runs as many."""
     from approxdist.comm.collectives.allreduce import AllReduce
 
-    reducers = {a: AllReduce(link, a, "fp32", check=False) for a in CANDIDATES}
+    reducers = {a: AllReduce(link, a, "fp32") for a in CANDIDATES}
     out: list[Measurement] = []
     start = time.perf_counter()
     for i, size in enumerate(SIZES):
@@ -191,7 +205,8 @@ def _measure(link: Link) -> list[Measurement]:
         x = torch.randn(size // 4, generator=torch.Generator().manual_seed(size))
         work = torch.empty_like(x)
         mine: dict[str, list[float]] = {a: [] for a in CANDIDATES}
-        for r in range(ROUNDS + 1):  # the first round warms up
+        rounds, r, warm = ROUNDS, 0, time.perf_counter()
+        while r <= rounds:  # round 0 warms up
             for a in (CANDIDATES if r % 2 else CANDIDATES[::-1]):
                 work.copy_(x)
                 link.group.barrier()  # all start together: no op is charged another's tail
@@ -199,6 +214,10 @@ def _measure(link: Link) -> list[Measurement]:
                 reducers[a](work)
                 if r:
                     mine[a].append(time.perf_counter() - t0)
+            if r == 0:
+                decided = str(_rounds(time.perf_counter() - warm)) if link.rank == 0 else None
+                rounds = int(_share(link, decided))
+            r += 1
         times = _slowest(link, mine)
         for a in CANDIDATES:
             out.append(Measurement(a, size, median(times[a]),
@@ -206,17 +225,26 @@ def _measure(link: Link) -> list[Measurement]:
     return out
 
 
+def _rounds(round_s: float) -> int:
+    """Measured rounds of a size whose rounds take `round_s` each: as many as fit in
+    `SIZE_S`, at least `ROUNDS`, at most `MAX_ROUNDS` (small sizes swing most with the
+    scheduler where ranks share cores, and their rounds are cheap)."""
+    return int(min(max(SIZE_S / max(round_s, 1e-9), ROUNDS), MAX_ROUNDS))
+
+
 def _forecast(out: list[Measurement], sizes: tuple[int, ...], size: int) -> float:
-    """Seconds the rounds of `size` should take: a line through the round times of the
-    last two sizes measured (alpha dominates small sizes, so scaling the last one alone
-    would overshoot by up to the size ratio), or the last one scaled after one size."""
+    """Seconds the rounds of `size` should take: its round time forecast by a line through
+    the round times of the last two sizes measured (alpha dominates small sizes, so scaling
+    the last one alone would overshoot by up to the size ratio), or the last one scaled
+    after one size; times the warm-up plus the rounds `_rounds` gives it."""
     n = len(CANDIDATES)
-    rounds = [sum(m.median_s for m in out[j * n:(j + 1) * n]) * (ROUNDS + 1)
-              for j in range(len(sizes))]
+    per_round = [sum(m.median_s for m in out[j * n:(j + 1) * n]) for j in range(len(sizes))]
     if len(sizes) == 1:
-        return rounds[0] * size / sizes[0]
-    slope = max(rounds[-1] - rounds[-2], 0.0) / (sizes[-1] - sizes[-2])
-    return rounds[-1] + slope * (size - sizes[-1])
+        one = per_round[0] * size / sizes[0]
+    else:
+        slope = max(per_round[-1] - per_round[-2], 0.0) / (sizes[-1] - sizes[-2])
+        one = per_round[-1] + slope * (size - sizes[-1])
+    return one * (1 + _rounds(one))
 
 
 def _slowest(link: Link, mine: dict[str, list[float]]) -> dict[str, list[float]]:
