@@ -48,6 +48,34 @@ def test_single_in_process_and_resume(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["train", "--resume", str(out), "--epochs", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["world_size"] == 1
+    assert summary["diverged_at_step"] is None  # every loss finite
+
+
+def test_a_diverged_run_stops_after_its_epoch_and_says_where(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A learning rate that blows the loss up: the run warns naming the step, records it in
+    summary.json and stops after that epoch (on 2 ranks too: both stop, no hang);
+    `train.on_divergence=continue` trains every epoch."""
+    blow_up = ["--epochs", "3", "--set", "optim.lr=1e8", "--set", "optim.momentum=0.9", *FAST]
+    single = tmp_path / "single"
+    assert main(["train", "--parallel", "single", "--out", str(single), *blow_up]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((single / "summary.json").read_text())
+    assert summary["epochs"] == 1 and isinstance(summary["diverged_at_step"], int)
+    assert "training diverged: the loss was" in printed
+    assert f"at step {summary['diverged_at_step']} (epoch 1)" in printed
+    steps = [json.loads(line) for line in (single / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in steps if r["kind"] == "step" and r["step"] < summary["diverged_at_step"]]
+    assert all(r["loss"] == r["loss"] and abs(r["loss"]) != float("inf") for r in logged)
+    on = tmp_path / "continue"
+    assert main(["train", "--parallel", "single", "--out", str(on), *blow_up,
+                 "--set", "train.on_divergence=continue"]) == 0
+    assert json.loads((on / "summary.json").read_text())["epochs"] == 3
+    dp = tmp_path / "dp"
+    res = _cli("train", "--parallel", "dp", "--world-size", "2", "--out", str(dp), *blow_up)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((dp / "summary.json").read_text())
+    assert summary["epochs"] == 1 and summary["diverged_at_step"] is not None
 
 
 @pytest.mark.parametrize(

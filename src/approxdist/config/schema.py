@@ -48,9 +48,13 @@ class TrainConfig:
     trace: bool = False  # record every rank's timeline -> trace.json (docs/tracing.md)
     #: slow ranks, `RANK:DELAY` or `random:P:DELAY` (train/straggler.py; any parallel mode)
     stragglers: tuple[str, ...] = ()
+    #: what a run does once a step's loss is NaN or infinite: "stop" after that epoch (its
+    #: evaluation and checkpoint are kept) or "continue"; both warn and record the step
+    on_divergence: str = "stop"
 
     def __post_init__(self) -> None:
         _one_of("train", "parallel", self.parallel, PARALLEL_MODES)
+        _one_of("train", "on_divergence", self.on_divergence, ("stop", "continue"))
         _one_of("train", "device", self.device, ("auto", "cpu", "cuda"))
         if self.world_size < 1:
             raise ConfigError(f"train.world_size = {self.world_size} must be >= 1")

@@ -12,11 +12,14 @@ data unused; an N+b parameter-server worker whose gradient was dropped); each ra
 epoch record row counts its skipped steps. Step hooks run before every step with the run's position
 (`snapshot.Position`) and may add records to metrics.jsonl; AdaPrec is one
 (`train/speculation.py`), speculating through `train_steps`, the loop's own step, and
-handing the winner's speculative steps back to the loop (`Trainer.ahead`).
+handing the winner's speculative steps back to the loop (`Trainer.ahead`). A loss that
+turns NaN or infinite is reported with its step and, unless `train.on_divergence` is
+"continue", ends the run after that epoch.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -118,9 +121,14 @@ class Trainer:
                 bar.set_postfix(loss=f"{res.loss:.3f}")
         bar.close()
         wall = time.perf_counter() - t_epoch
-        self._log_steps(epoch, step_losses(tally, self.groups.world), tally.records)
+        losses = step_losses(tally, self.groups.world)
+        self._log_steps(epoch, losses, tally.records)
         stats = gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
                              self.groups.topology, wall, global_batch)
+        bad = first_nonfinite(losses)
+        if bad is not None:  # every rank has the same losses, so all agree on it
+            stats["diverged_at_step"] = self.progress.step - len(losses) + bad + 1
+            stats["diverged_loss"] = losses[bad]
         return {**stats, "batch_size": global_batch}
 
     def shards(self, epoch: int) -> ShardedBatches:
@@ -218,6 +226,8 @@ class Trainer:
         try:
             for epoch in range(self.progress.epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
+                if self._diverged(epoch):
+                    break
         except (ApproxDistError, RuntimeError) as exc:
             named = name_lost_peer(exc, self.groups.topology, self.ctx.rank)
             if named is exc:
@@ -249,6 +259,24 @@ class Trainer:
                            f"{stats['train_loss']:.4f}  train {100 * stats['train_accuracy']:.2f}%"
                            f"  test {100 * acc:.2f}%  {stats['samples_per_s']:.0f} samples/s")
         self.save()
+
+    def _diverged(self, epoch: int) -> bool:
+        """Warn if `epoch` saw the run's first non-finite loss; True to stop the run."""
+        record = self.progress.history[-1]
+        step = record.get("diverged_at_step")
+        if step is None or any("diverged_at_step" in h for h in self.progress.history[:-1]):
+            return False
+        stop = self.cfg.train.on_divergence == "stop"
+        optim = self.cfg.optim
+        log.info(self.ctx, f"approxdist: training diverged: the loss was {record['diverged_loss']} "
+                           f"at step {step} (epoch {epoch + 1}); "
+                           + ("stopped after this epoch (--set train.on_divergence=continue "
+                              "trains on)" if stop else "training on (train.on_divergence = "
+                                                       "continue)")
+                           + f". A lower optim.lr (now {optim.lr}), warm-up (optim.warmup_epochs, "
+                             f"now {optim.warmup_epochs}) or less momentum (now {optim.momentum}) "
+                             f"may keep it finite")
+        return stop
 
     def summary(self) -> dict[str, Any]:
         return {**run_summary(self.progress, self.cfg, self.ctx.world_size),
@@ -308,7 +336,15 @@ def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, A
         "model": cfg.model.name,
         "dataset": cfg.data.dataset,
         "skipped_steps": skipped_steps(hist, world_size),
+        "diverged_at_step": next((h["diverged_at_step"] for h in hist
+                                  if "diverged_at_step" in h), None),
     }
+
+
+def first_nonfinite(losses: list[float | None]) -> int | None:
+    """Index of the first step whose loss is NaN or infinite (None: a step without one)."""
+    return next((i for i, loss in enumerate(losses)
+                 if loss is not None and not math.isfinite(loss)), None)
 
 
 def skipped_steps(history: list[dict[str, Any]], world_size: int) -> list[int]:
