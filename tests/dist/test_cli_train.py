@@ -67,10 +67,15 @@ def test_a_diverged_run_stops_after_its_epoch_and_says_where(
     steps = [json.loads(line) for line in (single / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in steps if r["kind"] == "step" and r["step"] < summary["diverged_at_step"]]
     assert all(r["loss"] == r["loss"] and abs(r["loss"]) != float("inf") for r in logged)
-    on = tmp_path / "continue"
-    assert main(["train", "--parallel", "single", "--out", str(on), *blow_up,
+    # a fresh run in the same directory replaces the earlier one's outputs, saying so
+    assert main(["train", "--parallel", "single", "--out", str(single), *blow_up,
                  "--set", "train.on_divergence=continue"]) == 0
-    assert json.loads((on / "summary.json").read_text())["epochs"] == 3
+    assert "held an earlier run; replaced its checkpoint.pt, metrics.jsonl, summary.json" \
+        in capsys.readouterr().err
+    assert json.loads((single / "summary.json").read_text())["epochs"] == 3
+    epochs = [json.loads(line)["epoch"] for line in (single / "metrics.jsonl").read_text()
+              .splitlines() if json.loads(line)["kind"] == "epoch"]
+    assert epochs == [1, 2, 3]  # not appended to the stopped run's epoch 1
     dp = tmp_path / "dp"
     res = _cli("train", "--parallel", "dp", "--world-size", "2", "--out", str(dp), *blow_up)
     assert res.returncode == 0, res.stderr

@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
         return run_under_torchrun(args)
     cfg, run_dir, resume = resolve(args)
     preflight(cfg, getattr(args, "plan", None))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    start_run_dir(run_dir, resume)
     write_config(cfg, run_dir / "config.toml")
     print(f"approxdist: {cfg.train.parallel} x{cfg.train.world_size}  {cfg.model.name} on "
           f"{cfg.data.dataset}  -> {run_dir}")
@@ -308,6 +308,19 @@ def run(args: argparse.Namespace) -> int:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
                                resume, describe=describe_ranks(cfg))[0]
     return finish(run_dir, summary, cfg.train.trace)
+
+
+def start_run_dir(run_dir: Path, resume: bool) -> None:
+    """Create the run directory; a fresh run (not `--resume`) first removes an earlier
+    run's outputs there, saying so."""
+    from approxdist.train.resume import clear_run_outputs
+
+    if not resume:
+        gone = clear_run_outputs(run_dir)
+        if gone:
+            print(f"approxdist: {run_dir} held an earlier run; replaced its {', '.join(gone)} "
+                  f"(--resume {run_dir} continues a run instead)", file=sys.stderr)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def run_tolerant(cfg: Config, run_dir: Path, resume: bool) -> int:
@@ -349,7 +362,7 @@ def run_under_torchrun(args: argparse.Namespace) -> int:
         sections["train"]["parallel"] = "dp"
     cfg = load_config(None, sections)
     if int(os.environ["RANK"]) == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        start_run_dir(run_dir, resume)
         write_config(cfg, run_dir / "config.toml")
     summary = run_worker(to_dict(cfg), str(run_dir), resume)
     return finish(run_dir, summary, cfg.train.trace) if int(os.environ["RANK"]) == 0 else 0

@@ -20,6 +20,7 @@ from approxdist.errors import DataError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.metrics import read_jsonl, write_summary
+from approxdist.train.resume import clear_run_outputs
 
 Sections = dict[str, dict[str, Any]]
 
@@ -60,8 +61,7 @@ def train_run(sections: Sections, run_dir: Path) -> dict[str, Any]:
     done = _finished(run_dir, text)
     if done is not None:
         return done
-    for name in ("metrics.jsonl", "summary.json", "trace.json"):
-        (run_dir / name).unlink(missing_ok=True)
+    clear_run_outputs(run_dir)  # an unfinished or different earlier run's
     (run_dir / "config.toml").write_text(text)
     summary = run_on_ranks(_train_rank, cfg.train.world_size, to_dict(cfg), str(run_dir),
                            timeout_s=EPOCH_LIMIT_S * cfg.train.epochs,

@@ -11,6 +11,8 @@ stale file is one error on every rank, never a hang.
 
 from __future__ import annotations
 
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,30 @@ class Progress:
     history: list[dict[str, Any]] = field(default_factory=list)  # the epoch records so far
     elapsed_s: float = 0.0
     bytes_sent: int = 0
+
+
+#: what a run writes into its directory besides config.toml (`clear_run_outputs`)
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt", "trace.json")
+_RUN_DIRS = re.compile(r"^(workers|stage\d+)$")
+_RANK_TRACES = re.compile(r"^trace\.rank\d+\.json$")
+
+
+def clear_run_outputs(run_dir: Path) -> list[str]:
+    """Remove what an earlier run wrote into `run_dir` (metrics, summary, checkpoints,
+    traces, worker files), so a fresh run there does not append to its metrics or leave
+    another topology's stage checkpoints for a later `--resume`; the names removed."""
+    if not run_dir.is_dir():
+        return []
+    gone = []
+    for entry in sorted(run_dir.iterdir()):
+        if entry.is_dir() and _RUN_DIRS.match(entry.name):
+            shutil.rmtree(entry)
+        elif entry.is_file() and (entry.name in RUN_FILES or _RANK_TRACES.match(entry.name)):
+            entry.unlink()
+        else:
+            continue
+        gone.append(entry.name)
+    return gone
 
 
 def checkpoint_dir(run_dir: Path, groups: TopologyGroups) -> Path:
