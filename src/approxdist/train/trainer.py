@@ -275,7 +275,7 @@ class Trainer:
                                                        "continue)")
                            + f". A lower optim.lr (now {optim.lr}), warm-up (optim.warmup_epochs, "
                              f"now {optim.warmup_epochs}) or less momentum (now {optim.momentum}) "
-                             f"may keep it finite")
+                             f"may keep it finite" + _delay_hint(self.cfg))
         return stop
 
     def summary(self) -> dict[str, Any]:
@@ -339,6 +339,17 @@ def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, A
         "diverged_at_step": next((h["diverged_at_step"] for h in hist
                                   if "diverged_at_step" in h), None),
     }
+
+
+def _delay_hint(cfg: Config) -> str:
+    """Why a 2BW run is more fragile than its synchronous twin, when it is one."""
+    if cfg.train.parallel not in ("pipeline", "hybrid") or cfg.pipeline.schedule != "2bw":
+        return ""
+    b = cfg.optim.momentum
+    return (f"; 2bw applies each gradient one step late, and on a quadratic, SGD with momentum "
+            f"{b} and a one-step-late gradient is stable only for lr x curvature < 1 - momentum "
+            f"= {1 - b:.2g}, against 2 x (1 + momentum) = {2 * (1 + b):.2g} without the delay "
+            f"(docs/pipeline.md)")
 
 
 def first_nonfinite(losses: list[float | None]) -> int | None:
