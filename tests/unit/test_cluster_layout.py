@@ -130,7 +130,9 @@ def test_torchrun_command_binds_gloo_and_names_the_store_host() -> None:
     layout = ClusterLayout("ad", 2, 3)
     argv = torchrun_argv(layout, 1, 2, 29400, ["train", "--epochs", "1"], python="py")
     text = " ".join(argv)
-    assert text.startswith("ip netns exec ad-ad-h1 env GLOO_SOCKET_IFNAME=eth0 py -m "
+    # 2 hosts x 2 processes share one machine's cores: each rank takes a quarter of them
+    assert text.startswith("ip netns exec ad-ad-h1 env GLOO_SOCKET_IFNAME=eth0 "
+                           "APPROXDIST_RANKS_PER_MACHINE=4 py -m "
                            "torch.distributed.run --nnodes 2 --nproc-per-node 2")
     assert "--rdzv-endpoint 198.18.3.1:29400" in text and "is_host=false" in text
     assert text.endswith("--local-addr 198.18.3.2 -m approxdist train --epochs 1")

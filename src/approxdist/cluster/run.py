@@ -6,7 +6,9 @@ Host h runs, inside its namespace,
         --rdzv-endpoint <host 0>:PORT --rdzv-conf is_host=<h == 0> --local-addr <host h>
         -m approxdist <command>
 
-with gloo bound to the namespace's `eth0` (`GLOO_SOCKET_IFNAME`). `is_host` and
+with gloo bound to the namespace's `eth0` (`GLOO_SOCKET_IFNAME`) and
+`APPROXDIST_RANKS_PER_MACHINE` = H x K, so that each rank takes its share of the one
+machine's cores, not one host's. `is_host` and
 `--local-addr` are given explicitly: every namespace shares the machine's host name,
 so torchrun cannot tell from it which agent serves the store or which address the
 workers reach it on. Each host's output is prefixed `[host h]`; when a host fails, the
@@ -29,6 +31,7 @@ from approxdist.cluster import state
 from approxdist.cluster.commands import Command
 from approxdist.cluster.layout import HOST_IFACE, ClusterLayout
 from approxdist.errors import ClusterError
+from approxdist.launch.context import RANKS_PER_MACHINE_ENV
 
 DEFAULT_PORT = 29400
 GRACE_S = 60.0
@@ -38,7 +41,9 @@ def torchrun_argv(layout: ClusterLayout, host: int, nproc: int, port: int,
                   argv: list[str], python: str = sys.executable) -> Command:
     """The command host `host` runs: torchrun in its namespace, gloo on its interface."""
     return ["ip", "netns", "exec", layout.host_ns(host), "env",
-            f"GLOO_SOCKET_IFNAME={HOST_IFACE}", python, "-m", "torch.distributed.run",
+            f"GLOO_SOCKET_IFNAME={HOST_IFACE}",
+            f"{RANKS_PER_MACHINE_ENV}={layout.hosts * nproc}",  # every host shares the cores
+            python, "-m", "torch.distributed.run",
             "--nnodes", str(layout.hosts), "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{layout.address(0)}:{port}",
             "--rdzv-id", f"approxdist-{layout.name}",

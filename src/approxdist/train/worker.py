@@ -19,18 +19,23 @@ import torch.distributed as dist
 
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
-from approxdist.launch.context import DistContext, init_from_env, shutdown
+from approxdist.launch.context import RANKS_PER_MACHINE_ENV, DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
 from approxdist.train.build import build_trainer, topology_of
 
 
 def set_threads(ctx: DistContext, requested: int) -> None:
-    """`requested` threads, or an even share of this machine's cores among local ranks."""
+    """`requested` threads, or an even share of this machine's cores among the ranks on it:
+    `RANKS_PER_MACHINE_ENV` where set (`approxdist cluster run`, whose hosts are namespaces
+    of one machine: torchrun's LOCAL_WORLD_SIZE counts one host's ranks, and each rank took
+    every core, 2 threads per rank on 2 cores, which made the compute 4.6x slower than
+    locally, docs/links.md), else LOCAL_WORLD_SIZE, else the world."""
     if requested:
         torch.set_num_threads(requested)
         return
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    sharing = os.environ.get(RANKS_PER_MACHINE_ENV) or os.environ.get("LOCAL_WORLD_SIZE")
+    local = int(sharing) if sharing else ctx.world_size
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
 
 
