@@ -16,12 +16,14 @@ shapes our transfers only.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from approxdist.bench.report import Column, render
 from approxdist.bench.stats import median
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
+from approxdist.config.dp import check_sizes
 from approxdist.errors import ConfigError
 from approxdist.hybrid.bench import measure_rank
 from approxdist.pipeline.runtime_bench import TORCH_SCHEDULES, BenchCase
@@ -37,6 +39,11 @@ def register(sub: Any) -> None:
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     add_case_arguments(p, "4")
     p.add_argument("--replicas", type=int, default=2, help="ranks per stage (default 2)")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="our replica all-reduce's bucket size in MB (default: [dp] bucket_mb, "
+                        "1.0); smaller buckets start more of it during the last backward")
+    p.add_argument("--first-bucket-mb", type=float, default=None,
+                   help="its first bucket in MB (default: [dp] first_bucket_mb, 0.25)")
     p.set_defaults(func=run)
 
 
@@ -66,7 +73,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cases = plan_cases(args, args.replicas)
+    check_sizes(args.bucket_mb if args.bucket_mb is not None else 1.0,
+                args.first_bucket_mb if args.first_bucket_mb is not None else 0.25, 0, 1)
+    cases = [replace(c, bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb)
+             for c in plan_cases(args, args.replicas)]
     streamed = sorted({c.schedule for c in cases} & set(async_schedule_names()))
     if streamed:  # the baseline (torch pipelining + replicate) has no asynchronous schedule
         raise ConfigError(f"--schedule {','.join(streamed)}: bench hybrid compares flushed "

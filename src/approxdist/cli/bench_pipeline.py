@@ -210,4 +210,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     for key in ("fwd_codec", "bwd_codec", "fuse_accumulation"):
         if getattr(args, key) not in ("fp32", "auto"):
             out.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
+    for key in ("bucket_mb", "first_bucket_mb"):  # bench hybrid's
+        if getattr(args, key, None) is not None:
+            out.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
     return out

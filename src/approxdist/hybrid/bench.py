@@ -54,8 +54,10 @@ from approxdist.trace.times import StepTimes
 def _config(case: BenchCase) -> Config:
     pipeline = to_dict(build_config({}))["pipeline"]
     pipeline.update({k: v for k, v in vars(case.pipeline_config()).items()})
+    buckets = {k: v for k, v in (("bucket_mb", case.bucket_mb),
+                                 ("first_bucket_mb", case.first_bucket_mb)) if v is not None}
     return build_config({"train": {"parallel": "hybrid", "world_size": case.stages * case.replicas},
-                         "pipeline": pipeline, "comm": {"link": case.link}})
+                         "pipeline": pipeline, "comm": {"link": case.link}, "dp": buckets})
 
 
 def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: TopologyGroups,

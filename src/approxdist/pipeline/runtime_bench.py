@@ -59,6 +59,10 @@ class BenchCase:
     fuse_accumulation: str = "auto"
     replicas: int = 1  # hybrid: ranks per stage; `batch_size` and `microbatches` are per row
     tokens: bool = False  # a GPT model: token inputs, a next-token label per position
+    #: hybrid: our replica all-reduce's buckets in MB (`[dp]`'s bucket_mb, first_bucket_mb;
+    #: None: its defaults)
+    bucket_mb: float | None = None
+    first_bucket_mb: float | None = None
 
     @property
     def inputs(self) -> BenchInput:
