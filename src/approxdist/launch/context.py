@@ -12,10 +12,6 @@ import torch.distributed as dist
 from approxdist.errors import ConfigError, LaunchError
 
 DEVICES = ("auto", "cpu", "cuda")
-#: how many ranks share this machine's cores, where that is more than torchrun's
-#: LOCAL_WORLD_SIZE (one host's ranks): `approxdist cluster run` sets it, its hosts being
-#: network namespaces of one machine; a rank's torch threads are the cores over it
-RANKS_PER_MACHINE_ENV = "APPROXDIST_RANKS_PER_MACHINE"
 
 
 @dataclass(frozen=True)

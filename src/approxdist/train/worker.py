@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from approxdist.cluster.layout import RANKS_PER_MACHINE_ENV
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
-from approxdist.launch.context import RANKS_PER_MACHINE_ENV, DistContext, init_from_env, shutdown
+from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
 from approxdist.train.build import build_trainer, topology_of
