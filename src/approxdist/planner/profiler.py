@@ -20,6 +20,7 @@ from torch import nn
 from approxdist.config.schema import DataConfig, ModelConfig, OptimConfig
 from approxdist.data import load_dataset
 from approxdist.errors import ConfigError
+from approxdist.launch.malloc import hold_freed_memory
 from approxdist.models import build_model
 from approxdist.pipeline.profiler import measure_blocks
 from approxdist.planner.profile import BlockProfile, Profile
@@ -76,7 +77,11 @@ def optimizer_s_per_byte(name: str, threads: int | None = None, numel: int = 1 <
                          repeat: int = 7) -> float:
     """Seconds of one step of optimizer `name` (sgd, momentum: SGD with momentum 0.9, adam)
     per byte of fp32 parameters: the median of `repeat` steps over `numel` values with
-    `threads` torch threads (the thread count is restored after)."""
+    `threads` torch threads (the thread count is restored after). Memory is held as the
+    training ranks hold it (`hold_freed_memory`): without, glibc maps each step's 16 MB
+    weight-decay temporary afresh until its dynamic threshold grows, and the first
+    measurement in a process read 786 ps/B where the ranks pay about 340."""
+    hold_freed_memory()
     if name not in _OPTIMIZERS:
         raise ConfigError(f"optimizer {name!r} is not one of {', '.join(_OPTIMIZERS)}")
     before = torch.get_num_threads()
