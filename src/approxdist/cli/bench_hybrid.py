@@ -23,7 +23,7 @@ from approxdist.bench.report import Column, render
 from approxdist.bench.stats import median
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
-from approxdist.config.dp import check_sizes
+from approxdist.config.dp import DPConfig, check_sizes
 from approxdist.errors import ConfigError
 from approxdist.hybrid.bench import measure_rank
 from approxdist.pipeline.runtime_bench import TORCH_SCHEDULES, BenchCase
@@ -73,8 +73,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_sizes(args.bucket_mb if args.bucket_mb is not None else 1.0,
-                args.first_bucket_mb if args.first_bucket_mb is not None else 0.25, 0, 1)
+    dp = DPConfig()
+    check_sizes(dp.bucket_mb if args.bucket_mb is None else args.bucket_mb,
+                dp.first_bucket_mb if args.first_bucket_mb is None else args.first_bucket_mb,
+                dp.chunk_kb, dp.threads)
     cases = [replace(c, bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb)
              for c in plan_cases(args, args.replicas)]
     streamed = sorted({c.schedule for c in cases} & set(async_schedule_names()))

@@ -38,6 +38,7 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from hashlib import sha256
 from pathlib import Path
 
@@ -207,13 +208,10 @@ def _measure(link: Link) -> list[Measurement]:
         mine: dict[str, list[float]] = {a: [] for a in CANDIDATES}
         rounds, r, warm = ROUNDS, 0, time.perf_counter()
         while r <= rounds:  # round 0 warms up
-            for a in (CANDIDATES if r % 2 else CANDIDATES[::-1]):
-                work.copy_(x)
-                link.group.barrier()  # all start together: no op is charged another's tail
-                t0 = time.perf_counter()
-                reducers[a](work)
-                if r:
-                    mine[a].append(time.perf_counter() - t0)
+            took = time_round(link, reducers, work, x, r)
+            if r:
+                for a, t in took.items():
+                    mine[a].append(t)
             if r == 0:
                 decided = str(_rounds(time.perf_counter() - warm)) if link.rank == 0 else None
                 rounds = int(_share(link, decided))
@@ -222,6 +220,21 @@ def _measure(link: Link) -> list[Measurement]:
         for a in CANDIDATES:
             out.append(Measurement(a, size, median(times[a]),
                                    paired_ratio(times[a], times["native"])))
+    return out
+
+
+def time_round(link: Link, reducers: Mapping[str, Callable[[torch.Tensor], object]],
+               work: torch.Tensor, x: torch.Tensor, r: int) -> dict[str, float]:
+    """Round `r`: every candidate once on a copy of `x` (the order reversed on even rounds),
+    each after a barrier so that all start together and no op is charged another's tail;
+    this member's seconds per algorithm."""
+    out = {}
+    for a in (CANDIDATES if r % 2 else CANDIDATES[::-1]):
+        work.copy_(x)
+        link.group.barrier()
+        t0 = time.perf_counter()
+        reducers[a](work)
+        out[a] = time.perf_counter() - t0
     return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -71,16 +70,8 @@ def _measure(ctx: DistContext, sizes: Sequence[int], rounds: int) -> dict[int, d
         for size in sizes:
             x = torch.randn(size // 4, generator=torch.Generator().manual_seed(size))
             work = torch.empty_like(x)
-            mine: dict[str, list[float]] = {a: [] for a in autocal.CANDIDATES}
-            for r in range(rounds + 1):  # round 0 warms up
-                order = autocal.CANDIDATES if r % 2 else autocal.CANDIDATES[::-1]
-                for a in order:
-                    work.copy_(x)
-                    link.group.barrier()
-                    t0 = time.perf_counter()
-                    reducers[a](work)
-                    if r:
-                        mine[a].append(time.perf_counter() - t0)
+            took = [autocal.time_round(link, reducers, work, x, r) for r in range(rounds + 1)]
+            mine = {a: [t[a] for t in took[1:]] for a in autocal.CANDIDATES}  # round 0 warms up
             out[size] = autocal._slowest(link, mine)
         return out
     finally:
