@@ -86,8 +86,7 @@ class Trainer:
     # -- one epoch -------------------------------------------------------------------------
     def train_epoch(self, epoch: int) -> dict[str, Any]:
         cfg, ctx, engine = self.cfg, self.ctx, self.engine
-        # dropout etc., per epoch and place in the topology (so placement changes nothing)
-        torch.manual_seed(_mix(cfg.train.seed, epoch, self.groups.topology.slot(ctx.rank)))
+        self.seed_epoch(epoch)
         engine.module.train()
         global_batch = self.growth.batch_at(epoch)
         steps = self.shards(epoch).steps_per_epoch
@@ -131,6 +130,12 @@ class Trainer:
             stats["diverged_loss"] = losses[bad]
         return {**stats, "batch_size": global_batch}
 
+    def seed_epoch(self, epoch: int) -> None:
+        """Dropout etc.: seeded per epoch and place in the topology (so placement changes
+        nothing), as the loop and a speculation crossing into the epoch both need."""
+        torch.manual_seed(_mix(self.cfg.train.seed, epoch,
+                               self.groups.topology.slot(self.ctx.rank)))
+
     def shards(self, epoch: int) -> ShardedBatches:
         """This rank's batches in epoch `epoch` (the batch may grow between epochs)."""
         return self.batches.resized(self.growth.batch_at(epoch))
@@ -155,8 +160,7 @@ class Trainer:
         epoch, index = at.epoch, at.index
         while len(outs) < steps:
             if epoch != at.epoch:
-                torch.manual_seed(_mix(self.cfg.train.seed, epoch,
-                                       self.groups.topology.slot(self.ctx.rank)))
+                self.seed_epoch(epoch)
             shards = self.shards(epoch)
             batches = shards.epoch(epoch, index)
             for _ in range(min(steps - len(outs), shards.steps_per_epoch - index)):
