@@ -149,6 +149,7 @@ class PSNode:
         if self.mode.kind != "sync":
             if self.server is not None:
                 self.server.reply(range(self.roles.workers))
+                self.server.settle()
                 self._note_losses(self.server)
             else:
                 assert self.worker is not None

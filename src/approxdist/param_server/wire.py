@@ -50,13 +50,14 @@ def flat_values(params: Sequence[nn.Parameter]) -> torch.Tensor:
 
 @torch.no_grad()
 def load_flat(params: Sequence[nn.Parameter], flat: torch.Tensor, into_grad: bool = False) -> None:
-    """Copy `flat` into the parameters (or, with `into_grad`, their gradients)."""
+    """Copy `flat` into the parameters; with `into_grad`, make their gradients views of
+    `flat` instead (no copy: the caller hands `flat` over)."""
     at = 0
     for p in params:
         n = p.numel()
         chunk = flat[at:at + n].view_as(p).to(p.dtype)
         if into_grad:
-            p.grad = chunk.clone()
+            p.grad = chunk
         else:
             p.copy_(chunk)
         at += n
