@@ -8,8 +8,8 @@ replies to all workers are posted together, and the server goes on without waiti
 them to leave (`settle` waits before its next reply or step, a reply's buffers being its
 own). Everything crosses a `comm.link.Link`, so codecs, channels, emulated links, byte
 accounting and tracing apply to every push and pull. Posting the pushes together and not
-waiting for the replies took sync PS from 1.61x to 1.24-1.40x all-reduce's step time
-(resnet1d, W = 2, 2 cores): one server's serial waits were most of its gap.
+waiting for the replies closed most of sync PS's gap to all-reduce at W = 2: one server's
+serial waits were most of it (docs/param_server.md, "What closed the W = 2 gap").
 
 With `tolerate_loss` (`--tolerate-worker-loss`) the server takes pushes from one posted
 receive per live worker instead of gloo's receive from any source, which fails for good
