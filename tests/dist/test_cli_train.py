@@ -140,3 +140,25 @@ def test_killed_worker_ends_the_run(tmp_path: Path) -> None:
     while _alive(pids[0]) and time.monotonic() < end:
         time.sleep(0.2)
     assert not _alive(pids[0]), "rank 0 was left running"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_bind_cores_row_puts_a_stages_replicas_on_different_cores(tmp_path: Path) -> None:
+    """`--bind-cores row` on a 2 x 2 hybrid: each rank's cores (workers/rankN.json) are its
+    pipeline row's share of the machine's, so a stage's two replicas never share one."""
+    from approxdist.launch.affinity import plan_cores
+
+    out = tmp_path / "bound"
+    assert main(["train", "--parallel", "hybrid", "--stages", "2", "--replicas", "2",
+                 "--microbatches", "2", "--batch-size", "16", "--epochs", "1",
+                 "--dataset", "synthetic", "--set", "data.synthetic_shape=[12]",
+                 "--set", "data.synthetic_samples=64", "--set", "data.augment=false",
+                 "--bind-cores", "row", "--out", str(out), *FAST]) == 0
+    cores = {r: json.loads((out / "workers" / f"rank{r}.json").read_text())["cores"]
+             for r in range(4)}
+    machine = sorted(os.sched_getaffinity(0))
+    rows = [0, 1, 0, 1]  # ranks 0, 1: stage 0's replicas 0, 1; ranks 2, 3: stage 1's
+    assert [tuple(cores[r]) for r in range(4)] == plan_cores(rows, machine)
+    if len(machine) > 1:
+        assert not set(cores[0]) & set(cores[1]) and not set(cores[2]) & set(cores[3])
+

@@ -9,8 +9,8 @@ the FSDP2 machinery) over each stage's replicas. Same model, cut, schedule, micr
 per row and data, on stages x replicas local gloo ranks, interleaved rounds (method:
 `approxdist.hybrid.bench`). Beyond `bench pipeline`'s columns: `hidden`, the share of our
 replica all-reduce that the last backward hid (1 - blocked / all-reduce alone, per stage
-on the replica that waited least, mean over stages; `by_stage` in the JSON). `--link`
-shapes our transfers only.
+on the replica that waited least, summed over stages; `by_stage` in the JSON). `--link`
+shapes our transfers only; `--bind-cores` binds both engines' ranks alike.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from approxdist.bench.stats import median
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
 from approxdist.config.dp import DPConfig, check_sizes
+from approxdist.config.schema import BIND_POLICIES
 from approxdist.errors import ConfigError
 from approxdist.hybrid.bench import measure_rank
+from approxdist.launch.affinity import check_policy
 from approxdist.pipeline.runtime_bench import TORCH_SCHEDULES, BenchCase
 from approxdist.pipeline.schedule import async_schedule_names
 
@@ -44,15 +46,23 @@ def register(sub: Any) -> None:
                         "1.0); smaller buckets start more of it during the last backward")
     p.add_argument("--first-bucket-mb", type=float, default=None,
                    help="its first bucket in MB (default: [dp] first_bucket_mb, 0.25)")
+    p.add_argument("--bind-cores", choices=BIND_POLICIES, default="none",
+                   help="bind each rank's threads to cores, both engines alike: none "
+                        "(default), rank, row (a pipeline row's ranks share cores, a stage's "
+                        "replicas on different ones)")
     p.set_defaults(func=run)
 
 
 def hidden(case: BenchCase, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Our replica all-reduce, per stage: the time blocked in `AR` per step on the replica
+    """Our replica all-reduce: per stage, the time blocked in `AR` per step on the replica
     that waited least (the others also wait for a replica whose last backward ends later:
     skew, not communication; `bench dp` reads it the same way) against that stage's
-    all-reduce alone (median over its replicas); hidden = 1 - blocked / alone, clamped to
-    [0, 1]. The row's `hidden_comm_fraction` is the mean over stages, `by_stage` has each."""
+    all-reduce alone (median over its replicas); a stage's hidden share is 1 - blocked /
+    alone, clamped to [0, 1] (`by_stage`). The row's `hidden_comm_fraction` sums over the
+    stages, 1 - sum(blocked) / sum(alone), as `bench dp` sums over a model's buckets: each
+    stage's all-reduce weighs by its time, so a stage whose all-reduce takes 1 ms, where a
+    scheduler tick decides its share, does not count as much as one of 20 ms.
+    `hidden_comm_fraction_stage_mean` is the plain mean of the stages' shares."""
     by_stage = []
     for stage in sorted({r["stage"] for r in ranks}):
         mine = [r for r in ranks if r["stage"] == stage and r.get("blocked_s") is not None]
@@ -60,12 +70,17 @@ def hidden(case: BenchCase, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         blocked = min(r["blocked_s"] for r in mine)
         alone = median([r["comm_only_s"] for r in mine])
-        share = min(1.0, max(0.0, 1.0 - blocked / alone)) if alone > 0 else None
         by_stage.append({"stage": stage, "blocked_s": blocked, "comm_only_s": alone,
-                         "hidden_comm_fraction": share})
+                         "hidden_comm_fraction": _share(blocked, alone)})
     shares = [s["hidden_comm_fraction"] for s in by_stage if s["hidden_comm_fraction"] is not None]
-    return {"hidden_comm_fraction": sum(shares) / len(shares) if shares else None,
+    return {"hidden_comm_fraction": _share(sum(s["blocked_s"] for s in by_stage),
+                                           sum(s["comm_only_s"] for s in by_stage)),
+            "hidden_comm_fraction_stage_mean": sum(shares) / len(shares) if shares else None,
             "by_stage": by_stage}
+
+
+def _share(blocked: float, alone: float) -> float | None:
+    return min(1.0, max(0.0, 1.0 - blocked / alone)) if alone > 0 else None
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -77,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     check_sizes(dp.bucket_mb if args.bucket_mb is None else args.bucket_mb,
                 dp.first_bucket_mb if args.first_bucket_mb is None else args.first_bucket_mb,
                 dp.chunk_kb, dp.threads)
-    cases = [replace(c, bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb)
+    check_policy(args.bind_cores)
+    cases = [replace(c, bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb,
+                     bind_cores=args.bind_cores)
              for c in plan_cases(args, args.replicas)]
     streamed = sorted({c.schedule for c in cases} & set(async_schedule_names()))
     if streamed:  # the baseline (torch pipelining + replicate) has no asynchronous schedule

@@ -132,7 +132,7 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
                          "stages": case.stages, "replicas": case.replicas,
                          "microbatches": case.microbatches,
                          "batch_size": case.batch_size, "link": case.link or "none",
-                         "samples_per_s": sps,
+                         "bind_cores": case.bind_cores, "samples_per_s": sps,
                          "ratio_vs_torch": sps / rate["torch"] if "torch" in rate else None,
                          "paired_ratio": (paired_ratio(torch_rounds, ts)
                                           if torch_rounds is not None else None),
@@ -213,4 +213,6 @@ def _argv(args: argparse.Namespace) -> list[str]:
     for key in ("bucket_mb", "first_bucket_mb"):  # bench hybrid's
         if getattr(args, key, None) is not None:
             out.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
+    if getattr(args, "bind_cores", "none") != "none":
+        out.append(f"--bind-cores {args.bind_cores}")
     return out

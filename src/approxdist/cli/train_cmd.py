@@ -13,7 +13,7 @@ from typing import Any
 from approxdist.config.adaprec import candidates_of
 from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
 from approxdist.config.pipeline import COMM_THREADS, FUSE_CHOICES
-from approxdist.config.schema import Config
+from approxdist.config.schema import BIND_POLICIES, Config
 from approxdist.data import DATASETS, load_dataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError
@@ -57,7 +57,7 @@ FLAG_KEYS = {
     "pull_codec": ("ps", "pull_codec"), "push_channel": ("ps", "push_channel"),
     "pull_channel": ("ps", "pull_channel"), "staleness_lr": ("ps", "staleness_lr"),
     "tolerate_worker_loss": ("ps", "tolerate_worker_loss"),
-    "straggler": ("train", "stragglers"),
+    "straggler": ("train", "stragglers"), "bind_cores": ("train", "bind_cores"),
     "phase_steps": ("adaprec", "phase_steps"), "speculate_steps": ("adaprec", "speculate_steps"),
     "signal": ("adaprec", "signal"), "overhead_budget": ("adaprec", "overhead_budget"),
 }
@@ -96,6 +96,10 @@ def register(sub: Any) -> None:
                    help="slow a rank before each step (2:100ms), or each eligible rank with "
                         "probability P per step (random:0.1:50ms); seeded, any mode "
                         "(repeatable)")
+    p.add_argument("--bind-cores", choices=BIND_POLICIES,
+                   help="bind each rank's threads to cores: none (default), rank (a slice of "
+                        "the cores each), row (a pipeline row's ranks share cores, a stage's "
+                        "replicas on different ones; docs/hybrid.md)")
     add_pipeline_flags(p)
     add_dp_flags(p)
     add_ps_flags(p)

@@ -31,6 +31,10 @@ def _one_of(section: str, name: str, value: str, valid: tuple[str, ...]) -> None
         raise ConfigError(f"{section}.{name} = {value!r} is not one of: {', '.join(valid)}")
 
 
+#: how each rank's threads are bound to cores (`launch/affinity.py`)
+BIND_POLICIES = ("none", "rank", "row")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How the run is organised: epochs, parallelism, devices, logging, outputs."""
@@ -51,9 +55,12 @@ class TrainConfig:
     #: what a run does once a step's loss is NaN or infinite: "stop" after that epoch (its
     #: evaluation and checkpoint are kept) or "continue"; both warn and record the step
     on_divergence: str = "stop"
+    #: bind each rank's threads to cores: "none", "rank" or "row" (launch/affinity.py)
+    bind_cores: str = "none"
 
     def __post_init__(self) -> None:
         _one_of("train", "parallel", self.parallel, PARALLEL_MODES)
+        _one_of("train", "bind_cores", self.bind_cores, BIND_POLICIES)
         _one_of("train", "on_divergence", self.on_divergence, ("stop", "continue"))
         _one_of("train", "device", self.device, ("auto", "cpu", "cuda"))
         if self.world_size < 1:

@@ -32,6 +32,7 @@ from approxdist.config.loader import build_config, to_dict
 from approxdist.config.schema import Config
 from approxdist.data_parallel.engine import DataParallel
 from approxdist.hybrid.runtime import build_hybrid_runtime
+from approxdist.launch.affinity import bind_rank
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, new_group
 from approxdist.pipeline.partition import Partition, stage_module
@@ -132,5 +133,10 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
 
 
 def measure_rank(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
-    """Entry point for `run_on_ranks`: every case in order, on every rank."""
+    """Entry point for `run_on_ranks`: every case in order, on every rank (bound to cores
+    once, by the first case's `bind_cores`: a run's cases share their grid)."""
+    if cases:
+        grid = Topology.grid(cases[0].stages, cases[0].replicas)
+        world = range(grid.world_size)  # the local launcher: one machine
+        bind_rank(cases[0].bind_cores, ctx.rank, world, [grid.place(r).replica for r in world])
     return [measure_case(ctx, case, timing) for case in cases]

@@ -63,6 +63,8 @@ class BenchCase:
     #: None: its defaults)
     bucket_mb: float | None = None
     first_bucket_mb: float | None = None
+    #: hybrid: how the ranks' threads are bound to cores (`launch/affinity.py`)
+    bind_cores: str = "none"
 
     @property
     def inputs(self) -> BenchInput:

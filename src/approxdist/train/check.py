@@ -25,6 +25,7 @@ from approxdist.config.schema import Config
 from approxdist.data_parallel.codec_rules import CodecRules
 from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.launch.affinity import check_policy
 from approxdist.param_server.modes import parse_mode
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
 from approxdist.pipeline.schedule.registry import build_async_schedule
@@ -46,6 +47,7 @@ def check_parts(cfg: Config) -> None:
     _check_worker_loss(cfg)
     stragglers_of(cfg)
     _check_growth(cfg)
+    check_policy(cfg.train.bind_cores)  # binding needs Linux
 
 
 def _check_growth(cfg: Config) -> None:

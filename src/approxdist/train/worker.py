@@ -20,6 +20,7 @@ import torch.distributed as dist
 from approxdist.cluster.layout import RANKS_PER_MACHINE_ENV
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
+from approxdist.launch.affinity import bind_rank
 from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
@@ -40,6 +41,27 @@ def set_threads(ctx: DistContext, requested: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
 
 
+def machine_ranks(ctx: DistContext) -> range:
+    """The global ranks on this rank's machine: every rank under `approxdist cluster run`
+    (`RANKS_PER_MACHINE_ENV`: its hosts share one machine) and the local launcher;
+    torchrun's node (LOCAL_RANK, LOCAL_WORLD_SIZE: contiguous ranks) otherwise."""
+    if os.environ.get(RANKS_PER_MACHINE_ENV) or "LOCAL_WORLD_SIZE" not in os.environ:
+        return range(ctx.world_size)
+    first = ctx.rank - int(os.environ.get("LOCAL_RANK", "0"))
+    return range(first, first + int(os.environ["LOCAL_WORLD_SIZE"]))
+
+
+def bind_cores(cfg: Config, ctx: DistContext) -> None:
+    """`train.bind_cores`: bind this rank's threads among its machine's ranks, by rank or
+    by pipeline row (`launch/affinity.py`)."""
+    if cfg.train.bind_cores == "none":
+        return
+    topology = topology_of(cfg)
+    machine = machine_ranks(ctx)
+    rows = [topology.place(r).replica if r < topology.world_size else r for r in machine]
+    bind_rank(cfg.train.bind_cores, ctx.rank, machine, rows)
+
+
 def agree_on_run_dir(ctx: DistContext, run_dir: str) -> Path:
     """Rank 0's choice wins (under torchrun each rank may have picked its own default)."""
     box = [run_dir]
@@ -49,10 +71,12 @@ def agree_on_run_dir(ctx: DistContext, run_dir: str) -> Path:
 
 
 def record_worker(run_dir: Path, ctx: DistContext) -> None:
-    """workers/rankN.json: pid and host of each rank (for operators, and the fault test)."""
+    """workers/rankN.json: pid, host and the cores it may run on (`--bind-cores`) of each
+    rank (for operators, and the fault test)."""
     wdir = run_dir / "workers"
     wdir.mkdir(parents=True, exist_ok=True)
-    info = {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()}
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    info = {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname(), "cores": cores}
     (wdir / f"rank{ctx.rank}.json").write_text(json.dumps(info))
 
 
@@ -64,6 +88,7 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
     ctx = dataclasses.replace(init_from_env(cfg.train.device, cfg.train.timeout_s), board=board)
     try:
         set_threads(ctx, cfg.train.threads)
+        bind_cores(cfg, ctx)
         hold_freed_memory()  # launch.malloc: no page faults from a trimmed heap every step
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
