@@ -133,21 +133,21 @@ class Server:
         return (self.link.irecv_bytes(peer, VERSION_BYTES),
                 self.link.irecv(peer, self.numel, self.wire.push, self.wire.push_channel))
 
-    def _receive(self, worker: int | None, log: StepLog, steps: int,
-                 posted: _Push | None = None) -> tuple[int, int, torch.Tensor] | None:
-        """(worker, version, gradient) of the next push: from `worker` (its receives
-        `posted` already, or posted now), or from any (in an epoch of `steps` steps); None
-        when the server found a worker dead meanwhile."""
+    def _receive(self, log: StepLog, steps: int, posted: tuple[int, _Push] | None = None
+                 ) -> tuple[int, int, torch.Tensor] | None:
+        """(worker, version, gradient) of the next push: from the worker whose receives are
+        `posted` (sync), or from any (in an epoch of `steps` steps); None when the server
+        found a worker dead meanwhile."""
         link = self.link
         grad_recv: RecvHandle[torch.Tensor] | None = None
-        if worker is None:
+        if posted is None:
             got = self._next_any(log, steps)
             if got is None:
                 return None
             peer, word = got
         else:
+            worker, (word_recv, grad_recv) = posted
             peer = self._peer(worker)
-            word_recv, grad_recv = posted if posted is not None else self._post_push(worker)
             try:
                 word = word_recv.wait()
             except CommError as exc:
@@ -254,21 +254,20 @@ class Server:
             posted = [(w, self._post_push(w)) for w in range(self.roles.workers)
                       if rules.owes(w, steps)]
             self.settle(log)
-            for w, push in posted:
-                self._serve(w, log, steps, push)
+            for push in posted:
+                self._serve(log, steps, push)
         while not rules.step_done(steps):
             assert rules.mode.any_source, "a sync step ended short of a push"
-            self._serve(None, log, steps)
+            self._serve(log, steps)
         while last_of_epoch and rules.owed(steps) > 0:
-            self._serve(None, log, steps)
+            self._serve(log, steps)
         if last_of_epoch:
             self.settle(log)
             rules.end_epoch()
         return log
 
-    def _serve(self, worker: int | None, log: StepLog, steps: int,
-               posted: _Push | None = None) -> None:
-        got = self._receive(worker, log, steps, posted)
+    def _serve(self, log: StepLog, steps: int, posted: tuple[int, _Push] | None = None) -> None:
+        got = self._receive(log, steps, posted)
         if got is None:  # a worker was lost meanwhile: the caller looks at the rules again
             return
         w, version, grad = got

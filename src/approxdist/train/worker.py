@@ -58,7 +58,7 @@ def bind_cores(cfg: Config, ctx: DistContext) -> None:
         return
     topology = topology_of(cfg)
     machine = machine_ranks(ctx)
-    rows = [topology.place(r).replica if r < topology.world_size else r for r in machine]
+    rows = [topology.place(r).replica for r in machine]
     bind_rank(cfg.train.bind_cores, ctx.rank, machine, rows)
 
 
