@@ -20,6 +20,7 @@ from approxdist.config.loader import load_config, parse_overrides
 from approxdist.config.schema import Config
 from approxdist.data import DATASETS
 from approxdist.models import MODELS
+from approxdist.pipeline.profiler import REPEAT
 from approxdist.planner.profile import Profile, write_profile
 from approxdist.planner.profiler import profile_run
 
@@ -33,7 +34,8 @@ def register(actions: Any) -> None:
     p.add_argument("--threads", type=int,
                    help="torch threads while timing: what each rank of the run will use "
                         f"(default: all {os.cpu_count()} cores)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per block (median; default 3)")
+    p.add_argument("--repeat", type=int, default=REPEAT,
+                   help=f"timed runs per block (median; default {REPEAT})")
     p.add_argument("--json", type=Path, help="write the profile file here")
     p.set_defaults(func=run)
 

@@ -34,7 +34,14 @@ class BlockMeasure:
     stash_bytes: int
 
 
-def measure_blocks(model: nn.Module, sample: Any, repeat: int = 3,
+#: timed runs per block (the median is kept). Three were too few on a shared 2-core
+#: machine: with 3, one of mlp-wide's 1024-wide layers read its backward 2.3x (3 ms for 1.3)
+#: in 3 of 5 profiles in a row, which moves a stage by a quarter; with 9 the sum of the
+#: backwards stayed within 6 % over 5 profiles (2026-11-27, docs/planner.md)
+REPEAT = 9
+
+
+def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
                    warmup: int = 1) -> list[BlockMeasure]:
     """Each block of an `nn.Sequential` fed the previous block's output: median forward
     and backward seconds over `repeat` runs after `warmup`, and its bytes.
@@ -58,7 +65,8 @@ def measure_blocks(model: nn.Module, sample: Any, repeat: int = 3,
     return out
 
 
-def profile_times(model: nn.Module, sample: Any, repeat: int = 3, warmup: int = 1) -> list[float]:
+def profile_times(model: nn.Module, sample: Any, repeat: int = REPEAT,
+                  warmup: int = 1) -> list[float]:
     """Median seconds of forward + backward of each block (`measure_blocks`' times)."""
     return [m.fwd_s + m.bwd_s for m in measure_blocks(model, sample, repeat, warmup)]
 

@@ -22,12 +22,12 @@ from approxdist.data import load_dataset
 from approxdist.errors import ConfigError
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.models import build_model
-from approxdist.pipeline.profiler import measure_blocks
+from approxdist.pipeline.profiler import REPEAT, measure_blocks
 from approxdist.planner.profile import BlockProfile, Profile
 
 
 def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: int | None = None,
-                  repeat: int = 3, warmup: int = 1) -> Profile:
+                  repeat: int = REPEAT, warmup: int = 1) -> Profile:
     """The profile of `model` (an `nn.Sequential`) on the micro-batch `sample`, measured
     with `threads` torch threads (None: as set now); the thread count is restored after."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
@@ -48,7 +48,7 @@ def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: in
 
 
 def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,
-                threads: int | None = None, repeat: int = 3, device: str = "cpu") -> Profile:
+                threads: int | None = None, repeat: int = REPEAT, device: str = "cpu") -> Profile:
     """Build the model the run trains and profile it on the first `micro_batch_size`
     training samples of its data set."""
     data = load_dataset(data_cfg)
