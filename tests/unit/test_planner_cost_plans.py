@@ -150,6 +150,22 @@ def test_hybrid_replicas_all_reduce_after_their_last_backward_by_hand() -> None:
     assert t.samples_per_step == 2 * 4
 
 
+def test_backwards_after_a_replicas_first_pay_for_accumulating() -> None:
+    """A rank's first backward of a step writes the gradients, the others add into them
+    (the profile's acc_s), spread evenly: 3 of a rank's 4 micro-batches accumulate; on 2
+    replicas each runs 2, one accumulates."""
+    acc = [BlockProfile(f"b{i}", 1.0, 2.0, 64, MIB, 0, 0.4) for i in range(2)]
+    prof = Profile("toy", (16,), 4, 1, "test", "test", tuple(acc))
+    t = pipeline_time(prof, PipelinePlan((Stage(0, 1), Stage(1, 2)), "gpipe", 4), FREE)
+    assert [s.backward for s in t.durations.stages] == pytest.approx([2.0 + 0.3] * 2)
+    assert t.makespan_s == pytest.approx(
+        simulate(build_schedule("gpipe", 2, 4), 2, Durations(1.0, 2.3)).makespan)
+    dp = pipeline_time(prof, PipelinePlan((Stage(0, 2, replicas=2),), "gpipe", 4), FREE)
+    assert dp.durations.stages[0].backward == pytest.approx(4.0 + 0.8 / 2)
+    one = pipeline_time(prof, PipelinePlan((Stage(0, 2),), "gpipe", 1), FREE)
+    assert one.durations.stages[0].backward == pytest.approx(4.0)  # nothing to add into
+
+
 def test_plans_are_checked() -> None:
     prof = _equal(4, 1.0, 1.0)
     with pytest.raises(ConfigError, match=r"stage 1 = blocks \[3, 4\) must start at block 2"):

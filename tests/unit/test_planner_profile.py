@@ -33,7 +33,8 @@ def _block(name: str = "conv1", **changes: Any) -> BlockProfile:
 def _profile(**changes: Any) -> Profile:
     fields: dict[str, Any] = dict(model="tiny-cnn", input_shape=(3, 32, 32), micro_batch_size=8,
                                   threads=2, torch_version="2.5.1", machine="x86_64 2-core",
-                                  blocks=(_block("conv1"), _block("fc", fwd_s=0.0, out_bytes=40)))
+                                  blocks=(_block("conv1", acc_s=0.0005),
+                                         _block("fc", fwd_s=0.0, out_bytes=40)))
     fields.update(changes)
     return Profile(**fields)
 
@@ -47,7 +48,16 @@ def test_json_round_trip_keeps_every_field(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert (data["format"], data["version"]) == ("approxdist-profile", 1)
     assert data["blocks"][1] == {"name": "fc", "fwd_s": 0.0, "bwd_s": 0.004, "out_bytes": 40,
-                                 "param_bytes": 1728, "stash_bytes": 12288}
+                                 "param_bytes": 1728, "stash_bytes": 12288, "acc_s": 0.0}
+    assert data["blocks"][0]["acc_s"] == 0.0005
+
+
+def test_a_block_without_acc_s_reads_as_not_accumulating() -> None:
+    """Files written before `acc_s` (and PipeDream's) still read: 0 seconds."""
+    data = json.loads(to_json(_profile()))
+    for block in data["blocks"]:
+        del block["acc_s"]
+    assert [b.acc_s for b in from_json(json.dumps(data)).blocks] == [0.0, 0.0]
 
 
 def test_totals_sum_the_blocks() -> None:
@@ -62,6 +72,7 @@ def test_totals_sum_the_blocks() -> None:
     ({"bwd_s": float("nan")}, r"block 'conv1' bwd_s = nan must be a finite number"),
     ({"fwd_s": "1ms"}, r"block 'conv1' fwd_s = '1ms' must be a finite number"),
     ({"fwd_s": True}, r"fwd_s = True must be a finite number"),
+    ({"acc_s": -1e-3}, r"block 'conv1' acc_s = -0\.001 must be a finite number of seconds"),
     ({"out_bytes": -1}, r"block 'conv1' out_bytes = -1 must be a whole number of bytes >= 0"),
     ({"param_bytes": 1.5}, r"param_bytes = 1\.5 must be a whole number of bytes"),
     ({"stash_bytes": None}, r"stash_bytes = None must be a whole number of bytes"),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
 
@@ -50,19 +54,100 @@ def test_plan_profile_refuses_a_micro_batch_larger_than_the_data(capsys) -> None
     assert "micro-batch size 100000 must be 1.." in capsys.readouterr().err
 
 
-def test_each_timed_run_starts_without_gradients() -> None:
-    """The profiler's backward writes a block's gradients as a training step's does after
-    zero_grad(set_to_none=True), never adding into the last run's (an extra pass over
-    every weight that inflated a wide MLP's profile 1.7x)."""
-    from approxdist.pipeline.profiler import _forward_backward
+def test_each_timed_pass_starts_without_gradients_or_adds_into_them() -> None:
+    """A fresh pass writes the gradients as a step does after zero_grad(set_to_none=True)
+    (an extra pass over every weight inflated a wide MLP's profile 1.7x when every run
+    added into the last); the pass after it adds into them, as a later micro-batch does."""
+    from approxdist.pipeline.profiler import _timed_pass
 
     torch.manual_seed(0)
-    block = torch.nn.Linear(8, 4)
+    seq = nn.Sequential(nn.Linear(8, 4), nn.Tanh())
     x = torch.randn(3, 8)
     for _ in range(3):
-        _forward_backward(block, x)
-    once = torch.nn.Linear(8, 4)
-    once.load_state_dict(block.state_dict())
-    once(x.clone().requires_grad_(True)).sum().backward()
-    assert once.weight.grad is not None and block.weight.grad is not None
-    assert torch.equal(block.weight.grad, once.weight.grad)
+        _timed_pass(seq, x, fresh=True)
+    once = nn.Linear(8, 4)
+    once.load_state_dict(seq[0].state_dict())
+    nn.Sequential(once, nn.Tanh())(x).sum().backward()
+    assert torch.equal(seq[0].weight.grad, once.weight.grad)
+    _timed_pass(seq, x, fresh=False)
+    assert torch.allclose(seq[0].weight.grad, 2 * once.weight.grad)
+
+
+class _Slow(torch.autograd.Function):
+    """Identity whose forward / backward sleep (the backward only while `owner` already
+    holds a gradient, when `only_accumulating`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, owner: nn.Module, fwd_s: float, bwd_s: float,
+                only_accumulating: bool) -> torch.Tensor:
+        ctx.owner, ctx.bwd_s, ctx.only = owner, bwd_s, only_accumulating
+        time.sleep(fwd_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        if not ctx.only or ctx.owner.weight.grad is not None:
+            time.sleep(ctx.bwd_s)
+        return grad, None, None, None, None
+
+
+class _SlowLinear(nn.Linear):
+    def __init__(self, fwd_s: float = 0.0, bwd_s: float = 0.0,
+                 only_accumulating: bool = False) -> None:
+        super().__init__(4, 4)
+        self.times = (fwd_s, bwd_s, only_accumulating)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Slow.apply(super().forward(x), self, *self.times)
+
+
+def test_blocks_are_timed_in_context_each_with_its_own_share() -> None:
+    """The clock marks at the blocks' boundaries give each block what it did: a block
+    that sleeps in its forward, one that sleeps in its backward and one that sleeps only
+    when accumulating are told apart (the backward of block i runs from its output's
+    gradient to its input's, which the hooks mark)."""
+    from approxdist.pipeline.profiler import measure_blocks
+
+    model = nn.Sequential(_SlowLinear(fwd_s=0.03), _SlowLinear(bwd_s=0.03), nn.Tanh(),
+                          _SlowLinear(bwd_s=0.03, only_accumulating=True), _SlowLinear())
+    blocks = measure_blocks(model, torch.randn(2, 4), repeat=1, warmup=0)
+    fwd, bwd, acc = ([getattr(b, k) for b in blocks] for k in ("fwd_s", "bwd_s", "acc_s"))
+    assert fwd.index(max(fwd)) == 0 and fwd[0] >= 0.03
+    assert bwd.index(max(bwd)) == 1 and bwd[1] >= 0.03
+    assert acc.index(max(acc)) == 3 and acc[3] >= 0.03 > bwd[3]
+
+
+def test_a_block_no_gradient_reaches_has_no_backward() -> None:
+    """The data needs no gradient, so a first block without parameters (a flatten) has
+    no backward: the model's whole backward belongs to the blocks after it."""
+    from approxdist.pipeline.profiler import _timed_pass
+
+    fwd, bwd = _timed_pass(nn.Sequential(nn.Flatten(), nn.Linear(16, 4)), torch.randn(2, 4, 4),
+                           fresh=True)
+    assert bwd[0] == 0.0 and bwd[1] > 0 and all(f > 0 for f in fwd)
+
+
+def test_the_adding_pass_accumulates_as_the_pipeline_stage_does(monkeypatch) -> None:
+    """With `fuse_accumulation` the adding pass runs large Linear layers fused (one
+    addmm_ into .grad, as `StageCompute` runs them), the fresh pass plainly; `off` never
+    fuses; an unknown mode is refused."""
+    from approxdist.pipeline import accumulate
+    from approxdist.pipeline.errors import PipelineError
+    from approxdist.pipeline.profiler import measure_blocks
+
+    calls: list[int] = []
+    backward = accumulate._LinearAccumulate.backward
+
+    def counted(ctx: Any, grad: torch.Tensor) -> Any:
+        calls.append(1)
+        return backward(ctx, grad)
+
+    monkeypatch.setattr(accumulate._LinearAccumulate, "backward", staticmethod(counted))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    measure_blocks(model, torch.randn(5, 8), repeat=2, warmup=0, fuse_accumulation="off")
+    assert calls == []
+    measure_blocks(model, torch.randn(5, 8), repeat=2, warmup=0, fuse_accumulation="all")
+    assert len(calls) == 2 * 2  # two Linear layers, in each of the 2 adding passes
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(PipelineError, match="fuse_accumulation = 'some' is not one of"):
+        measure_blocks(model, torch.randn(5, 8), fuse_accumulation="some")

@@ -63,7 +63,8 @@ def model_config(args: argparse.Namespace) -> Config:
 def measure(args: argparse.Namespace, micro_batch_size: int, threads: int | None) -> Profile:
     """Profile the model the flags name."""
     cfg = model_config(args)
-    return profile_run(cfg.model, cfg.data, micro_batch_size, threads, args.repeat)
+    return profile_run(cfg.model, cfg.data, micro_batch_size, threads, args.repeat,
+                       fuse_accumulation=cfg.pipeline.fuse_accumulation)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -139,7 +139,8 @@ def _profile(setting: Setting, threads: int, cache: dict[tuple[str, int], Profil
     key = (setting.model.label, threads)
     if key not in cache:
         cfg = build_config(setting.model.sections)
-        cache[key] = profile_run(cfg.model, cfg.data, setting.model.micro_batch_size, threads)
+        cache[key] = profile_run(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
+                                 fuse_accumulation=cfg.pipeline.fuse_accumulation)
     return cache[key]
 
 

@@ -3,12 +3,14 @@
 Kept apart from `partition` so the solvers stay pure: this module measures, the solvers
 only see numbers. Seed 002: the partitioner works from a profile of per-layer compute
 time, activation size and parameter size. `measure_blocks` gives each block's forward
-and backward seconds, output bytes, parameter bytes and the bytes autograd keeps for its
-backward; `profile_times` is their forward + backward time alone.
+and backward seconds (timed in context: inside passes of the whole model), what its
+backward adds when accumulating into existing gradients, output bytes, parameter bytes
+and the bytes autograd keeps for its backward; `profile_times` is forward + backward.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from approxdist.pipeline.accumulate import MODES as FUSION_MODES
+from approxdist.pipeline.accumulate import WeightGradFusion
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.partition import blocks_of
 
@@ -24,7 +28,9 @@ from approxdist.pipeline.partition import blocks_of
 @dataclass(frozen=True)
 class BlockMeasure:
     """One block at the sample's batch: median seconds and bytes (`stash_bytes`: the
-    tensors autograd saved for its backward, parameters not counted)."""
+    tensors autograd saved for its backward, parameters not counted; `acc_s`: what its
+    backward adds when its parameters' gradients already exist, as every micro-batch of
+    a step after a rank's first adds into them)."""
 
     name: str
     fwd_s: float
@@ -32,6 +38,7 @@ class BlockMeasure:
     out_bytes: int
     param_bytes: int
     stash_bytes: int
+    acc_s: float = 0.0
 
 
 #: timed runs per block (the median is kept). Three were too few on a shared 2-core
@@ -42,25 +49,53 @@ REPEAT = 9
 
 
 def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
-                   warmup: int = 1) -> list[BlockMeasure]:
-    """Each block of an `nn.Sequential` fed the previous block's output: median forward
-    and backward seconds over `repeat` runs after `warmup`, and its bytes.
+                   warmup: int = 1, fuse_accumulation: str = "auto") -> list[BlockMeasure]:
+    """Each block of an `nn.Sequential` timed *in context*: the whole model runs forward
+    and backward on `sample`, and each block's share is read off clock marks at its
+    boundaries (a hook on each block's output marks when its gradient arrived, which is
+    where the block's backward starts). Medians over `repeat` passes after `warmup`.
 
-    Each block runs on a deep copy, so the model's parameters, gradients and batch-norm
-    statistics are left as they were. `sample` is a tensor or tuple of tensors.
+    In context, not alone: a block run alone again and again finds its weights and input
+    in cache, and its input requiring a gradient; in a step, the weights were last touched
+    a whole forward earlier and the model's input needs none. Alone, mlp-wide's (6 x 1024)
+    backwards summed to 0.83x the whole model's and resnet20's forwards to 0.88x
+    (2026-11-27, docs/planner.md); in context the blocks sum to the model's pass.
+
+    Each pass of the timed pairs starts without gradients, as a step does after
+    `zero_grad(set_to_none=True)`; the second of each pair adds into the first's, which
+    gives `acc_s` (the median of the pairs' differences per block, >= 0). The adding pass
+    runs as a pipeline stage runs it: with `fuse_accumulation` (`accumulate.MODES`, the
+    stage's `pipeline.fuse_accumulation`), large `nn.Linear` layers add their weight
+    gradient with one `addmm_` instead of a GEMM and a pass of `AccumulateGrad`. Runs on a
+    deep copy, so the model's parameters, gradients and batch-norm statistics are left as
+    they were. `sample` is a tensor or tuple of tensors.
     """
     if repeat < 1 or warmup < 0:
         raise PipelineError(f"repeat ({repeat}) must be >= 1 and warmup ({warmup}) >= 0")
+    if fuse_accumulation not in FUSION_MODES:
+        raise PipelineError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
+                            f"{', '.join(FUSION_MODES)}")
+    probe = copy.deepcopy(blocks_of(model))
+    smallest = FUSION_MODES[fuse_accumulation]
+    fusion = WeightGradFusion(probe, smallest) if smallest is not None else None
+    fused = fusion.active if fusion is not None else contextlib.nullcontext
+    pairs = []
+    for _ in range(warmup + repeat):
+        fresh = _timed_pass(probe, sample, fresh=True)  # plain autograd: fused layers only
+        with fused():                                    # fuse inside `active()`
+            pairs.append((fresh, _timed_pass(probe, sample, fresh=False)))
+    pairs = pairs[warmup:]
     out: list[BlockMeasure] = []
     x = sample
-    for name, block in blocks_of(model).named_children():
-        probe = copy.deepcopy(block)
-        runs = [_forward_backward(probe, x) for _ in range(warmup + repeat)][warmup:]
-        stash, y = _stashed_bytes(probe, x)
+    for i, (name, block) in enumerate(probe.named_children()):
+        fwd = _median([run[0][i] for pair in pairs for run in pair])
+        bwd = _median([f[1][i] for f, _ in pairs])
+        stash, y = _stashed_bytes(block, x)
         out.append(BlockMeasure(
-            name=f"{name} {type(block).__name__}", fwd_s=_median([f for f, _ in runs]),
-            bwd_s=_median([b for _, b in runs]), out_bytes=sum(_nbytes(t) for t in _tensors(y)),
-            param_bytes=sum(_nbytes(p) for p in block.parameters()), stash_bytes=stash))
+            name=f"{name} {type(block).__name__}", fwd_s=fwd, bwd_s=bwd,
+            out_bytes=sum(_nbytes(t) for t in _tensors(y)),
+            param_bytes=sum(_nbytes(p) for p in block.parameters()), stash_bytes=stash,
+            acc_s=max(0.0, _median([a[1][i] - f[1][i] for f, a in pairs]))))
         x = _detach(y)
     return out
 
@@ -71,22 +106,47 @@ def profile_times(model: nn.Module, sample: Any, repeat: int = REPEAT,
     return [m.fwd_s + m.bwd_s for m in measure_blocks(model, sample, repeat, warmup)]
 
 
-def _forward_backward(block: nn.Module, x: Any) -> tuple[float, float]:
-    """(forward seconds, backward seconds) of one run on a fresh leaf input, starting
-    without gradients as a training step does after `zero_grad()` (set to None): the
-    backward writes them instead of adding into the last run's (an extra pass over every
-    weight, 1.7x a 1024-wide MLP's measured step here)."""
-    block.zero_grad(set_to_none=True)
-    inputs = _leaf(x)
-    t0 = time.perf_counter()
-    y = block(inputs)
-    _sync(y)
-    t1 = time.perf_counter()
-    outs = [t for t in _tensors(y) if t.requires_grad]
+def _timed_pass(seq: nn.Sequential, sample: Any, fresh: bool) -> tuple[list[float], list[float]]:
+    """(forward seconds, backward seconds) of each block in one forward + backward of the
+    whole `seq` on `sample` (which needs no gradient, like a first stage's data);
+    `fresh`: start without gradients (else add into the last pass's)."""
+    if fresh:
+        seq.zero_grad(set_to_none=True)
+    blocks = list(seq.children())
+    n = len(blocks)
+    marks = [time.perf_counter()]
+    arrived: list[float | None] = [None] * n  # when block i's output gradient was complete
+    x = _detach(sample)
+    for i, block in enumerate(blocks):
+        x = block(x)
+        _sync(x)
+        marks.append(time.perf_counter())
+        if i < n - 1:
+            _mark_gradient(x, arrived, i)
+    outs = [t for t in _tensors(x) if t.requires_grad]
+    start = time.perf_counter()
     if outs:
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-    _sync(y)
-    return t1 - t0, time.perf_counter() - t1
+    _sync(x)
+    done = time.perf_counter()
+    # block i's backward runs from its output's gradient (the pass's start for the last
+    # block) to its input's (the pass's end for the first, and for any block no gradient
+    # reaches: nothing before it needs one)
+    known = [done if a is None else a for a in arrived[:-1]]
+    begins, ends = [*known, start], [done, *known]
+    return ([marks[i + 1] - marks[i] for i in range(n)],
+            [max(0.0, ends[i] - begins[i]) for i in range(n)])
+
+
+def _mark_gradient(y: Any, arrived: list[float | None], i: int) -> None:
+    """Record in `arrived[i]` when the last gradient of `y`'s tensors is computed."""
+    def hook(grad: torch.Tensor) -> None:
+        _sync(grad)
+        arrived[i] = time.perf_counter()
+
+    for t in _tensors(y):
+        if t.requires_grad:
+            t.register_hook(hook)
 
 
 def _stashed_bytes(block: nn.Module, x: Any) -> tuple[int, Any]:

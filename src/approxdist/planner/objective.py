@@ -44,6 +44,7 @@ from approxdist.planner.cost.pipeline import (
     Boundary,
     PipelinePlan,
     Stage,
+    accumulate_s,
     boundary,
     replica_allreduce_s,
 )
@@ -177,6 +178,7 @@ def estimate(profile: Profile, stages: tuple[Stage, ...],
         return None
     busy = net.busy(settings.world_size)
     t = [sum(b.compute_s for b in profile.blocks[st.first:st.end]) + 2 * settings.overhead.action_s
+         + accumulate_s(sum(b.acc_s for b in profile.blocks[st.first:st.end]), st.replicas, m)
          for st in stages]
     steady = fill = 0.0
     links = []

@@ -2,9 +2,11 @@
 
 A `Profile` is what a partitioner sees of a model: for each block of its `nn.Sequential`
 (or each layer of a linearised graph), forward and backward seconds at the stated
-micro-batch size and thread count, and the bytes it outputs, holds as parameters and
-stashes for its backward pass. It is validated on construction and round-trips through
-one JSON object:
+micro-batch size and thread count, the seconds its backward adds when it accumulates into
+gradients that already exist (`acc_s`: every micro-batch of a step after a rank's first;
+optional in the file, 0 where a profile does not say, as PipeDream's do not), and the
+bytes it outputs, holds as parameters and stashes for its backward pass. It is validated
+on construction and round-trips through one JSON object:
 
     {
      "format": "approxdist-profile",
@@ -17,7 +19,8 @@ one JSON object:
      "machine": "unknown (PipeDream profile alexnet.txt)",
      "blocks": [
       {"name": "node2 Conv2d(3, 64, ...)", "fwd_s": 0.022316, "bwd_s": 0.006405,
-       "out_bytes": 198246400, "param_bytes": 93184, "stash_bytes": 154140672},
+       "out_bytes": 198246400, "param_bytes": 93184, "stash_bytes": 154140672,
+       "acc_s": 0.0},
       ...
      ]
     }
@@ -35,7 +38,8 @@ from approxdist.errors import DataError
 
 FORMAT = "approxdist-profile"
 VERSION = 1
-_BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes")
+_BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes", "acc_s")
+_OPTIONAL_BLOCK_KEYS = ("acc_s",)
 _TOP_KEYS = ("format", "version", "model", "input_shape", "micro_batch_size", "threads",
              "torch_version", "machine", "blocks")
 _HOW_TO_GET_ONE = ("write one with approxdist.planner.write_profile, or convert a PipeDream "
@@ -44,7 +48,8 @@ _HOW_TO_GET_ONE = ("write one with approxdist.planner.write_profile, or convert 
 
 @dataclass(frozen=True)
 class BlockProfile:
-    """One block: seconds per micro-batch and bytes (`stash_bytes`: kept for backward)."""
+    """One block: seconds per micro-batch and bytes (`stash_bytes`: kept for backward;
+    `acc_s`: what a backward adds when accumulating into existing gradients)."""
 
     name: str
     fwd_s: float
@@ -52,12 +57,13 @@ class BlockProfile:
     out_bytes: int
     param_bytes: int
     stash_bytes: int
+    acc_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise DataError(f"block name = {self.name!r} must be a non-empty string")
         where = f"block {self.name!r}"
-        for field in ("fwd_s", "bwd_s"):
+        for field in ("fwd_s", "bwd_s", "acc_s"):
             _seconds(where, field, getattr(self, field))
         for field in ("out_bytes", "param_bytes", "stash_bytes"):
             _byte_count(where, field, getattr(self, field))
@@ -189,19 +195,20 @@ def _block_from_dict(i: int, entry: Any) -> BlockProfile:
     if not isinstance(entry, dict):
         raise DataError(f"profile blocks[{i}] = {entry!r} must be an object with keys "
                         f"{', '.join(_BLOCK_KEYS)}")
-    _check_keys(f"profile blocks[{i}]", entry, _BLOCK_KEYS)
+    _check_keys(f"profile blocks[{i}]", entry, _BLOCK_KEYS, _OPTIONAL_BLOCK_KEYS)
     return BlockProfile(**entry)
 
 
-def _check_keys(where: str, data: dict[str, Any], valid: tuple[str, ...]) -> None:
+def _check_keys(where: str, data: dict[str, Any], valid: tuple[str, ...],
+                optional: tuple[str, ...] = ()) -> None:
     unknown = sorted(set(data) - set(valid))
     if unknown:
         raise DataError(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; valid: "
                         f"{', '.join(valid)}")
-    missing = [k for k in valid if k not in data]
+    missing = [k for k in valid if k not in data and k not in optional]
     if missing:
         raise DataError(f"{where} lacks {', '.join(map(repr, missing))}; it needs all of "
-                        f"{', '.join(valid)}")
+                        f"{', '.join(k for k in valid if k not in optional)}")
 
 
 def _seconds(where: str, field: str, value: Any) -> None:

@@ -27,9 +27,11 @@ from approxdist.planner.profile import BlockProfile, Profile
 
 
 def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: int | None = None,
-                  repeat: int = REPEAT, warmup: int = 1) -> Profile:
+                  repeat: int = REPEAT, warmup: int = 1, fuse_accumulation: str = "auto"
+                  ) -> Profile:
     """The profile of `model` (an `nn.Sequential`) on the micro-batch `sample`, measured
-    with `threads` torch threads (None: as set now); the thread count is restored after."""
+    with `threads` torch threads (None: as set now); the thread count is restored after.
+    `fuse_accumulation`: how the pipeline stages that run it accumulate (`acc_s`)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ConfigError(f"threads = {threads!r} must be an integer >= 1")
@@ -37,7 +39,8 @@ def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: in
     torch.set_num_threads(threads or before)
     try:
         used = torch.get_num_threads()
-        blocks = measure_blocks(model, sample, repeat=repeat, warmup=warmup)
+        blocks = measure_blocks(model, sample, repeat=repeat, warmup=warmup,
+                                fuse_accumulation=fuse_accumulation)
     finally:
         torch.set_num_threads(before)
     return Profile(model=name, input_shape=tuple(sample.shape[1:]),
@@ -48,9 +51,10 @@ def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: in
 
 
 def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,
-                threads: int | None = None, repeat: int = REPEAT, device: str = "cpu") -> Profile:
+                threads: int | None = None, repeat: int = REPEAT, device: str = "cpu",
+                fuse_accumulation: str = "auto") -> Profile:
     """Build the model the run trains and profile it on the first `micro_batch_size`
-    training samples of its data set."""
+    training samples of its data set (`fuse_accumulation`: its `pipeline` section's)."""
     data = load_dataset(data_cfg)
     n = data.train_x.shape[0]
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) \
@@ -60,7 +64,8 @@ def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: 
     torch.manual_seed(0)
     model = build_model(model_cfg, data.input_shape, data.num_classes).to(device)
     sample = data.train_x[:micro_batch_size].to(device)
-    return profile_model(model, sample, model_cfg.name, threads, repeat)
+    return profile_model(model, sample, model_cfg.name, threads, repeat,
+                         fuse_accumulation=fuse_accumulation)
 
 
 #: the optimizers `train.optim` builds, as the cost model names them, with `[optim]`'s

@@ -28,7 +28,13 @@ from dataclasses import dataclass
 
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.links import LinkLevel
-from approxdist.planner.cost.pipeline import Boundary, Stage, boundary, replica_allreduce_s
+from approxdist.planner.cost.pipeline import (
+    Boundary,
+    Stage,
+    accumulate_s,
+    boundary,
+    replica_allreduce_s,
+)
 from approxdist.planner.objective import (
     Estimate,
     SolverSettings,
@@ -97,9 +103,10 @@ class _Table:
         self.profile, self.s = profile, settings
         self.busy = settings.network.busy(settings.world_size)
         self.cells: dict[tuple[int, int], list[_Partial]] = {}
-        self._compute = [0.0]
+        self._compute, self._acc = [0.0], [0.0]
         for b in profile.blocks:
             self._compute.append(self._compute[-1] + b.compute_s)
+            self._acc.append(self._acc[-1] + b.acc_s)
         self._cuts: dict[tuple[int, LinkLevel], Boundary] = {}
         self._syncs: dict[tuple[Stage, LinkLevel], float] = {}
         self._levels: dict[tuple[int, int], LinkLevel] = {}
@@ -124,7 +131,7 @@ class _Table:
     def _last(self, stage: Stage, slots: range) -> list[_Partial]:
         if not self._fits(stage, 1):
             return []
-        t = self._compute[stage.end] - self._compute[stage.first]
+        t = self._busy(stage)
         return [_Partial(0.0, t, t, self._sync(stage, slots), 1, (stage,))]
 
     def _prepend(self, stage: Stage, slots: range, rest: _Partial) -> list[_Partial]:
@@ -137,8 +144,7 @@ class _Table:
         m = self.s.microbatches
         incoming = cut.decode_act + cut.encode_grad
         t_next = rest.t_first + incoming
-        t = self._compute[stage.end] - self._compute[stage.first] + cut.encode_act \
-            + cut.decode_grad
+        t = self._busy(stage) + cut.encode_act + cut.decode_grad
         link = (math.ceil(m / math.lcm(stage.replicas, nxt.replicas)) - 1) \
             * link_s(self.s, cut)
         steady = max(rest.steady_rest, link, steady_term(self.s, nxt.replicas, rest.count,
@@ -147,6 +153,12 @@ class _Table:
             + cut.act_latency + cut.grad_wire + cut.grad_latency
         sync = max(rest.sync, self._sync(stage, slots))
         return [_Partial(steady, t, fill, sync, count, (stage, *rest.stages))]
+
+    def _busy(self, stage: Stage) -> float:
+        """Forward + backward seconds of one micro-batch on `stage`, accumulating included."""
+        acc = self._acc[stage.end] - self._acc[stage.first]
+        return self._compute[stage.end] - self._compute[stage.first] \
+            + accumulate_s(acc, stage.replicas, self.s.microbatches)
 
     def _level(self, start: int, stop: int) -> LinkLevel:
         """The level joining ranks start .. stop - 1."""

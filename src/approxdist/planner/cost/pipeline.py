@@ -6,7 +6,10 @@ The schedule is the one the executor runs (`build_schedule`, or for replicated s
 a schedule does). Per stage s of blocks [first, end), per micro-batch of the profile:
 
 - forward  = sum of fwd_s + decoding the activation received (s > 0);
-- backward = sum of bwd_s + decoding the gradient received (s < P-1);
+- backward = sum of bwd_s + decoding the gradient received (s < P-1) + accumulating: a
+  replica runs ceil(M / r) micro-batches and every backward after its first adds into
+  the gradients the first wrote (the profile's `acc_s`: for 1024-wide layers a third of
+  their backward here), spread evenly over its backwards (`accumulate_s`);
 - a send keeps the rank busy while it encodes (fwd codec for activations, bwd codec for
   gradients), then occupies the boundary's link for beta x wire bytes and arrives alpha
   later (Hockney's model on the level joining the two stages' ranks); the activation is
@@ -163,6 +166,14 @@ def boundary(profile: Profile, cut: int, level: LinkLevel, busy: int, fwd_codec:
                     enc_g, wire_g, lat_g, load * bwd_codec.decode_s(n))
 
 
+def accumulate_s(acc_s: float, replicas: int, microbatches: int) -> float:
+    """Mean seconds a stage's backward adds by accumulating: of a replica's ceil(M / r)
+    micro-batches all but the first add into existing gradients (`acc_s`: the stage's
+    blocks' sum), spread evenly over its backwards."""
+    mine = math.ceil(microbatches / replicas)
+    return acc_s * (mine - 1) / mine
+
+
 def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algorithm: str,
                         codec: CodecCost, busy: int) -> float:
     """The all-reduce of the stage's parameters over its replicas (0 for one replica)."""
@@ -185,7 +196,9 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
     for s, st in enumerate(plan.stages):
         blocks = profile.blocks[st.first:st.end]
         fwd = compute_scale * (sum(b.fwd_s for b in blocks) + overhead.action_s)
-        bwd = compute_scale * (sum(b.bwd_s for b in blocks) + overhead.action_s)
+        bwd = compute_scale * (sum(b.bwd_s for b in blocks) + overhead.action_s
+                               + accumulate_s(sum(b.acc_s for b in blocks), st.replicas,
+                                              plan.microbatches))
         times: dict[str, float] = {}
         if s > 0:  # receives the activation of blocks[first - 1], sends its gradient back
             cut = boundary(profile, st.first, network.level([*plan.slots(s - 1), *plan.slots(s)]),
