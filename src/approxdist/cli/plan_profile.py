@@ -80,11 +80,13 @@ def describe(profile: Profile) -> str:
     """A header line and one row per block."""
     kib = 1 / 1024
     rows = [{"i": i, "name": b.name, "fwd": b.fwd_s * 1e3, "bwd": b.bwd_s * 1e3,
-             "out": b.out_bytes * kib, "par": b.param_bytes * kib, "stash": b.stash_bytes * kib}
+             "acc": b.acc_s * 1e3, "out": b.out_bytes * kib, "par": b.param_bytes * kib,
+             "stash": b.stash_bytes * kib}
             for i, b in enumerate(profile.blocks)]
     cols = [Column("block", 5, "i"), Column("name", 24, "name", left=True),
             Column("fwd ms", 9, "fwd", ".3f"), Column("bwd ms", 9, "bwd", ".3f"),
-            Column("out KiB", 10, "out", ".1f"), Column("params KiB", 11, "par", ".1f"),
+            Column("acc ms", 9, "acc", ".3f"), Column("out KiB", 10, "out", ".1f"),
+            Column("params KiB", 11, "par", ".1f"),
             Column("stash KiB", 10, "stash", ".1f")]
     head = (f"profile: {profile.model}, {len(profile.blocks)} blocks, micro-batch "
             f"{profile.micro_batch_size} x {list(profile.input_shape)}, threads "
