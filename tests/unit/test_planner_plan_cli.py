@@ -219,3 +219,25 @@ def test_an_old_plan_file_leaves_model_options_and_data_to_the_command_line(
     cfg = resolve(build_parser().parse_args(["train", "--plan", str(path), "--dataset",
                                              "synthetic", "--set", "model.hidden=64"]))[0]
     assert (cfg.model.name, cfg.model.hidden, cfg.data.dataset) == ("mlp", 64, "synthetic")
+
+
+def test_a_saved_profile_carries_what_it_measured_into_the_plan(tmp_path: Path) -> None:
+    """`plan profile` records the model's options and data set; `plan --profile` writes
+    them into the plan, so `train --plan` alone trains what was profiled and planned."""
+    prof, plan = tmp_path / "mlp.json", tmp_path / "plan.json"
+    assert main(["plan", "profile", "--model", "mlp", "--set", "model.hidden=24",
+                 "--dataset", "synthetic", "--set", "data.synthetic_shape=[10]",
+                 "--microbatch-size", "4", "--threads", "1", "--repeat", "1",
+                 "--json", str(prof)]) == 0
+    assert main(["plan", "--profile", str(prof), "--world-size", "2", "--link", "bw=1gbit",
+                 "--json", str(plan)]) == 0
+    got = read_plan(plan)
+    assert got.model == "mlp" and got.model_options is not None and got.data is not None
+    assert got.model_options["hidden"] == 24 and got.data["synthetic_shape"] == [10]
+    cfg = resolve(build_parser().parse_args(["train", "--plan", str(plan)]))[0]
+    assert (cfg.model.hidden, cfg.data.dataset, cfg.data.synthetic_shape) == \
+        (24, "synthetic", (10,))
+    # PipeDream's profiles say nothing of the model's options: the plan leaves them out
+    assert main(["plan", "--profile", str(PROFILES / "alexnet.txt"), "--world-size", "2",
+                 "--link", "bw=8gbit", "--json", str(plan)]) == 0
+    assert read_plan(plan).model_options is None

@@ -150,3 +150,17 @@ def test_profiles_are_frozen() -> None:
     profile = _profile()
     with pytest.raises(dataclasses.FrozenInstanceError):
         profile.model = "other"
+
+
+def test_what_a_profile_was_measured_on_round_trips_and_is_checked() -> None:
+    profile = _profile(model_options={"hidden": 24, "depth": 2},
+                       data={"dataset": "synthetic", "synthetic_shape": [10]})
+    assert from_json(to_json(profile)) == profile
+    assert profile.planned_for == {"model_options": {"hidden": 24, "depth": 2},
+                                   "data": {"dataset": "synthetic", "synthetic_shape": [10]}}
+    assert _profile().planned_for is None  # where unknown, the plan leaves them out
+    with pytest.raises(DataError, match="profile model_options has unknown key 'widht'; "
+                                        "known: "):
+        _profile(model_options={"widht": 24})
+    with pytest.raises(DataError, match="profile data = 'cifar' must be an object of dataset"):
+        _profile(data="cifar")

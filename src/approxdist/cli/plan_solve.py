@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
-from approxdist.cli.plan_profile import add_model_flags, measure, model_config
-from approxdist.config.loader import to_dict
-from approxdist.config.schema import Config
+from approxdist.cli.plan_profile import add_model_flags, measure
 from approxdist.errors import ConfigError
+from approxdist.pipeline.profiler import REPEAT
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.overhead import NONE
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
-from approxdist.planner.plan_file import DATA_KEYS, MODEL_KEYS, write_plan
+from approxdist.planner.plan_file import write_plan
 from approxdist.planner.profile import Profile
 from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, plan_dict, search
 
@@ -45,7 +44,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="samples per micro-batch when profiling (default 32)")
     p.add_argument("--threads", type=int, help="torch threads per rank when profiling "
                                                "(default: this machine's cores / ranks)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per block when profiling")
+    p.add_argument("--repeat", type=int, default=REPEAT,
+                   help=f"timed passes when profiling (default {REPEAT})")
     c = p.add_argument_group("cluster")
     c.add_argument("--world-size", type=int, help="ranks in all")
     c.add_argument("--nodes", type=int, help="nodes (with --per-node: ranks = nodes x per-node)")
@@ -112,17 +112,9 @@ def run(args: argparse.Namespace) -> int:
     print(_table(ranked[:max(1, args.top)]))
     if args.json:
         write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra,
-                             None if args.profile else planned_for(model_config(args))),
-                   args.json)
+                             profile.planned_for), args.json)
         print(f"plan file: {args.json} (run it: approxdist train --plan {args.json})")
     return 0
-
-
-def planned_for(cfg: Config) -> dict[str, Any]:
-    """The plan file's `model_options` and `data`: what `train --plan` must train."""
-    sections = to_dict(cfg)
-    return {"model_options": {k: v for k, v in sections["model"].items() if k in MODEL_KEYS},
-            "data": {k: sections["data"][k] for k in DATA_KEYS}}
 
 
 def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:

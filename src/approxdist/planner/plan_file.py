@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from approxdist.config.schema import ModelConfig
+from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
 from approxdist.topology import from_plan
 from approxdist.topology.layout import TopologyError
@@ -46,6 +46,29 @@ DATA_KEYS = ("dataset", "data_dir", "synthetic_shape", "synthetic_classes",
              "synthetic_samples", "seq_len")
 #: the [model] keys a plan's `model_options` may hold (`name` is the plan's `model`)
 MODEL_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name != "name")
+
+
+def planned_for(model: ModelConfig, data: DataConfig) -> dict[str, dict[str, Any]]:
+    """`model_options` and `data` of a plan (and of the profile it came from): what
+    `train --plan` must train."""
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    options = {f.name: plain(getattr(model, f.name)) for f in fields(model)}
+    return {"model_options": {k: v for k, v in options.items() if k in MODEL_KEYS},
+            "data": {k: plain(getattr(data, k)) for k in DATA_KEYS}}
+
+
+def check_table(key: str, table: Any) -> dict[str, Any]:
+    """`table` as the object of `model_options` or `data` (`ConfigError` naming the bad
+    key otherwise)."""
+    known = MODEL_KEYS if key == "model_options" else DATA_KEYS
+    if not isinstance(table, dict):
+        raise ConfigError(f"{key} = {table!r} must be an object of {', '.join(known)}")
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{key} has unknown key {unknown[0]!r}; known: {', '.join(known)}")
+    return dict(table)
 
 
 @dataclass(frozen=True)
@@ -140,22 +163,14 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
                     **{k: data.get(k) for k in ("model", "micro_batch_size", "microbatches",
                                                 "schedule", "fwd_codec", "bwd_codec",
                                                 "grad_codec", "algorithm")},
-                    model_options=_table(data, "model_options", MODEL_KEYS),
-                    data=_table(data, "data", DATA_KEYS),
+                    model_options=_table(data, "model_options"),
+                    data=_table(data, "data"),
                     input_shape=None if shape is None else _shape(shape))
 
 
-def _table(data: Mapping[str, Any], key: str, known: tuple[str, ...]) -> dict[str, Any] | None:
-    """`data[key]`: an object of `known` keys (None when absent)."""
-    if key not in data:
-        return None
-    table = data[key]
-    if not isinstance(table, dict):
-        raise ConfigError(f"{key} = {table!r} must be an object of {', '.join(known)}")
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise ConfigError(f"{key} has unknown key {unknown[0]!r}; known: {', '.join(known)}")
-    return dict(table)
+def _table(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """`data[key]`: an object of its known keys (None when absent)."""
+    return check_table(key, data[key]) if key in data else None
 
 
 def _shape(value: Any) -> tuple[int, ...]:

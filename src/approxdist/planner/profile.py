@@ -17,6 +17,7 @@ on construction and round-trips through one JSON object:
      "threads": null,
      "torch_version": "unknown (PipeDream graph.txt)",
      "machine": "unknown (PipeDream profile alexnet.txt)",
+     "model_options": {...}, "data": {...},     (optional: what it was measured on)
      "blocks": [
       {"name": "node2 Conv2d(3, 64, ...)", "fwd_s": 0.022316, "bwd_s": 0.006405,
        "out_bytes": 198246400, "param_bytes": 93184, "stash_bytes": 154140672,
@@ -34,14 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from approxdist.errors import DataError
+from approxdist.errors import ConfigError, DataError
+from approxdist.planner.plan_file import check_table
 
 FORMAT = "approxdist-profile"
 VERSION = 1
 _BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes", "acc_s")
 _OPTIONAL_BLOCK_KEYS = ("acc_s",)
 _TOP_KEYS = ("format", "version", "model", "input_shape", "micro_batch_size", "threads",
-             "torch_version", "machine", "blocks")
+             "torch_version", "machine", "blocks", "model_options", "data")
+_OPTIONAL_TOP_KEYS = ("model_options", "data")
 _HOW_TO_GET_ONE = ("write one with approxdist.planner.write_profile, or convert a PipeDream "
                    "graph.txt with approxdist.planner.read_pipedream_profile")
 
@@ -88,6 +91,10 @@ class Profile:
     torch_version: str
     machine: str
     blocks: tuple[BlockProfile, ...]
+    #: the model's options and data set it was measured on (the plan file's keys), None
+    #: where unknown (PipeDream's profiles): `plan --profile` writes them into the plan
+    model_options: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for field in ("model", "torch_version", "machine"):
@@ -104,7 +111,21 @@ class Profile:
         if self.threads is not None and not _positive_int(self.threads):
             raise DataError(f"profile threads = {self.threads!r} must be an integer >= 1, or "
                             "None where unknown")
+        for key in ("model_options", "data"):
+            table = getattr(self, key)
+            if table is not None:
+                try:
+                    check_table(key, table)
+                except ConfigError as exc:
+                    raise DataError(f"profile {exc}") from None
         self._check_blocks()
+
+    @property
+    def planned_for(self) -> dict[str, dict[str, Any]] | None:
+        """The plan file's `model_options` and `data`, where the profile knows both."""
+        if self.model_options is None or self.data is None:
+            return None
+        return {"model_options": dict(self.model_options), "data": dict(self.data)}
 
     def _check_blocks(self) -> None:
         if not isinstance(self.blocks, tuple) or not self.blocks:
@@ -135,7 +156,9 @@ def to_json(profile: Profile) -> str:
     head = {"format": FORMAT, "version": VERSION, "model": profile.model,
             "input_shape": list(profile.input_shape), "micro_batch_size": profile.micro_batch_size,
             "threads": profile.threads, "torch_version": profile.torch_version,
-            "machine": profile.machine}
+            "machine": profile.machine,
+            **{k: getattr(profile, k) for k in _OPTIONAL_TOP_KEYS
+               if getattr(profile, k) is not None}}
     lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
     blocks = ",\n".join("  " + json.dumps({k: getattr(b, k) for k in _BLOCK_KEYS})
                         for b in profile.blocks)
@@ -180,7 +203,7 @@ def read_profile(path: str | Path) -> Profile:
 
 
 def _profile_from_dict(data: dict[str, Any]) -> Profile:
-    _check_keys("profile", data, _TOP_KEYS)
+    _check_keys("profile", data, _TOP_KEYS, _OPTIONAL_TOP_KEYS)
     blocks, shape = data["blocks"], data["input_shape"]
     if not isinstance(blocks, list):
         raise DataError(f"profile blocks = {blocks!r} must be a list of block objects")
@@ -188,7 +211,8 @@ def _profile_from_dict(data: dict[str, Any]) -> Profile:
                    input_shape=tuple(shape) if isinstance(shape, list) else shape,
                    micro_batch_size=data["micro_batch_size"], threads=data["threads"],
                    torch_version=data["torch_version"], machine=data["machine"],
-                   blocks=tuple(_block_from_dict(i, b) for i, b in enumerate(blocks)))
+                   blocks=tuple(_block_from_dict(i, b) for i, b in enumerate(blocks)),
+                   model_options=data.get("model_options"), data=data.get("data"))
 
 
 def _block_from_dict(i: int, entry: Any) -> BlockProfile:

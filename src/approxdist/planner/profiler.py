@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.models import build_model
 from approxdist.pipeline.profiler import REPEAT, measure_blocks
+from approxdist.planner.plan_file import planned_for
 from approxdist.planner.profile import BlockProfile, Profile
 
 
@@ -54,7 +56,8 @@ def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: 
                 threads: int | None = None, repeat: int = REPEAT, device: str = "cpu",
                 fuse_accumulation: str = "auto") -> Profile:
     """Build the model the run trains and profile it on the first `micro_batch_size`
-    training samples of its data set (`fuse_accumulation`: its `pipeline` section's)."""
+    training samples of its data set (`fuse_accumulation`: its `pipeline` section's); the
+    profile records the model's options and the data set (`plan --profile` plans them)."""
     data = load_dataset(data_cfg)
     n = data.train_x.shape[0]
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) \
@@ -64,8 +67,10 @@ def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: 
     torch.manual_seed(0)
     model = build_model(model_cfg, data.input_shape, data.num_classes).to(device)
     sample = data.train_x[:micro_batch_size].to(device)
-    return profile_model(model, sample, model_cfg.name, threads, repeat,
-                         fuse_accumulation=fuse_accumulation)
+    profile = profile_model(model, sample, model_cfg.name, threads, repeat,
+                            fuse_accumulation=fuse_accumulation)
+    planned = planned_for(model_cfg, data_cfg)
+    return replace(profile, model_options=planned["model_options"], data=planned["data"])
 
 
 #: the optimizers `train.optim` builds, as the cost model names them, with `[optim]`'s
