@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from approxdist.errors import ConfigError, DataError
+from approxdist.pipeline.schedule import simulate
 from approxdist.planner.cost import (
     LinkLevel,
     Network,
@@ -59,8 +60,14 @@ def test_the_step_overhead_is_cpu_work_slowed_by_shared_cores() -> None:
     over = EngineOverhead(2e-4, 1e-3, 0.0)
     two = Network(LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2))
     four = Network(LinkLevel("loopback", 0.0, 0.0, 0.0, cores=4))
-    assert pipeline_time(profile, plan, two, 0.0, over).step_s == pytest.approx(
-        2 * pipeline_time(profile, plan, four, 0.0, over).step_s)
+    on_two, on_four = (pipeline_time(profile, plan, n, 0.0, over) for n in (two, four))
+    # the actions (with their engine work) are played on the 2 shared cores; the step's
+    # own work runs at the whole load (4 ranks on 2 cores: twice as long)
+    order, _ = plan.order()
+    assert on_two.makespan_s == pytest.approx(
+        simulate(order, 4, on_four.durations, cores=2).makespan)
+    assert on_four.step_s - on_four.makespan_s == pytest.approx(1e-3)
+    assert on_two.step_s - on_two.makespan_s == pytest.approx(2e-3)
 
 
 def test_data_parallel_overhead_and_no_free_core() -> None:
@@ -182,7 +189,9 @@ def test_the_calibration_file_keeps_the_engine_overhead(tmp_path: Path) -> None:
     assert CostCalibration.load(path).overhead == EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10)
     data = json.loads(path.read_text())
     assert data["engine"] == {"action_s": 2e-4, "pipeline_step_s": 3e-5, "dp_step_s": 1e-3,
-                              "dp_byte_s": 5e-10}
+                              "dp_byte_s": 5e-10, "shared_action_s": 0.0}
+    del data["engine"]["shared_action_s"]  # files written before it: not priced
+    assert from_json(data).overhead == EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10)
     del data["engine"]
     assert from_json(data).overhead == EngineOverhead()  # older files: not priced
     data["engine"] = {"action_s": "fast"}
@@ -200,3 +209,65 @@ def test_nonnegative_least_squares_by_supports() -> None:
     got = nonnegative_lstsq(a, np.array([2.0, -1.0, 1.0]))
     assert got is not None and got[1] == 0.0 and got[0] == pytest.approx(1.5)
     assert nonnegative_lstsq(a, np.array([-1.0, -1.0, -2.0])) is None
+
+
+def test_switching_between_ranks_is_charged_only_where_they_share_cores() -> None:
+    profile = toy([(1e-3, 2e-3)] * 4, [MB] * 4)
+    over = EngineOverhead(action_s=1e-4, shared_action_s=5e-4)
+    level = LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2)
+    two = PipelinePlan((Stage(0, 2), Stage(2, 4)), "gpipe", 4)
+    four = PipelinePlan(tuple(Stage(i, i + 1) for i in range(4)), "gpipe", 4)
+    # 2 ranks on 2 cores: a core each, nothing to switch
+    assert pipeline_time(profile, two, Network(level), 0.0, over).step_s == pytest.approx(
+        pipeline_time(profile, two, Network(level), 0.0, replace(over, shared_action_s=0.0)
+                      ).step_s)
+    # 4 ranks on 2 cores: every forward and backward adds it, shared like the compute
+    got = pipeline_time(profile, four, Network(level), 0.0, over)
+    order, _ = four.order()
+    by_hand = pipeline_time(profile, four, Network(replace(level, cores=4)), 0.0,
+                            EngineOverhead(action_s=6e-4))
+    assert got.makespan_s == pytest.approx(
+        simulate(order, 4, by_hand.durations, cores=2).makespan)
+    assert [s.forward for s in got.durations.stages] == pytest.approx([1e-3 + 6e-4] * 4)
+
+
+def test_the_shared_runs_are_a_held_out_model_above_the_cores() -> None:
+    assert engine_runs.shared_worlds(2) == (3, 4) and engine_runs.shared_worlds(3) == (4,)
+    assert engine_runs.shared_worlds(4) == () and engine_runs.shared_worlds(16) == ()
+    assert engine_runs.shared_cuts(6, 3) == (2, 4) and engine_runs.shared_cuts(6, 4) == (2, 3, 4)
+    plans = dict(engine_runs.shared_plans(3, 6))
+    assert sorted(plans) == sorted(f"shared/N3/{s}/M{m}" for s in ("gpipe", "1f1b")
+                                   for m in (3, 12))
+    sections = plans["shared/N3/1f1b/M12"]
+    assert sections["pipeline"] == {"stages": 3, "split": "2,4", "microbatches": 12,
+                                    "schedule": "1f1b"}
+    assert sections["train"]["world_size"] == 3 and sections["data"]["batch_size"] == 12 * 32
+    from approxdist.planner.validation.configs import MODELS
+
+    # held out: the model is none of the validation's
+    assert all(spec.sections["model"] != engine_runs.SHARED.sections["model"]
+               for spec in MODELS.values())
+
+
+def test_the_shared_fit_recovers_a_known_switching_cost() -> None:
+    profile = toy([(4e-4, 8e-4)] * 6, [MB] * 6)
+    level = LinkLevel("loopback", 2e-4, 3e-10, 8e-10, cores=2)
+    networks = {n: Network(level) for n in (3, 4)}
+    truth = EngineOverhead(action_s=2e-4, shared_action_s=4e-4)
+    measured = {}
+    for n in (3, 4):
+        for key, _ in engine_runs.shared_plans(n, 6):
+            _, _, schedule, m = key.split("/")
+            bounds = (0, *engine_runs.shared_cuts(6, n), 6)
+            plan = PipelinePlan(tuple(Stage(a, b) for a, b in zip(bounds, bounds[1:])),
+                                schedule, int(m[1:]))
+            opt = 1e-9 * max(sum(b.param_bytes for b in profile.blocks[st.first:st.end])
+                             for st in plan.stages)  # 1 ns per parameter byte
+            measured[key] = pipeline_time(profile, plan, networks[n], opt, truth).step_s
+    measured["pipe/gpipe/M2"] = 1.0  # the 2-rank runs are not this fit's
+    got, rms, rows = engine_runs.fit_shared(profile, networks, measured, 1e-9,
+                                            replace(truth, shared_action_s=0.0))
+    assert got == pytest.approx(4e-4, rel=1e-6) and rms == pytest.approx(0.0, abs=1e-9)
+    assert len(rows) == 8
+    with pytest.raises(DataError, match="no shared run was measured"):
+        engine_runs.fit_shared(profile, networks, {"dp": 1.0}, 0.0, truth)

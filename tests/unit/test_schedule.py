@@ -192,3 +192,46 @@ def test_stage_durations_are_checked() -> None:
     with pytest.raises(PipelineError, match=r"action 2RF0 is on stage 2 but durations are given "
                                             r"for 2 stage\(s\)"):
         simulate(build_schedule("gpipe", 3, 1), 3, StageDurations((StageTimes(),) * 2))
+
+
+# -- ranks sharing cores (processor sharing) -------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (3, 5), (4, 8)])
+def test_on_one_core_the_makespan_is_all_the_compute(name: str, p: int, m: int) -> None:
+    """One core, free messages: some rank can always compute, so the core never idles and
+    the step is every forward and backward of every rank, one after another."""
+    from approxdist.pipeline.schedule import Durations
+
+    t = simulate(build_schedule(name, p, m), p, Durations(forward=1.0, backward=2.0), cores=1)
+    assert t.completed and t.makespan == pytest.approx(p * m * 3.0)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_with_a_core_per_rank_sharing_changes_nothing(name: str) -> None:
+    from approxdist.pipeline.schedule import Durations
+
+    order = build_schedule(name, 3, 6)
+    alone = simulate(order, 3, Durations(forward=1.0, backward=2.0))
+    for cores in (3, 8):
+        shared = simulate(order, 3, Durations(forward=1.0, backward=2.0), cores=cores)
+        assert shared.makespan == pytest.approx(alone.makespan)
+        assert all(shared.end[r] == pytest.approx(alone.end[r]) for r in order)
+
+
+def test_a_waiting_rank_holds_no_core_by_hand() -> None:
+    """GPipe, 2 stages, 2 micro-batches, forward 1 s, backward 2 s, one core: 0F0 alone
+    [0, 1]; 0F1 and 1F0 share the core [1, 3]; 1F1 alone [3, 4]; 1B0 alone [4, 6] (rank 0
+    waits for its gradient and holds nothing); 1B1 and 0B0 share it [6, 10]; 0B1 [10, 12]."""
+    from approxdist.pipeline.schedule import Durations
+
+    t = simulate(build_schedule("gpipe", 2, 2), 2, Durations(forward=1.0, backward=2.0), cores=1)
+    ends = {a: e for r in t.order for a, e in zip(t.order[r], t.end[r]) if a.is_compute}
+    assert [ends[Action.parse(a)] for a in ("0F0", "0F1", "1F0", "1F1", "1B0", "1B1", "0B0",
+                                             "0B1")] == pytest.approx([1, 3, 3, 4, 6, 10, 10, 12])
+
+
+def test_cores_must_be_a_positive_integer() -> None:
+    for bad in (0, 1.5, True):
+        with pytest.raises(PipelineError, match=f"cores = {bad!r} must be an integer >= 1"):
+            simulate(build_schedule("gpipe", 2, 2), 2, cores=bad)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,16 +105,18 @@ def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
           f"{lv.alpha_s * 1e6:.0f} us, beta {lv.beta_s_per_byte * 1e9:.3f} ns/B, gamma "
           f"{lv.gamma_s_per_byte * 1e9:.3f} ns/B, rms error {fit.rms_rel_error:.0%}; "
           f"{OPTIMIZER} step {step * 1e12:.0f} ps/B")
-    overhead = engine_overhead(CostCalibration.of((fit,), optimizers={OPTIMIZER: step}), timing)
+    overhead = engine_overhead(CostCalibration.of((fit,), optimizers={OPTIMIZER: step}), timing,
+                               cores)
     return CostCalibration.of((fit,), optimizers={OPTIMIZER: step}, overhead=overhead)
 
 
-def engine_overhead(cal: CostCalibration, timing: StepTiming) -> EngineOverhead:
+def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> EngineOverhead:
     """The engines' CPU work per action, per step and per gradient byte, fitted on the tiny
     models' runs (`planner/validation/engine_runs.py`) timed through the engines on 2
-    ranks."""
+    ranks; and where the validation puts more ranks than `cores` on this machine, what an
+    action adds there, fitted on the shared runs of a model no setting uses."""
     profiles = {}
-    for spec in (engine_runs.TINY, engine_runs.WIDE):
+    for spec in (engine_runs.TINY, engine_runs.WIDE, engine_runs.SHARED):
         cfg = build_config(spec.sections)
         profiles[spec.label] = profile_run(cfg.model, cfg.data, spec.micro_batch_size,
                                            threads=1)
@@ -121,14 +124,30 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming) -> EngineOverhead:
     times = run_on_ranks(time_plans, engine_runs.WORLD, runs, timing, timeout_s=300)[0]
     measured = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     network = ClusterSpec(world_size=engine_runs.WORLD, calibration=cal).network()
-    overhead, rms, found = engine_runs.fit(profiles, network, measured,
-                                           cal.optimizer_s_per_byte(OPTIMIZER))
+    step = cal.optimizer_s_per_byte(OPTIMIZER)
+    overhead, rms, found = engine_runs.fit(profiles, network, measured, step)
     print(f"engine overhead ({len(found)} steps of MLPs of width 16 and 2048 on 2 ranks): "
           f"{overhead.action_s * 1e6:.0f} us per pipeline action, "
           f"{overhead.pipeline_step_s * 1e6:.0f} us per pipeline step (rms error "
           f"{rms['pipeline']:.0%}); data-parallel {overhead.dp_step_s * 1e6:.0f} us per step "
           f"and {overhead.dp_byte_s * 1e12:.0f} ps per gradient byte")
-    return overhead
+    worlds = engine_runs.shared_worlds(cores)
+    if not worlds:
+        return overhead
+    shared = profiles[engine_runs.SHARED.label]
+    measured = {}
+    for n in worlds:
+        runs = [TimedPlan(key, sections)
+                for key, sections in engine_runs.shared_plans(n, len(shared.blocks))]
+        times = run_on_ranks(time_plans, n, runs, timing, timeout_s=300)[0]
+        measured.update({k: sorted(v)[len(v) // 2] for k, v in times.items()})
+    networks = {n: ClusterSpec(world_size=n, calibration=cal).network() for n in worlds}
+    value, shared_rms, rows_ = engine_runs.fit_shared(shared, networks, measured, step,
+                                                      overhead)
+    print(f"shared cores ({len(rows_)} steps of an MLP of width 512 on "
+          f"{' and '.join(map(str, worlds))} ranks, {cores} cores): "
+          f"{value * 1e6:.0f} us per pipeline action (rms error {shared_rms:.0%})")
+    return replace(overhead, shared_action_s=value)
 
 
 def _threads(cores: int, world: int) -> int:

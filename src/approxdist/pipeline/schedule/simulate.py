@@ -16,14 +16,21 @@ the latency); the consumer of a message waits until it has arrived. Messages on 
 channel cross it one after another (netem's `LinkClock`: FIFO, one clock per directed
 link). `Durations` gives every kind one time and messages no link time;
 `durations.StageDurations` gives each stage its own times and link costs.
+
+With `cores`, the ranks share that many cores (more ranks than cores on one machine):
+forwards and backwards running at the same moment share them equally (processor
+sharing), so an action's duration is its time on a core of its own; a rank waiting for
+a message holds no core.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.schedule.action import Action, Kind, Order
 from approxdist.pipeline.schedule.comm import inputs_of
 
@@ -97,13 +104,21 @@ class Timeline:
 
 
 def simulate(order: Order, num_stages: int | None = None,
-             durations: ActionTimes | None = None, route: Route = stage_route) -> Timeline:
+             durations: ActionTimes | None = None, route: Route = stage_route,
+             cores: int | None = None) -> Timeline:
     """Execute `order` under the executor contract; never raises on a bad schedule.
 
     `route` names the channel of each send and receive: by default (source stage,
-    destination stage); replicated stages route between ranks (`hybrid.schedule`)."""
+    destination stage); replicated stages route between ranks (`hybrid.schedule`).
+    `cores`: the ranks share that many cores (`shared_cores` below); None: each rank
+    has its own."""
     sim = _Simulation(order, len(order) if num_stages is None else num_stages, route)
     dur: ActionTimes = durations or Durations()
+    if cores is not None:
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise PipelineError(f"cores = {cores!r} must be an integer >= 1, or None when "
+                                f"every rank has a core of its own")
+        return _shared(order, sim, dur, cores)
     clock = {r: 0.0 for r in order}
     start: dict[int, list[float]] = {r: [] for r in order}
     end: dict[int, list[float]] = {r: [] for r in order}
@@ -216,3 +231,77 @@ class _Simulation:
         k = self.recv_k[(rank, i)]
         channel = self.sends.get(self.route(rank, recv), [])
         return channel[k] if k < len(channel) else None
+
+
+def _shared(order: Order, sim: _Simulation, dur: ActionTimes, cores: int) -> Timeline:
+    """`simulate` on `cores` shared cores: processor sharing among the forwards and
+    backwards running at each moment.
+
+    While k ranks run a forward or backward, each progresses at min(1, cores / k) of its
+    speed (its duration is its seconds on a core of its own); a rank that waits for a
+    message holds no core. Other actions (posting sends, all-reduces) keep their
+    durations: their costs are priced by their own load. Time advances from event to
+    event: an action ends, a message arrives.
+    """
+    start: dict[int, list[float]] = {r: [] for r in order}
+    end: dict[int, list[float]] = {r: [] for r in order}
+    left: dict[int, float] = {}  # rank -> seconds of work its running action still needs
+    now = 0.0
+
+    def finish(r: int, at: float) -> None:
+        i = len(end[r])
+        end[r].append(at)
+        sim.ended[(r, i)] = at
+        if order[r][i].is_send:
+            sim.post(r, i, order[r][i], at, dur.transfer(order[r][i]))
+
+    def next_arrival() -> float:
+        """When the earliest input not yet there arrives (inf: none is on its way)."""
+        soonest = math.inf
+        for r, actions in order.items():
+            if r not in left and len(end[r]) < len(actions):
+                ready = sim.ready(r, len(end[r]), actions[len(end[r])])
+                if ready is not None and ready > now:
+                    soonest = min(soonest, ready)
+        return soonest
+
+    while True:
+        moved = True
+        while moved:  # start what can start now; zero-length actions end at once
+            moved = False
+            for r, actions in order.items():
+                if r in left or len(end[r]) == len(actions):
+                    continue
+                ready = sim.ready(r, len(end[r]), actions[len(end[r])])
+                if ready is None or ready > now:
+                    continue
+                start[r].append(now)
+                seconds = dur.of(actions[len(end[r])])
+                if seconds > 0:
+                    left[r] = seconds
+                else:
+                    finish(r, now)
+                    moved = True
+        arrival = next_arrival()
+        if not left:
+            if math.isinf(arrival):
+                break
+            now = arrival
+            continue
+        computing = [r for r in left if order[r][len(end[r])].is_compute]
+        share = min(1.0, cores / len(computing)) if computing else 1.0
+        speed = {r: share if r in computing else 1.0 for r in left}
+        step = min(arrival - now, *(left[r] / speed[r] for r in left))
+        now += step
+        for r in list(left):
+            left[r] -= step * speed[r]
+            if left[r] <= _EPS * max(1.0, now):
+                del left[r]
+                finish(r, now)
+    stuck = {r: a[len(end[r])] for r, a in order.items() if len(end[r]) < len(a)}
+    waiting = {r: sim.waiting_for(r, a) for r, a in stuck.items()}
+    return Timeline(order, start, end, stuck, waiting)
+
+
+#: relative slack below which a running action's remaining work counts as done
+_EPS = 1e-12

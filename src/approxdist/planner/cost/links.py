@@ -135,6 +135,12 @@ class Network:
         """Ranks of a `world_size` job that share one node's cores at most."""
         return world_size if self.ranks_per_node is None else min(world_size, self.ranks_per_node)
 
+    def shared_cores(self, world_size: int) -> int | None:
+        """The cores the ranks of a `world_size` job share where they outnumber them (a
+        `loopback` level with `cores`), else None (each rank has a core of its own)."""
+        cores = self.intra.cores
+        return cores if cores is not None and self.busy(world_size) > cores else None
+
     def compute_load(self, world_size: int) -> float:
         """How many times slower a rank's CPU work runs when the ranks of a `world_size` job
         share one node's cores (processor sharing on a `loopback` level; 1 elsewhere)."""

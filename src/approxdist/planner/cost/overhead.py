@@ -7,7 +7,7 @@ link layer, the loss of the last stage) and each engine's per-step work (zero_gr
 the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). On this
 2-core machine these are not small: a 2-stage pipeline of a 3-block MLP of width 16
 (0.2 ms of forward + backward for the whole model) takes about 0.6 ms per micro-batch.
-`EngineOverhead` holds three numbers, all CPU seconds on one rank:
+`EngineOverhead` holds five numbers, all CPU seconds on one rank:
 
 - `action_s`: one forward or one backward of one micro-batch on one pipeline stage
   (charged to every such action of a pipeline or hybrid schedule);
@@ -17,7 +17,11 @@ the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). 
   all-reduces and optimizer (once per step);
 - `dp_byte_s`: per gradient byte a data-parallel rank all-reduces, the engine's own
   passes over it (copying into and out of its buckets, averaging), charged with each
-  bucket's all-reduce and with a replicated stage's.
+  bucket's all-reduce and with a replicated stage's;
+- `shared_action_s`: what each forward or backward of a pipeline or hybrid rank adds
+  where more ranks than cores share a machine: the switching between them (each action
+  waits for a message, sleeps and is woken on a core another rank's work just left,
+  its data cold), CPU work shared like the rest.
 
 They are measured, not fitted to the configurations a model is judged on: `fit_linear`
 takes step times of a *tiny* pipeline (any model whose compute is small next to its
@@ -41,7 +45,7 @@ import numpy as np
 from approxdist.errors import ConfigError, DataError
 from approxdist.planner.cost.nnls import nonnegative_lstsq
 
-FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s")
+FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s", "shared_action_s")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class EngineOverhead:
     pipeline_step_s: float = 0.0
     dp_step_s: float = 0.0
     dp_byte_s: float = 0.0
+    shared_action_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in FIELDS:

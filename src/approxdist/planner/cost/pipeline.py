@@ -22,22 +22,25 @@ Every coding and link term is multiplied by the level's load (loopback: busy ran
 cores). The engines' own work (`overhead.EngineOverhead`, measured on a tiny model) adds
 `action_s` to every forward and every backward of a micro-batch, `pipeline_step_s` once
 per step and `dp_byte_s` per gradient byte to a replicated stage's all-reduce, all CPU
-work like the compute. Compute is the profile's, except where
-more ranks than cores share a loopback machine: there every rank's CPU work (compute,
-coding, the engine's work) runs at cores / ranks of its speed for the whole step,
-whether the timeline has the rank busy or waiting (`Network.compute_load`): a rank that
-waits is not woken the moment its message lands but when the scheduler next
-gives it a core. The step is the makespan plus the optimizer's seconds and the step
-overhead; the bubble is the timeline's idle share. With P equal stages of f and b seconds and no
-communication this is (M + P - 1)(f + b) for both schedules (Huang et al. 2019; Narayanan
-et al. 2021). The exposed all-reduce is the makespan minus that of the same plan with
-free all-reduces (what the flush does not hide: all of it, in these schedules).
+work like the compute. Compute is the profile's, except where more ranks than cores
+share a loopback machine (`Network.shared_cores`): there the schedule is simulated on
+those cores, the forwards and backwards running at each moment sharing them equally
+(`simulate(..., cores=)`, processor sharing: a rank waiting for a message holds no
+core) and each forward and backward adds the engine's `shared_action_s` (the switching
+between ranks, measured on held-out pipelines of 3 and 4 ranks), while coding, link
+terms, all-reduces and the step's own work keep the level's load (busy ranks / cores)
+for the whole step. The step is the makespan plus the
+optimizer's seconds and the step overhead; the bubble is the timeline's idle share. With
+P equal stages of f and b seconds and no communication this is (M + P - 1)(f + b) for both
+schedules (Huang et al. 2019; Narayanan et al. 2021). The exposed all-reduce is the
+makespan minus that of the same plan with free all-reduces (what the flush does not hide:
+all of it, in these schedules).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from approxdist.errors import ConfigError
 from approxdist.pipeline.schedule import (
@@ -184,11 +187,12 @@ def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algori
 
 
 def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
-                    compute_scale: float = 1.0,
-                    overhead: EngineOverhead = NONE) -> StageDurations:
+                    compute_scale: float = 1.0, overhead: EngineOverhead = NONE,
+                    sync_scale: float | None = None) -> StageDurations:
     """Each stage's `StageTimes` under `plan` on `network` (see the module docstring), its
     compute and the engine's per-action work `compute_scale` times the profile's and
-    `overhead.action_s` (ranks sharing cores)."""
+    `overhead.action_s`, the engine's passes over a replicated stage's gradients
+    `sync_scale` times `overhead.dp_byte_s` per byte (default: `compute_scale`)."""
     plan.check_covers(profile)
     busy = network.busy(plan.world_size)
     p = len(plan.stages)
@@ -216,7 +220,8 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
         times["all_reduce"] = replica_allreduce_s(profile, st, level, plan.algorithm,
                                                   plan.grad_codec, busy)
         if st.replicas > 1:  # the data-parallel engine's passes over the stage's gradients
-            times["all_reduce"] += compute_scale * overhead.dp_byte_s * sum(
+            times["all_reduce"] += (compute_scale if sync_scale is None else sync_scale) \
+                * overhead.dp_byte_s * sum(
                 b.param_bytes for b in blocks)
         out.append(StageTimes(forward=fwd, backward=bwd, **times))
     return StageDurations(tuple(out))
@@ -241,21 +246,29 @@ def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
         raise ConfigError(f"optimizer_s = {optimizer_s!r} must be a finite number of seconds "
                           f">= 0")
     order, route = plan.order()
-    scale = network.compute_load(plan.world_size)  # every rank's CPU work slows alike
-    durations = stage_durations(profile, plan, network, scale, overhead)
-    timeline = _run(order, plan, durations, route)
+    cores = network.shared_cores(plan.world_size)  # None: a core per rank
+    load = network.compute_load(plan.world_size)
+    # on shared cores the simulation slows each forward and backward by the ranks
+    # computing beside it, and each pays the switching between ranks; the all-reduces
+    # and the step's own work keep the whole load
+    per_action = replace(overhead, action_s=overhead.action_s + overhead.shared_action_s) \
+        if cores else overhead
+    durations = stage_durations(profile, plan, network, 1.0 if cores else load, per_action,
+                                sync_scale=load)
+    timeline = _run(order, plan, durations, route, cores)
     exposed = 0.0
     if any(st.all_reduce for st in durations.stages):
         free = StageDurations(tuple(_no_allreduce(st) for st in durations.stages))
-        exposed = timeline.makespan - _run(order, plan, free, route).makespan
-    fixed = optimizer_s + scale * overhead.pipeline_step_s
+        exposed = timeline.makespan - _run(order, plan, free, route, cores).makespan
+    fixed = optimizer_s + load * overhead.pipeline_step_s
     return PipelineTime(timeline.makespan + fixed, timeline.makespan,
                         timeline.bubble_fraction(), exposed, optimizer_s,
                         plan.microbatches * profile.micro_batch_size, durations, timeline)
 
 
-def _run(order: Order, plan: PipelinePlan, durations: StageDurations, route: Route) -> Timeline:
-    timeline = simulate(order, len(plan.stages), durations, route)
+def _run(order: Order, plan: PipelinePlan, durations: StageDurations, route: Route,
+         cores: int | None = None) -> Timeline:
+    timeline = simulate(order, len(plan.stages), durations, route, cores)
     if not timeline.completed:  # the registered schedules never deadlock; a new one might
         raise ConfigError(f"schedule {plan.schedule!r} deadlocks on this plan: "
                           f"{timeline.stuck}; check it with approxdist schedule show")

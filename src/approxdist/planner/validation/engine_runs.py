@@ -9,13 +9,21 @@ gradients for little compute), for the data-parallel engine's work per gradient 
 and 32 micro-batches; data parallelism of `TINY` and of `WIDE`), each as the config
 sections `train --plan` would run; `fit` prices each with the cost model at zero
 overhead and its growth per second of the overhead (secant slopes, refined), and solves
-for `EngineOverhead`. Pure: the timing is the caller's (`train/plan_timing.py`).
+for `EngineOverhead`. Where the validation runs more ranks than the machine has cores,
+`shared_plans` adds pipelines of `SHARED` (an MLP of width 512, 2 ms of forward +
+backward per micro-batch of 32 here) with one stage per rank on those world sizes,
+GPipe and 1F1B at N and 4N micro-batches, for `shared_action_s`: what each action adds
+when ranks share cores (fitted after the rest, on the processor-sharing simulation).
+Pure: the timing is the caller's (`train/plan_timing.py`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from approxdist.config.loader import merge
 from approxdist.errors import DataError
@@ -36,6 +44,12 @@ TINY = ModelSpec("tiny-mlp", {
              "augment": False}}, 1)
 WIDE = ModelSpec("wide-mlp", merge(TINY.sections, {"model": {"hidden": 2048}}), 1)
 MODELS = {"dp": TINY, "dp-wide": WIDE}
+SHARED = ModelSpec("shared-mlp", {
+    "model": {"name": "mlp", "hidden": 512, "depth": 5},
+    "data": {"dataset": "synthetic", "synthetic_shape": [256], "synthetic_samples": 512,
+             "augment": False}}, 32)
+#: the validation's largest world: the shared runs cover the sizes above the cores up to it
+LARGEST = 4
 WORLD = 2
 MICROBATCHES = (2, 8, 32)
 SPLIT = 2  # stage 1 starts at block 2 (of 3: two hidden layers and the classifier)
@@ -63,6 +77,28 @@ def plans(threads: int = 1) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     return out
 
 
+def shared_worlds(cores: int) -> tuple[int, ...]:
+    """World sizes of the shared runs: more ranks than `cores`, at most `LARGEST`."""
+    return tuple(n for n in sorted({cores + 1, 2 * cores}) if n <= LARGEST)
+
+
+def shared_cuts(blocks: int, world: int) -> tuple[int, ...]:
+    """Where `world` even stages of `blocks` blocks start (after the first)."""
+    return tuple(round(i * blocks / world) for i in range(1, world))
+
+
+def shared_plans(world: int, blocks: int, threads: int = 1
+                 ) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """(key, config sections) of the shared runs on `world` ranks: `shared/N<n>/<s>/M<m>`."""
+    base = merge(SHARED.sections, {"train": {"threads": threads, "seed": 0,
+                                             "world_size": world, "parallel": "pipeline"}})
+    split = ",".join(map(str, shared_cuts(blocks, world)))
+    return [(f"shared/N{world}/{s}/M{m}", merge(base, {
+        "pipeline": {"stages": world, "split": split, "microbatches": m, "schedule": s},
+        "data": {"batch_size": m * SHARED.micro_batch_size}}))
+        for s in SCHEDULES for m in (world, 4 * world)]
+
+
 def _stages(profile: Profile) -> tuple[Stage, ...]:
     """The two stages `plans` runs: blocks [0, SPLIT) and [SPLIT, end)."""
     n = len(profile.blocks)
@@ -81,6 +117,8 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
     at = probe or EngineOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     out = []
     for key, seconds in measured.items():
+        if key.startswith("shared/"):
+            continue
         if key in MODELS:
             profile = profiles[MODELS[key].label]
             opt = optimizer_s_per_byte * sum(b.param_bytes for b in profile.blocks)
@@ -102,11 +140,61 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
     return out
 
 
+def shared_rows(profile: Profile, networks: dict[int, Network], measured: dict[str, float],
+                optimizer_s_per_byte: float, overhead: EngineOverhead,
+                probe: float = PROBE_S) -> list[OverheadRow]:
+    """Every shared run as an `OverheadRow`: measured, the cost model's prediction with
+    `overhead` and no `shared_action_s`, and its growth per second of it (secant to
+    `probe`). `networks`: the machine's network by world size."""
+    out = []
+    for key, seconds in measured.items():
+        if not key.startswith("shared/"):
+            continue
+        _, world, schedule, m = key.split("/")
+        n = int(world[1:])
+        bounds = (0, *shared_cuts(len(profile.blocks), n), len(profile.blocks))
+        plan = PipelinePlan(tuple(Stage(a, b) for a, b in zip(bounds, bounds[1:])), schedule,
+                            int(m[1:]))
+        opt = optimizer_s_per_byte * max(sum(b.param_bytes for b in
+                                             profile.blocks[st.first:st.end])
+                                         for st in plan.stages)
+        zero = pipeline_time(profile, plan, networks[n], opt,
+                             replace(overhead, shared_action_s=0.0)).step_s
+        grown = pipeline_time(profile, plan, networks[n], opt,
+                              replace(overhead, shared_action_s=probe)).step_s
+        out.append(OverheadRow(key, seconds, zero, (grown - zero) / probe))
+    return out
+
+
+def fit_shared(profile: Profile, networks: dict[int, Network], measured: dict[str, float],
+               optimizer_s_per_byte: float, overhead: EngineOverhead
+               ) -> tuple[float, float, list[OverheadRow]]:
+    """(`shared_action_s`, rms relative error, the rows of the last round): the one
+    unknown >= 0 by least squares on the relative error, its slopes refined by secants."""
+    probe, found = PROBE_S, 0.0
+    rows_: list[OverheadRow] = []
+    for _ in range(1 + REFINE):
+        rows_ = shared_rows(profile, networks, measured, optimizer_s_per_byte, overhead, probe)
+        if not rows_:
+            raise DataError("no shared run was measured: time shared_plans on the world "
+                            "sizes above the cores before fitting shared_action_s")
+        x = np.array([r.slope / r.measured_s for r in rows_])
+        y = np.array([(r.measured_s - r.base_s) / r.measured_s for r in rows_])
+        found = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+        if found <= 0 or math.isclose(found, probe, rel_tol=1e-6):
+            break
+        probe = found
+    errors = np.array([(r.base_s + r.slope * found - r.measured_s) / r.measured_s
+                       for r in rows_])
+    return found, float(math.sqrt(float(np.mean(errors ** 2)))), rows_
+
+
 def fit(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
         optimizer_s_per_byte: float = 0.0
         ) -> tuple[EngineOverhead, dict[str, float], list[OverheadRow]]:
-    """The engines' overhead from the timed runs, each fit's rms relative error (`pipeline`,
-    `dp`) and the rows of the last round (slopes refined by secants, `REFINE` times)."""
+    """The engines' overhead from the timed 2-rank runs, each fit's rms relative error
+    (`pipeline`, `dp`) and the rows of the last round (slopes refined by secants, `REFINE`
+    times); `shared_action_s` is `fit_shared`'s."""
     probe = EngineOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     for _ in range(1 + REFINE):
         found = rows(profiles, network, measured, optimizer_s_per_byte, probe)
