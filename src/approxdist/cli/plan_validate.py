@@ -135,14 +135,14 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Eng
     if not worlds:
         return overhead
     shared = profiles[engine_runs.SHARED.label]
-    measured = {}
+    on_shared: dict[str, float] = {}
     for n in worlds:
         runs = [TimedPlan(key, sections)
                 for key, sections in engine_runs.shared_plans(n, len(shared.blocks))]
         times = run_on_ranks(time_plans, n, runs, timing, timeout_s=300)[0]
-        measured.update({k: sorted(v)[len(v) // 2] for k, v in times.items()})
+        on_shared.update({k: sorted(v)[len(v) // 2] for k, v in times.items()})
     networks = {n: ClusterSpec(world_size=n, calibration=cal).network() for n in worlds}
-    value, shared_rms, rows_ = engine_runs.fit_shared(shared, networks, measured, step,
+    value, shared_rms, rows_ = engine_runs.fit_shared(shared, networks, on_shared, step,
                                                       overhead)
     print(f"shared cores ({len(rows_)} steps of an MLP of width 512 on "
           f"{' and '.join(map(str, worlds))} ranks, {cores} cores): "

@@ -110,8 +110,8 @@ def simulate(order: Order, num_stages: int | None = None,
 
     `route` names the channel of each send and receive: by default (source stage,
     destination stage); replicated stages route between ranks (`hybrid.schedule`).
-    `cores`: the ranks share that many cores (`shared_cores` below); None: each rank
-    has its own."""
+    `cores`: the ranks share that many cores (processor sharing, `_shared` below); None:
+    each rank has its own."""
     sim = _Simulation(order, len(order) if num_stages is None else num_stages, route)
     dur: ActionTimes = durations or Durations()
     if cores is not None:

@@ -8,8 +8,8 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
 - forward  = sum of fwd_s + decoding the activation received (s > 0);
 - backward = sum of bwd_s + decoding the gradient received (s < P-1) + accumulating: a
   replica runs ceil(M / r) micro-batches and every backward after its first adds into
-  the gradients the first wrote (the profile's `acc_s`: for 1024-wide layers a third of
-  their backward here), spread evenly over its backwards (`accumulate_s`);
+  the gradients the first wrote (the profile's `acc_s`, measured as the stage adds),
+  spread evenly over its backwards (`accumulate_s`);
 - a send keeps the rank busy while it encodes (fwd codec for activations, bwd codec for
   gradients), then occupies the boundary's link for beta x wire bytes and arrives alpha
   later (Hockney's model on the level joining the two stages' ranks); the activation is
@@ -29,10 +29,10 @@ those cores, the forwards and backwards running at each moment sharing them equa
 core) and each forward and backward adds the engine's `shared_action_s` (the switching
 between ranks, measured on held-out pipelines of 3 and 4 ranks), while coding, link
 terms, all-reduces and the step's own work keep the level's load (busy ranks / cores)
-for the whole step. The step is the makespan plus the
-optimizer's seconds and the step overhead; the bubble is the timeline's idle share. With
-P equal stages of f and b seconds and no communication this is (M + P - 1)(f + b) for both
-schedules (Huang et al. 2019; Narayanan et al. 2021). The exposed all-reduce is the
+for the whole step. The step is the makespan plus the optimizer's seconds and the step
+overhead; the bubble is the timeline's idle share. With P equal stages of f and b seconds
+and no communication this is (M + P - 1)(f + b) for both schedules (Huang et al. 2019;
+Narayanan et al. 2021). The exposed all-reduce is the
 makespan minus that of the same plan with free all-reduces (what the flush does not hide:
 all of it, in these schedules).
 """
