@@ -14,6 +14,7 @@ import pytest
 from approxdist.cli.main import main
 from approxdist.planner.cost import LinkLevel, fit_level, read_rows
 from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.validation import engine_runs
 from approxdist.planner.validation.metrics import ape
 
 
@@ -68,9 +69,15 @@ def test_the_calibration_is_fitted_and_saved(tmp_path: Path, capsys) -> None:
     got = cal.overhead
     # every tiny run stepped through the engines (a run that failed would raise) and the
     # fit is in seconds (no timing is asserted: only what a fit of step times can give)
-    for value in (got.action_s, got.pipeline_step_s, got.dp_step_s, got.dp_byte_s * 1e6):
+    for value in (got.action_s, got.pipeline_step_s, got.dp_step_s, got.dp_byte_s * 1e6,
+                  got.shared_action_s):
         assert 0 <= value < 0.5
-    assert cal.level("loopback").cores and cal.optimizer_s_per_byte("momentum") > 0
+    cores = cal.level("loopback").cores
+    assert cores and cal.optimizer_s_per_byte("momentum") > 0
     text = capsys.readouterr().out
     assert "engine overhead (8 steps of MLPs of width 16 and 2048 on 2 ranks)" in text
+    # the held-out shared runs where the validation puts more ranks than cores (3, 4 on 2)
+    worlds = engine_runs.shared_worlds(cores)
+    assert ("shared cores (8 steps of an MLP of width 512 on 3 and 4 ranks, 2 cores)" in text
+            if worlds == (3, 4) else ("shared cores" in text) == bool(worlds))
     assert f"wrote {out}" in text and "median_ape" not in text  # it stopped there
