@@ -154,13 +154,14 @@ def _threads(cores: int, world: int) -> int:
     return max(1, cores // world)
 
 
-def _profile(setting: Setting, threads: int, cache: dict[tuple[str, int], Profile]) -> Profile:
-    key = (setting.model.label, threads)
-    if key not in cache:
-        cfg = build_config(setting.model.sections)
-        cache[key] = profile_run(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
-                                 fuse_accumulation=cfg.pipeline.fuse_accumulation)
-    return cache[key]
+def _profile(setting: Setting, threads: int) -> Profile:
+    """The setting's model profiled now, just before its plans are timed: this machine's
+    speed drifts by 5-10 % over minutes (two profiles of one model minutes apart, 2-3 %
+    within one), so a profile taken for the first setting of a model would not be the
+    machine the later ones run on."""
+    cfg = build_config(setting.model.sections)
+    return profile_run(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
+                       fuse_accumulation=cfg.pipeline.fuse_accumulation)
 
 
 def sections(setting: Setting, c: Candidate, profile: Profile, threads: int
@@ -174,11 +175,11 @@ def sections(setting: Setting, c: Candidate, profile: Profile, threads: int
 
 
 def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, keep: int,
-                    cores: int, cache: dict[tuple[str, int], Profile]) -> list[dict[str, Any]]:
-    """Predict and time every candidate of `setting`: one row per configuration."""
+                    cores: int) -> list[dict[str, Any]]:
+    """Profile, predict and time every candidate of `setting`: one row per configuration."""
     n = setting.world_size
     threads = _threads(cores, n)
-    profile = _profile(setting, threads, cache)
+    profile = _profile(setting, threads)
     cluster = ClusterSpec(world_size=n, link=setting.link or None, calibration=cal)
     codec = cluster.codec(setting.codec)
     base = SolverSettings(n, cluster.network(), fwd_codec=codec, bwd_codec=codec,
@@ -244,10 +245,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--calibration {str(args.calibration)!r} has no 'loopback' level "
                               f"(it has {', '.join(sorted(cal.levels)) or 'none'}); fit one on "
                               f"this machine, or drop --calibration to fit it now")
-        cache: dict[tuple[str, int], Profile] = {}
         rows: list[dict[str, Any]] = []
         for i, setting in enumerate(settings):
-            got = measure_setting(setting, cal, timing, args.keep, cores, cache)
+            got = measure_setting(setting, cal, timing, args.keep, cores)
             rows += got
             print(f"[{i + 1}/{len(settings)}] {setting.key}: {len(got)} plan(s) timed", flush=True)
     print(render(COLUMNS, rows))
