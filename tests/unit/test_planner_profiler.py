@@ -110,7 +110,7 @@ def test_blocks_are_timed_in_context_each_with_its_own_share() -> None:
 
     model = nn.Sequential(_SlowLinear(fwd_s=0.03), _SlowLinear(bwd_s=0.03), nn.Tanh(),
                           _SlowLinear(bwd_s=0.03, only_accumulating=True), _SlowLinear())
-    blocks = measure_blocks(model, torch.randn(2, 4), repeat=1, warmup=0)
+    blocks = measure_blocks(model, torch.randn(2, 4), repeat=3, warmup=0)  # medians of 3
     fwd, bwd, acc = ([getattr(b, k) for b in blocks] for k in ("fwd_s", "bwd_s", "acc_s"))
     assert fwd.index(max(fwd)) == 0 and fwd[0] >= 0.03
     assert bwd.index(max(bwd)) == 1 and bwd[1] >= 0.03
