@@ -142,13 +142,13 @@ def load_config(path: str | Path | None = None, *layers: Mapping[str, Mapping[st
 
 def to_dict(cfg: Config) -> Sections:
     """Plain nested dict (tuples become lists) suitable for TOML/JSON."""
-    def plain(v: Any) -> Any:
-        return list(v) if isinstance(v, tuple) else v
+    return {f.name: section_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
-    return {
-        f.name: {k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
-        for f in dataclasses.fields(cfg)
-    }
+
+def section_dict(section: Any) -> dict[str, Any]:
+    """One config section as a plain dict (tuples become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(section).items()}
 
 
 def write_config(cfg: Config, path: str | Path) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from approxdist.config.loader import section_dict
 from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
 from approxdist.topology import from_plan
@@ -51,12 +52,9 @@ MODEL_KEYS = tuple(f.name for f in fields(ModelConfig) if f.name != "name")
 def planned_for(model: ModelConfig, data: DataConfig) -> dict[str, dict[str, Any]]:
     """`model_options` and `data` of a plan (and of the profile it came from): what
     `train --plan` must train."""
-    def plain(v: Any) -> Any:
-        return list(v) if isinstance(v, tuple) else v
-
-    options = {f.name: plain(getattr(model, f.name)) for f in fields(model)}
+    options, samples = section_dict(model), section_dict(data)
     return {"model_options": {k: v for k, v in options.items() if k in MODEL_KEYS},
-            "data": {k: plain(getattr(data, k)) for k in DATA_KEYS}}
+            "data": {k: samples[k] for k in DATA_KEYS}}
 
 
 def check_table(key: str, table: Any) -> dict[str, Any]:

@@ -20,7 +20,12 @@ from approxdist.errors import ConfigError
 from approxdist.planner.antichains import chain_states
 from approxdist.planner.cost.dp import DPOptions, dp_time
 from approxdist.planner.cost.memory import StageMemory, stage_memory
-from approxdist.planner.cost.pipeline import PipelinePlan, Stage, pipeline_time
+from approxdist.planner.cost.pipeline import (
+    PipelinePlan,
+    Stage,
+    optimizer_step_s,
+    pipeline_time,
+)
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import PipeDreamPlan, PipeDreamSettings, optimize
 from approxdist.planner.profile import Profile
@@ -93,11 +98,9 @@ def simulated(profile: Profile, settings: SolverSettings, stages: tuple[Stage, .
 
 
 def optimizer_s(profile: Profile, settings: SolverSettings, stages: tuple[Stage, ...]) -> float:
-    """The optimizer's step after the flush: every stage steps its own parameters at once,
-    so the largest stage's (seconds per byte x its parameter bytes) is on the step's path."""
-    per_byte = settings.optimizer_s_per_byte
-    return per_byte * max(sum(b.param_bytes for b in profile.blocks[st.first:st.end])
-                          for st in stages)
+    """The optimizer's step after the flush at `settings`' seconds per byte
+    (`cost.pipeline.optimizer_step_s`)."""
+    return optimizer_step_s(profile, stages, settings.optimizer_s_per_byte)
 
 
 def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | None:

@@ -177,6 +177,13 @@ def accumulate_s(acc_s: float, replicas: int, microbatches: int) -> float:
     return acc_s * (mine - 1) / mine
 
 
+def optimizer_step_s(profile: Profile, stages: tuple[Stage, ...], s_per_byte: float) -> float:
+    """The optimizer's step after the flush: every stage steps its own parameters at once,
+    so the largest stage's (seconds per byte x its parameter bytes) is on the step's path."""
+    return s_per_byte * max(sum(b.param_bytes for b in profile.blocks[st.first:st.end])
+                            for st in stages)
+
+
 def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algorithm: str,
                         codec: CodecCost, busy: int) -> float:
     """The all-reduce of the stage's parameters over its replicas (0 for one replica)."""

@@ -34,7 +34,12 @@ from approxdist.planner.cost.overhead import (
     OverheadRow,
     fit_linear,
 )
-from approxdist.planner.cost.pipeline import PipelinePlan, Stage, pipeline_time
+from approxdist.planner.cost.pipeline import (
+    PipelinePlan,
+    Stage,
+    optimizer_step_s,
+    pipeline_time,
+)
 from approxdist.planner.profile import Profile
 from approxdist.planner.validation.configs import ModelSpec
 
@@ -131,8 +136,7 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
         cut = _stages(profile)
         _, schedule, m = key.split("/")
         plan = PipelinePlan(cut, schedule, int(m[1:]))
-        opt = optimizer_s_per_byte * max(sum(b.param_bytes for b in profile.blocks[s.first:s.end])
-                                         for s in cut)
+        opt = optimizer_step_s(profile, cut, optimizer_s_per_byte)
         zero = pipeline_time(profile, plan, network, opt).step_s
         grown = pipeline_time(profile, plan, network, opt,
                               EngineOverhead(action_s=at.action_s)).step_s
@@ -155,9 +159,7 @@ def shared_rows(profile: Profile, networks: dict[int, Network], measured: dict[s
         bounds = (0, *shared_cuts(len(profile.blocks), n), len(profile.blocks))
         plan = PipelinePlan(tuple(Stage(a, b) for a, b in zip(bounds, bounds[1:])), schedule,
                             int(m[1:]))
-        opt = optimizer_s_per_byte * max(sum(b.param_bytes for b in
-                                             profile.blocks[st.first:st.end])
-                                         for st in plan.stages)
+        opt = optimizer_step_s(profile, plan.stages, optimizer_s_per_byte)
         zero = pipeline_time(profile, plan, networks[n], opt,
                              replace(overhead, shared_action_s=0.0)).step_s
         grown = pipeline_time(profile, plan, networks[n], opt,
