@@ -7,15 +7,19 @@ and the report's shape and arithmetic, never a timing."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
+from approxdist.errors import LaunchError
+from approxdist.launch.spawn import run_on_ranks
 from approxdist.planner.cost import LinkLevel, fit_level, read_rows
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.validation import engine_runs
 from approxdist.planner.validation.metrics import ape
+from approxdist.train.plan_timing import PROBE, StepTiming, TimedPlan, probe_plans
 
 
 def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
@@ -38,8 +42,39 @@ def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
     for key in ("median_ape", "kendall_tau", "regret", "vs_torchgpipe", "vs_pipedream"):
         assert key in got
     assert got["calibration"]["optimizers"] == {"momentum": 1e-11}
+    # each plan priced on the profile taken in the round, and on the one it was chosen on
+    assert all(r["planned_s"] > 0 for r in rows) and "kendall_tau" in got["planned"]
+    # ... scaled by what its compute cost in CPU with both ranks at once against alone
+    assert len({r["load_factor"] for r in rows}) == 1 and rows[0]["load_factor"] > 0
     text = capsys.readouterr().out
     assert "median_ape" in text and "vs torchgpipe" in text and "host: CPU time stolen" in text
+    assert "priced on the profile the plans were chosen on" in text
+    assert "compute under its load x" in text
+
+
+class _Clock:
+    """A probe: when it was taken, and on which rank."""
+
+    def __call__(self, ctx) -> tuple[int, float]:
+        return ctx.rank, time.perf_counter()
+
+
+def _probed(ctx, plans: list[TimedPlan], timing: StepTiming):
+    return probe_plans(ctx, plans, timing, _Clock())
+
+
+def test_the_probe_is_taken_on_rank_0_once_per_round_between_the_plans() -> None:
+    key, sections = engine_runs.plans()[0]
+    plans = [TimedPlan(key, sections), TimedPlan("again", sections)]
+    got = run_on_ranks(_probed, 2, plans, StepTiming(rounds=3, steps=1, warmup=0),
+                       timeout_s=120)
+    (times, probes), (other_times, other_probes) = got
+    assert [rank for rank, _ in probes] == [0, 0, 0] and other_probes == []  # rank 0's kept
+    assert probes == sorted(probes)
+    assert set(times) == set(other_times) == {key, "again"}  # the probe is no plan
+    assert all(len(ts) == 3 and min(ts) > 0 for ts in times.values())
+    with pytest.raises(LaunchError, match="plan key '\\(probe\\)' is the probe's"):
+        run_on_ranks(_probed, 2, [TimedPlan(PROBE, sections)], StepTiming(), timeout_s=60)
 
 
 def test_bench_p2p_writes_the_table_the_calibration_takes(tmp_path: Path, capsys) -> None:
@@ -78,6 +113,7 @@ def test_the_calibration_is_fitted_and_saved(tmp_path: Path, capsys) -> None:
     assert "engine overhead (8 steps of MLPs of width 16 and 2048 on 2 ranks)" in text
     # the held-out shared runs where the validation puts more ranks than cores (3, 4 on 2)
     worlds = engine_runs.shared_worlds(cores)
-    assert ("shared cores (8 steps of an MLP of width 512 on 3 and 4 ranks, 2 cores)" in text
+    assert ("shared cores (8 steps of an MLP of width 512 on 3 and 4 ranks, 2 cores; its "
+            "compute under their load x" in text
             if worlds == (3, 4) else ("shared cores" in text) == bool(worlds))
     assert f"wrote {out}" in text and "median_ape" not in text  # it stopped there

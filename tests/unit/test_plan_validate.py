@@ -23,7 +23,7 @@ from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level
 from approxdist.planner.profile import BlockProfile, Profile
 from approxdist.planner.search import optimizer_s
-from approxdist.planner.validation.candidates import candidates, torchgpipe
+from approxdist.planner.validation.candidates import candidates, repriced, torchgpipe
 from approxdist.planner.validation.configs import FULL, QUICK, select
 from approxdist.planner.validation.metrics import ape, kendall_tau, regret
 from approxdist.planner.validation.report import summarize, verdicts
@@ -83,6 +83,24 @@ def test_candidates_name_every_chooser_once_and_torchgpipe_balances_time() -> No
         candidates(profile, base, (3,), (Level(3, 1.25e8),), keep=0)
 
 
+def test_a_candidate_repriced_on_another_profile_keeps_its_plan() -> None:
+    """The plans are chosen on one profile and priced again on the one taken while they
+    ran: the same plan, choosers and samples; its price that of the other profile."""
+    times = [(1e-3, 2e-3), (4e-3, 8e-3), (1e-3, 2e-3), (2e-3, 4e-3), (1e-3, 1e-3)]
+    params = [MB, 4 * MB, 0, MB, 64 * 1024]
+    profile = toy(times, params)
+    slower = toy([(1.2 * f, 1.2 * b) for f, b in times], params)
+    base = SolverSettings(3, Network(LinkLevel.from_link("inter", "bw=1gbit,lat=50us")))
+    found = candidates(profile, base, (3, 6), (Level(3, 1.25e8),), keep=3)
+    assert {c.ranked.mode for c in found} >= {"dp", "pipeline"}
+    for c in found:
+        same, again = repriced(c, profile, base), repriced(c, slower, base)
+        assert same.ranked.step_s == pytest.approx(c.ranked.step_s)
+        assert (again.key, again.choosers) == (c.key, c.choosers)
+        assert again.ranked.samples_per_step == c.ranked.samples_per_step
+        assert again.ranked.step_s > c.ranked.step_s  # more compute, same transfers
+
+
 def _row(setting: str, predicted: float, measured: float, *who: str,
          samples: int = 10) -> dict[str, object]:
     return {"setting": setting, "predicted_s": predicted, "measured_s": measured,
@@ -102,6 +120,10 @@ def test_summary_figures_by_hand() -> None:
     assert s["vs_pipedream"]["differ"] == 1  # in b it chose ours
     met = {key: ok for key, _, ok in verdicts(s)}
     assert met == {"median_ape": True, "max_ape": True, "kendall_tau": False, "regret": False}
+    assert "planned" not in s  # rows without planned_s
+    planned = summarize([{**r, "planned_s": 2 * float(r["measured_s"])} for r in rows])["planned"]
+    assert planned["median_ape"] == planned["max_ape"] == pytest.approx(1.0)
+    assert planned["kendall_tau"] == pytest.approx(1.0)  # twice the measured: the same order
 
 
 def test_the_optimizer_and_shared_cores_are_priced() -> None:

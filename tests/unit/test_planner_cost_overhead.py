@@ -27,7 +27,7 @@ from approxdist.planner.cost.nnls import nonnegative_lstsq
 from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_linear
 from approxdist.planner.cost.pipeline import pipeline_time
 from approxdist.planner.objective import SolverSettings, estimate
-from approxdist.planner.profile import BlockProfile, Profile
+from approxdist.planner.profile import BlockProfile, Profile, scale_times
 from approxdist.planner.validation import engine_runs
 
 MB = 1 << 20
@@ -253,6 +253,8 @@ def test_the_shared_fit_recovers_a_known_switching_cost() -> None:
     profile = toy([(4e-4, 8e-4)] * 6, [MB] * 6)
     level = LinkLevel("loopback", 2e-4, 3e-10, 8e-10, cores=2)
     networks = {n: Network(level) for n in (3, 4)}
+    # each world's runs priced on the profile of its own load (4 ranks: 10 % more compute)
+    profiles = {3: profile, 4: scale_times(profile, 1.1)}
     truth = EngineOverhead(action_s=2e-4, shared_action_s=4e-4)
     measured = {}
     for n in (3, 4):
@@ -263,11 +265,11 @@ def test_the_shared_fit_recovers_a_known_switching_cost() -> None:
                                 schedule, int(m[1:]))
             opt = 1e-9 * max(sum(b.param_bytes for b in profile.blocks[st.first:st.end])
                              for st in plan.stages)  # 1 ns per parameter byte
-            measured[key] = pipeline_time(profile, plan, networks[n], opt, truth).step_s
+            measured[key] = pipeline_time(profiles[n], plan, networks[n], opt, truth).step_s
     measured["pipe/gpipe/M2"] = 1.0  # the 2-rank runs are not this fit's
-    got, rms, rows = engine_runs.fit_shared(profile, networks, measured, 1e-9,
+    got, rms, rows = engine_runs.fit_shared(profiles, networks, measured, 1e-9,
                                             replace(truth, shared_action_s=0.0))
     assert got == pytest.approx(4e-4, rel=1e-6) and rms == pytest.approx(0.0, abs=1e-9)
     assert len(rows) == 8
     with pytest.raises(DataError, match="no shared run was measured"):
-        engine_runs.fit_shared(profile, networks, {"dp": 1.0}, 0.0, truth)
+        engine_runs.fit_shared({3: profile}, networks, {"dp": 1.0}, 0.0, truth)

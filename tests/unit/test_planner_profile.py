@@ -14,6 +14,7 @@ from approxdist.planner.profile import (
     BlockProfile,
     Profile,
     from_json,
+    median_profile,
     read_profile,
     to_json,
     write_profile,
@@ -65,6 +66,32 @@ def test_totals_sum_the_blocks() -> None:
     assert profile.total_compute_s == pytest.approx(0.002 + 0.004 + 0.0 + 0.004)
     assert profile.total_param_bytes == 2 * 1728
     assert profile.blocks[0].compute_s == pytest.approx(0.006)
+
+
+def test_median_profile_takes_each_blocks_median_of_each_time() -> None:
+    def at(f0: float, b0: float, a0: float, f1: float) -> Profile:
+        return _profile(blocks=(_block("conv1", fwd_s=f0, bwd_s=b0, acc_s=a0),
+                                _block("fc", fwd_s=f1, out_bytes=40)))
+
+    got = median_profile([at(1.0, 5.0, 0.2, 3.0), at(3.0, 4.0, 0.1, 1.0), at(2.0, 9.0, 0.3, 2.0)])
+    assert [(b.fwd_s, b.bwd_s, b.acc_s) for b in got.blocks] == [(2.0, 5.0, 0.2), (2.0, 0.004, 0.0)]
+    assert got.model == "tiny-cnn" and got.blocks[1].out_bytes == 40
+    two = median_profile([at(1.0, 1.0, 0.0, 1.0), at(2.0, 4.0, 0.0, 1.0)])  # even: the mean
+    assert (two.blocks[0].fwd_s, two.blocks[0].bwd_s) == (1.5, 2.5)
+    assert median_profile([_profile()]) == _profile()
+
+
+@pytest.mark.parametrize("other, message", [
+    (_profile(micro_batch_size=16), "profiles\\[1\\] differs from profiles\\[0\\] in micro_batch_size"),
+    (_profile(threads=1), "in threads"),
+    (_profile(blocks=(_block("conv1"),)), "in blocks"),
+    (_profile(blocks=(_block("conv1"), _block("fc", out_bytes=41))), "in blocks"),
+])
+def test_median_profile_refuses_profiles_of_other_things(other: Profile, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        median_profile([_profile(), other])
+    with pytest.raises(DataError, match="at least one profile"):
+        median_profile([])
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -10,9 +10,12 @@ import torch
 from torch import nn
 
 from approxdist.cli.main import main
-from approxdist.pipeline.profiler import measure_blocks
-from approxdist.planner.profile import read_profile
+from approxdist.errors import DataError
+from approxdist.pipeline.errors import PipelineError
+from approxdist.pipeline.profiler import measure_blocks, pass_cpu_s
+from approxdist.planner.profile import read_profile, scale_times
 from approxdist.planner.profiler import profile_model
+from approxdist.planner.validation.probe import ProbeRound, under_load
 
 
 def test_blocks_report_their_output_parameter_and_stashed_bytes() -> None:
@@ -151,3 +154,34 @@ def test_the_adding_pass_accumulates_as_the_pipeline_stage_does(monkeypatch) -> 
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(PipelineError, match="fuse_accumulation = 'some' is not one of"):
         measure_blocks(model, torch.randn(5, 8), fuse_accumulation="some")
+
+
+def test_a_pass_costs_cpu_and_leaves_the_model_as_it_was() -> None:
+    """Alone, a pass's CPU seconds are about its wall seconds; what the probe compares
+    under load. The model is measured on a copy."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    before = [p.detach().clone() for p in model.parameters()]
+    assert pass_cpu_s(model, torch.randn(32, 64), repeat=3) > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    with pytest.raises(PipelineError, match="repeat \\(0\\) must be >= 1"):
+        pass_cpu_s(model, torch.randn(2, 64), repeat=0)
+
+
+def test_probe_rounds_join_by_median_of_each_rounds_profile_under_its_load() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+    one = profile_model(model, torch.randn(3, 8), "tiny", threads=1, repeat=1)
+    two = scale_times(one, 3.0)
+    assert [b.fwd_s for b in two.blocks] == pytest.approx([3 * b.fwd_s for b in one.blocks])
+    assert [b.out_bytes for b in two.blocks] == [b.out_bytes for b in one.blocks]
+    rounds = [ProbeRound(one, 1.0, 1.1), ProbeRound(two, 2.0, 2.0), ProbeRound(one, 1.0, 1.3)]
+    assert [r.load_factor for r in rounds] == pytest.approx([1.1, 1.0, 1.3])
+    got, factor = under_load(rounds)
+    assert factor == pytest.approx(1.1)  # the median round's, not the mean
+    # each round's profile times its own factor, (1.1x, 3x, 1.3x): the median is 1.3x
+    assert [b.bwd_s for b in got.blocks] == pytest.approx([1.3 * b.bwd_s for b in one.blocks])
+    with pytest.raises(DataError, match="at least one probe round"):
+        under_load([])
+    with pytest.raises(DataError, match="time factor = 0 must be a finite number > 0"):
+        scale_times(one, 0)

@@ -9,7 +9,11 @@ For each setting (a model on 2-4 local gloo ranks, a link and a wire format:
 at the thread count each rank will use, prices the candidates (our best plans, data
 parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
 `planner/validation/candidates.py`) on the cost model, then times every candidate on the
-ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`).
+ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`),
+with the model profiled again in each round, in turn with the plans, alone and under the
+setting's load (`planner/validation/probe.py`); each plan's prediction is its price on
+that profile (the machine the steps ran on), and its price on the profile it was chosen
+on is reported beside it (`planned_s`).
 It reports per configuration the predicted and measured step, and over all of them the
 median and max absolute percentage error, Kendall's tau of predicted vs measured seconds
 per sample (over every configuration, and the mean within settings), the regret of the
@@ -51,16 +55,20 @@ from approxdist.planner.profile import Profile
 from approxdist.planner.profiler import optimizer_s_per_byte, profile_run
 from approxdist.planner.search import auto_microbatches, plan_dict
 from approxdist.planner.validation import engine_runs, report
-from approxdist.planner.validation.candidates import Candidate, candidates
+from approxdist.planner.validation.candidates import Candidate, candidates, repriced
 from approxdist.planner.validation.configs import FULL, QUICK, Setting, select
+from approxdist.planner.validation.probe import ProfileProbe, under_load
 from approxdist.train.plan_layer import plan_sections
-from approxdist.train.plan_timing import StepTiming, TimedPlan, time_plans
+from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans, time_plans
 
 #: what the loopback fit measures: sizes x algorithms on 2 and 4 ranks (fp32)
 CALIBRATION_SIZES = (256 << 10, 1 << 20, 4 << 20)
 CALIBRATION_ALGORITHMS = ("ring", "brd", "vhd")
 #: the optimizer every plan trains with (`train`'s default: SGD with momentum)
 OPTIMIZER = "momentum"
+#: passes of the profile rank 0 takes in each timed round (after one warm-up pair): with
+#: the default 5 rounds, 20 timed pairs in all, against the 9 of a profile taken at once
+PROBE_REPEAT = 4
 
 
 def register(actions: Any) -> None:
@@ -114,7 +122,9 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Eng
     """The engines' CPU work per action, per step and per gradient byte, fitted on the tiny
     models' runs (`planner/validation/engine_runs.py`) timed through the engines on 2
     ranks; and where the validation puts more ranks than `cores` on this machine, what an
-    action adds there, fitted on the shared runs of a model no setting uses."""
+    action adds there, fitted on the shared runs of a model no setting uses, priced on
+    that model's profile under each world's load, as the settings are
+    (`validation/probe.py`)."""
     profiles = {}
     for spec in (engine_runs.TINY, engine_runs.WIDE, engine_runs.SHARED):
         cfg = build_config(spec.sections)
@@ -134,18 +144,24 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Eng
     worlds = engine_runs.shared_worlds(cores)
     if not worlds:
         return overhead
-    shared = profiles[engine_runs.SHARED.label]
+    blocks = len(profiles[engine_runs.SHARED.label].blocks)
+    cfg = build_config(engine_runs.SHARED.sections)
+    probe = ProfileProbe(cfg.model, cfg.data, engine_runs.SHARED.micro_batch_size, 1,
+                         PROBE_REPEAT, cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
     on_shared: dict[str, float] = {}
+    loaded: dict[int, Profile] = {}
+    factors: dict[int, float] = {}
     for n in worlds:
-        runs = [TimedPlan(key, sections)
-                for key, sections in engine_runs.shared_plans(n, len(shared.blocks))]
-        times = run_on_ranks(time_plans, n, runs, timing, timeout_s=300)[0]
+        runs = [TimedPlan(key, sections) for key, sections in engine_runs.shared_plans(n, blocks)]
+        times, probed = run_on_ranks(probe_plans, n, runs, timing, probe, timeout_s=300)[0]
         on_shared.update({k: sorted(v)[len(v) // 2] for k, v in times.items()})
+        loaded[n], factors[n] = under_load(probed)
     networks = {n: ClusterSpec(world_size=n, calibration=cal).network() for n in worlds}
-    value, shared_rms, rows_ = engine_runs.fit_shared(shared, networks, on_shared, step,
+    value, shared_rms, rows_ = engine_runs.fit_shared(loaded, networks, on_shared, step,
                                                       overhead)
     print(f"shared cores ({len(rows_)} steps of an MLP of width 512 on "
-          f"{' and '.join(map(str, worlds))} ranks, {cores} cores): "
+          f"{' and '.join(map(str, worlds))} ranks, {cores} cores; its compute under their "
+          f"load x{' and x'.join(f'{factors[n]:.3f}' for n in worlds)}): "
           f"{value * 1e6:.0f} us per pipeline action (rms error {shared_rms:.0%})")
     return replace(overhead, shared_action_s=value)
 
@@ -176,7 +192,15 @@ def sections(setting: Setting, c: Candidate, profile: Profile, threads: int
 
 def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, keep: int,
                     cores: int) -> list[dict[str, Any]]:
-    """Profile, predict and time every candidate of `setting`: one row per configuration."""
+    """Profile, predict and time every candidate of `setting`: one row per configuration.
+
+    The plans are chosen on a profile taken just before (`planned_s`: their price on it);
+    `predicted_s` prices the same plans on the profile taken in each timed round, in turn
+    with the plans, alone and under the setting's load (`validation/probe.py`: the rounds'
+    median per block, times the median load factor): this machine's speed drifts by
+    5-10 % over minutes and a single process's passes read 52 or 62 ms from one minute
+    to the next (resnet20), so a profile taken apart from the steps prices another
+    machine."""
     n = setting.world_size
     threads = _threads(cores, n)
     profile = _profile(setting, threads)
@@ -189,16 +213,23 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     found = candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)
     plans = [TimedPlan(str(i), sections(setting, c, profile, threads))
              for i, c in enumerate(found)]
-    times = run_on_ranks(time_plans, n, plans, timing, timeout_s=900)[0]
+    cfg = build_config(setting.model.sections)
+    probe = ProfileProbe(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
+                         PROBE_REPEAT, cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
+    times, probed = run_on_ranks(probe_plans, n, plans, timing, probe, timeout_s=900)[0]
+    during, load = under_load(probed)
     rows = []
     for i, c in enumerate(found):
         measured = sorted(times[str(i)])[len(times[str(i)]) // 2]
+        priced = repriced(c, during, base).ranked
         rows.append({"setting": setting.key, "model": setting.model.label, "world_size": n,
                      "link": setting.link or "none", "codec": setting.codec,
                      "mode": c.ranked.mode, "plan": c.describe(), "choosers": list(c.choosers),
                      "samples_per_step": c.ranked.samples_per_step,
-                     "predicted_s": c.ranked.step_s, "measured_s": measured,
-                     "rounds_s": times[str(i)], "threads": threads})
+                     "predicted_s": priced.step_s, "planned_s": c.ranked.step_s,
+                     "measured_s": measured, "rounds_s": times[str(i)], "threads": threads,
+                     "load_factor": load,
+                     "load_rounds": [[r.alone_s, r.loaded_s] for r in probed]})
     return rows
 
 
@@ -249,7 +280,9 @@ def run(args: argparse.Namespace) -> int:
         for i, setting in enumerate(settings):
             got = measure_setting(setting, cal, timing, args.keep, cores)
             rows += got
-            print(f"[{i + 1}/{len(settings)}] {setting.key}: {len(got)} plan(s) timed", flush=True)
+            print(f"[{i + 1}/{len(settings)}] {setting.key}: {len(got)} plan(s) timed; compute "
+                  f"under its load x{got[0]['load_factor']:.3f} (CPU per pass, against alone)",
+                  flush=True)
     print(render(COLUMNS, rows))
     summary = report.summarize(rows)
     print(f"{summary['configs_measured']} configurations in {summary['settings']} settings; "
@@ -257,6 +290,11 @@ def run(args: argparse.Namespace) -> int:
           f"{100 * summary['max_regret']:.1f} %")
     for key, text, met in report.verdicts(summary):
         print(f"  {key:12s} {text}: {'met' if met else 'NOT met'}")
+    if "planned" in summary:
+        p = summary["planned"]
+        print(f"  priced on the profile the plans were chosen on (before the runs): median_ape "
+              f"{100 * p['median_ape']:.1f} %, max_ape {100 * p['max_ape']:.1f} %, kendall_tau "
+              f"{p['kendall_tau']:.2f}")
     for line in _rivals(summary):
         print(f"  {line}")
     print(host.line())

@@ -106,6 +106,32 @@ def profile_times(model: nn.Module, sample: Any, repeat: int = REPEAT,
     return [m.fwd_s + m.bwd_s for m in measure_blocks(model, sample, repeat, warmup)]
 
 
+def pass_cpu_s(model: nn.Module, sample: Any, repeat: int = REPEAT, warmup: int = 1,
+               min_s: float = 0.0) -> float:
+    """Median CPU seconds this process spends on one forward + backward of the whole model
+    on `sample` (fresh gradients, as `measure_blocks` runs it, on a deep copy), over at
+    least `repeat` passes and at least `min_s` CPU seconds of them after `warmup` (a 2 ms
+    pass needs many to average the machine's moments). Alone, a pass's CPU seconds are
+    its wall seconds; with other processes on the same cores the wall seconds include
+    their turns, the CPU seconds only what the pass itself cost (more where they evict its
+    caches). CPU work only: a GPU's is not counted."""
+    if repeat < 1 or warmup < 0 or not min_s >= 0:
+        raise PipelineError(f"repeat ({repeat}) must be >= 1, warmup ({warmup}) >= 0 and "
+                            f"min_s ({min_s}) >= 0")
+    if any(t.is_cuda for t in _tensors(sample)):
+        raise PipelineError("pass_cpu_s measures a pass's CPU seconds; give it a CPU sample "
+                            "(a GPU's work is timed by measure_blocks)")
+    probe = copy.deepcopy(blocks_of(model))
+    for _ in range(warmup):
+        _timed_pass(probe, sample, fresh=True)
+    times: list[float] = []
+    while len(times) < repeat or sum(times) < min_s:
+        start = time.process_time()
+        _timed_pass(probe, sample, fresh=True)
+        times.append(time.process_time() - start)
+    return _median(times)
+
+
 def _timed_pass(seq: nn.Sequential, sample: Any, fresh: bool) -> tuple[list[float], list[float]]:
     """(forward seconds, backward seconds) of each block in one forward + backward of the
     whole `seq` on `sample` (which needs no gradient, like a first stage's data);

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,46 @@ class Profile:
     @property
     def total_param_bytes(self) -> int:
         return sum(b.param_bytes for b in self.blocks)
+
+
+def median_profile(profiles: Sequence[Profile]) -> Profile:
+    """One profile from several of the same model under the same conditions (taken at
+    different moments): each block's seconds are the median of its seconds in `profiles`
+    (`DataError` where they are not profiles of the same blocks, batch and threads)."""
+    if not profiles:
+        raise DataError("median_profile needs at least one profile")
+    first = profiles[0]
+    same = ("model", "input_shape", "micro_batch_size", "threads")
+    shape = [(b.name, b.out_bytes, b.param_bytes, b.stash_bytes) for b in first.blocks]
+    for i, other in enumerate(profiles[1:], 1):
+        differs = [k for k in same if getattr(other, k) != getattr(first, k)]
+        if differs or [(b.name, b.out_bytes, b.param_bytes, b.stash_bytes)
+                       for b in other.blocks] != shape:
+            what = ", ".join(differs) or "blocks"
+            raise DataError(f"profiles[{i}] differs from profiles[0] in {what}: a median "
+                            "profile is of one model measured the same way")
+
+    def mid(values: list[float]) -> float:
+        v = sorted(values)
+        h = len(v) // 2
+        return v[h] if len(v) % 2 else (v[h - 1] + v[h]) / 2
+
+    blocks = tuple(replace(block, fwd_s=mid([p.blocks[i].fwd_s for p in profiles]),
+                           bwd_s=mid([p.blocks[i].bwd_s for p in profiles]),
+                           acc_s=mid([p.blocks[i].acc_s for p in profiles]))
+                   for i, block in enumerate(first.blocks))
+    return replace(first, blocks=blocks)
+
+
+def scale_times(profile: Profile, factor: float) -> Profile:
+    """`profile` with every block's seconds (forward, backward, accumulate) times `factor`
+    (e.g. what its compute costs under load against alone); sizes as they were."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not math.isfinite(factor) or factor <= 0:
+        raise DataError(f"time factor = {factor!r} must be a finite number > 0")
+    return replace(profile, blocks=tuple(
+        replace(b, fwd_s=b.fwd_s * factor, bwd_s=b.bwd_s * factor, acc_s=b.acc_s * factor)
+        for b in profile.blocks))
 
 
 def to_json(profile: Profile) -> str:

@@ -52,12 +52,10 @@ def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: in
                    blocks=tuple(BlockProfile(**vars(b)) for b in blocks))
 
 
-def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,
-                threads: int | None = None, repeat: int = REPEAT, device: str = "cpu",
-                fuse_accumulation: str = "auto") -> Profile:
-    """Build the model the run trains and profile it on the first `micro_batch_size`
-    training samples of its data set (`fuse_accumulation`: its `pipeline` section's); the
-    profile records the model's options and the data set (`plan --profile` plans them)."""
+def model_and_sample(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,
+                     device: str = "cpu") -> tuple[nn.Module, torch.Tensor]:
+    """The model a run trains (seed 0) and the first `micro_batch_size` training samples
+    of its data set: what a profile of the run measures."""
     data = load_dataset(data_cfg)
     n = data.train_x.shape[0]
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) \
@@ -66,7 +64,16 @@ def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: 
                           f"{data.name} training set holds {n} samples)")
     torch.manual_seed(0)
     model = build_model(model_cfg, data.input_shape, data.num_classes).to(device)
-    sample = data.train_x[:micro_batch_size].to(device)
+    return model, data.train_x[:micro_batch_size].to(device)
+
+
+def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,
+                threads: int | None = None, repeat: int = REPEAT, device: str = "cpu",
+                fuse_accumulation: str = "auto") -> Profile:
+    """Build the model the run trains and profile it on the first `micro_batch_size`
+    training samples of its data set (`fuse_accumulation`: its `pipeline` section's); the
+    profile records the model's options and the data set (`plan --profile` plans them)."""
+    model, sample = model_and_sample(model_cfg, data_cfg, micro_batch_size, device)
     profile = profile_model(model, sample, model_cfg.name, threads, repeat,
                             fuse_accumulation=fuse_accumulation)
     planned = planned_for(model_cfg, data_cfg)

@@ -9,12 +9,16 @@ optimiser, fed one fixed batch of this rank's share (no data loading, no evaluat
 Every plan is built first; then each round runs `steps` steps of every plan in turn,
 alternating the order between rounds, between barriers (interleaved: load that drifts
 during the run falls on every plan alike). The result, on every rank, is the seconds per
-step of each round, per plan.
+step of each round, per plan. `probe_plans` also calls a probe on every rank in each
+round, in turn with the plans, and keeps rank 0's results (`plan validate` profiles the
+model there, alone and under load, so the profile sees the same drift as the steps it
+predicts).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +34,9 @@ from approxdist.train.build import engine_for
 from approxdist.train.check import check_parts
 from approxdist.train.engine import Engine
 from approxdist.train.optim import set_lr
+
+#: the probe's turn in the rounds (a plan may not use this key)
+PROBE = "(probe)"
 
 
 @dataclass(frozen=True)
@@ -86,12 +93,25 @@ def _repeat(step: Any, times: int) -> Any:
 def time_plans(ctx: DistContext, plans: list[TimedPlan], timing: StepTiming
                ) -> dict[str, list[float]]:
     """Seconds per step of each round, per plan key (run on every rank)."""
+    return probe_plans(ctx, plans, timing)[0]
+
+
+def probe_plans(ctx: DistContext, plans: list[TimedPlan], timing: StepTiming,
+                probe: Callable[[DistContext], Any] | None = None
+                ) -> tuple[dict[str, list[float]], list[Any]]:
+    """`time_plans`, and `probe(ctx)` called on every rank once per round, in turn with the
+    plans, between barriers (what it measures then sees the machine the plans ran on,
+    drift included): (seconds per step of each round per plan key, what the probe returned
+    on rank 0 each round; empty on other ranks and without a probe)."""
     torch.set_num_threads(timing.threads)
     datasets: dict[str, TensorDataset] = {}
     engines: list[Engine] = []
-    steps = {}
+    steps: dict[str, Callable[[], None]] = {}
+    probed: list[Any] = []
     try:
         for plan in plans:
+            if plan.key == PROBE:
+                raise ConfigError(f"plan key {PROBE!r} is the probe's; give the plan another")
             cfg = build_config(plan.sections)
             if cfg.train.world_size != ctx.world_size:
                 raise ConfigError(f"plan {plan.key!r} is for {cfg.train.world_size} rank(s), "
@@ -109,9 +129,17 @@ def time_plans(ctx: DistContext, plans: list[TimedPlan], timing: StepTiming
         for step in steps.values():
             _repeat(step, timing.warmup)()
             dist.barrier()
-        rounds = interleave({k: _repeat(s, timing.steps) for k, s in steps.items()},
-                            timing.rounds, alternate=True, sync=dist.barrier)
+        ops = {k: _repeat(s, timing.steps) for k, s in steps.items()}
+        if probe is not None:
+            def take() -> None:
+                got = probe(ctx)
+                if ctx.rank == 0:
+                    probed.append(got)
+
+            ops[PROBE] = take
+        rounds = interleave(ops, timing.rounds, alternate=True, sync=dist.barrier)
     finally:
         for engine in engines:
             engine.close()
-    return {k: [t / timing.steps for t in ts] for k, ts in rounds.items()}
+    return ({k: [t / timing.steps for t in ts] for k, ts in rounds.items() if k in steps},
+            probed)

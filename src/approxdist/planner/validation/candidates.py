@@ -21,7 +21,7 @@ from approxdist.planner.cost.pipeline import Stage
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level, PipeDreamSettings
 from approxdist.planner.profile import Profile
-from approxdist.planner.search import RankedPlan, pipedream, search, simulated
+from approxdist.planner.search import RankedPlan, data_parallel, pipedream, search, simulated
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -72,6 +72,19 @@ def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, 
         merged[k] = Candidate(r, (*merged[k].choosers, who)) if k in merged \
             else Candidate(r, (who,))
     return list(merged.values())
+
+
+def repriced(c: Candidate, profile: Profile, base: SolverSettings) -> Candidate:
+    """`c`'s plan (same stages, schedule, micro-batches, choosers) priced again on another
+    `profile` of the same model, e.g. one taken while the plan was being timed."""
+    r = c.ranked
+    if r.mode in ("dp", "single"):
+        again = data_parallel(profile, replace(base, memory_bytes=None))
+        assert again is not None  # without a memory limit data parallelism always fits
+    else:
+        again = simulated(profile, replace(base, schedule=r.plan.schedule,
+                                           microbatches=r.plan.microbatches), r.plan.stages)
+    return Candidate(again, c.choosers)
 
 
 def torchgpipe(profile: Profile, base: SolverSettings,

@@ -20,6 +20,7 @@ Pure: the timing is the caller's (`train/plan_timing.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -144,18 +145,20 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
     return out
 
 
-def shared_rows(profile: Profile, networks: dict[int, Network], measured: dict[str, float],
-                optimizer_s_per_byte: float, overhead: EngineOverhead,
-                probe: float = PROBE_S) -> list[OverheadRow]:
+def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
+                measured: dict[str, float], optimizer_s_per_byte: float,
+                overhead: EngineOverhead, probe: float = PROBE_S) -> list[OverheadRow]:
     """Every shared run as an `OverheadRow`: measured, the cost model's prediction with
     `overhead` and no `shared_action_s`, and its growth per second of it (secant to
-    `probe`). `networks`: the machine's network by world size."""
+    `probe`). `profiles` and `networks`: `SHARED`'s profile (as its compute costs under
+    that world's load: `validation/probe.py`) and the machine's network, by world size."""
     out = []
     for key, seconds in measured.items():
         if not key.startswith("shared/"):
             continue
         _, world, schedule, m = key.split("/")
         n = int(world[1:])
+        profile = profiles[n]
         bounds = (0, *shared_cuts(len(profile.blocks), n), len(profile.blocks))
         plan = PipelinePlan(tuple(Stage(a, b) for a, b in zip(bounds, bounds[1:])), schedule,
                             int(m[1:]))
@@ -168,15 +171,16 @@ def shared_rows(profile: Profile, networks: dict[int, Network], measured: dict[s
     return out
 
 
-def fit_shared(profile: Profile, networks: dict[int, Network], measured: dict[str, float],
-               optimizer_s_per_byte: float, overhead: EngineOverhead
-               ) -> tuple[float, float, list[OverheadRow]]:
+def fit_shared(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
+               measured: dict[str, float], optimizer_s_per_byte: float,
+               overhead: EngineOverhead) -> tuple[float, float, list[OverheadRow]]:
     """(`shared_action_s`, rms relative error, the rows of the last round): the one
     unknown >= 0 by least squares on the relative error, its slopes refined by secants."""
     probe, found = PROBE_S, 0.0
     rows_: list[OverheadRow] = []
     for _ in range(1 + REFINE):
-        rows_ = shared_rows(profile, networks, measured, optimizer_s_per_byte, overhead, probe)
+        rows_ = shared_rows(profiles, networks, measured, optimizer_s_per_byte, overhead,
+                            probe)
         if not rows_:
             raise DataError("no shared run was measured: time shared_plans on the world "
                             "sizes above the cores before fitting shared_action_s")

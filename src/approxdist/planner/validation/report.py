@@ -1,7 +1,9 @@
 """What `plan validate` concludes from its rows (pure): errors, order, regret, rivals.
 
 A row is one configuration (a setting x a plan) with `predicted_s` and `measured_s` (one
-step), the samples a step trains, who chose the plan (`choosers`) and its `setting`.
+step), the samples a step trains, who chose the plan (`choosers`) and its `setting`;
+optionally `planned_s`, its price on the profile the plans were chosen on (where
+`predicted_s` prices it on a profile taken while it was timed).
 Plans with more micro-batches train more samples per step, so orders and choices are
 compared on seconds per sample, as the planner ranks them.
 """
@@ -38,7 +40,8 @@ def chosen_by(rows: Sequence[Row], who: str) -> Row | None:
 def summarize(rows: Sequence[Row]) -> dict[str, Any]:
     """The figures of the validation: `median_ape`, `max_ape`, `kendall_tau` (every
     configuration, seconds per sample), `kendall_tau_within` (mean over settings),
-    `regret` (mean over settings) and `max_regret`, and the rivals' measured times."""
+    `regret` (mean over settings) and `max_regret`, and the rivals' measured times; where
+    every row has `planned_s`, `planned` holds the error and order figures of those."""
     errors = [ape(float(r["predicted_s"]), float(r["measured_s"])) for r in rows]
     tau = kendall_tau([per_sample(r, "predicted_s") for r in rows],
                       [per_sample(r, "measured_s") for r in rows])
@@ -71,6 +74,12 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "regret": sum(losses) / len(losses) if losses else math.nan,
         "max_regret": max(losses, default=math.nan),
         "regret_by_setting": regrets}
+    if rows and all("planned_s" in r for r in rows):
+        planned = [ape(float(r["planned_s"]), float(r["measured_s"])) for r in rows]
+        summary["planned"] = {
+            "median_ape": median(planned), "max_ape": max(planned),
+            "kendall_tau": kendall_tau([per_sample(r, "planned_s") for r in rows],
+                                       [per_sample(r, "measured_s") for r in rows])}
     for who, out in rivals.items():
         speedups = [r["speedup"] for r in out]
         summary[f"vs_{who}"] = {

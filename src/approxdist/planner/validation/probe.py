@@ -1,0 +1,89 @@
+"""The profile `plan validate` takes while it times a setting's plans: alone and under load.
+
+In each timed round (`train.plan_timing.probe_plans`, in turn with the plans) rank 0
+profiles the model alone (`profile_run`, the other ranks waiting at a barrier) and takes
+the CPU seconds of a whole pass (`pipeline.profiler.pass_cpu_s`); then every rank runs
+whole passes at once, as the setting's N ranks share the cores during its steps, and
+rank 0 takes the CPU seconds of its passes again (each at least `load_repeat` passes and
+`load_min_s` CPU seconds of them: a pass of the held-out shared MLP is 2 ms). Their
+ratio, the *load factor*, is
+what the same work costs more in CPU when N processes share this machine's cores (each
+evicting the others' caches, all sharing the memory bus); it is measured, not fitted: no
+step of a plan is timed for it. Each round's profile is scaled by its own factor and the
+rounds join by median per block (`under_load`); the setting's plans are priced on that.
+
+Measured here (`plan validate`, 2026-11-27, one thread per rank, 2 cores): resnet20 at
+micro-batch 16 x1.01-1.02 on 2 ranks, x1.05-1.07 on 3 and x1.10-1.13 on 4; mlp-wide at
+32 x0.99-1.01, x1.06-1.11 and x1.12-1.15 (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from approxdist.config.schema import DataConfig, ModelConfig
+from approxdist.errors import DataError
+from approxdist.launch.context import DistContext
+from approxdist.pipeline.profiler import REPEAT, pass_cpu_s
+from approxdist.planner.profile import Profile, median_profile, scale_times
+from approxdist.planner.profiler import model_and_sample, profile_run
+
+
+@dataclass(frozen=True)
+class ProbeRound:
+    """One round's profile (alone) and CPU seconds per whole pass, alone and loaded."""
+
+    profile: Profile
+    alone_s: float
+    loaded_s: float
+
+    @property
+    def load_factor(self) -> float:
+        return self.loaded_s / self.alone_s
+
+
+@dataclass(frozen=True)
+class ProfileProbe:
+    """A round's probe of one model (picklable: `probe_plans` calls it on every rank)."""
+
+    model: ModelConfig
+    data: DataConfig
+    micro_batch_size: int
+    threads: int | None = None
+    repeat: int = REPEAT
+    fuse_accumulation: str = "auto"
+    load_repeat: int = 2 * REPEAT
+    load_min_s: float = 0.25
+
+    def __call__(self, ctx: DistContext) -> ProbeRound | None:
+        """On rank 0 the round's `ProbeRound`; None on the others (they make the load)."""
+        model, sample = model_and_sample(self.model, self.data, self.micro_batch_size)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads or before)
+        try:
+            if ctx.rank == 0:
+                profile = profile_run(self.model, self.data, self.micro_batch_size,
+                                      self.threads, self.repeat,
+                                      fuse_accumulation=self.fuse_accumulation)
+                alone = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
+            dist.barrier()
+            loaded = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
+        finally:
+            torch.set_num_threads(before)
+        return ProbeRound(profile, alone, loaded) if ctx.rank == 0 else None
+
+
+def under_load(rounds: Sequence[ProbeRound]) -> tuple[Profile, float]:
+    """Each round's profile times its own load factor (taken in the same seconds: a pass
+    that ran slow alone read a slow profile too, and its lower factor makes up for it),
+    joined by the median per block; and the rounds' median load factor."""
+    if not rounds:
+        raise DataError("under_load needs at least one probe round")
+    factors = sorted(r.load_factor for r in rounds)
+    h = len(factors) // 2
+    factor = factors[h] if len(factors) % 2 else (factors[h - 1] + factors[h]) / 2
+    return median_profile([scale_times(r.profile, r.load_factor) for r in rounds]), factor
