@@ -4,13 +4,16 @@ In each timed round (`train.plan_timing.probe_plans`, in turn with the plans) ra
 profiles the model alone (`profile_run`, the other ranks waiting at a barrier) and takes
 the CPU seconds of a whole pass (`pipeline.profiler.pass_cpu_s`); then every rank runs
 whole passes at once, as the setting's N ranks share the cores during its steps, and
-rank 0 takes the CPU seconds of its passes again (each at least `load_repeat` passes and
-`load_min_s` CPU seconds of them: a pass of the held-out shared MLP is 2 ms). Their
-ratio, the *load factor*, is
-what the same work costs more in CPU when N processes share this machine's cores (each
-evicting the others' caches, all sharing the memory bus); it is measured, not fitted: no
-step of a plan is timed for it. Each round's profile is scaled by its own factor and the
-rounds join by median per block (`under_load`); the setting's plans are priced on that.
+each takes the CPU seconds of its passes; their mean over the ranks is the loaded pass
+(3 ranks on 2 cores: one may hold a core alone while two share the other, so no single
+rank speaks for the load; rank 0's own read x1.01 in a run where the ranks' steps ran
+15 % slower than in the run before). Each measurement is at least `load_repeat` passes
+and `load_min_s` CPU seconds of them (a pass of the held-out shared MLP is 2 ms). The
+ratio loaded / alone, the *load factor*, is what the same work costs more in CPU when N
+processes share this machine's cores (each evicting the others' caches, all sharing the
+memory bus); it is measured, not fitted: no step of a plan is timed for it. Each round's
+profile is scaled by its own factor and the rounds join by median per block
+(`under_load`); the setting's plans are priced on that.
 
 Measured here (`plan validate`, 2026-11-27, one thread per rank, 2 cores): resnet20 at
 micro-batch 16 x1.01-1.02 on 2 ranks, x1.05-1.07 on 3 and x1.10-1.13 on 4; mlp-wide at
@@ -48,7 +51,8 @@ class ProbeRound:
 
 @dataclass(frozen=True)
 class ProfileProbe:
-    """A round's probe of one model (picklable: `probe_plans` calls it on every rank)."""
+    """A round's probe of one model (picklable: `probe_plans` calls it on every rank):
+    `loaded_s` of its round is the mean over the ranks of their CPU seconds per pass."""
 
     model: ModelConfig
     data: DataConfig
@@ -71,10 +75,15 @@ class ProfileProbe:
                                       fuse_accumulation=self.fuse_accumulation)
                 alone = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
             dist.barrier()
-            loaded = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
+            mine = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
+            every: list[float | None] = [None] * ctx.world_size
+            dist.all_gather_object(every, mine)
         finally:
             torch.set_num_threads(before)
-        return ProbeRound(profile, alone, loaded) if ctx.rank == 0 else None
+        if ctx.rank != 0:
+            return None
+        loaded = [float(v) for v in every if v is not None]
+        return ProbeRound(profile, alone, sum(loaded) / len(loaded))
 
 
 def under_load(rounds: Sequence[ProbeRound]) -> tuple[Profile, float]:
