@@ -15,7 +15,7 @@ from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.profiler import measure_blocks, pass_cpu_s
 from approxdist.planner.profile import read_profile, scale_times
 from approxdist.planner.profiler import profile_model
-from approxdist.planner.validation.probe import ProbeRound, under_load
+from approxdist.train.profile_probe import ProbeRound, under_load
 
 
 def test_blocks_report_their_output_parameter_and_stashed_bytes() -> None:

@@ -11,7 +11,7 @@ parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
 `planner/validation/candidates.py`) on the cost model, then times every candidate on the
 ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`),
 with the model profiled again in each round, in turn with the plans, alone and under the
-setting's load (`planner/validation/probe.py`); each plan's prediction is its price on
+setting's load (`train/profile_probe.py`); each plan's prediction is its price on
 that profile (the machine the steps ran on), and its price on the profile it was chosen
 on is reported beside it (`planned_s`).
 It reports per configuration the predicted and measured step, and over all of them the
@@ -57,9 +57,9 @@ from approxdist.planner.search import auto_microbatches, plan_dict
 from approxdist.planner.validation import engine_runs, report
 from approxdist.planner.validation.candidates import Candidate, candidates, repriced
 from approxdist.planner.validation.configs import FULL, QUICK, Setting, select
-from approxdist.planner.validation.probe import ProfileProbe, under_load
 from approxdist.train.plan_layer import plan_sections
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans, time_plans
+from approxdist.train.profile_probe import ProfileProbe, under_load
 
 #: what the loopback fit measures: sizes x algorithms on 2 and 4 ranks (fp32)
 CALIBRATION_SIZES = (256 << 10, 1 << 20, 4 << 20)
@@ -124,7 +124,7 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Eng
     ranks; and where the validation puts more ranks than `cores` on this machine, what an
     action adds there, fitted on the shared runs of a model no setting uses, priced on
     that model's profile under each world's load, as the settings are
-    (`validation/probe.py`)."""
+    (`train/profile_probe.py`)."""
     profiles = {}
     for spec in (engine_runs.TINY, engine_runs.WIDE, engine_runs.SHARED):
         cfg = build_config(spec.sections)
@@ -196,11 +196,11 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
 
     The plans are chosen on a profile taken just before (`planned_s`: their price on it);
     `predicted_s` prices the same plans on the profile taken in each timed round, in turn
-    with the plans, alone and under the setting's load (`validation/probe.py`: the rounds'
-    median per block, times the median load factor): this machine's speed drifts by
-    5-10 % over minutes and a single process's passes read 52 or 62 ms from one minute
-    to the next (resnet20), so a profile taken apart from the steps prices another
-    machine."""
+    with the plans, alone and under the setting's load (`train/profile_probe.py`: each
+    round's profile times its load factor, the median per block): this machine's speed
+    drifts by 5-10 % over minutes and a single process's passes read 52 or 62 ms from
+    one minute to the next (resnet20), so a profile taken apart from the steps prices
+    another machine."""
     n = setting.world_size
     threads = _threads(cores, n)
     profile = _profile(setting, threads)

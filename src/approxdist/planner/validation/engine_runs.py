@@ -151,7 +151,7 @@ def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network]
     """Every shared run as an `OverheadRow`: measured, the cost model's prediction with
     `overhead` and no `shared_action_s`, and its growth per second of it (secant to
     `probe`). `profiles` and `networks`: `SHARED`'s profile (as its compute costs under
-    that world's load: `validation/probe.py`) and the machine's network, by world size."""
+    that world's load: `train/profile_probe.py`) and the machine's network, by world size."""
     out = []
     for key, seconds in measured.items():
         if not key.startswith("shared/"):
