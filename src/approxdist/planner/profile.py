@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -167,15 +168,10 @@ def median_profile(profiles: Sequence[Profile]) -> Profile:
             what = ", ".join(differs) or "blocks"
             raise DataError(f"profiles[{i}] differs from profiles[0] in {what}: a median "
                             "profile is of one model measured the same way")
-
-    def mid(values: list[float]) -> float:
-        v = sorted(values)
-        h = len(v) // 2
-        return v[h] if len(v) % 2 else (v[h - 1] + v[h]) / 2
-
-    blocks = tuple(replace(block, fwd_s=mid([p.blocks[i].fwd_s for p in profiles]),
-                           bwd_s=mid([p.blocks[i].bwd_s for p in profiles]),
-                           acc_s=mid([p.blocks[i].acc_s for p in profiles]))
+    mid = statistics.median
+    blocks = tuple(replace(block, fwd_s=mid(p.blocks[i].fwd_s for p in profiles),
+                           bwd_s=mid(p.blocks[i].bwd_s for p in profiles),
+                           acc_s=mid(p.blocks[i].acc_s for p in profiles))
                    for i, block in enumerate(first.blocks))
     return replace(first, blocks=blocks)
 

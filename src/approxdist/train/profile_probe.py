@@ -22,6 +22,7 @@ micro-batch 16 x1.01-1.02 on 2 ranks, x1.05-1.07 on 3 and x1.10-1.13 on 4; mlp-w
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -92,7 +93,5 @@ def under_load(rounds: Sequence[ProbeRound]) -> tuple[Profile, float]:
     joined by the median per block; and the rounds' median load factor."""
     if not rounds:
         raise DataError("under_load needs at least one probe round")
-    factors = sorted(r.load_factor for r in rounds)
-    h = len(factors) // 2
-    factor = factors[h] if len(factors) % 2 else (factors[h - 1] + factors[h]) / 2
-    return median_profile([scale_times(r.profile, r.load_factor) for r in rounds]), factor
+    return (median_profile([scale_times(r.profile, r.load_factor) for r in rounds]),
+            statistics.median(r.load_factor for r in rounds))
