@@ -67,8 +67,11 @@ CALIBRATION_ALGORITHMS = ("ring", "brd", "vhd")
 #: the optimizer every plan trains with (`train`'s default: SGD with momentum)
 OPTIMIZER = "momentum"
 #: passes of the profile rank 0 takes in each timed round (after one warm-up pair): with
-#: the default 5 rounds, 20 timed pairs in all, against the 9 of a profile taken at once
+#: the default 9 rounds, 36 timed pairs in all, against the 9 of a profile taken at once
 PROBE_REPEAT = 4
+#: timed rounds per setting: with 5, tau over all configurations read 0.77-0.83 in six
+#: runs of the same code; with 9, 0.82 in two (2026-11-27, docs/planner.md), 15 minutes
+ROUNDS = 9
 
 
 def register(actions: Any) -> None:
@@ -87,7 +90,8 @@ def register(actions: Any) -> None:
                    help="stop after fitting and saving the calibration (needs "
                         "--save-calibration)")
     p.add_argument("--keep", type=int, default=3, help="our best plans measured per setting")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help=f"interleaved rounds, each with a probe of the profile (default {ROUNDS})")
     p.add_argument("--steps", type=int, default=3, help="steps per plan per round (default 3)")
     p.add_argument("--warmup", type=int, default=2, help="steps per plan before timing")
     p.add_argument("--json", type=Path, help="write the rows and the figures here")
