@@ -74,6 +74,14 @@ def profile_run(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: 
     training samples of its data set (`fuse_accumulation`: its `pipeline` section's); the
     profile records the model's options and the data set (`plan --profile` plans them)."""
     model, sample = model_and_sample(model_cfg, data_cfg, micro_batch_size, device)
+    return profile_built(model, sample, model_cfg, data_cfg, threads, repeat,
+                         fuse_accumulation)
+
+
+def profile_built(model: nn.Module, sample: torch.Tensor, model_cfg: ModelConfig,
+                  data_cfg: DataConfig, threads: int | None = None, repeat: int = REPEAT,
+                  fuse_accumulation: str = "auto") -> Profile:
+    """`profile_run` of a model and sample already built by `model_and_sample`."""
     profile = profile_model(model, sample, model_cfg.name, threads, repeat,
                             fuse_accumulation=fuse_accumulation)
     planned = planned_for(model_cfg, data_cfg)

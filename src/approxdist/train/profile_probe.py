@@ -1,7 +1,7 @@
 """The profile `plan validate` takes while it times a setting's plans: alone and under load.
 
 In each timed round (`train.plan_timing.probe_plans`, in turn with the plans) rank 0
-profiles the model alone (`profile_run`, the other ranks waiting at a barrier) and takes
+profiles the model alone (`profile_built`, the other ranks waiting at a barrier) and takes
 the CPU seconds of a whole pass (`pipeline.profiler.pass_cpu_s`); then every rank runs
 whole passes at once, as the setting's N ranks share the cores during its steps, and
 each takes the CPU seconds of its passes; their mean over the ranks is the loaded pass
@@ -34,7 +34,7 @@ from approxdist.errors import DataError
 from approxdist.launch.context import DistContext
 from approxdist.pipeline.profiler import REPEAT, pass_cpu_s
 from approxdist.planner.profile import Profile, median_profile, scale_times
-from approxdist.planner.profiler import model_and_sample, profile_run
+from approxdist.planner.profiler import model_and_sample, profile_built
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,8 @@ class ProfileProbe:
         torch.set_num_threads(self.threads or before)
         try:
             if ctx.rank == 0:
-                profile = profile_run(self.model, self.data, self.micro_batch_size,
-                                      self.threads, self.repeat,
-                                      fuse_accumulation=self.fuse_accumulation)
+                profile = profile_built(model, sample, self.model, self.data, self.threads,
+                                        self.repeat, self.fuse_accumulation)
                 alone = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
             dist.barrier()
             mine = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
