@@ -3,16 +3,21 @@ against the pipeline package's schedule simulator."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from approxdist.config.dp import DPConfig
+from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
 from approxdist.data_parallel.engine import DataParallel
 from approxdist.errors import ConfigError
 from approxdist.pipeline.errors import ScheduleError
+from approxdist.pipeline.profiler import measure_blocks
 from approxdist.pipeline.schedule import Durations, build_schedule, simulate
 from approxdist.planner.cost import (
     CodecCost,
@@ -62,6 +67,44 @@ def test_dp_buckets_start_when_their_backward_is_done() -> None:
     assert t.exposed_comm_s == pytest.approx(2 * MIB * 1e-9)  # b2's hid behind b1's backward
     assert t.step_s == pytest.approx(0.04 + 0.06 + 2 * MIB * 1e-9)
     assert t.samples_per_step == 8 and t.samples_per_s == pytest.approx(8 / t.step_s)
+
+
+def test_dp_buckets_tensor_by_tensor_where_the_profile_lists_them() -> None:
+    """A block's tensors are bucketed one by one, as `DataParallel` does; the bucket is
+    ready when the earliest block it holds a tensor of is done."""
+    half = 3 * MIB // 8
+    blocks = (BlockProfile("b0", 0.01, 0.02, 64, 3 * half, 0, param_sizes=(half,) * 3),
+              BlockProfile("b1", 0.01, 0.03, 64, MIB // 8, 0, param_sizes=(MIB // 8,)))
+    t = dp_time(Profile("toy", (16,), 4, 1, "test", "test", blocks), 2, *_ring(1e-9))
+    # last to first, first bucket 0.25 MiB: b1 alone; then 1 MiB buckets: two of b0's
+    # tensors (0.75 MiB), the third with nothing after it. As one parameter, b0 (1.125
+    # MiB, >= solo) would be one bucket
+    assert [b.fp32_bytes for b in t.buckets] == [MIB // 8, 2 * half, half]
+    assert [b.blocks for b in t.buckets] == [(1,), (0,), (0,)]
+    assert [b.ready_s for b in t.buckets] == pytest.approx([0.03, 0.05, 0.05])
+    whole = dp_time(Profile("toy", (16,), 4, 1, "test", "test", tuple(
+        dataclasses.replace(b, param_sizes=()) for b in blocks)), 2, *_ring(1e-9))
+    assert [b.fp32_bytes for b in whole.buckets] == [MIB // 8, 3 * half]
+
+
+def test_dp_buckets_are_the_engines_for_a_profiled_model() -> None:
+    """On a real model's profile the cost model's buckets are the ones `DataParallel`
+    plans over the model's parameters (sizes and order)."""
+    model = nn.Sequential(nn.Linear(300, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 400), nn.Linear(400, 10))
+    blocks = measure_blocks(model, torch.randn(2, 300), repeat=1, warmup=0)
+    profile = Profile("mlp", (300,), 2, 1, "test", "test",
+                      tuple(BlockProfile(**vars(b)) for b in blocks))
+    opts = DPOptions(algorithm="ring")
+    infos = [ParamInfo(n, p.numel(), "fp32", i) for i, (n, p) in enumerate(model.named_parameters())]
+    engine = plan_buckets(infos, int(opts.bucket_mb * MIB), int(opts.first_bucket_mb * MIB),
+                          int(SOLO_MB * MIB))
+    t = dp_time(profile, 2, *_ring(1e-9))
+    assert [b.fp32_bytes for b in t.buckets] == [4 * p.numel for p in engine]
+    assert t.buckets[0].blocks == (4, 5)  # 4's bias shares the first bucket with 5
+    blockwise = dp_time(dataclasses.replace(profile, blocks=tuple(
+        dataclasses.replace(b, param_sizes=()) for b in profile.blocks)), 2, *_ring(1e-9))
+    assert [b.fp32_bytes for b in blockwise.buckets] != [4 * p.numel for p in engine]
 
 
 def test_dp_a_slow_bucket_holds_up_the_next_one() -> None:

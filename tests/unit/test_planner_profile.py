@@ -53,6 +53,22 @@ def test_json_round_trip_keeps_every_field(tmp_path: Path) -> None:
     assert data["blocks"][0]["acc_s"] == 0.0005
 
 
+def test_parameter_tensor_sizes_round_trip_and_are_optional() -> None:
+    """`param_sizes` (each tensor's bytes) is written where known, read back as a tuple,
+    and absent in files that do not list them (PipeDream's, and ours before it)."""
+    profile = _profile(blocks=(_block("conv1", param_sizes=(1728 - 64, 64)), _block("fc")))
+    data = json.loads(to_json(profile))
+    assert data["blocks"][0]["param_sizes"] == [1664, 64]
+    assert "param_sizes" not in data["blocks"][1]
+    back = from_json(to_json(profile))
+    assert back == profile and back.blocks[0].param_sizes == (1664, 64)
+    assert back.blocks[1].param_sizes == ()
+    # as JSON gives it: a list is taken as the tuple
+    assert _block(param_sizes=[1700, 28]).param_sizes == (1700, 28)
+    with pytest.raises(DataError, match=r"profiles\[1\] differs from profiles\[0\] in blocks"):
+        median_profile([profile, _profile()])
+
+
 def test_a_block_without_acc_s_reads_as_not_accumulating() -> None:
     """Files written before `acc_s` (and PipeDream's) still read: 0 seconds."""
     data = json.loads(to_json(_profile()))
@@ -104,6 +120,11 @@ def test_median_profile_refuses_profiles_of_other_things(other: Profile, message
     ({"param_bytes": 1.5}, r"param_bytes = 1\.5 must be a whole number of bytes"),
     ({"stash_bytes": None}, r"stash_bytes = None must be a whole number of bytes"),
     ({"name": ""}, r"block name = '' must be a non-empty string"),
+    ({"param_sizes": (1000, 700)}, r"block 'conv1' param_sizes sum to 1700 bytes, not its "
+                                   r"param_bytes = 1728; list every parameter tensor"),
+    ({"param_sizes": (1729, -1)}, r"block 'conv1' param_sizes\[1\] = -1 must be a whole number"),
+    ({"param_sizes": 1728}, r"block 'conv1' param_sizes = 1728 must be a list of each "
+                            r"parameter tensor's bytes"),
 ])
 def test_block_errors_name_field_value_and_fix(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(DataError, match=message):

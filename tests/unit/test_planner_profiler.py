@@ -25,6 +25,8 @@ def test_blocks_report_their_output_parameter_and_stashed_bytes() -> None:
     assert [b.name for b in blocks] == ["0 Linear", "1 ReLU", "2 Linear"]
     assert [b.out_bytes for b in blocks] == [5 * 16 * 4, 5 * 16 * 4, 5 * 4 * 4]
     assert [b.param_bytes for b in blocks] == [(8 * 16 + 16) * 4, 0, (16 * 4 + 4) * 4]
+    # each tensor's bytes in registration order, as the data-parallel engine buckets them
+    assert [b.param_sizes for b in blocks] == [(8 * 16 * 4, 16 * 4), (), (16 * 4 * 4, 4 * 4)]
     # a Linear keeps its input (its weight is a parameter, not stashed); ReLU its output
     assert [b.stash_bytes for b in blocks] == [5 * 8 * 4, 5 * 16 * 4, 5 * 16 * 4]
     assert all(b.fwd_s > 0 and b.bwd_s > 0 for b in blocks)

@@ -30,7 +30,8 @@ class BlockMeasure:
     """One block at the sample's batch: median seconds and bytes (`stash_bytes`: the
     tensors autograd saved for its backward, parameters not counted; `acc_s`: what its
     backward adds when its parameters' gradients already exist, as every micro-batch of
-    a step after a rank's first adds into them)."""
+    a step after a rank's first adds into them; `param_sizes`: each parameter tensor's
+    bytes, in registration order, as the data-parallel engine buckets them)."""
 
     name: str
     fwd_s: float
@@ -39,6 +40,7 @@ class BlockMeasure:
     param_bytes: int
     stash_bytes: int
     acc_s: float = 0.0
+    param_sizes: tuple[int, ...] = ()
 
 
 #: timed runs per block (the median is kept). Three were too few on a shared 2-core
@@ -95,6 +97,7 @@ def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
             name=f"{name} {type(block).__name__}", fwd_s=fwd, bwd_s=bwd,
             out_bytes=sum(_nbytes(t) for t in _tensors(y)),
             param_bytes=sum(_nbytes(p) for p in block.parameters()), stash_bytes=stash,
+            param_sizes=tuple(_nbytes(p) for p in block.parameters()),
             acc_s=max(0.0, _median([a[1][i] - f[1][i] for f, a in pairs]))))
         x = _detach(y)
     return out

@@ -21,7 +21,7 @@ on construction and round-trips through one JSON object:
      "blocks": [
       {"name": "node2 Conv2d(3, 64, ...)", "fwd_s": 0.022316, "bwd_s": 0.006405,
        "out_bytes": 198246400, "param_bytes": 93184, "stash_bytes": 154140672,
-       "acc_s": 0.0},
+       "acc_s": 0.0, "param_sizes": [92928, 256]},
       ...
      ]
     }
@@ -42,8 +42,9 @@ from approxdist.planner.plan_file import check_table
 
 FORMAT = "approxdist-profile"
 VERSION = 1
-_BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes", "acc_s")
-_OPTIONAL_BLOCK_KEYS = ("acc_s",)
+_BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes", "acc_s",
+               "param_sizes")
+_OPTIONAL_BLOCK_KEYS = ("acc_s", "param_sizes")
 _TOP_KEYS = ("format", "version", "model", "input_shape", "micro_batch_size", "threads",
              "torch_version", "machine", "blocks", "model_options", "data")
 _OPTIONAL_TOP_KEYS = ("model_options", "data")
@@ -54,7 +55,9 @@ _HOW_TO_GET_ONE = ("write one with approxdist.planner.write_profile, or convert 
 @dataclass(frozen=True)
 class BlockProfile:
     """One block: seconds per micro-batch and bytes (`stash_bytes`: kept for backward;
-    `acc_s`: what a backward adds when accumulating into existing gradients)."""
+    `acc_s`: what a backward adds when accumulating into existing gradients;
+    `param_sizes`: the bytes of each parameter tensor in registration order, summing to
+    `param_bytes`, or empty where unknown)."""
 
     name: str
     fwd_s: float
@@ -63,6 +66,7 @@ class BlockProfile:
     param_bytes: int
     stash_bytes: int
     acc_s: float = 0.0
+    param_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -72,6 +76,18 @@ class BlockProfile:
             _seconds(where, field, getattr(self, field))
         for field in ("out_bytes", "param_bytes", "stash_bytes"):
             _byte_count(where, field, getattr(self, field))
+        sizes = self.param_sizes
+        if isinstance(sizes, list):  # as JSON gives it
+            object.__setattr__(self, "param_sizes", sizes := tuple(sizes))
+        if not isinstance(sizes, tuple):
+            raise DataError(f"{where} param_sizes = {sizes!r} must be a list of each parameter "
+                            "tensor's bytes (or empty where unknown)")
+        for k, size in enumerate(sizes):
+            _byte_count(where, f"param_sizes[{k}]", size)
+        if sizes and sum(sizes) != self.param_bytes:
+            raise DataError(f"{where} param_sizes sum to {sum(sizes)} bytes, not its "
+                            f"param_bytes = {self.param_bytes}; list every parameter tensor "
+                            "of the block, or none")
 
     @property
     def compute_s(self) -> float:
@@ -160,10 +176,11 @@ def median_profile(profiles: Sequence[Profile]) -> Profile:
         raise DataError("median_profile needs at least one profile")
     first = profiles[0]
     same = ("model", "input_shape", "micro_batch_size", "threads")
-    shape = [(b.name, b.out_bytes, b.param_bytes, b.stash_bytes) for b in first.blocks]
+    shape = [(b.name, b.out_bytes, b.param_bytes, b.stash_bytes, b.param_sizes)
+             for b in first.blocks]
     for i, other in enumerate(profiles[1:], 1):
         differs = [k for k in same if getattr(other, k) != getattr(first, k)]
-        if differs or [(b.name, b.out_bytes, b.param_bytes, b.stash_bytes)
+        if differs or [(b.name, b.out_bytes, b.param_bytes, b.stash_bytes, b.param_sizes)
                        for b in other.blocks] != shape:
             what = ", ".join(differs) or "blocks"
             raise DataError(f"profiles[{i}] differs from profiles[0] in {what}: a median "
@@ -197,9 +214,16 @@ def to_json(profile: Profile) -> str:
             **{k: getattr(profile, k) for k in _OPTIONAL_TOP_KEYS
                if getattr(profile, k) is not None}}
     lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
-    blocks = ",\n".join("  " + json.dumps({k: getattr(b, k) for k in _BLOCK_KEYS})
-                        for b in profile.blocks)
+    blocks = ",\n".join("  " + json.dumps(_block_json(b)) for b in profile.blocks)
     return "{\n" + "\n".join(lines) + '\n "blocks": [\n' + blocks + "\n ]\n}"
+
+
+def _block_json(block: BlockProfile) -> dict[str, Any]:
+    """A block's keys (`param_sizes` as a list, left out where unknown)."""
+    out: dict[str, Any] = {k: getattr(block, k) for k in _BLOCK_KEYS if k != "param_sizes"}
+    if block.param_sizes:
+        out["param_sizes"] = list(block.param_sizes)
+    return out
 
 
 def from_json(text: str, source: str = "profile") -> Profile:

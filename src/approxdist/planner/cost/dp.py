@@ -3,8 +3,10 @@
 Each of N replicas runs the whole model on one profile micro-batch. Gradients are
 bucketed as `DataParallel` buckets them (`data_parallel.buckets.plan_buckets` with its
 default sizes: 1 MiB buckets, a 0.25 MiB first bucket, parameters of 1 MiB or more alone),
-with a profile block standing for one parameter. Backward runs the blocks last to first;
-bucket k is ready when the backward of its earliest block has ended, at r_k. Its
+tensor by tensor where the profile lists each block's parameter tensors (`param_sizes`;
+a profile that does not, as PipeDream's, has each block stand for one parameter).
+Backward runs the blocks last to first; bucket k is ready when the backward of the
+earliest block it holds a tensor of has ended, at r_k. Its
 all-reduce (`collectives.allreduce_time` on the level joining the N ranks) starts when it
 is ready and the previous bucket's has finished (one communication stream, buckets in
 order, as the reducer launches them):
@@ -138,7 +140,7 @@ def dp_time(profile: Profile, world_size: int, network: Network,
     machine = replace(level, link_alpha_s=0.0, link_beta_s_per_byte=0.0)
     end = cpu_end = cpu = 0.0
     out = []
-    for plan in _buckets(profile, opts):
+    for plan, owners in _buckets(profile, opts):
         values = plan.numel
         name = opts.algorithm
         if name == "hybrid":
@@ -148,7 +150,7 @@ def dp_time(profile: Profile, world_size: int, network: Network,
                                     opts.segment_bytes, busy)
         work = own + allreduce_time(machine, name, world_size, values, opts.codec,
                                     opts.segment_bytes, busy)  # its CPU part
-        ready = (done[min(plan.positions)] if opts.overlap else backward) + cpu
+        ready = (done[min(owners)] if opts.overlap else backward) + cpu
         if opts.threads > 1:  # CPU work, then the link's wait; the next bucket's CPU work
             start = max(ready, cpu_end)  # runs on another thread during this wait
             cpu_end = start + work
@@ -158,7 +160,7 @@ def dp_time(profile: Profile, world_size: int, network: Network,
             end = start + took
         if no_core:
             cpu += work
-        out.append(BucketTime(plan.index, plan.positions, 4 * values, name, ready, start, end))
+        out.append(BucketTime(plan.index, owners, 4 * values, name, ready, start, end))
     finish = max(backward + cpu, end)
     comm = sum(b.end_s - b.start_s for b in out)
     overhead = shared * opts.step_overhead_s
@@ -167,9 +169,18 @@ def dp_time(profile: Profile, world_size: int, network: Network,
                   world_size * profile.micro_batch_size, tuple(out), overhead)
 
 
-def _buckets(profile: Profile, opts: DPOptions) -> list[BucketPlan]:
-    """`plan_buckets` over the blocks that hold parameters (one block = one parameter)."""
-    params = [ParamInfo(b.name, -(-b.param_bytes // 4), opts.codec.spec, i)
-              for i, b in enumerate(profile.blocks) if b.param_bytes > 0]
-    return plan_buckets(params, int(opts.bucket_mb * MB), int(opts.first_bucket_mb * MB),
-                        int(opts.solo_mb * MB))
+def _buckets(profile: Profile, opts: DPOptions) -> list[tuple[BucketPlan, tuple[int, ...]]]:
+    """`plan_buckets` over the parameter tensors of the blocks (each block's `param_sizes`,
+    or the block as one parameter where the profile does not list them), and the blocks
+    each bucket holds tensors of, in order."""
+    params: list[ParamInfo] = []
+    owner: list[int] = []
+    for i, b in enumerate(profile.blocks):
+        for size in b.param_sizes or ((b.param_bytes,) if b.param_bytes > 0 else ()):
+            if size > 0:
+                params.append(ParamInfo(f"{b.name}[{len(params)}]", -(-size // 4),
+                                        opts.codec.spec, len(params)))
+                owner.append(i)
+    plans = plan_buckets(params, int(opts.bucket_mb * MB), int(opts.first_bucket_mb * MB),
+                         int(opts.solo_mb * MB))
+    return [(plan, tuple(sorted({owner[j] for j in plan.positions}))) for plan in plans]
