@@ -187,3 +187,22 @@ def test_probe_rounds_join_by_median_of_each_rounds_profile_under_its_load() -> 
         under_load([])
     with pytest.raises(DataError, match="time factor = 0 must be a finite number > 0"):
         scale_times(one, 0)
+
+
+def test_profiling_holds_freed_memory_before_timing_as_the_ranks_do(monkeypatch) -> None:
+    """Without it a large layer's fresh gradient was faulted in at every timed backward
+    (2x mlp-wide's backward in a process that had not held its heap yet)."""
+    from approxdist.planner import profiler
+
+    calls: list[str] = []
+    monkeypatch.setattr(profiler, "hold_freed_memory", lambda: calls.append("hold") or "")
+    timed = profiler.measure_blocks
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        calls.append("time")
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(profiler, "measure_blocks", measure)
+    profile_model(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4), "tiny", threads=1,
+                  repeat=1, warmup=0)
+    assert calls == ["hold", "time"]

@@ -33,10 +33,16 @@ def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: in
                   ) -> Profile:
     """The profile of `model` (an `nn.Sequential`) on the micro-batch `sample`, measured
     with `threads` torch threads (None: as set now); the thread count is restored after.
-    `fuse_accumulation`: how the pipeline stages that run it accumulate (`acc_s`)."""
+    `fuse_accumulation`: how the pipeline stages that run it accumulate (`acc_s`).
+    Freed memory is held as the training ranks hold it (`hold_freed_memory`): without,
+    each backward's fresh gradient of a large layer was mapped and faulted in afresh, and
+    mlp-wide's 4 MB layers read 2.8-3.0 ms of backward where the ranks spend 1.4-1.6 (five
+    profiles in a row in one process, 2026-11-27: the first one or two at 1.5, the rest
+    at 2.9)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ConfigError(f"threads = {threads!r} must be an integer >= 1")
+    hold_freed_memory()
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
