@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
+from approxdist.config.loader import build_config
 from approxdist.errors import LaunchError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.planner.cost import LinkLevel, fit_level, read_rows
@@ -20,6 +21,7 @@ from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.validation import engine_runs
 from approxdist.planner.validation.metrics import ape
 from approxdist.train.plan_timing import PROBE, StepTiming, TimedPlan, probe_plans
+from approxdist.train.profile_probe import ProbeRound, ProfileProbe
 
 
 def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
@@ -44,8 +46,17 @@ def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
     assert got["calibration"]["optimizers"] == {"momentum": 1e-11}
     # each plan priced on the profile taken in the round, and on the one it was chosen on
     assert all(r["planned_s"] > 0 for r in rows) and "kendall_tau" in got["planned"]
-    # ... scaled by what its compute cost in CPU with both ranks at once against alone
-    assert len({r["load_factor"] for r in rows}) == 1 and rows[0]["load_factor"] > 0
+    # ... scaled by what its compute cost in CPU with both ranks at once against alone,
+    # as far as the plan keeps both busy: between alone (1) and both, by its busy ranks
+    factors = rows[0]["load_factors"]
+    assert all(r["load_factors"] == factors for r in rows) and len(factors) == 2
+    assert factors[0] == 1.0 and factors[1] > 0
+    for r in rows:
+        assert 1.0 <= r["busy_ranks"] <= 2.0 + 1e-9
+        w = r["busy_ranks"] - 1.0
+        assert r["load_factor"] == pytest.approx((1 - w) + w * factors[1])
+        assert len(r["load_rounds"][0]) == 2  # alone, both
+    assert next(r for r in rows if r["mode"] == "dp")["busy_ranks"] == pytest.approx(2.0)
     text = capsys.readouterr().out
     assert "median_ape" in text and "vs torchgpipe" in text and "host: CPU time stolen" in text
     assert "priced on the profile the plans were chosen on" in text
@@ -117,3 +128,21 @@ def test_the_calibration_is_fitted_and_saved(tmp_path: Path, capsys) -> None:
             "compute under their load x" in text
             if worlds == (3, 4) else ("shared cores" in text) == bool(worlds))
     assert f"wrote {out}" in text and "median_ape" not in text  # it stopped there
+
+
+def _probe_three(ctx):
+    cfg = build_config(engine_runs.SHARED.sections)
+    probe = ProfileProbe(cfg.model, cfg.data, engine_runs.SHARED.micro_batch_size, 1,
+                         repeat=1, load_repeat=2, load_min_s=0.01)
+    return probe(ctx)
+
+
+def test_the_profile_probe_loads_every_number_of_busy_ranks() -> None:
+    """On 3 ranks a round has the pass alone, with 2 ranks computing and with all 3:
+    rank 0 returns it, the others make the load (no timing is asserted)."""
+    got = run_on_ranks(_probe_three, 3, timeout_s=120)
+    assert got[1] is None and got[2] is None
+    first = got[0]
+    assert isinstance(first, ProbeRound) and len(first.partial_s) == 1
+    assert len(first.factors) == 3 and first.factors[0] == 1.0
+    assert all(f > 0 for f in first.factors) and first.profile.blocks

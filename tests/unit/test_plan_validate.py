@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
-from approxdist.cli.plan_validate import sections
+from approxdist.cli.plan_validate import between, sections
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError, DataError
 from approxdist.pipeline.partition import balance_costs
@@ -23,7 +23,12 @@ from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level
 from approxdist.planner.profile import BlockProfile, Profile
 from approxdist.planner.search import optimizer_s
-from approxdist.planner.validation.candidates import candidates, repriced, torchgpipe
+from approxdist.planner.validation.candidates import (
+    busy_ranks,
+    candidates,
+    repriced,
+    torchgpipe,
+)
 from approxdist.planner.validation.configs import FULL, QUICK, select
 from approxdist.planner.validation.metrics import ape, kendall_tau, regret
 from approxdist.planner.validation.report import summarize, verdicts
@@ -99,6 +104,37 @@ def test_a_candidate_repriced_on_another_profile_keeps_its_plan() -> None:
         assert (again.key, again.choosers) == (c.key, c.choosers)
         assert again.ranked.samples_per_step == c.ranked.samples_per_step
         assert again.ranked.step_s > c.ranked.step_s  # more compute, same transfers
+
+
+def test_busy_ranks_is_how_many_ranks_share_the_compute() -> None:
+    """Equal compute per rank gives N; two heavy stages and two replicas of a light one
+    about 2, by hand: (sum c)^2 / sum c^2."""
+    profile = toy([(1e-3, 2e-3), (1e-3, 2e-3), (0.05e-3, 0.05e-3), (0.05e-3, 0.05e-3)],
+                  [MB, MB, MB, 0])
+    dp = PipelinePlan((Stage(0, 4, 4),), microbatches=4)
+    assert busy_ranks(dp, profile) == pytest.approx(4)
+    even = PipelinePlan((Stage(0, 2), Stage(2, 4)), microbatches=8)
+    assert busy_ranks(even, toy([(1e-3, 2e-3)] * 4, [MB] * 4)) == pytest.approx(2)
+    light = PipelinePlan((Stage(0, 1), Stage(1, 2), Stage(2, 4, 2)), microbatches=7)
+    shares = [7 * 3e-3, 7 * 3e-3, 4 * 0.2e-3, 4 * 0.2e-3]  # ceil(7 / 2) a replica
+    assert busy_ranks(light, profile) == pytest.approx(sum(shares) ** 2
+                                                      / sum(c * c for c in shares))
+    assert 2.0 < busy_ranks(light, profile) < 2.2
+
+
+@pytest.mark.parametrize("busy, count, want", [
+    (1.0, 4, ((1, 1.0), (2, 0.0))),
+    (2.25, 4, ((2, 0.75), (3, 0.25))),
+    (4.0, 4, ((3, 0.0), (4, 1.0))),
+    (5.0, 4, ((3, 0.0), (4, 1.0))),  # no more than the ranks measured
+    (0.5, 3, ((1, 1.0), (2, 0.0))),
+    (1.7, 1, ((1, 1.0), (1, 0.0))),
+])
+def test_a_plan_is_priced_between_the_two_nearest_measured_loads(
+        busy: float, count: int, want: tuple[tuple[int, float], tuple[int, float]]) -> None:
+    (lo, w_lo), (hi, w_hi) = between(busy, count)
+    assert (lo, hi) == (want[0][0], want[1][0])
+    assert (w_lo, w_hi) == pytest.approx((want[0][1], want[1][1]))
 
 
 def _row(setting: str, predicted: float, measured: float, *who: str,

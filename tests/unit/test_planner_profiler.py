@@ -15,7 +15,7 @@ from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.profiler import measure_blocks, pass_cpu_s
 from approxdist.planner.profile import read_profile, scale_times
 from approxdist.planner.profiler import profile_model
-from approxdist.train.profile_probe import ProbeRound, under_load
+from approxdist.train.profile_probe import ProbeRound, by_busy, under_load
 
 
 def test_blocks_report_their_output_parameter_and_stashed_bytes() -> None:
@@ -187,6 +187,23 @@ def test_probe_rounds_join_by_median_of_each_rounds_profile_under_its_load() -> 
         under_load([])
     with pytest.raises(DataError, match="time factor = 0 must be a finite number > 0"):
         scale_times(one, 0)
+
+
+def test_probe_rounds_join_per_number_of_ranks_computing() -> None:
+    """With 4 ranks a round also has the loaded pass with 2 and 3 of them computing:
+    factors (1 alone, 2, 3, 4), each joined over the rounds as `under_load` joins them."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+    one = profile_model(model, torch.randn(3, 8), "tiny", threads=1, repeat=1)
+    rounds = [ProbeRound(one, 1.0, 1.2, (1.0, 1.1)), ProbeRound(one, 2.0, 2.6, (2.2, 2.4)),
+              ProbeRound(one, 1.0, 1.3, (1.05, 1.1))]
+    assert rounds[1].factors == pytest.approx((1.0, 1.1, 1.2, 1.3))
+    profiles, factors = by_busy(rounds)
+    assert factors == pytest.approx((1.0, 1.05, 1.1, 1.3))
+    assert [p.blocks[0].fwd_s for p in profiles] == pytest.approx(
+        [f * one.blocks[0].fwd_s for f in factors])
+    assert under_load(rounds)[1] == pytest.approx(1.3)  # every rank computing
+    with pytest.raises(DataError, match=r"probe rounds of different world sizes \(\[3, 4\]"):
+        by_busy([*rounds, ProbeRound(one, 1.0, 1.2, (1.1,))])
 
 
 def test_profiling_holds_freed_memory_before_timing_as_the_ranks_do(monkeypatch) -> None:

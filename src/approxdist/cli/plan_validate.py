@@ -11,9 +11,11 @@ parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
 `planner/validation/candidates.py`) on the cost model, then times every candidate on the
 ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`),
 with the model profiled again in each round, in turn with the plans, alone and under the
-setting's load (`train/profile_probe.py`); each plan's prediction is its price on
-that profile (the machine the steps ran on), and its price on the profile it was chosen
-on is reported beside it (`planned_s`).
+setting's load (`train/profile_probe.py`: with every rank computing and with fewer);
+each plan's prediction is its price on that profile (the machine the steps ran on) at
+the number of ranks its compute keeps busy (`candidates.busy_ranks`, between the two
+nearest measured), and its price on the profile it was chosen on is reported beside it
+(`planned_s`).
 It reports per configuration the predicted and measured step, and over all of them the
 median and max absolute percentage error, Kendall's tau of predicted vs measured seconds
 per sample (over every configuration, and the mean within settings), the regret of the
@@ -55,11 +57,16 @@ from approxdist.planner.profile import Profile
 from approxdist.planner.profiler import optimizer_s_per_byte, profile_run
 from approxdist.planner.search import auto_microbatches, plan_dict
 from approxdist.planner.validation import engine_runs, report
-from approxdist.planner.validation.candidates import Candidate, candidates, repriced
+from approxdist.planner.validation.candidates import (
+    Candidate,
+    busy_ranks,
+    candidates,
+    repriced,
+)
 from approxdist.planner.validation.configs import FULL, QUICK, Setting, select
 from approxdist.train.plan_layer import plan_sections
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans, time_plans
-from approxdist.train.profile_probe import ProfileProbe, under_load
+from approxdist.train.profile_probe import ProfileProbe, by_busy, under_load
 
 #: what the loopback fit measures: sizes x algorithms on 2 and 4 ranks (fp32)
 CALIBRATION_SIZES = (256 << 10, 1 << 20, 4 << 20)
@@ -221,20 +228,35 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     probe = ProfileProbe(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
                          PROBE_REPEAT, cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
     times, probed = run_on_ranks(probe_plans, n, plans, timing, probe, timeout_s=900)[0]
-    during, load = under_load(probed)
+    profiles, factors = by_busy(probed)
     rows = []
     for i, c in enumerate(found):
         measured = sorted(times[str(i)])[len(times[str(i)]) // 2]
-        priced = repriced(c, during, base).ranked
+        busy = busy_ranks(c.ranked.plan, profiles[0])
+        (lo, w_lo), (hi, w_hi) = between(busy, len(profiles))
+        predicted = (w_lo * repriced(c, profiles[lo - 1], base).ranked.step_s
+                     + w_hi * repriced(c, profiles[hi - 1], base).ranked.step_s)
         rows.append({"setting": setting.key, "model": setting.model.label, "world_size": n,
                      "link": setting.link or "none", "codec": setting.codec,
                      "mode": c.ranked.mode, "plan": c.describe(), "choosers": list(c.choosers),
                      "samples_per_step": c.ranked.samples_per_step,
-                     "predicted_s": priced.step_s, "planned_s": c.ranked.step_s,
+                     "predicted_s": predicted, "planned_s": c.ranked.step_s,
                      "measured_s": measured, "rounds_s": times[str(i)], "threads": threads,
-                     "load_factor": load,
-                     "load_rounds": [[r.alone_s, r.loaded_s] for r in probed]})
+                     "busy_ranks": busy,
+                     "load_factor": w_lo * factors[lo - 1] + w_hi * factors[hi - 1],
+                     "load_factors": list(factors),
+                     "load_rounds": [[r.alone_s, *r.partial_s, r.loaded_s] for r in probed]})
     return rows
+
+
+def between(busy: float, count: int) -> tuple[tuple[int, float], tuple[int, float]]:
+    """The whole numbers of busy ranks around `busy` (1 .. `count`) and their weights
+    (linear)."""
+    at = min(max(busy, 1.0), float(count))
+    lo = min(int(at), count - 1) if count > 1 else 1
+    hi = min(lo + 1, count)
+    w_hi = at - lo if hi != lo else 0.0
+    return (lo, 1.0 - w_hi), (hi, w_hi)
 
 
 COLUMNS = (Column("setting", 28, "setting", left=True), Column("plan", 34, "plan", left=True),
@@ -284,9 +306,11 @@ def run(args: argparse.Namespace) -> int:
         for i, setting in enumerate(settings):
             got = measure_setting(setting, cal, timing, args.keep, cores)
             rows += got
+            factors = got[0]["load_factors"]
+            fewer = "".join(f", {k} x{f:.3f}" for k, f in enumerate(factors[1:-1], 2))
             print(f"[{i + 1}/{len(settings)}] {setting.key}: {len(got)} plan(s) timed; compute "
-                  f"under its load x{got[0]['load_factor']:.3f} (CPU per pass, against alone)",
-                  flush=True)
+                  f"under its load x{factors[-1]:.3f} (CPU per pass, against alone; ranks "
+                  f"computing: {len(factors)} x{factors[-1]:.3f}{fewer})", flush=True)
     print(render(COLUMNS, rows))
     summary = report.summarize(rows)
     print(f"{summary['configs_measured']} configurations in {summary['settings']} settings; "

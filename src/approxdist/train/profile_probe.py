@@ -15,6 +15,16 @@ memory bus); it is measured, not fitted: no step of a plan is timed for it. Each
 profile is scaled by its own factor and the rounds join by median per block
 (`under_load`); the setting's plans are priced on that.
 
+Not every plan keeps its N ranks computing: a pipeline whose last stage is light, dealt
+to two replicas, has two ranks computing and two mostly waiting for messages, and its
+compute costs what it costs with two busy processes, not four (mlp-wide on 4 ranks:
+its two heavy stages' CPU per micro-batch 1.04-1.08x alone where all four ranks
+computing cost 1.19x). So the probe also takes the loaded pass with k = 2 .. N-1 ranks
+computing and the rest waiting (`ProbeRound.factors`: the factor for 1 .. N busy ranks,
+1 alone), and `by_busy` joins the rounds per k; `plan validate` prices each plan between
+the two profiles around its effective number of busy ranks
+(`planner.validation.candidates.busy_ranks`).
+
 Measured here (`plan validate`, 2026-11-27, one thread per rank, 2 cores): resnet20 at
 micro-batch 16 x1.01-1.02 on 2 ranks, x1.05-1.07 on 3 and x1.10-1.13 on 4; mlp-wide at
 32 x0.99-1.01, x1.06-1.11 and x1.12-1.15 (docs/planner.md).
@@ -39,15 +49,22 @@ from approxdist.planner.profiler import model_and_sample, profile_built
 
 @dataclass(frozen=True)
 class ProbeRound:
-    """One round's profile (alone) and CPU seconds per whole pass, alone and loaded."""
+    """One round's profile (alone) and CPU seconds per whole pass, alone, loaded (every
+    rank computing) and with 2 .. N-1 ranks computing (`partial_s`)."""
 
     profile: Profile
     alone_s: float
     loaded_s: float
+    partial_s: tuple[float, ...] = ()
 
     @property
     def load_factor(self) -> float:
         return self.loaded_s / self.alone_s
+
+    @property
+    def factors(self) -> tuple[float, ...]:
+        """The load factor with 1, 2, .. N ranks computing (1.0 alone)."""
+        return (1.0, *(p / self.alone_s for p in self.partial_s), self.load_factor)
 
 
 @dataclass(frozen=True)
@@ -74,23 +91,46 @@ class ProfileProbe:
                 profile = profile_built(model, sample, self.model, self.data, self.threads,
                                         self.repeat, self.fuse_accumulation)
                 alone = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
-            dist.barrier()
-            mine = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s)
-            every: list[float | None] = [None] * ctx.world_size
-            dist.all_gather_object(every, mine)
+            loaded = [self._loaded(ctx, model, sample, busy)
+                      for busy in (ctx.world_size, *range(2, ctx.world_size))]
         finally:
             torch.set_num_threads(before)
         if ctx.rank != 0:
             return None
-        loaded = [float(v) for v in every if v is not None]
-        return ProbeRound(profile, alone, sum(loaded) / len(loaded))
+        return ProbeRound(profile, alone, loaded[0], tuple(loaded[1:]))
+
+    def _loaded(self, ctx: DistContext, model: torch.nn.Module, sample: torch.Tensor,
+                busy: int) -> float:
+        """Mean CPU seconds per pass over ranks 0 .. busy-1 running passes at once (the
+        others wait in the gather)."""
+        dist.barrier()
+        mine = pass_cpu_s(model, sample, self.load_repeat, min_s=self.load_min_s) \
+            if ctx.rank < busy else None
+        every: list[float | None] = [None] * ctx.world_size
+        dist.all_gather_object(every, mine)
+        got = [float(v) for v in every if v is not None]
+        return sum(got) / len(got)
 
 
 def under_load(rounds: Sequence[ProbeRound]) -> tuple[Profile, float]:
     """Each round's profile times its own load factor (taken in the same seconds: a pass
     that ran slow alone read a slow profile too, and its lower factor makes up for it),
-    joined by the median per block; and the rounds' median load factor."""
+    joined by the median per block; and the rounds' median load factor (every rank
+    computing: `by_busy`'s last)."""
+    profiles, factors = by_busy(rounds)
+    return profiles[-1], factors[-1]
+
+
+def by_busy(rounds: Sequence[ProbeRound]) -> tuple[tuple[Profile, ...], tuple[float, ...]]:
+    """`under_load` for 1, 2, .. N ranks computing: the profile and median load factor of
+    each (the first: alone)."""
     if not rounds:
         raise DataError("under_load needs at least one probe round")
-    return (median_profile([scale_times(r.profile, r.load_factor) for r in rounds]),
-            statistics.median(r.load_factor for r in rounds))
+    counts = {len(r.factors) for r in rounds}
+    if len(counts) > 1:
+        raise DataError(f"probe rounds of different world sizes ({sorted(counts)} factors): "
+                        "join the rounds of one setting")
+    width = counts.pop()
+    return (tuple(median_profile([scale_times(r.profile, r.factors[k]) for r in rounds])
+                  for k in range(width)),
+            tuple(statistics.median(r.factors[k] for r in rounds) for k in range(width)))

@@ -13,11 +13,12 @@ chooser named.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from approxdist.errors import ConfigError
 from approxdist.pipeline.partition import balance_costs
-from approxdist.planner.cost.pipeline import Stage
+from approxdist.planner.cost.pipeline import PipelinePlan, Stage
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level, PipeDreamSettings
 from approxdist.planner.profile import Profile
@@ -100,3 +101,17 @@ def torchgpipe(profile: Profile, base: SolverSettings,
     priced = [simulated(profile, replace(base, schedule="gpipe", microbatches=m), stages)
               for m in microbatches]
     return min(priced, key=lambda r: r.per_sample_s)
+
+
+def busy_ranks(plan: PipelinePlan, profile: Profile) -> float:
+    """How many of the plan's ranks compute at once, in effect: the participation ratio
+    (sum c)^2 / sum c^2 of each rank's compute per step c (a replica of stage s runs
+    ceil(M / r_s) of the M micro-batches, each the stage's forward + backward). N ranks
+    of equal compute (data parallelism, a balanced pipeline) give N; two heavy stages and
+    two replicas of a light one about 2."""
+    shares = []
+    for st in plan.stages:
+        work = sum(b.fwd_s + b.bwd_s for b in profile.blocks[st.first:st.end])
+        shares += [math.ceil(plan.microbatches / st.replicas) * work] * st.replicas
+    total, squares = sum(shares), sum(c * c for c in shares)
+    return total * total / squares if squares > 0 else float(len(shares))
