@@ -25,9 +25,11 @@ computing and the rest waiting (`ProbeRound.factors`: the factor for 1 .. N busy
 the two profiles around its effective number of busy ranks
 (`planner.validation.candidates.busy_ranks`).
 
-Measured here (`plan validate`, 2026-11-27, one thread per rank, 2 cores): resnet20 at
-micro-batch 16 x1.01-1.02 on 2 ranks, x1.05-1.07 on 3 and x1.10-1.13 on 4; mlp-wide at
-32 x0.99-1.01, x1.06-1.11 and x1.12-1.15 (docs/planner.md).
+Measured here (`plan validate`, 2026-11-27, one thread per rank, 2 cores; two runs):
+resnet20 at micro-batch 16 x0.98-1.01 on 2 ranks, x1.04-1.07 on 3 (2 of them computing:
+x1.02-1.03) and x1.09-1.12 on 4 (2: x1.02-1.05, 3: x1.06-1.09); mlp-wide at 32
+x1.04-1.06, x1.12-1.14 (x1.05-1.07) and x1.16-1.25 (x1.04-1.08, x1.11-1.15)
+(docs/planner.md).
 """
 
 from __future__ import annotations
