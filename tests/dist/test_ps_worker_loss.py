@@ -65,8 +65,10 @@ def test_a_killed_worker_is_left_behind_and_named(tmp_path: Path, mode: str,
     assert 0 < lost[0]["step"] < summary["steps"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["kind"] == "epoch"]
-    after = [r for r in epochs if r["step"] >= lost[0]["step"]]
-    # every epoch from the loss on gathers over the survivors and names the lost rank
+    # every epoch after the loss gathers over the survivors and names the lost rank (an
+    # epoch that ends at the very step the server took the loss at may have gathered just
+    # before the worker died: seen once in a clean-clone CI run, 2026-11-27)
+    after = [r for r in epochs if r["step"] > lost[0]["step"]]
     assert after and all(r["lost_ranks"] == [victim] for r in after)
     assert all(victim not in [row["rank"] for row in r["ranks"]] for r in after)
     assert all(0 <= r["test_accuracy"] <= 1 for r in epochs)
