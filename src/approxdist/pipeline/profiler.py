@@ -93,11 +93,11 @@ def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
         fwd = _median([run[0][i] for pair in pairs for run in pair])
         bwd = _median([f[1][i] for f, _ in pairs])
         stash, y = _stashed_bytes(block, x)
+        sizes = tuple(_nbytes(p) for p in block.parameters())
         out.append(BlockMeasure(
             name=f"{name} {type(block).__name__}", fwd_s=fwd, bwd_s=bwd,
             out_bytes=sum(_nbytes(t) for t in _tensors(y)),
-            param_bytes=sum(_nbytes(p) for p in block.parameters()), stash_bytes=stash,
-            param_sizes=tuple(_nbytes(p) for p in block.parameters()),
+            param_bytes=sum(sizes), stash_bytes=stash, param_sizes=sizes,
             acc_s=max(0.0, _median([a[1][i] - f[1][i] for f, a in pairs]))))
         x = _detach(y)
     return out
