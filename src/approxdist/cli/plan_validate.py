@@ -233,9 +233,9 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     for i, c in enumerate(found):
         measured = sorted(times[str(i)])[len(times[str(i)]) // 2]
         busy = busy_ranks(c.ranked.plan, profiles[0])
-        (lo, w_lo), (hi, w_hi) = between(busy, len(profiles))
-        predicted = (w_lo * repriced(c, profiles[lo - 1], base).ranked.step_s
-                     + w_hi * repriced(c, profiles[hi - 1], base).ranked.step_s)
+        weights = [(k, w) for k, w in between(busy, len(profiles)) if w > 0]
+        predicted = sum(w * repriced(c, profiles[k - 1], base).ranked.step_s
+                        for k, w in weights)
         rows.append({"setting": setting.key, "model": setting.model.label, "world_size": n,
                      "link": setting.link or "none", "codec": setting.codec,
                      "mode": c.ranked.mode, "plan": c.describe(), "choosers": list(c.choosers),
@@ -243,7 +243,7 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
                      "predicted_s": predicted, "planned_s": c.ranked.step_s,
                      "measured_s": measured, "rounds_s": times[str(i)], "threads": threads,
                      "busy_ranks": busy,
-                     "load_factor": w_lo * factors[lo - 1] + w_hi * factors[hi - 1],
+                     "load_factor": sum(w * factors[k - 1] for k, w in weights),
                      "load_factors": list(factors),
                      "load_rounds": [[r.alone_s, *r.partial_s, r.loaded_s] for r in probed]})
     return rows

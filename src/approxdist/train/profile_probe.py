@@ -127,7 +127,7 @@ def by_busy(rounds: Sequence[ProbeRound]) -> tuple[tuple[Profile, ...], tuple[fl
     """`under_load` for 1, 2, .. N ranks computing: the profile and median load factor of
     each (the first: alone)."""
     if not rounds:
-        raise DataError("under_load needs at least one probe round")
+        raise DataError("joining probe rounds needs at least one probe round")
     counts = {len(r.factors) for r in rounds}
     if len(counts) > 1:
         raise DataError(f"probe rounds of different world sizes ({sorted(counts)} factors): "
