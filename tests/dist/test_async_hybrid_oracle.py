@@ -38,7 +38,7 @@ from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.stream_cut import step_cuts
 from approxdist.pipeline.schedule.versions import AsyncSchedule
 from approxdist.pipeline.stream import StreamExecutor
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import make_groups
 from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot, train_streams
@@ -73,8 +73,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         cfg = build_config(case.sections())
-        groups = make_groups(Topology.grid(len(case.replicas), case.replicas), ctx,
-                             replica_streams=cfg.dp.threads + 2)
+        groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
+                             streams={('dp',): cfg.dp.threads + 2})
         x0, _ = minibatch(case, 0, 0)
         rt = build_hybrid_runtime(cfg, oracle_model(), ctx, groups, x0[:2],
                                   minibatches=case.minibatches)

@@ -24,7 +24,7 @@ from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.mlp import mlp
 from approxdist.pipeline.microbatch import split_microbatches
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
 
 FEATURES, CLASSES, HIDDEN, BATCH = 12, 5, 16, 24
@@ -75,8 +75,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         cfg = build_config(case.sections())
-        groups = make_groups(Topology.grid(len(case.replicas), case.replicas), ctx,
-                             replica_streams=cfg.dp.threads + 2)
+        groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
+                             streams={('dp',): cfg.dp.threads + 2})
         x, y = _data()
         rt = build_hybrid_runtime(cfg, _model(), ctx, groups, x[:2])
         first, last = rt.transport.is_first, rt.transport.is_last

@@ -22,7 +22,7 @@ from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import build_model
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
 from approxdist.trace import NULL_RECORDER
 from approxdist.train.engines.param_server import build_param_server
@@ -68,7 +68,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         cfg, data = case.config(), _data(case.steps)
-        groups = make_groups(Topology.data_parallel(4), ctx)
+        groups = make_groups(Mesh.data_parallel(4), ctx)
         engine = build_param_server(cfg, ctx, groups, data, NULL_RECORDER)
         slow = Stragglers.parse([case.straggler] if case.straggler else [], 4)
         batches = ShardedBatches(data, BATCH, *engine.shard, seed=0, augment=False)

@@ -37,7 +37,7 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.mlp import mlp
 from approxdist.pipeline.microbatch import split_microbatches
 from approxdist.pipeline.runtime import build_runtime
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
 
 STEPS, BATCH = 3, 12
@@ -164,7 +164,7 @@ def _every_case(ctx: DistContext) -> dict[str, Any]:
         out["pipeline"] = _pipeline(ctx, pipe)
     else:
         out["own job"] = _oracle(98)
-    groups = make_groups(Topology.grid(2, 2), ctx)
+    groups = make_groups(Mesh.stages(2, 2), ctx)
     out["grid"] = {"replicas": groups.replicas.ranks, "row": groups.pipeline.ranks
                    if groups.pipeline else None, "place": (groups.place.stage, groups.place.replica)}
     return out

@@ -24,6 +24,7 @@ from approxdist.config.loader import build_config
 from approxdist.data.base import TensorDataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError, DataError
+from approxdist.train.check import check_parts
 
 
 @dataclass
@@ -331,8 +332,12 @@ def test_config_rejects_a_phase_shorter_than_its_speculation() -> None:
     with pytest.raises(ConfigError, match=r"adaprec.gain_share = 1.5 must be in \[0, 1\]"):
         AdaPrecConfig(gain_share=1.5)
     with pytest.raises(ConfigError, match="AdaPrec switches"):
-        build_config({"train": {"parallel": "single", "world_size": 1},
-                      "dp": {"codec": "adaprec:fp32,bf16"}})
+        check_parts(build_config({"train": {"parallel": "dp", "world_size": 1},
+                                  "dp": {"codec": "adaprec:fp32,bf16"}}))
+    with pytest.raises(ConfigError, match="dp.codec = 'adaprec:fp32,bf16' is not used by "
+                                          "--parallel single; drop it, or use --parallel dp"):
+        check_parts(build_config({"train": {"parallel": "single", "world_size": 1},
+                                  "dp": {"codec": "adaprec:fp32,bf16"}}))
 
 
 def test_the_validation_split_comes_out_of_the_training_set() -> None:

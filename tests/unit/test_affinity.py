@@ -15,14 +15,14 @@ from approxdist.errors import ConfigError
 from approxdist.launch.affinity import bind_rank, bind_threads, check_policy, plan_cores
 from approxdist.launch.context import DistContext
 from approxdist.pipeline.runtime_bench import BenchCase
-from approxdist.topology.layout import Topology
+from approxdist.topology import Mesh
 from approxdist.train.worker import machine_ranks
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
 
 def test_rows_share_cores_and_a_stages_replicas_get_different_ones() -> None:
-    grid = Topology.grid(2, 2)  # ranks 0, 1: stage 0; 2, 3: stage 1
+    grid = Mesh.stages(2, 2)  # ranks 0, 1: stage 0; 2, 3: stage 1
     rows = [grid.place(r).replica for r in range(4)]
     got = plan_cores(rows, [0, 1])
     assert got == [(0,), (1,), (0,), (1,)]
@@ -41,10 +41,10 @@ def test_slices_are_equal_contiguous_and_cover_the_cores() -> None:
 
 
 def test_data_parallel_rows_are_ranks_and_a_plain_pipeline_is_one_row() -> None:
-    dp = Topology.data_parallel(4)
+    dp = Mesh.data_parallel(4)
     assert plan_cores([dp.place(r).replica for r in range(4)], [0, 1, 2, 3]) == \
         [(0,), (1,), (2,), (3,)]
-    pipe = Topology.grid(3, 1)
+    pipe = Mesh.stages(3, 1)
     assert plan_cores([pipe.place(r).replica for r in range(3)], [0, 1]) == [(0, 1)] * 3
 
 

@@ -9,6 +9,7 @@ import pytest
 from approxdist.config import load_config, parse_overrides, to_dict, write_config
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
+from approxdist.train.check import check_parts
 
 
 def test_defaults_are_the_main_job() -> None:
@@ -46,7 +47,6 @@ def test_int_accepted_for_float() -> None:
         ("train.progress=1", r"train.progress = 1 must be true or false"),
         ("optim.lr=-1", r"optim.lr = -1.0 must be > 0"),
         ("train.world_size=0", r"train.world_size = 0 must be >= 1"),
-        ("train.parallel=zz", r"train.parallel = 'zz' is not one of: single, dp"),
         ("data.synthetic_shape=3", r"data.synthetic_shape = 3 must be a list of int"),
         ("lr=1", r"override 'lr=1' must look like section.key=value"),
     ],
@@ -56,14 +56,20 @@ def test_bad_values_name_the_value(override: str, message: str) -> None:
         load_config(None, parse_overrides([override]))
 
 
+def test_an_unknown_mode_lists_the_records() -> None:
+    with pytest.raises(ConfigError, match=r"unknown parallel mode 'zz'; valid: dp, hybrid, "
+                                          r"pipeline, ps, single"):
+        check_parts(load_config(None, parse_overrides(["train.parallel=zz"])))
+
+
 def test_batch_must_divide_world() -> None:
     with pytest.raises(ConfigError, match=r"data.batch_size \(100\) .* world size \(3\).*try 99 or 102"):
-        build_config({"train": {"world_size": 3}, "data": {"batch_size": 100}})
+        check_parts(build_config({"train": {"world_size": 3}, "data": {"batch_size": 100}}))
 
 
 def test_single_mode_rejects_world_size() -> None:
     with pytest.raises(ConfigError, match="use --world-size 1 or --parallel dp"):
-        build_config({"train": {"parallel": "single", "world_size": 2}})
+        check_parts(build_config({"train": {"parallel": "single", "world_size": 2}}))
 
 
 def test_bad_files(tmp_path: Path) -> None:

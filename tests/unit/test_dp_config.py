@@ -12,6 +12,7 @@ from approxdist.config import load_config, write_config
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.train.check import check_parts
+from approxdist.train.mode import modes
 
 
 def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
@@ -40,9 +41,15 @@ def test_bad_dp_values_are_named_by_the_config(dp: dict, message: str) -> None:
     ({"dp": {"codec_rules": ["conv"]}}, "dp.codec_rules = 'conv': .*has no '='"),
     ({"dp": {"codec_rules": ["*.bias=fp7"]}}, r"dp.codec_rules = '\*.bias=fp7': unknown codec"),
     ({"comm": {"link": "bw=fast"}}, "comm.link = 'bw=fast': bandwidth 'fast' is not <number>"),
-    ({"pipeline": {"schedule": "zb"}}, "pipeline.schedule = 'zb' is not one of: 1f1b, gpipe"),
-    ({"pipeline": {"fwd_codec": "bits:x"}}, "pipeline.fwd_codec = 'bits:x': "),
-    ({"pipeline": {"bwd_channel": "ber:2@5"}}, "pipeline.bwd_channel = 'ber:2@5': "),
+    ({"train": {"parallel": "pipeline"}, "pipeline": {"schedule": "zb"}},
+     "pipeline.schedule = 'zb' is not one of: 1f1b, gpipe"),
+    ({"train": {"parallel": "pipeline"}, "pipeline": {"fwd_codec": "bits:x"}},
+     "pipeline.fwd_codec = 'bits:x': "),
+    ({"train": {"parallel": "hybrid", "world_size": 4}, "pipeline": {"bwd_channel": "ber:2@5"}},
+     "pipeline.bwd_channel = 'ber:2@5': "),
+    ({"pipeline": {"schedule": "1f1b"}},
+     "pipeline.schedule = '1f1b' is not used by --parallel dp; drop it, or use --parallel "
+     "hybrid or pipeline"),
 ])
 def test_names_are_checked_against_the_parts(sections: dict, message: str) -> None:
     """config/ knows no codec or schedule: `check_parts` checks the names against the parts,
@@ -54,14 +61,16 @@ def test_names_are_checked_against_the_parts(sections: dict, message: str) -> No
 
 
 def test_placement_needs_a_pipeline() -> None:
-    with pytest.raises(ConfigError, match=r"pipeline.placement = \[1, 0\] places pipeline stages"):
-        build_config({"pipeline": {"placement": [1, 0]}})
+    with pytest.raises(ConfigError, match=r"pipeline.placement = \(1, 0\) is not used by "
+                                          r"--parallel dp; drop it, or use --parallel hybrid "
+                                          r"or pipeline"):
+        check_parts(build_config({"pipeline": {"placement": [1, 0]}}))
 
 
 def test_link_needs_our_engine() -> None:
     assert build_config({"comm": {"link": "bw=1gbit"}}).comm.link == "bw=1gbit"
     with pytest.raises(ConfigError, match="use --dp-engine approxdist"):
-        build_config({"comm": {"link": "bw=1gbit"}, "dp": {"engine": "plain"}})
+        check_parts(build_config({"comm": {"link": "bw=1gbit"}, "dp": {"engine": "plain"}}))
 
 
 def test_flags_land_in_the_dp_section() -> None:
@@ -69,9 +78,9 @@ def test_flags_land_in_the_dp_section() -> None:
         "train", "--dp-engine", "approxdist", "--algorithm", "ring", "--codec", "bf16",
         "--error-feedback", "--bucket-mb", "4", "--threads", "3", "--chunk-kb", "256",
         "--no-overlap", "--early-forward", "--codec-rule", "*.bias=fp32", "--find-unused"])
-    cfg = build_config(flag_layer(args))
+    cfg = build_config(flag_layer(args, modes().get("dp")))
     assert cfg.dp.algorithm == "ring" and cfg.dp.codec == "bf16" and cfg.dp.error_feedback
     assert (cfg.dp.bucket_mb, cfg.dp.threads, cfg.dp.chunk_kb) == (4.0, 3, 256.0)
     assert not cfg.dp.overlap and cfg.dp.early_forward and cfg.dp.find_unused
     assert cfg.dp.codec_rules == ("*.bias=fp32",)
-    assert build_config(flag_layer(build_parser().parse_args(["train"]))).dp.overlap
+    assert build_config(flag_layer(build_parser().parse_args(["train"]), modes().get("dp"))).dp.overlap

@@ -13,12 +13,12 @@ from approxdist.pipeline.schedule.replicated import (
     slot_route,
 )
 from approxdist.pipeline.schedule.simulate import Durations, simulate
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.topology.dealing import Dealing
 
 
 def test_dealing_is_round_robin_per_stage() -> None:
-    d = Dealing.of(Topology.grid(3, [3, 1, 2]))
+    d = Dealing.of(Mesh.stages(3, [3, 1, 2]))
     assert [d.replica(0, m) for m in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert [d.slot(2, m) for m in range(4)] == [4, 5, 4, 5]  # stage 2 holds slots 4, 5
     assert [d.place(s) for s in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1)]

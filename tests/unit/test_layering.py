@@ -45,8 +45,9 @@ def test_the_bench_helpers_and_topology_sit_below_everything_they_serve() -> Non
             _, modules = _calls_and_imports(path)
             used = {m.split(".")[1] for m in modules if m.startswith("approxdist.")}
             assert used <= allowed, (path.name, used - allowed)
-    _, layout = _calls_and_imports(SRC / "topology" / "layout.py")
-    assert not any("distributed" in m for m in layout)  # the topology object is pure
+    for pure in ("mesh.py", "place.py", "text.py", "plan.py", "dealing.py"):
+        _, modules = _calls_and_imports(SRC / "topology" / pure)
+        assert not any("distributed" in m or "launch" in m for m in modules), pure  # pure
 
 
 def test_the_cluster_runs_commands_and_never_imports_the_training_stack() -> None:

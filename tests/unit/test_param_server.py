@@ -174,11 +174,11 @@ def _ps(servers: int = 1, workers: int = 2, **ps: object) -> dict[str, dict[str,
 
 def test_config_errors_name_the_value_and_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"world_size = 4 but --servers 1 \+ --workers 2 make 3"):
-        build_config({**_ps(), "train": {"parallel": "ps", "world_size": 4}})
+        check_parts(build_config({**_ps(), "train": {"parallel": "ps", "world_size": 4}}))
     with pytest.raises(ConfigError, match="ps.workers = 0 must be >= 1"):
         build_config(_ps(workers=0))
     with pytest.raises(ConfigError, match="divisible by the number of workers"):
-        build_config({**_ps(workers=5), "data": {"batch_size": 24}})
+        check_parts(build_config({**_ps(workers=5), "data": {"batch_size": 24}}))
     with pytest.raises(ConfigError, match="--ps-mode 'later'"):
         check_parts(build_config(_ps(mode="later")))
     with pytest.raises(ConfigError, match="ps.pull_codec = 'fp5'"):

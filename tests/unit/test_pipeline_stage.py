@@ -113,7 +113,7 @@ def test_timed_codec_delegates_and_counts_time() -> None:
 def test_bad_pipeline_config_names_the_value(section: dict[str, object], message: str) -> None:
     """Ranges and syntax fail in the config; names (schedule, codecs) in `check_parts`."""
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_parts(load_config(None, {"pipeline": section}))
+        check_parts(load_config(None, {"train": {"parallel": "pipeline"}, "pipeline": section}))
 
 
 def test_config_defaults_and_balance() -> None:

@@ -70,7 +70,7 @@ def test_plan_file_holds_the_contract_and_its_prediction(tmp_path: Path, capsys)
     assert per_sample == sorted(per_sample) and len(per_sample) >= 2
     # plan show reads it
     assert main(["plan", "show", str(out)]) == 0
-    assert f"topology: 4 rank(s), {len(stages)} stage(s)" in capsys.readouterr().out
+    assert f"mesh pp={len(stages)},dp=" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("args", "message"), [

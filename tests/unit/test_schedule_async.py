@@ -232,7 +232,7 @@ def test_config_check_accepts_async_schedules(name: str) -> None:
 
 def test_config_check_accepts_async_schedules_on_replicated_stages() -> None:
     for name in ("2bw", "pipedream"):
-        check_parts(load_config(None, {"train": {"parallel": "hybrid"},
+        check_parts(load_config(None, {"train": {"parallel": "hybrid", "world_size": 3},
                                        "pipeline": {"schedule": name, "replicas": [2, 1],
                                                     "stages": 2, "microbatches": 4}}))
 

@@ -9,9 +9,10 @@ from approxdist.errors import CommError, ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import world_group
 from approxdist.pipeline.errors import PipelineError
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.trace.times import StepTimes
-from approxdist.train.engine import ENGINES, StepOutcome
+from approxdist.train.engine import StepOutcome
+from approxdist.train.mode import modes
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.trainer import name_lost_peer
 
@@ -23,7 +24,7 @@ def test_epoch_figures_count_only_the_samples_whose_loss_was_computed() -> None:
     tally.add(2, StepOutcome(2.0, 4, 4, StepTimes(0.1, 0.04, 0.05, 0.2), 200))
     assert step_losses(tally, world_group(DistContext())) == [2.0, None, 0.5]
     stats = gather_epoch(tally, {"0->1": 10, "0->2": 0}, world_group(DistContext()),
-                         Topology.single(), wall=0.5, global_batch=4)
+                         Mesh.single(), wall=0.5, global_batch=4)
     assert stats["train_loss"] == pytest.approx(10.0 / 8) and stats["train_accuracy"] == 7 / 8
     assert stats["samples_per_s"] == pytest.approx(3 * 4 / 0.5)
     assert stats["time_wait_s"] == pytest.approx(0.18) and stats["time_comm_s"] == pytest.approx(0.06)
@@ -35,7 +36,7 @@ def test_epoch_figures_count_only_the_samples_whose_loss_was_computed() -> None:
 
 
 def test_a_lost_peer_is_named_with_its_place() -> None:
-    topo = Topology.pipeline(3, [2, 0, 1])
+    topo = Mesh.pipeline(3, [2, 0, 1])
     exc = PipelineError("stage 1 (rank 0) stopped at 1F0 waiting for ...\nmore", peer=1)
     named = name_lost_peer(exc, topo, rank=0)
     assert isinstance(named, CommError) and named.peer == 1
@@ -46,12 +47,10 @@ def test_a_lost_peer_is_named_with_its_place() -> None:
     assert name_lost_peer(plain, topo, 0) is plain
 
 
-def test_engines_are_registered_by_parallel_mode() -> None:
-    import approxdist.train.engines  # noqa: F401
-
-    assert ENGINES.names() == ["dp", "hybrid", "pipeline", "ps", "single"]
+def test_every_mode_is_one_record_in_the_registry() -> None:
+    assert modes().names() == ["dp", "hybrid", "pipeline", "ps", "single"]
     with pytest.raises(ConfigError, match="unknown parallel mode 'zero'; valid: dp, hybrid"):
-        ENGINES.get("zero")
+        modes().get("zero")
 
 
 def test_step_outcome_loss() -> None:

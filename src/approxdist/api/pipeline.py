@@ -61,7 +61,7 @@ from approxdist.pipeline.schedule import async_schedule_names, schedule_names
 from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.stage import LossFn
 from approxdist.pipeline.stream import StreamExecutor
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import make_groups
 
@@ -126,8 +126,8 @@ class Pipeline:
                 "train": {"parallel": "hybrid", "world_size": sum(counts), "seed": seed},
                 "dp": {"codec": grad_codec, "algorithm": algorithm, "calibration": calibration},
                 "comm": {"link": link}}), pipeline=pcfg)
-            groups = make_groups(Topology.grid(pcfg.stages, counts), ctx,
-                                 replica_streams=cfg.dp.threads + 2)
+            groups = make_groups(Mesh.stages(pcfg.stages, counts), ctx,
+                                 streams={("dp",): cfg.dp.threads + 2})
             self.runtime: PipelineRuntime = build_hybrid_runtime(
                 cfg, blocks, ctx, groups, sample, loss_fn=loss_fn, minibatches=max(stream, 1))
             self.replica_group = groups.replicas

@@ -34,7 +34,7 @@ from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.grid import theoretical_bubble
-from approxdist.train.check import check_pipeline
+from approxdist.train.parts import check_pipeline
 
 #: figures of our engine beyond the common ones: (case, every rank's measurement) -> keys
 Extra = Callable[[BenchCase, list[dict[str, Any]]], dict[str, Any]]

@@ -1,15 +1,17 @@
-"""`approxdist plan`: choose a plan (`plan_solve`), profile a model (`plan_profile`), show a topology.
+"""`approxdist plan`: choose a plan (`plan_solve`), profile a model (`plan_profile`), show a mesh.
 
     approxdist plan --profile alexnet.txt --world-size 4 --link bw=8gbit --json plan.json
     approxdist plan profile --model resnet20 --microbatch-size 32 --json prof.json
     approxdist plan show --stages 3 --replicas 2,1,1
+    approxdist plan show --mesh pp=2,dp=2,tp=2
     approxdist plan show plan.json
     approxdist plan validate --quick --json validate.json
 
-`plan show` prints a topology (ranks -> stage, replica) and each rank's groups, no
-processes; from a plan file (DESIGN.md "Plan file") it reads `world_size` and `stages`
-(replicas and optional ranks per stage) and says what the plan was made for (`model`,
-`model_options`, `data`, `input_shape`, `micro_batch_size`) where the file says it.
+`plan show` prints a mesh of named axes (ranks -> stage, replica, shard, or a parameter
+server's roles) and each rank's groups, no processes; from a plan file (DESIGN.md "Plan
+file") it reads `world_size` and `stages` (replicas and optional ranks per stage) and
+says what the plan was made for (`model`, `model_options`, `data`, `input_shape`,
+`micro_batch_size`) where the file says it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from approxdist.cli import plan_profile, plan_solve, plan_validate
 from approxdist.config.loader import to_dict
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
-from approxdist.topology import Topology, from_plan, parse_ints, parse_replicas, render
+from approxdist.topology import Mesh, from_plan, parse_ints, parse_mesh, parse_replicas, render
 
 
 def register(sub: Any) -> None:
@@ -37,9 +39,12 @@ def register(sub: Any) -> None:
     plan_solve.add_flags(p)
     p.set_defaults(func=lambda args: plan_solve.run(args) if args.model or args.profile
                    else _help(p))
-    show = kinds.add_parser("show", help="print a topology as a grid",
+    show = kinds.add_parser("show", help="print a mesh (or a plan file's) as a grid",
                             description=__doc__.split("\n\n")[0] if __doc__ else None)
-    show.add_argument("file", nargs="?", help="a plan file (JSON) to read the topology from")
+    show.add_argument("file", nargs="?", help="a plan file (JSON) to read the mesh from")
+    show.add_argument("--mesh", help="named axes and their sizes, e.g. pp=2,dp=2, tp=2,dp=2, "
+                                     "pp=2,dp=3/1 (ragged) or role=2,dp=1/3 (a parameter "
+                                     "server: 1 server, 3 workers)")
     show.add_argument("--stages", type=int, help="pipeline stages (default 1)")
     show.add_argument("--replicas", help="ranks per stage: one count for all, or one per stage "
                                          "(e.g. 2,1,1; default 1)")
@@ -50,16 +55,23 @@ def register(sub: Any) -> None:
     plan_validate.register(kinds)
 
 
-def topology_from(args: argparse.Namespace) -> Topology:
-    """The topology the arguments describe: a plan file, or --stages/--replicas/--placement."""
+def mesh_from(args: argparse.Namespace) -> Mesh:
+    """The mesh the arguments describe: a plan file, --mesh, or --stages/--replicas; any
+    but a plan file placed by --placement."""
     if args.file:
-        if args.stages is not None or args.replicas or args.placement:
-            raise ConfigError("give a plan file or --stages/--replicas/--placement, not both")
+        if args.stages is not None or args.replicas or args.placement or args.mesh:
+            raise ConfigError("give a plan file or --mesh/--stages/--replicas/--placement, "
+                              "not both")
         return from_plan(_read_plan(Path(args.file)))
+    placement = parse_ints(args.placement, "--placement") if args.placement else None
+    if args.mesh:
+        if args.stages is not None or args.replicas:
+            raise ConfigError(f"--mesh {args.mesh} says the stages and replicas; drop "
+                              f"--stages/--replicas (or --mesh)")
+        return parse_mesh(args.mesh, placement)
     stages = 1 if args.stages is None else args.stages
     replicas = parse_replicas(args.replicas) if args.replicas else 1
-    placement = parse_ints(args.placement, "--placement") if args.placement else None
-    return Topology.grid(stages, replicas, placement)
+    return Mesh.stages(stages, replicas, placement)
 
 
 def _read_plan(path: Path) -> dict[str, Any]:
@@ -79,7 +91,7 @@ def _help(p: argparse.ArgumentParser) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    print(render(topology_from(args)))
+    print(render(mesh_from(args)))
     if args.file:
         planned = planned_for(_read_plan(Path(args.file)))
         if planned:

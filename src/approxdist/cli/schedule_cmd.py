@@ -23,9 +23,8 @@ from approxdist.pipeline.schedule.registry import (
     describe,
 )
 from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule, slot_route
-from approxdist.topology import parse_replicas
+from approxdist.topology import parse_replicas, replica_counts
 from approxdist.topology.dealing import Dealing
-from approxdist.topology.layout import replica_counts
 
 
 def register(sub: Any) -> None:

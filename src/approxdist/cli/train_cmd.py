@@ -1,4 +1,5 @@
-"""`approxdist train`: train a model single-process or data-parallel; the main job."""
+"""`approxdist train`: train a model in any parallel mode (one record each, `train/mode.py`);
+the main job."""
 
 from __future__ import annotations
 
@@ -11,23 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.config.adaprec import candidates_of
-from approxdist.config.loader import load_config, parse_overrides, read_toml, to_dict, write_config
+from approxdist.config.loader import (
+    build_config,
+    merged,
+    parse_overrides,
+    read_toml,
+    to_dict,
+    write_config,
+)
 from approxdist.config.pipeline import COMM_THREADS, FUSE_CHOICES
-from approxdist.config.schema import BIND_POLICIES, Config
+from approxdist.config.schema import BIND_POLICIES, Config, TrainConfig
 from approxdist.data import DATASETS, load_dataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError
 from approxdist.launch.local import launch_local
 from approxdist.launch.tolerant import launch_tolerant
 from approxdist.models import MODELS, build_model
-from approxdist.param_server import Roles
-from approxdist.pipeline.runtime import check_run
 from approxdist.planner.plan_file import read_plan
 from approxdist.topology import parse_ints
-from approxdist.topology.groups import check_world
 from approxdist.trace.gather import TRACE_FILE
-from approxdist.train.build import topology_of
 from approxdist.train.check import check_parts
+from approxdist.train.mode import Mode, mesh_of, modes
 from approxdist.train.plan_layer import check_agrees, check_input_shape, plan_sections
 from approxdist.train.task import check_fits
 from approxdist.train.worker import run_worker
@@ -47,6 +52,7 @@ DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
 #: flag -> (section, key); flags override the config file, `--set` overrides flags
 FLAG_KEYS = {
     "parallel": ("train", "parallel"), "world_size": ("train", "world_size"),
+    "mesh": ("train", "mesh"),
     "epochs": ("train", "epochs"), "device": ("train", "device"), "out": ("train", "out"),
     "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
     "data_dir": ("data", "data_dir"), "link": ("comm", "link"),
@@ -62,8 +68,8 @@ FLAG_KEYS = {
     "signal": ("adaprec", "signal"), "overhead_budget": ("adaprec", "overhead_budget"),
 }
 
-#: data-parallel flags that mean the same for a parameter server's pushes (--parallel ps)
-PS_SHARED = {"codec": "push_codec", "error_feedback": "error_feedback"}
+#: flags whose name is not `--` + their key's dest with dashes
+FLAG_NAMES = {"overlap": "--no-overlap", "codec_rule": "--codec-rule"}
 
 
 def register(sub: Any) -> None:
@@ -72,11 +78,15 @@ def register(sub: Any) -> None:
         description="Train a model. With no arguments: digits, ResNet-20, 2 local workers, "
                     "data-parallel. Precedence: defaults < --config < flags < --set.",
     )
-    p.add_argument("--parallel", choices=["single", "dp", "pipeline", "hybrid", "ps"],
-                   help="parallelism (default dp); hybrid = pipeline stages replicated "
-                        "(--stages, --replicas; docs/hybrid.md); ps = parameter server "
-                        "(--servers, --workers; docs/param_server.md)")
+    known = modes()
+    p.add_argument("--parallel", choices=known.names(),
+                   help="parallelism (default dp): " + "; ".join(
+                       f"{n} = {known.get(n).help}" for n in known.names()))
     p.add_argument("--world-size", type=int, help="number of local worker processes (default 2)")
+    p.add_argument("--mesh", metavar="AXIS=SIZE,...",
+                   help="the ranks as a mesh of named axes, e.g. dp=4, pp=2 or pp=2,dp=3/1 "
+                        "(another way to say --world-size, --stages, --replicas); `approxdist "
+                        "plan show --mesh ...` prints it")
     p.add_argument("--model", help=f"model: {', '.join(MODELS.names())}, or your own "
                                    f"package.module:function (arguments: --set model.args.K=V)")
     p.add_argument("--dataset", "--data", dest="dataset",
@@ -208,42 +218,40 @@ def add_ps_flags(p: argparse.ArgumentParser) -> None:
 INT_LISTS = ("placement", "replicas")
 
 
-def flag_layer(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def flag_layer(args: argparse.Namespace, mode: Mode) -> dict[str, dict[str, Any]]:
+    """The config values the flags set; `mode` may send a flag to another key
+    (`--codec` sets a parameter server's `ps.push_codec`)."""
     layer: dict[str, dict[str, Any]] = {}
     for flag, (section, key) in FLAG_KEYS.items():
         value = getattr(args, flag, None)
-        if value is not None and flag in INT_LISTS:
+        if value is None:
+            continue
+        if flag in INT_LISTS:
             value = list(parse_ints(value, f"--{flag}"))
-        if value is not None:
-            layer.setdefault(section, {})[key] = value
-    if args.parallel == "ps":
-        _ps_layer(args, layer)
-    if args.parallel == "single" and args.world_size is None:
-        layer["train"]["world_size"] = 1
-    if args.parallel == "pipeline":  # one rank per stage: either flag sets both
-        if args.stages is not None and args.world_size is None:
-            layer["train"]["world_size"] = args.stages
-        elif args.world_size is not None and args.stages is None:
-            layer.setdefault("pipeline", {})["stages"] = args.world_size
-    counts = layer.get("pipeline", {}).get("replicas")
-    if args.parallel == "hybrid" and args.world_size is None and args.stages and counts:
-        counts = counts * args.stages if len(counts) == 1 else counts
-        layer["train"]["world_size"] = sum(counts)  # one rank per stage replica
+        section, key = mode.flag_keys.get(flag, f"{section}.{key}").split(".")
+        layer.setdefault(section, {})[key] = value
     return layer
 
 
-def _ps_layer(args: argparse.Namespace, layer: dict[str, dict[str, Any]]) -> None:
-    """--codec / --error-feedback go to the pushes; the world is servers + workers."""
-    dp = layer.get("dp", {})
-    for flag, key in PS_SHARED.items():
-        if DP_FLAGS[flag] in dp:
-            layer.setdefault("ps", {})[key] = dp.pop(DP_FLAGS[flag])
-    if not dp:
-        layer.pop("dp", None)
-    if args.world_size is None:
-        servers = args.servers if args.servers is not None else 1
-        workers = args.workers if args.workers is not None else 1
-        layer["train"]["world_size"] = servers + workers
+def flag_names(mode: Mode) -> dict[str, str]:
+    """config key -> the flag that sets it in `mode` (for messages)."""
+    out = {f"{section}.{key}": FLAG_NAMES.get(flag, "--" + flag.replace("_", "-"))
+           for flag, (section, key) in FLAG_KEYS.items()}
+    out.update({key: "--" + flag.replace("_", "-") for flag, key in mode.flag_keys.items()})
+    return out
+
+
+def check_flags(layer: dict[str, dict[str, Any]], mode: Mode) -> None:
+    """A flag given for a key `mode` does not read is refused, even at its default value."""
+    names = flag_names(mode)
+    for section, values in layer.items():
+        for key in values:
+            if not mode.reads(f"{section}.{key}"):
+                users = [m for m in modes().names() if modes().get(m).reads(f"{section}.{key}")]
+                raise ConfigError(
+                    f"{names.get(f'{section}.{key}', section + '.' + key)} sets "
+                    f"{section}.{key}, which --parallel {mode.name} does not use; drop it"
+                    + (f", or use --parallel {' or '.join(users)}" if users else ""))
 
 
 def plan_layer(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
@@ -252,23 +260,31 @@ def plan_layer(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
     if not path:
         return []
     plan = read_plan(path)
-    check_agrees(plan, path, flag_layer(args), parse_overrides(args.set))
+    mode = modes().get(args.parallel or plan.mode)
+    check_agrees(plan, path, flag_layer(args, mode), parse_overrides(args.set))
     return [plan_sections(plan)]
 
 
 def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
-    """The config and run directory of this invocation (a resumed run keeps its own)."""
+    """The config and run directory of this invocation (a resumed run keeps its own):
+    defaults < the config file (< a resumed run's saved config) < the plan file < flags <
+    --set, then what the mode's record says they imply (`Mode.implied`)."""
+    base: list[dict[str, dict[str, Any]]] = []
     if args.resume:
-        run_dir = Path(args.resume)
-        saved = run_dir / "config.toml"
+        saved = Path(args.resume) / "config.toml"
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume!r}: no config.toml there; pass a run directory")
-        base = read_toml(saved)
-        layers = [base, *plan_layer(args), flag_layer(args), parse_overrides(args.set)]
-        cfg = load_config(args.config, *layers) if args.config else load_config(None, *layers)
-        return cfg, run_dir, True
-    cfg = load_config(args.config, *plan_layer(args), flag_layer(args),
-                      parse_overrides(args.set))
+        base = [read_toml(saved)]
+    overrides, planned = parse_overrides(args.set), plan_layer(args)
+    early = merged(args.config, *base, *planned, overrides)
+    name = args.parallel or early.get("train", {}).get("parallel", TrainConfig.parallel)
+    mode = modes().get(name)
+    flags = flag_layer(args, mode)
+    check_flags(flags, mode)
+    sections = mode.implied(merged(args.config, *base, *planned, flags, overrides))
+    cfg = build_config(sections)
+    if args.resume:
+        return cfg, Path(args.resume), True
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.train.out or f"runs/{stamp}-{cfg.model.name}-{cfg.train.parallel}")
     return cfg, run_dir, False
@@ -277,7 +293,7 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
 def preflight(cfg: Config, plan: str | None = None) -> None:
     """Catch bad names, data paths and model/data mismatches here, before any worker starts
     (and samples of another shape than the plan file `plan` was profiled on)."""
-    check_parts(cfg)
+    mode = check_parts(cfg, flag_names(modes().get(cfg.train.parallel)))
     data = load_dataset(cfg.data)
     if plan:
         check_input_shape(read_plan(plan), plan, cfg.data.dataset, data.input_shape)
@@ -287,12 +303,10 @@ def preflight(cfg: Config, plan: str | None = None) -> None:
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
                           f"set ({n} samples); use a batch size <= {n}")
-    check_world(topology_of(cfg), cfg.train.world_size)
     if candidates_of(cfg.dp.codec) is not None:
         hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed, cfg.train.world_size,
                  cfg.data.batch_size)
-    if cfg.train.parallel in ("pipeline", "hybrid"):
-        check_run(cfg.pipeline, len(model), cfg.data.batch_size)
+    mode.preflight(cfg, model, data)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -330,26 +344,24 @@ def start_run_dir(run_dir: Path, resume: bool) -> None:
 def run_tolerant(cfg: Config, run_dir: Path, resume: bool) -> int:
     """A parameter-server run that goes on when a worker dies (`--tolerate-worker-loss`):
     the launcher keeps the others running and tells them; exit 0 with the loss recorded."""
-    roles = Roles(cfg.ps.servers, cfg.ps.workers)
+    mesh = mesh_of(cfg)
     outcome = launch_tolerant(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
-                              resume, expendable=lambda rank: not roles.is_server(rank),
-                              describe=roles.describe, timeout_s=cfg.train.timeout_s)
+                              resume, expendable=lambda rank: mesh.place(rank).role != "server",
+                              describe=mesh.describe_rank, timeout_s=cfg.train.timeout_s)
     summary = outcome.results[0]
     code = finish(run_dir, summary, cfg.train.trace)
     found = {row["rank"]: row for row in summary.get("ps", {}).get("lost_workers", [])}
     for rank, why in sorted(outcome.lost.items()):
         at = (f"at step {found[rank]['step']} (epoch {found[rank]['epoch']})" if rank in found
               else "after server 0's last step")
-        print(f"approxdist: warning: the run lost {roles.describe(rank)} {at} ({why}) and "
+        print(f"approxdist: warning: the run lost {mesh.describe_rank(rank)} {at} ({why}) and "
               f"finished without it; summary.json: ps.lost_workers", file=sys.stderr)
     return code
 
 
 def describe_ranks(cfg: Config) -> Callable[[int], str]:
-    """How the launcher names a rank: its role in a PS run, its place otherwise."""
-    if cfg.train.parallel == "ps":
-        return Roles(cfg.ps.servers, cfg.ps.workers).describe
-    return topology_of(cfg).describe_rank
+    """How the launcher names a rank: its place in the run's mesh."""
+    return mesh_of(cfg).describe_rank
 
 
 def run_under_torchrun(args: argparse.Namespace) -> int:
@@ -362,9 +374,7 @@ def run_under_torchrun(args: argparse.Namespace) -> int:
     world = int(os.environ["WORLD_SIZE"])
     sections = to_dict(cfg)
     sections["train"]["world_size"] = world
-    if world > 1 and cfg.train.parallel == "single":
-        sections["train"]["parallel"] = "dp"
-    cfg = load_config(None, sections)
+    cfg = build_config(sections)
     if int(os.environ["RANK"]) == 0:
         start_run_dir(run_dir, resume)
         write_config(cfg, run_dir / "config.toml")

@@ -132,12 +132,18 @@ def parse_overrides(items: Iterable[str]) -> Sections:
     return out
 
 
-def load_config(path: str | Path | None = None, *layers: Mapping[str, Mapping[str, Any]]) -> Config:
-    """Defaults, then the TOML file (if any), then each layer of overrides in order."""
+def merged(path: str | Path | None = None, *layers: Mapping[str, Mapping[str, Any]]) -> Sections:
+    """The TOML file (if any), then each layer of overrides in order, as one set of
+    sections (no defaults)."""
     sections: Sections = read_toml(path) if path else {}
     for layer in layers:
         sections = merge(sections, layer)
-    return build_config(sections)
+    return sections
+
+
+def load_config(path: str | Path | None = None, *layers: Mapping[str, Mapping[str, Any]]) -> Config:
+    """Defaults, then the TOML file (if any), then each layer of overrides in order."""
+    return build_config(merged(path, *layers))
 
 
 def to_dict(cfg: Config) -> Sections:

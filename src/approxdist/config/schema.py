@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from approxdist.config.adaprec import AdaPrecConfig, candidates_of
+from approxdist.config.adaprec import AdaPrecConfig
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.ps import PSConfig
 from approxdist.errors import ConfigError
 
-PARALLEL_MODES = ("single", "dp", "pipeline", "hybrid", "ps")
 LR_SCHEDULES = ("constant", "step", "cosine", "grow")
 SHORTCUTS = ("A", "B")
 
@@ -39,8 +38,11 @@ BIND_POLICIES = ("none", "rank", "row")
 class TrainConfig:
     """How the run is organised: epochs, parallelism, devices, logging, outputs."""
 
+    #: the parallel mode, a name of `approxdist.train.mode.MODES` (checked there)
     parallel: str = "dp"
     world_size: int = 2
+    #: the mesh of named axes (`pp=2,dp=2`; docs/architecture.md); "" = from the mode's keys
+    mesh: str = ""
     epochs: int = 15
     seed: int = 0
     device: str = "auto"
@@ -59,17 +61,11 @@ class TrainConfig:
     bind_cores: str = "none"
 
     def __post_init__(self) -> None:
-        _one_of("train", "parallel", self.parallel, PARALLEL_MODES)
         _one_of("train", "bind_cores", self.bind_cores, BIND_POLICIES)
         _one_of("train", "on_divergence", self.on_divergence, ("stop", "continue"))
         _one_of("train", "device", self.device, ("auto", "cpu", "cuda"))
         if self.world_size < 1:
             raise ConfigError(f"train.world_size = {self.world_size} must be >= 1")
-        if self.parallel == "single" and self.world_size != 1:
-            raise ConfigError(
-                f"train.world_size = {self.world_size} with parallel 'single'; "
-                "use --world-size 1 or --parallel dp"
-            )
         _positive("train", "epochs", self.epochs)
         _positive("train", "log_every", self.log_every)
         _non_negative("train", "threads", self.threads)
@@ -182,7 +178,8 @@ class CommConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run. Cross-section rules are checked here."""
+    """A whole run. Rules across sections depend on the parallel mode: its record checks
+    them (`approxdist.train.mode`)."""
 
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -194,51 +191,3 @@ class Config:
     ps: PSConfig = field(default_factory=PSConfig)
     adaprec: AdaPrecConfig = field(default_factory=AdaPrecConfig)
 
-    def __post_init__(self) -> None:
-        world = self.train.world_size
-        if candidates_of(self.dp.codec) is not None:
-            self._check_adaprec()
-        if self.train.parallel == "ps":
-            self._check_ps()
-        if self.comm.link and self.train.parallel == "dp" and world > 1 and self.dp.engine == "plain":
-            raise ConfigError(
-                f"comm.link = {self.comm.link!r}: the plain dp engine reduces with dist.all_reduce, "
-                "which the link emulation cannot shape; drop --link or use --dp-engine approxdist"
-            )
-        staged = self.train.parallel in ("pipeline", "hybrid")
-        if self.pipeline.placement and not staged:
-            raise ConfigError(f"pipeline.placement = {list(self.pipeline.placement)} places "
-                              f"pipeline stages; use it with --parallel pipeline or hybrid")
-        if self.train.parallel == "hybrid" and (self.dp.engine != "approxdist"
-                                                or self.dp.early_forward):
-            raise ConfigError("--parallel hybrid: a replicated stage sums its gradients during "
-                              "the last micro-batch's backward and steps after the flush, which "
-                              "the plain engine and early forward cannot; drop --dp-engine plain "
-                              "and --early-forward")
-        if self.pipeline.replicas and self.train.parallel != "hybrid":
-            raise ConfigError(f"pipeline.replicas = {list(self.pipeline.replicas)} replicates "
-                              f"pipeline stages; use it with --parallel hybrid")
-        share = self.ps.workers if self.train.parallel == "ps" else world
-        if self.data.batch_size % share and not staged:  # the stages share one batch
-            lo = self.data.batch_size - self.data.batch_size % share
-            hint = f"try {lo}" if lo else f"try {share}"
-            who = "number of workers" if self.train.parallel == "ps" else "world size"
-            raise ConfigError(
-                f"data.batch_size ({self.data.batch_size}) must be divisible by the {who} "
-                f"({share}) so every rank gets the same share; {hint} or {lo + share}"
-            )
-
-    def _check_adaprec(self) -> None:
-        if self.train.parallel != "dp" or self.train.world_size < 2 \
-                or self.dp.engine != "approxdist" or self.dp.early_forward:
-            raise ConfigError(f"dp.codec = {self.dp.codec!r}: AdaPrec switches the codecs of a "
-                              f"data-parallel run's buckets; use --parallel dp with --world-size "
-                              f"2 or more, the approxdist engine and no --early-forward")
-
-    def _check_ps(self) -> None:
-        ps, world = self.ps, self.train.world_size
-        if ps.servers + ps.workers != world:
-            raise ConfigError(
-                f"train.world_size = {world} but --servers {ps.servers} + --workers "
-                f"{ps.workers} make {ps.servers + ps.workers} ranks; drop --world-size or "
-                f"use --world-size {ps.servers + ps.workers}")

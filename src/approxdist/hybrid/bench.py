@@ -47,8 +47,8 @@ from approxdist.pipeline.runtime_bench import (
     _repeat,
     torch_step,
 )
-from approxdist.topology import Topology
-from approxdist.topology.groups import TopologyGroups, make_groups
+from approxdist.topology import Mesh
+from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace.times import StepTimes
 
 
@@ -61,7 +61,7 @@ def _config(case: BenchCase) -> Config:
                          "pipeline": pipeline, "comm": {"link": case.link}, "dp": buckets})
 
 
-def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: TopologyGroups,
+def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: MeshGroups,
            row: Group, ctx: DistContext, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
     """One rank of torch.distributed.pipelining + DDP on the replicas; row j's share of x, y."""
     from torch.distributed import pipelining
@@ -79,9 +79,9 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: TopologyG
     return torch_step(sched, module, stage, case.stages, x[share], y[share])
 
 
-def _rows(topology: Topology, ctx: DistContext) -> Group:
+def _rows(mesh: Mesh, ctx: DistContext) -> Group:
     """Torch's pipeline rows (a collective over the world: every rank makes every row)."""
-    rows = [new_group(ctx, ranks, f"row {j}") for j, ranks in enumerate(topology.pipelines())]
+    rows = [new_group(ctx, ranks, f"row {j}") for j, ranks in enumerate(mesh.spans("pp"))]
     mine = next(g for g in rows if g is not None)
     return mine
 
@@ -105,9 +105,9 @@ def _hidden(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor, blocked: floa
 
 def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
     """Round times of both engines on this rank, our bubble and hidden all-reduce share."""
-    topology = Topology.grid(case.stages, case.replicas)
-    groups = make_groups(topology, ctx, replica_streams=4)
-    row = _rows(topology, ctx)
+    mesh = Mesh.stages(case.stages, case.replicas)
+    groups = make_groups(mesh, ctx, streams={("dp",): 4})
+    row = _rows(mesh, ctx)
     model = _model(case)
     x, y = _data(case)
     rt = build_hybrid_runtime(_config(case), copy.deepcopy(model), ctx, groups,
@@ -136,7 +136,7 @@ def measure_rank(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> li
     """Entry point for `run_on_ranks`: every case in order, on every rank (bound to cores
     once, by the first case's `bind_cores`: a run's cases share their grid)."""
     if cases:
-        grid = Topology.grid(cases[0].stages, cases[0].replicas)
+        grid = Mesh.stages(cases[0].stages, cases[0].replicas)
         world = range(grid.world_size)  # the local launcher: one machine
         bind_rank(cases[0].bind_cores, ctx.rank, world, [grid.place(r).replica for r in world])
     return [measure_case(ctx, case, timing) for case in cases]

@@ -30,12 +30,12 @@ from approxdist.pipeline.executor import GradSync
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.stage import LossFn
 from approxdist.topology.dealing import Dealing
-from approxdist.topology.groups import TopologyGroups
+from approxdist.topology.groups import MeshGroups
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
-                         groups: TopologyGroups, sample: torch.Tensor,
+                         groups: MeshGroups, sample: torch.Tensor,
                          rec: Recorder = NULL_RECORDER,
                          loss_fn: LossFn = F.cross_entropy,
                          minibatches: int = 1) -> PipelineRuntime:
@@ -50,6 +50,6 @@ def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
 
     assert groups.pipeline is not None
     return build_runtime(cfg.pipeline, model, ctx, sample, group=groups.pipeline,
-                         dealing=Dealing.of(groups.topology), grad_sync=sync,
+                         dealing=Dealing.of(groups.mesh), grad_sync=sync,
                          link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec,
                          loss_fn=loss_fn, minibatches=minibatches)

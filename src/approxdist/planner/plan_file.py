@@ -34,8 +34,7 @@ from typing import Any
 from approxdist.config.loader import section_dict
 from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
-from approxdist.topology import from_plan
-from approxdist.topology.layout import TopologyError
+from approxdist.topology import TopologyError, from_plan
 
 FORMAT = "approxdist-plan"
 VERSION = 1
@@ -133,7 +132,7 @@ def read_plan(path: str | Path) -> PlanFile:
 
 def parse_plan(data: Mapping[str, Any]) -> PlanFile:
     """A plan object's `PlanFile` (`ConfigError` / `TopologyError` naming the bad value)."""
-    topology = from_plan(data)
+    mesh = from_plan(data)
     stages = data["stages"]
     blocks = [entry.get("blocks") for entry in stages]
     if any(b is None for b in blocks) and not all(b is None for b in blocks):
@@ -156,8 +155,8 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
             raise ConfigError(f"{key} = {value!r} must be an integer >= 1")
     given = stages[0].get("ranks") is not None
     shape = data.get("input_shape")
-    return PlanFile(topology.replicas, ranges,
-                    tuple(r for ranks in topology.stages for r in ranks) if given else None,
+    return PlanFile(mesh.replicas, ranges,
+                    mesh.ranks if given else None,
                     **{k: data.get(k) for k in ("model", "micro_batch_size", "microbatches",
                                                 "schedule", "fwd_codec", "bwd_codec",
                                                 "grad_codec", "algorithm")},

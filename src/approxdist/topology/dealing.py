@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from approxdist.topology.layout import Topology
+from approxdist.topology.mesh import Mesh
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class Dealing:
     replicas: tuple[int, ...]  # replica count per stage
 
     @classmethod
-    def of(cls, topology: Topology) -> Dealing:
-        return cls(topology.replicas)
+    def of(cls, mesh: Mesh) -> Dealing:
+        return cls(mesh.replicas)
 
     @classmethod
     def single(cls, stages: int) -> Dealing:

@@ -1,11 +1,11 @@
-"""Assemble this rank's trainer: topology and groups, data, the mode's engine, batches, resume.
+"""Assemble this rank's trainer: mesh and groups, data, the mode's engine, batches, resume.
 
     trainer = build_trainer(cfg, ctx, run_dir, resume=False)   # collective: every rank
     summary = trainer.run()
 
-`topology_of` is the run's `Topology` from its config (pure): one stage for single and
-data-parallel runs, one rank per stage (placed by `pipeline.placement`) for pipelines.
-The groups are made once here (`topology.make_groups`) and handed to the engine.
+The run's mesh comes from its mode's record (`train/mode.py`, `mesh_of`); the groups its
+engine needs are made once here (`topology.make_groups`) and handed to the engine the
+record names.
 """
 
 from __future__ import annotations
@@ -22,27 +22,16 @@ from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.losses import LossBoard
 from approxdist.launch.survivors import SurvivorGroup
-from approxdist.topology import Topology
-from approxdist.topology.groups import TopologyGroups, make_groups
+from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace import NULL_RECORDER, Recorder
-from approxdist.train import engines  # noqa: F401  (registers the engines)
 from approxdist.train.check import check_parts
-from approxdist.train.engine import ENGINES, Engine
+from approxdist.train.engine import Engine
 from approxdist.train.metrics import MetricsWriter
+from approxdist.train.mode import mode_of
 from approxdist.train.optim import LRRule
 from approxdist.train.speculation import attach_adaprec
 from approxdist.train.straggler import stragglers_of
 from approxdist.train.trainer import Trainer
-
-
-def topology_of(cfg: Config) -> Topology:
-    """The ranks of the run and their places, from `train.parallel` and `[pipeline]`."""
-    mode, p = cfg.train.parallel, cfg.pipeline
-    if mode in ("pipeline", "hybrid"):
-        return Topology.grid(p.stages, p.replica_counts, p.placement or None)
-    if mode in ("dp", "ps"):  # ps: servers then workers, roles in param_server.Roles
-        return Topology.data_parallel(cfg.train.world_size)
-    return Topology.single()
 
 
 def first_phase(cfg: Config) -> Config:
@@ -55,16 +44,18 @@ def first_phase(cfg: Config) -> Config:
 
 
 def engine_for(cfg: Config, ctx: DistContext, data: TensorDataset,
-               rec: Recorder = NULL_RECORDER) -> tuple[Engine, TopologyGroups]:
+               rec: Recorder = NULL_RECORDER) -> tuple[Engine, MeshGroups]:
     """This rank's engine of `cfg`'s mode on `data` and the groups it runs on (collective:
     every rank makes the groups). What `train` steps; `plan validate` times it too."""
-    groups = make_groups(topology_of(cfg), ctx, replica_streams=cfg.dp.threads + 2)
+    mode = mode_of(cfg)
+    mesh = mode.mesh(cfg)
+    groups = make_groups(mesh, ctx, mode.spans(mesh), streams={("dp",): cfg.dp.threads + 2})
     if cfg.ps.tolerate_worker_loss:
         groups = survivable(groups, ctx)
-    return ENGINES.get(cfg.train.parallel)(first_phase(cfg), ctx, groups, data, rec), groups
+    return mode.engine(first_phase(cfg), ctx, groups, data, rec), groups
 
 
-def survivable(groups: TopologyGroups, ctx: DistContext) -> TopologyGroups:
+def survivable(groups: MeshGroups, ctx: DistContext) -> MeshGroups:
     """`groups` whose world (and its one stage's replicas) runs its collectives over the
     ranks still alive (`launch.survivors`); needs the tolerant launcher's loss board."""
     if not ctx.board:
@@ -73,8 +64,9 @@ def survivable(groups: TopologyGroups, ctx: DistContext) -> TopologyGroups:
                           "under torchrun the agent stops every rank: drop the flag")
     world = SurvivorGroup(groups.world.ranks, ctx.rank, LossBoard.connect(ctx.board, ctx.timeout_s),
                           ctx.timeout_s)
-    replicas = world if groups.replicas.ranks == world.ranks else groups.replicas
-    return dataclasses.replace(groups, world=world, replicas=replicas)
+    spans = {span: world if group.ranks == world.ranks else group
+             for span, group in groups.spans.items()}
+    return dataclasses.replace(groups, world=world, spans=spans)
 
 
 def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,

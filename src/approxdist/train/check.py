@@ -1,153 +1,44 @@
-"""A config against the parts it names: codecs, channels, the link, algorithms, schedules.
+"""A config against its mode and the parts it names, before any worker starts.
 
-`config/` only knows its own values (ranges, fixed choices, syntax), so it need not
-import the layers it configures. The names it holds are checked here, against the
-registries of the parts that will be built: `check_parts(cfg)` runs before any worker
-starts (`approxdist train`'s preflight, `approxdist experiment`) and again when a rank
-builds its trainer (under torchrun too). Each error names the key, the value and what
-would be valid, as the config's own checks do.
+`check_parts(cfg)` runs before any worker starts (`approxdist train`'s preflight,
+`approxdist experiment`) and again when a rank builds its trainer (under torchrun too):
+the link spec, the mode's record (`train/mode.py`: the options it reads, its own rules
+and parts, its mesh against the world, the batch share), the stragglers, batch growth and
+core binding. Each error is one line naming the key, the value and what would be valid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import TypeVar
+from collections.abc import Mapping
 
-from approxdist.adaptive.candidates import check_candidates
-from approxdist.comm.channel import get_channel
-from approxdist.comm.codecs import get_codec
-from approxdist.comm.collectives import algorithm_names
 from approxdist.comm.netem import parse_link
-from approxdist.config.adaprec import candidates_of
-from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
-from approxdist.data_parallel.codec_rules import CodecRules
-from approxdist.data_parallel.codec_times import CodecTimes
-from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.errors import ConfigError
 from approxdist.launch.affinity import check_policy
-from approxdist.param_server.modes import parse_mode
-from approxdist.pipeline.schedule import async_schedule_names, schedule_names
-from approxdist.pipeline.schedule.registry import build_async_schedule
-from approxdist.topology.dealing import Dealing
+from approxdist.train.mode import Mode, check_mode
+from approxdist.train.parts import named
 from approxdist.train.straggler import stragglers_of
 
-T = TypeVar("T")
 
-
-def check_parts(cfg: Config) -> None:
-    """Raise `ConfigError` naming the first key whose value names no part."""
+def check_parts(cfg: Config, flag_of: Mapping[str, str] | None = None) -> Mode:
+    """Raise `ConfigError` naming the first key whose value names no part, is not read by
+    the run's mode (`flag_of` names the flag that set a key) or breaks the mode's rules;
+    the mode's record."""
     if cfg.comm.link:
-        _named("comm.link", cfg.comm.link, lambda: parse_link(cfg.comm.link))
-    if cfg.dp.engine == "approxdist" and cfg.train.parallel != "ps":
-        _check_dp(cfg)
-    check_pipeline(cfg.pipeline)
-    if cfg.train.parallel == "ps":
-        _check_ps(cfg)
-    _check_worker_loss(cfg)
+        named("comm.link", cfg.comm.link, lambda: parse_link(cfg.comm.link))
+    mode = check_mode(cfg, flag_of)
     stragglers_of(cfg)
-    _check_growth(cfg)
+    _check_growth(cfg, mode)
     check_policy(cfg.train.bind_cores)  # binding needs Linux
+    return mode
 
 
-def _check_growth(cfg: Config) -> None:
+def _check_growth(cfg: Config, mode: Mode) -> None:
     """A growing batch changes an epoch's step count: modes that fix it up front refuse."""
-    if cfg.optim.schedule != "grow":
-        return
-    streamed = cfg.train.parallel in ("pipeline", "hybrid") and \
-        cfg.pipeline.schedule in async_schedule_names()
-    if cfg.train.parallel == "ps" or streamed:
-        what = ("--parallel ps" if cfg.train.parallel == "ps" else
-                f"the asynchronous schedule {cfg.pipeline.schedule!r}")
+    what = mode.fixed_steps(cfg) if cfg.optim.schedule == "grow" else None
+    if what:
         raise ConfigError(f"optim.schedule = 'grow' changes the steps of each epoch, which "
                           f"{what} fixes when it starts; use another optim.schedule or "
                           f"data parallelism / a flushed pipeline schedule")
 
 
-def _check_ps(cfg: Config) -> None:
-    ps = cfg.ps
-    parse_mode(ps.mode, ps.workers)
-    for key in ("push_codec", "pull_codec"):
-        _named(f"ps.{key}", getattr(ps, key), partial(get_codec, getattr(ps, key)))
-    for key in ("push_channel", "pull_channel"):
-        if getattr(ps, key):
-            _named(f"ps.{key}", getattr(ps, key), partial(get_channel, getattr(ps, key)))
-
-
-def _check_worker_loss(cfg: Config) -> None:
-    """`--tolerate-worker-loss`: only where the servers can go on without a worker (async,
-    ssp, backup; not sync, whose every step needs every worker), and not with `--trace`,
-    whose timelines are gathered from every rank at the end (docs/param_server.md,
-    "Failures"). The launcher it needs is checked when the run starts
-    (`train.build.survivable`)."""
-    if not cfg.ps.tolerate_worker_loss:
-        return
-    if cfg.train.parallel != "ps":
-        raise ConfigError(f"--tolerate-worker-loss lets a parameter server go on without a dead "
-                          f"worker; this run is --parallel {cfg.train.parallel}: drop the flag "
-                          f"or use --parallel ps")
-    mode = parse_mode(cfg.ps.mode, cfg.ps.workers)
-    if mode.kind == "sync":
-        raise ConfigError("--tolerate-worker-loss with --ps-mode sync: every step waits for a "
-                          "gradient from every worker, so a dead worker must end the run; "
-                          "drop the flag or use --ps-mode async, ssp:<s> or backup:<b>")
-    if cfg.train.trace:
-        raise ConfigError("--tolerate-worker-loss with --trace: the trace is gathered from "
-                          "every rank at the end of the run, which a lost worker cannot "
-                          "join; drop one of the two")
-
-
-def _check_dp(cfg: Config) -> None:
-    dp = cfg.dp
-    if dp.algorithm not in algorithm_names():
-        raise ConfigError(f"dp.algorithm = {dp.algorithm!r} is not one of: "
-                          f"{', '.join(algorithm_names())}")
-    times = None
-    if dp.codec_times:
-        times = _named("dp.codec_times", dp.codec_times,
-                       partial(CodecTimes.load, dp.codec_times, dp.algorithm))
-    candidates = candidates_of(dp.codec)
-    if candidates is not None:
-        check_candidates((*candidates, cfg.adaprec.first), dp.codec_rules, times)
-    else:
-        _named("dp.codec", dp.codec, partial(_check_rules, [], dp.codec, times))
-    default = "fp32" if candidates is not None else dp.codec
-    for rule in dp.codec_rules:
-        _named("dp.codec_rules", rule, partial(_check_rules, [rule], default, times))
-
-
-def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:
-    CodecRules.parse(rules, default, times).validate()
-
-
-def check_pipeline(p: PipelineConfig) -> None:
-    """The `[pipeline]` section's schedule, codecs and channels. An asynchronous schedule
-    (pipedream, pipedream-vsync, 2bw) runs with any communication-thread strategy but `sra`
-    (whose agreed order is per flushed step); pipedream and 2bw also on replicated stages,
-    with micro-batches a multiple of every replica count (docs/pipeline.md)."""
-    names = schedule_names() + async_schedule_names()
-    if p.schedule not in names:
-        raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: {', '.join(names)}")
-    if p.schedule in async_schedule_names():
-        if max(p.replica_counts) > 1:
-            _named("pipeline.schedule", p.schedule, partial(
-                build_async_schedule, p.schedule, p.stages, p.microbatches, 1,
-                dealing=Dealing(p.replica_counts)))
-        if p.comm_threads == "sra":
-            raise ConfigError(f"pipeline.comm_threads = 'sra' agrees a message order per "
-                              f"flushed step and does not run {p.schedule!r}; use inline, "
-                              f"per-message or sa")
-    for key in ("fwd_codec", "bwd_codec"):
-        _named(f"pipeline.{key}", getattr(p, key), partial(get_codec, getattr(p, key)))
-    for key in ("fwd_channel", "bwd_channel"):
-        _named(f"pipeline.{key}", getattr(p, key), partial(get_channel, getattr(p, key)))
-
-
-def _named(key: str, value: str, build: Callable[[], T]) -> T:
-    """Build a part once so a bad spec fails here, as one line naming the key."""
-    try:
-        return build()
-    except ApproxDistError as exc:
-        lines = str(exc).splitlines()
-        rest = "; ".join(" ".join(line.split()) for line in lines[1:])
-        raise ConfigError(f"{key} = {value!r}: {lines[0]}" + (f" {rest}" if rest else "")) from None

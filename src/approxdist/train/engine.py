@@ -4,9 +4,9 @@ The trainer (`train/trainer.py`) owns epochs, the learning-rate rule, evaluation
 metrics, checkpoints and resume; an engine owns what differs between parallel modes:
 how one mini-batch becomes a step on this rank (forward, backward, communication,
 optimiser), how an evaluation batch is run, what this rank's state is, and what it sent.
-Single-process, data-parallel and pipeline training are engines today
-(`train/engines/`); a new mode is a new engine registered in `ENGINES`, never a new loop
-(docs/architecture.md walks through adding one).
+Single-process, data-parallel, pipeline, hybrid and parameter-server training are
+engines today (`train/engines/`); a new mode is a new engine named by its mode's record
+(`train/mode.py`), never a new loop (docs/architecture.md walks through adding one).
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from approxdist.errors import ConfigError
-from approxdist.registry import Registry
 from approxdist.trace.times import StepTimes
 
 if TYPE_CHECKING:
     from approxdist.config.schema import Config
     from approxdist.data import TensorDataset
     from approxdist.launch.context import DistContext
-    from approxdist.topology.groups import TopologyGroups
+    from approxdist.topology.groups import MeshGroups
     from approxdist.trace.recorder import Recorder
 
 
@@ -97,8 +95,6 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-#: builds the engine of a parallel mode on this rank; collective over the topology's groups
-EngineBuilder = Callable[["Config", "DistContext", "TopologyGroups", "TensorDataset", "Recorder"],
+#: builds the engine of a parallel mode on this rank; collective over the mesh's groups
+EngineBuilder = Callable[["Config", "DistContext", "MeshGroups", "TensorDataset", "Recorder"],
                          Engine]
-
-ENGINES: Registry[EngineBuilder] = Registry("parallel mode", ConfigError)

@@ -5,7 +5,7 @@ the sums over the world in two collectives (an all-reduce of the per-step losses
 all-gather of one small row per rank) and turns them into the epoch record of
 `metrics.jsonl`: losses and accuracy over the samples whose loss was computed (every
 rank in data parallelism, the last stage in a pipeline), mean times per rank and step,
-one row per rank (its place in the topology, compute / comm / wait seconds per step,
+one row per rank (its place in the mesh, compute / comm / wait seconds per step,
 peak activation bytes, steps skipped) and the bytes each directed link carried. In a
 run that tolerates lost ranks the world gathers over the survivors only, and the record
 names the ranks it did not hear from (`lost_ranks`).
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from approxdist.launch.group import Group
-from approxdist.topology import Topology
+from approxdist.topology import Mesh
 from approxdist.trace.times import StepTimes
 from approxdist.train.engine import StepOutcome
 
@@ -59,12 +59,12 @@ def step_losses(tally: EpochTally, world: Group) -> list[float | None]:
     return [float(s / n) if n else None for s, n in sums.tolist()]
 
 
-def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, topology: Topology,
+def gather_epoch(tally: EpochTally, sent: dict[str, int], world: Group, mesh: Mesh,
                  wall: float, global_batch: int) -> dict[str, Any]:
     """The epoch's training figures (a collective over the world); `sent` is this rank's
     bytes per link during the epoch."""
     steps = max(1, tally.steps)
-    place = topology.place(world.me)
+    place = mesh.place(world.me)
     mine = {"rank": world.me, "stage": place.stage, "replica": place.replica,
             "compute_s": tally.times.compute_s / steps, "comm_s": tally.times.comm_s / steps,
             "wait_s": tally.times.wait_s / steps,

@@ -2,7 +2,7 @@
 
 One checkpoint per pipeline stage, written by the stage's first replica (the replicas
 hold the same weights; per-replica state such as error-feedback residuals is gathered
-into it by the engine): `RUN_DIR/checkpoint.pt` when the topology has one stage (single
+into it by the engine): `RUN_DIR/checkpoint.pt` when the mesh has one stage (single
 process, data parallel), `RUN_DIR/stage<s>/checkpoint.pt` otherwise. On resume each
 stage's first replica reads its file and hands it to its replicas; first every rank
 learns whether every stage found a readable checkpoint at the same epoch, so a missing or
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.errors import ApproxDistError, ConfigError
-from approxdist.topology.groups import TopologyGroups
+from approxdist.topology.groups import MeshGroups
 from approxdist.train.checkpoint import load_checkpoint, save_checkpoint
 
 _PROGRESS = ("epoch", "step", "elapsed_s", "bytes_sent", "history")
@@ -44,7 +44,7 @@ _RANK_TRACES = re.compile(r"^trace\.rank\d+\.json$")
 def clear_run_outputs(run_dir: Path) -> list[str]:
     """Remove what an earlier run wrote into `run_dir` (metrics, summary, checkpoints,
     traces, worker files), so a fresh run there does not append to its metrics or leave
-    another topology's stage checkpoints for a later `--resume`; the names removed."""
+    another mesh's stage checkpoints for a later `--resume`; the names removed."""
     if not run_dir.is_dir():
         return []
     gone = []
@@ -59,9 +59,9 @@ def clear_run_outputs(run_dir: Path) -> list[str]:
     return gone
 
 
-def checkpoint_dir(run_dir: Path, groups: TopologyGroups) -> Path:
+def checkpoint_dir(run_dir: Path, groups: MeshGroups) -> Path:
     """The directory of this rank's stage's checkpoint."""
-    if groups.topology.num_stages == 1:
+    if groups.mesh.num_stages == 1:
         return run_dir
     return run_dir / f"stage{groups.place.stage}"
 
@@ -71,16 +71,16 @@ def save_progress(directory: Path, progress: Progress, engine_state: dict[str, A
     save_checkpoint(directory, {**engine_state, **{k: getattr(progress, k) for k in _PROGRESS}})
 
 
-def load_agreed(directory: Path, groups: TopologyGroups) -> tuple[Progress, dict[str, Any]]:
+def load_agreed(directory: Path, groups: MeshGroups) -> tuple[Progress, dict[str, Any]]:
     """(progress, engine state) of this rank's stage, once every stage agrees (collective)."""
     state: dict[str, Any] | None = None
     problem = ""
-    if groups.replicas.is_root:
+    if groups.stage.is_root:
         try:
             state = load_checkpoint(directory)
         except ApproxDistError as exc:
             problem = str(exc)
-    found = (groups.replicas.is_root, groups.place.stage, problem,
+    found = (groups.stage.is_root, groups.place.stage, problem,
              state["epoch"] if state is not None else None)
     readers = [f[1:] for f in groups.world.all_gather_object(found) if f[0]]
     missing = [f"stage {s}: {p}" for s, p, _ in readers if p]
@@ -91,7 +91,7 @@ def load_agreed(directory: Path, groups: TopologyGroups) -> tuple[Progress, dict
         raise ConfigError("stage checkpoints disagree: " + ", ".join(
             f"stage {s} at epoch {e}" for s, e in sorted(epochs.items()))
             + "; a stage died while saving, restart from scratch")
-    state = groups.replicas.broadcast_object(state)
+    state = groups.stage.broadcast_object(state)
     assert state is not None
     progress = Progress(**{k: state[k] for k in _PROGRESS})
     progress.history = list(progress.history)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
+from approxdist.train.mode import mesh_of
 
 FORMS = "RANK:DELAY (e.g. 2:100ms) or random:P:DELAY (e.g. random:0.1:50ms)"
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
@@ -92,7 +93,11 @@ class Stragglers:
 
 
 def stragglers_of(cfg: Config) -> Stragglers:
-    """The run's `--straggler` rules; random ones pick among the workers of a PS run."""
-    world, ps = cfg.train.world_size, cfg.ps
-    eligible = range(ps.servers, world) if cfg.train.parallel == "ps" else range(world)
+    """The run's `--straggler` rules; random ones pick among the ranks that compute (not a
+    parameter server's servers)."""
+    world = cfg.train.world_size
+    if not cfg.train.stragglers:
+        return Stragglers.parse((), world)
+    mesh = mesh_of(cfg)
+    eligible = [r for r in range(mesh.world_size) if mesh.place(r).role != "server"]
     return Stragglers.parse(cfg.train.stragglers, world, eligible, cfg.train.seed)

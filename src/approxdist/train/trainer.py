@@ -5,7 +5,7 @@ everything the modes share: the epoch loop and progress bar, the learning-rate r
 set on the engine's optimisers every step, evaluation on this rank's shard of the test
 set, `metrics.jsonl` (step and epoch records, `train/epoch.py`), `summary.json`'s
 figures, atomic checkpoints and bit-exact resume (`train/resume.py`), and the error a
-run ends with when a peer dies: naming that rank and its place in the topology. A
+run ends with when a peer dies: naming that rank and its place in the mesh. A
 recorder (docs/tracing.md) gets each mini-batch as a `step` span holding `data` and the
 engine's phases. An engine may skip ahead (`StepOutcome.skip`: the steps it skips, their
 data unused; an N+b parameter-server worker whose gradient was dropped); each rank's
@@ -33,13 +33,14 @@ from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.data.loader import _mix, eval_shard
 from approxdist.errors import ApproxDistError, CommError
 from approxdist.launch.context import DistContext
-from approxdist.topology import Topology
-from approxdist.topology.groups import TopologyGroups
+from approxdist.topology import Mesh
+from approxdist.topology.groups import MeshGroups
 from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
 from approxdist.train import log
 from approxdist.train.engine import Engine, StepOutcome
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.metrics import MetricsWriter
+from approxdist.train.mode import mode_of
 from approxdist.train.optim import BatchGrowth, LRRule, noise_scale, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
 from approxdist.train.snapshot import Position
@@ -61,7 +62,7 @@ class Trainer:
     run_dir: Path
     data: TensorDataset
     engine: Engine
-    groups: TopologyGroups
+    groups: MeshGroups
     batches: ShardedBatches
     lr_rule: LRRule
     writer: MetricsWriter
@@ -123,7 +124,7 @@ class Trainer:
         losses = step_losses(tally, self.groups.world)
         self._log_steps(epoch, losses, tally.records)
         stats = gather_epoch(tally, bytes_delta(engine.link_bytes(), sent0), self.groups.world,
-                             self.groups.topology, wall, global_batch)
+                             self.groups.mesh, wall, global_batch)
         bad = first_nonfinite(losses)
         if bad is not None:  # every rank has the same losses, so all agree on it
             stats["diverged_at_step"] = self.progress.step - len(losses) + bad + 1
@@ -131,10 +132,10 @@ class Trainer:
         return {**stats, "batch_size": global_batch}
 
     def seed_epoch(self, epoch: int) -> None:
-        """Dropout etc.: seeded per epoch and place in the topology (so placement changes
+        """Dropout etc.: seeded per epoch and place in the mesh (so placement changes
         nothing), as the loop and a speculation crossing into the epoch both need."""
         torch.manual_seed(_mix(self.cfg.train.seed, epoch,
-                               self.groups.topology.slot(self.ctx.rank)))
+                               self.groups.mesh.slot(self.ctx.rank)))
 
     def shards(self, epoch: int) -> ShardedBatches:
         """This rank's batches in epoch `epoch` (the batch may grow between epochs)."""
@@ -226,14 +227,14 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train the remaining epochs; summary.json's figures. A lost peer ends the run with
-        an error naming it and its place in the topology."""
+        an error naming it and its place in the mesh."""
         try:
             for epoch in range(self.progress.epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
                 if self._diverged(epoch):
                     break
         except (ApproxDistError, RuntimeError) as exc:
-            named = name_lost_peer(exc, self.groups.topology, self.ctx.rank)
+            named = name_lost_peer(exc, self.groups.mesh, self.ctx.rank)
             if named is exc:
                 raise
             raise named from exc
@@ -284,9 +285,7 @@ class Trainer:
 
     def summary(self) -> dict[str, Any]:
         return {**run_summary(self.progress, self.cfg, self.ctx.world_size),
-                "topology": {"stages": self.groups.topology.num_stages,
-                             "replicas": list(self.groups.topology.replicas),
-                             "ranks": [list(r) for r in self.groups.topology.stages]},
+                "mesh": {"spec": self.groups.mesh.spec, "ranks": list(self.groups.mesh.ranks)},
                 **self.engine.summary(), **{k: v for part in self.summaries
                                             for k, v in part().items()}}
 
@@ -299,7 +298,7 @@ class Trainer:
         """This stage's checkpoint, written by its first replica (every rank calls it: the
         engine's state may be gathered over the replicas)."""
         state = self.engine.state_dict()
-        if self.groups.replicas.is_root:
+        if self.groups.stage.is_root:
             save_progress(self.checkpoint_dir, self.progress, state)
 
     def resume(self) -> None:
@@ -310,14 +309,14 @@ class Trainer:
         self.progress = progress
 
 
-def name_lost_peer(exc: BaseException, topology: Topology, rank: int) -> BaseException:
+def name_lost_peer(exc: BaseException, mesh: Mesh, rank: int) -> BaseException:
     """`exc`, or a `CommError` naming the lost peer and its place when `exc` knows the peer."""
     peer = getattr(exc, "peer", None)
-    if peer is None or not 0 <= peer < topology.world_size:
+    if peer is None or not 0 <= peer < mesh.world_size:
         return exc
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return CommError(f"lost {topology.describe_rank(peer)}, which may have died; "
-                     f"{topology.describe_rank(rank)} stopped: {first}", peer=peer)
+    return CommError(f"lost {mesh.describe_rank(peer)}, which may have died; "
+                     f"{mesh.describe_rank(rank)} stopped: {first}", peer=peer)
 
 
 def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, Any]:
@@ -347,7 +346,7 @@ def run_summary(progress: Progress, cfg: Config, world_size: int) -> dict[str, A
 
 def _delay_hint(cfg: Config) -> str:
     """Why a 2BW run is more fragile than its synchronous twin, when it is one."""
-    if cfg.train.parallel not in ("pipeline", "hybrid") or cfg.pipeline.schedule != "2bw":
+    if not mode_of(cfg).reads("pipeline.schedule") or cfg.pipeline.schedule != "2bw":
         return ""
     b = cfg.optim.momentum
     return (f"; 2bw applies each gradient one step late, and on a quadratic, SGD with momentum "

@@ -24,7 +24,8 @@ from approxdist.launch.affinity import bind_rank
 from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
-from approxdist.train.build import build_trainer, topology_of
+from approxdist.train.build import build_trainer
+from approxdist.train.mode import mesh_of
 
 
 def set_threads(ctx: DistContext, requested: int) -> None:
@@ -56,9 +57,9 @@ def bind_cores(cfg: Config, ctx: DistContext) -> None:
     by pipeline row (`launch/affinity.py`)."""
     if cfg.train.bind_cores == "none":
         return
-    topology = topology_of(cfg)
+    mesh = mesh_of(cfg)
     machine = machine_ranks(ctx)
-    rows = [topology.place(r).replica for r in machine]
+    rows = [mesh.place(r).replica for r in machine]
     bind_rank(cfg.train.bind_cores, ctx.rank, machine, rows)
 
 
@@ -101,8 +102,8 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
 def train_rank(cfg: Config, ctx: DistContext, path: Path, resume: bool) -> dict[str, Any]:
     """One rank's run into `path`, traced when `cfg.train.trace` (the recorder is labelled
     with the rank's stage in a pipeline)."""
-    topology = topology_of(cfg)
-    label = f"stage {topology.place(ctx.rank).stage}" if topology.num_stages > 1 else ""
+    mesh = mesh_of(cfg)
+    label = f"stage {mesh.place(ctx.rank).stage}" if mesh.num_stages > 1 else ""
     rec = open_recorder(ctx, cfg.train.trace, label=label)  # collective when tracing
     return train_traced(cfg, ctx, path, resume, rec)
 

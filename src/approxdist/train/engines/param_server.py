@@ -39,10 +39,10 @@ from approxdist.param_server.node import PSNode, check_backend
 from approxdist.param_server.server import Server
 from approxdist.param_server.wire import WireFormats
 from approxdist.param_server.worker import Worker
-from approxdist.topology.groups import TopologyGroups
+from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, SYNC, Recorder
 from approxdist.trace.times import StepTimes
-from approxdist.train.engine import ENGINES, StepOutcome
+from approxdist.train.engine import StepOutcome
 from approxdist.train.task import Task, task_named
 
 
@@ -50,7 +50,7 @@ class ParamServerEngine:
     """This rank as a server (`server` set) or a worker (`worker` set) of a PS run; the
     sharding, the two ends and the epoch's end are `param_server.node.PSNode`'s."""
 
-    def __init__(self, node: PSNode, groups: TopologyGroups, rec: Recorder, task: Task) -> None:
+    def __init__(self, node: PSNode, groups: MeshGroups, rec: Recorder, task: Task) -> None:
         self.node, self.module, self.roles, self.mode = node, node.module, node.roles, node.mode
         self.groups, self.link, self.rec, self.task = groups, node.link, rec, task
         self.steps_per_epoch = node.steps
@@ -167,7 +167,7 @@ class ParamServerEngine:
         self.link.close()
 
 
-def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
+def build_param_server(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                        rec: Recorder) -> ParamServerEngine:
     """Servers and workers of `cfg.ps` on the world; the model from `cfg.train.seed`."""
     ps, optim = cfg.ps, cfg.optim
@@ -190,6 +190,3 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: TopologyGroups, da
                   error_feedback=ps.error_feedback, staleness_lr=ps.staleness_lr,
                   tolerate_worker_loss=ps.tolerate_worker_loss)
     return ParamServerEngine(node, groups, rec, task_named(data.task))
-
-
-ENGINES.add("ps", build_param_server)

@@ -31,9 +31,9 @@ from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime, check_run
 from approxdist.pipeline.schedule.stream_cut import loss_versions
 from approxdist.pipeline.stream import StreamExecutor
-from approxdist.topology.groups import TopologyGroups
+from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, Recorder
-from approxdist.train.engine import ENGINES, StepOutcome
+from approxdist.train.engine import StepOutcome
 from approxdist.train.optim import make_sgd
 from approxdist.train.task import Task, task_named
 
@@ -159,7 +159,7 @@ class StreamEngine(PipelineEngine):
         return {**super().summary(), **self.stream.summary()}
 
 
-def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
+def build_pipeline(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                    rec: Recorder) -> PipelineEngine:
     """Every rank builds the whole model from the same seed and keeps its stage's blocks."""
     torch.manual_seed(cfg.train.seed)
@@ -169,7 +169,7 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: 
     sample = data.train_x[:micro].to(ctx.device)
     task = task_named(data.task)
     steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
-    if max(groups.topology.replicas) > 1:
+    if max(groups.mesh.replicas) > 1:
         runtime = build_hybrid_runtime(cfg, model, ctx, groups, sample, rec, loss_fn=task,
                                        minibatches=steps)
     else:
@@ -179,7 +179,3 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: 
                                 rec=rec, loss_fn=task)
     engine = StreamEngine if isinstance(runtime.executor, StreamExecutor) else PipelineEngine
     return engine(cfg, runtime, make_sgd(runtime.module, cfg.optim), rec)
-
-
-ENGINES.add("pipeline", build_pipeline)
-ENGINES.add("hybrid", build_pipeline)

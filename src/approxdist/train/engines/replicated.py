@@ -23,10 +23,10 @@ from approxdist.data_parallel.sync import GradientSync, build_sync
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
-from approxdist.topology.groups import TopologyGroups
+from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, Recorder
 from approxdist.trace.times import StepTimes
-from approxdist.train.engine import ENGINES, StepOutcome
+from approxdist.train.engine import StepOutcome
 from approxdist.train.optim import make_sgd
 from approxdist.train.task import Task, task_named
 
@@ -38,7 +38,7 @@ class ReplicatedEngine:
     feeds_labels = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 groups: TopologyGroups, sync: GradientSync | None, rec: Recorder,
+                 groups: MeshGroups, sync: GradientSync | None, rec: Recorder,
                  task: Task) -> None:
         self.module, self.optimizer, self.sync, self.rec = model, optimizer, sync, rec
         self.task = task
@@ -131,7 +131,7 @@ class ReplicatedEngine:
             self.sync.close()
 
 
-def build_replicated(cfg: Config, ctx: DistContext, groups: TopologyGroups, data: TensorDataset,
+def build_replicated(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                      rec: Recorder) -> ReplicatedEngine:
     """The model from `cfg.train.seed`, an SGD optimiser and, with replicas, `cfg.dp`'s sync."""
     torch.manual_seed(cfg.train.seed)
@@ -140,7 +140,3 @@ def build_replicated(cfg: Config, ctx: DistContext, groups: TopologyGroups, data
     sync = build_sync(cfg, model, optimizer, ctx, groups.replicas, rec) \
         if groups.replicas.size > 1 else None
     return ReplicatedEngine(model, optimizer, groups, sync, rec, task_named(data.task))
-
-
-ENGINES.add("single", build_replicated)
-ENGINES.add("dp", build_replicated)

@@ -1,0 +1,91 @@
+"""The records of pipeline and hybrid training (seeds 000, 002): the model cut into `pp`
+stages, each on one rank (pipeline) or replicated over `dp` ranks (hybrid)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from approxdist.config.adaprec import candidates_of
+from approxdist.config.schema import Config
+from approxdist.data import TensorDataset
+from approxdist.errors import ConfigError
+from approxdist.pipeline.runtime import check_run
+from approxdist.pipeline.schedule import async_schedule_names
+from approxdist.topology import Mesh
+from approxdist.train.engines.pipeline import build_pipeline
+from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, modes, register
+from approxdist.train.parts import check_dp, check_pipeline
+
+
+def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
+    check_run(cfg.pipeline, len(list(model.children())), cfg.data.batch_size)
+
+
+def _streamed(cfg: Config) -> str | None:
+    """An asynchronous schedule fixes an epoch's steps when its stream starts."""
+    if cfg.pipeline.schedule in async_schedule_names():
+        return f"the asynchronous schedule {cfg.pipeline.schedule!r}"
+    return None
+
+
+def _stage_mesh(mode: str, cfg: Config) -> Mesh:
+    p = cfg.pipeline
+    given = given_mesh(cfg, modes().get(mode))
+    if given is not None and p.placement:
+        return Mesh(given.axes, tuple(p.placement))
+    return given or Mesh.stages(p.stages, p.replica_counts, p.placement or None)
+
+
+def _pipeline_implied(sections: Sections) -> Sections:
+    """One rank per stage: `--stages` or `--world-size` sets both."""
+    sections = implied_by_mesh(sections, lambda mesh: {
+        "train": {"world_size": mesh.world_size}, "pipeline": {"stages": mesh.num_stages}})
+    train, pipe = sections.setdefault("train", {}), sections.setdefault("pipeline", {})
+    if "stages" in pipe and "world_size" not in train:
+        train["world_size"] = pipe["stages"]
+    elif "world_size" in train and "stages" not in pipe:
+        pipe["stages"] = train["world_size"]
+    return sections
+
+
+PIPELINE = register(Mode(
+    name="pipeline", help="pipeline parallelism: the model cut into stages, one rank each "
+                          "(docs/pipeline.md)",
+    axes=frozenset({"pp"}), mesh=lambda cfg: _stage_mesh("pipeline", cfg), engine=build_pipeline,
+    options=("comm.*", "pipeline.*", "-pipeline.replicas"), implied=_pipeline_implied,
+    check=lambda cfg: check_pipeline(cfg.pipeline), preflight=_preflight,
+    batch_share=lambda cfg: None, fixed_steps=_streamed))
+
+
+def _hybrid_implied(sections: Sections) -> Sections:
+    """One rank per stage replica: the world is the replica counts' sum."""
+    sections = implied_by_mesh(sections, lambda mesh: {
+        "train": {"world_size": mesh.world_size},
+        "pipeline": {"stages": mesh.num_stages, "replicas": list(mesh.replicas)}})
+    train, pipe = sections.setdefault("train", {}), sections.setdefault("pipeline", {})
+    counts, stages = pipe.get("replicas"), pipe.get("stages")
+    if "world_size" not in train and stages and counts:
+        train["world_size"] = sum(counts * stages if len(counts) == 1 else counts)
+    return sections
+
+
+def _check_hybrid(cfg: Config) -> None:
+    if cfg.dp.engine != "approxdist" or cfg.dp.early_forward:
+        raise ConfigError("--parallel hybrid: a replicated stage sums its gradients during "
+                          "the last micro-batch's backward and steps after the flush, which "
+                          "the plain engine and early forward cannot; drop --dp-engine plain "
+                          "and --early-forward")
+    if candidates_of(cfg.dp.codec) is not None:
+        raise ConfigError(f"dp.codec = {cfg.dp.codec!r}: AdaPrec switches the codecs of a "
+                          f"data-parallel run's buckets; use --parallel dp")
+    check_dp(cfg)
+    check_pipeline(cfg.pipeline)
+
+
+HYBRID = register(Mode(
+    name="hybrid", help="pipeline stages replicated with data parallelism (--stages, "
+                        "--replicas; docs/hybrid.md)",
+    axes=frozenset({"pp", "dp"}), mesh=lambda cfg: _stage_mesh("hybrid", cfg),
+    engine=build_pipeline, options=("comm.*", "pipeline.*", "dp.*"), implied=_hybrid_implied,
+    check=_check_hybrid, preflight=_preflight, batch_share=lambda cfg: None,
+    fixed_steps=_streamed))

@@ -1,0 +1,121 @@
+"""The parts a config names, checked against their registries: codecs, channels,
+algorithms, schedules, AdaPrec candidates, parameter-server modes.
+
+`config/` only knows its own values (ranges, fixed choices, syntax), so it need not
+import the layers it configures. The mode records (`train/modes/`) check the sections
+their mode reads with these functions; each error names the key, the value and what
+would be valid, as the config's own checks do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
+from approxdist.adaptive.candidates import check_candidates
+from approxdist.comm.channel import get_channel
+from approxdist.comm.codecs import get_codec
+from approxdist.comm.collectives import algorithm_names
+from approxdist.config.adaprec import candidates_of
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.schema import Config
+from approxdist.data_parallel.codec_rules import CodecRules
+from approxdist.data_parallel.codec_times import CodecTimes
+from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.param_server.modes import parse_mode
+from approxdist.pipeline.schedule import async_schedule_names, schedule_names
+from approxdist.pipeline.schedule.registry import build_async_schedule
+from approxdist.topology.dealing import Dealing
+
+T = TypeVar("T")
+
+
+def check_ps(cfg: Config) -> None:
+    """The `[ps]` section's mode, codecs and channels, and `--tolerate-worker-loss`."""
+    ps = cfg.ps
+    parse_mode(ps.mode, ps.workers)
+    for key in ("push_codec", "pull_codec"):
+        named(f"ps.{key}", getattr(ps, key), partial(get_codec, getattr(ps, key)))
+    for key in ("push_channel", "pull_channel"):
+        if getattr(ps, key):
+            named(f"ps.{key}", getattr(ps, key), partial(get_channel, getattr(ps, key)))
+    _check_worker_loss(cfg)
+
+
+def _check_worker_loss(cfg: Config) -> None:
+    """`--tolerate-worker-loss`: only where the servers can go on without a worker (async,
+    ssp, backup; not sync, whose every step needs every worker), and not with `--trace`,
+    whose timelines are gathered from every rank at the end (docs/param_server.md,
+    "Failures"). The launcher it needs is checked when the run starts
+    (`train.build.survivable`)."""
+    if not cfg.ps.tolerate_worker_loss:
+        return
+    mode = parse_mode(cfg.ps.mode, cfg.ps.workers)
+    if mode.kind == "sync":
+        raise ConfigError("--tolerate-worker-loss with --ps-mode sync: every step waits for a "
+                          "gradient from every worker, so a dead worker must end the run; "
+                          "drop the flag or use --ps-mode async, ssp:<s> or backup:<b>")
+    if cfg.train.trace:
+        raise ConfigError("--tolerate-worker-loss with --trace: the trace is gathered from "
+                          "every rank at the end of the run, which a lost worker cannot "
+                          "join; drop one of the two")
+
+
+def check_dp(cfg: Config) -> None:
+    """The `[dp]` section's algorithm, codecs, codec rules and AdaPrec candidates."""
+    dp = cfg.dp
+    if dp.engine != "approxdist":
+        return
+    if dp.algorithm not in algorithm_names():
+        raise ConfigError(f"dp.algorithm = {dp.algorithm!r} is not one of: "
+                          f"{', '.join(algorithm_names())}")
+    times = None
+    if dp.codec_times:
+        times = named("dp.codec_times", dp.codec_times,
+                       partial(CodecTimes.load, dp.codec_times, dp.algorithm))
+    candidates = candidates_of(dp.codec)
+    if candidates is not None:
+        check_candidates((*candidates, cfg.adaprec.first), dp.codec_rules, times)
+    else:
+        named("dp.codec", dp.codec, partial(_check_rules, [], dp.codec, times))
+    default = "fp32" if candidates is not None else dp.codec
+    for rule in dp.codec_rules:
+        named("dp.codec_rules", rule, partial(_check_rules, [rule], default, times))
+
+
+def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:
+    CodecRules.parse(rules, default, times).validate()
+
+
+def check_pipeline(p: PipelineConfig) -> None:
+    """The `[pipeline]` section's schedule, codecs and channels. An asynchronous schedule
+    (pipedream, pipedream-vsync, 2bw) runs with any communication-thread strategy but `sra`
+    (whose agreed order is per flushed step); pipedream and 2bw also on replicated stages,
+    with micro-batches a multiple of every replica count (docs/pipeline.md)."""
+    names = schedule_names() + async_schedule_names()
+    if p.schedule not in names:
+        raise ConfigError(f"pipeline.schedule = {p.schedule!r} is not one of: {', '.join(names)}")
+    if p.schedule in async_schedule_names():
+        if max(p.replica_counts) > 1:
+            named("pipeline.schedule", p.schedule, partial(
+                build_async_schedule, p.schedule, p.stages, p.microbatches, 1,
+                dealing=Dealing(p.replica_counts)))
+        if p.comm_threads == "sra":
+            raise ConfigError(f"pipeline.comm_threads = 'sra' agrees a message order per "
+                              f"flushed step and does not run {p.schedule!r}; use inline, "
+                              f"per-message or sa")
+    for key in ("fwd_codec", "bwd_codec"):
+        named(f"pipeline.{key}", getattr(p, key), partial(get_codec, getattr(p, key)))
+    for key in ("fwd_channel", "bwd_channel"):
+        named(f"pipeline.{key}", getattr(p, key), partial(get_channel, getattr(p, key)))
+
+
+def named(key: str, value: str, build: Callable[[], T]) -> T:
+    """Build a part once so a bad spec fails here, as one line naming the key."""
+    try:
+        return build()
+    except ApproxDistError as exc:
+        lines = str(exc).splitlines()
+        rest = "; ".join(" ".join(line.split()) for line in lines[1:])
+        raise ConfigError(f"{key} = {value!r}: {lines[0]}" + (f" {rest}" if rest else "")) from None
