@@ -44,10 +44,11 @@ from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
 from approxdist.comm.netem import LinkSpec, Shaper, parse_link
-from approxdist.comm.transfer import LinkStats, TraceHook, TransferEvent, shape_header
+from approxdist.comm.transfer import LinkStats, shape_header
 from approxdist.errors import CommError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
+from approxdist.trace.transfers import TraceHook, TransferEvent
 
 __all__ = ["Link", "RecvHandle", "SendHandle"]
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 import torch
 import torch.distributed as dist
 
-from approxdist.comm.transfer import TransferEvent, header_buffer, parse_header
+from approxdist.comm.transfer import header_buffer, parse_header
 from approxdist.errors import CommError
+from approxdist.trace.transfers import TransferEvent
 
 if TYPE_CHECKING:
     from approxdist.comm.link import Link
