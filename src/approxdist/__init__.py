@@ -1,6 +1,6 @@
 """approxdist: distributed training where what crosses the network is tunable and measured."""
 
-__version__ = "0.1.0"
+from approxdist.version import __version__
 
 __all__ = ["DataParallel", "ParameterServer", "Pipeline", "__version__"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from approxdist.cli.bench_dp import table
-from approxdist.data_parallel.bench import DPBenchPlan, measure_rank, summarize
+from approxdist.benchmarks.dp import DPBenchPlan, measure_rank, summarize
 from approxdist.launch.spawn import run_on_ranks
 
 KEYS = {"engine", "codec", "link", "median_step_s", "ratio_vs_ddp", "hidden_comm_fraction",

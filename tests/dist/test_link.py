@@ -11,10 +11,11 @@ import torch
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.link import Link
-from approxdist.comm.transfer import SHAPE_WORDS, TransferEvent
+from approxdist.comm.transfer import SHAPE_WORDS
 from approxdist.errors import CommError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.trace.transfers import TransferEvent
 
 HEADER = SHAPE_WORDS * 8
 

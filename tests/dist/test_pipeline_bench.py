@@ -12,7 +12,7 @@ from approxdist.cli import bench_pipeline
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.bench_inputs import bench_input
-from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
+from approxdist.benchmarks.pipeline import BenchCase, Timing, measure_rank
 
 KEYS = {"engine", "schedule", "stages", "microbatches", "samples_per_s", "ratio_vs_torch",
         "bubble_measured", "bubble_theory"}
@@ -58,7 +58,7 @@ def test_hybrid_bench_runs_both_compositions_on_a_2x2_grid(tmp_path: Path) -> No
     """`bench hybrid`: ours and torch pipelining + replicate on 4 ranks; the JSON keys of the
     issue, the replica all-reduce measured alone and blocked, every rank the same rounds."""
     from approxdist.cli import bench_hybrid
-    from approxdist.hybrid.bench import measure_rank as hybrid_rank
+    from approxdist.benchmarks.hybrid import measure_rank as hybrid_rank
 
     cases = [BenchCase("mlp", (16,), 2, 2, s, batch_size=8, hidden=16, depth=2, replicas=2)
              for s in ("gpipe", "1f1b")]

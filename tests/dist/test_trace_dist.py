@@ -32,7 +32,7 @@ from approxdist.trace import (
     read_trace,
     save_rank_trace,
 )
-from approxdist.trace.analysis import analyze
+from approxdist.analysis.bottleneck import analyze
 from tests.helpers.trace_demo import run_demo
 
 

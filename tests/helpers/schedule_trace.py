@@ -12,11 +12,11 @@ times, its measured bubble is the theory (P-1)/(M+P-1).
 
 from __future__ import annotations
 
-from approxdist.comm.transfer import TransferEvent
 from approxdist.pipeline.schedule import Action, Durations, Kind, build_schedule, simulate
 from approxdist.trace import phases as ph
 from approxdist.trace.chrome import TraceDict, merge_traces, rank_trace
 from approxdist.trace.recorder import Recorder
+from approxdist.trace.transfers import TransferEvent
 
 PHASE_OF_KIND = {Kind.FORWARD: ph.RUN_FOR, Kind.BACKWARD: ph.RUN_BACK, Kind.SEND_ACT: ph.SEND_FOR,
                  Kind.SEND_GRAD: ph.SEND_BACK, Kind.RECV_ACT: ph.RECEIVE_FOR,

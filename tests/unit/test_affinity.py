@@ -8,13 +8,13 @@ import threading
 
 import pytest
 
+from approxdist.benchmarks.pipeline import BenchCase
 from approxdist.cli.bench_hybrid import hidden
 from approxdist.cli.main import main
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.launch.affinity import bind_rank, bind_threads, check_policy, plan_cores
 from approxdist.launch.context import DistContext
-from approxdist.pipeline.runtime_bench import BenchCase
 from approxdist.topology import Mesh
 from approxdist.train.worker import machine_ranks
 

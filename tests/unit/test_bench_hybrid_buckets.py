@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from approxdist.benchmarks.hybrid import _config
+from approxdist.benchmarks.pipeline import BenchCase
 from approxdist.cli.main import main
-from approxdist.hybrid.bench import _config
-from approxdist.pipeline.runtime_bench import BenchCase
 
 
 def test_bucket_sizes_reach_the_replica_all_reduce_and_default_to_dp() -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from approxdist.bench.stats import p10
+from approxdist.benchmarks.allreduce import summarize, table
 from approxdist.cli.bench_allreduce import combos_for, parse_algorithms, parse_sizes
 from approxdist.comm.collectives import Calibration, Measurement, fit, get_algorithm
-from approxdist.comm.collectives.bench import summarize, table
 from approxdist.comm.collectives.calibration import fit_model
 from approxdist.comm.collectives.hybrid import Hybrid
 from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, codec_work, cost_terms, predict

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from approxdist.data_parallel.bench import DPBenchPlan, summarize
+from approxdist.benchmarks.dp import DPBenchPlan, summarize
 
 
 def _rank(step: list[float], blocked: list[float]) -> dict[str, object]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from approxdist.benchmarks.pipeline import BenchCase
 from approxdist.cli.bench_pipeline import summarize, table
-from approxdist.pipeline.runtime_bench import BenchCase
 
 
 def test_rows_carry_rates_ratios_and_the_paired_ratio() -> None:

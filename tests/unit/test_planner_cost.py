@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from approxdist.cli.bench_codec import _rows as bench_codec_rows
+from approxdist.benchmarks.codec import rows as bench_codec_rows
 from approxdist.comm.netem import LinkSpec
 from approxdist.errors import ConfigError, DataError, SpecError
 from approxdist.planner.cost import (

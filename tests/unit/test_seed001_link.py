@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from approxdist.benchmarks.allreduce import Row, measurements, summarize
 from approxdist.cli.bench_allreduce import combos_for, parse_algorithms, parse_sizes
 from approxdist.cli.main import build_parser, main
 from approxdist.comm.collectives import Calibration, fit
-from approxdist.comm.collectives.bench import Row, measurements, summarize
 from approxdist.errors import ClusterError
 from approxdist.experiments import Settings, run_experiment, runner, shaping
 from approxdist.experiments import seed001_allreduce as ar

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from approxdist.analysis.bottleneck import analyze
+from approxdist.analysis.intervals import IntervalSet, self_time
 from approxdist.pipeline.schedule.grid import theoretical_bubble
 from approxdist.trace import TraceError
-from approxdist.trace.analysis import analyze
-from approxdist.trace.intervals import IntervalSet, self_time
 from tests.helpers.schedule_trace import schedule_trace
 
 
@@ -155,8 +155,8 @@ def test_transfers_are_matched_within_their_stream() -> None:
 
 
 def test_bubble_line_of_an_asynchronous_run_uses_the_stream_length() -> None:
-    from approxdist.trace.analysis import Analysis, BubbleFigures
-    from approxdist.trace.report import RunInfo, _bubble
+    from approxdist.analysis.bottleneck import Analysis, BubbleFigures
+    from approxdist.analysis.report import RunInfo, _bubble
 
     analysis = Analysis([], [], None, BubbleFigures(2, 4, 0.2, 0.15, 0.5))
     line = _bubble(analysis, RunInfo(2, 4, "2bw", {"epoch": 2, "step": 20}))[0]

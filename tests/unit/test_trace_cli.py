@@ -79,8 +79,8 @@ def test_analyze_names_a_missing_run_dir(tmp_path: Path) -> None:
 
 def test_the_congested_rank_and_link_are_named() -> None:
     """Seed 002's congested stage: the rank that waited longest on links in flight."""
-    from approxdist.trace.analysis import Analysis, RankFigures
-    from approxdist.trace.report import congestion
+    from approxdist.analysis.bottleneck import Analysis, RankFigures
+    from approxdist.analysis.report import congestion
 
     def rank(r: int, waits: dict[str, float]) -> RankFigures:
         return RankFigures(r, 1.0, 4, 0.5, 0.1, 0.2, 0.2, waits_on=waits)

@@ -7,7 +7,6 @@ import threading
 import pytest
 import torch
 
-from approxdist.comm.transfer import TransferEvent
 from approxdist.launch.context import DistContext
 from approxdist.trace import (
     NULL_RECORDER,
@@ -23,6 +22,7 @@ from approxdist.trace import (
     rank_trace,
     save_rank_trace,
 )
+from approxdist.trace.transfers import TransferEvent
 
 
 def test_span_records_name_class_args_and_nesting() -> None:

@@ -12,8 +12,8 @@ from approxdist.pipeline.errors import PipelineError
 from approxdist.topology import Mesh
 from approxdist.trace.times import StepTimes
 from approxdist.train.engine import StepOutcome
-from approxdist.train.mode import modes
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
+from approxdist.train.mode import modes
 from approxdist.train.trainer import name_lost_peer
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from approxdist.cluster.layout import RANKS_PER_MACHINE_ENV
+from approxdist.launch.affinity import RANKS_PER_MACHINE_ENV
 from approxdist.train.worker import set_threads
 
 

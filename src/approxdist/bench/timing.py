@@ -1,4 +1,4 @@
-"""Timing: one call, and rounds that interleave every variant with its baseline.
+"""Timing: one call, a call repeated, and rounds that interleave every variant with its baseline.
 
 `interleave` runs each variant `warmup` times (not timed), then `rounds` rounds in which
 every variant runs `per_round` times in turn, optionally alternating the order every
@@ -25,6 +25,16 @@ def timed(op: Op, sync: Callable[[], object] | None = None) -> float:
     if sync is not None:
         sync()
     return time.perf_counter() - t0
+
+
+def repeat(op: Op, times: int) -> Callable[[], None]:
+    """One call that runs `op` `times` times (a round of several steps, timed as one)."""
+
+    def run() -> None:
+        for _ in range(times):
+            op()
+
+    return run
 
 
 def interleave(ops: Mapping[str, Op], rounds: int, *, per_round: int = 1, warmup: int = 0,

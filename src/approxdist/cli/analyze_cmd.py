@@ -4,7 +4,7 @@ Reads `trace.json` (or merges `trace.rank<N>.json`), `metrics.jsonl` and `config
 from the run directory; prints per-rank compute / communication / waiting / bubble
 fractions, per-link bytes, time and effective bandwidth, the slowest stage and what it
 waits for, the pipeline bubble against theory; writes a PNG timeline chart. The
-definitions are in `approxdist.trace.analysis` and docs/tracing.md.
+definitions are in `approxdist.analysis.bottleneck` and docs/tracing.md.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from approxdist.trace.analysis import analyze
+from approxdist.analysis import RunInfo, analyze, format_report, report_dict
 from approxdist.trace.errors import TraceError
 from approxdist.trace.gather import load_run_trace
-from approxdist.trace.report import RunInfo, format_report, report_dict
 
 
 def register(sub: Any) -> None:
@@ -55,7 +54,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report_dict(result, info), indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
     if not args.no_png:
-        from approxdist.trace.chart import draw_timeline
+        from approxdist.analysis.chart import draw_timeline
 
         png = Path(args.png) if args.png else run_dir / "timeline.png"
         draw_timeline(trace, png, title=f"{run_dir.name}: timeline by phase",

@@ -5,7 +5,7 @@
 
 Runs on N local gloo ranks (`run_on_ranks`), interleaves every algorithm with `native`
 in the same run and prints median / p10 latency, bus bandwidth and the ratio to
-`native` (method: `approxdist.comm.collectives.bench`). `--calibrate` fits hybrid's
+`native` (method: `approxdist.benchmarks.allreduce`). `--calibrate` fits hybrid's
 thresholds from the measured medians and writes them to `--calibration` (default
 `allreduce-calibration.json`); when `hybrid` is asked for, everything is then measured
 again in one run with `hybrid` reading that file. Without `--calibrate` or
@@ -26,9 +26,7 @@ import torch.distributed as dist
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import finish
-from approxdist.comm.codecs import get_codec
-from approxdist.comm.collectives import DEFAULT_PATH, algorithm_names, fit, get_algorithm
-from approxdist.comm.collectives.bench import (
+from approxdist.benchmarks.allreduce import (
     BASELINE,
     BenchPlan,
     Combo,
@@ -38,6 +36,8 @@ from approxdist.comm.collectives.bench import (
     summarize,
     table,
 )
+from approxdist.comm.codecs import get_codec
+from approxdist.comm.collectives import DEFAULT_PATH, algorithm_names, fit, get_algorithm
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.context import init_from_env, shutdown

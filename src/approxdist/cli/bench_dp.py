@@ -8,7 +8,7 @@
 Prints the median step of `local` (no communication: the lower bound), `ddp` and our
 engine per codec, the ratio to DDP and the share of communication hidden behind
 compute: `hidden` from the time the training thread waited for communication, `wall est`
-from the step times (method and caveats: `approxdist.data_parallel.bench`). `--json`
+from the step times (method and caveats: `approxdist.benchmarks.dp`). `--json`
 writes the rows with keys engine, codec, link, median_step_s, ratio_vs_ddp,
 hidden_comm_fraction (+ paired_ratio_vs_ddp: the median over steps of ours / DDP's at the
 same place in the same round, hidden_comm_fraction_wall, comm_only_s, blocked_s,
@@ -23,9 +23,9 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, render
+from approxdist.benchmarks.dp import DPBenchPlan, measure_rank, split_label, summarize
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
-from approxdist.data_parallel.bench import DPBenchPlan, measure_rank, split_label, summarize
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import MODELS

@@ -7,7 +7,7 @@ The baseline is what users build today (torchtitan's way): `torch.distributed.pi
 stages on each pipeline row and the stage modules replicated with `replicate` (DDP on
 the FSDP2 machinery) over each stage's replicas. Same model, cut, schedule, micro-batches
 per row and data, on stages x replicas local gloo ranks, interleaved rounds (method:
-`approxdist.hybrid.bench`). Beyond `bench pipeline`'s columns: `hidden`, the share of our
+`approxdist.benchmarks.hybrid`). Beyond `bench pipeline`'s columns: `hidden`, the share of our
 replica all-reduce that the last backward hid (1 - blocked / all-reduce alone, per stage
 on the replica that waited least, summed over stages; `by_stage` in the JSON). `--link`
 shapes our transfers only; `--bind-cores` binds both engines' ranks alike.
@@ -21,14 +21,14 @@ from typing import Any
 
 from approxdist.bench.report import Column, render
 from approxdist.bench.stats import median
+from approxdist.benchmarks.hybrid import measure_rank
+from approxdist.benchmarks.pipeline import TORCH_SCHEDULES, BenchCase
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
 from approxdist.config.dp import DPConfig, check_sizes
 from approxdist.config.schema import BIND_POLICIES
 from approxdist.errors import ConfigError
-from approxdist.hybrid.bench import measure_rank
 from approxdist.launch.affinity import check_policy
-from approxdist.pipeline.runtime_bench import TORCH_SCHEDULES, BenchCase
 from approxdist.pipeline.schedule import async_schedule_names
 
 COLUMNS = (*PIPELINE_COLUMNS[:3], Column("r", 2, "replicas"), *PIPELINE_COLUMNS[3:],

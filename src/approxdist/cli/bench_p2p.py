@@ -4,7 +4,7 @@
     approxdist bench p2p --sizes 1M,16M --link bw=1gbit --codec bf16
 
 Ping-pong between two local gloo ranks, interleaved with gloo's own send/recv of the same
-tensor (`dist.send`/`recv`; method: `approxdist.comm.p2p_bench`); one-way time = half the round trip. The
+tensor (`dist.send`/`recv`; method: `approxdist.benchmarks.p2p`); one-way time = half the round trip. The
 rows of engine `approxdist` are the p2p table the cost model's calibration takes
 (`planner.cost.fit_level(..., p2p_rows=...)`, docs/planner.md).
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, render
+from approxdist.benchmarks.p2p import P2PPlan, measure_rank, rows
 from approxdist.cli.bench_allreduce import parse_sizes
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
-from approxdist.comm.p2p_bench import P2PPlan, measure_rank, rows
 from approxdist.launch.spawn import run_on_ranks
 
 COLUMNS = (Column("engine", 11, "engine", left=True), Column("codec", 6, "codec", left=True),

@@ -6,7 +6,7 @@
 Both engines run the same model, cut at the same blocks, with the same schedule
 (GPipe = ScheduleGPipe, 1F1B = Schedule1F1B), micro-batches and data, on P local gloo
 ranks started by `run_on_ranks`, one torch thread each; every schedule's engines take
-turns in each round (method: `approxdist.pipeline.runtime_bench`). The table gives the
+turns in each round (method: `approxdist.benchmarks.pipeline`). The table gives the
 median samples/s, the ratio to torch, the ratio to our 1F1B-flush (`--schedule
 1f1b,2bw,pipedream`: the asynchronous schedules, which torch does not have, each round
 one stream of `--steps` mini-batches) and our measured bubble next to theory. `--link`
@@ -26,12 +26,12 @@ from typing import Any
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
+from approxdist.benchmarks.pipeline import BenchCase, Timing, measure_rank
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.bench_inputs import bench_input
 from approxdist.models.gpt import SIZES as GPT_SIZES
-from approxdist.pipeline.runtime_bench import BenchCase, Timing, measure_rank
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.grid import theoretical_bubble
 from approxdist.train.parts import check_pipeline

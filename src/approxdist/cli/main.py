@@ -7,7 +7,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from approxdist import __version__
 from approxdist.cli import (
     analyze_cmd,
     bench,
@@ -21,6 +20,7 @@ from approxdist.cli import (
     train_cmd,
 )
 from approxdist.errors import ApproxDistError
+from approxdist.version import __version__
 
 #: each module has `register(subparsers)` that adds its parser and sets `func`
 SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, simulate_cmd, analyze_cmd,

@@ -40,10 +40,10 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, render
-from approxdist.comm.collectives.bench import BenchPlan, measure_rank, summarize
-from approxdist.comm.p2p_bench import P2PPlan
-from approxdist.comm.p2p_bench import measure_rank as p2p_rank
-from approxdist.comm.p2p_bench import rows as p2p_rows
+from approxdist.benchmarks.allreduce import BenchPlan, measure_rank, summarize
+from approxdist.benchmarks.p2p import P2PPlan
+from approxdist.benchmarks.p2p import measure_rank as p2p_rank
+from approxdist.benchmarks.p2p import rows as p2p_rows
 from approxdist.config.loader import build_config, merge
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks

@@ -22,10 +22,6 @@ MAX_HOSTS = 64
 SUBNETS = 256
 HOST_IFACE = "eth0"
 PREFIX = "ad-"  # every namespace approxdist makes starts with it
-#: how many ranks share this machine's cores, set by `cluster run` on every rank (its hosts
-#: are namespaces of one machine, so torchrun's LOCAL_WORLD_SIZE counts too few); a
-#: training rank's torch threads are the cores over it (`train.worker.set_threads`)
-RANKS_PER_MACHINE_ENV = "APPROXDIST_RANKS_PER_MACHINE"
 
 
 @dataclass(frozen=True)

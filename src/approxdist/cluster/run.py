@@ -29,8 +29,9 @@ from typing import IO, TextIO
 
 from approxdist.cluster import state
 from approxdist.cluster.commands import Command
-from approxdist.cluster.layout import HOST_IFACE, RANKS_PER_MACHINE_ENV, ClusterLayout
+from approxdist.cluster.layout import HOST_IFACE, ClusterLayout
 from approxdist.errors import ClusterError
+from approxdist.launch.affinity import RANKS_PER_MACHINE_ENV
 
 DEFAULT_PORT = 29400
 GRACE_S = 60.0

@@ -42,12 +42,13 @@ from approxdist.comm import raw
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
-from approxdist.comm.link_ops import Direction, RecvHandle, SendHandle, _Op
+from approxdist.comm.link_ops import Direction, LinkRequest, RecvHandle, SendHandle
 from approxdist.comm.netem import LinkSpec, Shaper, parse_link
-from approxdist.comm.transfer import LinkStats, TraceHook, TransferEvent, shape_header
+from approxdist.comm.transfer import LinkStats, shape_header
 from approxdist.errors import CommError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
+from approxdist.trace.transfers import TraceHook, TransferEvent
 
 __all__ = ["Link", "RecvHandle", "SendHandle"]
 
@@ -85,9 +86,9 @@ class Link:
             (Shaper(self.spec) if self.spec is not None else None)
         self._pending: dict[int, collections.deque[RecvHandle[Any]]] = \
             collections.defaultdict(collections.deque)
-        self._batch: list[_Op] | None = None
+        self._batch: list[LinkRequest] | None = None
         self._fp32 = get_codec("fp32")
-        #: finished backend requests, dropped a few messages later (`_Op.wait`)
+        #: finished backend requests, dropped a few messages later (`LinkRequest.wait`)
         self.retired: collections.deque[Any] = collections.deque(maxlen=RETIRED_REQUESTS)
 
     @property
@@ -109,9 +110,9 @@ class Link:
         """Count `nbytes` moved to or from member `peer` by a backend collective."""
         self.stats.count(direction, self.group.ranks[peer], nbytes)
 
-    def _post(self, direction: Direction, peer: int, buf: torch.Tensor) -> _Op:
+    def _post(self, direction: Direction, peer: int, buf: torch.Tensor) -> LinkRequest:
         shaped = direction == "send" and self._shaper is not None
-        op = _Op(self, direction, peer, buf, shaped)
+        op = LinkRequest(self, direction, peer, buf, shaped)
         self.stats.count(direction, op.global_peer, buf.numel())
         if shaped:
             self._shaper.submit(op.global_peer, buf.numel(), op.post)  # type: ignore[union-attr]
@@ -121,12 +122,12 @@ class Link:
             op.post()
         return op
 
-    def _post_parts(self, peer: int, bufs: Sequence[torch.Tensor]) -> list[_Op]:
+    def _post_parts(self, peer: int, bufs: Sequence[torch.Tensor]) -> list[LinkRequest]:
         """Send `bufs` as consecutive messages, the parts of one payload: the emulated
         wire books and releases them together, as it did the payload in one piece."""
         if self._shaper is None or len(bufs) == 1:
             return [self._post("send", peer, buf) for buf in bufs]
-        ops = [_Op(self, "send", peer, buf, True) for buf in bufs]
+        ops = [LinkRequest(self, "send", peer, buf, True) for buf in bufs]
         for op in ops:
             self.stats.count("send", op.global_peer, op.buf.numel())
 
@@ -165,7 +166,7 @@ class Link:
     # -- bytes ---------------------------------------------------------------------------
     def post_bytes(self, sends: Sequence[tuple[int, torch.Tensor]],
                    recvs: Sequence[tuple[int, int | torch.Tensor]]
-                   ) -> tuple[list[Any], list[_Op]]:
+                   ) -> tuple[list[Any], list[LinkRequest]]:
         """Post sized byte receives, then sends, together (the all-reduce hot path).
 
         Returns (receive handles, send handles); each has `wait()`, the receive's returning
@@ -178,7 +179,7 @@ class Link:
 
     def _post_bytes(self, sends: Sequence[tuple[int, torch.Tensor]],
                     recvs: Sequence[tuple[int, int | torch.Tensor]]
-                    ) -> tuple[list[Any], list[_Op]]:
+                    ) -> tuple[list[Any], list[LinkRequest]]:
         rops: list[Any] = []
         for peer, r in recvs:
             if self._pending.get(peer):  # self-describing receives queued before it

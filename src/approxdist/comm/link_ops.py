@@ -1,8 +1,8 @@
 """Requests and handles of the link layer: one torch.distributed send or receive each.
 
-`_Op` is one request to torch.distributed (posted at once, in a batch, or later by the
+`LinkRequest` is one request to torch.distributed (posted at once, in a batch, or later by the
 netem shaper thread); `SendHandle` and `RecvHandle` are what `Link.isend` / `Link.irecv`
-return. A gloo request must be waited exactly once, so `_Op.wait` remembers it.
+return. A gloo request must be waited exactly once, so `LinkRequest.wait` remembers it.
 Requests go straight to the process group object (`pg.send` / `pg.recv`, what
 `dist.isend` calls after its argument checks): the all-reduce fast path posts a few
 per step and every microsecond of CPU counts when ranks outnumber cores (seed 001).
@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 import torch
 import torch.distributed as dist
 
-from approxdist.comm.transfer import TransferEvent, header_buffer, parse_header
+from approxdist.comm.transfer import header_buffer, parse_header
 from approxdist.errors import CommError
+from approxdist.trace.transfers import TransferEvent
 
 if TYPE_CHECKING:
     from approxdist.comm.link import Link
@@ -28,7 +29,7 @@ T = TypeVar("T")
 Direction = Literal["send", "recv"]
 
 
-class _Op:
+class LinkRequest:
     """One torch.distributed request, posted now, in a batch, or later by the shaper."""
 
     __slots__ = ("link", "direction", "peer", "global_peer", "buf", "work", "error", "ready",
@@ -104,7 +105,7 @@ def _dir(direction: str) -> str:
 class SendHandle:
     """A posted send; `wait()` returns once the bytes have left (the buffer may be reused)."""
 
-    def __init__(self, ops: Sequence[_Op]) -> None:
+    def __init__(self, ops: Sequence[LinkRequest]) -> None:
         self._ops = ops
 
     def wait(self) -> None:
@@ -126,8 +127,8 @@ class RecvHandle(Generic[T]):
                  finish: Callable[[list[torch.Tensor], torch.Size], T]) -> None:
         self.link, self.peer, self._buffers, self._finish = link, peer, buffers, finish
         self._nbytes, self._shape = nbytes, shape
-        self._header: _Op | None = None
-        self._parts: list[_Op] | None = None
+        self._header: LinkRequest | None = None
+        self._parts: list[LinkRequest] | None = None
         self._result: T | None = None
         self._done = False
 

@@ -1,10 +1,7 @@
-"""Pieces of the link layer: byte accounting, trace events and the shape header (seeds 000, 001).
+"""Pieces of the link layer: byte accounting and the shape header (seeds 000, 001).
 
 * `LinkStats` counts every message and the exact bytes handed to torch.distributed, per
   (peer, direction): `stats.sent[peer]`, `stats.received[peer]`.
-* `TransferEvent` is what a `TraceHook` receives when a transfer completes (posted and
-  finished times from `time.perf_counter`, bytes, peer). With no hook installed the link
-  takes no timestamps at all.
 * The shape header is a fixed 80-byte message (10 int64 words) sent before a payload
   whose receiver does not know the shape: magic, payload bytes, ndim, up to 7 dims.
 """
@@ -14,7 +11,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
 import torch
 
@@ -23,24 +19,6 @@ from approxdist.errors import CommError
 SHAPE_WORDS = 10
 MAX_NDIM = SHAPE_WORDS - 3
 _MAGIC = 0x41445348  # "ADSH"
-
-
-@dataclass(frozen=True)
-class TransferEvent:
-    """One finished send or receive as seen by this rank."""
-
-    direction: Literal["send", "recv"]
-    rank: int
-    peer: int
-    nbytes: int
-    start_s: float
-    end_s: float
-
-
-class TraceHook(Protocol):
-    """Called once per completed transfer; must be cheap and must not raise."""
-
-    def __call__(self, event: TransferEvent) -> None: ...
 
 
 @dataclass

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from approxdist.data.base import TensorDataset
-from approxdist.data.loader import _mix
+from approxdist.data.loader import mix_seed
 from approxdist.errors import DataError
 
 
@@ -26,7 +26,7 @@ def hold_out(data: TensorDataset, fraction: float, seed: int, world: int,
         raise DataError(f"adaprec.val_fraction = {fraction} leaves {n - n_val} training samples, "
                         f"fewer than one batch ({global_batch}); lower the fraction or "
                         f"--batch-size")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(_mix(seed, 4004)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(seed, 4004)))
     val, keep = perm[:n_val].sort().values, perm[n_val:].sort().values
     rest = dataclasses.replace(data, train_x=data.train_x[keep], train_y=data.train_y[keep])
     return rest, data.train_x[val], data.train_y[val]

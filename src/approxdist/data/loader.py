@@ -21,7 +21,7 @@ from approxdist.errors import DataError
 PAD = 4
 
 
-def _mix(*values: int) -> int:
+def mix_seed(*values: int) -> int:
     """A deterministic 63-bit seed from integers (no Python hash randomisation)."""
     acc = 0x9E3779B97F4A7C15
     for v in values:
@@ -83,7 +83,7 @@ class ShardedBatches:
         return self.data.train_x.shape[0] // self.global_batch
 
     def order(self, epoch: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(_mix(self.seed, epoch))
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
         return torch.randperm(self.data.train_x.shape[0], generator=gen)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -96,7 +96,7 @@ class ShardedBatches:
             mine = idx[lo: lo + self.local_batch]
             x, y = self.data.train_x[mine], self.data.train_y[mine]
             if self.augment:
-                gen = torch.Generator().manual_seed(_mix(self.seed, epoch, step, 7))
+                gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch, step, 7))
                 dy, dx, flip = draw_crop_flip(len(idx), gen)
                 sl = slice(lo, lo + self.local_batch)
                 x = apply_crop_flip(x, dy[sl], dx[sl], flip[sl])

@@ -5,7 +5,7 @@ Seed 000 throttled its links with Linux `tc`; approxdist emulates links in-proce
 it). This preset runs the same transfers and the same training both ways on 2 ranks at
 each link rate: *inproc* on one host with `--link`, *kernel* on a 2-host cluster of
 network namespaces whose links `tc` shapes to the same rate (`approxdist.cluster`, needs
-root). Transfers: the all-reduce benchmark's measurement (`comm.collectives.bench`) of
+root). Transfers: the all-reduce benchmark's measurement (`benchmarks.allreduce`) of
 BRD (at N = 2 one exchange: each rank sends the whole message to the other at once) and
 ring; training: data-parallel ResNet-20 for one epoch. CSV `links.csv`, one row per
 (kind, link, shaper, what, size): kind (`transfer` or `train`), link, shaper, what (the
@@ -20,9 +20,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from approxdist.benchmarks.allreduce import BenchPlan, fmt_size, measure_rank, summarize
 from approxdist.cluster import cluster_down, cluster_up
 from approxdist.cluster.system import require_net_admin
-from approxdist.comm.collectives.bench import BenchPlan, fmt_size, measure_rank, summarize
 from approxdist.comm.netem import parse_link
 from approxdist.config.loader import build_config, write_config
 from approxdist.errors import ClusterError

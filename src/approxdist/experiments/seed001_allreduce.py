@@ -3,7 +3,7 @@
 Seed 001 (section 4, Table 1) compares binary-tree reduce + broadcast (BRB), butterfly
 recursive doubling (BRD) and vector halving / distance doubling (VHD): BRD is best for
 small messages, VHD for large ones, hence a hybrid that picks by size. This preset runs
-`approxdist bench allreduce`'s measurement (`comm.collectives.bench`: every algorithm
+`approxdist bench allreduce`'s measurement (`benchmarks.allreduce`: every algorithm
 interleaved with gloo's `dist.all_reduce` in the same rounds, slowest rank per op,
 median) on 2 and 4 local gloo ranks, twice per world as `bench allreduce --calibrate`
 does: a first run without `hybrid` fits its thresholds (`calibration-N<world>.json`, as
@@ -27,8 +27,7 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from approxdist.comm.collectives import algorithm_names, fit
-from approxdist.comm.collectives.bench import (
+from approxdist.benchmarks.allreduce import (
     BASELINE,
     BenchPlan,
     fmt_size,
@@ -36,7 +35,8 @@ from approxdist.comm.collectives.bench import (
     measurements,
     summarize,
 )
-from approxdist.comm.collectives.bench import Row as BenchRow
+from approxdist.benchmarks.allreduce import Row as BenchRow
+from approxdist.comm.collectives import algorithm_names, fit
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of

@@ -28,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from approxdist.analysis import analyze, congestion
 from approxdist.bench.host import HostWatch
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.experiments import markdown as md
@@ -35,9 +36,7 @@ from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.experiments.runs import train_run
-from approxdist.trace.analysis import analyze
 from approxdist.trace.gather import load_run_trace
-from approxdist.trace.report import congestion
 
 NAME = "seed002-hybrid"
 THREADS = ("inline", "per-message", "sa", "sra")

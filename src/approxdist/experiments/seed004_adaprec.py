@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from approxdist.comm.collectives.bench import BASELINE, BenchPlan, measure_rank, summarize
+from approxdist.benchmarks.allreduce import BASELINE, BenchPlan, measure_rank, summarize
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings

@@ -29,8 +29,13 @@ from collections.abc import Sequence
 from approxdist.config.schema import BIND_POLICIES
 from approxdist.errors import ConfigError
 
-__all__ = ["BIND_POLICIES", "available_cores", "bind_rank", "bind_threads", "check_policy",
-           "plan_cores"]
+__all__ = ["BIND_POLICIES", "RANKS_PER_MACHINE_ENV", "available_cores", "bind_rank",
+           "bind_threads", "check_policy", "plan_cores"]
+
+#: how many ranks share this machine's cores, set by `approxdist cluster run` on every rank
+#: (its hosts are namespaces of one machine, so torchrun's LOCAL_WORLD_SIZE counts too few);
+#: a training rank's torch threads are the cores over it (`train.worker.set_threads`)
+RANKS_PER_MACHINE_ENV = "APPROXDIST_RANKS_PER_MACHINE"
 
 
 def plan_cores(keys: Sequence[int], cores: Sequence[int]) -> list[tuple[int, ...]]:

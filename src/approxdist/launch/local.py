@@ -22,7 +22,8 @@ from approxdist.launch.ports import free_port
 HOST = "127.0.0.1"
 
 
-def _signal_name(code: int) -> str:
+def signal_suffix(code: int) -> str:
+    """` (SIGKILL)` for an exit code that is a negated signal number, else empty."""
     import signal
 
     try:
@@ -59,6 +60,6 @@ def launch_local(entry: Callable[..., Any], world_size: int, *args: Any,
             msg = failure.message if isinstance(failure.message, str) else ""
             detail = msg.strip().splitlines()[-1] if msg.strip() else ""
             name = describe(rank) if describe is not None else f"rank {rank}"
-            parts.append(f"{name} failed with exit code {code}{_signal_name(code)}"
+            parts.append(f"{name} failed with exit code {code}{signal_suffix(code)}"
                          + (f": {detail}" if detail else ""))
         raise LaunchError("; ".join(parts) + "; the other workers were stopped") from None

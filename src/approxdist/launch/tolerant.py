@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from approxdist.errors import LaunchError
 from approxdist.launch.context import prefer_loopback
-from approxdist.launch.local import HOST, _signal_name
+from approxdist.launch.local import HOST, signal_suffix
 from approxdist.launch.losses import LossBoard
 from approxdist.launch.ports import free_port
 
@@ -139,7 +139,7 @@ def _why(code: int | None, error: str | None) -> str:
     if error:
         return f"exit code {code if code is not None else 1}: {error}"
     code = code if code is not None else 1
-    return f"exit code {code}{_signal_name(code)}"
+    return f"exit code {code}{signal_suffix(code)}"
 
 
 def _stop(procs: list[Any], grace_s: float) -> None:

@@ -83,7 +83,7 @@ class StepResult:
 
 
 @dataclass
-class _Step:
+class StepState:
     """Per-step state: micro-batch data, posted receives, gradients waiting to be sent."""
 
     sizes: dict[int, int]
@@ -96,7 +96,7 @@ class _Step:
     sync_after: int | None = None  # the micro-batch whose backward starts the all-reduce
 
 
-Handler = Callable[[Action, _Step], None]
+Handler = Callable[[Action, StepState], None]
 
 
 class PipelineExecutor:
@@ -178,7 +178,7 @@ class PipelineExecutor:
                                 f"(pipeline.dynamic_shapes)")
 
     def _prepare(self, inputs: Batch | None, labels: torch.Tensor | None, batch_size: int,
-                 num_microbatches: int) -> _Step:
+                 num_microbatches: int) -> StepState:
         sizes = microbatch_sizes(batch_size, num_microbatches)
         none: list[Any] = [None] * num_microbatches
         if self.transport.is_first:
@@ -195,11 +195,11 @@ class PipelineExecutor:
             ys: list[Any] = list(torch.split(labels, sizes))
         else:
             ys = none
-        return _Step(dict(enumerate(sizes)), dict(enumerate(loss_weights(sizes))),
+        return StepState(dict(enumerate(sizes)), dict(enumerate(loss_weights(sizes))),
                      dict(enumerate(xs)), dict(enumerate(ys)))
 
     def _execute(self, actions: list[Action], handlers: Mapping[Kind, Handler],
-                 step: _Step, only: Collection[tuple[str, int]] | None = None,
+                 step: StepState, only: Collection[tuple[str, int]] | None = None,
                  first_index: int = 0) -> StepTimes:
         """Run `actions` (this rank's list from `first_index` on: `_index` tracks the
         position for subclasses), then wait for the sends (`only` those: the stream)."""
@@ -225,7 +225,7 @@ class PipelineExecutor:
         return times
 
     # -- action handlers ----------------------------------------------------------------
-    def _recv(self, a: Action, step: _Step) -> None:
+    def _recv(self, a: Action, step: StepState) -> None:
         """`RF` / `RB`: post the receive of an activation / a gradient."""
         m, forward = a.microbatch, a.kind == Kind.RECV_ACT
         t0 = time.perf_counter()
@@ -234,7 +234,7 @@ class PipelineExecutor:
             (step.acts if forward else step.grads)[m] = post(m, step.sizes[m])
         self._times.comm_s += time.perf_counter() - t0
 
-    def _forward(self, a: Action, step: _Step) -> None:
+    def _forward(self, a: Action, step: StepState) -> None:
         m = a.microbatch
         x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
         t0 = time.perf_counter()
@@ -242,7 +242,7 @@ class PipelineExecutor:
             self.compute.forward(m, x, step.labels[m], step.weights[m])
         self._times.compute_s += time.perf_counter() - t0
 
-    def _backward(self, a: Action, step: _Step) -> None:
+    def _backward(self, a: Action, step: StepState) -> None:
         m = a.microbatch
         grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
         only_accumulate = self.grad_sync is not None and m != step.sync_after
@@ -253,18 +253,18 @@ class PipelineExecutor:
         if grad_in is not None:
             step.outbox[m] = grad_in
 
-    def _send_act(self, a: Action, step: _Step) -> None:
+    def _send_act(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
             self.transport.send_act(a.microbatch, self.compute.output(a.microbatch))
 
-    def _send_grad(self, a: Action, step: _Step) -> None:
+    def _send_grad(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_BACK, mb=a.microbatch):
             self.transport.send_grad(a.microbatch, step.outbox.pop(a.microbatch))
 
     def _sync_off(self, off: bool) -> contextlib.AbstractContextManager[None]:
         return self.grad_sync.no_sync() if off and self.grad_sync else contextlib.nullcontext()
 
-    def _all_reduce(self, a: Action, step: _Step) -> None:
+    def _all_reduce(self, a: Action, step: StepState) -> None:
         """`AR`: wait for the stage's gradient all-reduce (seed 002's `_sync`)."""
         assert self.grad_sync is not None
         t0 = time.perf_counter()
@@ -272,7 +272,7 @@ class PipelineExecutor:
             self.grad_sync.finish()
         self._times.wait_s += time.perf_counter() - t0
 
-    def _eval_forward(self, a: Action, step: _Step) -> None:
+    def _eval_forward(self, a: Action, step: StepState) -> None:
         m = a.microbatch
         x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
         t0 = time.perf_counter()
@@ -280,7 +280,7 @@ class PipelineExecutor:
             step.outbox[m] = self.compute.evaluate(x, step.labels[m])
         self._times.compute_s += time.perf_counter() - t0
 
-    def _eval_send(self, a: Action, step: _Step) -> None:
+    def _eval_send(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
             self.transport.send_act(a.microbatch, step.outbox.pop(a.microbatch))
 

@@ -41,7 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from approxdist.pipeline.errors import PipelineError
-from approxdist.pipeline.executor import PipelineExecutor, StepResult, _Step
+from approxdist.pipeline.executor import PipelineExecutor, StepResult, StepState
 from approxdist.pipeline.microbatch import Batch, microbatch_sizes
 from approxdist.pipeline.schedule.action import Action, Kind
 from approxdist.pipeline.schedule.stream_cut import buffer_window, send_waits, step_cuts
@@ -122,7 +122,7 @@ class StreamExecutor(PipelineExecutor):
         for v, i in last_use.items():
             self.drop_after.setdefault(i, []).append(v)
         self.optimizer: torch.optim.Optimizer | None = None
-        self._state: _Step | None = None
+        self._state: StepState | None = None
         self._step = 0  # the stream's next mini-batch
         self._pos = 0   # the next action of this rank's list
         self._sample_loss = 0.0
@@ -192,7 +192,7 @@ class StreamExecutor(PipelineExecutor):
         self.weights.reset(keep_initial=0 in self.used)
         if 0 in self.weights.versions:
             self.compute.memory.exclude(self.weights.tensors(0))
-        self._state = _Step(sizes={}, weights={}, inputs={}, labels={})
+        self._state = StepState(sizes={}, weights={}, inputs={}, labels={})
         self._pos = 0
 
     def _end_stream(self) -> None:
@@ -206,7 +206,7 @@ class StreamExecutor(PipelineExecutor):
         self._step = 0
 
     # -- compute with weight versions ------------------------------------------------------
-    def _forward(self, a: Action, step: _Step) -> None:
+    def _forward(self, a: Action, step: StepState) -> None:
         self.weights.current = self.schedule.versions[(self.rank, self._index)]
         n = a.microbatch
         before = float(self.compute.loss_sum) if self.transport.is_last else 0.0
@@ -217,7 +217,7 @@ class StreamExecutor(PipelineExecutor):
         step.labels.pop(n, None)
         step.inputs.pop(n, None)
 
-    def _backward(self, a: Action, step: _Step) -> None:
+    def _backward(self, a: Action, step: StepState) -> None:
         self.weights.current = self.schedule.versions[(self.rank, self._index)]
         super()._backward(a, step)
         self.weights.backward_done(a.microbatch)
@@ -237,7 +237,7 @@ class StreamExecutor(PipelineExecutor):
         else:  # the schedule's AR (before the version's first use) sums and steps
             self._pending.append((update, grads))
 
-    def _all_reduce(self, a: Action, step: _Step) -> None:
+    def _all_reduce(self, a: Action, step: StepState) -> None:
         """`AR`: sum the oldest pending step's gradient over the stage's replicas, then step."""
         assert self.reduce is not None and self._pending, f"{a} without a step"
         update, grads = self._pending.popleft()

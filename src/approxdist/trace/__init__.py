@@ -1,4 +1,4 @@
-"""Per-rank timelines in seed 002's phase vocabulary -> one Chrome trace; bottleneck analysis.
+"""Per-rank timelines in seed 002's phase vocabulary -> one Chrome trace (the recorder).
 
     from approxdist.trace import RUN_FOR, open_recorder, finish_trace
     rec = open_recorder(ctx, enabled=True)
@@ -7,8 +7,8 @@
     finish_trace(rec, ctx, run_dir)        # run_dir/trace.json, opens in Perfetto
 
 See docs/tracing.md; `approxdist analyze RUN_DIR` reads the result (the analysis lives
-in `approxdist.trace.analysis`, not imported here: engines importing this package load
-only the recorder and its helpers).
+in `approxdist.analysis`, a layer above the engines: this package, which every engine
+imports, holds only the recorder and its helpers).
 """
 
 from approxdist.trace.chrome import check_trace, merge_traces, rank_trace, read_trace

@@ -4,7 +4,7 @@ Seed 002 (PipeDream bottleneck study) analyses each process's timeline in the ph
 receive_for, run_for, send_for, receive_back, run_back, _sync and send_back. approxdist
 uses the same names (gradient sync is `sync`) and adds codec work, the optimiser step,
 data loading and explicit waits. Each phase belongs to one *class* that the bottleneck
-analysis (`approxdist.trace.analysis`) uses:
+analysis (`approxdist.analysis.bottleneck`) uses:
 
 * `compute`: work of the rank itself (forward, backward, optimiser step, data loading);
 * `comm`: communication work (codec encode/decode, posting sends and receives, the

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 import torch
 
-from approxdist.comm.transfer import TraceHook, TransferEvent
 from approxdist.trace.phases import TRANSFER, phase_class
+from approxdist.trace.transfers import TraceHook, TransferEvent
 
 ProfilerMode = Literal["auto", "always", "never"]
 #: one recorded event: (name, cat, start_ns, end_ns or -1 for an instant, row, args)

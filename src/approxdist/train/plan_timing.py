@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from approxdist.bench.timing import interleave
+from approxdist.bench.timing import interleave, repeat
 from approxdist.config.loader import build_config
 from approxdist.data import ShardedBatches, TensorDataset, load_dataset
 from approxdist.errors import ConfigError
@@ -82,14 +82,6 @@ def _stepper(engine: Engine, data: TensorDataset, cfg_batch: int, seed: int, dev
     return step
 
 
-def _repeat(step: Any, times: int) -> Any:
-    def run() -> None:
-        for _ in range(times):
-            step()
-
-    return run
-
-
 def time_plans(ctx: DistContext, plans: list[TimedPlan], timing: StepTiming
                ) -> dict[str, list[float]]:
     """Seconds per step of each round, per plan key (run on every rank)."""
@@ -127,9 +119,9 @@ def probe_plans(ctx: DistContext, plans: list[TimedPlan], timing: StepTiming,
                                        ctx.device, timing.lr)
 
         for step in steps.values():
-            _repeat(step, timing.warmup)()
+            repeat(step, timing.warmup)()
             dist.barrier()
-        ops = {k: _repeat(s, timing.steps) for k, s in steps.items()}
+        ops = {k: repeat(s, timing.steps) for k, s in steps.items()}
         if probe is not None:
             def take() -> None:
                 got = probe(ctx)

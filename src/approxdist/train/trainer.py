@@ -30,7 +30,7 @@ import torch
 
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset
-from approxdist.data.loader import _mix, eval_shard
+from approxdist.data.loader import eval_shard, mix_seed
 from approxdist.errors import ApproxDistError, CommError
 from approxdist.launch.context import DistContext
 from approxdist.topology import Mesh
@@ -134,7 +134,7 @@ class Trainer:
     def seed_epoch(self, epoch: int) -> None:
         """Dropout etc.: seeded per epoch and place in the mesh (so placement changes
         nothing), as the loop and a speculation crossing into the epoch both need."""
-        torch.manual_seed(_mix(self.cfg.train.seed, epoch,
+        torch.manual_seed(mix_seed(self.cfg.train.seed, epoch,
                                self.groups.mesh.slot(self.ctx.rank)))
 
     def shards(self, epoch: int) -> ShardedBatches:

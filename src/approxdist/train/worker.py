@@ -17,10 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from approxdist.cluster.layout import RANKS_PER_MACHINE_ENV
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
-from approxdist.launch.affinity import bind_rank
+from approxdist.launch.affinity import RANKS_PER_MACHINE_ENV, bind_rank
 from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace

@@ -10,7 +10,7 @@ size is not same as original model parameters size"). Same model, same
 cut, same schedule, the same micro-batches per row and the same data (row j takes the
 j-th share of the global batch; ours deals the same micro-batches round robin), on P x r
 local gloo ranks started by `run_on_ranks`; timed rounds alternate which engine goes
-first (`pipeline.runtime_bench`). Ours also reports how much of its replica all-reduce
+first (`benchmarks.pipeline`). Ours also reports how much of its replica all-reduce
 the last backward hid: 1 - (time blocked in `AR`) / (the all-reduce alone, timed on the
 same gradients afterwards), the direct measure `bench dp` uses.
 """
@@ -27,7 +27,16 @@ import torch.distributed as dist
 from torch import nn
 
 from approxdist.bench.stats import median
-from approxdist.bench.timing import interleave, timed
+from approxdist.bench.timing import interleave, repeat, timed
+from approxdist.benchmarks.pipeline import (
+    TORCH_SCHEDULES,
+    BenchCase,
+    Timing,
+    case_data,
+    case_model,
+    our_step,
+    torch_step,
+)
 from approxdist.config.loader import build_config, to_dict
 from approxdist.config.schema import Config
 from approxdist.data_parallel.engine import DataParallel
@@ -37,16 +46,6 @@ from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, new_group
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime
-from approxdist.pipeline.runtime_bench import (
-    TORCH_SCHEDULES,
-    BenchCase,
-    Timing,
-    _data,
-    _model,
-    _ours,
-    _repeat,
-    torch_step,
-)
 from approxdist.topology import Mesh
 from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace.times import StepTimes
@@ -108,20 +107,20 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
     mesh = Mesh.stages(case.stages, case.replicas)
     groups = make_groups(mesh, ctx, streams={("dp",): 4})
     row = _rows(mesh, ctx)
-    model = _model(case)
-    x, y = _data(case)
+    model = case_model(case)
+    x, y = case_data(case)
     rt = build_hybrid_runtime(_config(case), copy.deepcopy(model), ctx, groups,
                               x[: max(1, case.batch_size // case.microbatches)],
                               loss_fn=case.inputs.loss)
     sink: list[StepTimes] = []
-    engines = {"approxdist": _ours(rt, x, y, sink),
+    engines = {"approxdist": our_step(rt, x, y, sink),
                "torch": _torch(case, copy.deepcopy(model), rt.partition, groups, row, ctx, x, y)}
     for step in engines.values():
-        timed(_repeat(step, timing.warmup), dist.barrier)
+        timed(repeat(step, timing.warmup), dist.barrier)
     sink.clear()  # forget the warm-up
     sync = rt.grad_sync
     blocked0 = sync.comm_seconds if isinstance(sync, DataParallel) else 0.0
-    rounds = interleave({name: _repeat(step, timing.steps) for name, step in engines.items()},
+    rounds = interleave({name: repeat(step, timing.steps) for name, step in engines.items()},
                         timing.rounds, alternate=True, sync=dist.barrier)
     blocked = (sync.comm_seconds - blocked0) if isinstance(sync, DataParallel) else 0.0
     hidden = _hidden(rt, x, y, blocked, len(sink))

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from approxdist.bench.timing import interleave, timed
+from approxdist.bench.timing import interleave, repeat, timed
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
 from approxdist.launch.context import DistContext
@@ -89,21 +89,23 @@ class Timing:
     warmup: int = 3
 
 
-def _model(case: BenchCase) -> nn.Module:
+def case_model(case: BenchCase) -> nn.Module:
+    """The case's model, the same on every rank and for every engine (seed 0)."""
     torch.manual_seed(0)
     cfg = ModelConfig(name=case.model, hidden=case.hidden, depth=case.depth)
     return build_model(cfg, case.input_shape, case.classes)
 
 
-def _data(case: BenchCase) -> tuple[torch.Tensor, torch.Tensor]:
+def case_data(case: BenchCase) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole mini-batch of every pipeline row together (rows take contiguous shares)."""
     gen = torch.Generator().manual_seed(1)
     n = case.batch_size * case.replicas
     return case.inputs.sample(n, gen)
 
 
-def _ours(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
-          sink: list[StepTimes]) -> Callable[[], None]:
+def our_step(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
+             sink: list[StepTimes]) -> Callable[[], None]:
+    """One mini-batch of our runtime plus its optimiser step; each step's times go to `sink`."""
     opt = torch.optim.SGD(rt.module.parameters(), lr=1e-3)
     first, last = rt.transport.is_first, rt.transport.is_last
     stream = rt.executor if isinstance(rt.executor, StreamExecutor) else None
@@ -149,23 +151,15 @@ def torch_step(sched: Any, module: nn.Module, stage: int, stages: int, x: torch.
     return step
 
 
-def _repeat(step: Callable[[], None], steps: int) -> Callable[[], None]:
-    def run() -> None:
-        for _ in range(steps):
-            step()
-
-    return run
-
-
 def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module,
              sink: list[StepTimes]) -> tuple[PipelineRuntime, dict[str, Callable[[], None]]]:
     """Our runtime and the steps of both engines for `case` (torch's where it has the
     schedule); an asynchronous schedule streams `timing.steps` mini-batches per round."""
-    x, y = _data(case)
+    x, y = case_data(case)
     rt = build_runtime(case.pipeline_config(), copy.deepcopy(model), ctx,
                        x[: max(1, case.batch_size // case.microbatches)], link_spec=case.link,
                        minibatches=timing.steps, loss_fn=case.inputs.loss)
-    engines = {"approxdist": _ours(rt, x, y, sink)}
+    engines = {"approxdist": our_step(rt, x, y, sink)}
     if case.schedule in TORCH_SCHEDULES:
         engines["torch"] = _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)
     return rt, engines
@@ -174,7 +168,7 @@ def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module
 def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
     """Every case's engines interleaved in the same rounds (cases that differ only in their
     schedule): round times per engine and our measured bubble, per case."""
-    model = _model(cases[0])
+    model = case_model(cases[0])
     sinks: list[list[StepTimes]] = [[] for _ in cases]
     runtimes, steps = [], {}
     for i, case in enumerate(cases):
@@ -183,10 +177,10 @@ def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> l
         steps.update({f"{i}:{name}": step for name, step in engines.items()})
     for key, step in steps.items():  # warm-up; an asynchronous schedule: a whole stream
         streams = cases[int(key.split(":")[0])].schedule not in TORCH_SCHEDULES
-        timed(_repeat(step, timing.steps if streams else timing.warmup), dist.barrier)
+        timed(repeat(step, timing.steps if streams else timing.warmup), dist.barrier)
     for sink in sinks:
         sink.clear()
-    rounds = interleave({key: _repeat(step, timing.steps) for key, step in steps.items()},
+    rounds = interleave({key: repeat(step, timing.steps) for key, step in steps.items()},
                         timing.rounds, alternate=True, sync=dist.barrier)
     for rt in runtimes:
         rt.close()

@@ -39,9 +39,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from approxdist.analysis.intervals import IntervalSet, self_time
 from approxdist.pipeline.schedule.grid import theoretical_bubble
 from approxdist.trace.errors import TraceError
-from approxdist.trace.intervals import IntervalSet, self_time
 from approxdist.trace.phases import COMM, COMPUTE, STEP_CLASS, TRANSFER, WAITING, phase_class
 
 

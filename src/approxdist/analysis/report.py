@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from approxdist.analysis.bottleneck import Analysis, RankFigures
 from approxdist.pipeline.schedule import async_schedule_names
-from approxdist.trace.analysis import Analysis, RankFigures
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from approxdist.trace.analysis import Span, Transfer, parse_events
-from approxdist.trace.intervals import IntervalSet, self_time
+from approxdist.analysis.bottleneck import Span, Transfer, parse_events
+from approxdist.analysis.intervals import IntervalSet, self_time
 from approxdist.trace.phases import CLASS_COLOURS, PHASE_COLOURS, PHASES, STEP_CLASS, TRANSFER
 
 Segments = dict[str, list[tuple[float, float]]]  # colour key -> (start, width) in ms
