@@ -74,9 +74,10 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         cfg = build_config(case.sections())
         groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
-                             streams={('dp',): cfg.dp.threads + 2})
+                             streams={("dp",): cfg.dp.threads + 2})
         x0, _ = minibatch(case, 0, 0)
-        rt = build_hybrid_runtime(cfg, oracle_model(), ctx, groups, x0[:2],
+        rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, oracle_model(), ctx, groups, x0[:2],
+                                  link=cfg.comm.link, seed=cfg.train.seed,
                                   minibatches=case.minibatches)
         losses = train_streams(rt, case, case.minibatches)
         out.append({"slot": rt.executor.rank, "stage": rt.stage, "last": rt.transport.is_last,

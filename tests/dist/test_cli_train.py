@@ -95,7 +95,35 @@ def test_a_diverged_run_stops_after_its_epoch_and_says_where(
         (["--codec", "fp7"], "dp.codec = 'fp7': unknown codec spec"),
         (["--codec-rule", "*.bias=fp7"], "dp.codec_rules = '*.bias=fp7': unknown codec spec"),
         (["--link", "bw=fast"], "comm.link = 'bw=fast': bandwidth 'fast'"),
-        (["--parallel", "dp", "--placement", "1,0"], "pipeline.placement = [1, 0] places pipeline"),
+        # a flag (or a key) the mode does not read is refused, never ignored
+        (["--parallel", "dp", "--placement", "1,0"],
+         "--placement sets pipeline.placement, which --parallel dp does not use; drop it, or "
+         "use --parallel hybrid or pipeline"),
+        (["--parallel", "dp", "--fwd-codec", "bf16"],
+         "--fwd-codec sets pipeline.fwd_codec, which --parallel dp does not use"),
+        (["--parallel", "dp", "--schedule", "1f1b"],
+         "--schedule sets pipeline.schedule, which --parallel dp does not use"),
+        (["--parallel", "single", "--codec", "bf16"],
+         "--codec sets dp.codec, which --parallel single does not use; drop it, or use "
+         "--parallel dp or hybrid"),
+        (["--parallel", "single", "--link", "bw=1gbit"],
+         "--link sets comm.link, which --parallel single does not use"),
+        (["--parallel", "pipeline", "--codec", "bf16"],
+         "--codec sets dp.codec, which --parallel pipeline does not use"),
+        (["--parallel", "dp", "--set", "pipeline.schedule=1f1b"],
+         "pipeline.schedule = '1f1b' is not used by --parallel dp; drop it, or use --parallel "
+         "hybrid or pipeline"),
+        # meshes of named axes
+        (["--parallel", "dp", "--mesh", "pp=2,dp=2"],
+         "--parallel dp runs on axes dp, not pp=2 (mesh pp=2,dp=2); drop the axis or use "
+         "--parallel hybrid"),
+        (["--parallel", "hybrid", "--mesh", "pp=2,dp=0"], "axis dp has size 0"),
+        (["--parallel", "hybrid", "--mesh", "pp=2,xp=2"], "axis 'xp' is not one of: role, pp, dp"),
+        (["--parallel", "hybrid", "--mesh", "pp=2,pp=2"], "names axis 'pp' twice"),
+        (["--parallel", "hybrid", "--mesh", "pp=2,dp=2", "--world-size", "3"],
+         "train.world_size = 3 but the mesh pp=2,dp=2 says 4"),
+        (["--parallel", "pipeline", "--mesh", "tp=2"],
+         "--parallel pipeline runs on axes pp, not tp=2"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str,

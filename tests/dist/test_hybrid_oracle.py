@@ -76,9 +76,10 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         cfg = build_config(case.sections())
         groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
-                             streams={('dp',): cfg.dp.threads + 2})
+                             streams={("dp",): cfg.dp.threads + 2})
         x, y = _data()
-        rt = build_hybrid_runtime(cfg, _model(), ctx, groups, x[:2])
+        rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, _model(), ctx, groups, x[:2],
+                                  link=cfg.comm.link, seed=cfg.train.seed)
         first, last = rt.transport.is_first, rt.transport.is_last
         res = rt.executor.train_step(x if first else None, y if last else None, BATCH)
         grads = {n: p.grad.clone() for n, p in rt.module.named_parameters()}

@@ -79,7 +79,7 @@ def test_hybrid_run_writes_per_link_metrics_stage_checkpoints_and_a_trace(tmp_pa
         assert {(rank, p) for p in phases} <= spans, (rank, sorted(p for r, p in spans if r == rank))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["parallel"] == "hybrid" and summary["replicas"] == [2, 2]
-    assert summary["topology"] == {"stages": 2, "replicas": [2, 2], "ranks": [[0, 1], [2, 3]]}
+    assert summary["mesh"] == {"spec": "pp=2,dp=2", "ranks": [0, 1, 2, 3]}
     assert summary["world_size"] == 4 and summary["test_accuracy"] > 0.15  # 10 classes: chance 0.1
     assert (out / "stage0" / "checkpoint.pt").is_file() and (out / "stage1" / "checkpoint.pt").is_file()
     epochs = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "epoch"]

@@ -68,7 +68,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         cfg, data = case.config(), _data(case.steps)
-        groups = make_groups(Mesh.data_parallel(4), ctx)
+        groups = make_groups(Mesh.roles(cfg.ps.servers, cfg.ps.workers), ctx)
         engine = build_param_server(cfg, ctx, groups, data, NULL_RECORDER)
         slow = Stragglers.parse([case.straggler] if case.straggler else [], 4)
         batches = ShardedBatches(data, BATCH, *engine.shard, seed=0, augment=False)
@@ -86,8 +86,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
             step += 1 + res.skip
         engine.end_epoch()
         out.append({"params": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
-                    "worker": engine.worker is not None, "records": records,
-                    "summary": engine.summary(), "skipped": engine.skipped})
+                    "worker": not engine.ps.is_server, "records": records,
+                    "summary": engine.summary(), "skipped": engine.ps.skipped})
         engine.close()
     return out
 

@@ -43,7 +43,8 @@ def test_tolerate_worker_loss_outside_ps_is_one_line_exit_2(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--parallel", "dp", "--tolerate-worker-loss", *FAST]) == 2
     err = capsys.readouterr().err
-    assert "this run is --parallel dp: drop the flag" in err and len(err.strip().splitlines()) == 1
+    assert ("--tolerate-worker-loss sets ps.tolerate_worker_loss, which --parallel dp does not "
+            "use; drop it, or use --parallel ps") in err and len(err.strip().splitlines()) == 1
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

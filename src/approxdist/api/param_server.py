@@ -30,25 +30,42 @@ with the servers' final parameters in `ps.module` (asynchronous modes pull them 
 more) and the mean of the workers' floating-point buffers. In N+b (`mode="backup:b"`) a
 worker whose gradient came late skips the steps taken without it: `step` then returns
 None for the mini-batches it skips, without computing them.
+
+`tolerate_worker_loss=True` goes on without a worker that dies (async, SSP, N+b; the
+group must then be a survivors' group, as `approxdist train --tolerate-worker-loss`'s
+launcher makes), `recorder=` records every phase and transfer (docs/tracing.md), and
+`state_dict()` / `load_state_dict()` save and restore every server's shard and optimiser
+state and every worker's error-feedback residuals. `approxdist train --parallel ps` runs
+this class: its engine (`train/engines/param_server.py`) builds it with
+`ParameterServer.from_config` and steps it with `serve_step` and `worker_step`, the steps
+`serve` and `step` are made of.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from approxdist.comm.channel import get_channel
-from approxdist.comm.codecs import get_codec
+from approxdist.api.param_server_args import (
+    check_arguments,
+    checked,
+    link_shaping,
+    roles_of,
+    stepping,
+    wire_formats,
+)
 from approxdist.comm.link import Link
-from approxdist.comm.netem import parse_link
+from approxdist.config.ps import PSConfig
 from approxdist.data_parallel.checks import check_same_model, context_of
-from approxdist.errors import ConfigError, SpecError
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
-from approxdist.launch.group import Group, check_ranks, world_group
+from approxdist.launch.group import Group, world_group
 from approxdist.param_server.modes import PSMode, parse_mode
 from approxdist.param_server.node import (
     OptimizerFactory,
@@ -58,9 +75,25 @@ from approxdist.param_server.node import (
     check_backend,
 )
 from approxdist.param_server.roles import Roles
+from approxdist.param_server.server import Server
 from approxdist.param_server.wire import WireFormats
+from approxdist.param_server.worker import Worker
+from approxdist.trace.phases import OPTIMIZER, RUN_BACK, RUN_FOR, SYNC
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
+from approxdist.trace.times import StepTimes
 
 LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class WorkerStep:
+    """One worker step: the loss, the model's output (for the caller's scores), how many
+    of the following steps this worker skips (N+b) and where its time went."""
+
+    loss: torch.Tensor
+    output: Any
+    skip: int
+    times: StepTimes
 
 
 class ParameterServer:
@@ -72,47 +105,75 @@ class ParameterServer:
                  push_codec: str = "fp32", pull_codec: str = "fp32",
                  push_channel: str = "none", pull_channel: str = "none",
                  error_feedback: bool = False, link: str = "", staleness_lr: bool = False,
-                 scheduler: SchedulerFactory | None = None, group: Group | None = None) -> None:
+                 scheduler: SchedulerFactory | None = None, group: Group | None = None,
+                 tolerate_worker_loss: bool = False,
+                 recorder: Recorder | None = None) -> None:
         ctx = context_of(model)
-        _check_arguments(ctx, model, optimizer, steps, scheduler)
-        self.group = group if group is not None else world_group(ctx)
-        self.roles = _roles(servers, workers, self.group, ctx.world_size)
-        ps_mode = parse_mode(mode, self.roles.workers, name="mode")
+        check_arguments(ctx, model, optimizer, steps, scheduler)
+        group = group if group is not None else world_group(ctx)
+        roles = roles_of(servers, workers, group, ctx.world_size)
+        ps_mode = parse_mode(mode, roles.workers, name="mode")
         check_backend(ps_mode.spec, ps_mode.any_source, ctx.backend, name="mode")
-        wire = WireFormats(_spec(get_codec, "push_codec", push_codec),
-                           _spec(get_codec, "pull_codec", pull_codec),
-                           _channel("push_channel", push_channel),
-                           _channel("pull_channel", pull_channel))
-        shaping = _spec(parse_link, "link", link)
-        check_same_model(model, self.group, who="approxdist.ParameterServer")
-        self.steps, self.loss_fn = steps, loss_fn
-        self.link = Link(ctx, shaping, group=self.group)
-        self.node = self._node(model, ps_mode, wire, optimizer, scheduler, steps,
-                               error_feedback, staleness_lr)
-        self.module = model
+        if tolerate_worker_loss and ps_mode.kind == "sync":
+            raise ConfigError("tolerate_worker_loss=True with mode='sync': every step waits "
+                              "for a gradient from every worker, so a dead worker must end "
+                              "the run; use mode='async', 'ssp:<s>' or 'backup:<b>'")
+        wire = wire_formats(push_codec, pull_codec, push_channel, pull_channel)
+        shaping = link_shaping(link)
+        check_same_model(model, group, who="approxdist.ParameterServer")
+        self._assemble(model, ctx, roles, ps_mode, wire, shaping, group, checked(optimizer),
+                       steps, loss_fn, error_feedback=error_feedback, staleness_lr=staleness_lr,
+                       tolerate_worker_loss=tolerate_worker_loss,
+                       scheduler=None if scheduler is None else stepping(scheduler),
+                       recorder=recorder or NULL_RECORDER, servers_name="servers")
+
+    @classmethod
+    def from_config(cls, model: nn.Module, *, ps: PSConfig, optimizer: OptimizerFactory,
+                    steps: int, group: Group, link: str = "", loss_fn: LossFn = F.cross_entropy,
+                    recorder: Recorder = NULL_RECORDER) -> ParameterServer:
+        """The servers and workers of a checked `[ps]` section on `group` (servers on its
+        first ranks); the trainer's engine builds it so (`approxdist.train.check` checked
+        the section, and every rank built the same model from the same seed)."""
+        ctx = context_of(model)
+        roles = Roles(ps.servers, ps.workers, group.ranks)
+        mode = parse_mode(ps.mode, roles.workers)
+        check_backend(mode.spec, mode.any_source, ctx.backend)
+        wire = wire_formats(ps.push_codec, ps.pull_codec, ps.push_channel, ps.pull_channel)
+        obj = cls.__new__(cls)
+        obj._assemble(model, ctx, roles, mode, wire, link_shaping(link), group, optimizer, steps,
+                      loss_fn, error_feedback=ps.error_feedback, staleness_lr=ps.staleness_lr,
+                      tolerate_worker_loss=ps.tolerate_worker_loss, scheduler=None,
+                      recorder=recorder, servers_name="--servers")
+        return obj
+
+    def _assemble(self, model: nn.Module, ctx: DistContext, roles: Roles, mode: PSMode,
+                  wire: WireFormats, shaping: Any, group: Group, optimizer: OptimizerFactory,
+                  steps: int, loss_fn: LossFn, *, error_feedback: bool, staleness_lr: bool,
+                  tolerate_worker_loss: bool, scheduler: SchedulerFactory | None,
+                  recorder: Recorder, servers_name: str) -> None:
+        """This rank's node; a factory's bad result on a server is refused on every rank
+        (one gather), so that no worker waits for a server that will not start."""
+        self.module, self.roles, self.group, self.steps = model, roles, group, steps
+        self.loss_fn, self.recorder = loss_fn, recorder
+        self.link = Link(ctx, shaping, hook=recorder.transfer_hook(), group=group)
+        node, problem = None, ""
+        try:
+            node = PSNode(model, roles, mode, self.link, group, wire, optimizer, steps,
+                          error_feedback=error_feedback, staleness_lr=staleness_lr,
+                          tolerate_worker_loss=tolerate_worker_loss, servers_name=servers_name,
+                          scheduler=scheduler)
+        except ConfigError as exc:
+            problem = str(exc)
+        problems = [p for p in group.all_gather_object(problem) if p]
+        if problems or node is None:
+            self.link.close()
+            raise ConfigError(problems[0] if problems else problem)
+        self.node = node
         self._calls = 0    # steps of this round called
         self._covered = 0  # of them, taken or skipped by the last push (N+b skips ahead)
         self.node.start()
 
-    def _node(self, model: nn.Module, mode: PSMode, wire: WireFormats,
-              optimizer: OptimizerFactory, scheduler: SchedulerFactory | None, steps: int,
-              error_feedback: bool, staleness_lr: bool) -> PSNode:
-        """This rank's node; a factory's bad result on a server is refused on every rank
-        (one gather), so that no worker waits for a server that will not start."""
-        node, problem = None, ""
-        try:
-            node = PSNode(model, self.roles, mode, self.link, self.group, wire,
-                          _checked(optimizer), steps, error_feedback=error_feedback,
-                          staleness_lr=staleness_lr, servers_name="servers",
-                          scheduler=None if scheduler is None else _stepping(scheduler))
-        except ConfigError as exc:
-            problem = str(exc)
-        problems = [p for p in self.group.all_gather_object(problem) if p]
-        if problems or node is None:
-            self.link.close()
-            raise ConfigError(problems[0] if problems else problem)
-        return node
-
+    # -- who this rank is ---------------------------------------------------------------------
     @property
     def is_server(self) -> bool:
         return self.node.server is not None
@@ -121,6 +182,14 @@ class ParameterServer:
     def index(self) -> int:
         """This rank's server index, or worker index."""
         return self.roles.index(self.link.me)
+
+    @property
+    def server(self) -> Server | None:
+        return self.node.server
+
+    @property
+    def worker(self) -> Worker | None:
+        return self.node.worker
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -133,46 +202,131 @@ class ParameterServer:
         without `scheduler=`)."""
         return self.node.scheduler
 
+    @property
+    def live_workers(self) -> list[int]:
+        """The global ranks of the workers alive at the last round's end."""
+        return self.node.live_workers
+
+    # -- steps ------------------------------------------------------------------------------
+    def serve_step(self) -> dict[str, object]:
+        """On a server: one server step (the round's last also drains the pushes still
+        due). Returns what it did: the staleness of each applied gradient, each push's lead
+        over the slowest worker, the workers applied from and dropped, the version after."""
+        server = self._server("serve_step()")
+        with self.recorder.span(SYNC):
+            log = self.node.serve_step()
+        return log.record(server.rules.version)
+
     def serve(self) -> list[dict[str, object]]:
-        """On a server: serve one round, until every worker has taken `steps` steps.
-        Returns what each server step did: the staleness of each applied gradient, each
-        push's lead over the slowest worker, the workers applied from and dropped, and
-        the server's version after the step."""
-        server = self.node.server
-        if server is None:
-            raise ConfigError(f"{self.roles.describe(self.link.me)} computes gradients: call "
-                              f"step(inputs, targets) on it, not serve() (ps.is_server tells "
-                              f"the ranks apart)")
-        records = [self.node.serve_step().record(server.rules.version)
-                   for _ in range(self.steps)]
-        self.node.end_round()
+        """On a server: serve one round, until every worker has taken `steps` steps; what
+        each server step did (`serve_step`)."""
+        self._server("serve()")
+        records = [self.serve_step() for _ in range(self.steps)]
+        self.end_round()
         return records
 
-    def step(self, inputs: Any, targets: Any) -> float | None:
+    def worker_step(self, inputs: Any, targets: Any) -> WorkerStep:
         """On a worker: forward, `loss_fn(model(inputs), targets)`, backward, push the
-        gradients, pull the parameters. Returns the loss, or None for a mini-batch this
-        worker skips (N+b). The round's last step also ends the round."""
+        gradients, pull the parameters; the loss, the output and the steps skipped after."""
         if self.node.worker is None:
             raise ConfigError(f"{self.roles.describe(self.link.me)} holds parameters: call "
                               f"serve() on it, not step() (ps.is_server tells the ranks apart)")
+        rec = self.recorder
+        t0 = time.perf_counter()
+        with rec.span(RUN_FOR):
+            output = self.module(inputs)
+            loss = self.loss_fn(output, targets)
+        with rec.span(OPTIMIZER):
+            self.module.zero_grad(set_to_none=True)
+        with rec.span(RUN_BACK):
+            loss.backward()
+        t1 = time.perf_counter()
+        with rec.span(SYNC):
+            skip = self.node.push_pull()
+        t2 = time.perf_counter()
+        return WorkerStep(loss.detach(), output, skip,
+                          StepTimes(compute_s=t1 - t0, wait_s=t2 - t1, wall_s=t2 - t0))
+
+    def step(self, inputs: Any, targets: Any) -> float | None:
+        """On a worker: one `worker_step`; the loss, or None for a mini-batch this worker
+        skips (N+b). The round's last step also ends the round."""
         self._calls += 1
         value = None
         if self._calls > self._covered:
-            self.module.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.module(inputs), targets)
-            loss.backward()
-            self._covered = self._calls + self.node.push_pull()
-            value = float(loss.detach())
+            done = self.worker_step(inputs, targets)
+            self._covered = self._calls + done.skip
+            value = float(done.loss)
             if self.node.round_over:
-                self.node.end_round()
+                self.end_round()
         if self._calls == self.steps:
             self._calls = self._covered = 0
         return value
+
+    def end_round(self) -> None:
+        """Every worker pulls the servers' final parameters (asynchronous modes leave them a
+        step behind) and the (surviving) workers average their floating-point buffers; a
+        collective over the group."""
+        self.node.end_round()
+
+    def _server(self, call: str) -> Server:
+        if self.node.server is None:
+            raise ConfigError(f"{self.roles.describe(self.link.me)} computes gradients: call "
+                              f"step(inputs, targets) on it, not {call} (ps.is_server tells "
+                              f"the ranks apart)")
+        return self.node.server
 
     @property
     def skipped(self) -> int:
         """Steps this worker skipped over the run (N+b)."""
         return self.node.skipped
+
+    # -- state and figures ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every server's shard and optimiser state and every (surviving) worker's
+        error-feedback residuals, gathered on every rank (a collective over the group);
+        the floating-point buffers (equal on every worker after a round)."""
+        mine: dict[str, Any] = {"steps": self.node.steps_run}
+        server, worker = self.node.server, self.node.worker
+        if server is not None:
+            mine["server"] = {"params": [p.detach().cpu().clone() for p in server.params],
+                              "optimizer": server.optimizer.state_dict()}
+        elif worker is not None and worker.feedback is not None:
+            mine["feedback"] = (worker.index, worker.state_dict())
+        gathered = self.group.all_gather_object(mine)
+        return {"servers": [g["server"] for g in gathered if "server" in g],
+                "feedback": {str(w): f for w, f in (g["feedback"] for g in gathered
+                                                     if "feedback" in g)},
+                "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
+                "steps": max(g["steps"] for g in gathered)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put `state` back on every rank (a collective: the workers then pull the loaded
+        parameters)."""
+        servers = state["servers"]
+        if len(servers) != self.roles.servers:
+            raise ConfigError(f"the state holds {len(servers)} server shard(s) but this run "
+                              f"has {self.roles.servers} server(s); load it with "
+                              f"--servers {len(servers)} (servers={len(servers)})")
+        server, worker = self.node.server, self.node.worker
+        if server is not None:
+            saved = servers[server.index]
+            with torch.no_grad():
+                for p, v in zip(server.params, saved["params"]):
+                    p.copy_(v)
+            server.optimizer.load_state_dict(saved["optimizer"])
+        if worker is not None and worker.feedback is not None:
+            # a worker lost before the state was saved has none: it starts from zero
+            worker.load_state_dict(state.get("feedback", {}).get(str(worker.index), {}))
+        buffers = dict(self.module.named_buffers())
+        with torch.no_grad():
+            for name, value in state.get("buffers", {}).items():
+                buffers[name].copy_(value)
+        self.node.steps_run = int(state.get("steps", 0))
+        self.node.start()  # every worker starts again from the servers' parameters
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes this rank sent so far per directed link `"i->j"`."""
+        return self.link.stats.as_dict(self.link.me)
 
     def summary(self) -> dict[str, Any]:
         """Servers, workers, mode, bytes per shard; on a server also the staleness
@@ -182,99 +336,3 @@ class ParameterServer:
     def close(self) -> None:
         """Release the link (call once, after training)."""
         self.link.close()
-
-
-def _check_arguments(ctx: DistContext, model: nn.Module, optimizer: object, steps: object,
-                     scheduler: object) -> None:
-    if not ctx.distributed:
-        raise ConfigError("approxdist.ParameterServer needs torch.distributed: call "
-                          "dist.init_process_group(...) on every rank first (e.g. under "
-                          "torchrun), one rank per server and per worker")
-    if not callable(optimizer):
-        raise ConfigError(f"optimizer={optimizer!r} must be a function of a server's "
-                          f"parameters, e.g. optimizer=lambda params: "
-                          f"torch.optim.SGD(params, lr=0.1)")
-    if scheduler is not None and not callable(scheduler):
-        raise ConfigError(f"scheduler={scheduler!r} must be a function of a server's "
-                          f"optimizer, e.g. scheduler=lambda opt: "
-                          f"torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=100)")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"steps={steps!r} must be the number of mini-batches each worker "
-                          f"steps per round (>= 1), e.g. steps=len(batches)")
-    if not any(True for _ in model.parameters()):
-        raise ConfigError(f"the model ({type(model).__name__}) has no parameters for the "
-                          f"servers to hold")
-
-
-def _roles(servers: int | Sequence[int], workers: int | Sequence[int] | None, group: Group,
-           world: int) -> Roles:
-    """Servers then workers as global ranks of `group`: counts take its members in order."""
-    members, n = group.ranks, group.size
-    if isinstance(servers, int):
-        if not 1 <= servers < n:
-            raise ConfigError(f"servers={servers} must be >= 1 and leave at least one of the "
-                              f"{n} ranks for the workers; e.g. servers=1")
-        held = members[:servers]
-    else:
-        held = check_ranks(servers, world, f"servers={list(servers)}")
-    rest = tuple(r for r in members if r not in held)
-    if workers is None or isinstance(workers, int):
-        if workers is not None and workers != len(rest):
-            raise ConfigError(f"servers={servers} and workers={workers} make "
-                              f"{len(held) + workers} rank(s) but the group has {n}; use "
-                              f"workers={len(rest)} (or leave it out)")
-        computing = rest
-    else:
-        computing = check_ranks(workers, world, f"workers={list(workers)}")
-    both = sorted(set(held) & set(computing))
-    if both:
-        raise ConfigError(f"servers={list(held)} and workers={list(computing)} both name "
-                          f"rank(s) {both}; give each rank one role")
-    outside = sorted(set(held + computing) - set(members))
-    left = sorted(set(members) - set(held + computing))
-    if outside or left or not computing:
-        why = (f"name rank(s) {outside} outside the group {list(members)}" if outside else
-               f"leave rank(s) {left} of the group without a role" if left else
-               "leave no rank for the workers")
-        raise ConfigError(f"servers={list(held)} and workers={list(computing)} {why}; name "
-                          f"every rank of the group once (or pass group= of the ranks used)")
-    return Roles(len(held), len(computing), tuple(held) + tuple(computing))
-
-
-def _spec(parse: Callable[[str], Any], name: str, value: str) -> Any:
-    """`parse(value)`, with a bad spec's message naming the argument."""
-    if name == "link" and not value:
-        return None
-    try:
-        return parse(value)
-    except SpecError as exc:
-        raise ConfigError(f"{name}={value!r}: {exc}") from exc
-
-
-def _channel(name: str, value: str) -> Any:
-    return None if value in ("", "none") else _spec(get_channel, name, value)
-
-
-def _checked(factory: OptimizerFactory) -> OptimizerFactory:
-    """`factory`, refusing what is not an optimiser."""
-    def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        opt = factory(params)
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise ConfigError(f"optimizer= returned {type(opt).__name__}, not a "
-                              f"torch.optim.Optimizer; e.g. optimizer=lambda params: "
-                              f"torch.optim.SGD(params, lr=0.1)")
-        return opt
-    return make
-
-
-def _stepping(factory: SchedulerFactory) -> SchedulerFactory:
-    """`factory`, refusing what has no `step()`."""
-    def make(optimizer: torch.optim.Optimizer) -> Scheduler:
-        made = factory(optimizer)
-        if not callable(getattr(made, "step", None)):
-            raise ConfigError(f"scheduler= returned {type(made).__name__}, which has no "
-                              f"step(); return a learning-rate scheduler of the optimizer "
-                              f"it is given, e.g. scheduler=lambda opt: "
-                              f"torch.optim.lr_scheduler.LinearLR(opt, 0.1, total_iters=100)")
-        return made
-    return make

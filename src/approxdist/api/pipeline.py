@@ -36,36 +36,48 @@ the mini-batch's gradient of its stage: single-process training on the same batc
 replicated last stage returns the mini-batch's mean loss on each of its replicas.
 pipedream and 2bw run on replicated stages too (micro-batches a multiple of every replica
 count; the replicas of a stage step in lockstep on their summed gradient, docs/pipeline.md);
-pipedream-vsync does not.
+pipedream-vsync does not. `placement=` puts the stages on any ranks (the ranks in
+stage-major order, stage 0's replicas first), `recorder=` records every phase and
+transfer (docs/tracing.md), and `state_dict()` / `load_state_dict()` save and restore the
+stage (its module, the optimiser it steps, the replicas' error-feedback residuals).
+
+`approxdist train --parallel pipeline|hybrid` runs this class: its engine
+(`train/engines/pipeline.py`) builds it with `Pipeline.from_config` on the mesh's groups
+and steps it with `train_step`, the step `step` is made of.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from approxdist.config.loader import build_config
+from approxdist.api.pipeline_args import (
+    OptimizerFactory,
+    check_async_replicas,
+    check_schedule,
+    dp_section,
+    pipeline_section,
+    replica_counts,
+)
+from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.data_parallel.checks import context_of
 from approxdist.errors import ConfigError
 from approxdist.hybrid import build_hybrid_runtime
+from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group
-from approxdist.pipeline.errors import ScheduleError
+from approxdist.pipeline.errors import PipelineError
+from approxdist.pipeline.executor import StepResult
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
-from approxdist.pipeline.schedule import async_schedule_names, schedule_names
-from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.stage import LossFn
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Mesh
-from approxdist.topology.dealing import Dealing
-from approxdist.topology.groups import make_groups
-
-OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+from approxdist.topology.groups import MeshGroups, make_groups
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
 class Pipeline:
@@ -80,69 +92,78 @@ class Pipeline:
                  optimizer: OptimizerFactory | None = None, stream: int = 0,
                  dynamic_shapes: bool = False, seed: int = 0,
                  replicas: int | Sequence[int] = 1, grad_codec: str = "fp32",
-                 algorithm: str = "hybrid", calibration: str = "") -> None:
+                 algorithm: str = "hybrid", calibration: str = "",
+                 placement: Sequence[int] | None = None, comm_threads: str = "inline",
+                 recorder: Recorder | None = None) -> None:
         blocks = model if isinstance(model, nn.Sequential) else nn.Sequential(*model)
         ctx = context_of(blocks)
         if not ctx.distributed:
             raise ConfigError("approxdist.Pipeline needs torch.distributed: call "
                               "dist.init_process_group(...) on every rank first (e.g. under "
                               "torchrun), one rank per stage")
-        names = schedule_names() + async_schedule_names()
-        if schedule not in names:
-            raise ConfigError(f"schedule {schedule!r} is not one of: {', '.join(names)}")
-        asynchronous = schedule in async_schedule_names()
-        if asynchronous and (optimizer is None or stream < 1):
-            raise ConfigError(f"schedule {schedule!r} is asynchronous: it steps the optimiser "
-                              f"inside the stream; pass optimizer=lambda params: "
-                              f"torch.optim.SGD(params, lr=...) and stream=K (mini-batches "
-                              f"between two flushes, e.g. the steps of an epoch)")
-        if not asynchronous and (optimizer is not None or stream):
-            raise ConfigError(f"schedule {schedule!r} flushes after every mini-batch: step "
-                              f"your own optimiser over pipe.parameters(); optimizer= and "
-                              f"stream= are for asynchronous schedules")
-        cut = split if isinstance(split, str) else ",".join(str(int(b)) for b in split)
-        counts = _replicas(replicas, stages, ctx.world_size)
-        pcfg = PipelineConfig(stages=stages or (len(counts) if counts else group.size if group
-                                                else ctx.world_size),
-                              split=cut, balance=balance, microbatches=microbatches,
-                              schedule=schedule, fwd_codec=fwd_codec, bwd_codec=bwd_codec,
-                              fwd_channel=fwd_channel, bwd_channel=bwd_channel,
-                              recompute=recompute, dynamic_shapes=dynamic_shapes,
-                              replicas=counts)
+        asynchronous = check_schedule(schedule, optimizer, stream)
+        counts = replica_counts(replicas, stages, ctx.world_size)
+        if group is not None and (counts or placement):
+            raise ConfigError("group= runs the pipeline on those ranks in order; replicas= and "
+                              "placement= place it on the whole world: pass one of the two")
+        pcfg = pipeline_section(
+            stages or (len(counts) if counts else group.size if group else ctx.world_size),
+            split, balance=balance, microbatches=microbatches, schedule=schedule,
+            fwd_codec=fwd_codec, bwd_codec=bwd_codec, fwd_channel=fwd_channel,
+            bwd_channel=bwd_channel, recompute=recompute, dynamic_shapes=dynamic_shapes,
+            replicas=counts, placement=tuple(placement or ()), comm_threads=comm_threads)
+        dp = dp_section(bool(counts), grad_codec, algorithm, calibration)
+        if counts and asynchronous:
+            check_async_replicas(schedule, counts, microbatches)
+        groups = None
+        if group is None and (counts or placement):
+            mesh = Mesh.stages(pcfg.stages, counts or 1, placement)
+            groups = make_groups(mesh, ctx, streams={("dp",): dp.threads + 2})
+        self._assemble(blocks, ctx, sample, pcfg, dp, groups=groups, group=group, link=link,
+                       seed=seed, loss_fn=loss_fn, optimizer=optimizer, stream=stream,
+                       recorder=recorder or NULL_RECORDER)
+
+    @classmethod
+    def from_config(cls, model: nn.Sequential, *, sample: torch.Tensor, pipeline: PipelineConfig,
+                    dp: DPConfig, groups: MeshGroups, link: str = "", seed: int = 0,
+                    loss_fn: LossFn = F.cross_entropy, optimizer: OptimizerFactory | None = None,
+                    stream: int = 0, recorder: Recorder = NULL_RECORDER) -> Pipeline:
+        """The pipeline a checked config describes on the mesh's `groups` (the trainer's
+        engine builds it so; `approxdist.train.check.check_parts` checked the sections)."""
+        pipe = cls.__new__(cls)
+        pipe._assemble(model, context_of(model), sample, pipeline, dp, groups=groups, group=None,
+                       link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
+                       stream=stream, recorder=recorder)
+        return pipe
+
+    def _assemble(self, blocks: nn.Sequential, ctx: DistContext, sample: torch.Tensor,
+                  pcfg: PipelineConfig, dp: DPConfig, *, groups: MeshGroups | None,
+                  group: Group | None, link: str, seed: int, loss_fn: LossFn,
+                  optimizer: OptimizerFactory | None, stream: int, recorder: Recorder) -> None:
+        """This rank's stage (collective over the pipeline): replicated on `groups` when a
+        stage has several replicas, else on `groups`' pipeline, `group` or the world."""
+        self.recorder = recorder
+        self.schedule, self.microbatches = pcfg.schedule, pcfg.microbatches
         #: the stage's replica group (hybrid), for the loss of a replicated last stage
         self.replica_group: Group | None = None
-        if counts and asynchronous:  # its rules on replicas, as one line (docs/pipeline.md)
-            try:
-                build_async_schedule(schedule, len(counts), microbatches, 1,
-                                     dealing=Dealing(counts))
-            except ScheduleError as exc:
-                raise ConfigError(f"schedule {schedule!r} on replicas={list(counts)}: "
-                                  f"{exc}") from None
-        if counts:
-            if group is not None:
-                raise ConfigError("replicas= places the stages on the whole world; drop "
-                                  "group= (or run a pipeline of one rank per stage on it)")
-            cfg = dataclasses.replace(build_config({
-                "train": {"parallel": "hybrid", "world_size": sum(counts), "seed": seed},
-                "dp": {"codec": grad_codec, "algorithm": algorithm, "calibration": calibration},
-                "comm": {"link": link}}), pipeline=pcfg)
-            groups = make_groups(Mesh.stages(pcfg.stages, counts), ctx,
-                                 streams={("dp",): cfg.dp.threads + 2})
+        if groups is not None and max(groups.mesh.replicas) > 1:
             self.runtime: PipelineRuntime = build_hybrid_runtime(
-                cfg, blocks, ctx, groups, sample, loss_fn=loss_fn, minibatches=max(stream, 1))
+                pcfg, dp, blocks, ctx, groups, sample, link=link, seed=seed, rec=recorder,
+                loss_fn=loss_fn, minibatches=max(stream, 1))
             self.replica_group = groups.replicas
         else:
-            self.runtime = build_runtime(
-                pcfg, blocks, ctx, sample, group=group, link_spec=link, seed=seed,
-                loss_fn=loss_fn, minibatches=max(stream, 1))
+            row = groups.pipeline if groups is not None else group
+            self.runtime = build_runtime(pcfg, blocks, ctx, sample, group=row, link_spec=link,
+                                         seed=seed, rec=recorder, loss_fn=loss_fn,
+                                         minibatches=max(stream, 1))
         self.module: nn.Sequential = self.runtime.module
         self.optimizer: torch.optim.Optimizer | None = None
-        executor = self.runtime.executor
-        if isinstance(executor, StreamExecutor):
+        if isinstance(self.runtime.executor, StreamExecutor):
             assert optimizer is not None
             self.optimizer = optimizer(self.module.parameters())
-            executor.bind(self.optimizer)
+            self.runtime.executor.bind(self.optimizer)
 
+    # -- where this rank is --------------------------------------------------------------
     @property
     def stage(self) -> int:
         return self.runtime.stage
@@ -155,9 +176,24 @@ class Pipeline:
     def is_last(self) -> bool:
         return self.runtime.transport.is_last
 
+    @property
+    def steps_optimizer(self) -> bool:
+        """Whether the pipeline steps its optimiser itself (an asynchronous schedule)."""
+        return self.optimizer is not None
+
     def parameters(self) -> Iterator[nn.Parameter]:
         """This rank's stage's parameters (for the user's optimiser)."""
         return self.module.parameters()
+
+    # -- steps -----------------------------------------------------------------------------
+    def train_step(self, inputs: Any, targets: torch.Tensor | None,
+                   batch_size: int | None = None) -> StepResult:
+        """Forward and backward of one mini-batch on this rank, as the executor reports it:
+        the weighted loss and hits of this rank's micro-batches (on the last stage), the
+        time split and the peak activation bytes."""
+        size = self._size(inputs, targets, batch_size)
+        return self.runtime.executor.train_step(inputs if self.is_first else None,
+                                                targets if self.is_last else None, size)
 
     def step(self, inputs: Any, targets: torch.Tensor | None,
              batch_size: int | None = None) -> float | None:
@@ -165,14 +201,12 @@ class Pipeline:
         `.grad` (an asynchronous schedule also steps its optimiser). Returns the mean loss
         over the samples the last stage finished, None on other stages. `batch_size` is
         needed only on ranks that pass neither inputs nor targets."""
-        size = self._size(inputs, targets, batch_size)
-        res = self.runtime.executor.train_step(inputs if self.is_first else None,
-                                               targets if self.is_last else None, size)
+        res = self.train_step(inputs, targets, batch_size)
         if not self.is_last:
             return None
         replicas = self.replica_group if (self.replica_group is not None
                                           and self.replica_group.size > 1) else None
-        if isinstance(self.runtime.executor, StreamExecutor):
+        if self.steps_optimizer:
             loss, samples = res.loss, float(res.samples)
             if replicas is not None:  # the samples every replica of the last stage finished
                 both = replicas.all_reduce(torch.tensor([loss, samples], dtype=torch.float64))
@@ -186,20 +220,32 @@ class Pipeline:
         return res.loss  # the micro-batches' losses weighted by their share: the mean
 
     @torch.no_grad()
-    def evaluate(self, inputs: Any, targets: torch.Tensor | None,
-                 batch_size: int | None = None) -> tuple[float, int] | None:
-        """Forward-only pipeline over one batch: (summed loss, correct predictions) on the
-        last stage, None elsewhere (hits count `output.argmax(1) == targets`)."""
+    def eval_step(self, inputs: Any, targets: torch.Tensor | None,
+                  batch_size: int | None = None) -> tuple[float, int, int]:
+        """Forward-only pipeline over one batch in the module's current mode: (summed loss,
+        correct predictions, samples this rank ran); zeros but the samples off the last
+        stage."""
         size = self._size(inputs, targets, batch_size)
         compute = self.runtime.compute
         compute.reset_step()
+        ran = self.runtime.executor.eval_batch(inputs if self.is_first else None,
+                                               targets if self.is_last else None, size)
+        if not self.is_last:
+            return 0.0, 0, ran
+        return float(compute.loss_sum), int(compute.correct), ran
+
+    @torch.no_grad()
+    def evaluate(self, inputs: Any, targets: torch.Tensor | None,
+                 batch_size: int | None = None) -> tuple[float, int] | None:
+        """Forward-only pipeline over one batch in eval mode: (summed loss, correct
+        predictions) on the last stage, None elsewhere (hits count `output.argmax(1) ==
+        targets`)."""
         self.module.eval()
         try:
-            self.runtime.executor.eval_batch(inputs if self.is_first else None,
-                                             targets if self.is_last else None, size)
+            loss, correct, _ = self.eval_step(inputs, targets, batch_size)
         finally:
             self.module.train()
-        return (float(compute.loss_sum), int(compute.correct)) if self.is_last else None
+        return (loss, correct) if self.is_last else None
 
     def _size(self, inputs: Any, targets: torch.Tensor | None, batch_size: int | None) -> int:
         if batch_size is not None:
@@ -210,29 +256,55 @@ class Pipeline:
         raise ConfigError(f"stage {self.stage} got neither inputs nor targets; pass "
                           f"batch_size= (the mini-batch's sample count) on the middle stages")
 
+    # -- between epochs, state, figures ------------------------------------------------------
+    def sync_buffers(self) -> None:
+        """A replicated stage's replicas average their batch-norm statistics."""
+        if self.runtime.grad_sync is not None:
+            self.runtime.grad_sync.sync_buffers()
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes this rank sent so far per directed link `"i->j"` (activations, gradients
+        and the replicas' all-reduce)."""
+        link, sync = self.runtime.link, self.runtime.grad_sync
+        out = {f"{link.me}->{peer}": n for peer, n in sorted(link.stats.sent.items())}
+        for key, n in (sync.link_bytes() if sync is not None else {}).items():
+            out[key] = out.get(key, 0) + n
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stage's module, the optimiser the pipeline steps (asynchronous schedules) and
+        the replicas' reducer state (a collective over the stage's replicas)."""
+        if isinstance(self.runtime.executor, StreamExecutor) and self.runtime.executor.in_stream:
+            raise PipelineError(f"stage {self.stage} is inside a stream of {self.schedule} with "
+                                f"micro-batches in flight; save at the end of the stream")
+        sync = self.runtime.grad_sync
+        return {"model": self.module.state_dict(),
+                "boundaries": list(self.runtime.partition.boundaries),
+                **({"optimizer": self.optimizer.state_dict()} if self.optimizer else {}),
+                "dp": sync.checkpoint_state() if sync is not None else {}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        cut = tuple(state["boundaries"])
+        if cut != self.runtime.partition.boundaries:
+            raise PipelineError(f"the state of stage {self.stage} was cut at {cut}, this "
+                                f"pipeline at {self.runtime.partition.boundaries}; load it into "
+                                f"a pipeline of the original split")
+        self.module.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.runtime.grad_sync is not None:
+            self.runtime.grad_sync.load_checkpoint_state(state.get("dp", {}))
+
+    def summary(self) -> dict[str, Any]:
+        """The partition, replicas and schedule; an asynchronous one's weight versions."""
+        rt = self.runtime
+        out = {"stages": rt.partition.num_stages, "partition": rt.partition.describe(),
+               "replicas": list(rt.transport.dealing.replicas), "schedule": self.schedule,
+               "microbatches": self.microbatches}
+        if isinstance(rt.executor, StreamExecutor):
+            out.update(rt.executor.summary())
+        return out
+
     def close(self) -> None:
         """Release the link's threads (call once, after training)."""
         self.runtime.close()
-
-
-def _replicas(replicas: int | Sequence[int], stages: int | None, world: int) -> tuple[int, ...]:
-    """Ranks per stage, () for one each: a count per stage, or one count for every stage
-    (then the world must divide into stages of that many)."""
-    if isinstance(replicas, int):
-        if replicas == 1:
-            return ()
-        if replicas < 1 or world % replicas:
-            raise ConfigError(f"replicas={replicas} must be >= 1 and divide the world of "
-                              f"{world} ranks, or give one count per stage, e.g. (2, 1)")
-        per = replicas
-        count = stages or world // per
-        counts = (per,) * count
-    else:
-        counts = tuple(int(r) for r in replicas)
-        if stages is not None and stages != len(counts):
-            raise ConfigError(f"replicas={list(counts)} names {len(counts)} stage(s) but "
-                              f"stages={stages}; give one count per stage")
-    if sum(counts) != world or any(r < 1 for r in counts):
-        raise ConfigError(f"replicas={list(counts)} place {sum(counts)} rank(s) but the world "
-                          f"has {world}; the counts (each >= 1) must add up to the world size")
-    return counts if max(counts) > 1 else ()

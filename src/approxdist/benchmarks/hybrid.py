@@ -18,6 +18,7 @@ same gradients afterwards), the direct measure `bench dp` uses.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,9 +38,7 @@ from approxdist.benchmarks.pipeline import (
     our_step,
     torch_step,
 )
-from approxdist.config.loader import build_config, to_dict
-from approxdist.config.schema import Config
-from approxdist.data_parallel.engine import DataParallel
+from approxdist.config.dp import DPConfig
 from approxdist.hybrid.runtime import build_hybrid_runtime
 from approxdist.launch.affinity import bind_rank
 from approxdist.launch.context import DistContext
@@ -51,13 +50,13 @@ from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace.times import StepTimes
 
 
-def _config(case: BenchCase) -> Config:
-    pipeline = to_dict(build_config({}))["pipeline"]
-    pipeline.update({k: v for k, v in vars(case.pipeline_config()).items()})
-    buckets = {k: v for k, v in (("bucket_mb", case.bucket_mb),
-                                 ("first_bucket_mb", case.first_bucket_mb)) if v is not None}
-    return build_config({"train": {"parallel": "hybrid", "world_size": case.stages * case.replicas},
-                         "pipeline": pipeline, "comm": {"link": case.link}, "dp": buckets})
+def dp_config(case: BenchCase) -> DPConfig:
+    """The replicas' reducer: DataParallel with the case's bucket sizes."""
+    base = DPConfig()
+    return dataclasses.replace(
+        base, bucket_mb=base.bucket_mb if case.bucket_mb is None else case.bucket_mb,
+        first_bucket_mb=base.first_bucket_mb if case.first_bucket_mb is None
+        else case.first_bucket_mb)
 
 
 def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: MeshGroups,
@@ -89,7 +88,7 @@ def _hidden(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor, blocked: floa
             steps: int) -> dict[str, float | None]:
     """Blocked time in `AR` per step vs the all-reduce alone on a step's gradients."""
     sync = rt.grad_sync
-    if not isinstance(sync, DataParallel) or steps == 0:
+    if sync is None or steps == 0:
         return {"blocked_s": None, "comm_only_s": None}
     first, last = rt.transport.is_first, rt.transport.is_last
     rt.executor.train_step(x if first else None, y if last else None, x.shape[0])  # gradients
@@ -109,9 +108,9 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
     row = _rows(mesh, ctx)
     model = case_model(case)
     x, y = case_data(case)
-    rt = build_hybrid_runtime(_config(case), copy.deepcopy(model), ctx, groups,
-                              x[: max(1, case.batch_size // case.microbatches)],
-                              loss_fn=case.inputs.loss)
+    rt = build_hybrid_runtime(case.pipeline_config(), dp_config(case), copy.deepcopy(model), ctx,
+                              groups, x[: max(1, case.batch_size // case.microbatches)],
+                              link=case.link, loss_fn=case.inputs.loss)
     sink: list[StepTimes] = []
     engines = {"approxdist": our_step(rt, x, y, sink),
                "torch": _torch(case, copy.deepcopy(model), rt.partition, groups, row, ctx, x, y)}
@@ -119,10 +118,10 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
         timed(repeat(step, timing.warmup), dist.barrier)
     sink.clear()  # forget the warm-up
     sync = rt.grad_sync
-    blocked0 = sync.comm_seconds if isinstance(sync, DataParallel) else 0.0
+    blocked0 = sync.comm_seconds if sync is not None else 0.0
     rounds = interleave({name: repeat(step, timing.steps) for name, step in engines.items()},
                         timing.rounds, alternate=True, sync=dist.barrier)
-    blocked = (sync.comm_seconds - blocked0) if isinstance(sync, DataParallel) else 0.0
+    blocked = (sync.comm_seconds - blocked0) if sync is not None else 0.0
     hidden = _hidden(rt, x, y, blocked, len(sink))
     rt.close()
     total = StepTimes()

@@ -293,7 +293,7 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
 def preflight(cfg: Config, plan: str | None = None) -> None:
     """Catch bad names, data paths and model/data mismatches here, before any worker starts
     (and samples of another shape than the plan file `plan` was profiled on)."""
-    mode = check_parts(cfg, flag_names(modes().get(cfg.train.parallel)))
+    mode = check_parts(cfg)
     data = load_dataset(cfg.data)
     if plan:
         check_input_shape(read_plan(plan), plan, cfg.data.dataset, data.input_shape)

@@ -9,8 +9,9 @@ before every evaluation and checkpoint, so replicas stay identical.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -39,6 +40,18 @@ class PlainAllReduce:
         with torch.no_grad():
             for t in list(self.model.parameters()) + list(self.model.buffers()):
                 self.group.broadcast(t.data)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Nothing to hold back: gradients are reduced only when asked."""
+        yield
+
+    def reduce_gradients(self) -> None:
+        """Reduce now (blocking): the plain baseline has no threads."""
+        self.sync_gradients()
+
+    def finish(self) -> None:
+        """Nothing in flight."""
 
     def sync_gradients(self) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]

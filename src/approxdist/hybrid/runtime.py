@@ -22,11 +22,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from approxdist.config.schema import Config
-from approxdist.data_parallel.engine import DataParallel
-from approxdist.data_parallel.sync import build_sync
+from approxdist.config.dp import DPConfig
+from approxdist.config.pipeline import PipelineConfig
+from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.launch.context import DistContext
-from approxdist.pipeline.executor import GradSync
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.stage import LossFn
 from approxdist.topology.dealing import Dealing
@@ -34,22 +33,21 @@ from approxdist.topology.groups import MeshGroups
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
-def build_hybrid_runtime(cfg: Config, model: nn.Module, ctx: DistContext,
-                         groups: MeshGroups, sample: torch.Tensor,
-                         rec: Recorder = NULL_RECORDER,
+def build_hybrid_runtime(pcfg: PipelineConfig, dp: DPConfig, model: nn.Module,
+                         ctx: DistContext, groups: MeshGroups, sample: torch.Tensor, *,
+                         link: str = "", seed: int = 0, rec: Recorder = NULL_RECORDER,
                          loss_fn: LossFn = F.cross_entropy,
                          minibatches: int = 1) -> PipelineRuntime:
-    """This rank's replicated stage of `model` (collective over the pipeline group);
-    `minibatches`: the stream of an asynchronous schedule (the trainer's steps per epoch)."""
+    """This rank's replicated stage of `model` (collective over the pipeline group): the
+    stage's gradients summed over `groups.replicas` by `dp`'s reducer; `minibatches`: the
+    stream of an asynchronous schedule (the trainer's steps per epoch)."""
 
-    def sync(module: nn.Module) -> GradSync:
-        engine = build_sync(cfg, module, None, ctx, groups.replicas, rec, op="sum",
-                            wait_in_backward=False)
-        assert isinstance(engine, DataParallel)
-        return engine
+    def reducer(module: nn.Module) -> ReplicaReducer:
+        return build_reducer(dp, module, groups.replicas, ctx=ctx, link=link, rec=rec,
+                             op="sum", wait_in_backward=False)
 
     assert groups.pipeline is not None
-    return build_runtime(cfg.pipeline, model, ctx, sample, group=groups.pipeline,
-                         dealing=Dealing.of(groups.mesh), grad_sync=sync,
-                         link_spec=cfg.comm.link, seed=cfg.train.seed, rec=rec,
+    return build_runtime(pcfg, model, ctx, sample, group=groups.pipeline,
+                         dealing=Dealing.of(groups.mesh), grad_sync=reducer,
+                         link_spec=link, seed=seed, rec=rec,
                          loss_fn=loss_fn, minibatches=minibatches)

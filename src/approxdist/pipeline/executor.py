@@ -7,7 +7,7 @@ a schedule's name, only at the actions of this rank, in order.
 * `F`/`B` are the only blocking points: they wait for their receive, then compute;
 * `SF`/`SB` post a send (encoded at once, so the tensor can be dropped) and return;
 * `AR` (replicated stages only) waits for the all-reduce of the stage's gradients over
-  its replicas (a `GradSync`, e.g. `DataParallel`): backwards before the last one run
+  its replicas (a `ReplicaReducer`, e.g. `DataParallel`): backwards before the last one run
   with the sync off and only accumulate; the last one's gradient hooks start the
   all-reduce bucket by bucket while that backward continues (seed 002's `_sync`);
 * at the end of a step every send is waited for; the caller then steps the optimiser.
@@ -30,10 +30,11 @@ import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from approxdist.data_parallel.replicas import ReplicaReducer
 from approxdist.errors import ApproxDistError
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.microbatch import Batch, loss_weights, microbatch_sizes, split_batch
@@ -57,16 +58,6 @@ def _last_send_phase(actions: list[Action]) -> str:
     says `wait in send_back`); `send_for` when the list sends nothing."""
     last = next((a for a in reversed(actions) if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD)), None)
     return ph.SEND_BACK if last is not None and last.kind == Kind.SEND_GRAD else ph.SEND_FOR
-
-
-class GradSync(Protocol):
-    """What the executor needs from the all-reduce of a replicated stage's gradients."""
-
-    def no_sync(self) -> contextlib.AbstractContextManager[None]:
-        """Backwards inside only accumulate local gradients."""
-
-    def finish(self) -> None:
-        """Wait until the all-reduce started by the last backward has landed in `.grad`."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +95,7 @@ class PipelineExecutor:
 
     def __init__(self, orders: Callable[[int], list[Action]], compute: StageCompute,
                  transport: StageTransport, num_microbatches: int,
-                 rec: Recorder = NULL_RECORDER, grad_sync: GradSync | None = None) -> None:
+                 rec: Recorder = NULL_RECORDER, grad_sync: ReplicaReducer | None = None) -> None:
         self.compute, self.transport = compute, transport
         self.num_microbatches, self.rec, self.grad_sync = num_microbatches, rec, grad_sync
         self._orders = orders

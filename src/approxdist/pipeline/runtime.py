@@ -21,11 +21,12 @@ from torch.nn import functional as F  # noqa: N812
 
 from approxdist.comm.link import Link
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.data_parallel.replicas import ReplicaReducer
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
 from approxdist.pipeline.couriers import Plan, make_courier
 from approxdist.pipeline.errors import PipelineError
-from approxdist.pipeline.executor import GradSync, PipelineExecutor, forward_only
+from approxdist.pipeline.executor import PipelineExecutor, forward_only
 from approxdist.pipeline.microbatch import microbatch_sizes
 from approxdist.pipeline.partition import (
     Partition,
@@ -45,7 +46,7 @@ from approxdist.pipeline.schedule.replicated import (
     slot_route,
 )
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
-from approxdist.pipeline.stream import StageReduce, StreamExecutor
+from approxdist.pipeline.stream import StreamExecutor
 from approxdist.pipeline.transport import StageTransport, WireFormat
 from approxdist.pipeline.weights import WeightVersions, available_bytes, check_version_memory
 from approxdist.topology.dealing import Dealing
@@ -94,7 +95,7 @@ class PipelineRuntime:
     transport: StageTransport
     compute: StageCompute
     executor: PipelineExecutor
-    grad_sync: GradSync | None = None  # the replica all-reduce of a replicated stage
+    grad_sync: ReplicaReducer | None = None  # the replica all-reduce of a replicated stage
 
     @property
     def stage(self) -> int:
@@ -104,9 +105,8 @@ class PipelineRuntime:
         self.compute.close()
         self.transport.close()
         self.link.close()
-        close = getattr(self.grad_sync, "close", None)
-        if close is not None:
-            close()
+        if self.grad_sync is not None:
+            self.grad_sync.close()
 
 
 def schedule_exchanges(name: str, dealing: Dealing, slot: int) -> Plan:
@@ -131,7 +131,7 @@ def schedule_orders(name: str, dealing: Dealing, slot: int) -> Callable[[int], l
 
 
 #: builds the gradient sync of a replicated stage around its module (every replica, in order)
-SyncFactory = Callable[[nn.Module], GradSync]
+SyncFactory = Callable[[nn.Module], ReplicaReducer]
 
 
 def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
@@ -199,7 +199,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
 
 def stream_executor(pcfg: PipelineConfig, minibatches: int, dealing: Dealing, slot: int,
                     module: nn.Module, transport: StageTransport, loss_fn: LossFn,
-                    rec: Recorder, sync: GradSync | None = None
+                    rec: Recorder, sync: ReplicaReducer | None = None
                     ) -> tuple[StageCompute, StreamExecutor]:
     """The stage's compute on weight versions and the executor of the asynchronous
     schedule `pcfg.schedule` over a stream of `minibatches` (the trainer's steps per epoch)
@@ -219,10 +219,5 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, dealing: Dealing, sl
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation, call=weights)
-    reduce = sync if isinstance(sync, StageReduce) else None
-    if sync is not None and reduce is None:
-        raise PipelineError(f"{pcfg.schedule} on replicated stages sums gradients outside "
-                            f"backward and needs an all-reduce with reduce_gradients() and "
-                            f"finish() (DataParallel), not {type(sync).__name__}")
     return compute, StreamExecutor(schedule, slot, schedule_orders("gpipe", dealing, slot),
-                                   compute, transport, weights, rec, reduce)
+                                   compute, transport, weights, rec, sync)

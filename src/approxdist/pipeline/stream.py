@@ -36,10 +36,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
+from approxdist.data_parallel.replicas import ReplicaReducer
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import PipelineExecutor, StepResult, StepState
 from approxdist.pipeline.microbatch import Batch, microbatch_sizes
@@ -76,17 +77,6 @@ def loss_weights_by_update(schedule: AsyncSchedule, sizes: dict[int, int]) -> di
     return stage_weights(schedule, schedule.num_stages - 1, sizes)
 
 
-@runtime_checkable
-class StageReduce(Protocol):
-    """What the executor needs from a replicated stage's all-reduce (`DataParallel`)."""
-
-    def reduce_gradients(self) -> None:
-        """Start summing the module's `.grad` over the stage's replicas."""
-
-    def finish(self) -> None:
-        """Wait until the sums have landed in `.grad`."""
-
-
 class StreamExecutor(PipelineExecutor):
     """This rank's piece of `schedule`'s stream per trainer step; `optimizer` (set by the
     engine with `bind`) steps the stage's newest weights where the schedule updates. `rank`
@@ -94,7 +84,7 @@ class StreamExecutor(PipelineExecutor):
 
     def __init__(self, schedule: AsyncSchedule, rank: int, flushed: Callable[[int], list[Action]],
                  compute: StageCompute, transport: StageTransport, weights: WeightVersions,
-                 rec: Recorder = NULL_RECORDER, reduce: StageReduce | None = None) -> None:
+                 rec: Recorder = NULL_RECORDER, reduce: ReplicaReducer | None = None) -> None:
         super().__init__(flushed, compute, transport, schedule.stream.microbatches, rec)
         self.schedule, self.rank, self.weights = schedule, rank, weights
         self.stage, self.reduce = schedule.stage_of(rank), reduce

@@ -102,6 +102,8 @@ def _name(mesh: Mesh, place: Place, span: Span) -> str:
     """`"stage 1 replicas"`, `"pipeline"`, `"replica 0 shards"`, `"workers"`, for messages."""
     if span == PIPELINE:
         return "pipeline"
+    if all(n in span for n in mesh.names if mesh.extent(n) > 1):
+        return "world" if len(span) > 1 or place.role is not None else PLURALS[span[0]]
     if span == ("dp",) and place.role is not None:
         return f"{place.role}s"
     fixed = [f"{WORDS[n]} {place[n]}" for n in mesh.names

@@ -17,6 +17,7 @@ Goyal et al. 2017). Warm-up (Goyal et al.'s gradual warm-up) ramps linearly over
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -25,7 +26,12 @@ from approxdist.config.schema import OptimConfig
 
 
 def make_sgd(model: nn.Module, cfg: OptimConfig) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+    return sgd_over(model.parameters(), cfg)
+
+
+def sgd_over(params: Iterable[nn.Parameter], cfg: OptimConfig) -> torch.optim.SGD:
+    """`[optim]`'s SGD over `params` (a stage's, a server's shard)."""
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
                            weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
 
 

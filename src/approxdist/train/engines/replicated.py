@@ -1,9 +1,9 @@
 """Single-process and data-parallel training: the whole model on every rank (seeds 001, 004).
 
-One stage whose replicas each take a shard of every global batch (`data.ShardedBatches`)
-and average their gradients over the stage's replica group through a `GradientSync`
-(`approxdist.DataParallel`, or the plain one-`dist.all_reduce` baseline); with one rank
-there is nothing to average. The time the training thread waited for communication is
+A thin adapter over the public `approxdist.DataParallel` (or the plain one-`dist.all_reduce`
+baseline; both `ReplicaReducer`s): the replicas each take a shard of every global batch
+(`data.ShardedBatches`) and average their gradients over the mesh's `dp` group; with one
+rank there is nothing to average. The time the training thread waited for communication is
 the engine's `wait`; the time the communication threads worked, its `comm`.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.data_parallel.engine import DataParallel
-from approxdist.data_parallel.sync import GradientSync, build_sync
+from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
@@ -38,7 +38,7 @@ class ReplicatedEngine:
     feeds_labels = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 groups: MeshGroups, sync: GradientSync | None, rec: Recorder,
+                 groups: MeshGroups, sync: ReplicaReducer | None, rec: Recorder,
                  task: Task) -> None:
         self.module, self.optimizer, self.sync, self.rec = model, optimizer, sync, rec
         self.task = task
@@ -137,6 +137,6 @@ def build_replicated(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Te
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
     optimizer = make_sgd(model, cfg.optim)
-    sync = build_sync(cfg, model, optimizer, ctx, groups.replicas, rec) \
-        if groups.replicas.size > 1 else None
+    sync = build_reducer(cfg.dp, model, groups.replicas, ctx=ctx, link=cfg.comm.link,
+                         optimizer=optimizer, rec=rec) if groups.replicas.size > 1 else None
     return ReplicatedEngine(model, optimizer, groups, sync, rec, task_named(data.task))

@@ -1,0 +1,96 @@
+"""The one interface to a module's gradients over its replicas, and the factory that picks one.
+
+Data parallelism, a hybrid run's replicated pipeline stages and an asynchronous pipeline's
+replicated stage all ask the same of whoever reduces their gradients over the replicas:
+a `ReplicaReducer`. Two implement it: `engine.DataParallel` (buckets, overlap, threads,
+codecs, early forward; seeds 001, 004) and `plain.PlainAllReduce` (one flat
+`dist.all_reduce` after backward, the baseline); `build_reducer` picks one from the `[dp]`
+section. Callers never ask which one they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from approxdist.config.dp import DPConfig
+from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group
+from approxdist.trace.recorder import NULL_RECORDER, Recorder
+
+
+class ReplicaReducer(Protocol):
+    """A module's gradients (and buffers) reduced over the replicas of its group."""
+
+    bytes_sent: int  # bytes this rank handed to torch.distributed (settable on resume)
+
+    @property
+    def comm_seconds(self) -> float:
+        """Seconds the training thread waited for communication."""
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds spent communicating (by communication threads, or the training thread)."""
+
+    @property
+    def owns_step(self) -> bool:
+        """True when the reducer applies the optimizer step itself (early forward)."""
+
+    def broadcast_parameters(self) -> None:
+        """Copy the group's first member's parameters and buffers to every member."""
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Backward passes inside only accumulate local gradients (earlier micro-batches)."""
+
+    def reduce_gradients(self) -> None:
+        """Start reducing the current `.grad`s now, outside backward."""
+
+    def finish(self) -> None:
+        """Wait until every reduction started has landed in `.grad`."""
+
+    def sync_gradients(self) -> None:
+        """After a backward: the reduced gradients are in `.grad` when this returns."""
+
+    def sync_buffers(self) -> None:
+        """Average floating-point buffers (batch-norm statistics) over the replicas."""
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes this rank sent so far per directed link `"i->j"` (global ranks)."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every member's state (a collective over the group), for one checkpoint."""
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def build_reducer(dp: DPConfig, model: nn.Module, group: Group, *, ctx: DistContext | None = None,
+                  link: str = "", optimizer: torch.optim.Optimizer | None = None,
+                  rec: Recorder = NULL_RECORDER, **options: Any) -> ReplicaReducer:
+    """The reducer `dp.engine` names, around `model`, over `group`; weights are broadcast
+    later (`broadcast_parameters`).
+
+    `link` is the emulated link of every transfer; `rec` records the reducer's phases
+    (sync, waits, transfers; docs/tracing.md); `options` go to `DataParallel` as they are
+    (e.g. `op="sum"`).
+    """
+    if dp.engine == "plain":
+        from approxdist.data_parallel.plain import PlainAllReduce
+
+        return PlainAllReduce(model, group, rec)
+    from approxdist.data_parallel.engine import DataParallel
+
+    return DataParallel(model, ctx=ctx, group=group, algorithm=dp.algorithm, codec=dp.codec,
+                        codec_rules=dp.codec_rules, codec_times=dp.codec_times or None,
+                        error_feedback=dp.error_feedback,
+                        link=link or None, bucket_mb=dp.bucket_mb,
+                        first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,
+                        chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,
+                        optimizer=optimizer, find_unused_parameters=dp.find_unused,
+                        broadcast=False, calibration=dp.calibration or None,
+                        gil_switch_ms=dp.gil_switch_ms or None, recorder=rec, **options)
