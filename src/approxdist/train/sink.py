@@ -1,4 +1,4 @@
-"""The one place a run's records go: metrics.jsonl (rank 0).
+"""The one place a run's records go: metrics.jsonl and, when asked, TensorBoard (rank 0).
 
     sink = sink_for(cfg.train, run_dir, ctx.is_main)
     sink.open(start_step)      # the run starts (a resumed run: its checkpoint's step)
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from approxdist.config.schema import TrainConfig
+from approxdist.train.tensorboard import TensorBoardOutput
 
 
 class MetricsOutput(Protocol):
@@ -71,8 +72,11 @@ class MetricsSink:
 
 
 def sink_for(train: TrainConfig, run_dir: Path, is_main: bool) -> MetricsSink:
-    """The run's sink: metrics.jsonl in `run_dir`; no outputs on ranks other than the
-    main one."""
+    """The run's sink: metrics.jsonl in `run_dir`, and TensorBoard event files in
+    `train.tensorboard` when set; no outputs on ranks other than the main one."""
     if not is_main:
         return MetricsSink()
-    return MetricsSink([JsonlOutput(run_dir / "metrics.jsonl")])
+    outputs: list[MetricsOutput] = [JsonlOutput(run_dir / "metrics.jsonl")]
+    if train.tensorboard:
+        outputs.append(TensorBoardOutput(train.tensorboard))
+    return MetricsSink(outputs)
