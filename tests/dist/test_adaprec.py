@@ -8,7 +8,7 @@
   predictions and overhead are in metrics.jsonl and summary.json; the winner's
   speculative steps become the run's (the engine trains each run step once: a run that
   retrained them, or went on from another state, would not equal plain training), and
-  every rank takes rank 0's decisions.
+  every rank takes rank 0's decisions; the decisions are in TensorBoard's event files too.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from approxdist.config.loader import build_config
@@ -25,6 +26,8 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
 from approxdist.train.engines.replicated import ReplicatedEngine
 from approxdist.train.snapshot import Position, RunSnapshot
+from approxdist.train.tensorboard import codec_bits
+from tests.helpers.tensorboard import read_events
 
 SECTIONS: dict[str, dict[str, Any]] = {
     "train": {"progress": False, "seed": 5, "world_size": 2, "epochs": 2},
@@ -111,6 +114,8 @@ def _adaprec(ctx: DistContext, root: str) -> dict[str, Any]:
             sec["dp"]["codec"] = f"adaprec:{codec}"
             sec["adaprec"] = {**sec["adaprec"], "phase_steps": 1000, "speculate_steps": 1,
                           "points": 1}
+        if name == "a":  # its decisions in TensorBoard too
+            sec["train"]["tensorboard"] = str(Path(root) / "tb-a")
         trainer = build_trainer(build_config(sec), ctx, Path(root) / name, False)
         calls = [0]
         step = trainer.engine.train_step
@@ -154,6 +159,14 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
             assert torch.equal(rank["adaprec"]["a"]["weights"][k], v), k
 
     records = [json.loads(s) for s in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    decisions = [r for r in records if r.get("kind") == "adaprec"]
+    scalars, texts = read_events(tmp_path / "tb-a")  # rank 0's, the same as metrics.jsonl
+    assert [(s, t.split(" (")[0]) for s, t in texts["wire/grad/codec"]] \
+        == [(r["step"], r["chosen"]) for r in decisions]
+    assert scalars["wire/grad/bits_per_value"] \
+        == [(r["step"], codec_bits(r["chosen"])) for r in decisions]
+    assert scalars["adaprec/signal"] == [(r["step"], float(np.float32(r["signal"])))
+                                         for r in decisions if "signal" in r]
     bounds = [r for r in records if r.get("kind") == "adaprec" and r["step"] > 0]
     assert bounds and all(set(r["candidates"]) <= {"fp32", POISON} for r in bounds)
     first = bounds[0]

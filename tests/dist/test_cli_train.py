@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
+from approxdist.train.metrics import read_jsonl
+from tests.helpers.tensorboard import epoch_figures, read_events
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
@@ -43,12 +45,23 @@ def test_main_job_reaches_95_percent_and_writes_all_outputs(tmp_path: Path) -> N
 
 
 def test_single_in_process_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "single"
-    assert main(["train", "--parallel", "single", "--epochs", "1", "--out", str(out), *FAST]) == 0
+    """A run resumed for a second epoch; with --tensorboard its event files (appended to by
+    the resumed run, config.toml keeping the folder) hold metrics.jsonl's figures."""
+    out, tb = tmp_path / "single", tmp_path / "tb"
+    assert main(["train", "--parallel", "single", "--epochs", "1", "--out", str(out),
+                 "--tensorboard", str(tb), *FAST]) == 0
     assert main(["train", "--resume", str(out), "--epochs", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["world_size"] == 1
     assert summary["diverged_at_step"] is None  # every loss finite
+    records = read_jsonl(out / "metrics.jsonl")
+    scalars, _ = read_events(tb)
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 2  # one per run, one folder
+    assert {t: v for t, v in scalars.items() if not t.startswith("train/")} \
+        == epoch_figures(records)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s for s, _ in scalars["train/loss"]] == [r["step"] for r in steps]
+    assert [s for s, _ in scalars["test/accuracy"]] == [summary["steps"] // 2, summary["steps"]]
 
 
 def test_a_diverged_run_stops_after_its_epoch_and_says_where(
@@ -133,6 +146,17 @@ def test_bad_input_is_one_line_exit_2(args: list[str], message: str,
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_tensorboard_into_a_folder_that_cannot_be_made_is_one_line_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["train", "--tensorboard", str(afile / "tb"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"train.tensorboard = '{afile / 'tb'}': cannot make or write that folder" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # before any worker started
+
+
 def _wait_for(path: Path, timeout: float) -> None:
     end = time.monotonic() + timeout
     while not path.is_file():
@@ -173,15 +197,16 @@ def test_killed_worker_ends_the_run(tmp_path: Path) -> None:
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 def test_bind_cores_row_puts_a_stages_replicas_on_different_cores(tmp_path: Path) -> None:
     """`--bind-cores row` on a 2 x 2 hybrid: each rank's cores (workers/rankN.json) are its
-    pipeline row's share of the machine's, so a stage's two replicas never share one."""
+    pipeline row's share of the machine's, so a stage's two replicas never share one. With
+    --tensorboard rank 0 alone writes the epoch's figures (each link's bytes) there."""
     from approxdist.launch.affinity import plan_cores
 
-    out = tmp_path / "bound"
+    out, tb = tmp_path / "bound", tmp_path / "tb"
     assert main(["train", "--parallel", "hybrid", "--stages", "2", "--replicas", "2",
                  "--microbatches", "2", "--batch-size", "16", "--epochs", "1",
                  "--dataset", "synthetic", "--set", "data.synthetic_shape=[12]",
                  "--set", "data.synthetic_samples=64", "--set", "data.augment=false",
-                 "--bind-cores", "row", "--out", str(out), *FAST]) == 0
+                 "--bind-cores", "row", "--out", str(out), "--tensorboard", str(tb), *FAST]) == 0
     cores = {r: json.loads((out / "workers" / f"rank{r}.json").read_text())["cores"]
              for r in range(4)}
     machine = sorted(os.sched_getaffinity(0))
@@ -189,4 +214,9 @@ def test_bind_cores_row_puts_a_stages_replicas_on_different_cores(tmp_path: Path
     assert [tuple(cores[r]) for r in range(4)] == plan_cores(rows, machine)
     if len(machine) > 1:
         assert not set(cores[0]) & set(cores[1]) and not set(cores[2]) & set(cores[3])
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 1
+    scalars, _ = read_events(tb)
+    want = epoch_figures(read_jsonl(out / "metrics.jsonl"))
+    assert {t: v for t, v in scalars.items() if not t.startswith("train/")} == want
+    assert len([t for t in want if t.startswith("bytes/")]) > 2  # links of both stages
 

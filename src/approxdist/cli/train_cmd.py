@@ -35,6 +35,7 @@ from approxdist.train.check import check_parts
 from approxdist.train.mode import Mode, mesh_of, modes
 from approxdist.train.plan_layer import check_agrees, check_input_shape, plan_sections
 from approxdist.train.task import check_fits
+from approxdist.train.tensorboard import check_log_dir
 from approxdist.train.worker import run_worker
 
 #: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
@@ -57,6 +58,7 @@ FLAG_KEYS = {
     "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
     "data_dir": ("data", "data_dir"), "link": ("comm", "link"),
     "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"), "trace": ("train", "trace"),
+    "tensorboard": ("train", "tensorboard"),
     **{name: ("pipeline", name) for name in PIPELINE_FLAGS},
     **{flag: ("dp", key) for flag, key in DP_FLAGS.items()},
     "servers": ("ps", "servers"), "workers": ("ps", "workers"), "ps_mode": ("ps", "mode"),
@@ -102,6 +104,9 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", action="store_true", default=None,
                    help="record every rank's timeline to RUN_DIR/trace.json (docs/tracing.md); "
                         "read it with `approxdist analyze RUN_DIR`")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the run's step and epoch figures as TensorBoard event "
+                        "files into DIR (rank 0; `tensorboard --logdir DIR`; docs/training.md)")
     p.add_argument("--straggler", action="append", metavar="RANK:DELAY|random:P:DELAY",
                    help="slow a rank before each step (2:100ms), or each eligible rank with "
                         "probability P per step (random:0.1:50ms); seeded, any mode "
@@ -294,6 +299,8 @@ def preflight(cfg: Config, plan: str | None = None) -> None:
     """Catch bad names, data paths and model/data mismatches here, before any worker starts
     (and samples of another shape than the plan file `plan` was profiled on)."""
     mode = check_parts(cfg)
+    if cfg.train.tensorboard:
+        check_log_dir(cfg.train.tensorboard)
     data = load_dataset(cfg.data)
     if plan:
         check_input_shape(read_plan(plan), plan, cfg.data.dataset, data.input_shape)

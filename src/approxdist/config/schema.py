@@ -52,6 +52,8 @@ class TrainConfig:
     threads: int = 0
     timeout_s: float = 120.0
     trace: bool = False  # record every rank's timeline -> trace.json (docs/tracing.md)
+    #: a folder for TensorBoard event files of the run's records ("" = none; train/sink.py)
+    tensorboard: str = ""
     #: slow ranks, `RANK:DELAY` or `random:P:DELAY` (train/straggler.py; any parallel mode)
     stragglers: tuple[str, ...] = ()
     #: what a run does once a step's loss is NaN or infinite: "stop" after that epoch (its

@@ -26,9 +26,9 @@ from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace import NULL_RECORDER, Recorder
 from approxdist.train.check import check_parts
 from approxdist.train.engine import Engine
-from approxdist.train.metrics import MetricsWriter
 from approxdist.train.mode import mode_of
 from approxdist.train.optim import LRRule
+from approxdist.train.sink import sink_for
 from approxdist.train.speculation import attach_adaprec
 from approxdist.train.straggler import stragglers_of
 from approxdist.train.trainer import Trainer
@@ -85,7 +85,7 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
                              cfg.data.augment and engine.feeds_inputs)
     rule = LRRule(cfg.optim, cfg.data.batch_size, batches.steps_per_epoch, cfg.train.epochs)
     trainer = Trainer(cfg, ctx, run_dir, data, engine, groups, batches, rule,
-                      MetricsWriter(run_dir, ctx.is_main), rec=rec,
+                      sink_for(cfg.train, run_dir, ctx.is_main), rec=rec,
                       stragglers=stragglers_of(cfg))
     if candidates is not None:
         attach_adaprec(trainer, candidates, val_x, val_y)

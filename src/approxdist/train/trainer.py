@@ -3,7 +3,8 @@
 The trainer holds an `Engine` (`train/engine.py`) for the run's parallel mode and owns
 everything the modes share: the epoch loop and progress bar, the learning-rate rule
 set on the engine's optimisers every step, evaluation on this rank's shard of the test
-set, `metrics.jsonl` (step and epoch records, `train/epoch.py`), `summary.json`'s
+set, the records of `metrics.jsonl` (step and epoch, `train/epoch.py`; through the sink,
+`train/sink.py`, which may also write them to TensorBoard), `summary.json`'s
 figures, atomic checkpoints and bit-exact resume (`train/resume.py`), and the error a
 run ends with when a peer dies: naming that rank and its place in the mesh. A
 recorder (docs/tracing.md) gets each mini-batch as a `step` span holding `data` and the
@@ -39,10 +40,10 @@ from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
 from approxdist.train import log
 from approxdist.train.engine import Engine, StepOutcome
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
-from approxdist.train.metrics import MetricsWriter
 from approxdist.train.mode import mode_of
 from approxdist.train.optim import BatchGrowth, LRRule, noise_scale, set_lr
 from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
+from approxdist.train.sink import MetricsSink
 from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
 
@@ -65,7 +66,8 @@ class Trainer:
     groups: MeshGroups
     batches: ShardedBatches
     lr_rule: LRRule
-    writer: MetricsWriter
+    #: where the step, epoch and hook records go (metrics.jsonl, TensorBoard: train/sink.py)
+    sink: MetricsSink
     progress: Progress = field(default_factory=Progress)
     rec: Recorder = NULL_RECORDER
     epoch_hooks: list[EpochHook] = field(default_factory=list)
@@ -184,7 +186,7 @@ class Trainer:
         for hook in self.step_hooks:
             record = hook(at)
             if record is not None:
-                self.writer.write({"epoch": at.epoch + 1, **record})
+                self.sink.write({"epoch": at.epoch + 1, **record})
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -203,8 +205,8 @@ class Trainer:
         for i, loss in enumerate(losses):
             step = first_step + i + 1
             if step % self.cfg.train.log_every == 0:
-                self.writer.write({"kind": "step", "epoch": epoch + 1, "step": step,
-                                   "loss": loss, "lr": self.lr_rule(step - 1), **records[i]})
+                self.sink.write({"kind": "step", "epoch": epoch + 1, "step": step,
+                                 "loss": loss, "lr": self.lr_rule(step - 1), **records[i]})
 
     # -- evaluation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -229,6 +231,7 @@ class Trainer:
         """Train the remaining epochs; summary.json's figures. A lost peer ends the run with
         an error naming it and its place in the mesh."""
         try:
+            self.sink.open(self.progress.step)
             for epoch in range(self.progress.epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
                 if self._diverged(epoch):
@@ -239,7 +242,10 @@ class Trainer:
                 raise
             raise named from exc
         finally:
-            self.engine.close()
+            try:
+                self.engine.close()
+            finally:
+                self.sink.close()
         return self.summary()
 
     def run_epoch(self, epoch: int) -> None:
@@ -259,7 +265,7 @@ class Trainer:
         record = {"kind": "epoch", "epoch": prog.epoch, "step": prog.step, **stats,
                   "test_accuracy": acc, "test_loss": test_loss, "lr": lr, "noise_scale": noise}
         prog.history.append(record)
-        self.writer.write(record)
+        self.sink.write(record)
         log.info(self.ctx, f"epoch {prog.epoch:3d}/{cfg.train.epochs}  loss "
                            f"{stats['train_loss']:.4f}  train {100 * stats['train_accuracy']:.2f}%"
                            f"  test {100 * acc:.2f}%  {stats['samples_per_s']:.0f} samples/s")
