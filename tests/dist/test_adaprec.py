@@ -40,9 +40,10 @@ SECTIONS: dict[str, dict[str, Any]] = {
 POISON = "bits:s0e8m7"  # the sign dropped: every gradient value turns positive
 
 
-def _sections(**dp: Any) -> dict[str, dict[str, Any]]:
+def _sections(**grad: Any) -> dict[str, dict[str, Any]]:
+    """The run, its gradient wire's keys `grad`."""
     sec = {k: dict(v) for k, v in SECTIONS.items()}
-    sec["dp"].update(dp)
+    sec["wire"] = {"grad": dict(grad)}
     return sec
 
 
@@ -68,12 +69,12 @@ def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int) -> d
             return
         snap = RunSnapshot.take(engine, pos)
         before = {k: v.clone() for k, v in engine.module.state_dict().items()}
-        engine.set_codecs((), "table1")
+        engine.set_wire("grad", "table1")
         trainer.train_steps(pos, 4)
         moved.append(any(not torch.equal(v, before[k])
                          for k, v in engine.module.state_dict().items()))
         assert snap.restore(engine) == pos
-        engine.set_codecs((), dp["codec"])
+        engine.set_wire("grad", dp["codec"])
 
     trainer.step_hooks.append(hook)
     trainer.run()
@@ -109,9 +110,9 @@ ADAPREC: dict[str, dict[str, Any]] = {
 def _adaprec(ctx: DistContext, root: str) -> dict[str, Any]:
     def train(name: str, codec: str) -> dict[str, Any]:
         sec = {k: dict(v) for k, v in ADAPREC.items()}
-        sec["dp"] = {"codec": codec}
+        sec["wire"] = {"grad": {"codec": codec}}
         if not codec.startswith("adaprec:"):  # the same held-out split, no controller
-            sec["dp"]["codec"] = f"adaprec:{codec}"
+            sec["wire"]["grad"]["codec"] = f"adaprec:{codec}"
             sec["adaprec"] = {**sec["adaprec"], "phase_steps": 1000, "speculate_steps": 1,
                           "points": 1}
         if name == "a":  # its decisions in TensorBoard too

@@ -55,6 +55,7 @@ class Case:
     fuse: str = "auto"
     recompute: bool = False
     dp: tuple[tuple[str, Any], ...] = ()  # [dp] keys of the replica all-reduce
+    grad: tuple[tuple[str, Any], ...] = ()  # its gradient wire's keys
 
     def sections(self) -> dict[str, dict[str, Any]]:
         return {"train": {"parallel": "hybrid", "world_size": sum(self.replicas), "seed": 0},
@@ -62,7 +63,8 @@ class Case:
                              "schedule": self.schedule, "microbatches": self.microbatches,
                              "comm_threads": self.threads, "fuse_accumulation": self.fuse,
                              "recompute": self.recompute},
-                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **dict(self.dp)}}
+                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **dict(self.dp)},
+                "wire": {"grad": dict(self.grad)}}
 
     def build(self) -> AsyncSchedule:
         return build_async_schedule(self.schedule, len(self.replicas), self.microbatches,
@@ -76,7 +78,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
                              streams={("dp",): cfg.dp.threads + 2})
         x0, _ = minibatch(case, 0, 0)
-        rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, oracle_model(), ctx, groups, x0[:2],
+        rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, cfg.wire, oracle_model(), ctx, groups,
+                                  x0[:2],
                                   link=cfg.comm.link, seed=cfg.train.seed,
                                   minibatches=case.minibatches)
         losses = train_streams(rt, case, case.minibatches)
@@ -158,7 +161,7 @@ def _loss_items_per_step(sched: AsyncSchedule) -> list[list[int]]:
 def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
     sched = case.build()
     params, losses = _oracle(case, ranks[0]["partition"])
-    tol = 1e-2 if dict(case.dp).get("codec", "fp32") != "fp32" else 1e-5
+    tol = 1e-2 if dict(case.grad).get("codec", "fp32") != "fp32" else 1e-5
     seen: set[str] = set()
     for stage, count in enumerate(case.replicas):
         mine = [r for r in ranks if r["stage"] == stage]
@@ -205,8 +208,8 @@ CASES_4 = [
     Case((2, 2), "pipedream", 2, 3, threads="per-message"),
     Case((3, 1), "pipedream", 3, 2),
     Case((1, 2, 1), "2bw", 2, 3),
-    Case((2, 2), "2bw", 2, 3, dp=(("codec", "bf16"), ("error_feedback", True),
-                                  ("algorithm", "ring"))),  # lossy: replicas still agree
+    Case((2, 2), "2bw", 2, 3, dp=(("algorithm", "ring"),),
+         grad=(("codec", "bf16"), ("error_feedback", True))),  # lossy: replicas still agree
 ]
 
 

@@ -105,24 +105,24 @@ def test_a_diverged_run_stops_after_its_epoch_and_says_where(
         (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "does not exist"),
         (["--resume", "/nonexistent"], "no config.toml there"),
         (["--algorithm", "tree"], "dp.algorithm = 'tree' is not one of"),
-        (["--codec", "fp7"], "dp.codec = 'fp7': unknown codec spec"),
-        (["--codec-rule", "*.bias=fp7"], "dp.codec_rules = '*.bias=fp7': unknown codec spec"),
+        (["--codec", "fp7"], "wire.grad.codec = 'fp7': unknown codec spec"),
+        (["--codec-rule", "*.bias=fp7"], "wire.grad.rules = '*.bias=fp7': unknown codec spec"),
         (["--link", "bw=fast"], "comm.link = 'bw=fast': bandwidth 'fast'"),
         # a flag (or a key) the mode does not read is refused, never ignored
         (["--parallel", "dp", "--placement", "1,0"],
          "--placement sets pipeline.placement, which --parallel dp does not use; drop it, or "
          "use --parallel hybrid or pipeline"),
         (["--parallel", "dp", "--fwd-codec", "bf16"],
-         "--fwd-codec sets pipeline.fwd_codec, which --parallel dp does not use"),
+         "--fwd-codec sets wire.fwd.codec, which --parallel dp does not use"),
         (["--parallel", "dp", "--schedule", "1f1b"],
          "--schedule sets pipeline.schedule, which --parallel dp does not use"),
         (["--parallel", "single", "--codec", "bf16"],
-         "--codec sets dp.codec, which --parallel single does not use; drop it, or use "
+         "--codec sets wire.grad.codec, which --parallel single does not use; drop it, or use "
          "--parallel dp or hybrid"),
         (["--parallel", "single", "--link", "bw=1gbit"],
          "--link sets comm.link, which --parallel single does not use"),
         (["--parallel", "pipeline", "--codec", "bf16"],
-         "--codec sets dp.codec, which --parallel pipeline does not use"),
+         "--codec sets wire.grad.codec, which --parallel pipeline does not use"),
         (["--parallel", "dp", "--set", "pipeline.schedule=1f1b"],
          "pipeline.schedule = '1f1b' is not used by --parallel dp; drop it, or use --parallel "
          "hybrid or pipeline"),

@@ -120,7 +120,8 @@ SECTIONS: dict[str, dict[str, Any]] = {
              "batch_size": 16, "augment": False},
     "model": {"name": "mlp", "hidden": 32, "depth": 2},
     "optim": {"lr": 0.05, "schedule": "step", "step_size": 5, "gamma": 0.5},
-    "dp": {"codec": "bf16", "error_feedback": True, "early_forward": True, "bucket_mb": 0.002},
+    "dp": {"early_forward": True, "bucket_mb": 0.002},
+    "wire": {"grad": {"codec": "bf16", "error_feedback": True}},
 }
 
 

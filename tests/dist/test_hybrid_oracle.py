@@ -36,6 +36,7 @@ class Case:
     schedule: str
     microbatches: int
     dp: dict[str, Any] = field(default_factory=dict)
+    grad: dict[str, Any] = field(default_factory=dict)  # the replicas' gradient wire
     recompute: bool = False
     threads: str = "inline"  # seed 002's communication-thread strategy
 
@@ -45,7 +46,8 @@ class Case:
                              "schedule": self.schedule, "microbatches": self.microbatches,
                              "recompute": self.recompute, "fuse_accumulation": "all",
                              "comm_threads": self.threads},
-                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **self.dp}}
+                "dp": {"bucket_mb": 0.0005, "first_bucket_mb": 0.0002, **self.dp},
+                "wire": {"grad": self.grad}}
 
 
 CASES = [
@@ -53,7 +55,8 @@ CASES = [
     Case((3, 1), "gpipe", 6), Case((3, 1), "1f1b", 4),  # 4 micro-batches on 3 replicas: 2, 1, 1
     Case((1, 3), "1f1b", 6), Case((1, 3), "gpipe", 3, recompute=True),
     Case((1, 2, 1), "gpipe", 4), Case((1, 2, 1), "1f1b", 5, dp={"algorithm": "brd"}),
-    Case((2, 2), "1f1b", 4, dp={"codec": "bf16", "error_feedback": True, "algorithm": "ring"}),
+    Case((2, 2), "1f1b", 4, dp={"algorithm": "ring"},
+         grad={"codec": "bf16", "error_feedback": True}),
     *[Case((3, 1), "1f1b", 6, threads=t) for t in ("per-message", "sa", "sra")],
     *[Case((1, 2, 1), "gpipe", 4, threads=t) for t in ("per-message", "sa", "sra")],
     Case((2, 2), "1f1b", 8, threads="sra"), Case((1, 2, 1), "1f1b", 8, threads="sra"),
@@ -78,7 +81,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
                              streams={("dp",): cfg.dp.threads + 2})
         x, y = _data()
-        rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, _model(), ctx, groups, x[:2],
+        rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, cfg.wire, _model(), ctx, groups, x[:2],
                                   link=cfg.comm.link, seed=cfg.train.seed)
         first, last = rt.transport.is_first, rt.transport.is_last
         res = rt.executor.train_step(x if first else None, y if last else None, BATCH)
@@ -116,7 +119,7 @@ def test_replicated_stages_match_single_process_training(four_ranks: list[list[d
     case = CASES[index]
     loss, grads = _oracle(case)
     ranks = [r[index] for r in four_ranks]
-    lossy = case.dp.get("codec", "fp32") != "fp32"
+    lossy = case.grad.get("codec", "fp32") != "fp32"
     last = [r for r in ranks if r["loss"] is not None]
     assert len(last) == case.replicas[-1]
     assert sum(r["loss"] for r in last) == pytest.approx(loss, abs=1e-5), case

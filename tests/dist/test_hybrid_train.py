@@ -31,7 +31,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "model": {"name": "mlp", "hidden": 32, "depth": 3, "dropout": 0.1},
     "optim": {"lr": 0.05, "schedule": "step", "step_size": 7, "gamma": 0.5},
     "pipeline": {"stages": 2, "replicas": [3, 1], "schedule": "1f1b", "microbatches": 4},
-    "dp": {"codec": "bf16", "error_feedback": True},
+    "wire": {"grad": {"codec": "bf16", "error_feedback": True}},
 }
 
 

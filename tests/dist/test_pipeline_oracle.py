@@ -21,6 +21,7 @@ from torch.nn import functional as F  # noqa: N812
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.transfer import SHAPE_WORDS
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.wire import Wire
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.mlp import mlp
@@ -45,7 +46,6 @@ class Case:
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
                               schedule=self.schedule, recompute=self.recompute,
-                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec,
                               fuse_accumulation=self.fuse, comm_threads=self.threads)
 
 
@@ -63,7 +63,8 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         x, y = _data(case.batch)
-        rt = build_runtime(case.config(), _model(), ctx, x[:2])
+        rt = build_runtime(case.config(), _model(), ctx, x[:2], fwd=Wire(codec=case.fwd_codec),
+                           bwd=Wire(codec=case.bwd_codec))
         first, last = rt.transport.is_first, rt.transport.is_last
         res = rt.executor.train_step(x if first else None, y if last else None, case.batch)
         grads = {n: p.grad.clone() for n, p in rt.module.named_parameters()}

@@ -109,7 +109,7 @@ def test_dead_stage_stops_the_others_with_an_error_naming_it() -> None:
                                               "stage replica(s)"),
     (["--microbatches", "100", "--batch-size", "64"], "micro-batches (100) exceed the batch "
                                                       "size (64); use 1..64"),
-    (["--fwd-codec", "bits:x"], "pipeline.fwd_codec = 'bits:x'"),
+    (["--fwd-codec", "bits:x"], "wire.fwd.codec = 'bits:x'"),
     (["--schedule", "zb"], "pipeline.schedule = 'zb' is not one of: 1f1b, gpipe"),
 ])
 def test_bad_pipeline_input_is_one_line_exit_2(args: list[str], message: str,

@@ -27,7 +27,7 @@ FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=f
     (["--workers", "2", "--ps-mode", "backup:2"], "leaves no gradient"),
     (["--workers", "2", "--straggler", "5:100ms"], "rank 5 is not in this run of 3 rank(s)"),
     (["--workers", "2", "--straggler", "random:x:1ms"], "probability 'x'"),
-    (["--workers", "2", "--pull-codec", "fp7"], "ps.pull_codec = 'fp7'"),
+    (["--workers", "2", "--pull-codec", "fp7"], "wire.pull.codec = 'fp7'"),
     (["--workers", "2", "--tolerate-worker-loss"], "--ps-mode sync: every step waits"),
     (["--workers", "2", "--ps-mode", "async", "--tolerate-worker-loss", "--trace"],
      "--tolerate-worker-loss with --trace: the trace is gathered from every rank"),

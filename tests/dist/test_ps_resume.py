@@ -17,8 +17,8 @@ SECTIONS: dict[str, dict[str, Any]] = {
              "batch_size": 16, "augment": False},
     "model": {"name": "mlp", "hidden": 32, "depth": 2},
     "optim": {"lr": 0.05, "schedule": "step", "step_size": 5, "gamma": 0.5},
-    "ps": {"servers": 1, "workers": 2, "mode": "sync", "push_codec": "bf16",
-           "error_feedback": True},
+    "ps": {"servers": 1, "workers": 2, "mode": "sync"},
+    "wire": {"push": {"codec": "bf16", "error_feedback": True}},
 }
 
 

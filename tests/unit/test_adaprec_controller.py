@@ -333,11 +333,11 @@ def test_config_rejects_a_phase_shorter_than_its_speculation() -> None:
         AdaPrecConfig(gain_share=1.5)
     with pytest.raises(ConfigError, match="AdaPrec switches"):
         check_parts(build_config({"train": {"parallel": "dp", "world_size": 1},
-                                  "dp": {"codec": "adaprec:fp32,bf16"}}))
-    with pytest.raises(ConfigError, match="dp.codec = 'adaprec:fp32,bf16' is not used by "
-                                          "--parallel single; drop it, or use --parallel dp"):
+                                  "wire": {"grad": {"codec": "adaprec:fp32,bf16"}}}))
+    with pytest.raises(ConfigError, match="wire.grad.codec = 'adaprec:fp32,bf16' is not used "
+                                          "by --parallel single; drop it, or use --parallel dp"):
         check_parts(build_config({"train": {"parallel": "single", "world_size": 1},
-                                  "dp": {"codec": "adaprec:fp32,bf16"}}))
+                                  "wire": {"grad": {"codec": "adaprec:fp32,bf16"}}}))
 
 
 def test_the_validation_split_comes_out_of_the_training_set() -> None:

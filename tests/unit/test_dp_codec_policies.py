@@ -106,15 +106,17 @@ def test_bad_codec_times_are_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_the_config_checks_policies_and_times_before_any_worker_starts(tmp_path: Path) -> None:
-    cfg = build_config({"dp": {"codec_rules": ["policy:fastest"]}})
-    with pytest.raises(ConfigError, match="dp.codec_rules = 'policy:fastest': .*--codec-times"):
+    cfg = build_config({"wire": {"grad": {"rules": ["policy:fastest"]}}})
+    with pytest.raises(ConfigError, match="wire.grad.rules = 'policy:fastest': .*--codec-times"):
         check_parts(cfg)
     path = tmp_path / "times.json"
     path.write_text(json.dumps(_rows()))
-    check_parts(build_config({"dp": {"codec_rules": ["policy:fastest", "policy:seed004"],
-                                      "codec_times": str(path)}}))
-    with pytest.raises(ConfigError, match="dp.codec_times = .*no all-reduce times for algorithm 'ring'"):
-        check_parts(build_config({"dp": {"algorithm": "ring", "codec_times": str(path)}}))
+    check_parts(build_config({"wire": {"grad": {"rules": ["policy:fastest", "policy:seed004"],
+                                                "times": str(path)}}}))
+    with pytest.raises(ConfigError, match="wire.grad.times = .*no all-reduce times for "
+                                          "algorithm 'ring'"):
+        check_parts(build_config({"dp": {"algorithm": "ring"},
+                                  "wire": {"grad": {"times": str(path)}}}))
 
 
 def test_data_parallel_gives_each_bucket_the_fastest_codec_for_its_size() -> None:

@@ -167,9 +167,11 @@ def test_the_api_s_messages_name_its_arguments() -> None:
         check_backend("async", True, "nccl", name="mode")
 
 
-def _ps(servers: int = 1, workers: int = 2, **ps: object) -> dict[str, dict[str, object]]:
+def _ps(servers: int = 1, workers: int = 2, wire: dict[str, object] | None = None,
+        **ps: object) -> dict[str, dict[str, object]]:
     return {"train": {"parallel": "ps", "world_size": servers + workers},
-            "data": {"batch_size": 24}, "ps": {"servers": servers, "workers": workers, **ps}}
+            "data": {"batch_size": 24}, "ps": {"servers": servers, "workers": workers, **ps},
+            "wire": wire or {}}
 
 
 def test_config_errors_name_the_value_and_the_fix() -> None:
@@ -181,9 +183,9 @@ def test_config_errors_name_the_value_and_the_fix() -> None:
         check_parts(build_config({**_ps(workers=5), "data": {"batch_size": 24}}))
     with pytest.raises(ConfigError, match="--ps-mode 'later'"):
         check_parts(build_config(_ps(mode="later")))
-    with pytest.raises(ConfigError, match="ps.pull_codec = 'fp5'"):
-        check_parts(build_config(_ps(pull_codec="fp5")))
-    check_parts(build_config(_ps(mode="backup:1", push_codec="bf16")))
+    with pytest.raises(ConfigError, match="wire.pull.codec = 'fp5'"):
+        check_parts(build_config(_ps(wire={"pull": {"codec": "fp5"}})))
+    check_parts(build_config(_ps(mode="backup:1", wire={"push": {"codec": "bf16"}})))
 
 
 def test_any_source_modes_are_refused_on_nccl() -> None:

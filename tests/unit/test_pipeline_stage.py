@@ -107,13 +107,16 @@ def test_timed_codec_delegates_and_counts_time() -> None:
     ({"split": "5,2"}, "must be increasing block indices"),
     ({"split": "2", "balance": "time"}, "give one of them, not both"),
     ({"balance": "flops"}, "pipeline.balance = 'flops' is not one of: params, time"),
-    ({"fwd_codec": "bits:s2"}, "pipeline.fwd_codec = 'bits:s2': unknown codec spec"),
-    ({"bwd_channel": "ber:2@1"}, "pipeline.bwd_channel = 'ber:2@1': bit error rate 2.0"),
+    ({"wire": {"fwd": {"codec": "bits:s2"}}}, "wire.fwd.codec = 'bits:s2': unknown codec spec"),
+    ({"wire": {"bwd": {"channel": "ber:2@1"}}},
+     "wire.bwd.channel = 'ber:2@1': bit error rate 2.0"),
 ])
 def test_bad_pipeline_config_names_the_value(section: dict[str, object], message: str) -> None:
     """Ranges and syntax fail in the config; names (schedule, codecs) in `check_parts`."""
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_parts(load_config(None, {"train": {"parallel": "pipeline"}, "pipeline": section}))
+        wire = section.pop("wire", {})
+        check_parts(load_config(None, {"train": {"parallel": "pipeline"}, "pipeline": section,
+                                       "wire": wire}))
 
 
 def test_config_defaults_and_balance() -> None:

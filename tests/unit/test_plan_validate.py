@@ -32,6 +32,7 @@ from approxdist.planner.validation.candidates import (
 from approxdist.planner.validation.configs import FULL, QUICK, select
 from approxdist.planner.validation.metrics import ape, kendall_tau, regret
 from approxdist.planner.validation.report import summarize, verdicts
+from approxdist.train.mode import modes
 
 MB = 1 << 20
 
@@ -214,7 +215,10 @@ def test_a_candidate_runs_as_train_plan_would() -> None:
         cfg = build_config(sections(setting, c, profile, threads=1))
         assert cfg.train.world_size == 3 and cfg.comm.link == "bw=1gbit"
         assert cfg.train.parallel == c.ranked.mode and cfg.model.hidden == 1024
-        assert cfg.dp.codec == "bf16" and cfg.train.threads == 1
+        mode = modes().get(cfg.train.parallel)
+        wires = [n for n in ("grad", "fwd", "bwd") if mode.reads(f"wire.{n}.codec")]
+        assert wires and all(cfg.wire.wire(n).codec == "bf16" for n in wires)
+        assert cfg.train.threads == 1
         per_step = 3 if c.ranked.mode == "dp" else c.ranked.plan.microbatches
         assert cfg.data.batch_size == per_step * profile.micro_batch_size
 

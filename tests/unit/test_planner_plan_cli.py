@@ -109,8 +109,9 @@ def test_plan_file_becomes_train_config() -> None:
     assert plan_sections(hybrid) == {
         "train": {"parallel": "hybrid", "world_size": 3}, "model": {"name": "mlp"},
         "pipeline": {"stages": 2, "split": "1", "replicas": [1, 2], "microbatches": 6,
-                     "schedule": "1f1b", "fwd_codec": "bf16"},
-        "dp": {"codec": "fp16", "algorithm": "ring"}, "data": {"batch_size": 96}}
+                     "schedule": "1f1b"},
+        "wire": {"fwd": {"codec": "bf16"}, "grad": {"codec": "fp16"}},
+        "dp": {"algorithm": "ring"}, "data": {"batch_size": 96}}
     dp = parse_plan({"micro_batch_size": 8, "stages": [{"replicas": 4}]})
     assert plan_sections(dp) == {"train": {"parallel": "dp", "world_size": 4},
                                  "data": {"batch_size": 32}}

@@ -62,6 +62,7 @@ from approxdist.api.param_server_args import (
 )
 from approxdist.comm.link import Link
 from approxdist.config.ps import PSConfig
+from approxdist.config.wire import Wire
 from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
@@ -128,20 +129,22 @@ class ParameterServer:
                        recorder=recorder or NULL_RECORDER, servers_name="servers")
 
     @classmethod
-    def from_config(cls, model: nn.Module, *, ps: PSConfig, optimizer: OptimizerFactory,
-                    steps: int, group: Group, link: str = "", loss_fn: LossFn = F.cross_entropy,
+    def from_config(cls, model: nn.Module, *, ps: PSConfig, push: Wire, pull: Wire,
+                    optimizer: OptimizerFactory, steps: int, group: Group, link: str = "",
+                    loss_fn: LossFn = F.cross_entropy,
                     recorder: Recorder = NULL_RECORDER) -> ParameterServer:
         """The servers and workers of a checked `[ps]` section on `group` (servers on its
-        first ranks); the trainer's engine builds it so (`approxdist.train.check` checked
-        the section, and every rank built the same model from the same seed)."""
+        first ranks), gradients on the `push` wire and parameters on `pull`; the trainer's
+        engine builds it so (`approxdist.train.check` checked the sections, and every rank
+        built the same model from the same seed)."""
         ctx = context_of(model)
         roles = Roles(ps.servers, ps.workers, group.ranks)
         mode = parse_mode(ps.mode, roles.workers)
         check_backend(mode.spec, mode.any_source, ctx.backend)
-        wire = wire_formats(ps.push_codec, ps.pull_codec, ps.push_channel, ps.pull_channel)
         obj = cls.__new__(cls)
-        obj._assemble(model, ctx, roles, mode, wire, link_shaping(link), group, optimizer, steps,
-                      loss_fn, error_feedback=ps.error_feedback, staleness_lr=ps.staleness_lr,
+        obj._assemble(model, ctx, roles, mode, WireFormats.of(push, pull), link_shaping(link),
+                      group, optimizer, steps, loss_fn, error_feedback=push.error_feedback,
+                      staleness_lr=ps.staleness_lr,
                       tolerate_worker_loss=ps.tolerate_worker_loss, scheduler=None,
                       recorder=recorder, servers_name="--servers")
         return obj
@@ -154,7 +157,7 @@ class ParameterServer:
         """This rank's node; a factory's bad result on a server is refused on every rank
         (one gather), so that no worker waits for a server that will not start."""
         self.module, self.roles, self.group, self.steps = model, roles, group, steps
-        self.loss_fn, self.recorder = loss_fn, recorder
+        self.loss_fn, self.recorder, self.wire = loss_fn, recorder, wire
         self.link = Link(ctx, shaping, hook=recorder.transfer_hook(), group=group)
         node, problem = None, ""
         try:

@@ -62,9 +62,11 @@ from approxdist.api.pipeline_args import (
     dp_section,
     pipeline_section,
     replica_counts,
+    wires,
 )
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.wire import WireConfig
 from approxdist.data_parallel.checks import context_of
 from approxdist.errors import ConfigError
 from approxdist.hybrid import build_hybrid_runtime
@@ -109,53 +111,57 @@ class Pipeline:
         pcfg = pipeline_section(
             stages or (len(counts) if counts else group.size if group else ctx.world_size),
             split, balance=balance, microbatches=microbatches, schedule=schedule,
-            fwd_codec=fwd_codec, bwd_codec=bwd_codec, fwd_channel=fwd_channel,
-            bwd_channel=bwd_channel, recompute=recompute, dynamic_shapes=dynamic_shapes,
-            replicas=counts, placement=tuple(placement or ()), comm_threads=comm_threads)
-        dp = dp_section(bool(counts), grad_codec, algorithm, calibration)
+            recompute=recompute, dynamic_shapes=dynamic_shapes, replicas=counts,
+            placement=tuple(placement or ()), comm_threads=comm_threads)
+        dp, grad = dp_section(bool(counts), grad_codec, algorithm, calibration)
+        wire = wires(grad, fwd_codec, bwd_codec, fwd_channel, bwd_channel)
         if counts and asynchronous:
             check_async_replicas(schedule, counts, microbatches)
         groups = None
         if group is None and (counts or placement):
             mesh = Mesh.stages(pcfg.stages, counts or 1, placement)
             groups = make_groups(mesh, ctx, streams={("dp",): dp.threads + 2})
-        self._assemble(blocks, ctx, sample, pcfg, dp, groups=groups, group=group, link=link,
+        self._assemble(blocks, ctx, sample, pcfg, dp, wire, groups=groups, group=group, link=link,
                        seed=seed, loss_fn=loss_fn, optimizer=optimizer, stream=stream,
                        recorder=recorder or NULL_RECORDER)
 
     @classmethod
     def from_config(cls, model: nn.Sequential, *, sample: torch.Tensor, pipeline: PipelineConfig,
-                    dp: DPConfig, groups: MeshGroups, link: str = "", seed: int = 0,
+                    dp: DPConfig, wire: WireConfig, groups: MeshGroups, link: str = "",
+                    seed: int = 0,
                     loss_fn: LossFn = F.cross_entropy, optimizer: OptimizerFactory | None = None,
                     stream: int = 0, recorder: Recorder = NULL_RECORDER) -> Pipeline:
         """The pipeline a checked config describes on the mesh's `groups` (the trainer's
         engine builds it so; `approxdist.train.check.check_parts` checked the sections)."""
         pipe = cls.__new__(cls)
-        pipe._assemble(model, context_of(model), sample, pipeline, dp, groups=groups, group=None,
+        pipe._assemble(model, context_of(model), sample, pipeline, dp, wire, groups=groups,
+                       group=None,
                        link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
                        stream=stream, recorder=recorder)
         return pipe
 
     def _assemble(self, blocks: nn.Sequential, ctx: DistContext, sample: torch.Tensor,
-                  pcfg: PipelineConfig, dp: DPConfig, *, groups: MeshGroups | None,
+                  pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig, *,
+                  groups: MeshGroups | None,
                   group: Group | None, link: str, seed: int, loss_fn: LossFn,
                   optimizer: OptimizerFactory | None, stream: int, recorder: Recorder) -> None:
         """This rank's stage (collective over the pipeline): replicated on `groups` when a
         stage has several replicas, else on `groups`' pipeline, `group` or the world."""
-        self.recorder = recorder
+        self.recorder, self.wire = recorder, wire
         self.schedule, self.microbatches = pcfg.schedule, pcfg.microbatches
         #: the stage's replica group (hybrid), for the loss of a replicated last stage
         self.replica_group: Group | None = None
         if groups is not None and max(groups.mesh.replicas) > 1:
             self.runtime: PipelineRuntime = build_hybrid_runtime(
-                pcfg, dp, blocks, ctx, groups, sample, link=link, seed=seed, rec=recorder,
+                pcfg, dp, wire, blocks, ctx, groups, sample, link=link, seed=seed, rec=recorder,
                 loss_fn=loss_fn, minibatches=max(stream, 1))
             self.replica_group = groups.replicas
         else:
             row = groups.pipeline if groups is not None else group
             self.runtime = build_runtime(pcfg, blocks, ctx, sample, group=row, link_spec=link,
                                          seed=seed, rec=recorder, loss_fn=loss_fn,
-                                         minibatches=max(stream, 1))
+                                         minibatches=max(stream, 1), fwd=wire.fwd,
+                                         bwd=wire.bwd)
         self.module: nn.Sequential = self.runtime.module
         self.optimizer: torch.optim.Optimizer | None = None
         if isinstance(self.runtime.executor, StreamExecutor):
@@ -300,7 +306,8 @@ class Pipeline:
         rt = self.runtime
         out = {"stages": rt.partition.num_stages, "partition": rt.partition.describe(),
                "replicas": list(rt.transport.dealing.replicas), "schedule": self.schedule,
-               "microbatches": self.microbatches}
+               "microbatches": self.microbatches, "fwd_codec": self.wire.fwd.codec,
+               "bwd_codec": self.wire.bwd.codec}
         if isinstance(rt.executor, StreamExecutor):
             out.update(rt.executor.summary())
         return out

@@ -11,6 +11,7 @@ from torch import nn
 
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.wire import Wire, WireConfig
 from approxdist.errors import ConfigError
 from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
@@ -69,14 +70,23 @@ def check_async_replicas(schedule: str, counts: tuple[int, ...], microbatches: i
         raise ConfigError(f"schedule {schedule!r} on replicas={list(counts)}: {exc}") from None
 
 
-def dp_section(replicated: bool, grad_codec: str, algorithm: str, calibration: str) -> DPConfig:
-    """The replicas' reducer; its options are refused without replicas, never ignored."""
-    dp = DPConfig(codec=grad_codec, algorithm=algorithm, calibration=calibration)
-    if not replicated and dp != DPConfig(calibration=calibration):
+def dp_section(replicated: bool, grad_codec: str, algorithm: str, calibration: str
+               ) -> tuple[DPConfig, Wire]:
+    """The replicas' reducer and their gradient wire; refused without replicas, never
+    ignored."""
+    dp, grad = DPConfig(algorithm=algorithm, calibration=calibration), Wire(codec=grad_codec)
+    if not replicated and (dp != DPConfig(calibration=calibration) or grad != Wire()):
         raise ConfigError(f"grad_codec={grad_codec!r} and algorithm={algorithm!r} set how a "
                           f"replicated stage's gradients are summed, and this pipeline has no "
                           f"replicated stage; pass replicas= or leave them out")
-    return dp
+    return dp, grad
+
+
+def wires(grad: Wire, fwd_codec: str, bwd_codec: str, fwd_channel: str,
+          bwd_channel: str) -> WireConfig:
+    """The pipeline's three wires from the arguments."""
+    return WireConfig(grad=grad, fwd=Wire(codec=fwd_codec, channel=fwd_channel),
+                      bwd=Wire(codec=bwd_codec, channel=bwd_channel))
 
 
 def pipeline_section(stages: int, split: str | Sequence[int], **keys: Any) -> PipelineConfig:

@@ -108,9 +108,10 @@ def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str,
     row = _rows(mesh, ctx)
     model = case_model(case)
     x, y = case_data(case)
-    rt = build_hybrid_runtime(case.pipeline_config(), dp_config(case), copy.deepcopy(model), ctx,
-                              groups, x[: max(1, case.batch_size // case.microbatches)],
-                              link=case.link, loss_fn=case.inputs.loss)
+    sample = x[: max(1, case.batch_size // case.microbatches)]
+    rt = build_hybrid_runtime(case.pipeline_config(), dp_config(case), case.wire_config(),
+                              copy.deepcopy(model), ctx, groups, sample, link=case.link,
+                              loss_fn=case.inputs.loss)
     sink: list[StepTimes] = []
     engines = {"approxdist": our_step(rt, x, y, sink),
                "torch": _torch(case, copy.deepcopy(model), rt.partition, groups, row, ctx, x, y)}

@@ -27,6 +27,7 @@ from torch import nn
 from approxdist.bench.timing import interleave, repeat, timed
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
+from approxdist.config.wire import Wire, WireConfig
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.models.bench_inputs import BenchInput
@@ -76,8 +77,11 @@ class BenchCase:
                               microbatches=self.microbatches * self.replicas,
                               schedule=self.schedule,
                               replicas=(self.replicas,) if self.replicas > 1 else (),
-                              fwd_codec=self.fwd_codec, bwd_codec=self.bwd_codec,
                               fuse_accumulation=self.fuse_accumulation)
+
+    def wire_config(self) -> WireConfig:
+        """Ours: activations and their gradients on the case's codecs."""
+        return WireConfig(fwd=Wire(codec=self.fwd_codec), bwd=Wire(codec=self.bwd_codec))
 
 
 @dataclass(frozen=True)
@@ -156,9 +160,11 @@ def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module
     """Our runtime and the steps of both engines for `case` (torch's where it has the
     schedule); an asynchronous schedule streams `timing.steps` mini-batches per round."""
     x, y = case_data(case)
+    wire = case.wire_config()
     rt = build_runtime(case.pipeline_config(), copy.deepcopy(model), ctx,
                        x[: max(1, case.batch_size // case.microbatches)], link_spec=case.link,
-                       minibatches=timing.steps, loss_fn=case.inputs.loss)
+                       minibatches=timing.steps, loss_fn=case.inputs.loss, fwd=wire.fwd,
+                       bwd=wire.bwd)
     engines = {"approxdist": our_step(rt, x, y, sink)}
     if case.schedule in TORCH_SCHEDULES:
         engines["torch"] = _torch(case, copy.deepcopy(model), rt.partition, ctx, x, y)

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from approxdist.config.adaprec import candidates_of
 from approxdist.config.loader import (
     build_config,
     merged,
@@ -31,6 +30,7 @@ from approxdist.models import MODELS, build_model
 from approxdist.planner.plan_file import read_plan
 from approxdist.topology import parse_ints
 from approxdist.trace.gather import TRACE_FILE
+from approxdist.train.build import adaptive_wire
 from approxdist.train.check import check_parts
 from approxdist.train.mode import Mode, mesh_of, modes
 from approxdist.train.plan_layer import check_agrees, check_input_shape, plan_sections
@@ -38,36 +38,40 @@ from approxdist.train.task import check_fits
 from approxdist.train.tensorboard import check_log_dir
 from approxdist.train.worker import run_worker
 
-#: the [pipeline] keys that have a flag of the same name (--fwd-codec -> pipeline.fwd_codec)
-PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "fwd_codec",
-                  "bwd_codec", "fwd_channel", "bwd_channel", "recompute", "fuse_accumulation",
-                  "placement", "replicas", "comm_threads")
+#: the [pipeline] keys that have a flag of the same name (--microbatches -> pipeline.microbatches)
+PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "recompute",
+                  "fuse_accumulation", "placement", "replicas", "comm_threads")
 
 #: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
-DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "codec": "codec",
-            "error_feedback": "error_feedback", "bucket_mb": "bucket_mb", "threads": "threads",
-            "chunk_kb": "chunk_kb", "overlap": "overlap", "early_forward": "early_forward",
-            "codec_rule": "codec_rules", "codec_times": "codec_times",
-            "find_unused": "find_unused", "calibration": "calibration"}
+DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "bucket_mb": "bucket_mb",
+            "threads": "threads", "chunk_kb": "chunk_kb", "overlap": "overlap",
+            "early_forward": "early_forward", "find_unused": "find_unused",
+            "calibration": "calibration"}
 
-#: flag -> (section, key); flags override the config file, `--set` overrides flags
+#: flags of the wires (config/wire.py): flag -> wire.<traffic>.<key>; a mode may send a
+#: gradient-wire flag to its own gradient wire (`Mode.flag_keys`: --codec -> wire.push.codec)
+WIRE_FLAGS = {"codec": "wire.grad.codec", "error_feedback": "wire.grad.error_feedback",
+              "codec_rule": "wire.grad.rules", "codec_times": "wire.grad.times",
+              "fwd_codec": "wire.fwd.codec", "bwd_codec": "wire.bwd.codec",
+              "fwd_channel": "wire.fwd.channel", "bwd_channel": "wire.bwd.channel",
+              "pull_codec": "wire.pull.codec", "push_channel": "wire.push.channel",
+              "pull_channel": "wire.pull.channel"}
+
+#: flag -> config key; flags override the config file, `--set` overrides flags
 FLAG_KEYS = {
-    "parallel": ("train", "parallel"), "world_size": ("train", "world_size"),
-    "mesh": ("train", "mesh"),
-    "epochs": ("train", "epochs"), "device": ("train", "device"), "out": ("train", "out"),
-    "seed": ("train", "seed"), "model": ("model", "name"), "dataset": ("data", "dataset"),
-    "data_dir": ("data", "data_dir"), "link": ("comm", "link"),
-    "batch_size": ("data", "batch_size"), "lr": ("optim", "lr"), "trace": ("train", "trace"),
-    "tensorboard": ("train", "tensorboard"),
-    **{name: ("pipeline", name) for name in PIPELINE_FLAGS},
-    **{flag: ("dp", key) for flag, key in DP_FLAGS.items()},
-    "servers": ("ps", "servers"), "workers": ("ps", "workers"), "ps_mode": ("ps", "mode"),
-    "pull_codec": ("ps", "pull_codec"), "push_channel": ("ps", "push_channel"),
-    "pull_channel": ("ps", "pull_channel"), "staleness_lr": ("ps", "staleness_lr"),
-    "tolerate_worker_loss": ("ps", "tolerate_worker_loss"),
-    "straggler": ("train", "stragglers"), "bind_cores": ("train", "bind_cores"),
-    "phase_steps": ("adaprec", "phase_steps"), "speculate_steps": ("adaprec", "speculate_steps"),
-    "signal": ("adaprec", "signal"), "overhead_budget": ("adaprec", "overhead_budget"),
+    "parallel": "train.parallel", "world_size": "train.world_size", "mesh": "train.mesh",
+    "epochs": "train.epochs", "device": "train.device", "out": "train.out",
+    "seed": "train.seed", "model": "model.name", "dataset": "data.dataset",
+    "data_dir": "data.data_dir", "link": "comm.link", "batch_size": "data.batch_size",
+    "lr": "optim.lr", "trace": "train.trace", "tensorboard": "train.tensorboard",
+    **{name: f"pipeline.{name}" for name in PIPELINE_FLAGS},
+    **{flag: f"dp.{key}" for flag, key in DP_FLAGS.items()},
+    **WIRE_FLAGS,
+    "servers": "ps.servers", "workers": "ps.workers", "ps_mode": "ps.mode",
+    "staleness_lr": "ps.staleness_lr", "tolerate_worker_loss": "ps.tolerate_worker_loss",
+    "straggler": "train.stragglers", "bind_cores": "train.bind_cores",
+    "phase_steps": "adaprec.phase_steps", "speculate_steps": "adaprec.speculate_steps",
+    "signal": "adaprec.signal", "overhead_budget": "adaprec.overhead_budget",
 }
 
 #: flags whose name is not `--` + their key's dest with dashes
@@ -225,23 +229,26 @@ INT_LISTS = ("placement", "replicas")
 
 def flag_layer(args: argparse.Namespace, mode: Mode) -> dict[str, dict[str, Any]]:
     """The config values the flags set; `mode` may send a flag to another key
-    (`--codec` sets a parameter server's `ps.push_codec`)."""
+    (`--codec` sets a parameter server's `wire.push.codec`)."""
     layer: dict[str, dict[str, Any]] = {}
-    for flag, (section, key) in FLAG_KEYS.items():
+    for flag, key in FLAG_KEYS.items():
         value = getattr(args, flag, None)
         if value is None:
             continue
         if flag in INT_LISTS:
             value = list(parse_ints(value, f"--{flag}"))
-        section, key = mode.flag_keys.get(flag, f"{section}.{key}").split(".")
-        layer.setdefault(section, {})[key] = value
+        *tables, name = mode.flag_keys.get(flag, key).split(".")
+        into: dict[str, Any] = layer
+        for table in tables:
+            into = into.setdefault(table, {})
+        into[name] = value
     return layer
 
 
 def flag_names(mode: Mode) -> dict[str, str]:
     """config key -> the flag that sets it in `mode` (for messages)."""
-    out = {f"{section}.{key}": FLAG_NAMES.get(flag, "--" + flag.replace("_", "-"))
-           for flag, (section, key) in FLAG_KEYS.items()}
+    out = {key: FLAG_NAMES.get(flag, "--" + flag.replace("_", "-"))
+           for flag, key in FLAG_KEYS.items()}
     out.update({key: "--" + flag.replace("_", "-") for flag, key in mode.flag_keys.items()})
     return out
 
@@ -249,14 +256,23 @@ def flag_names(mode: Mode) -> dict[str, str]:
 def check_flags(layer: dict[str, dict[str, Any]], mode: Mode) -> None:
     """A flag given for a key `mode` does not read is refused, even at its default value."""
     names = flag_names(mode)
-    for section, values in layer.items():
-        for key in values:
-            if not mode.reads(f"{section}.{key}"):
-                users = [m for m in modes().names() if modes().get(m).reads(f"{section}.{key}")]
-                raise ConfigError(
-                    f"{names.get(f'{section}.{key}', section + '.' + key)} sets "
-                    f"{section}.{key}, which --parallel {mode.name} does not use; drop it"
-                    + (f", or use --parallel {' or '.join(users)}" if users else ""))
+    for key in _keys(layer):
+        if not mode.reads(key):
+            users = [m for m in modes().names() if modes().get(m).reads(key)]
+            raise ConfigError(f"{names.get(key, key)} sets {key}, which --parallel {mode.name} "
+                              f"does not use; drop it"
+                              + (f", or use --parallel {' or '.join(users)}" if users else ""))
+
+
+def _keys(layer: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every key a layer sets, nested tables' keys dotted (`wire.grad.codec`)."""
+    out = []
+    for key, value in layer.items():
+        if isinstance(value, dict) and (not prefix or prefix.startswith("wire")):
+            out += _keys(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
 
 
 def plan_layer(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
@@ -310,7 +326,7 @@ def preflight(cfg: Config, plan: str | None = None) -> None:
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "
                           f"set ({n} samples); use a batch size <= {n}")
-    if candidates_of(cfg.dp.codec) is not None:
+    if adaptive_wire(cfg) is not None:
         hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed, cfg.train.world_size,
                  cfg.data.batch_size)
     mode.preflight(cfg, model, data)

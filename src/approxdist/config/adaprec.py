@@ -1,6 +1,6 @@
 """The `[adaprec]` config section: AdaPrec's phases and its guard (seed 004; docs/adaprec.md).
 
-AdaPrec runs when the gradient codec is `adaprec:<candidates>` (`dp.codec`, `--codec`);
+AdaPrec runs when a gradient wire's codec is `adaprec:<candidates>` (`wire.grad.codec`, `--codec`);
 these keys say how it decides. The candidates themselves are checked against the codec
 registry where the engine is built (`approxdist.train.check`).
 """
@@ -13,7 +13,7 @@ from approxdist.errors import ConfigError
 
 SIGNALS = ("soft", "accuracy")
 HORIZONS = ("phase", "run")
-#: the `dp.codec` prefix that turns AdaPrec on
+#: the gradient-wire codec prefix that turns AdaPrec on
 PREFIX = "adaprec:"
 
 
@@ -80,8 +80,8 @@ def candidates_of(codec: str) -> tuple[str, ...] | None:
         return None
     names = tuple(c.strip() for c in codec[len(PREFIX):].split(","))
     if not names or any(not c for c in names):
-        raise ConfigError(f"dp.codec = {codec!r}: list the candidates after 'adaprec:', "
+        raise ConfigError(f"codec {codec!r}: list the candidates after 'adaprec:', "
                           f"separated by commas, e.g. adaprec:fp32,fp8-e5m2,table4,table1")
     if len(set(names)) != len(names):
-        raise ConfigError(f"dp.codec = {codec!r} names a candidate twice; list each once")
+        raise ConfigError(f"codec {codec!r} names a candidate twice; list each once")
     return names

@@ -1,10 +1,11 @@
-"""The `[dp]` config section: which data-parallel engine and how its gradients travel (seeds 001, 004).
+"""The `[dp]` config section: which data-parallel reducer and how it runs (seeds 001, 004).
 
 `engine = "approxdist"` is `approxdist.DataParallel` (buckets, overlap, threads, codecs,
 early forward); `engine = "plain"` is the one-flat-`dist.all_reduce` baseline, which
-takes none of the other options. Sizes are checked here (`check_sizes`, also what
-`DataParallel` checks its arguments with); the algorithm, codec and codec-rule names
-against their registries where the engine is built (`approxdist.train.check`).
+takes none of the other options. How the gradients travel (codec, rules, error feedback)
+is the gradient wire's (`[wire.grad]`, `config/wire.py`). Sizes are checked here
+(`check_sizes`, also what `DataParallel` checks its arguments with); the algorithm name
+against its registry where the reducer is built (`approxdist.train.parts`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ class DPConfig:
 
     engine: str = "approxdist"
     algorithm: str = "hybrid"
-    codec: str = "fp32"
-    error_feedback: bool = False
     bucket_mb: float = 1.0
     first_bucket_mb: float = 0.25
     threads: int = 2
@@ -43,8 +42,6 @@ class DPConfig:
     overlap: bool = True
     early_forward: bool = False
     find_unused: bool = False
-    codec_rules: tuple[str, ...] = ()
-    codec_times: str = ""  # `bench allreduce --json` rows, for the `fastest` codec (seed 004)
     calibration: str = ""
     gil_switch_ms: float = 0.5  # 0: leave Python's GIL switch interval (5 ms) alone
 

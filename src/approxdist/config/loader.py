@@ -32,7 +32,13 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _coerce(where: str, value: Any, typ: Any) -> Any:
-    """Check `value` against `typ`; ints are accepted for floats and lists for tuples."""
+    """Check `value` against `typ`; ints are accepted for floats and lists for tuples, a
+    table for a nested section (`wire.grad`)."""
+    if dataclasses.is_dataclass(typ) and isinstance(typ, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} = {value!r} must be a table of key = value, e.g. "
+                              f"--set {where}.{dataclasses.fields(typ)[0].name}=...")
+        return _build(where, typ, value)
     origin = typing.get_origin(typ)
     if origin is dict:
         if not isinstance(value, Mapping):
@@ -64,16 +70,20 @@ def build_config(sections: Mapping[str, Mapping[str, Any]]) -> Config:
             raise ConfigError(f"unknown config section {name!r}; valid: {', '.join(types)}")
         if not isinstance(values, Mapping):
             raise ConfigError(f"config section [{name}] must be a table of keys")
-        fields = _field_types(types[name])
-        kwargs = {}
-        for key, value in values.items():
-            if key not in fields:
-                raise ConfigError(
-                    f"unknown key {name}.{key}; valid keys of [{name}]: {', '.join(fields)}"
-                )
-            kwargs[key] = _coerce(f"{name}.{key}", value, fields[key])
-        built[name] = types[name](**kwargs)
+        built[name] = _build(name, types[name], values)
     return Config(**built)
+
+
+def _build(where: str, cls: type, values: Mapping[str, Any]) -> Any:
+    """`cls(**values)`, each key known and of its type."""
+    fields = _field_types(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key {where}.{key}; valid keys of [{where}]: "
+                              f"{', '.join(fields)}")
+        kwargs[key] = _coerce(f"{where}.{key}", value, fields[key])
+    return cls(**kwargs)
 
 
 def merge(base: Sections, extra: Mapping[str, Mapping[str, Any]]) -> Sections:
@@ -152,9 +162,14 @@ def to_dict(cfg: Config) -> Sections:
 
 
 def section_dict(section: Any) -> dict[str, Any]:
-    """One config section as a plain dict (tuples become lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(section).items()}
+    """One config section as a plain dict (tuples become lists, nested sections dicts)."""
+    return {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return section_dict(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def write_config(cfg: Config, path: str | Path) -> None:

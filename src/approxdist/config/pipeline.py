@@ -1,12 +1,11 @@
-"""The `[pipeline]` config section: stages, cut, micro-batches, schedule, wire formats per direction.
+"""The `[pipeline]` config section: stages, cut, micro-batches, schedule (seeds 000, 002).
 
-Seed 000 cuts a network into two stages and sends the forward activations through a
-lossy wire format; its future work asks for the backward gradients too, so each
-direction has its own codec (DESIGN.md "Codec spec strings") and channel ("Channel
-spec"). Self-checks (ranges, fixed choices, syntax) happen here; the names of codecs,
-channels and schedules are checked against their registries where the parts are built
-(`approxdist.train.check.check_parts`), and checks that need the model, the data or the
-world size live in `approxdist.pipeline.runtime.check_run`.
+How activations and their gradients travel is the `fwd` and `bwd` wires' (`[wire.fwd]`,
+`[wire.bwd]`, `config/wire.py`): seed 000 sends the forward activations through a lossy
+wire format, its future work the backward gradients too. Self-checks (ranges, fixed
+choices, syntax) happen here; schedule names are checked against their registry where
+the parts are built (`approxdist.train.parts`), and checks that need the model, the data
+or the world size live in `approxdist.pipeline.runtime.check_run`.
 """
 
 from __future__ import annotations
@@ -53,10 +52,6 @@ class PipelineConfig:
     balance: str = ""
     microbatches: int = 4
     schedule: str = "gpipe"
-    fwd_codec: str = "fp32"
-    bwd_codec: str = "fp32"
-    fwd_channel: str = "none"
-    bwd_channel: str = "none"
     recompute: bool = False
     fuse_accumulation: str = "auto"
     placement: tuple[int, ...] = ()  # ranks, stage-major (default: 0, 1, 2, ...)

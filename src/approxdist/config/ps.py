@@ -1,8 +1,9 @@
 """The `[ps]` config section: parameter-server runs (`--parallel ps`; docs/param_server.md).
 
 `servers` + `workers` ranks (servers first); `mode` is a `--ps-mode` string checked where
-the parts are built (`approxdist.train.check`, `param_server.modes`); codecs and channels
-of pushes (gradients) and pulls (parameters) are codec / channel spec strings.
+the parts are built (`approxdist.train.parts`, `param_server.modes`); how pushes
+(gradients) and pulls (parameters) travel is the `push` and `pull` wires'
+(`[wire.push]`, `[wire.pull]`, `config/wire.py`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ class PSConfig:
     servers: int = 1
     workers: int = 1
     mode: str = "sync"
-    push_codec: str = "fp32"
-    pull_codec: str = "fp32"
-    push_channel: str = ""
-    pull_channel: str = ""
-    error_feedback: bool = False
     staleness_lr: bool = False  # divide the learning rate by a gradient's staleness
     #: go on without a dead worker (async / ssp / backup, local launcher only; checked in
     #: `approxdist.train.check`; docs/param_server.md, "Failures")

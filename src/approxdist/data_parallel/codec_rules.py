@@ -110,7 +110,7 @@ class CodecRules:
     def _times(self) -> CodecTimes:
         if self.times is None:
             raise ConfigError(f"codec {FASTEST!r} picks per bucket from measured all-reduce "
-                              f"times: pass --codec-times FILE (dp.codec_times), written by "
+                              f"times: pass --codec-times FILE (wire.grad.times), written by "
                               + MEASURE.format(alg="hybrid", path="FILE"))
         return self.times
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from approxdist.config.dp import DPConfig
+from approxdist.config.wire import EXACT, Wire
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -69,11 +70,13 @@ class ReplicaReducer(Protocol):
     def close(self) -> None: ...
 
 
-def build_reducer(dp: DPConfig, model: nn.Module, group: Group, *, ctx: DistContext | None = None,
-                  link: str = "", optimizer: torch.optim.Optimizer | None = None,
+def build_reducer(dp: DPConfig, model: nn.Module, group: Group, *, wire: Wire = EXACT,
+                  ctx: DistContext | None = None, link: str = "",
+                  optimizer: torch.optim.Optimizer | None = None,
                   rec: Recorder = NULL_RECORDER, **options: Any) -> ReplicaReducer:
-    """The reducer `dp.engine` names, around `model`, over `group`; weights are broadcast
-    later (`broadcast_parameters`).
+    """The reducer `dp.engine` names, around `model`, over `group`, its gradients on `wire`
+    (codec, per-parameter rules, error feedback); weights are broadcast later
+    (`broadcast_parameters`).
 
     `link` is the emulated link of every transfer; `rec` records the reducer's phases
     (sync, waits, transfers; docs/tracing.md); `options` go to `DataParallel` as they are
@@ -85,9 +88,9 @@ def build_reducer(dp: DPConfig, model: nn.Module, group: Group, *, ctx: DistCont
         return PlainAllReduce(model, group, rec)
     from approxdist.data_parallel.engine import DataParallel
 
-    return DataParallel(model, ctx=ctx, group=group, algorithm=dp.algorithm, codec=dp.codec,
-                        codec_rules=dp.codec_rules, codec_times=dp.codec_times or None,
-                        error_feedback=dp.error_feedback,
+    return DataParallel(model, ctx=ctx, group=group, algorithm=dp.algorithm, codec=wire.codec,
+                        codec_rules=wire.rules, codec_times=wire.times or None,
+                        error_feedback=wire.error_feedback,
                         link=link or None, bucket_mb=dp.bucket_mb,
                         first_bucket_mb=dp.first_bucket_mb, threads=dp.threads,
                         chunk_kb=dp.chunk_kb, overlap=dp.overlap, early_forward=dp.early_forward,

@@ -39,14 +39,14 @@ RANKS = 4
 POISON = "bits:s0e8m7"
 CANDIDATES = ("fp32", "fp8-e5m2", "table4", "table1", POISON)
 FIXED = ("fp32", "fp8-e5m2", "table1", "table4")
-#: policy label -> its [dp] keys ("times" stands for the measured codec-times file)
+#: policy label -> its gradient wire's keys ("times" stands for the measured codec-times file)
 POLICIES: dict[str, dict[str, Any]] = {
     "float": {"codec": "fp32"},
     "fp8": {"codec": "fp8-e5m2"},
     "table1": {"codec": "table1"},
     "table4": {"codec": "table4"},
-    "fastest": {"codec_rules": ["policy:fastest"], "codec_times": "times"},
-    "seed004": {"codec_rules": ["policy:seed004"]},
+    "fastest": {"rules": ["policy:fastest"], "times": "times"},
+    "seed004": {"rules": ["policy:seed004"]},
     "adaprec": {"codec": "adaprec:" + ",".join(CANDIDATES)},
 }
 #: seed 004's figures (SEEDS.md): CaffeNet, 16 ImageNet classes, 4 GPUs, 100 epochs
@@ -103,10 +103,11 @@ def collect(settings: Settings) -> Meta:
     rows: list[Row] = []
     curves: list[Row] = []
     for seed in seeds:
-        for policy, dp in POLICIES.items():
+        for policy, grad in POLICIES.items():
             print(f"[{NAME}] seed {seed}: {policy}", flush=True)
             sections = task(settings, seed)
-            sections["dp"] = {k: str(times) if v == "times" else v for k, v in dp.items()}
+            sections["wire"] = {"grad": {k: str(times) if v == "times" else v
+                                         for k, v in grad.items()}}
             if policy == "adaprec":
                 sections["adaprec"] = adaprec_keys(settings)
             run_dir = settings.out / "runs" / f"{policy}-s{seed}"

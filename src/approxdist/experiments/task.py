@@ -46,9 +46,9 @@ class Task:
             "model": dict(self.model),
             "optim": {"lr": self.lr},
             "comm": {"link": link},
-            "pipeline": {"stages": 2, "split": self.split, "microbatches": 4, "schedule": "gpipe",
-                         "fwd_codec": fwd_codec, "bwd_codec": bwd_codec,
-                         "fwd_channel": fwd_channel},
+            "pipeline": {"stages": 2, "split": self.split, "microbatches": 4, "schedule": "gpipe"},
+            "wire": {"fwd": {"codec": fwd_codec, "channel": fwd_channel},
+                     "bwd": {"codec": bwd_codec}},
         }
 
     def describe(self) -> dict[str, Any]:

@@ -52,11 +52,11 @@ class Run:
             "model": {"name": "gpt-tiny"}, "optim": {"lr": 0.3}}
         if self.place == "weight gradients":
             return {**common, "train": {**common["train"], "parallel": "dp", "world_size": 2},
-                    "dp": {"codec": self.codec, "calibration": "off"}}
-        direction = "fwd_codec" if self.place == "activations" else "bwd_codec"
+                    "dp": {"calibration": "off"}, "wire": {"grad": {"codec": self.codec}}}
+        direction = "fwd" if self.place == "activations" else "bwd"
         return {**common, "train": {**common["train"], "parallel": "pipeline", "world_size": 2},
-                "pipeline": {"stages": 2, "microbatches": 4, "schedule": "gpipe",
-                             direction: self.codec}}
+                "pipeline": {"stages": 2, "microbatches": 4, "schedule": "gpipe"},
+                "wire": {direction: {"codec": self.codec}}}
 
 
 def runs(settings: Settings) -> list[Run]:

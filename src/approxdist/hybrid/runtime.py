@@ -24,6 +24,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.wire import WireConfig
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.launch.context import DistContext
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
@@ -33,21 +34,23 @@ from approxdist.topology.groups import MeshGroups
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
-def build_hybrid_runtime(pcfg: PipelineConfig, dp: DPConfig, model: nn.Module,
-                         ctx: DistContext, groups: MeshGroups, sample: torch.Tensor, *,
+def build_hybrid_runtime(pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig,
+                         model: nn.Module, ctx: DistContext, groups: MeshGroups,
+                         sample: torch.Tensor, *,
                          link: str = "", seed: int = 0, rec: Recorder = NULL_RECORDER,
                          loss_fn: LossFn = F.cross_entropy,
                          minibatches: int = 1) -> PipelineRuntime:
     """This rank's replicated stage of `model` (collective over the pipeline group): the
-    stage's gradients summed over `groups.replicas` by `dp`'s reducer; `minibatches`: the
-    stream of an asynchronous schedule (the trainer's steps per epoch)."""
+    stage's gradients summed over `groups.replicas` by `dp`'s reducer on the `grad` wire,
+    activations on `fwd` and their gradients on `bwd`; `minibatches`: the stream of an
+    asynchronous schedule (the trainer's steps per epoch)."""
 
     def reducer(module: nn.Module) -> ReplicaReducer:
-        return build_reducer(dp, module, groups.replicas, ctx=ctx, link=link, rec=rec,
-                             op="sum", wait_in_backward=False)
+        return build_reducer(dp, module, groups.replicas, wire=wire.grad, ctx=ctx, link=link,
+                             rec=rec, op="sum", wait_in_backward=False)
 
     assert groups.pipeline is not None
     return build_runtime(pcfg, model, ctx, sample, group=groups.pipeline,
                          dealing=Dealing.of(groups.mesh), grad_sync=reducer,
-                         link_spec=link, seed=seed, rec=rec,
-                         loss_fn=loss_fn, minibatches=minibatches)
+                         link_spec=link, seed=seed, rec=rec, loss_fn=loss_fn,
+                         minibatches=minibatches, fwd=wire.fwd, bwd=wire.bwd)

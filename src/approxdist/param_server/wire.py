@@ -14,20 +14,28 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from approxdist.comm.channel import Channel
-from approxdist.comm.codecs import Codec
+from approxdist.comm.channel import Channel, get_channel
+from approxdist.comm.codecs import Codec, get_codec
+from approxdist.config.wire import Wire
 
 VERSION_BYTES = 8
 
 
 @dataclass(frozen=True)
 class WireFormats:
-    """Codecs and channels of the two directions (None: no bit errors)."""
+    """The built codecs and channels of the `push` and `pull` wires (None: no bit errors)."""
 
     push: Codec
     pull: Codec
     push_channel: Channel | None = None
     pull_channel: Channel | None = None
+
+    @classmethod
+    def of(cls, push: Wire, pull: Wire) -> WireFormats:
+        """The parts of two wires (their specs checked: a bad one raises `SpecError`)."""
+        return cls(get_codec(push.codec), get_codec(pull.codec),
+                   get_channel(push.channel) if push.has_channel else None,
+                   get_channel(pull.channel) if pull.has_channel else None)
 
 
 def version_word(version: int, device: torch.device) -> torch.Tensor:

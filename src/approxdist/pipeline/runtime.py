@@ -21,6 +21,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from approxdist.comm.link import Link
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.wire import EXACT, Wire
 from approxdist.data_parallel.replicas import ReplicaReducer
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
@@ -47,7 +48,7 @@ from approxdist.pipeline.schedule.replicated import (
 )
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.stream import StreamExecutor
-from approxdist.pipeline.transport import StageTransport, WireFormat
+from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions, available_bytes, check_version_memory
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -139,8 +140,10 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                   dealing: Dealing | None = None, grad_sync: SyncFactory | None = None,
                   link_spec: str = "", seed: int = 0, loss_fn: LossFn = F.cross_entropy,
                   partition: Partition | None = None, minibatches: int = 1,
-                  rec: Recorder = NULL_RECORDER) -> PipelineRuntime:
-    """This rank's stage of `model` ready to run; `sample` is a batch of real inputs.
+                  rec: Recorder = NULL_RECORDER, fwd: Wire = EXACT,
+                  bwd: Wire = EXACT) -> PipelineRuntime:
+    """This rank's stage of `model` ready to run; `sample` is a batch of real inputs;
+    activations travel on the `fwd` wire, their gradients on `bwd`.
 
     `group` holds the pipeline's ranks in stage-major order (default the world: member s
     runs stage s). With replicated stages (hybrid parallelism) `dealing` gives the
@@ -168,8 +171,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                                 "schedule": pcfg.schedule, "replicas": list(dealing.replicas)}
     link = Link(ctx, link_spec or None, hook=rec.transfer_hook(), group=group)
     transport = StageTransport(link, stage, plan.num_stages,
-                               WireFormat(pcfg.fwd_codec, pcfg.fwd_channel),
-                               WireFormat(pcfg.bwd_codec, pcfg.bwd_channel), dealing, replica,
+                               fwd, bwd, dealing, replica,
                                seed=seed, rec=rec,
                                courier=make_courier(
                                    link, pcfg.comm_threads, rec,

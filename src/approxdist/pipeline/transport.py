@@ -1,7 +1,8 @@
 """A stage's transfers: activations forward and gradients backward through the link layer (seed 000).
 
-Each direction has its own codec and channel (`--fwd-codec`/`--fwd-channel` for the
-activations, `--bwd-codec`/`--bwd-channel` for the gradients), so seed 000's experiment
+Each direction is a wire of its own (`config.wire.Wire`: the `fwd` wire's codec and
+channel for the activations, `--fwd-codec`/`--fwd-channel`; the `bwd` wire's for the
+gradients), so seed 000's experiment
 (lossy forward, exact backward) and its future work (lossy backward too) are both one
 flag away. Every byte goes through `comm.link.Link` (DESIGN.md principle 2): codecs,
 bit-error channels, bandwidth emulation and byte accounting apply as for all-reduce.
@@ -40,6 +41,7 @@ from approxdist.comm.codecs import Codec, Payload, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link import Link
 from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
+from approxdist.config.wire import Wire
 from approxdist.pipeline.couriers import Courier
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.phases import DECODE, ENCODE
@@ -113,14 +115,6 @@ class PendingRecv:
         return x
 
 
-@dataclass(frozen=True)
-class WireFormat:
-    """Codec and channel spec strings of one direction (DESIGN.md spec strings)."""
-
-    codec: str = "fp32"
-    channel: str = "none"
-
-
 @dataclass
 class _Direction:
     """This rank's codec instances (one to send, one to receive) and channel of one direction."""
@@ -135,8 +129,8 @@ class _Direction:
         return self.channel is None and self.send_codec.spec == "fp32"
 
     @classmethod
-    def build(cls, wire: WireFormat, seed: int) -> _Direction:
-        channel = get_channel(wire.channel, seed)
+    def build(cls, wire: Wire, seed: int) -> _Direction:
+        channel = get_channel(wire.channel if wire.has_channel else "none", seed)
         return cls(TimedCodec(get_codec(wire.codec)), TimedCodec(get_codec(wire.codec)),
                    None if channel.is_identity else channel)
 
@@ -151,8 +145,8 @@ class StageTransport:
     encoding and decoding.
     """
 
-    def __init__(self, link: Link, stage: int, num_stages: int, fwd: WireFormat,
-                 bwd: WireFormat, dealing: Dealing | None = None, replica: int = 0,
+    def __init__(self, link: Link, stage: int, num_stages: int, fwd: Wire,
+                 bwd: Wire, dealing: Dealing | None = None, replica: int = 0,
                  seed: int = 0, rec: Recorder = NULL_RECORDER,
                  courier: Courier | None = None) -> None:
         self.link, self.stage, self.num_stages = link, stage, num_stages

@@ -16,6 +16,7 @@ from pathlib import Path
 from approxdist.adaptive.candidates import candidate_rules
 from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
+from approxdist.config.wire import GRADIENT_WIRES
 from approxdist.data import ShardedBatches, TensorDataset, load_dataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError
@@ -34,13 +35,20 @@ from approxdist.train.straggler import stragglers_of
 from approxdist.train.trainer import Trainer
 
 
+def adaptive_wire(cfg: Config) -> str | None:
+    """The gradient wire whose codec AdaPrec chooses during training (None: no AdaPrec)."""
+    return next((name for name in GRADIENT_WIRES if cfg.wire.wire(name).adaptive), None)
+
+
 def first_phase(cfg: Config) -> Config:
     """`cfg` with AdaPrec's first codec in place of `adaprec:...` (the engine starts with it)."""
-    if candidates_of(cfg.dp.codec) is None:
+    name = adaptive_wire(cfg)
+    if name is None:
         return cfg
-    rules, codec = candidate_rules(cfg.adaprec.first, cfg.dp.codec_rules)
-    return dataclasses.replace(cfg, dp=dataclasses.replace(cfg.dp, codec=codec,
-                                                           codec_rules=rules))
+    wire = cfg.wire.wire(name)
+    rules, codec = candidate_rules(cfg.adaprec.first, wire.rules)
+    started = dataclasses.replace(wire, codec=codec, rules=rules)
+    return dataclasses.replace(cfg, wire=dataclasses.replace(cfg.wire, **{name: started}))
 
 
 def engine_for(cfg: Config, ctx: DistContext, data: TensorDataset,
@@ -75,7 +83,8 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
     check_parts(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = load_dataset(cfg.data)
-    candidates = candidates_of(cfg.dp.codec)
+    adaptive = adaptive_wire(cfg)
+    candidates = candidates_of(cfg.wire.wire(adaptive).codec) if adaptive else None
     if candidates is not None:  # AdaPrec: its signal's split leaves the training set
         data, val_x, val_y = hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed,
                                       cfg.train.world_size, cfg.data.batch_size)
@@ -87,8 +96,8 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
     trainer = Trainer(cfg, ctx, run_dir, data, engine, groups, batches, rule,
                       sink_for(cfg.train, run_dir, ctx.is_main), rec=rec,
                       stragglers=stragglers_of(cfg))
-    if candidates is not None:
-        attach_adaprec(trainer, candidates, val_x, val_y)
+    if adaptive is not None and candidates is not None:
+        attach_adaprec(trainer, adaptive, candidates, val_x, val_y)
     if resume:
         trainer.resume()
     engine.start()

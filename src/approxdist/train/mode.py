@@ -76,7 +76,7 @@ class Mode:
     share_name: str = "world size"
     #: why the mode cannot follow a batch that grows between epochs (None: it can)
     fixed_steps: Callable[[Config], str | None] = lambda cfg: None
-    #: flags that set another key in this mode (`--codec` -> ps.push_codec): flag -> key
+    #: flags that set another key in this mode (`--codec` -> wire.push.codec): flag -> key
     flag_keys: Mapping[str, str] = field(default_factory=dict)
     #: the process groups its engine needs, from its mesh
     spans: Callable[[Mesh], list[Span]] = default_spans
@@ -157,16 +157,21 @@ def implied_by_mesh(sections: Sections, derive: Callable[[Mesh], Sections]) -> S
 
 
 def unused_options(cfg: Config, mode: Mode) -> list[tuple[str, Any]]:
-    """The keys set away from their defaults that `mode` does not read."""
-    default = Config()
+    """The keys set away from their defaults that `mode` does not read (a nested section's
+    keys one by one: `wire.grad.codec`)."""
+    return [(key, value) for key, value, default in _keys(cfg, Config(), "")
+            if value != default and not mode.reads(key)]
+
+
+def _keys(mine: Any, base: Any, prefix: str) -> list[tuple[str, Any, Any]]:
     out = []
-    for section in dataclasses.fields(cfg):
-        mine, base = getattr(cfg, section.name), getattr(default, section.name)
-        for f in dataclasses.fields(mine):
-            key = f"{section.name}.{f.name}"
-            value = getattr(mine, f.name)
-            if value != getattr(base, f.name) and not mode.reads(key):
-                out.append((key, value))
+    for f in dataclasses.fields(mine):
+        value, default = getattr(mine, f.name), getattr(base, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += _keys(value, default, key + ".")
+        else:
+            out.append((key, value, default))
     return out
 
 

@@ -20,6 +20,7 @@ from approxdist.comm.collectives import algorithm_names
 from approxdist.config.adaprec import candidates_of
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
+from approxdist.config.wire import TRAFFIC
 from approxdist.data_parallel.codec_rules import CodecRules
 from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
@@ -32,14 +33,10 @@ T = TypeVar("T")
 
 
 def check_ps(cfg: Config) -> None:
-    """The `[ps]` section's mode, codecs and channels, and `--tolerate-worker-loss`."""
-    ps = cfg.ps
-    parse_mode(ps.mode, ps.workers)
-    for key in ("push_codec", "pull_codec"):
-        named(f"ps.{key}", getattr(ps, key), partial(get_codec, getattr(ps, key)))
-    for key in ("push_channel", "pull_channel"):
-        if getattr(ps, key):
-            named(f"ps.{key}", getattr(ps, key), partial(get_channel, getattr(ps, key)))
+    """The `[ps]` section's mode, the push and pull wires, and `--tolerate-worker-loss`."""
+    parse_mode(cfg.ps.mode, cfg.ps.workers)
+    for name in ("push", "pull"):
+        check_wire(cfg, name)
     _check_worker_loss(cfg)
 
 
@@ -63,25 +60,42 @@ def _check_worker_loss(cfg: Config) -> None:
 
 
 def check_dp(cfg: Config) -> None:
-    """The `[dp]` section's algorithm, codecs, codec rules and AdaPrec candidates."""
+    """The `[dp]` section's algorithm (the approxdist reducer's)."""
     dp = cfg.dp
-    if dp.engine != "approxdist":
-        return
-    if dp.algorithm not in algorithm_names():
+    if dp.engine == "approxdist" and dp.algorithm not in algorithm_names():
         raise ConfigError(f"dp.algorithm = {dp.algorithm!r} is not one of: "
                           f"{', '.join(algorithm_names())}")
+
+
+def check_wire(cfg: Config, name: str) -> None:
+    """Wire `name`'s codec (or AdaPrec's candidates), channel and, on the data-parallel
+    gradient wire, its per-parameter rules against the times file."""
+    wire, key = cfg.wire.wire(name), f"wire.{name}"
+    if wire.has_channel:
+        named(f"{key}.channel", wire.channel, partial(get_channel, wire.channel))
+    if name != "grad":
+        if wire.rules or wire.times:
+            raise ConfigError(f"{key}.{'rules' if wire.rules else 'times'}: per-parameter "
+                              f"codec rules are for the data-parallel gradient wire (wire.grad);"
+                              f" {TRAFFIC[name].split(',')[0]} travel one codec per shard; "
+                              f"drop it")
+        if wire.adaptive:
+            check_candidates((*(candidates_of(wire.codec) or ()), cfg.adaprec.first), (), None)
+        else:
+            named(f"{key}.codec", wire.codec, partial(get_codec, wire.codec))
+        return
     times = None
-    if dp.codec_times:
-        times = named("dp.codec_times", dp.codec_times,
-                       partial(CodecTimes.load, dp.codec_times, dp.algorithm))
-    candidates = candidates_of(dp.codec)
+    if wire.times:
+        times = named(f"{key}.times", wire.times,
+                      partial(CodecTimes.load, wire.times, cfg.dp.algorithm))
+    candidates = candidates_of(wire.codec)
     if candidates is not None:
-        check_candidates((*candidates, cfg.adaprec.first), dp.codec_rules, times)
+        check_candidates((*candidates, cfg.adaprec.first), wire.rules, times)
     else:
-        named("dp.codec", dp.codec, partial(_check_rules, [], dp.codec, times))
-    default = "fp32" if candidates is not None else dp.codec
-    for rule in dp.codec_rules:
-        named("dp.codec_rules", rule, partial(_check_rules, [rule], default, times))
+        named(f"{key}.codec", wire.codec, partial(_check_rules, [], wire.codec, times))
+    default = "fp32" if candidates is not None else wire.codec
+    for rule in wire.rules:
+        named(f"{key}.rules", rule, partial(_check_rules, [rule], default, times))
 
 
 def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:
@@ -89,7 +103,7 @@ def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> No
 
 
 def check_pipeline(p: PipelineConfig) -> None:
-    """The `[pipeline]` section's schedule, codecs and channels. An asynchronous schedule
+    """The `[pipeline]` section's schedule. An asynchronous schedule
     (pipedream, pipedream-vsync, 2bw) runs with any communication-thread strategy but `sra`
     (whose agreed order is per flushed step); pipedream and 2bw also on replicated stages,
     with micro-batches a multiple of every replica count (docs/pipeline.md)."""
@@ -105,10 +119,6 @@ def check_pipeline(p: PipelineConfig) -> None:
             raise ConfigError(f"pipeline.comm_threads = 'sra' agrees a message order per "
                               f"flushed step and does not run {p.schedule!r}; use inline, "
                               f"per-message or sa")
-    for key in ("fwd_codec", "bwd_codec"):
-        named(f"pipeline.{key}", getattr(p, key), partial(get_codec, getattr(p, key)))
-    for key in ("fwd_channel", "bwd_channel"):
-        named(f"pipeline.{key}", getattr(p, key), partial(get_channel, getattr(p, key)))
 
 
 def named(key: str, value: str, build: Callable[[], T]) -> T:

@@ -3,8 +3,8 @@
 The plan says which mode runs (one stage of one rank: single; one stage of N: dp; stages
 of one rank each: pipeline; otherwise hybrid), the world size, where stages start
 (`pipeline.split`), their replicas and placement, the schedule, micro-batches and the
-three wire formats (`pipeline.fwd_codec`, `pipeline.bwd_codec`, `dp.codec` with
-`dp.algorithm` for the replicas' all-reduce). With `micro_batch_size` the mini-batch is
+codecs of the three wires its mode has (`wire.fwd.codec`, `wire.bwd.codec`,
+`wire.grad.codec` with `dp.algorithm` for the replicas' all-reduce). With `micro_batch_size` the mini-batch is
 M micro-batches of it (data parallel: one per rank). The layer sits above the config
 file and below the flags, so `--microbatches` or `--set` still override it; but what the
 plan was made for (`model`, `model_options`, `data`) is binding: a flag or `--set` that
@@ -20,6 +20,7 @@ from typing import Any
 
 from approxdist.errors import ConfigError
 from approxdist.planner.plan_file import PlanFile
+from approxdist.train.mode import modes
 
 #: the flags that set a binding key (others are named as `--set section.key=value`)
 FLAGS = {("model", "name"): "--model", ("data", "dataset"): "--dataset",
@@ -31,27 +32,32 @@ def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
     mode = plan.mode
     out: dict[str, dict[str, Any]] = {
         "train": {"parallel": mode, "world_size": plan.world_size}, "model": {},
-        "pipeline": {}, "dp": {}, "data": {}}
+        "pipeline": {}, "dp": {}, "data": {}, "wire": {}}
+    reads = modes().get(mode).reads
     out["model"].update(binding(plan)["model"])
     out["data"].update(binding(plan)["data"])
-    if mode in ("pipeline", "hybrid"):
+    staged = reads("pipeline.stages")
+    if staged:
         pipe = out["pipeline"]
         pipe["stages"] = len(plan.replicas)
         if plan.blocks is not None:
             pipe["split"] = ",".join(str(first) for first, _ in plan.blocks[1:])
-        if mode == "hybrid":
+        if reads("pipeline.replicas"):
             pipe["replicas"] = list(plan.replicas)
         if plan.ranks is not None:
             pipe["placement"] = list(plan.ranks)
-        for key in ("microbatches", "schedule", "fwd_codec", "bwd_codec"):
+        for key in ("microbatches", "schedule"):
             if getattr(plan, key) is not None:
                 pipe[key] = getattr(plan, key)
-    if plan.grad_codec is not None:
-        out["dp"]["codec"] = plan.grad_codec
-    if plan.algorithm is not None:
+    for name, codec in (("fwd", plan.fwd_codec), ("bwd", plan.bwd_codec),
+                        ("grad", plan.grad_codec)):
+        if codec is not None and reads(f"wire.{name}.codec"):
+            out["wire"][name] = {"codec": codec}
+    if plan.algorithm is not None and reads("dp.algorithm"):
         out["dp"]["algorithm"] = plan.algorithm
     if plan.micro_batch_size is not None:
-        per_step = plan.world_size if mode == "dp" else (plan.microbatches or 1)
+        # a pipeline's ranks share one batch of M micro-batches; replicas each take one
+        per_step = (plan.microbatches or 1) if staged else plan.world_size
         out["data"]["batch_size"] = per_step * plan.micro_batch_size
     return {section: keys for section, keys in out.items() if keys}
 

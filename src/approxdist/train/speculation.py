@@ -43,10 +43,11 @@ class TrainerRun:
     """A `SpeculativeRun` over `trainer` (a data-parallel run); `at` is kept up to date by
     the step hook."""
 
-    def __init__(self, trainer: Trainer, val_x: torch.Tensor, val_y: torch.Tensor) -> None:
+    def __init__(self, trainer: Trainer, wire: str, val_x: torch.Tensor,
+                 val_y: torch.Tensor) -> None:
         engine = trainer.engine
         assert isinstance(engine, ReplicatedEngine)
-        self.trainer, self.engine = trainer, engine
+        self.trainer, self.engine, self.wire = trainer, engine, wire
         group = trainer.groups.replicas
         lo = val_x.shape[0] * group.rank // group.size
         hi = val_x.shape[0] * (group.rank + 1) // group.size
@@ -87,7 +88,8 @@ class TrainerRun:
         self._cursor = self.at
 
     def use(self, candidate: str) -> None:
-        self.engine.set_codecs(*candidate_rules(candidate, self.trainer.cfg.dp.codec_rules))
+        rules, codec = candidate_rules(candidate, self.trainer.cfg.wire.wire(self.wire).rules)
+        self.engine.set_wire(self.wire, codec, rules)
 
     def train(self, steps: int) -> tuple[list[float], bool]:
         # the generators go on from the snapshot's (or the last chunk's) state: every
@@ -125,10 +127,11 @@ class TrainerRun:
         return self.trainer.groups.replicas.broadcast_object(value)
 
 
-def attach_adaprec(trainer: Trainer, candidates: tuple[str, ...], val_x: torch.Tensor,
-                   val_y: torch.Tensor) -> AdaPrecController:
-    """Hook an AdaPrec controller into `trainer` (every rank, before the first step)."""
-    run = TrainerRun(trainer, val_x, val_y)
+def attach_adaprec(trainer: Trainer, wire: str, candidates: tuple[str, ...],
+                   val_x: torch.Tensor, val_y: torch.Tensor) -> AdaPrecController:
+    """Hook an AdaPrec controller of `wire`'s codec into `trainer` (every rank, before the
+    first step)."""
+    run = TrainerRun(trainer, wire, val_x, val_y)
     controller = AdaPrecController(candidates, trainer.cfg.adaprec, run)
 
     def hook(at: Position) -> dict[str, Any] | None:

@@ -92,6 +92,11 @@ class ParamServerEngine:
     def start(self) -> None:
         """The servers sent their parameters when the `ParameterServer` was built."""
 
+    def wires(self) -> dict[str, str]:
+        """The wire this rank sends on (a worker's pushes, a server's pulls) and its codec."""
+        push, pull = self.ps.wire.push.spec, self.ps.wire.pull.spec
+        return {"pull": pull} if self.ps.is_server else {"push": push}
+
     def summary(self) -> dict[str, Any]:
         return {"ps": self.ps.summary()}
 
@@ -109,7 +114,8 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: MeshGroups, data: 
     def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return sgd_over(params, cfg.optim)
 
-    ps = ParameterServer.from_config(model, ps=cfg.ps, optimizer=sgd,
+    ps = ParameterServer.from_config(model, ps=cfg.ps, push=cfg.wire.push, pull=cfg.wire.pull,
+                                     optimizer=sgd,
                                      steps=data.train_x.shape[0] // cfg.data.batch_size,
                                      group=groups.world, link=cfg.comm.link, loss_fn=task,
                                      recorder=rec)

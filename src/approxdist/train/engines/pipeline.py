@@ -99,10 +99,16 @@ class PipelineEngine:
     def start(self) -> None:
         """Every rank built the same model from the same seed: nothing to broadcast."""
 
+    def wires(self) -> dict[str, str]:
+        """The wires this stage sends on and their codecs."""
+        w = self.cfg.wire
+        return {"fwd": w.fwd.codec, "bwd": w.bwd.codec,
+                **({"grad": w.grad.codec} if self.pipe.replica_group is not None else {})}
+
     def summary(self) -> dict[str, Any]:
         p = self.cfg.pipeline
-        return {**self.pipe.summary(), "fwd_codec": p.fwd_codec, "bwd_codec": p.bwd_codec,
-                "recompute": p.recompute, "fuse_accumulation": p.fuse_accumulation}
+        return {**self.pipe.summary(), "recompute": p.recompute,
+                "fuse_accumulation": p.fuse_accumulation}
 
     def close(self) -> None:
         self.pipe.close()
@@ -124,7 +130,7 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Tens
 
     asynchronous = cfg.pipeline.schedule in async_schedule_names()
     pipe = Pipeline.from_config(model, sample=data.train_x[:micro].to(ctx.device),
-                                pipeline=cfg.pipeline, dp=cfg.dp, groups=groups,
+                                pipeline=cfg.pipeline, dp=cfg.dp, wire=cfg.wire, groups=groups,
                                 link=cfg.comm.link, seed=cfg.train.seed,
                                 loss_fn=task_named(data.task),
                                 optimizer=sgd if asynchronous else None,

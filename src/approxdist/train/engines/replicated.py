@@ -39,9 +39,9 @@ class ReplicatedEngine:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  groups: MeshGroups, sync: ReplicaReducer | None, rec: Recorder,
-                 task: Task) -> None:
+                 task: Task, codec: str = "fp32") -> None:
         self.module, self.optimizer, self.sync, self.rec = model, optimizer, sync, rec
-        self.task = task
+        self.task, self.codec = task, codec
         self.optimizers = [optimizer]
         self.shard = (groups.place.replica, groups.replicas.size)
         # DataParallel is the module users call; the plain engine works on the model itself
@@ -111,13 +111,19 @@ class ReplicatedEngine:
         if load is not None:
             load(state["dp"])
 
-    def set_codecs(self, codec_rules: tuple[str, ...], codec: str) -> None:
-        """Switch the gradients' wire formats (AdaPrec); needs `DataParallel`."""
-        if not isinstance(self.sync, DataParallel):
-            raise ConfigError("switching gradient codecs during training needs the approxdist "
-                              "data-parallel engine on 2 or more ranks; use --parallel dp "
-                              "--world-size 2 (or more) and drop --dp-engine plain")
-        self.sync.set_codecs(codec_rules, codec)
+    def wires(self) -> dict[str, str]:
+        """The gradient wire and the codec in force on it (none on one rank)."""
+        return {"grad": self.codec} if self.sync else {}
+
+    def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
+        """Switch the gradient wire's codecs (AdaPrec), its error-feedback residuals kept
+        per parameter; needs `DataParallel`."""
+        if name != "grad" or not isinstance(self.sync, DataParallel):
+            raise ConfigError(f"switching wire {name!r} during training needs the approxdist "
+                              f"data-parallel reducer on 2 or more ranks (wire 'grad'); use "
+                              f"--world-size 2 (or more) and drop --dp-engine plain")
+        self.sync.set_codecs(rules, codec)
+        self.codec = codec
 
     def start(self) -> None:
         if self.sync:
@@ -137,6 +143,8 @@ def build_replicated(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Te
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
     optimizer = make_sgd(model, cfg.optim)
-    sync = build_reducer(cfg.dp, model, groups.replicas, ctx=ctx, link=cfg.comm.link,
-                         optimizer=optimizer, rec=rec) if groups.replicas.size > 1 else None
-    return ReplicatedEngine(model, optimizer, groups, sync, rec, task_named(data.task))
+    sync = build_reducer(cfg.dp, model, groups.replicas, wire=cfg.wire.grad, ctx=ctx,
+                         link=cfg.comm.link, optimizer=optimizer, rec=rec) \
+        if groups.replicas.size > 1 else None
+    return ReplicatedEngine(model, optimizer, groups, sync, rec, task_named(data.task),
+                            cfg.wire.grad.codec)

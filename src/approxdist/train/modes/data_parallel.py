@@ -3,13 +3,15 @@ model on every rank of a `dp` mesh, a shard of every global batch each."""
 
 from __future__ import annotations
 
-from approxdist.config.adaprec import candidates_of
+from dataclasses import fields
+
 from approxdist.config.schema import Config
+from approxdist.config.wire import Wire
 from approxdist.errors import ConfigError
 from approxdist.topology import Mesh
 from approxdist.train.engines.replicated import build_replicated
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, register
-from approxdist.train.parts import check_dp
+from approxdist.train.parts import check_dp, check_wire
 
 
 def _single_implied(sections: Sections) -> Sections:
@@ -39,21 +41,34 @@ def _dp_implied(sections: Sections) -> Sections:
 
 
 def _check_dp(cfg: Config) -> None:
-    dp, world = cfg.dp, cfg.train.world_size
-    if cfg.comm.link and world > 1 and dp.engine == "plain":
-        raise ConfigError(f"comm.link = {cfg.comm.link!r}: the plain dp engine reduces with "
-                          f"dist.all_reduce, which the link emulation cannot shape; drop --link "
-                          f"or use --dp-engine approxdist")
-    if candidates_of(dp.codec) is not None and (world < 2 or dp.engine != "approxdist"
-                                                or dp.early_forward):
-        raise ConfigError(f"dp.codec = {dp.codec!r}: AdaPrec switches the codecs of a "
+    dp, grad, world = cfg.dp, cfg.wire.grad, cfg.train.world_size
+    if dp.engine == "plain":
+        _check_plain(cfg)
+    if grad.adaptive and (world < 2 or dp.engine != "approxdist" or dp.early_forward):
+        raise ConfigError(f"wire.grad.codec = {grad.codec!r}: AdaPrec switches the codecs of a "
                           f"data-parallel run's buckets; use --parallel dp with --world-size "
                           f"2 or more, the approxdist engine and no --early-forward")
     check_dp(cfg)
+    check_wire(cfg, "grad")
+
+
+def _check_plain(cfg: Config) -> None:
+    """The plain baseline is one `dist.all_reduce` of fp32 gradients, nothing else."""
+    if cfg.comm.link and cfg.train.world_size > 1:
+        raise ConfigError(f"comm.link = {cfg.comm.link!r}: the plain dp engine reduces with "
+                          f"dist.all_reduce, which the link emulation cannot shape; drop --link "
+                          f"or use --dp-engine approxdist")
+    changed = [f"wire.grad.{f.name}" for f in fields(Wire)
+               if getattr(cfg.wire.grad, f.name) != getattr(Wire(), f.name)]
+    if changed:
+        raise ConfigError(f"dp.engine = 'plain' takes none of {', '.join(changed)}: it sends "
+                          f"fp32 through dist.all_reduce; use dp.engine = 'approxdist' "
+                          f"(--dp-engine approxdist)")
 
 
 DP = register(Mode(
     name="dp", help="data parallelism: every rank a replica, gradients all-reduced "
                     "(docs/data_parallel.md)",
     axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_replicated,
-    options=("comm.*", "dp.*", "adaprec.*"), implied=_dp_implied, check=_check_dp))
+    options=("comm.*", "dp.*", "adaprec.*", "wire.grad.*"), implied=_dp_implied,
+    check=_check_dp))

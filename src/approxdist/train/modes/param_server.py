@@ -36,6 +36,9 @@ def _check(cfg: Config) -> None:
             f"train.world_size = {world} but --servers {ps.servers} + --workers "
             f"{ps.workers} make {ps.servers + ps.workers} ranks; drop --world-size or "
             f"use --world-size {ps.servers + ps.workers}")
+    if cfg.wire.push.adaptive:
+        raise ConfigError(f"wire.push.codec = {cfg.wire.push.codec!r}: AdaPrec switches the "
+                          f"codecs of a data-parallel run's buckets; use --parallel dp")
     check_ps(cfg)
 
 
@@ -43,8 +46,9 @@ PS = register(Mode(
     name="ps", help="parameter server: servers hold the parameters, workers compute "
                     "(--servers, --workers; docs/param_server.md)",
     axes=frozenset({"role", "dp"}), mesh=_mesh, engine=build_param_server,
-    options=("comm.*", "ps.*"), implied=_implied, check=_check,
+    options=("comm.*", "ps.*", "wire.push.*", "wire.pull.*"), implied=_implied, check=_check,
     batch_share=lambda cfg: cfg.ps.workers, share_name="number of workers",
     fixed_steps=lambda cfg: "--parallel ps",
-    flag_keys={"codec": "ps.push_codec", "error_feedback": "ps.error_feedback"},
+    flag_keys={"codec": "wire.push.codec", "error_feedback": "wire.push.error_feedback",
+               "codec_rule": "wire.push.rules"},
     spans=lambda mesh: [("role", "dp")]))  # the world: checkpoints are rank 0's

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
@@ -14,7 +13,7 @@ from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.topology import Mesh
 from approxdist.train.engines.pipeline import build_pipeline
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, modes, register
-from approxdist.train.parts import check_dp, check_pipeline
+from approxdist.train.parts import check_dp, check_pipeline, check_wire
 
 
 def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
@@ -36,6 +35,12 @@ def _stage_mesh(mode: str, cfg: Config) -> Mesh:
     return given or Mesh.stages(p.stages, p.replica_counts, p.placement or None)
 
 
+def _check_pipeline(cfg: Config) -> None:
+    check_pipeline(cfg.pipeline)
+    for name in ("fwd", "bwd"):
+        check_wire(cfg, name)
+
+
 def _pipeline_implied(sections: Sections) -> Sections:
     """One rank per stage: `--stages` or `--world-size` sets both."""
     sections = implied_by_mesh(sections, lambda mesh: {
@@ -52,8 +57,8 @@ PIPELINE = register(Mode(
     name="pipeline", help="pipeline parallelism: the model cut into stages, one rank each "
                           "(docs/pipeline.md)",
     axes=frozenset({"pp"}), mesh=lambda cfg: _stage_mesh("pipeline", cfg), engine=build_pipeline,
-    options=("comm.*", "pipeline.*", "-pipeline.replicas"), implied=_pipeline_implied,
-    check=lambda cfg: check_pipeline(cfg.pipeline), preflight=_preflight,
+    options=("comm.*", "pipeline.*", "-pipeline.replicas", "wire.fwd.*", "wire.bwd.*"),
+    implied=_pipeline_implied, check=_check_pipeline, preflight=_preflight,
     batch_share=lambda cfg: None, fixed_steps=_streamed))
 
 
@@ -75,17 +80,19 @@ def _check_hybrid(cfg: Config) -> None:
                           "the last micro-batch's backward and steps after the flush, which "
                           "the plain engine and early forward cannot; drop --dp-engine plain "
                           "and --early-forward")
-    if candidates_of(cfg.dp.codec) is not None:
-        raise ConfigError(f"dp.codec = {cfg.dp.codec!r}: AdaPrec switches the codecs of a "
-                          f"data-parallel run's buckets; use --parallel dp")
+    if cfg.wire.grad.adaptive:
+        raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec switches the "
+                          f"codecs of a data-parallel run's buckets; use --parallel dp")
     check_dp(cfg)
-    check_pipeline(cfg.pipeline)
+    check_wire(cfg, "grad")
+    _check_pipeline(cfg)
 
 
 HYBRID = register(Mode(
     name="hybrid", help="pipeline stages replicated with data parallelism (--stages, "
                         "--replicas; docs/hybrid.md)",
     axes=frozenset({"pp", "dp"}), mesh=lambda cfg: _stage_mesh("hybrid", cfg),
-    engine=build_pipeline, options=("comm.*", "pipeline.*", "dp.*"), implied=_hybrid_implied,
+    engine=build_pipeline, implied=_hybrid_implied,
+    options=("comm.*", "pipeline.*", "dp.*", "wire.grad.*", "wire.fwd.*", "wire.bwd.*"),
     check=_check_hybrid, preflight=_preflight, batch_share=lambda cfg: None,
     fixed_steps=_streamed))
