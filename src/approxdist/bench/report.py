@@ -9,7 +9,6 @@ next to what the hypervisor took during its run.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.errors import ConfigError
+from approxdist.text import write_json
 
 Row = Mapping[str, Any]
 
@@ -63,8 +63,7 @@ def finish(host: HostWatch, rows: Sequence[Row], json_path: Path | None = None,
     if reproduce:
         print(f"reproduce: {reproduce}")
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(with_steal(rows, host), indent=1) + "\n")
+        write_json(json_path, with_steal(rows, host))
         print(f"rows written to {json_path}")
 
 

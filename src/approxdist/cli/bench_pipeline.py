@@ -34,6 +34,7 @@ from approxdist.models.bench_inputs import bench_input
 from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.grid import theoretical_bubble
+from approxdist.text import comma_list
 from approxdist.train.parts import check_pipeline
 
 #: figures of our engine beyond the common ones: (case, every rank's measurement) -> keys
@@ -77,10 +78,8 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
 
 
 def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--{what} {text!r} is not a comma list of integers, e.g. 4,8") from None
+    values = list(comma_list(text, int, ConfigError(f"--{what} {text!r} is not a comma list "
+                                                    f"of integers, e.g. 4,8")))
     if any(v < 1 for v in values):
         raise ConfigError(f"--{what} {text!r}: every value must be >= 1")
     return values

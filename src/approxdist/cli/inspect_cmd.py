@@ -21,6 +21,7 @@ import torch
 from approxdist.cli.groups import command_group
 from approxdist.comm.exponents import TARGET_COVERAGE, ExponentReport, exponent_report
 from approxdist.errors import DataError
+from approxdist.train.snapshot import tensors_in
 
 
 def register(sub: Any) -> None:
@@ -42,21 +43,11 @@ def load_values(path: Path) -> tuple[torch.Tensor, int]:
     except Exception as exc:  # torch raises many types for a bad file
         raise DataError(f"cannot load {str(path)!r} with torch.load(weights_only=True): "
                         f"{str(exc).splitlines()[0]}; save plain tensors, dicts or lists") from None
-    tensors = [t for t in _tensors(obj) if t.is_floating_point()]
+    tensors = [t for t in tensors_in(obj) if t.is_floating_point()]
     if not tensors:
         raise DataError(f"{str(path)!r} holds no floating-point tensor; save e.g. "
                         f"torch.save(activations, {str(path)!r})")
     return torch.cat([t.detach().reshape(-1).float() for t in tensors]), len(tensors)
-
-
-def _tensors(obj: object) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def render(report: ExponentReport, source: str) -> str:

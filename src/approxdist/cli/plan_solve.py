@@ -31,6 +31,7 @@ from approxdist.planner.pipedream_optimizer import PipeDreamSettings
 from approxdist.planner.plan_file import write_plan
 from approxdist.planner.profile import Profile
 from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, plan_dict, search
+from approxdist.text import comma_list
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -150,11 +151,8 @@ def _bytes(text: str | None) -> int | None:
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--microbatches {text!r} must be auto or a comma list of integers, "
-                          f"e.g. 4,8") from None
+    values = comma_list(text, int, ConfigError(f"--microbatches {text!r} must be auto or a "
+                                               f"comma list of integers, e.g. 4,8"))
     if any(v < 1 for v in values):
         raise ConfigError(f"--microbatches {text!r} must list integers >= 1")
     return values

@@ -26,6 +26,7 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.scaling import Input, ScalingModel, curve
+from approxdist.text import comma_list
 
 #: seed 001's published points: per-node batch -> [(nodes, speed-up)]
 SEED001 = {256: [(64, 60.4), (256, 217.0)], 64: [(64, 30.5)], 32: [(64, 15.5)]}
@@ -120,22 +121,18 @@ def build(args: argparse.Namespace) -> ScalingModel:
 
 
 def _input(name: str, text: str, note: str) -> Input:
-    try:
-        parts = [float(v) for v in text.split(",")]
-    except ValueError:
-        parts = []
+    bad = ConfigError(f"--{name.replace('_', '-')} {text!r} must be VALUE or VALUE,LOW,HIGH "
+                      f"numbers, e.g. 7,4,12")
+    parts = comma_list(text, float, bad)
     if len(parts) not in (1, 3):
-        raise ConfigError(f"--{name.replace('_', '-')} {text!r} must be VALUE or VALUE,LOW,HIGH "
-                          f"numbers, e.g. 7,4,12")
-    value, low, high = (parts * 3)[:3] if len(parts) == 1 else parts
+        raise bad
+    value, low, high = parts * 3 if len(parts) == 1 else parts
     return Input(name, value, low, high, "assumed", note)
 
 
 def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise ConfigError(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. 1,2,4")
+    bad = ConfigError(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. 1,2,4")
+    values = list(comma_list(text, int, bad))
+    if any(v < 1 for v in values):
+        raise bad
     return values

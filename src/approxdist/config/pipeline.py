@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from approxdist.errors import ConfigError
+from approxdist.text import comma_list
 
 BALANCE_CHOICES = ("", "params", "time")
 #: seed 002's communication-thread strategies (`pipeline.couriers`)
@@ -22,11 +23,9 @@ FUSE_CHOICES = ("auto", "all", "off")
 
 def _check_split(split: str) -> None:
     """Syntax only: comma-separated increasing integers >= 1 (range needs the model)."""
-    try:
-        cuts = [int(part) for part in split.split(",")]
-    except ValueError:
-        raise ConfigError(f"pipeline.split = {split!r} is not a comma-separated list of block "
-                          f"indices; e.g. '3' or '3,7'") from None
+    cuts = comma_list(split, int, ConfigError(f"pipeline.split = {split!r} is not a "
+                                              f"comma-separated list of block indices; e.g. "
+                                              f"'3' or '3,7'"))
     if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
         raise ConfigError(f"pipeline.split = {split!r} must be increasing block indices >= 1; "
                           f"e.g. '3' or '3,7'")

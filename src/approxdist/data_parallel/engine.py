@@ -58,6 +58,7 @@ from torch import nn
 from approxdist.comm.collectives import Calibration
 from approxdist.config.dp import check_sizes
 from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
+from approxdist.data_parallel.buffer_stats import average_float_buffers
 from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.data_parallel.codec_times import CodecTimes, load_times
@@ -280,14 +281,12 @@ class DataParallel(nn.Module):
     def sync_buffers(self) -> None:
         """Finish pending updates; average float buffers (batch-norm statistics) exactly."""
         self.wait()
-        bufs = [b for b in self.module.buffers() if b.is_floating_point()]
-        if bufs and self.group.size > 1:
-            flat = torch.cat([b.detach().reshape(-1).float() for b in bufs])
-            self._pool.control_reducer(flat, op="mean")
-            at = 0
-            for b in bufs:
-                b.copy_(flat[at:at + b.numel()].view(b.shape))
-                at += b.numel()
+        if self.group.size > 1:
+            average_float_buffers(self.module, self._buffer_mean, torch.float32)
+
+    def _buffer_mean(self, flat: torch.Tensor) -> torch.Tensor:
+        self._pool.control_reducer(flat, op="mean")
+        return flat
 
     @property
     def bytes_sent(self) -> int:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from approxdist.data_parallel.buffer_stats import average_float_buffers
 from approxdist.launch.group import Group
 from approxdist.trace.phases import SYNC
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -70,14 +71,11 @@ class PlainAllReduce:
 
     def sync_buffers(self) -> None:
         """Average floating-point buffers (batch-norm running statistics) across replicas."""
-        bufs = [b for b in self.model.buffers() if b.is_floating_point()]
-        if not bufs:
-            return
-        flat = _flatten_dense_tensors(bufs)
+        average_float_buffers(self.model, self._buffer_mean)
+
+    def _buffer_mean(self, flat: torch.Tensor) -> torch.Tensor:
         self.group.all_reduce(flat)
-        flat.div_(self.group.size)
-        for b, synced in zip(bufs, _unflatten_dense_tensors(flat, bufs)):
-            b.copy_(synced)
+        return flat.div_(self.group.size)
 
     def link_bytes(self) -> dict[str, int]:
         """gloo's all-reduce is not split by link: one total for this rank."""

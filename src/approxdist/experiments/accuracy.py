@@ -64,6 +64,16 @@ def curves(ax: plots.Axes, rows: list[Row], key: str, metric: str,
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def time_curve(rows: list[Row]) -> tuple[list[float], list[float]]:
+    """Accuracy against time: per epoch, in order, the mean over seeds of the training time
+    to its end (`elapsed_s`) and of its test accuracy (in %)."""
+    per_epoch = group(rows, "epoch")
+    epochs = sorted(per_epoch, key=lambda e: int(e[0]))
+    return ([spread([float(r["elapsed_s"]) for r in per_epoch[e]])["mean"] for e in epochs],
+            [100 * spread([float(r["test_accuracy"]) for r in per_epoch[e]])["mean"]
+             for e in epochs])
+
+
 def time_to(rows: list[Row], target: float,
             combine: Callable[[list[float]], float] = statistics.fmean) -> float:
     """The training time (`elapsed_s`) until the first epoch whose test accuracy is at or

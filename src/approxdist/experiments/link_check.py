@@ -219,19 +219,16 @@ def plot(out: Path, matched: list[dict[str, Any]], title: str) -> str:
 def render(out: Path, meta: Meta) -> str:
     matched = pairs(read_csv(out / "links.csv", COLUMNS))
     png = plot(out, matched, f"{NAME}: 2 ranks, tc vs in-process link emulation")
-    return "\n\n".join([
-        md.section("Result", "Median time per operation on 2 ranks (the slower rank's), "
-                   "in-process emulator (one host, `--link`) against the kernel's token "
-                   "bucket (two namespaced hosts, `approxdist cluster`); kernel's 10th "
-                   "percentile in brackets.", result_table(matched)),
-        md.section("Figure", md.image(png, "kernel / in-process time per message size")),
-        md.section("Trends", md.trends(trend_rows(matched))),
-        md.section("Differences from the seed",
-                   "Seed 000 shaped real links between two machines with tc; here both "
-                   "hosts are namespaces on one machine, so the two ranks also share its "
-                   "CPU cores, and the kernel here has no netem (bandwidth only, no added "
-                   "latency)."),
-    ])
+    return md.report(
+        ["Median time per operation on 2 ranks (the slower rank's), in-process emulator (one "
+         "host, `--link`) against the kernel's token bucket (two namespaced hosts, "
+         "`approxdist cluster`); kernel's 10th percentile in brackets.",
+         result_table(matched)],
+        [md.image(png, "kernel / in-process time per message size")],
+        trend_rows(matched),
+        "Seed 000 shaped real links between two machines with tc; here both hosts are "
+        "namespaces on one machine, so the two ranks also share its CPU cores, and the kernel "
+        "here has no netem (bandwidth only, no added latency).", trends_title="Trends")
 
 
 PRESET = Preset(

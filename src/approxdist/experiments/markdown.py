@@ -56,6 +56,19 @@ def trends(rows: Sequence[Trend]) -> str:
                  [(claim, ours, verdict(ok), why) for claim, ours, ok, why in rows])
 
 
+def report(result: Sequence[str], figure: Sequence[str], trend_rows: Sequence[Trend],
+           differences: str = "", figure_title: str = "Figure",
+           trends_title: str = "Trends of the seed") -> str:
+    """The body most presets' reports share, in this order: `## Result` (what ran, then its
+    tables), the figure(s) with their notes, the seed's trends with verdicts, and how this
+    setup differs from the seed's (left out where `differences` is empty)."""
+    parts = [section("Result", *result), section(figure_title, *figure),
+             section(trends_title, trends(trend_rows))]
+    if differences:
+        parts.append(section("Differences from the seed", differences))
+    return "\n\n".join(parts)
+
+
 def why(ok: bool | None, if_holds: str, if_not: str) -> str:
     """The comment that fits the verdict: what explains it holding, or not holding here."""
     return if_not if ok is False else if_holds

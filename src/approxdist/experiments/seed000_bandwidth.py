@@ -238,24 +238,20 @@ def render(out: Path, meta: Meta) -> str:
            "`--link-shaper kernel`) and `tc` (tbf) shapes the veth link in both directions "
            "to the rate (bandwidth only, no latency)" if kernel else
            "the link is emulated per message by `comm.netem` (bandwidth only, no latency)")
-    return "\n\n".join([
-        md.section("Result", f"Links: {shaped}. Each row: one run of "
-                   f"{meta['epochs_per_run']} epoch(s); with "
-                   f"several, the first is left out and the fastest of the others is shown (it "
-                   f"resists the load of other jobs). Per-step figures per stage; 'vs fp32 on fast "
-                   f"links': relative to fp32's median over links >= 500 Mbit/s. Cut: "
-                   f"{task['cut']}.", result_table(rows)),
-        md.section("Figures", md.image(times, "time per epoch vs bandwidth, ours and the seed's"),
-                   md.image(parts, "time per step: compute, codec, waiting; link model")),
-        md.section("Trends of the seed", md.trends(trend_rows(rows, int(task["batch_size"])))),
-        md.section("Differences from the seed",
-                   "The seed throttled real 20 Gbit Ethernet with Linux `tc` between two V100 "
-                   f"machines; here both stages share one machine's CPU cores (see above) and "
-                   f"{how}. A step computes in "
-                   "tens of milliseconds instead of the V100's few, and the activations at our "
-                   "cut are far smaller than ResNet-56's on CIFAR-10, so the link starts to "
-                   "dominate at a lower bandwidth than the seed's 100 Mbit/s."),
-    ])
+    return md.report(
+        [f"Links: {shaped}. Each row: one run of {meta['epochs_per_run']} epoch(s); with "
+         f"several, the first is left out and the fastest of the others is shown (it resists "
+         f"the load of other jobs). Per-step figures per stage; 'vs fp32 on fast links': "
+         f"relative to fp32's median over links >= 500 Mbit/s. Cut: {task['cut']}.",
+         result_table(rows)],
+        [md.image(times, "time per epoch vs bandwidth, ours and the seed's"),
+         md.image(parts, "time per step: compute, codec, waiting; link model")],
+        trend_rows(rows, int(task["batch_size"])),
+        "The seed throttled real 20 Gbit Ethernet with Linux `tc` between two V100 machines; "
+        f"here both stages share one machine's CPU cores (see above) and {how}. A step "
+        "computes in tens of milliseconds instead of the V100's few, and the activations at "
+        "our cut are far smaller than ResNet-56's on CIFAR-10, so the link starts to dominate "
+        "at a lower bandwidth than the seed's 100 Mbit/s.", figure_title="Figures")
 
 
 PRESET = Preset(

@@ -158,18 +158,16 @@ def render(out: Path, meta: Meta) -> str:
     title = (f"{NAME}: fp32 activations, bit-error rate(s) {rates}, {task['dataset']} / "
              f"{task['model']['name']}, {task['epochs']} epochs, {len(meta['seeds'])} seed(s)")
     png = plot(out, rows, title)
-    return "\n\n".join([
-        md.section("Result", f"Forward activations as fp32 through `ber:<rate>@P`: the top P "
-                   f"bits of every value never flip (P = 5: sign + top 4 exponent bits). "
-                   f"Evaluation passes the same channel. Cut: {task['cut']}. Final epoch, "
-                   f"mean ± std over seeds.", result_table(rows)),
-        md.section("Figure", md.image(png, "accuracy vs protected bits"),
-                   "Seed 000's Fig. 2 shows train accuracy curves of ResNet-56 on CIFAR-10 for "
-                   "several protections and states one result: 5 protected bits or more leave "
-                   "accuracy unchanged. It does not state the bit-error rate, hence two rates."),
-        md.section("Trends of the seed",
-                   md.trends(trend_rows(rows, str(meta.get("task", {}).get("cut", "?"))))),
-    ])
+    return md.report(
+        [f"Forward activations as fp32 through `ber:<rate>@P`: the top P bits of every value "
+         f"never flip (P = 5: sign + top 4 exponent bits). Evaluation passes the same "
+         f"channel. Cut: {task['cut']}. Final epoch, mean ± std over seeds.",
+         result_table(rows)],
+        [md.image(png, "accuracy vs protected bits"),
+         "Seed 000's Fig. 2 shows train accuracy curves of ResNet-56 on CIFAR-10 for several "
+         "protections and states one result: 5 protected bits or more leave accuracy "
+         "unchanged. It does not state the bit-error rate, hence two rates."],
+        trend_rows(rows, str(meta.get("task", {}).get("cut", "?"))))
 
 
 PRESET = Preset(

@@ -189,15 +189,14 @@ def render(out: Path, meta: Meta) -> str:
              f" {task['epochs']} epochs, {len(meta['seeds'])} seed(s)")
     fin = finals(rows, "scheme")
     curves, deltas = plot_curves(out, rows, title), plot_deltas(out, fin, title)
-    return "\n\n".join([
-        md.section("Result", f"Final epoch, mean ± std over seeds. Forward wire format only; "
-                   f"gradients in fp32 (as in the seed). Cut: {task['cut']}.", result_table(fin)),
-        md.section("Figures", md.image(curves, "accuracy per epoch, train and test"),
-                   "Seed 000's Figs. 3-4 are curves of ResNet-56 on CIFAR-10 over 50 epochs; only "
-                   "the differences quoted in its text can be set next to ours:",
-                   md.image(deltas, "final test accuracy vs fp32, ours and the seed's")),
-        md.section("Trends of the seed", md.trends(trend_rows(fin, str(task.get("cut", "?"))))),
-    ])
+    return md.report(
+        [f"Final epoch, mean ± std over seeds. Forward wire format only; gradients in fp32 "
+         f"(as in the seed). Cut: {task['cut']}.", result_table(fin)],
+        [md.image(curves, "accuracy per epoch, train and test"),
+         "Seed 000's Figs. 3-4 are curves of ResNet-56 on CIFAR-10 over 50 epochs; only the "
+         "differences quoted in its text can be set next to ours:",
+         md.image(deltas, "final test accuracy vs fp32, ours and the seed's")],
+        trend_rows(fin, str(task.get("cut", "?"))), figure_title="Figures")
 
 
 PRESET = Preset(

@@ -229,16 +229,14 @@ def render(out: Path, meta: Meta) -> str:
              f"{task['model']['name']} (split {task['split']})")
     png = plot(out, hist, title)
     first = min(r["epoch"] for r in cover)
-    return "\n\n".join([
-        md.section("Result", f"Values crossing the cut ({task['cut']}), "
-                   f"{_kept(meta['stride'])}, training in one process with fp32.",
-                   summary_table(cover), f"Best code of each width, epoch {int(first)}:",
-                   width_table(cover, first)),
-        md.section("Figure", md.image(png, "exponent histogram"),
-                   "Seed 000's Fig. 5 is the same histogram for ResNet-56 on CIFAR-10 (linear "
-                   "scale, 1 M values of epoch 1); its numbers are in the last table row."),
-        md.section("Trends of the seed", md.trends(trend_rows(cover))),
-    ])
+    return md.report(
+        [f"Values crossing the cut ({task['cut']}), {_kept(meta['stride'])}, training in one "
+         f"process with fp32.", summary_table(cover),
+         f"Best code of each width, epoch {int(first)}:", width_table(cover, first)],
+        [md.image(png, "exponent histogram"),
+         "Seed 000's Fig. 5 is the same histogram for ResNet-56 on CIFAR-10 (linear scale, "
+         "1 M values of epoch 1); its numbers are in the last table row."],
+        trend_rows(cover))
 
 
 PRESET = Preset(

@@ -256,23 +256,20 @@ def render(out: Path, meta: Meta) -> str:
     short, sentence = link_of(meta)
     title = f"{NAME}: all-reduce of fp32 vectors, {short}, medians ({meta['budget_s']} s/size)"
     png = plot(out, rows, title, short)
-    return "\n\n".join([
-        md.section("Result", "Median time per all-reduce, slowest rank per op; all algorithms "
-                   f"interleaved with `native` in the same rounds. {sentence}",
-                   winner_table(rows)),
-        md.section("Figure", md.image(png, "all-reduce time vs message size"),
-                   "Seed 001 gives no measured curve for the algorithms, only their costs "
-                   "(its Table 1) and the conclusion quoted in the trends below."),
-        md.section("Trends of the seed", md.trends(trend_rows(rows, cores_of(meta)))),
-        md.section("Differences from the seed",
-                   "Seed 001 ran MPI on InfiniBand nodes with GPUs; here N ranks share 2 CPU "
-                   "cores and talk over loopback TCP (gloo), so per-step overheads are "
-                   "scheduler ticks rather than network latency and N = 4 oversubscribes the "
-                   "cores. See docs/collectives.md for the same bench on a quieter machine."
-                   + (" The namespaced hosts share this machine's cores too; tc adds "
-                      "latency only for a spec with lat= (netem)."
-                      if meta.get("link") and meta.get("link_shaper") == "kernel" else "")),
-    ])
+    return md.report(
+        ["Median time per all-reduce, slowest rank per op; all algorithms interleaved with "
+         f"`native` in the same rounds. {sentence}", winner_table(rows)],
+        [md.image(png, "all-reduce time vs message size"),
+         "Seed 001 gives no measured curve for the algorithms, only their costs (its Table 1) "
+         "and the conclusion quoted in the trends below."],
+        trend_rows(rows, cores_of(meta)),
+        "Seed 001 ran MPI on InfiniBand nodes with GPUs; here N ranks share 2 CPU cores and "
+        "talk over loopback TCP (gloo), so per-step overheads are scheduler ticks rather than "
+        "network latency and N = 4 oversubscribes the cores. See docs/collectives.md for the "
+        "same bench on a quieter machine."
+        + (" The namespaced hosts share this machine's cores too; tc adds latency only for a "
+           "spec with lat= (netem)." if meta.get("link") and meta.get("link_shaper") == "kernel"
+           else ""))
 
 
 PRESET = Preset(

@@ -265,20 +265,16 @@ def render(out: Path, meta: Meta) -> str:
     title = (f"{NAME}: s(N,b) = t(1,B)/t(N,b) x b/B x N, {meta['model']} on synthetic "
              f"{'x'.join(map(str, meta['input_shape']))}, B = {meta['ref_batch']}")
     png = plot(out, rows, title, cores_of(meta), simulated(out, cores_of(meta)))
-    return "\n\n".join([
-        md.section("Result", "t(N,b): median over timed steps of the slowest rank's forward + "
-                   "backward + SGD update; N > 1 through `approxdist.DataParallel` (hybrid "
-                   "all-reduce, overlapped with backward).", result_table(rows)),
-        md.section("Figure", md.image(png, "speed-up vs nodes, ours and the seed's")),
-        md.section("Trends of the seed",
-                   md.trends(trend_rows(rows, cores_of(meta), _grad_bytes(meta),
-                                        simulated(out, cores_of(meta))))),
-        md.section("Differences from the seed",
-                   "Seed 001 measured AlexNet on ImageNet with one GPU per node over InfiniBand "
-                   f"(B = 256); here N processes share this machine's {cores_of(meta) or '?'} "
-                   f"core(s), the model is a small AlexNet on 32x32 inputs and B is "
-                   f"{meta['ref_batch']} to keep a step affordable on a CPU."),
-    ])
+    return md.report(
+        ["t(N,b): median over timed steps of the slowest rank's forward + backward + SGD "
+         "update; N > 1 through `approxdist.DataParallel` (hybrid all-reduce, overlapped with "
+         "backward).", result_table(rows)],
+        [md.image(png, "speed-up vs nodes, ours and the seed's")],
+        trend_rows(rows, cores_of(meta), _grad_bytes(meta), simulated(out, cores_of(meta))),
+        "Seed 001 measured AlexNet on ImageNet with one GPU per node over InfiniBand (B = 256); "
+        f"here N processes share this machine's {cores_of(meta) or '?'} core(s), the model is "
+        f"a small AlexNet on 32x32 inputs and B is {meta['ref_batch']} to keep a step "
+        f"affordable on a CPU.")
 
 
 PRESET = Preset(

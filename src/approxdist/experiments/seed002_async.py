@@ -28,7 +28,16 @@ from approxdist.config.loader import build_config
 from approxdist.data import load_dataset
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.accuracy import EPOCH_COLUMNS, curves, epoch_rows, finals, noise, seconds, time_to
+from approxdist.experiments.accuracy import (
+    EPOCH_COLUMNS,
+    curves,
+    epoch_rows,
+    finals,
+    noise,
+    seconds,
+    time_curve,
+    time_to,
+)
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
@@ -243,12 +252,7 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
     curves(by_epoch, rows, "schedule", "test_accuracy", reference=SYNC)
     plots.label(by_epoch, "epoch", "test accuracy (%)", "accuracy vs epoch")
     for (name,), mine in group(rows, "schedule").items():
-        per_epoch = group(mine, "epoch")
-        epochs = sorted(per_epoch, key=lambda e: int(e[0]))
-        xs = [spread([float(r["elapsed_s"]) for r in per_epoch[e]])["mean"] for e in epochs]
-        ys = [100 * spread([float(r["test_accuracy"]) for r in per_epoch[e]])["mean"]
-              for e in epochs]
-        by_time.plot(xs, ys, marker=".", label=name, linestyle="--" if name == SYNC else "-")
+        by_time.plot(*time_curve(mine), marker=".", label=name, linestyle="--" if name == SYNC else "-")
     plots.label(by_time, "training time (s)", "test accuracy (%)", "accuracy vs time")
     plots.save(fig, out / "async_accuracy.png", title)
     return "async_accuracy.png"
@@ -261,21 +265,18 @@ def render(out: Path, meta: Meta) -> str:
     title = (f"{NAME}: {task.get('dataset', '?')}, 2 stages, {MICROBATCHES} micro-batches, "
              f"{len(meta.get('seeds', [0]))} seed(s)")
     png = plot(out, rows, title)
-    return "\n\n".join([
-        md.section("Result", f"Task: {task.get('dataset', '?')} with {task.get('model', {})}, "
-                   f"batch {task.get('batch_size', '?')}, {task.get('epochs', '?')} epochs, "
-                   f"cut at block {task.get('split', '?')}; {meta.get('steps_per_epoch', '?')} "
-                   f"mini-batches per epoch (one stream per epoch for the asynchronous "
-                   f"schedules). Target accuracy: the highest every schedule reached.",
-                   result_table(rows, target)),
-        md.section("Figure", md.image(png, "test accuracy vs epoch and vs training time")),
-        md.section("Trends of the seed", md.trends(trend_rows(rows, meta))),
-        md.section("Differences from the seed",
-                   "Seed 002 discusses PipeDream and PipeDream-2BW on GPUs with large models; "
-                   "here two CPU ranks train a small model, the stream drains at each epoch "
-                   "end (evaluation and checkpoints see no micro-batch in flight), and "
-                   "PipeDream's unit of work is one micro-batch of the mini-batch."),
-    ])
+    return md.report(
+        [f"Task: {task.get('dataset', '?')} with {task.get('model', {})}, batch "
+         f"{task.get('batch_size', '?')}, {task.get('epochs', '?')} epochs, cut at block "
+         f"{task.get('split', '?')}; {meta.get('steps_per_epoch', '?')} mini-batches per epoch "
+         f"(one stream per epoch for the asynchronous schedules). Target accuracy: the highest "
+         f"every schedule reached.", result_table(rows, target)],
+        [md.image(png, "test accuracy vs epoch and vs training time")],
+        trend_rows(rows, meta),
+        "Seed 002 discusses PipeDream and PipeDream-2BW on GPUs with large models; here two "
+        "CPU ranks train a small model, the stream drains at each epoch end (evaluation and "
+        "checkpoints see no micro-batch in flight), and PipeDream's unit of work is one "
+        "micro-batch of the mini-batch.")
 
 
 PRESET = Preset(

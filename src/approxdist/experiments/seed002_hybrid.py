@@ -309,25 +309,19 @@ def render(out: Path, meta: Meta) -> str:
     steal = [float(r["host_steal"]) for r in rows if float(r["host_steal"]) >= 0]
     steal_text = (f" The hypervisor took {md.pct(median(steal))} of the CPU time in the "
                   f"median run (most {md.pct(max(steal))})." if steal else "")
-    return "\n\n".join([
-        md.section("Result", "Per (model, plan, strategy), the median over "
-                   f"{meta.get('repeats', 1)} repeat(s) of one traced epoch (the first "
-                   f"{meta.get('skip_steps', SKIP)} steps of each rank left out): the "
-                   "slowest rank's step and its spread over repeats ((max - min) / median), "
-                   "the mean split of the step over ranks, and the congested rank "
-                   f"(`approxdist analyze`).{steal_text}", result_table(summary)),
-        md.section("Figure", md.image(png, "time per step, split by phase, per plan and "
-                                           "thread strategy")),
-        md.section("Trends of the seed", md.trends(trend_rows(rows, model_a, model_r))),
-        md.section("Differences from the seed",
-                   "Seed 002 ran PipeDream (asynchronous 1F1B, GPUs, one CUDA stream per "
-                   "communication thread) on 4-32 GPUs with AlexNet batch 256 and ResNet-50; "
-                   f"here 4 CPU ranks share {cores_of(meta) or '?'} core(s) over loopback "
-                   "gloo, the schedule is 1F1B "
-                   "with a flush, and the batches are small. Thread strategies differ here "
-                   "in who posts each non-blocking gloo request and waits for it, not in "
-                   "GPU streams."),
-    ])
+    return md.report(
+        [f"Per (model, plan, strategy), the median over {meta.get('repeats', 1)} repeat(s) of "
+         f"one traced epoch (the first {meta.get('skip_steps', SKIP)} steps of each rank left "
+         f"out): the slowest rank's step and its spread over repeats ((max - min) / median), "
+         f"the mean split of the step over ranks, and the congested rank (`approxdist "
+         f"analyze`).{steal_text}", result_table(summary)],
+        [md.image(png, "time per step, split by phase, per plan and thread strategy")],
+        trend_rows(rows, model_a, model_r),
+        "Seed 002 ran PipeDream (asynchronous 1F1B, GPUs, one CUDA stream per communication "
+        "thread) on 4-32 GPUs with AlexNet batch 256 and ResNet-50; here 4 CPU ranks share "
+        f"{cores_of(meta) or '?'} core(s) over loopback gloo, the schedule is 1F1B with a "
+        "flush, and the batches are small. Thread strategies differ here in who posts each "
+        "non-blocking gloo request and waits for it, not in GPU streams.")
 
 
 PRESET = Preset(

@@ -20,7 +20,7 @@ from typing import Any
 from approxdist.bench.stats import median
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.accuracy import time_to
+from approxdist.experiments.accuracy import time_curve, time_to
 from approxdist.experiments.csvio import Row, group, spread
 
 NAME = "seed003-ps"
@@ -170,11 +170,8 @@ def plot_accuracy(out: Path, matrix: list[Row], title: str) -> str:
             mine = select(matrix, setting=setting, mode=mode)
             if not mine:
                 continue
-            per_epoch = group(mine, "epoch")
-            epochs = sorted(per_epoch, key=lambda e: int(e[0]))
-            ax.plot([mean(per_epoch[e], "elapsed_s") for e in epochs],
-                    [100 * mean(per_epoch[e], "test_accuracy") for e in epochs], marker=".",
-                    label=spec["label"], linestyle="--" if mode == "sync" else "-",
+            ax.plot(*time_curve(mine), marker=".", label=spec["label"],
+                    linestyle="--" if mode == "sync" else "-",
                     color=f"C{i}")  # one colour per mode in every panel
         plots.label(ax, "training time (s)", "test accuracy (%)", SETTING_TITLES[setting])
     plots.save(fig, out / "ps_accuracy_vs_time.png", title)

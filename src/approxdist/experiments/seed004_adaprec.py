@@ -29,6 +29,7 @@ from typing import Any
 from approxdist.benchmarks.allreduce import BASELINE, BenchPlan, measure_rank, summarize
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
+from approxdist.experiments.accuracy import time_curve
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
@@ -217,12 +218,7 @@ def result_table(rows: list[Row]) -> str:
 def plot(out: Path, rows: list[Row], curves: list[Row], title: str) -> str:
     fig, (by_time, codecs) = plots.figure(2, width=11.0)
     for (policy,), mine in group(curves, "policy").items():
-        per_epoch = group(mine, "epoch")
-        epochs = sorted(per_epoch, key=lambda e: int(e[0]))
-        xs = [spread([float(r["elapsed_s"]) for r in per_epoch[e]])["mean"] for e in epochs]
-        ys = [100 * spread([float(r["test_accuracy"]) for r in per_epoch[e]])["mean"]
-              for e in epochs]
-        by_time.plot(xs, ys, marker=".", label=policy,
+        by_time.plot(*time_curve(mine), marker=".", label=policy,
                      linestyle="--" if policy == "float" else "-")
     plots.label(by_time, "training time (s)", "test accuracy (%)", "accuracy vs time")
     for r in (r for r in rows if r["policy"] == "adaprec"):
@@ -242,22 +238,18 @@ def render(out: Path, meta: Meta) -> str:
     title = (f"{NAME}: {task_meta.get('dataset', '?')}, {RANKS} ranks, "
              f"{task_meta.get('link', '?')}, {len(meta.get('seeds', [0]))} seed(s)")
     png = plot(out, rows, curves, title)
-    return "\n\n".join([
-        md.section("Result", f"Task: {task_meta.get('dataset', '?')} with "
-                   f"{task_meta.get('model', {})}, {task_meta.get('epochs', '?')} epochs, "
-                   f"learning rate {task_meta.get('lr', '?')}, link "
-                   f"{task_meta.get('link', '?')}; AdaPrec {task_meta.get('adaprec', {})} "
-                   f"over {', '.join(CANDIDATES)}. "
-                   f"{WHY if task_meta.get('dataset') == 'mnist1d' else SMOKE_WHY}",
-                   result_table(rows)),
-        md.section("Figure", md.image(png, "accuracy vs time; AdaPrec's codec per phase")),
-        md.section("Trends of the seed", md.trends(trend_rows(rows))),
-        md.section("Differences from the seed",
-                   "Seed 004 trains CaffeNet for 100 epochs on 4 GPUs; here 4 CPU ranks share "
-                   f"{meta.get('cores', '?')} core(s) and train an MLP for a few epochs over an "
-                   "emulated link, so only the ordering of the policies is comparable, not "
-                   "the figures; the seed's AdaPrec has no poison candidate or rollback."),
-    ])
+    return md.report(
+        [f"Task: {task_meta.get('dataset', '?')} with {task_meta.get('model', {})}, "
+         f"{task_meta.get('epochs', '?')} epochs, learning rate {task_meta.get('lr', '?')}, "
+         f"link {task_meta.get('link', '?')}; AdaPrec {task_meta.get('adaprec', {})} over "
+         f"{', '.join(CANDIDATES)}. "
+         f"{WHY if task_meta.get('dataset') == 'mnist1d' else SMOKE_WHY}", result_table(rows)],
+        [md.image(png, "accuracy vs time; AdaPrec's codec per phase")],
+        trend_rows(rows),
+        "Seed 004 trains CaffeNet for 100 epochs on 4 GPUs; here 4 CPU ranks share "
+        f"{meta.get('cores', '?')} core(s) and train an MLP for a few epochs over an emulated "
+        "link, so only the ordering of the policies is comparable, not the figures; the "
+        "seed's AdaPrec has no poison candidate or rollback.")
 
 
 PRESET = Preset(

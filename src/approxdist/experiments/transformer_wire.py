@@ -163,14 +163,12 @@ def render(out: Path, meta: Meta) -> str:
     title = (f"{NAME}: {meta['model']} on {meta['dataset']} (seq {meta['seq_len']}, batch "
              f"{meta['batch_size']}), {meta['epochs']} epoch(s), {len(meta['seeds'])} seed(s)")
     figure = plot(out, ch, title)
-    return "\n\n".join([
-        md.section("Result", "Validation loss after the last epoch, mean over seeds; each "
-                   "format against the fp32 run of its own mode and seed (pipeline: 2 "
-                   "stages, GPipe, 4 micro-batches; weight gradients: data parallelism on 2 "
-                   "ranks).", result_table(ch)),
-        md.section("Figure", md.image(figure, "validation loss change per format and place")),
-        md.section("Trends of the seed", md.trends(trend_rows(ch))),
-    ])
+    return md.report(
+        ["Validation loss after the last epoch, mean over seeds; each format against the fp32 "
+         "run of its own mode and seed (pipeline: 2 stages, GPipe, 4 micro-batches; weight "
+         "gradients: data parallelism on 2 ranks).", result_table(ch)],
+        [md.image(figure, "validation loss change per format and place")],
+        trend_rows(ch))
 
 
 PRESET = Preset(

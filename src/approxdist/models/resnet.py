@@ -32,23 +32,29 @@ class PadShortcut(nn.Module):
         return F.pad(x, (0, 0, 0, 0, lo, self.extra - lo))
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 conv + BN layers with a residual connection."""
+#: convolution and batch norm per number of spatial dimensions (images 2, signals 1)
+_LAYERS: dict[int, tuple[type[nn.Conv1d | nn.Conv2d], type[nn.BatchNorm1d | nn.BatchNorm2d]]] = {
+    1: (nn.Conv1d, nn.BatchNorm1d), 2: (nn.Conv2d, nn.BatchNorm2d)}
 
-    def __init__(self, c_in: int, c_out: int, stride: int, shortcut: str) -> None:
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + BN layers with a residual connection (`dims` = 1: k=3 over a
+    signal; its shortcut where the shape changes is always the projection)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, shortcut: str, dims: int = 2) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
+        conv, norm = _LAYERS[dims]
+        self.conv1 = conv(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = norm(c_out)
+        self.conv2 = conv(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = norm(c_out)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
-            if shortcut == "A":
+            if shortcut == "A" and dims == 2:
                 self.shortcut = PadShortcut(c_in, c_out, stride)
             else:
-                self.shortcut = nn.Sequential(
-                    nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
-                )
+                self.shortcut = nn.Sequential(conv(c_in, c_out, 1, stride, bias=False),
+                                              norm(c_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))

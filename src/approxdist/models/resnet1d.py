@@ -8,29 +8,17 @@ head (global average pool, linear). Each residual block is one element of the
 
 from __future__ import annotations
 
-import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+
+from approxdist.models.resnet import BasicBlock
 
 
-class BasicBlock1d(nn.Module):
-    """Two k=3 conv + BN layers with a residual connection (projection when shapes change)."""
+class BasicBlock1d(BasicBlock):
+    """The CIFAR ResNets' `BasicBlock` over signals: two k=3 conv + BN layers with a
+    residual connection (projection when shapes change); its own name in profiles."""
 
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv1d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm1d(c_out)
-        self.conv2 = nn.Conv1d(c_out, c_out, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm1d(c_out)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv1d(c_in, c_out, 1, stride, bias=False),
-                                          nn.BatchNorm1d(c_out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
+        super().__init__(c_in, c_out, stride, shortcut="B", dims=1)
 
 
 def resnet1d(input_shape: tuple[int, ...], classes: int, width: int = 16,

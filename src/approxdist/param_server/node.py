@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from approxdist.comm.link import Link
+from approxdist.data_parallel.buffer_stats import average_float_buffers
 from approxdist.errors import ConfigError
 from approxdist.launch.group import Group
 from approxdist.param_server.modes import PSMode
@@ -161,18 +162,15 @@ class PSNode:
     def _average_buffers(self) -> None:
         """Batch-norm statistics: the mean over the (surviving) workers; servers add
         zeros and count none."""
-        bufs = [b for b in self.module.buffers() if b.is_floating_point()]
-        if not bufs:
-            return
-        flat = torch.cat([*(b.reshape(-1) for b in bufs), torch.ones(1)]).double()
+        average_float_buffers(self.module, self._mean_over_workers, torch.float64)
+
+    def _mean_over_workers(self, flat: torch.Tensor) -> torch.Tensor:
+        """One more element counts the workers that added their values."""
+        flat = torch.cat([flat, torch.ones(1, dtype=flat.dtype, device=flat.device)])
         if self.worker is None:
             flat.zero_()
         self.group.all_reduce(flat)
-        flat = flat[:-1] / flat[-1]
-        at = 0
-        for b in bufs:
-            b.copy_(flat[at:at + b.numel()].view_as(b).to(b.dtype))
-            at += b.numel()
+        return flat[:-1] / flat[-1]
 
     def summary(self) -> dict[str, Any]:
         """Servers, workers, mode and bytes per shard; on a server also its staleness

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,20 +227,16 @@ class PipelineExecutor:
 
     def _forward(self, a: Action, step: StepState) -> None:
         m = a.microbatch
-        x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
-        t0 = time.perf_counter()
-        with self.rec.span(ph.RUN_FOR, mb=m):
+        x = self._input(a, step)
+        with self._computing(ph.RUN_FOR, m):
             self.compute.forward(m, x, step.labels[m], step.weights[m])
-        self._times.compute_s += time.perf_counter() - t0
 
     def _backward(self, a: Action, step: StepState) -> None:
         m = a.microbatch
         grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
         only_accumulate = self.grad_sync is not None and m != step.sync_after
-        t0 = time.perf_counter()
-        with self.rec.span(ph.RUN_BACK, mb=m), self._sync_off(only_accumulate):
+        with self._computing(ph.RUN_BACK, m), self._sync_off(only_accumulate):
             grad_in = self.compute.backward(m, grad)
-        self._times.compute_s += time.perf_counter() - t0
         if grad_in is not None:
             step.outbox[m] = grad_in
 
@@ -265,15 +261,27 @@ class PipelineExecutor:
 
     def _eval_forward(self, a: Action, step: StepState) -> None:
         m = a.microbatch
-        x = step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
-        t0 = time.perf_counter()
-        with self.rec.span(ph.RUN_FOR, mb=m):
+        x = self._input(a, step)
+        with self._computing(ph.RUN_FOR, m):
             step.outbox[m] = self.compute.evaluate(x, step.labels[m])
-        self._times.compute_s += time.perf_counter() - t0
 
     def _eval_send(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
             self.transport.send_act(a.microbatch, step.outbox.pop(a.microbatch))
+
+    def _input(self, a: Action, step: StepState) -> Any:
+        """Micro-batch `a.microbatch`'s input: the data on the first stage, else the
+        activation received from the stage before (waited for)."""
+        m = a.microbatch
+        return step.inputs[m] if self.transport.is_first else self._wait(a, step.acts.pop(m))
+
+    @contextlib.contextmanager
+    def _computing(self, phase: str, m: int) -> Iterator[None]:
+        """A compute `phase` of micro-batch `m`, its seconds added to the step's compute."""
+        t0 = time.perf_counter()
+        with self.rec.span(phase, mb=m):
+            yield
+        self._times.compute_s += time.perf_counter() - t0
 
     # -- waiting ------------------------------------------------------------------------
     def _wait(self, a: Action, handle: PendingRecv) -> torch.Tensor:

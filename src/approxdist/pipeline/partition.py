@@ -17,6 +17,7 @@ from torch import nn
 
 from approxdist.errors import unknown_name
 from approxdist.pipeline.errors import PipelineError
+from approxdist.text import comma_list
 
 BALANCES = ("params", "time")
 
@@ -73,12 +74,9 @@ def check_stage_count(num_stages: int, num_blocks: int) -> None:
 
 def parse_split(spec: str, num_blocks: int) -> Partition:
     """`"3"` or `"3,7"`: the block indices where stages 1, 2, ... begin."""
-    try:
-        boundaries = tuple(int(part) for part in spec.split(","))
-    except ValueError:
-        raise PipelineError(
-            f"split {spec!r} is not a comma-separated list of block indices; e.g. '3' or "
-            f"'3,7' (valid indices 1..{num_blocks - 1})") from None
+    boundaries = comma_list(spec, int, PipelineError(
+        f"split {spec!r} is not a comma-separated list of block indices; e.g. '3' or "
+        f"'3,7' (valid indices 1..{num_blocks - 1})"))
     return Partition(boundaries, num_blocks)
 
 

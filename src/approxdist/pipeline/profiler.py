@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,27 +20,9 @@ from torch import nn
 
 from approxdist.pipeline.accumulate import MODES as FUSION_MODES
 from approxdist.pipeline.accumulate import WeightGradFusion
+from approxdist.pipeline.block_profile import BlockProfile
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.partition import blocks_of
-
-
-@dataclass(frozen=True)
-class BlockMeasure:
-    """One block at the sample's batch: median seconds and bytes (`stash_bytes`: the
-    tensors autograd saved for its backward, parameters not counted; `acc_s`: what its
-    backward adds when its parameters' gradients already exist, as every micro-batch of
-    a step after a rank's first adds into them; `param_sizes`: each parameter tensor's
-    bytes, in registration order, as the data-parallel engine buckets them)."""
-
-    name: str
-    fwd_s: float
-    bwd_s: float
-    out_bytes: int
-    param_bytes: int
-    stash_bytes: int
-    acc_s: float = 0.0
-    param_sizes: tuple[int, ...] = ()
-
 
 #: timed runs per block (the median is kept). Three were too few on a shared 2-core
 #: machine: with 3, one of mlp-wide's 1024-wide layers read its backward 2.3x (3 ms for 1.3)
@@ -51,7 +32,7 @@ REPEAT = 9
 
 
 def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
-                   warmup: int = 1, fuse_accumulation: str = "auto") -> list[BlockMeasure]:
+                   warmup: int = 1, fuse_accumulation: str = "auto") -> list[BlockProfile]:
     """Each block of an `nn.Sequential` timed *in context*: the whole model runs forward
     and backward on `sample`, and each block's share is read off clock marks at its
     boundaries (a hook on each block's output marks when its gradient arrived, which is
@@ -87,14 +68,14 @@ def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
         with fused():
             pairs.append((fresh, _timed_pass(probe, sample, fresh=False)))
     pairs = pairs[warmup:]
-    out: list[BlockMeasure] = []
+    out: list[BlockProfile] = []
     x = sample
     for i, (name, block) in enumerate(probe.named_children()):
         fwd = _median([run[0][i] for pair in pairs for run in pair])
         bwd = _median([f[1][i] for f, _ in pairs])
         stash, y = _stashed_bytes(block, x)
         sizes = tuple(_nbytes(p) for p in block.parameters())
-        out.append(BlockMeasure(
+        out.append(BlockProfile(
             name=f"{name} {type(block).__name__}", fwd_s=fwd, bwd_s=bwd,
             out_bytes=sum(_nbytes(t) for t in _tensors(y)),
             param_bytes=sum(sizes), stash_bytes=stash, param_sizes=sizes,

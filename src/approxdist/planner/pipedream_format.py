@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -67,17 +67,18 @@ class PipeDreamGraph:
 
     @cached_property
     def successors(self) -> Mapping[str, tuple[str, ...]]:
-        out: dict[str, list[str]] = {n.node_id: [] for n in self.nodes}
-        for a, b in self.edges:
-            out[a].append(b)
-        return {k: tuple(v) for k, v in out.items()}
+        return self._adjacent(self.edges)
 
     @cached_property
     def predecessors(self) -> Mapping[str, tuple[str, ...]]:
-        ins: dict[str, list[str]] = {n.node_id: [] for n in self.nodes}
-        for a, b in self.edges:
-            ins[b].append(a)
-        return {k: tuple(v) for k, v in ins.items()}
+        return self._adjacent((b, a) for a, b in self.edges)
+
+    def _adjacent(self, edges: Iterable[tuple[str, str]]) -> Mapping[str, tuple[str, ...]]:
+        """Each node's far ends of `edges` (from, to), in edge order."""
+        out: dict[str, list[str]] = {n.node_id: [] for n in self.nodes}
+        for a, b in edges:
+            out[a].append(b)
+        return {k: tuple(v) for k, v in out.items()}
 
     @cached_property
     def inputs(self) -> frozenset[str]:

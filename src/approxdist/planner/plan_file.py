@@ -34,6 +34,7 @@ from typing import Any
 from approxdist.config.loader import section_dict
 from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
+from approxdist.text import write_json
 from approxdist.topology import TopologyError, from_plan
 
 FORMAT = "approxdist-plan"
@@ -102,10 +103,7 @@ class PlanFile:
 
 def write_plan(plan: Mapping[str, Any], path: str | Path) -> Path:
     """Write a plan object (`format` and `version` first) as JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, **plan}, indent=1) + "\n")
-    return path
+    return write_json(path, {"format": FORMAT, "version": VERSION, **plan})
 
 
 def read_plan(path: str | Path) -> PlanFile:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.errors import ConfigError, DataError
+from approxdist.pipeline.block_profile import BlockProfile
 from approxdist.planner.plan_file import check_table
 
 FORMAT = "approxdist-profile"
@@ -50,49 +51,6 @@ _TOP_KEYS = ("format", "version", "model", "input_shape", "micro_batch_size", "t
 _OPTIONAL_TOP_KEYS = ("model_options", "data")
 _HOW_TO_GET_ONE = ("write one with approxdist.planner.write_profile, or convert a PipeDream "
                    "graph.txt with approxdist.planner.read_pipedream_profile")
-
-
-@dataclass(frozen=True)
-class BlockProfile:
-    """One block: seconds per micro-batch and bytes (`stash_bytes`: kept for backward;
-    `acc_s`: what a backward adds when accumulating into existing gradients;
-    `param_sizes`: the bytes of each parameter tensor in registration order, summing to
-    `param_bytes`, or empty where unknown)."""
-
-    name: str
-    fwd_s: float
-    bwd_s: float
-    out_bytes: int
-    param_bytes: int
-    stash_bytes: int
-    acc_s: float = 0.0
-    param_sizes: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise DataError(f"block name = {self.name!r} must be a non-empty string")
-        where = f"block {self.name!r}"
-        for field in ("fwd_s", "bwd_s", "acc_s"):
-            _seconds(where, field, getattr(self, field))
-        for field in ("out_bytes", "param_bytes", "stash_bytes"):
-            _byte_count(where, field, getattr(self, field))
-        sizes = self.param_sizes
-        if isinstance(sizes, list):  # as JSON gives it
-            object.__setattr__(self, "param_sizes", sizes := tuple(sizes))
-        if not isinstance(sizes, tuple):
-            raise DataError(f"{where} param_sizes = {sizes!r} must be a list of each parameter "
-                            "tensor's bytes (or empty where unknown)")
-        for k, size in enumerate(sizes):
-            _byte_count(where, f"param_sizes[{k}]", size)
-        if sizes and sum(sizes) != self.param_bytes:
-            raise DataError(f"{where} param_sizes sum to {sum(sizes)} bytes, not its "
-                            f"param_bytes = {self.param_bytes}; list every parameter tensor "
-                            "of the block, or none")
-
-    @property
-    def compute_s(self) -> float:
-        """Forward plus backward seconds."""
-        return self.fwd_s + self.bwd_s
 
 
 @dataclass(frozen=True)
@@ -294,17 +252,6 @@ def _check_keys(where: str, data: dict[str, Any], valid: tuple[str, ...],
     if missing:
         raise DataError(f"{where} lacks {', '.join(map(repr, missing))}; it needs all of "
                         f"{', '.join(k for k in valid if k not in optional)}")
-
-
-def _seconds(where: str, field: str, value: Any) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0:
-        raise DataError(f"{where} {field} = {value!r} must be a finite number of seconds >= 0")
-
-
-def _byte_count(where: str, field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DataError(f"{where} {field} = {value!r} must be a whole number of bytes >= 0")
 
 
 def _positive_int(value: Any) -> bool:

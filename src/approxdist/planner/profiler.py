@@ -25,7 +25,7 @@ from approxdist.launch.malloc import hold_freed_memory
 from approxdist.models import build_model
 from approxdist.pipeline.profiler import REPEAT, measure_blocks
 from approxdist.planner.plan_file import planned_for
-from approxdist.planner.profile import BlockProfile, Profile
+from approxdist.planner.profile import Profile
 
 
 def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: int | None = None,
@@ -55,7 +55,7 @@ def profile_model(model: nn.Module, sample: torch.Tensor, name: str, threads: in
                    micro_batch_size=int(sample.shape[0]),
                    threads=None if sample.is_cuda else used,
                    torch_version=torch.__version__, machine=machine(sample.device),
-                   blocks=tuple(BlockProfile(**vars(b)) for b in blocks))
+                   blocks=tuple(blocks))
 
 
 def model_and_sample(model_cfg: ModelConfig, data_cfg: DataConfig, micro_batch_size: int,

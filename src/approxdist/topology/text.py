@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from approxdist.text import comma_list
 from approxdist.topology.mesh import Mesh, TopologyError
 from approxdist.topology.place import AXES, ROLES, WORDS
 
@@ -10,12 +11,8 @@ SPEC_FORM = "NAME=SIZE[,NAME=SIZE...], e.g. pp=2,dp=2 or tp=2,dp=2 (ragged: pp=2
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:
     """`"2,1,1"` -> (2, 1, 1); `TopologyError` naming `what` on anything else."""
-    try:
-        values = tuple(int(part) for part in str(text).split(","))
-    except ValueError:
-        raise TopologyError(f"{what} {text!r} is not a comma-separated list of integers; "
-                            f"e.g. 2,1,1") from None
-    return values
+    return comma_list(text, int, TopologyError(f"{what} {text!r} is not a comma-separated "
+                                               f"list of integers; e.g. 2,1,1"))
 
 
 def parse_replicas(text: str) -> int | tuple[int, ...]:

@@ -90,7 +90,7 @@ class RunSnapshot:
     @property
     def nbytes(self) -> int:
         """Bytes of tensors this snapshot holds."""
-        return sum(t.numel() * t.element_size() for t in _tensors(self.state))
+        return sum(t.numel() * t.element_size() for t in tensors_in(self.state))
 
 
 def _copy(state: Any) -> Any:
@@ -109,11 +109,13 @@ def _detach(state: Any) -> Any:
     return state
 
 
-def _tensors(state: Any) -> list[torch.Tensor]:
+def tensors_in(state: Any) -> list[torch.Tensor]:
+    """Every tensor of `state` (a tensor, or mappings, lists and tuples of them, nested),
+    in order; anything else holds none."""
     if isinstance(state, torch.Tensor):
         return [state]
     if isinstance(state, Mapping):
-        return [t for v in state.values() for t in _tensors(v)]
+        return [t for v in state.values() for t in tensors_in(v)]
     if isinstance(state, (list, tuple)):
-        return [t for v in state for t in _tensors(v)]
+        return [t for v in state for t in tensors_in(v)]
     return []

@@ -16,6 +16,7 @@ from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.codecs.lut import CachedLut
 from approxdist.errors import SpecError
 from approxdist.kernels.bitfield import BitKernel
+from approxdist.kernels.slot import KernelSlot
 
 
 @dataclass(frozen=True)
@@ -106,21 +107,14 @@ class BitFieldCodec(FramedCodec):
         self._top16: dict[torch.device, torch.Tensor] = {}
         kept = sum(1 << b for b in layout.kept_bits())
         self._mask = kept - (1 << 32) if kept >= 1 << 31 else kept  # kept bits, signed int32
-        self._kernel_state: tuple[BitKernel | None] | None = None  # resolved on first use
-
-    def __getstate__(self) -> dict[str, object]:
-        state = dict(self.__dict__)
-        state["_kernel_state"] = None  # ctypes functions do not pickle; resolve again
-        return state
+        self._kernels: KernelSlot[BitKernel] = KernelSlot()
 
     def _kernel(self, *tensors: torch.Tensor) -> BitKernel | None:
         """The fused kernel if it can take these tensors, else None (use torch ops)."""
         if self.lossless or not self.use_kernels or not BitKernel.usable(*tensors):
             return None
-        if self._kernel_state is None:
-            runs = [(r.lo, r.length, r.pos) for r in self.runs]
-            self._kernel_state = (BitKernel.create(runs, self.layout.width),)
-        return self._kernel_state[0]
+        return self._kernels.get(lambda: BitKernel.create(
+            [(r.lo, r.length, r.pos) for r in self.runs], self.layout.width))
 
     @property
     def code_bits(self) -> int:

@@ -24,6 +24,7 @@ from approxdist.comm.codecs.bitpack import code_dtype, pack_codes
 from approxdist.comm.codecs.framed import FramedCodec, typed
 from approxdist.comm.codecs.lut import LutDecoder, LutTables
 from approxdist.errors import SpecError
+from approxdist.kernels.slot import KernelSlot
 from approxdist.kernels.table import TableKernel
 
 MAX_N = 12
@@ -115,20 +116,13 @@ class TableCodec(FramedCodec):
         self.entries = 1 << (bits - 1)
         self._lut = LutDecoder(bits)
         self.use_kernels = use_kernels  # False: always the torch ops (a reference, a benchmark)
-        self._kernel_state: tuple[TableKernel | None] | None = None  # resolved on first use
-
-    def __getstate__(self) -> dict[str, object]:
-        state = dict(self.__dict__)
-        state["_kernel_state"] = None  # ctypes functions do not pickle; resolve again
-        return state
+        self._kernels: KernelSlot[TableKernel] = KernelSlot()
 
     def _kernel(self, *tensors: torch.Tensor) -> TableKernel | None:
         """The fused kernel if it can take these tensors, else None (use torch ops)."""
         if not self.use_kernels or not TableKernel.usable(*tensors):
             return None
-        if self._kernel_state is None:
-            self._kernel_state = (TableKernel.create(self.bits),)
-        return self._kernel_state[0]
+        return self._kernels.get(lambda: TableKernel.create(self.bits))
 
     @property
     def code_bits(self) -> int:

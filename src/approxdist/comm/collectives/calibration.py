@@ -28,6 +28,7 @@ from pathlib import Path
 
 from approxdist.comm.collectives.model import AlphaBeta, cost_terms
 from approxdist.errors import ConfigError
+from approxdist.text import write_json
 
 VERSION = 1
 DEFAULT_PATH = Path("allreduce-calibration.json")
@@ -92,10 +93,7 @@ class Calibration:
         }
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return path
+        return write_json(path, self.to_json())
 
     @staticmethod
     def load(path: str | Path) -> Calibration:

@@ -40,6 +40,7 @@ from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.cost.memory import OPTIMIZER_STATES
 from approxdist.planner.cost.overhead import FIELDS as OVERHEAD_FIELDS
 from approxdist.planner.cost.overhead import NONE, EngineOverhead
+from approxdist.text import write_json
 
 FORMAT = "approxdist-cost-calibration"
 VERSION = 1
@@ -116,10 +117,7 @@ class CostCalibration:
         return out
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return path
+        return write_json(path, self.to_json())
 
     @staticmethod
     def load(path: str | Path) -> CostCalibration:
