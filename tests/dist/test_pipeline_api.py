@@ -16,6 +16,7 @@ import approxdist
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.trace.recorder import Recorder
 from approxdist.pipeline.errors import PipelineError
 from tests.helpers.examples import load_example
 
@@ -180,6 +181,26 @@ def _hybrid_ranks(ctx: DistContext) -> dict[str, Any]:
     with pytest.raises(ConfigError, match=r"replicas=\[2, 2\] place 4 rank\(s\) but the world "
                                           r"has 3"):
         approxdist.Pipeline(_model(3), sample=x[:2], replicas=(2, 2))
+    # what the CLI has, the class has: placement (stage 0 on ranks 2 and 0, stage 1 on rank
+    # 1), a recorder, the stage's state; an option it cannot honour is refused
+    rec = Recorder(ctx.rank, profiler="never")
+    pipe = approxdist.Pipeline(_model(3), sample=x[:2], split=[2], replicas=(2, 1),
+                               placement=[2, 0, 1], schedule="1f1b", microbatches=2,
+                               recorder=rec)
+    out["placed"] = {"loss": pipe.step(x, y), "stage": pipe.stage, "grads": {
+        n: p.grad.clone() for n, p in pipe.module.named_parameters()}}
+    out["placed"]["phases"] = sorted({e[0] for e in rec.events})
+    state = pipe.state_dict()
+    with torch.no_grad():
+        for p in pipe.parameters():
+            p.add_(1.0)
+    pipe.load_state_dict(state)
+    out["placed"]["restored"] = all(torch.equal(p, state["model"][n])
+                                    for n, p in pipe.module.named_parameters())
+    pipe.close()
+    with pytest.raises(ConfigError, match=r"grad_codec='bf16' and algorithm='hybrid' set how a "
+                                          r"replicated stage's gradients are summed"):
+        approxdist.Pipeline(_model(3), sample=x[:2], grad_codec="bf16")
     # 2bw on replicated stages: a stream of 2 mini-batches (the same one twice), plain SGD
     pipe = approxdist.Pipeline(_model(3), sample=x[:2], split=[2], replicas=(2, 1),
                                schedule="2bw", microbatches=2, stream=2,
@@ -214,6 +235,13 @@ def test_the_public_pipeline_with_replicated_stages_matches_single_process() -> 
         assert [r["cases"][i]["stage"] for r in ranks] == [0, 0, 1]
         assert ranks[2]["cases"][i]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
         assert ranks[0]["cases"][i]["loss"] is None
+    for r, stage in zip(ranks, (0, 1, 0)):  # placed on ranks 2, 0 | 1: the same numbers
+        placed = r["placed"]
+        assert placed["stage"] == stage and placed["restored"]
+        for name, g in placed["grads"].items():
+            torch.testing.assert_close(g, want[name].grad, atol=1e-5, rtol=1e-5, msg=name)
+        assert {"run_for", "run_back"} <= set(placed["phases"])  # the recorder saw the stage
+    assert ranks[1]["placed"]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
     losses = ranks[2]["example"]
     assert ranks[0]["example"] == [] and len(losses) == 20 and losses[-1] < 0.5 * losses[0]
     # 2BW: both mini-batches of the stream run at version 0 (W(t+1) = W(t) - lr * grad

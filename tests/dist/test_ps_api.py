@@ -22,6 +22,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import new_group
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.trace.recorder import Recorder
 from tests.helpers.examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_api.py"
@@ -155,7 +156,37 @@ def _refusals(ctx: DistContext) -> list[str]:
     else:
         ps.step(x, y)
     ps.close()
+    with pytest.raises(ConfigError) as info:  # what it cannot honour, never ignored
+        approxdist.ParameterServer(model, steps=2, optimizer=_sgd, tolerate_worker_loss=True)
+    messages.append(str(info.value))
     return messages
+
+
+def _state_and_trace(ctx: DistContext) -> dict[str, Any]:
+    """A recorder sees every phase; a saved state put back after the weights moved
+    restores every server's shard (the workers pull it again)."""
+    rec = Recorder(ctx.rank, profiler="never")
+    ps = approxdist.ParameterServer(_model("classification"), steps=2, optimizer=_sgd,
+                                    push_codec="bf16", error_feedback=True, recorder=rec)
+    x, y = _batches("classification", 2)[0]
+    if ps.is_server:
+        ps.serve()
+    else:
+        ps.step(x, y)
+        ps.step(x, y)
+    state = ps.state_dict()
+    saved = {k: p.detach().clone() for k, p in ps.module.named_parameters()}
+    with torch.no_grad():
+        for p in ps.module.parameters():
+            p.add_(1.0)
+        for p in (ps.server.params if ps.server is not None else []):
+            p.add_(1.0)
+    ps.load_state_dict(state)
+    back = {k: p.detach().clone() for k, p in ps.module.named_parameters()}
+    ps.close()
+    return {"server": ps.is_server, "phases": sorted({e[0] for e in rec.events}),
+            "saved": saved, "back": back, "servers": len(state["servers"]),
+            "feedback": sorted(state["feedback"])}
 
 
 def _ranks(ctx: DistContext) -> dict[str, Any]:
@@ -163,6 +194,7 @@ def _ranks(ctx: DistContext) -> dict[str, Any]:
     out["ssp"] = _run(ctx, Case(1, 2, "ssp:1", "classification", _sgd, 6))
     out["backup"] = _run(ctx, Case(1, 2, "backup:1", "classification", _sgd, 6))
     out["refused"] = _refusals(ctx)
+    out["state"] = _state_and_trace(ctx)
     example = load_example(EXAMPLE, "ps_api_example")
     out["example"] = example.main(steps=30)
     return out
@@ -254,6 +286,21 @@ def test_bad_arguments_are_refused_in_one_line(three_ranks: list[dict[str, Any]]
                               "targets) on it, not serve()")
     assert three_ranks[0]["refused"][12].startswith("server 0 (rank 0) holds parameters: call "
                                                    "serve() on it, not step()")
+
+
+def test_the_cli_options_are_arguments_and_the_state_round_trips(
+        three_ranks: list[dict[str, Any]]) -> None:
+    assert three_ranks[0]["refused"][13] == (
+        "tolerate_worker_loss=True with mode='sync': every step waits for a gradient from "
+        "every worker, so a dead worker must end the run; use mode='async', 'ssp:<s>' or "
+        "'backup:<b>'")
+    for r in three_ranks:
+        st = r["state"]
+        assert st["servers"] == 1 and st["feedback"] == ["0", "1"]
+        assert ("sync" in st["phases"]) and (st["server"] or "run_back" in st["phases"])
+        if not st["server"]:  # the workers pulled the restored servers' parameters back
+            for name, p in st["saved"].items():
+                assert torch.equal(st["back"][name], p), name
 
 
 def test_the_example_trains(three_ranks: list[dict[str, Any]]) -> None:

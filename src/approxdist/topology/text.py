@@ -44,7 +44,8 @@ def parse_mesh(text: str, placement: tuple[int, ...] | None = None) -> Mesh:
     return Mesh.of(sizes, placement)
 
 
-def check_world(mesh: Mesh, world_size: int, fix: str = "--mesh") -> None:
+def check_world(mesh: Mesh, world_size: int,
+                fix: str = "--mesh, --stages, --replicas, --servers, --workers") -> None:
     """The mesh must cover exactly the job's ranks."""
     if mesh.world_size != world_size:
         product = " x ".join(f"{a.name} {'/'.join(map(str, a.sizes))}" for a in mesh.axes)
