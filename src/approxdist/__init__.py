@@ -9,7 +9,7 @@ def __getattr__(name: str) -> object:
     """`approxdist.DataParallel`, `approxdist.Pipeline`, `approxdist.ParameterServer`
     without importing torch at `import approxdist`."""
     if name == "DataParallel":
-        from approxdist.data_parallel.engine import DataParallel
+        from approxdist.data_parallel.module import DataParallel
 
         return DataParallel
     if name == "Pipeline":

@@ -24,7 +24,7 @@ from approxdist.config.loader import build_config
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
-from approxdist.train.engines.replicated import ReplicatedEngine
+from approxdist.train.engines.data_parallel import DataParallelEngine
 from approxdist.train.snapshot import Position, RunSnapshot
 from approxdist.train.tensorboard import codec_bits
 from tests.helpers.tensorboard import read_events
@@ -61,7 +61,7 @@ def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int) -> d
     """Train; before step `at` snapshot, train 4 steps in table1, restore and go on."""
     trainer = build_trainer(build_config(_sections(**dp)), ctx, root, False)
     engine = trainer.engine
-    assert isinstance(engine, ReplicatedEngine)
+    assert isinstance(engine, DataParallelEngine)
     moved: list[bool] = []
 
     def hook(pos: Position) -> None:

@@ -76,7 +76,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         cfg = build_config(case.sections())
         groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
-                             streams={("dp",): cfg.dp.threads + 2})
+                             lanes={("dp",): cfg.dp.threads + 2})
         x0, _ = minibatch(case, 0, 0)
         rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, cfg.wire, oracle_model(), ctx, groups,
                                   x0[:2],

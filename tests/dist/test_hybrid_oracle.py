@@ -79,7 +79,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         cfg = build_config(case.sections())
         groups = make_groups(Mesh.stages(len(case.replicas), case.replicas), ctx,
-                             streams={("dp",): cfg.dp.threads + 2})
+                             lanes={("dp",): cfg.dp.threads + 2})
         x, y = _data()
         rt = build_hybrid_runtime(cfg.pipeline, cfg.dp, cfg.wire, _model(), ctx, groups, x[:2],
                                   link=cfg.comm.link, seed=cfg.train.seed)

@@ -111,7 +111,7 @@ def test_a_dead_replica_is_named_with_its_stage(tmp_path: Path) -> None:
     (["--stages", "2", "--replicas", "2", "--microbatches", "80", "--batch-size", "64"],
      "micro-batches (80) exceed the batch size (64)"),
     (["--stages", "9", "--replicas", "1"], "9 stages for a model of 4 blocks"),
-    (["--stages", "2", "--replicas", "2", "--dp-engine", "plain"], "drop --dp-engine plain"),
+    (["--stages", "2", "--replicas", "2", "--dp-reducer", "plain"], "drop --dp-reducer plain"),
     (["--stages", "2", "--replicas", "x"], "--replicas 'x' is not a comma-separated list"),
 ])
 def test_bad_hybrid_input_is_one_line_exit_2(args: list[str], message: str,

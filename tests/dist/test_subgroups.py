@@ -149,7 +149,7 @@ def _pipeline_oracle() -> tuple[float, dict[str, torch.Tensor]]:
 def _every_case(ctx: DistContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # groups are created by every rank, in the same order (torch's rule for new_group)
-    made = {name: new_group(ctx, ranks, name, streams=5) for name, (ranks, _) in DP_GROUPS.items()}
+    made = {name: new_group(ctx, ranks, name, lanes=5) for name, (ranks, _) in DP_GROUPS.items()}
     pipe = new_group(ctx, PLACEMENT, "pipeline")
     for name in ("even", "odd"):  # {0, 2} and {1, 3} train at the same time
         group = made[name]
@@ -242,7 +242,7 @@ def test_make_groups_hands_each_rank_its_replicas_and_row(four_ranks: list[dict[
 
 
 def _dies_in_subgroup(ctx: DistContext) -> None:
-    pairs = [new_group(ctx, ranks, "pair", streams=4) for ranks in ((0, 2), (1, 3))]
+    pairs = [new_group(ctx, ranks, "pair", lanes=4) for ranks in ((0, 2), (1, 3))]
     group = next(g for g in pairs if g is not None)
     m = _net()
     dp = DataParallel(m, ctx=ctx, group=group, algorithm="ring")

@@ -18,7 +18,7 @@ from approxdist.train.mode import modes
 
 def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
     cfg = build_config({"wire": {"grad": {"rules": ["*.bias=fp32", "type:Conv2d.weight=bf16"]}}})
-    assert (cfg.dp.engine, cfg.dp.algorithm, cfg.wire.grad.codec) == ("approxdist", "hybrid",
+    assert (cfg.dp.reducer, cfg.dp.algorithm, cfg.wire.grad.codec) == ("approxdist", "hybrid",
                                                                       "fp32")
     assert cfg.wire.grad.rules == ("*.bias=fp32", "type:Conv2d.weight=bf16")
     write_config(cfg, tmp_path / "c.toml")
@@ -26,8 +26,8 @@ def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("dp", "message"), [
-    ({"engine": "nccl"}, "dp.engine = 'nccl' is not one of: approxdist, plain"),
-    ({"engine": "plain", "threads": 3}, "'plain' takes none of dp.threads"),
+    ({"reducer": "nccl"}, "dp.reducer = 'nccl' is not one of: approxdist, plain"),
+    ({"reducer": "plain", "threads": 3}, "'plain' takes none of dp.threads"),
     ({"threads": 0}, "threads = 0 must be >= 1"),
     ({"bucket_mb": -1.0}, "bucket sizes must be >= 0 MB"),
     ({"gil_switch_ms": -1.0}, "dp.gil_switch_ms = -1.0 must be >= 0"),
@@ -43,8 +43,8 @@ def test_bad_dp_values_are_named_by_the_config(dp: dict, message: str) -> None:
     ({"wire": {"grad": {"rules": ["conv"]}}}, "wire.grad.rules = 'conv': .*has no '='"),
     ({"wire": {"grad": {"rules": ["*.bias=fp7"]}}},
      r"wire.grad.rules = '\*.bias=fp7': unknown codec"),
-    ({"dp": {"engine": "plain"}, "wire": {"grad": {"codec": "bf16"}}},
-     "dp.engine = 'plain' takes none of wire.grad.codec"),
+    ({"dp": {"reducer": "plain"}, "wire": {"grad": {"codec": "bf16"}}},
+     "dp.reducer = 'plain' takes none of wire.grad.codec"),
     ({"train": {"parallel": "ps"}, "ps": {"servers": 1, "workers": 1},
       "wire": {"push": {"rules": ["*.bias=fp32"]}}},
      "wire.push.rules: per-parameter codec rules are for the data-parallel gradient wire"),
@@ -85,13 +85,13 @@ def test_placement_needs_a_pipeline() -> None:
 
 def test_link_needs_our_engine() -> None:
     assert build_config({"comm": {"link": "bw=1gbit"}}).comm.link == "bw=1gbit"
-    with pytest.raises(ConfigError, match="use --dp-engine approxdist"):
-        check_parts(build_config({"comm": {"link": "bw=1gbit"}, "dp": {"engine": "plain"}}))
+    with pytest.raises(ConfigError, match="use --dp-reducer approxdist"):
+        check_parts(build_config({"comm": {"link": "bw=1gbit"}, "dp": {"reducer": "plain"}}))
 
 
 def test_flags_land_in_the_dp_section() -> None:
     args = build_parser().parse_args([
-        "train", "--dp-engine", "approxdist", "--algorithm", "ring", "--codec", "bf16",
+        "train", "--dp-reducer", "approxdist", "--algorithm", "ring", "--codec", "bf16",
         "--error-feedback", "--bucket-mb", "4", "--threads", "3", "--chunk-kb", "256",
         "--no-overlap", "--early-forward", "--codec-rule", "*.bias=fp32", "--find-unused"])
     cfg = build_config(flag_layer(args, modes().get("dp")))

@@ -24,7 +24,7 @@ from approxdist.planner.cost import (
 from approxdist.planner.cost.calibration_file import CostCalibration, from_json
 from approxdist.planner.cost.dp import DPOptions
 from approxdist.planner.cost.nnls import nonnegative_lstsq
-from approxdist.planner.cost.overhead import EngineOverhead, OverheadRow, fit_linear
+from approxdist.planner.cost.overhead import OverheadRow, RuntimeOverhead, fit_linear
 from approxdist.planner.cost.pipeline import pipeline_time
 from approxdist.planner.objective import SolverSettings, estimate
 from approxdist.planner.profile import BlockProfile, Profile, scale_times
@@ -45,11 +45,11 @@ def test_actions_and_the_step_overhead_by_hand(stages: int, m: int) -> None:
     f, b, a, s = 1e-3, 2e-3, 3e-4, 5e-4
     profile = toy([(f, b)] * stages, [MB] * stages)
     plan = PipelinePlan(tuple(Stage(i, i + 1) for i in range(stages)), "gpipe", m)
-    t = pipeline_time(profile, plan, FREE, 0.0, EngineOverhead(a, s, 9.0))
+    t = pipeline_time(profile, plan, FREE, 0.0, RuntimeOverhead(a, s, 9.0))
     # equal stages, free links: (M + P - 1) slots of forward + backward, each with its action
     assert t.step_s == pytest.approx((m + stages - 1) * (f + b + 2 * a) + s)
     settings = SolverSettings(stages, FREE, schedule="gpipe", microbatches=m,
-                              overhead=EngineOverhead(a, s, 9.0))
+                              overhead=RuntimeOverhead(a, s, 9.0))
     got = estimate(profile, plan.stages, settings)
     assert got is not None and got.step_s == pytest.approx((m + stages - 1) * (f + b + 2 * a))
 
@@ -57,7 +57,7 @@ def test_actions_and_the_step_overhead_by_hand(stages: int, m: int) -> None:
 def test_the_step_overhead_is_cpu_work_slowed_by_shared_cores() -> None:
     profile = toy([(1e-3, 2e-3)] * 4, [MB] * 4)
     plan = PipelinePlan(tuple(Stage(i, i + 1) for i in range(4)), "1f1b", 4)
-    over = EngineOverhead(2e-4, 1e-3, 0.0)
+    over = RuntimeOverhead(2e-4, 1e-3, 0.0)
     two = Network(LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2))
     four = Network(LinkLevel("loopback", 0.0, 0.0, 0.0, cores=4))
     on_two, on_four = (pipeline_time(profile, plan, n, 0.0, over) for n in (two, four))
@@ -122,7 +122,7 @@ def test_the_fit_recovers_a_known_overhead() -> None:
     profiles = {engine_runs.TINY.label: tiny, engine_runs.WIDE.label: wide}
     level = LinkLevel("loopback", 2e-4, 3e-10, 8e-10, cores=2)
     net = Network(level)
-    truth = EngineOverhead(2.5e-4, 4e-4, 9e-4, 6e-10)
+    truth = RuntimeOverhead(2.5e-4, 4e-4, 9e-4, 6e-10)
     stages = (Stage(0, engine_runs.SPLIT), Stage(engine_runs.SPLIT, 3))
     measured = {}
     for key, _ in engine_runs.plans():
@@ -146,7 +146,7 @@ def test_a_replicated_stage_pays_the_engine_per_gradient_byte() -> None:
     profile = toy([(1e-3, 2e-3)] * 2, [4 * MB, MB])
     plan = PipelinePlan((Stage(0, 1, 2), Stage(1, 2, 1)), "gpipe", 2)
     without = pipeline_time(profile, plan, FREE)
-    with_bytes = pipeline_time(profile, plan, FREE, 0.0, EngineOverhead(dp_byte_s=1e-9))
+    with_bytes = pipeline_time(profile, plan, FREE, 0.0, RuntimeOverhead(dp_byte_s=1e-9))
     # stage 0's 4 MB all-reduce comes last (after the flush): the step grows by its bytes'
     # engine work; stage 1 has one replica and no all-reduce
     assert with_bytes.step_s - without.step_s == pytest.approx(4 * MB * 1e-9)
@@ -179,21 +179,21 @@ def test_fits_clip_at_zero_and_need_two_slopes() -> None:
     with pytest.raises(DataError, match="measured_s = 0"):
         OverheadRow("x", 0.0, 1e-3)
     with pytest.raises(ConfigError, match="action_s = -1 must be a finite number"):
-        EngineOverhead(action_s=-1)
+        RuntimeOverhead(action_s=-1)
 
 
 def test_the_calibration_file_keeps_the_engine_overhead(tmp_path: Path) -> None:
     cal = CostCalibration.of(levels=(LinkLevel("loopback", 1e-4, 1e-9, 0.0, cores=2),),
-                             overhead=EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10))
+                             overhead=RuntimeOverhead(2e-4, 3e-5, 1e-3, 5e-10))
     path = cal.save(tmp_path / "cost.json")
-    assert CostCalibration.load(path).overhead == EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10)
+    assert CostCalibration.load(path).overhead == RuntimeOverhead(2e-4, 3e-5, 1e-3, 5e-10)
     data = json.loads(path.read_text())
     assert data["engine"] == {"action_s": 2e-4, "pipeline_step_s": 3e-5, "dp_step_s": 1e-3,
                               "dp_byte_s": 5e-10, "shared_action_s": 0.0}
     del data["engine"]["shared_action_s"]  # files written before it: not priced
-    assert from_json(data).overhead == EngineOverhead(2e-4, 3e-5, 1e-3, 5e-10)
+    assert from_json(data).overhead == RuntimeOverhead(2e-4, 3e-5, 1e-3, 5e-10)
     del data["engine"]
-    assert from_json(data).overhead == EngineOverhead()  # older files: not priced
+    assert from_json(data).overhead == RuntimeOverhead()  # older files: not priced
     data["engine"] = {"action_s": "fast"}
     with pytest.raises(DataError, match=r"engine: engine overhead action_s = 'fast'"):
         from_json(data, "cost.json")
@@ -213,7 +213,7 @@ def test_nonnegative_least_squares_by_supports() -> None:
 
 def test_switching_between_ranks_is_charged_only_where_they_share_cores() -> None:
     profile = toy([(1e-3, 2e-3)] * 4, [MB] * 4)
-    over = EngineOverhead(action_s=1e-4, shared_action_s=5e-4)
+    over = RuntimeOverhead(action_s=1e-4, shared_action_s=5e-4)
     level = LinkLevel("loopback", 0.0, 0.0, 0.0, cores=2)
     two = PipelinePlan((Stage(0, 2), Stage(2, 4)), "gpipe", 4)
     four = PipelinePlan(tuple(Stage(i, i + 1) for i in range(4)), "gpipe", 4)
@@ -225,7 +225,7 @@ def test_switching_between_ranks_is_charged_only_where_they_share_cores() -> Non
     got = pipeline_time(profile, four, Network(level), 0.0, over)
     order, _ = four.order()
     by_hand = pipeline_time(profile, four, Network(replace(level, cores=4)), 0.0,
-                            EngineOverhead(action_s=6e-4))
+                            RuntimeOverhead(action_s=6e-4))
     assert got.makespan_s == pytest.approx(
         simulate(order, 4, by_hand.durations, cores=2).makespan)
     assert [s.forward for s in got.durations.stages] == pytest.approx([1e-3 + 6e-4] * 4)
@@ -255,7 +255,7 @@ def test_the_shared_fit_recovers_a_known_switching_cost() -> None:
     networks = {n: Network(level) for n in (3, 4)}
     # each world's runs priced on the profile of its own load (4 ranks: 10 % more compute)
     profiles = {3: profile, 4: scale_times(profile, 1.1)}
-    truth = EngineOverhead(action_s=2e-4, shared_action_s=4e-4)
+    truth = RuntimeOverhead(action_s=2e-4, shared_action_s=4e-4)
     measured = {}
     for n in (3, 4):
         for key, _ in engine_runs.shared_plans(n, 6):

@@ -14,7 +14,7 @@ from torch import nn
 
 from approxdist.config.dp import DPConfig
 from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
-from approxdist.data_parallel.engine import DataParallel
+from approxdist.data_parallel.module import DataParallel
 from approxdist.errors import ConfigError
 from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.profiler import measure_blocks

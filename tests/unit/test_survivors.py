@@ -1,4 +1,4 @@
-"""The loss board and the survivors' collectives (`launch/losses.py`, `launch/survivors.py`)
+"""The loss board and the survivors' collectives (`launch/lost_ranks.py`, `launch/survivors.py`)
 on an in-process store: members talk from threads, one of them "dies" before or after
 posting, and every survivor combines the same members."""
 
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from approxdist.errors import CommError
-from approxdist.launch.losses import LossBoard
+from approxdist.launch.lost_ranks import LossBoard
 from approxdist.launch.survivors import SurvivorGroup
 
 

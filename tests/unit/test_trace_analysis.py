@@ -143,7 +143,7 @@ def test_transfers_outside_the_steps_of_their_rank_are_left_out() -> None:
 
 def test_transfers_are_matched_within_their_stream() -> None:
     def move(pid: int, name: str, t0: float, t1: float, stream: str) -> dict[str, Any]:
-        return _x(pid, 1000, name, t0, t1, src=0, dst=1, bytes=10, stream=stream)
+        return _x(pid, 1000, name, t0, t1, src=0, dst=1, bytes=10, lane=stream)
 
     events = [_x(0, 0, "run_for", 0, 6),
               move(0, "send 0->1", 0, 1, "a"), move(1, "recv 0->1", 5, 6, "a"),

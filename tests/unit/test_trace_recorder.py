@@ -90,11 +90,11 @@ def test_transfer_hook_makes_transfer_rows_with_bytes_and_lanes() -> None:
              if e.get("name") == "thread_name"}
     assert {names[e["tid"]] for e in moves} == {"send to rank 1", "send to rank 1 (2)",
                                                 "recv from rank 2"}
-    other = rec.transfer_hook(stream="comm1")  # a second Link between the same ranks
+    other = rec.transfer_hook(lane="comm1")  # a second Link between the same ranks
     assert other is not None
     other(TransferEvent("recv", 0, 1, 64, 3.0, 3.1))
     (extra,) = [e for e in rank_trace(rec)["traceEvents"] if e.get("args", {}).get("bytes") == 64]
-    assert extra["args"]["stream"] == "comm1"
+    assert extra["args"]["lane"] == "comm1"
 
 
 def test_disabled_recorder_records_nothing_and_allocates_no_context() -> None:

@@ -15,7 +15,7 @@ span of the whole trace) is put in exactly one class, so the four fractions sum 
   a stage waiting for a neighbour that has not produced its data yet (fill and drain).
   In a data-parallel run it is untraced idle time.
 
-Transfers are matched per directed link and stream (one stream per `Link` object) in
+Transfers are matched per directed link and lane (one lane per `Link` object) in
 posting order (the k-th send src->dst with the k-th receive: the link's FIFO rule). A
 pair is *in flight* from the send's post until the earlier of the two ends returned from
 its wait (both are upper bounds of the arrival; transports buffer, so data moves before
@@ -63,7 +63,7 @@ class Transfer:
     nbytes: int
     start: float
     end: float
-    stream: str = ""
+    lane: str = ""
 
     @property
     def is_send(self) -> bool:
@@ -140,7 +140,7 @@ def parse_events(trace: dict[str, Any]) -> tuple[list[Span], list[Transfer]]:
         if ev.get("cat") == TRANSFER:
             transfers.append(Transfer(ev["pid"], int(args["src"]), int(args["dst"]),
                                       int(args.get("bytes", 0)), start, end,
-                                      str(args.get("stream", ""))))
+                                      str(args.get("lane", ""))))
         else:
             cls = phase_class(ev["name"], ev.get("cat"))
             spans.append(Span(ev["pid"], ev["tid"], ev["name"], cls, start, end))
@@ -158,7 +158,7 @@ class _LinkTimes:
 
 def _match(ts: list[Transfer]) -> tuple[list[tuple[float, float]], list[tuple[float, float]],
                                        bool]:
-    """(in-flight, unsent) intervals of one stream's transfers, and whether they matched."""
+    """(in-flight, unsent) intervals of one lane's transfers, and whether they matched."""
     sends = sorted((t for t in ts if t.is_send), key=lambda t: t.start)
     recvs = sorted((t for t in ts if not t.is_send), key=lambda t: t.start)
     if not sends or len(sends) != len(recvs):
@@ -171,16 +171,16 @@ def _match(ts: list[Transfer]) -> tuple[list[tuple[float, float]], list[tuple[fl
 def _link_times(transfers: list[Transfer]) -> tuple[dict[tuple[int, int], _LinkTimes],
                                                      list[LinkFigures]]:
     """In-flight intervals and figures per directed link (see the module docstring)."""
-    streams: dict[tuple[int, int], dict[str, list[Transfer]]] = defaultdict(
+    lanes: dict[tuple[int, int], dict[str, list[Transfer]]] = defaultdict(
         lambda: defaultdict(list))
     for t in transfers:
-        streams[(t.src, t.dst)][t.stream].append(t)
+        lanes[(t.src, t.dst)][t.lane].append(t)
     times, figures = {}, []
-    for (src, dst), by_stream in sorted(streams.items()):
+    for (src, dst), by_lane in sorted(lanes.items()):
         flight: list[tuple[float, float]] = []
         unsent: list[tuple[float, float]] = []
         matched, nbytes, messages = True, 0, 0
-        for ts in by_stream.values():
+        for ts in by_lane.values():
             f, u, ok = _match(ts)
             flight, unsent, matched = flight + f, unsent + u, matched and ok
             counted = [t for t in ts if t.is_send] or ts

@@ -120,7 +120,7 @@ class Pipeline:
         groups = None
         if group is None and (counts or placement):
             mesh = Mesh.stages(pcfg.stages, counts or 1, placement)
-            groups = make_groups(mesh, ctx, streams={("dp",): dp.threads + 2})
+            groups = make_groups(mesh, ctx, lanes={("dp",): dp.threads + 2})
         self._assemble(blocks, ctx, sample, pcfg, dp, wire, groups=groups, group=group, link=link,
                        seed=seed, loss_fn=loss_fn, optimizer=optimizer, stream=stream,
                        recorder=recorder or NULL_RECORDER)

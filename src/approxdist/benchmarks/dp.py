@@ -41,7 +41,7 @@ from approxdist.bench.stats import fastest, median, paired_ratio, slowest
 from approxdist.bench.timing import timed
 from approxdist.config.schema import ModelConfig
 from approxdist.data_parallel.ddp_hook import register_hook
-from approxdist.data_parallel.engine import DataParallel
+from approxdist.data_parallel.module import DataParallel
 from approxdist.data_parallel.threads import GIL_SWITCH_MS
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model

@@ -104,7 +104,7 @@ def _hidden(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor, blocked: floa
 def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:
     """Round times of both engines on this rank, our bubble and hidden all-reduce share."""
     mesh = Mesh.stages(case.stages, case.replicas)
-    groups = make_groups(mesh, ctx, streams={("dp",): 4})
+    groups = make_groups(mesh, ctx, lanes={("dp",): 4})
     row = _rows(mesh, ctx)
     model = case_model(case)
     x, y = case_data(case)

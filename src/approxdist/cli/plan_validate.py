@@ -50,7 +50,7 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration import fit_level
 from approxdist.planner.cost.calibration_file import CostCalibration
-from approxdist.planner.cost.overhead import EngineOverhead
+from approxdist.planner.cost.overhead import RuntimeOverhead
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.plan_file import parse_plan
 from approxdist.planner.profile import Profile
@@ -129,7 +129,7 @@ def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
     return CostCalibration.of((fit,), optimizers={OPTIMIZER: step}, overhead=overhead)
 
 
-def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> EngineOverhead:
+def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> RuntimeOverhead:
     """The engines' CPU work per action, per step and per gradient byte, fitted on the tiny
     models' runs (`planner/validation/engine_runs.py`) timed through the engines on 2
     ranks; and where the validation puts more ranks than `cores` on this machine, what an

@@ -43,7 +43,7 @@ PIPELINE_FLAGS = ("stages", "split", "balance", "microbatches", "schedule", "rec
                   "fuse_accumulation", "placement", "replicas", "comm_threads")
 
 #: data-parallel flags (argparse dest) -> [dp] key (docs/data_parallel.md)
-DP_FLAGS = {"dp_engine": "engine", "algorithm": "algorithm", "bucket_mb": "bucket_mb",
+DP_FLAGS = {"dp_reducer": "reducer", "algorithm": "algorithm", "bucket_mb": "bucket_mb",
             "threads": "threads", "chunk_kb": "chunk_kb", "overlap": "overlap",
             "early_forward": "early_forward", "find_unused": "find_unused",
             "calibration": "calibration"}
@@ -165,7 +165,7 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
 
 def add_dp_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data parallel (--parallel dp; docs/data_parallel.md)")
-    g.add_argument("--dp-engine", choices=["approxdist", "plain"],
+    g.add_argument("--dp-reducer", choices=["approxdist", "plain"],
                    help="approxdist (default: buckets, overlap, codecs) or plain dist.all_reduce")
     g.add_argument("--algorithm", help="all-reduce: hybrid (default), ring, brb, brd, vhd, native")
     g.add_argument("--calibration", metavar="off|auto|PATH",

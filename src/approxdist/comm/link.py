@@ -16,8 +16,8 @@ and error messages name *global* ranks, which is what an operator sees.
 
 Matching: messages between two ranks are matched in posting order per direction, like
 MPI with a single tag; every receive must be posted in the same order as the peer's
-sends. Independent streams (e.g. one per communication thread) need their own `Link`
-with a distinct `tag` (gloo) or group stream (`Group.fork()`). Transfers are either *sized* (the receiver
+sends. Independent lanes (e.g. one per communication thread) need their own `Link`
+with a distinct `tag` (gloo) or group lane (`Group.fork()`). Transfers are either *sized* (the receiver
 passes the shape or byte count; only the payload travels) or *self-describing* (the
 sender passes `describe=True`, an 80-byte shape header precedes the payload, the
 receiver passes `shape=None`); both ends must agree. No reply is ever needed.
@@ -80,7 +80,7 @@ class Link:
         if shaper is not None and (self.spec is None or shaper.spec != self.spec):
             raise CommError(f"a shared emulated wire must have this link's spec "
                             f"({self.spec.spec if self.spec else 'none'}), got {shaper.spec.spec}")
-        # streams of one rank (comm threads) share one wire: pass the first link's `shaper`
+        # lanes of one rank (comm threads) share one wire: pass the first link's `shaper`
         self._owns_shaper = shaper is None
         self._shaper = shaper if shaper is not None else \
             (Shaper(self.spec) if self.spec is not None else None)

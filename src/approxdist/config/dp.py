@@ -1,7 +1,7 @@
 """The `[dp]` config section: which data-parallel reducer and how it runs (seeds 001, 004).
 
-`engine = "approxdist"` is `approxdist.DataParallel` (buckets, overlap, threads, codecs,
-early forward); `engine = "plain"` is the one-flat-`dist.all_reduce` baseline, which
+`reducer = "approxdist"` is `approxdist.DataParallel` (buckets, overlap, threads, codecs,
+early forward); `reducer = "plain"` is the one-flat-`dist.all_reduce` baseline, which
 takes none of the other options. How the gradients travel (codec, rules, error feedback)
 is the gradient wire's (`[wire.grad]`, `config/wire.py`). Sizes are checked here
 (`check_sizes`, also what `DataParallel` checks its arguments with); the algorithm name
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from approxdist.errors import ConfigError
 
-DP_ENGINES = ("approxdist", "plain")
+DP_REDUCERS = ("approxdist", "plain")
 
 
 def check_sizes(bucket_mb: float, first_bucket_mb: float, chunk_kb: float, threads: int) -> None:
@@ -31,9 +31,9 @@ def check_sizes(bucket_mb: float, first_bucket_mb: float, chunk_kb: float, threa
 
 @dataclass(frozen=True)
 class DPConfig:
-    """Data-parallel engine options; see docs/data_parallel.md for what each one does."""
+    """Data-parallel reducer options; see docs/data_parallel.md for what each one does."""
 
-    engine: str = "approxdist"
+    reducer: str = "approxdist"
     algorithm: str = "hybrid"
     bucket_mb: float = 1.0
     first_bucket_mb: float = 0.25
@@ -46,9 +46,10 @@ class DPConfig:
     gil_switch_ms: float = 0.5  # 0: leave Python's GIL switch interval (5 ms) alone
 
     def __post_init__(self) -> None:
-        if self.engine not in DP_ENGINES:
-            raise ConfigError(f"dp.engine = {self.engine!r} is not one of: {', '.join(DP_ENGINES)}")
-        if self.engine == "plain":
+        if self.reducer not in DP_REDUCERS:
+            raise ConfigError(f"dp.reducer = {self.reducer!r} is not one of: "
+                              f"{', '.join(DP_REDUCERS)}")
+        if self.reducer == "plain":
             self._check_plain()
             return
         check_sizes(self.bucket_mb, self.first_bucket_mb, self.chunk_kb, self.threads)
@@ -63,7 +64,7 @@ class DPConfig:
     def _check_plain(self) -> None:
         default = DPConfig()
         changed = [f.name for f in fields(self)
-                   if f.name != "engine" and getattr(self, f.name) != getattr(default, f.name)]
+                   if f.name != "reducer" and getattr(self, f.name) != getattr(default, f.name)]
         if changed:
-            raise ConfigError(f"dp.engine = 'plain' takes none of dp.{', dp.'.join(changed)}; "
-                              f"use dp.engine = 'approxdist' (--dp-engine approxdist)")
+            raise ConfigError(f"dp.reducer = 'plain' takes none of dp.{', dp.'.join(changed)}; "
+                              f"use dp.reducer = 'approxdist' (--dp-reducer approxdist)")

@@ -5,6 +5,6 @@
 `ddp_hook.py` lends our codecs and algorithms to torch's DDP as a comm hook.
 """
 
-from approxdist.data_parallel.engine import DataParallel
+from approxdist.data_parallel.module import DataParallel
 
 __all__ = ["DataParallel"]

@@ -2,7 +2,7 @@
 
 Data parallelism, a hybrid run's replicated pipeline stages and an asynchronous pipeline's
 replicated stage all ask the same of whoever reduces their gradients over the replicas:
-a `ReplicaReducer`. Two implement it: `engine.DataParallel` (buckets, overlap, threads,
+a `ReplicaReducer`. Two implement it: `module.DataParallel` (buckets, overlap, threads,
 codecs, early forward; seeds 001, 004) and `plain.PlainAllReduce` (one flat
 `dist.all_reduce` after backward, the baseline); `build_reducer` picks one from the `[dp]`
 section. Callers never ask which one they hold.
@@ -74,7 +74,7 @@ def build_reducer(dp: DPConfig, model: nn.Module, group: Group, *, wire: Wire = 
                   ctx: DistContext | None = None, link: str = "",
                   optimizer: torch.optim.Optimizer | None = None,
                   rec: Recorder = NULL_RECORDER, **options: Any) -> ReplicaReducer:
-    """The reducer `dp.engine` names, around `model`, over `group`, its gradients on `wire`
+    """The reducer `dp.reducer` names, around `model`, over `group`, its gradients on `wire`
     (codec, per-parameter rules, error feedback); weights are broadcast later
     (`broadcast_parameters`).
 
@@ -82,11 +82,11 @@ def build_reducer(dp: DPConfig, model: nn.Module, group: Group, *, wire: Wire = 
     (sync, waits, transfers; docs/tracing.md); `options` go to `DataParallel` as they are
     (e.g. `op="sum"`).
     """
-    if dp.engine == "plain":
+    if dp.reducer == "plain":
         from approxdist.data_parallel.plain import PlainAllReduce
 
         return PlainAllReduce(model, group, rec)
-    from approxdist.data_parallel.engine import DataParallel
+    from approxdist.data_parallel.module import DataParallel
 
     return DataParallel(model, ctx=ctx, group=group, algorithm=dp.algorithm, codec=wire.codec,
                         codec_rules=wire.rules, codec_times=wire.times or None,

@@ -1,23 +1,23 @@
-"""Communication threads, each with its own stream to the other ranks (seeds 001 and 002).
+"""Communication threads, each with its own lane to the other ranks (seeds 001 and 002).
 
 Seed 001 runs the all-reduces on CPU threads while the accelerator continues backward,
 and cuts large gradients into fragments that several threads carry at once. Seed 002
 warns against too many threads. A `CommPool` holds `threads` workers; each owns:
 
-* its own stream of the engine's group (`Group.fork()`, a process group over the same
+* its own lane of the engine's group (`Group.fork()`, a process group over the same
   ranks) and `Link` (so its messages never match another thread's: the link layer
-  matches messages in posting order per stream), and one `AllReduce` per codec (their
+  matches messages in posting order per lane), and one `AllReduce` per codec (their
   work buffers are not shared between threads);
 * a FIFO job queue. Jobs are submitted in the same order on every rank and each thread
   runs its queue in order, so every rank performs the same collectives in the same
-  order on every stream.
+  order on every lane.
 
-All streams of a rank share one emulated link (one `netem.Shaper`): a link's bandwidth
-is a property of the wire, not of the number of threads using it. A control stream for
+All lanes of a rank share one emulated link (one `netem.Shaper`): a link's bandwidth
+is a property of the wire, not of the number of threads using it. A control lane for
 the main thread (small exact reductions: usage flags, buffers) completes the pool.
 
 Tracing (docs/tracing.md): each thread records its jobs as `sync` spans on its own row
-("comm0", "comm1", ...) and each link reports its transfers on its own stream, named
+("comm0", "comm1", ...) and each link reports its transfers on its own lane, named
 alike on every rank ("control", "comm0", ...).
 """
 
@@ -45,7 +45,7 @@ Job = Callable[["CommThread"], None]
 
 
 class CommThread:
-    """One worker: a stream (group + link), reducers per codec, and a job queue."""
+    """One worker: a lane (group + link), reducers per codec, and a job queue."""
 
     def __init__(self, name: str, link: Link, algorithm: str,
                  calibration: Calibration | str | Path | None,
@@ -139,7 +139,7 @@ class Balancer:
 
 
 class CommPool:
-    """`threads` communication threads plus a control stream for the main thread, all
+    """`threads` communication threads plus a control lane for the main thread, all
     over `group` (each on its own fork of it; the members build their pools in the same
     order)."""
 
@@ -150,17 +150,17 @@ class CommPool:
         shorten_gil_switch(gil_switch_ms)
         self.ctx, self.group = ctx, group
         spec = parse_link(link)
-        streams = ["control"] + [f"comm{i}" for i in range(threads)]
-        control = Link(ctx, spec, group=group.fork(), hook=rec.transfer_hook(streams[0]))
+        lanes = ["control"] + [f"comm{i}" for i in range(threads)]
+        control = Link(ctx, spec, group=group.fork(), hook=rec.transfer_hook(lanes[0]))
         links = [control] + [Link(ctx, spec, group=group.fork(), hook=rec.transfer_hook(s),
-                                  shaper=control.shaper) for s in streams[1:]]
+                                  shaper=control.shaper) for s in lanes[1:]]
         self.control = control
         self.control_reducer = AllReduce(self.control, "brd" if group.size > 1 else "ring",
                                          "fp32", check=False)
         # hybrid's calibration (`autocal`): agreed here, on the main thread, by every member
         calibration = resolve(control, calibration, algorithm)
         self.threads = [CommThread(f"approxdist-{name}-{s}", lk, algorithm, calibration, rec, s)
-                        for s, lk in zip(streams[1:], links[1:])]
+                        for s, lk in zip(lanes[1:], links[1:])]
         self._balance = Balancer(len(self.threads))
 
     def new_round(self) -> None:
@@ -195,4 +195,4 @@ class CommPool:
             t.close()
         self.control.close()  # the shared shaper: posts what it still holds, then stops
         for lk in self.links:
-            lk.group.release()  # the streams go back to the group for the next engine
+            lk.group.release()  # the lanes go back to the group for the next engine

@@ -3,7 +3,7 @@
 Single-process training leaves `.grad` None for a parameter the combined batch never
 reached, and `optimizer.step()` then skips it (no weight decay, no momentum). To match,
 each rank flags the parameters that had a gradient, the flags are summed exactly over
-the control stream at the end of backward (one small fp32 all-reduce, on the main
+the control lane at the end of backward (one small fp32 all-reduce, on the main
 thread, in the same place on every rank), and a parameter whose sum is 0 keeps
 `.grad = None`. Reduced buckets wait for the flags before their gradients are used.
 """

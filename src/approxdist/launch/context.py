@@ -25,7 +25,7 @@ class DistContext:
     backend: str = "none"
     timeout_s: float = 120.0
     #: `host:port` of the store where the tolerant launcher posts lost ranks
-    #: (`launch/losses.py`); empty when a dead rank ends the run
+    #: (`launch/lost_ranks.py`); empty when a dead rank ends the run
     board: str = ""
 
     @property

@@ -7,14 +7,14 @@ asks torch.distributed for the world's size or rank, so the same code runs on th
 world, on a stage's replicas or on a pipeline placed on ranks [2, 0, 3] (picotron's
 process-group manager; torch.distributed.pipelining's `stage_index_to_group_rank`).
 
-A group owns one torch.distributed process group, its *stream*: messages and
-collectives of different streams never match each other. `fork()` hands out another
-stream over the same members (communication threads each need their own) and
+A group owns one torch.distributed process group, its *lane*: messages and
+collectives of different lanes never match each other. `fork()` hands out another
+lane over the same members (communication threads each need their own) and
 `release()` gives it back; the members fork and release in the same order. Creating a
 process group is a collective over the whole world (torch.distributed's rule; its
 members-only variant names groups by how many each rank already has, which differs
-between ranks that belong to different sub-groups), so a sub-group's spare streams are
-made with it: `new_group(ctx, ranks, streams=k)`. Only the world's own streams are made
+between ranks that belong to different sub-groups), so a sub-group's spare lanes are
+made with it: `new_group(ctx, ranks, lanes=k)`. Only the world's own lanes are made
 on demand, when every rank forks (every rank is a member). torch numbers a group's
 members in sorted order whatever order they were given in; `Group` keeps that mapping
 (`backend_rank`) so callers never see it. `approxdist.topology.make_groups` calls
@@ -52,7 +52,7 @@ def check_ranks(ranks: Sequence[int], world_size: int, what: str = "group") -> t
 
 
 class Group:
-    """This process's view of an ordered set of global ranks and one stream among them."""
+    """This process's view of an ordered set of global ranks and one lane among them."""
 
     def __init__(self, ranks: Sequence[int], me: int, pg: Any = None, *, name: str = "world",
                  backend_ranks: Sequence[int] | None = None,
@@ -64,7 +64,7 @@ class Group:
         self.rank = self.ranks.index(me)
         self._pg = pg  # None: the default (world) group of torch.distributed, if any
         self._backend = tuple(backend_ranks) if backend_ranks is not None else self.ranks
-        #: streams over the same members not in use, shared by every fork of this group
+        #: lanes over the same members not in use, shared by every fork of this group
         self._spares: collections.deque[Any] = spares if spares is not None else collections.deque()
         self._forked = False
 
@@ -94,7 +94,7 @@ class Group:
             raise CommError(f"rank {global_rank} is not a member of {self.describe()}") from None
 
     def backend_rank(self, member: int) -> int:
-        """The rank torch.distributed gives member `member` inside this group's stream."""
+        """The rank torch.distributed gives member `member` inside this group's lane."""
         return self._backend[member]
 
     def lost_ranks(self) -> frozenset[int]:
@@ -107,7 +107,7 @@ class Group:
     def __repr__(self) -> str:
         return f"Group({self.name!r}, ranks={list(self.ranks)}, rank={self.rank})"
 
-    # -- the stream ---------------------------------------------------------------------
+    # -- the lane -----------------------------------------------------------------------
     @property
     def distributed(self) -> bool:
         """Whether messages can flow: more than one member and a process group exists."""
@@ -115,15 +115,15 @@ class Group:
 
     @property
     def pg(self) -> Any:
-        """The torch.distributed process group of this stream."""
+        """The torch.distributed process group of this lane."""
         return self._pg if self._pg is not None else dist.group.WORLD
 
     @property
-    def spare_streams(self) -> int:
+    def spare_lanes(self) -> int:
         return len(self._spares)
 
     def fork(self, name: str | None = None) -> Group:
-        """Another stream over the same members: a spare one, or for the world a new one.
+        """Another lane over the same members: a spare one, or for the world a new one.
 
         Every member calls it, in the same order; `release()` the result when done.
         """
@@ -136,8 +136,8 @@ class Group:
         elif sorted(self.ranks) == list(range(dist.get_world_size())):
             pg = dist.new_group(list(self.ranks))  # every rank is a member and forks with us
         else:
-            raise CommError(f"{self.describe()} has no spare stream left; create it with more "
-                            f"(new_group(ctx, ranks, streams=N) gives N - 1 to fork; DataParallel "
+            raise CommError(f"{self.describe()} has no spare lane left; create it with more "
+                            f"(new_group(ctx, ranks, lanes=N) gives N - 1 to fork; DataParallel "
                             f"with T communication threads forks T + 1)")
         forked = Group(self.ranks, self.me, pg, name=label, backend_ranks=self._backend,
                        spares=self._spares)
@@ -145,7 +145,7 @@ class Group:
         return forked
 
     def release(self) -> None:
-        """Give a stream from `fork()` back to the group's spares (members in the same order)."""
+        """Give a lane from `fork()` back to the group's spares (members in the same order)."""
         if self._forked:
             self._forked = False
             self._spares.append(self._pg)
@@ -189,24 +189,24 @@ def _backend_ranks(pg: Any, ranks: Sequence[int]) -> tuple[int, ...]:
 
 
 def world_group(ctx: DistContext) -> Group:
-    """Every rank of the job, in rank order, on torch.distributed's default stream."""
+    """Every rank of the job, in rank order, on torch.distributed's default lane."""
     return Group(range(ctx.world_size), ctx.rank, name="world")
 
 
 def new_group(ctx: DistContext, ranks: Sequence[int], name: str = "group",
-              streams: int = 1) -> Group | None:
-    """A sub-group of `ranks` in the given order with `streams` streams (one to use, the
+              lanes: int = 1) -> Group | None:
+    """A sub-group of `ranks` in the given order with `lanes` lanes (one to use, the
     rest spares for `fork()`); None on ranks outside it.
 
     A collective over the whole world: every rank calls it with the same arguments, in
     the same order (torch.distributed's rule for `new_group`).
     """
     members = check_ranks(ranks, ctx.world_size, name)
-    if streams < 1:
-        raise ConfigError(f"{name}: streams = {streams} must be >= 1")
+    if lanes < 1:
+        raise ConfigError(f"{name}: lanes = {lanes} must be >= 1")
     if not (ctx.distributed and dist.is_initialized()):
         return Group(members, ctx.rank, name=name) if ctx.rank in members else None
-    pgs = [dist.new_group(sorted(members)) for _ in range(streams)]
+    pgs = [dist.new_group(sorted(members)) for _ in range(lanes)]
     if ctx.rank not in members:
         return None
     return Group(members, ctx.rank, pgs[0], name=name,

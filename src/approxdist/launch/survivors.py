@@ -24,7 +24,7 @@ import torch
 
 from approxdist.errors import CommError
 from approxdist.launch.group import Group
-from approxdist.launch.losses import LossBoard
+from approxdist.launch.lost_ranks import LossBoard
 
 _PREFIX = "approxdist/survivors"
 _POLL_S = 0.002

@@ -4,7 +4,7 @@ torch's elastic agent (`launch/local.py`, torchrun) stops every rank as soon as 
 exits. This launcher starts the ranks itself (one spawned process each, the torchrun
 environment variables set) and hosts the run's c10d store, which the ranks join as
 clients. When a rank that `expendable` allows to die ends without finishing (killed,
-crashed), the launcher posts it on the store's loss board (`launch/losses.py`), prints a
+crashed), the launcher posts it on the store's loss board (`launch/lost_ranks.py`), prints a
 warning line naming it and lets the others go on; when any other rank fails it stops the
 rest and raises a `LaunchError` naming the failed rank(s), as `launch_local` does.
 """
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from approxdist.errors import LaunchError
 from approxdist.launch.context import prefer_loopback
 from approxdist.launch.local import HOST, signal_suffix
-from approxdist.launch.losses import LossBoard
+from approxdist.launch.lost_ranks import LossBoard
 from approxdist.launch.ports import free_port
 
 _POLL_S = 0.1

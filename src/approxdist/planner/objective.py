@@ -39,7 +39,7 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32
 from approxdist.planner.cost.links import Network
 from approxdist.planner.cost.memory import OPTIMIZER_STATES
-from approxdist.planner.cost.overhead import NONE, EngineOverhead
+from approxdist.planner.cost.overhead import NONE, RuntimeOverhead
 from approxdist.planner.cost.pipeline import (
     Boundary,
     PipelinePlan,
@@ -70,7 +70,7 @@ class SolverSettings:
     optimizer_s_per_byte: float = 0.0
     stages: int | None = None  # a fixed stage count; None: any
     #: the engines' own CPU work per action and per step (`cost.overhead`; zeros: unpriced)
-    overhead: EngineOverhead = NONE
+    overhead: RuntimeOverhead = NONE
     keep: int = 5  # best plans the solver returns
     front: int = 12  # plans a cell of the solver's table keeps at most (exact below it)
 

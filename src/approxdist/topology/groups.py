@@ -75,9 +75,9 @@ def default_spans(mesh: Mesh) -> list[Span]:
 
 
 def make_groups(mesh: Mesh, ctx: DistContext, spans: Sequence[Span] | None = None,
-                streams: Mapping[Span, int] | None = None) -> MeshGroups:
+                lanes: Mapping[Span, int] | None = None) -> MeshGroups:
     """Create every group of `spans` (default `default_spans`; a collective over the
-    world); this rank's groups. `streams[span]` is how many streams each group of the span
+    world); this rank's groups. `lanes[span]` is how many lanes each group of the span
     gets (its own and spares to fork: a data-parallel reducer with T threads forks T + 1,
     so needs T + 2); the world's are made when forked."""
     check_world(mesh, ctx.world_size)
@@ -92,7 +92,7 @@ def make_groups(mesh: Mesh, ctx: DistContext, spans: Sequence[Span] | None = Non
             if ranks == world.ranks:
                 group: Group | None = Group(world.ranks, ctx.rank, name=name)
             else:
-                group = new_group(ctx, ranks, name, (streams or {}).get(span, 1))
+                group = new_group(ctx, ranks, name, (lanes or {}).get(span, 1))
             if group is not None:
                 mine[span] = group
     return MeshGroups(mesh, place, world, mine)

@@ -3,7 +3,7 @@
 A trace is `{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}`. Every
 rank is a process (`pid` = rank, row named "rank N"); every thread that recorded is a
 thread row (`tid` 0, 1, ... named after the thread); link transfers sit on virtual rows
-"send to rank P" / "recv from rank P" (tid >= `VIRTUAL_TID`), split into extra lanes
+"send to rank P" / "recv from rank P" (tid >= `VIRTUAL_TID`), split into extra rows
 when transfers overlap, so that every row holds properly nested slices. Spans are
 complete events (`ph: "X"`, `ts`/`dur` in microseconds from the common zero), markers
 are instants (`ph: "i"`), and names come from metadata events (`ph: "M"`).
@@ -28,22 +28,22 @@ def _us(ns: int) -> float:
     return round(ns / 1e3, 3)
 
 
-def _lanes(events: list[Event]) -> dict[str, list[Event]]:
-    """Virtual-row events per lane name; overlapping events go to lanes "R (2)", ..."""
-    rows: dict[str, list[Event]] = {}
+def _rows(events: list[Event]) -> dict[str, list[Event]]:
+    """Virtual-row events per row name; overlapping events go to rows "R (2)", ..."""
+    named: dict[str, list[Event]] = {}
     for ev in events:
         if isinstance(ev[4], str):
-            rows.setdefault(ev[4], []).append(ev)
-    lanes: dict[str, list[Event]] = {}
-    for row, evs in rows.items():
-        ends: list[int] = []  # end of the last event of each lane
+            named.setdefault(ev[4], []).append(ev)
+    rows: dict[str, list[Event]] = {}
+    for row, evs in named.items():
+        ends: list[int] = []  # end of the last event of each row
         for ev in sorted(evs, key=lambda e: (e[2], e[3])):
             k = next((i for i, end in enumerate(ends) if end <= ev[2]), len(ends))
             if k == len(ends):
                 ends.append(ev[3])
             ends[k] = ev[3]
-            lanes.setdefault(row if k == 0 else f"{row} ({k + 1})", []).append(ev)
-    return lanes
+            rows.setdefault(row if k == 0 else f"{row} ({k + 1})", []).append(ev)
+    return rows
 
 
 def _event(ev: Event, pid: int, tid: int, origin_ns: int) -> dict[str, Any]:
@@ -74,9 +74,9 @@ def rank_trace(rec: Recorder) -> TraceDict:
         out += [_meta("thread_name", pid, tid, name=name),
                 _meta("thread_sort_index", pid, tid, sort_index=tid)]
     out += [_event(ev, pid, ev[4], rec.origin_ns) for ev in events if isinstance(ev[4], int)]
-    for i, (lane, evs) in enumerate(sorted(_lanes(events).items())):
+    for i, (name, evs) in enumerate(sorted(_rows(events).items())):
         tid = VIRTUAL_TID + i
-        out += [_meta("thread_name", pid, tid, name=lane),
+        out += [_meta("thread_name", pid, tid, name=name),
                 _meta("thread_sort_index", pid, tid, sort_index=tid)]
         out += [_event(ev, pid, tid, rec.origin_ns) for ev in evs]
     info = {"clock": rec.clock, "dropped": rec.dropped, **rec.meta}

@@ -125,23 +125,23 @@ class Recorder:
         tid = self._tid()
         self._threads[threading.get_ident()] = (tid, name)
 
-    def transfer_hook(self, stream: str = "") -> TraceHook | None:
+    def transfer_hook(self, lane: str = "") -> TraceHook | None:
         """A link-layer hook turning each `TransferEvent` into a `transfer` event with bytes.
 
-        Give every `Link` between the same two ranks its own `stream` name, the same on
+        Give every `Link` between the same two ranks its own `lane` name, the same on
         both ranks (e.g. "comm0"): messages are matched in order per link, not across links.
         """
         def hook(event: TransferEvent) -> None:
-            self._on_transfer(event, stream)
+            self._on_transfer(event, lane)
         return hook
 
-    def _on_transfer(self, ev: TransferEvent, stream: str) -> None:
+    def _on_transfer(self, ev: TransferEvent, lane: str) -> None:
         src, dst = (ev.rank, ev.peer) if ev.direction == "send" else (ev.peer, ev.rank)
         row = f"{ev.direction} {'to' if ev.direction == 'send' else 'from'} rank {ev.peer}"
         args: dict[str, Any] = {"bytes": ev.nbytes, "src": src, "dst": dst,
                                 "direction": ev.direction}
-        if stream:
-            row, args["stream"] = f"{row} [{stream}]", stream
+        if lane:
+            row, args["lane"] = f"{row} [{lane}]", lane
         self._add((f"{ev.direction} {src}->{dst}", TRANSFER, int(ev.start_s * 1e9),
                    int(ev.end_s * 1e9), row, args))
 
@@ -203,7 +203,7 @@ class NullRecorder(Recorder):
     def name_thread(self, name: str) -> None:
         return None
 
-    def transfer_hook(self, stream: str = "") -> TraceHook | None:
+    def transfer_hook(self, lane: str = "") -> TraceHook | None:
         return None
 
 

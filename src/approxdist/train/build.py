@@ -21,7 +21,7 @@ from approxdist.data import ShardedBatches, TensorDataset, load_dataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
-from approxdist.launch.losses import LossBoard
+from approxdist.launch.lost_ranks import LossBoard
 from approxdist.launch.survivors import SurvivorGroup
 from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace import NULL_RECORDER, Recorder
@@ -57,7 +57,7 @@ def engine_for(cfg: Config, ctx: DistContext, data: TensorDataset,
     every rank makes the groups). What `train` steps; `plan validate` times it too."""
     mode = mode_of(cfg)
     mesh = mode.mesh(cfg)
-    groups = make_groups(mesh, ctx, mode.spans(mesh), streams={("dp",): cfg.dp.threads + 2})
+    groups = make_groups(mesh, ctx, mode.spans(mesh), lanes={("dp",): cfg.dp.threads + 2})
     if cfg.ps.tolerate_worker_loss:
         groups = survivable(groups, ctx)
     return mode.engine(first_phase(cfg), ctx, groups, data, rec), groups

@@ -62,7 +62,7 @@ def _check_worker_loss(cfg: Config) -> None:
 def check_dp(cfg: Config) -> None:
     """The `[dp]` section's algorithm (the approxdist reducer's)."""
     dp = cfg.dp
-    if dp.engine == "approxdist" and dp.algorithm not in algorithm_names():
+    if dp.reducer == "approxdist" and dp.algorithm not in algorithm_names():
         raise ConfigError(f"dp.algorithm = {dp.algorithm!r} is not one of: "
                           f"{', '.join(algorithm_names())}")
 

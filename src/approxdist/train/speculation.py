@@ -24,7 +24,7 @@ from torch.nn import functional as F  # noqa: N812
 from approxdist.adaptive.candidates import candidate_rules
 from approxdist.adaptive.controller import AdaPrecController
 from approxdist.train.engine import StepOutcome
-from approxdist.train.engines.replicated import ReplicatedEngine
+from approxdist.train.engines.data_parallel import DataParallelEngine
 from approxdist.train.snapshot import Position, RunSnapshot
 from approxdist.train.trainer import Trainer
 
@@ -46,7 +46,7 @@ class TrainerRun:
     def __init__(self, trainer: Trainer, wire: str, val_x: torch.Tensor,
                  val_y: torch.Tensor) -> None:
         engine = trainer.engine
-        assert isinstance(engine, ReplicatedEngine)
+        assert isinstance(engine, DataParallelEngine)
         self.trainer, self.engine, self.wire = trainer, engine, wire
         group = trainer.groups.replicas
         lo = val_x.shape[0] * group.rank // group.size

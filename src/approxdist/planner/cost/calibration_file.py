@@ -19,7 +19,7 @@ for loopback only) and, when fitted, how (`fit`, for the reader; a hand-written 
 needs none); `codecs` maps a codec spec to its seconds per fp32 byte; `optimizers`
 (optional) maps an optimizer (`sgd`, `momentum`, `adam`) to the seconds its step takes
 per byte of parameters (`optimizer_step_s` measures it); `engine` (optional) the engines'
-own CPU work per pipeline action and per step (`overhead.EngineOverhead`, fitted on a tiny
+own CPU work per pipeline action and per step (`overhead.RuntimeOverhead`, fitted on a tiny
 model's runs by `approxdist plan validate`). A file that is
 missing, not JSON, someone else's JSON or holds a bad value gives one `DataError` line
 naming the file, the key and the value.
@@ -39,7 +39,7 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.cost.memory import OPTIMIZER_STATES
 from approxdist.planner.cost.overhead import FIELDS as OVERHEAD_FIELDS
-from approxdist.planner.cost.overhead import NONE, EngineOverhead
+from approxdist.planner.cost.overhead import NONE, RuntimeOverhead
 from approxdist.text import write_json
 
 FORMAT = "approxdist-cost-calibration"
@@ -61,13 +61,13 @@ class CostCalibration:
     #: seconds of one optimizer step per parameter byte, by optimizer name
     optimizers: Mapping[str, float] = field(default_factory=dict)
     #: the engines' CPU work per action and per step (zeros: not measured, not priced)
-    overhead: EngineOverhead = NONE
+    overhead: RuntimeOverhead = NONE
 
     @classmethod
     def of(cls, fits: tuple[Fit, ...] = (), levels: tuple[LinkLevel, ...] = (),
            codecs: Mapping[str, CodecCost] | None = None,
            optimizers: Mapping[str, float] | None = None,
-           overhead: EngineOverhead = NONE) -> CostCalibration:
+           overhead: RuntimeOverhead = NONE) -> CostCalibration:
         """From fitted and hand-given levels (a name given twice: the last wins)."""
         all_levels = {f.level.name: f.level for f in fits} | {lv.name: lv for lv in levels}
         return cls(all_levels, dict(codecs or {}),
@@ -165,13 +165,13 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
                            _engine(f"{where} engine", data.get("engine")))
 
 
-def _engine(where: str, entry: Any) -> EngineOverhead:
+def _engine(where: str, entry: Any) -> RuntimeOverhead:
     """The engines' overheads (absent: none)."""
     if entry is None:
         return NONE
     _keys(where, entry, OVERHEAD_FIELDS)
     try:
-        return EngineOverhead(**entry)
+        return RuntimeOverhead(**entry)
     except ConfigError as exc:
         raise DataError(f"{where}: {exc}") from None
 

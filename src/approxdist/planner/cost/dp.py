@@ -17,7 +17,7 @@ order, as the reducer launches them):
 with F and B the summed forward and backward seconds. The exposed communication is
 max(B, e_last) - B: what the backward did not hide. Without overlap every bucket is ready
 at B. The optimizer step is a given number of seconds, and the engine's own work per
-step (`DPOptions.step_overhead_s`, `overhead.EngineOverhead.dp_step_s`, measured on a tiny
+step (`DPOptions.step_overhead_s`, `overhead.RuntimeOverhead.dp_step_s`, measured on a tiny
 model) is added like compute; its work per gradient byte (`byte_overhead_s`: copies into
 and out of the bucket, averaging) lengthens each bucket's all-reduce.
 

@@ -7,7 +7,7 @@ link layer, the loss of the last stage) and each engine's per-step work (zero_gr
 the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). On this
 2-core machine these are not small: a 2-stage pipeline of a 3-block MLP of width 16
 (0.2 ms of forward + backward for the whole model) takes about 0.6 ms per micro-batch.
-`EngineOverhead` holds five numbers, all CPU seconds on one rank:
+`RuntimeOverhead` holds five numbers, all CPU seconds on one rank:
 
 - `action_s`: one forward or one backward of one micro-batch on one pipeline stage
   (charged to every such action of a pipeline or hybrid schedule);
@@ -49,7 +49,7 @@ FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s", "shared_actio
 
 
 @dataclass(frozen=True)
-class EngineOverhead:
+class RuntimeOverhead:
     """Seconds of engine CPU work per action and per step (see the module docstring)."""
 
     action_s: float = 0.0
@@ -70,7 +70,7 @@ class EngineOverhead:
         return {k: float(getattr(self, k)) for k in FIELDS}
 
 
-NONE = EngineOverhead()
+NONE = RuntimeOverhead()
 
 
 @dataclass(frozen=True)

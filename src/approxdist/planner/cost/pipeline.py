@@ -19,7 +19,7 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
   has finished its last backward (PipeDream's weight sync after the flush).
 
 Every coding and link term is multiplied by the level's load (loopback: busy ranks /
-cores). The engines' own work (`overhead.EngineOverhead`, measured on a tiny model) adds
+cores). The engines' own work (`overhead.RuntimeOverhead`, measured on a tiny model) adds
 `action_s` to every forward and every backward of a micro-batch, `pipeline_step_s` once
 per step and `dp_byte_s` per gradient byte to a replicated stage's all-reduce, all CPU
 work like the compute. Compute is the profile's, except where more ranks than cores
@@ -56,7 +56,7 @@ from approxdist.pipeline.schedule.simulate import Route, stage_route
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32, allreduce_time
 from approxdist.planner.cost.links import LinkLevel, Network
-from approxdist.planner.cost.overhead import NONE, EngineOverhead
+from approxdist.planner.cost.overhead import NONE, RuntimeOverhead
 from approxdist.planner.profile import Profile
 from approxdist.topology.dealing import Dealing
 
@@ -194,7 +194,7 @@ def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algori
 
 
 def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
-                    compute_scale: float = 1.0, overhead: EngineOverhead = NONE,
+                    compute_scale: float = 1.0, overhead: RuntimeOverhead = NONE,
                     sync_scale: float | None = None) -> StageDurations:
     """Each stage's `StageTimes` under `plan` on `network` (see the module docstring), its
     compute and the engine's per-action work `compute_scale` times the profile's and
@@ -245,7 +245,7 @@ def _send(level: LinkLevel, busy: int, codec: CodecCost,
 
 
 def pipeline_time(profile: Profile, plan: PipelinePlan, network: Network,
-                  optimizer_s: float = 0.0, overhead: EngineOverhead = NONE) -> PipelineTime:
+                  optimizer_s: float = 0.0, overhead: RuntimeOverhead = NONE) -> PipelineTime:
     """Simulate `plan`'s schedule with its priced actions; the step time and its parts
     (`overhead`: the engine's work per action and per step, see the module docstring)."""
     if not (isinstance(optimizer_s, (int, float)) and math.isfinite(optimizer_s)

@@ -9,7 +9,7 @@ gradients for little compute), for the data-parallel engine's work per gradient 
 and 32 micro-batches; data parallelism of `TINY` and of `WIDE`), each as the config
 sections `train --plan` would run; `fit` prices each with the cost model at zero
 overhead and its growth per second of the overhead (secant slopes, refined), and solves
-for `EngineOverhead`. Where the validation runs more ranks than the machine has cores,
+for `RuntimeOverhead`. Where the validation runs more ranks than the machine has cores,
 `shared_plans` adds pipelines of `SHARED` (an MLP of width 512, 2 ms of forward +
 backward per micro-batch of 32 here) with one stage per rank on those world sizes,
 GPipe and 1F1B at N and 4N micro-batches, for `shared_action_s`: what each action adds
@@ -31,8 +31,8 @@ from approxdist.errors import DataError
 from approxdist.planner.cost.dp import DPOptions, dp_time
 from approxdist.planner.cost.links import Network
 from approxdist.planner.cost.overhead import (
-    EngineOverhead,
     OverheadRow,
+    RuntimeOverhead,
     fit_linear,
 )
 from approxdist.planner.cost.pipeline import (
@@ -115,12 +115,12 @@ def _stages(profile: Profile) -> tuple[Stage, ...]:
 
 
 def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
-         optimizer_s_per_byte: float = 0.0, probe: EngineOverhead | None = None
+         optimizer_s_per_byte: float = 0.0, probe: RuntimeOverhead | None = None
          ) -> list[OverheadRow]:
     """Every timed run of `plans` as an `OverheadRow`: measured seconds per step, the cost
     model's at zero overhead, and its slope in `action_s` (pipelines) or `dp_byte_s` (data
     parallelism) between 0 and `probe`'s value. `profiles`: `TINY` and `WIDE` by label."""
-    at = probe or EngineOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
+    at = probe or RuntimeOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     out = []
     for key, seconds in measured.items():
         if key.startswith("shared/"):
@@ -140,14 +140,14 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
         opt = optimizer_step_s(profile, cut, optimizer_s_per_byte)
         zero = pipeline_time(profile, plan, network, opt).step_s
         grown = pipeline_time(profile, plan, network, opt,
-                              EngineOverhead(action_s=at.action_s)).step_s
+                              RuntimeOverhead(action_s=at.action_s)).step_s
         out.append(OverheadRow(key, seconds, zero, (grown - zero) / at.action_s))
     return out
 
 
 def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
                 measured: dict[str, float], optimizer_s_per_byte: float,
-                overhead: EngineOverhead, probe: float = PROBE_S) -> list[OverheadRow]:
+                overhead: RuntimeOverhead, probe: float = PROBE_S) -> list[OverheadRow]:
     """Every shared run as an `OverheadRow`: measured, the cost model's prediction with
     `overhead` and no `shared_action_s`, and its growth per second of it (secant to
     `probe`). `profiles` and `networks`: `SHARED`'s profile (as its compute costs under
@@ -173,7 +173,7 @@ def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network]
 
 def fit_shared(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
                measured: dict[str, float], optimizer_s_per_byte: float,
-               overhead: EngineOverhead) -> tuple[float, float, list[OverheadRow]]:
+               overhead: RuntimeOverhead) -> tuple[float, float, list[OverheadRow]]:
     """(`shared_action_s`, rms relative error, the rows of the last round): the one
     unknown >= 0 by least squares on the relative error, its slopes refined by secants."""
     probe, found = PROBE_S, 0.0
@@ -197,16 +197,16 @@ def fit_shared(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
 
 def fit(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
         optimizer_s_per_byte: float = 0.0
-        ) -> tuple[EngineOverhead, dict[str, float], list[OverheadRow]]:
+        ) -> tuple[RuntimeOverhead, dict[str, float], list[OverheadRow]]:
     """The engines' overhead from the timed 2-rank runs, each fit's rms relative error
     (`pipeline`, `dp`) and the rows of the last round (slopes refined by secants, `REFINE`
     times); `shared_action_s` is `fit_shared`'s."""
-    probe = EngineOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
+    probe = RuntimeOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     for _ in range(1 + REFINE):
         found = rows(profiles, network, measured, optimizer_s_per_byte, probe)
         action, step, pipe_rms = fit_linear([r for r in found if r.key not in MODELS])
         per_byte, dp_step, dp_rms = fit_linear([r for r in found if r.key in MODELS])
-        got = EngineOverhead(action, step, dp_step, per_byte)
+        got = RuntimeOverhead(action, step, dp_step, per_byte)
         nxt = replace(probe, **{k: v for k, v in (("action_s", action), ("dp_byte_s", per_byte))
                                 if v > 0})
         if nxt == probe:

@@ -9,7 +9,7 @@ from approxdist.config.schema import Config
 from approxdist.config.wire import Wire
 from approxdist.errors import ConfigError
 from approxdist.topology import Mesh
-from approxdist.train.engines.replicated import build_replicated
+from approxdist.train.engines.data_parallel import build_data_parallel
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, register
 from approxdist.train.parts import check_dp, check_wire
 
@@ -28,7 +28,7 @@ def _check_single(cfg: Config) -> None:
 
 SINGLE = register(Mode(
     name="single", help="one process, no communication", axes=frozenset({"dp"}),
-    mesh=lambda cfg: Mesh.single(), engine=build_replicated,
+    mesh=lambda cfg: Mesh.single(), engine=build_data_parallel,
     implied=_single_implied, check=_check_single))
 
 
@@ -42,9 +42,9 @@ def _dp_implied(sections: Sections) -> Sections:
 
 def _check_dp(cfg: Config) -> None:
     dp, grad, world = cfg.dp, cfg.wire.grad, cfg.train.world_size
-    if dp.engine == "plain":
+    if dp.reducer == "plain":
         _check_plain(cfg)
-    if grad.adaptive and (world < 2 or dp.engine != "approxdist" or dp.early_forward):
+    if grad.adaptive and (world < 2 or dp.reducer != "approxdist" or dp.early_forward):
         raise ConfigError(f"wire.grad.codec = {grad.codec!r}: AdaPrec switches the codecs of a "
                           f"data-parallel run's buckets; use --parallel dp with --world-size "
                           f"2 or more, the approxdist engine and no --early-forward")
@@ -55,20 +55,20 @@ def _check_dp(cfg: Config) -> None:
 def _check_plain(cfg: Config) -> None:
     """The plain baseline is one `dist.all_reduce` of fp32 gradients, nothing else."""
     if cfg.comm.link and cfg.train.world_size > 1:
-        raise ConfigError(f"comm.link = {cfg.comm.link!r}: the plain dp engine reduces with "
+        raise ConfigError(f"comm.link = {cfg.comm.link!r}: the plain dp reducer reduces with "
                           f"dist.all_reduce, which the link emulation cannot shape; drop --link "
-                          f"or use --dp-engine approxdist")
+                          f"or use --dp-reducer approxdist")
     changed = [f"wire.grad.{f.name}" for f in fields(Wire)
                if getattr(cfg.wire.grad, f.name) != getattr(Wire(), f.name)]
     if changed:
-        raise ConfigError(f"dp.engine = 'plain' takes none of {', '.join(changed)}: it sends "
-                          f"fp32 through dist.all_reduce; use dp.engine = 'approxdist' "
-                          f"(--dp-engine approxdist)")
+        raise ConfigError(f"dp.reducer = 'plain' takes none of {', '.join(changed)}: it sends "
+                          f"fp32 through dist.all_reduce; use dp.reducer = 'approxdist' "
+                          f"(--dp-reducer approxdist)")
 
 
 DP = register(Mode(
     name="dp", help="data parallelism: every rank a replica, gradients all-reduced "
                     "(docs/data_parallel.md)",
-    axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_replicated,
+    axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_data_parallel,
     options=("comm.*", "dp.*", "adaprec.*", "wire.grad.*"), implied=_dp_implied,
     check=_check_dp))

@@ -75,10 +75,10 @@ def _hybrid_implied(sections: Sections) -> Sections:
 
 
 def _check_hybrid(cfg: Config) -> None:
-    if cfg.dp.engine != "approxdist" or cfg.dp.early_forward:
+    if cfg.dp.reducer != "approxdist" or cfg.dp.early_forward:
         raise ConfigError("--parallel hybrid: a replicated stage sums its gradients during "
                           "the last micro-batch's backward and steps after the flush, which "
-                          "the plain engine and early forward cannot; drop --dp-engine plain "
+                          "the plain engine and early forward cannot; drop --dp-reducer plain "
                           "and --early-forward")
     if cfg.wire.grad.adaptive:
         raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec switches the "

@@ -18,7 +18,7 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
-from approxdist.data_parallel.engine import DataParallel
+from approxdist.data_parallel.module import DataParallel
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
@@ -31,7 +31,7 @@ from approxdist.train.optim import make_sgd
 from approxdist.train.task import Task, task_named
 
 
-class ReplicatedEngine:
+class DataParallelEngine:
     """`model` on this rank; `sync` (None on one rank) averages gradients over its replicas."""
 
     feeds_inputs = True
@@ -121,7 +121,7 @@ class ReplicatedEngine:
         if name != "grad" or not isinstance(self.sync, DataParallel):
             raise ConfigError(f"switching wire {name!r} during training needs the approxdist "
                               f"data-parallel reducer on 2 or more ranks (wire 'grad'); use "
-                              f"--world-size 2 (or more) and drop --dp-engine plain")
+                              f"--world-size 2 (or more) and drop --dp-reducer plain")
         self.sync.set_codecs(rules, codec)
         self.codec = codec
 
@@ -137,8 +137,8 @@ class ReplicatedEngine:
             self.sync.close()
 
 
-def build_replicated(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
-                     rec: Recorder) -> ReplicatedEngine:
+def build_data_parallel(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
+                     rec: Recorder) -> DataParallelEngine:
     """The model from `cfg.train.seed`, an SGD optimiser and, with replicas, `cfg.dp`'s sync."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
@@ -146,5 +146,5 @@ def build_replicated(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Te
     sync = build_reducer(cfg.dp, model, groups.replicas, wire=cfg.wire.grad, ctx=ctx,
                          link=cfg.comm.link, optimizer=optimizer, rec=rec) \
         if groups.replicas.size > 1 else None
-    return ReplicatedEngine(model, optimizer, groups, sync, rec, task_named(data.task),
+    return DataParallelEngine(model, optimizer, groups, sync, rec, task_named(data.task),
                             cfg.wire.grad.codec)
