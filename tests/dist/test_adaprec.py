@@ -191,3 +191,59 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
         assert rank["adaprec"]["a"]["train_steps"] == steps + speculated - a["reused_steps"]
         mine = rank["adaprec"]["a"]["summary"]["adaprec"]
         assert mine["chosen"] == a["chosen"] and mine["blacklist"] == a["blacklist"]
+
+
+#: AdaPrec on the other engines with a gradient wire: a parameter server's pushes (1 server,
+#: 2 workers, sync) and a hybrid's replica all-reduce (stage 0 on 1 rank, stage 1 on 2)
+OTHER_MODES: dict[str, dict[str, Any]] = {
+    "ps": {"train": {"parallel": "ps", "world_size": 3},
+           "ps": {"servers": 1, "workers": 2, "mode": "sync"}, "wire": "push"},
+    "hybrid": {"train": {"parallel": "hybrid", "world_size": 3},
+               "pipeline": {"stages": 2, "replicas": [1, 2], "microbatches": 4,
+                            "schedule": "1f1b"}, "wire": "grad"},
+}
+
+
+def _other_modes(ctx: DistContext, root: str) -> dict[str, Any]:
+    """Per mode: plain fp32 (the same held-out split, no controller) and AdaPrec between
+    fp32 and a sign-dropping poison."""
+    out: dict[str, Any] = {}
+    for mode, keys in OTHER_MODES.items():
+        for name, codec in (("plain", "fp32"), ("a", f"fp32,{POISON}")):
+            sec = {k: dict(v) for k, v in ADAPREC.items()}
+            sec["train"].update(keys["train"], epochs=1)
+            sec.update({k: v for k, v in keys.items() if k not in ("train", "wire")})
+            sec["data"] = {**sec["data"], "batch_size": 32}
+            sec["wire"] = {keys["wire"]: {"codec": f"adaprec:{codec}"}}
+            if name == "plain":
+                sec["adaprec"] = {**sec["adaprec"], "phase_steps": 1000, "speculate_steps": 1,
+                                  "points": 1}
+            trainer = build_trainer(build_config(sec), ctx, Path(root) / f"{mode}-{name}",
+                                    False)
+            summary = trainer.run()
+            out[f"{mode}-{name}"] = {
+                "adaprec": summary["adaprec"], "wires": trainer.engine.wires(),
+                "weights": {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}}
+    return out
+
+
+def test_adaprec_drives_a_parameter_servers_pushes_and_a_hybrids_replicas(
+        tmp_path: Path) -> None:
+    """Every speculation in the poison is rolled back exactly: the run equals plain fp32
+    training bit for bit on every rank (a server's shard, every worker, every stage)."""
+    ranks = run_on_ranks(_other_modes, 3, str(tmp_path), timeout_s=300)
+    for mode, keys in OTHER_MODES.items():
+        decided = ranks[0][f"{mode}-a"]["adaprec"]
+        assert len(decided["chosen"]) > 1, mode  # it did reach decisions
+        assert [c for _, c in decided["chosen"]] == ["fp32"] * len(decided["chosen"]), mode
+        for rank in ranks:
+            assert rank[f"{mode}-a"]["adaprec"]["chosen"] == decided["chosen"], mode
+            plain, a = rank[f"{mode}-plain"]["weights"], rank[f"{mode}-a"]["weights"]
+            for k, v in plain.items():
+                assert torch.equal(a[k], v), (mode, k)
+            wires = rank[f"{mode}-a"]["wires"]
+            if keys["wire"] in wires:  # the codec in force is the one decided
+                assert wires[keys["wire"]] == "fp32", (mode, wires)
+    records = [json.loads(s) for s in (tmp_path / "ps-a" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert {r["wire"] for r in records if r.get("kind") == "adaprec"} == {"push"}

@@ -43,6 +43,7 @@ this class: its engine (`train/engines/param_server.py`) builds it with
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from approxdist.api.param_server_args import (
     stepping,
     wire_formats,
 )
+from approxdist.comm.codecs import get_codec
 from approxdist.comm.link import Link
 from approxdist.config.ps import PSConfig
 from approxdist.config.wire import Wire
@@ -326,6 +328,47 @@ class ParameterServer:
                 buffers[name].copy_(value)
         self.node.steps_run = int(state.get("steps", 0))
         self.node.start()  # every worker starts again from the servers' parameters
+
+    def local_state(self) -> dict[str, Any]:
+        """This rank's state without collectives, as references (an in-process snapshot
+        copies it; AdaPrec): the model (a server's shard is its parameters), a server's
+        optimiser state and bookkeeping, a worker's residuals and versions, the round's
+        counters. Only between steps of a sync run, where nothing is in flight."""
+        if self.node.mode.kind != "sync":
+            raise ConfigError(f"mode {self.node.mode.spec!r} keeps pushes in flight across "
+                              f"steps: a rank's state at a step is not its own; snapshots "
+                              f"need mode 'sync'")
+        node, server, worker = self.node, self.node.server, self.node.worker
+        out: dict[str, Any] = {"module": self.module.state_dict(),
+                               "counters": (node.done, node.steps_run, node.skipped)}
+        if server is not None:
+            out["server"] = {"optimizer": server.optimizer.state_dict(), "rules": server.rules,
+                             "histogram": server.histogram}
+        if worker is not None:
+            out["worker"] = {"versions": worker.versions, "base": worker.base,
+                             "feedback": worker.state_dict()}
+        return out
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        node, server, worker = self.node, self.node.server, self.node.worker
+        self.module.load_state_dict(state["module"])
+        node.done, node.steps_run, node.skipped = state["counters"]
+        if server is not None:
+            server.optimizer.load_state_dict(state["server"]["optimizer"])
+            server.rules, server.histogram = state["server"]["rules"], state["server"]["histogram"]
+        if worker is not None:
+            worker.versions = list(state["worker"]["versions"])
+            worker.base = list(state["worker"]["base"])
+            worker.load_state_dict(state["worker"]["feedback"])
+
+    def set_push_codec(self, codec: str) -> None:
+        """Send the next pushes in `codec` (every rank switches, servers decode with it;
+        the workers' residuals kept: AdaPrec)."""
+        wire = dataclasses.replace(self.wire, push=get_codec(codec))
+        self.wire = wire
+        for end in (self.node.server, self.node.worker):
+            if end is not None:
+                end.wire = wire
 
     def link_bytes(self) -> dict[str, int]:
         """Bytes this rank sent so far per directed link `"i->j"`."""

@@ -241,6 +241,15 @@ class Pipeline:
         return float(compute.loss_sum), int(compute.correct), ran
 
     @torch.no_grad()
+    def score_step(self, inputs: Any, targets: torch.Tensor | None,
+                   batch_size: int | None = None) -> tuple[float, int, int]:
+        """`eval_step`, scored by the probability of the true class (a `loss_fn` with a
+        `soft_sum`, as `train.task.Task`): (its sum, correct predictions, samples this rank
+        ran); zeros but the samples off the last stage (AdaPrec's signal)."""
+        _, correct, ran = self.eval_step(inputs, targets, batch_size)
+        return float(self.runtime.compute.soft_sum), correct, ran
+
+    @torch.no_grad()
     def evaluate(self, inputs: Any, targets: torch.Tensor | None,
                  batch_size: int | None = None) -> tuple[float, int] | None:
         """Forward-only pipeline over one batch in eval mode: (summed loss, correct

@@ -105,6 +105,12 @@ class ShardedBatches:
 
 def eval_shard(data: TensorDataset, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank r's contiguous share of the test set (shares differ by at most one sample)."""
-    n = data.test_x.shape[0]
+    return eval_shard_of(data.test_x, data.test_y, rank, world)
+
+
+def eval_shard_of(x: torch.Tensor, y: torch.Tensor, rank: int,
+                  world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's contiguous share of (x, y) (shares differ by at most one sample)."""
+    n = x.shape[0]
     lo, hi = n * rank // world, n * (rank + 1) // world
-    return data.test_x[lo:hi], data.test_y[lo:hi]
+    return x[lo:hi], y[lo:hi]

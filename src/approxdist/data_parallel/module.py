@@ -330,6 +330,13 @@ class DataParallel(nn.Module):
             if b.residuals is not None:
                 b.residuals.load_state_dict(state.get("residuals", {}))
 
+    def local_state(self) -> dict[str, Any]:
+        """This member's residuals without collectives (`ReplicaReducer`)."""
+        return self.get_extra_state()
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        self.set_extra_state(state)
+
     def checkpoint_state(self) -> dict[str, Any]:
         """Every member's extra state, in member order (a collective over the group), for
         a checkpoint written by one member."""

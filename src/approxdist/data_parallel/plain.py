@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from approxdist.data_parallel.buffer_stats import average_float_buffers
+from approxdist.errors import ConfigError
 from approxdist.launch.group import Group
 from approxdist.trace.phases import SYNC
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -83,6 +84,16 @@ class PlainAllReduce:
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
+
+    def local_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Stateless."""
+
+    def set_codecs(self, codec_rules: Sequence[str], codec: str) -> None:
+        raise ConfigError("the plain reducer sends fp32 through dist.all_reduce and cannot "
+                          "switch codecs; use --dp-reducer approxdist")
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         """Stateless."""

@@ -10,7 +10,7 @@ section. Callers never ask which one they hold.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -66,6 +66,15 @@ class ReplicaReducer(Protocol):
         """Every member's state (a collective over the group), for one checkpoint."""
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None: ...
+
+    def local_state(self) -> dict[str, Any]:
+        """This member's state without collectives (error-feedback residuals), as
+        references: what an in-process snapshot copies (AdaPrec)."""
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None: ...
+
+    def set_codecs(self, codec_rules: Sequence[str], codec: str) -> None:
+        """Send the next gradients in other codecs, keeping the residuals (AdaPrec)."""
 
     def close(self) -> None: ...
 

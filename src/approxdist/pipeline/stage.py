@@ -157,11 +157,16 @@ class StageCompute:
         self._live: dict[int, _InFlight] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.correct = torch.zeros((), dtype=torch.int64)
+        #: evaluation only: the true class's probability summed (a loss with `soft_sum`)
+        self.soft_sum = torch.zeros((), dtype=torch.float64)
+        self._soft = getattr(loss_fn, "soft_sum", None)
 
     def reset_step(self) -> None:
-        """Forget the previous step's loss and accuracy sums and the memory peak."""
+        """Forget the previous step's loss, accuracy and probability sums and the memory
+        peak."""
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.correct = torch.zeros((), dtype=torch.int64)
+        self.soft_sum = torch.zeros((), dtype=torch.float64)
         self.memory.peak = self.memory.live
 
     # -- training ---------------------------------------------------------------------
@@ -260,6 +265,8 @@ class StageCompute:
             assert labels is not None
             self.loss_sum += self.loss_fn(out, labels).double() * labels.shape[0]
             self.correct += self.count_hits(out, labels)
+            if self._soft is not None:
+                self.soft_sum += self._soft(out, labels)
         return out
 
 

@@ -81,6 +81,25 @@ class Engine(Protocol):
     def link_bytes(self) -> dict[str, int]:
         """Bytes this rank has handed to torch.distributed so far, per link `"i->j"`."""
 
+    def wires(self) -> dict[str, str]:
+        """The wires of this rank's mode (`config.wire`) and the codec in force on each."""
+
+    def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
+        """Send wire `name` in `codec` (and per-parameter `rules`) from the next step on,
+        its error-feedback state kept (AdaPrec); every rank switches alike."""
+
+    def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                    batch_size: int) -> tuple[float, int, int]:
+        """(the true class's probability summed, correct, predictions) of one batch on this
+        rank, in the module's current mode; zeros on ranks that compute no output
+        (AdaPrec's signal)."""
+
+    def local_state(self) -> dict[str, Any]:
+        """This rank's state without collectives, as references (AdaPrec's snapshots copy
+        it, `train/snapshot.py`)."""
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None: ...
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (may be a collective over the engine's groups)."""
 

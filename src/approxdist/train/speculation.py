@@ -1,12 +1,15 @@
 """AdaPrec hooked into the one trainer: the trainer's side of `adaptive.SpeculativeRun`.
 
-`attach_adaprec(trainer, candidates, val_x, val_y)` adds a step hook that hands the run's
-position to an `AdaPrecController` before every step; the controller speculates through
-`TrainerRun`, which takes and restores `RunSnapshot`s of the data-parallel engine
-(`train/snapshot.py`), trains with `Trainer.train_steps` (the loop's own step), switches
-codecs with `DataParallel.set_codecs` and measures the signal on the validation split
-held out of the training set (`data/holdout.py`): the mean probability of the true class
-(`soft`) or the accuracy, summed over every rank's share. `keep` copies a speculation's
+`attach_adaprec(trainer, wire, candidates, val_x, val_y)` adds a step hook that hands the
+run's position to an `AdaPrecController` before every step; the controller speculates
+through `TrainerRun`, which takes and restores `RunSnapshot`s of the engine
+(`train/snapshot.py`: any engine with a gradient wire and a local state, data
+parallelism, a hybrid's replicated stages, a parameter server's pushes), trains with
+`Trainer.train_steps` (the loop's own step), switches the gradient wire `wire` with the
+engine's `set_wire` and measures the signal on the validation split held out of the
+training set (`data/holdout.py`), scored by the engine on its share of it as it
+evaluates (`score_batch`): the mean probability of the true class (`soft`) or the
+accuracy, summed over the world. Every rank takes rank 0's decisions. `keep` copies a speculation's
 end (state and step outcomes); `adopt` puts the winner's back and hands its steps to the
 trainer's loop (`Trainer.ahead`), which counts them as its own instead of training them
 again: a speculation draws the batches, rates and random numbers the loop would.
@@ -19,12 +22,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch.nn import functional as F  # noqa: N812
 
 from approxdist.adaptive.candidates import candidate_rules
 from approxdist.adaptive.controller import AdaPrecController
+from approxdist.data.loader import eval_shard_of
 from approxdist.train.engine import StepOutcome
-from approxdist.train.engines.data_parallel import DataParallelEngine
 from approxdist.train.snapshot import Position, RunSnapshot
 from approxdist.train.trainer import Trainer
 
@@ -40,18 +42,14 @@ class Kept:
 
 
 class TrainerRun:
-    """A `SpeculativeRun` over `trainer` (a data-parallel run); `at` is kept up to date by
-    the step hook."""
+    """A `SpeculativeRun` over `trainer` (any engine with a gradient wire `wire`); `at` is
+    kept up to date by the step hook."""
 
     def __init__(self, trainer: Trainer, wire: str, val_x: torch.Tensor,
                  val_y: torch.Tensor) -> None:
-        engine = trainer.engine
-        assert isinstance(engine, DataParallelEngine)
-        self.trainer, self.engine, self.wire = trainer, engine, wire
-        group = trainer.groups.replicas
-        lo = val_x.shape[0] * group.rank // group.size
-        hi = val_x.shape[0] * (group.rank + 1) // group.size
-        self.val_x, self.val_y = val_x[lo:hi], val_y[lo:hi]
+        self.trainer, self.engine, self.wire = trainer, trainer.engine, wire
+        self.world = trainer.groups.world
+        self.val_x, self.val_y = eval_shard_of(val_x, val_y, *trainer.engine.shard)
         self.total_steps = sum(trainer.shards(e).steps_per_epoch
                                for e in range(trainer.cfg.train.epochs))
         self.chance = 1.0 / trainer.data.num_classes
@@ -59,7 +57,7 @@ class TrainerRun:
         self._snaps: list[RunSnapshot] = []  # this boundary's and the one before
         self._cursor = self.at
         self._outs: list[StepOutcome] = []  # the steps trained since the last restore
-        self.decides = trainer.groups.replicas.is_root
+        self.decides = self.world.is_root
 
     def snapshot(self) -> None:
         self._snaps = [*self._snaps[-1:], RunSnapshot.take(self.engine, self.at)]
@@ -103,28 +101,27 @@ class TrainerRun:
         self._cursor = Position(epoch, index, self._cursor.step + steps)
         walls = [o.times.wall_s for o in outs]
         finite = all(o.loss is None or math.isfinite(o.loss) for o in outs)
-        seen = self.trainer.groups.replicas.all_gather_object((walls, finite))
+        seen = self.world.all_gather_object((walls, finite))
         return [max(w) for w in zip(*(w for w, _ in seen))], all(f for _, f in seen)
 
     @torch.no_grad()
     def signal(self) -> float:
-        module, bs = self.engine.module, self.trainer.cfg.data.test_batch_size
-        module.eval()
+        engine, bs = self.engine, self.trainer.cfg.data.test_batch_size
+        engine.module.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         dev = self.trainer.ctx.device
         for lo in range(0, self.val_x.shape[0], bs):
-            x, y = self.val_x[lo:lo + bs].to(dev), self.val_y[lo:lo + bs].to(dev)
-            out = module(x).float()
-            prob = F.softmax(out, dim=1).gather(1, y[:, None]).sum()
-            hits = (out.argmax(1) == y).sum()
-            sums += torch.stack([prob, hits.double(), torch.tensor(y.numel())]).double().cpu()
-        module.train()
-        self.trainer.groups.replicas.all_reduce(sums)
+            x, y = self.val_x[lo:lo + bs], self.val_y[lo:lo + bs]
+            sums += torch.tensor(engine.score_batch(
+                x.to(dev) if engine.feeds_inputs else None,
+                y.to(dev) if engine.feeds_labels else None, y.shape[0]), dtype=torch.float64)
+        engine.module.train()
+        self.world.all_reduce(sums)
         soft = self.trainer.cfg.adaprec.signal == "soft"
         return float((sums[0] if soft else sums[1]) / sums[2])
 
     def agree(self, value: T) -> T:
-        return self.trainer.groups.replicas.broadcast_object(value)
+        return self.world.broadcast_object(value)
 
 
 def attach_adaprec(trainer: Trainer, wire: str, candidates: tuple[str, ...],
@@ -136,7 +133,8 @@ def attach_adaprec(trainer: Trainer, wire: str, candidates: tuple[str, ...],
 
     def hook(at: Position) -> dict[str, Any] | None:
         run.at = at
-        return controller.before_step(at.step)
+        record = controller.before_step(at.step)
+        return None if record is None else {**record, "wire": wire}
 
     trainer.step_hooks.append(hook)
     trainer.summaries.append(lambda: {"adaprec": controller.summary()})

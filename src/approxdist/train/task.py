@@ -47,6 +47,15 @@ class Task:
         return self.mean_loss(out, labels) * labels.numel()
 
     @staticmethod
+    def soft_sum(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The probability of the true class summed over the batch's predictions (AdaPrec's
+        soft signal; the class axis is the last one of a token model's logits, 1 of a
+        classifier's)."""
+        axis = 1 if out.dim() == 2 else -1
+        probs = F.softmax(out.float(), dim=axis)
+        return probs.gather(axis, labels.unsqueeze(axis)).sum().double()
+
+    @staticmethod
     def predictions(labels: torch.Tensor) -> int:
         """Predictions the labels ask for: one per sample, or one per position."""
         return labels.numel()

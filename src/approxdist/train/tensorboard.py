@@ -11,8 +11,11 @@ figure has the same tag in every parallel mode (docs/training.md, TensorBoard):
                      perf/samples_per_s, perf/step_time_s, time/compute_s, time/comm_s,
                      time/wait_s, bytes/<i->j> (each directed link), bytes/total,
                      epoch/batch_size, epoch/noise_scale
-    AdaPrec          wire/grad/codec (text: the codec chosen and why),
-                     wire/grad/bits_per_value (a codec spec, not a policy), adaprec/signal
+    wires            wire/<name>/codec (text), wire/<name>/bits_per_value: the codec in
+                     force on each wire of the mode (grad, fwd, bwd, push, pull) when the
+                     run starts, and on an AdaPrec wire at each of its decisions (the
+                     text says why; bits only for a codec spec, not a policy)
+    AdaPrec          adaprec/signal
 
 A resumed run appends to the same folder from its checkpoint's step: TensorBoard's
 `purge_step` hides what the stopped run wrote past it; a fresh run hides every event an
@@ -43,9 +46,9 @@ EPOCH_TAGS = {
     "noise_scale": "epoch/noise_scale",
 }
 BYTES_TOTAL = "bytes/total"
-#: AdaPrec's decisions: the gradient wire's codec (text), its bits per value, the signal
-CODEC_TEXT = "wire/grad/codec"
-CODEC_BITS = "wire/grad/bits_per_value"
+#: a wire's codec (text) and its bits per value; AdaPrec's signal
+CODEC_TEXT = "wire/{}/codec"
+CODEC_BITS = "wire/{}/bits_per_value"
 ADAPREC_SIGNAL = "adaprec/signal"
 
 
@@ -70,6 +73,9 @@ def tensorboard_entries(record: Mapping[str, Any]) -> list[Entry]:
                 Entry(BYTES_TOTAL, step, float(sum(sent.values())))]
     if kind == "adaprec":
         return _adaprec(record, step)
+    if kind == "wires":
+        return [e for name, codec in sorted(record["wires"].items())
+                for e in _codec(name, str(codec), str(codec), step)]
     return []
 
 
@@ -79,17 +85,24 @@ def _scalars(record: Mapping[str, Any], tags: Mapping[str, str], step: int) -> l
 
 
 def _adaprec(record: Mapping[str, Any], step: int) -> list[Entry]:
-    """An AdaPrec boundary: the codec it put on the gradient wire, as text and bits."""
+    """An AdaPrec boundary: the codec it put on its gradient wire, as text and bits."""
     chosen = str(record["chosen"])
     why = record.get("reason", "")
     if "rolled_back" in record:
         why = f"{why}; the phase in {record['rolled_back']} undone"
-    out = [Entry(CODEC_TEXT, step, f"{chosen} ({why})" if why else chosen)]
-    bits = codec_bits(chosen)
-    if bits is not None:
-        out.append(Entry(CODEC_BITS, step, bits))
+    out = _codec(str(record.get("wire", "grad")), chosen,
+                 f"{chosen} ({why})" if why else chosen, step)
     if isinstance(record.get("signal"), (int, float)):
         out.append(Entry(ADAPREC_SIGNAL, step, float(record["signal"])))
+    return out
+
+
+def _codec(wire: str, codec: str, text: str, step: int) -> list[Entry]:
+    """Wire `wire`'s codec as text, and its bits per value where it is a codec spec."""
+    out = [Entry(CODEC_TEXT.format(wire), step, text)]
+    bits = codec_bits(codec)
+    if bits is not None:
+        out.append(Entry(CODEC_BITS.format(wire), step, bits))
     return out
 
 

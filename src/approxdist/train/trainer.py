@@ -232,6 +232,10 @@ class Trainer:
         an error naming it and its place in the mesh."""
         try:
             self.sink.open(self.progress.step)
+            fixed = {name: codec for name, codec in self.engine.wires().items()
+                     if not self.cfg.wire.wire(name).adaptive}  # AdaPrec reports its own
+            if fixed:
+                self.sink.write({"kind": "wires", "step": self.progress.step, "wires": fixed})
             for epoch in range(self.progress.epoch, self.cfg.train.epochs):
                 self.run_epoch(epoch)
                 if self._diverged(epoch):

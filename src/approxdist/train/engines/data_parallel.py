@@ -18,7 +18,6 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
-from approxdist.data_parallel.module import DataParallel
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
@@ -99,17 +98,25 @@ class DataParallelEngine:
 
     def local_state(self) -> dict[str, Any]:
         """This rank's state without collectives (`train/snapshot.py`): model, optimiser and
-        the data-parallel engine's error-feedback residuals."""
-        extra = getattr(self.sync, "get_extra_state", None)
+        the reducer's error-feedback residuals."""
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "dp": extra() if extra is not None else {}}
+                "dp": self.sync.local_state() if self.sync else {}}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        load = getattr(self.sync, "set_extra_state", None)
-        if load is not None:
-            load(state["dp"])
+        if self.sync:
+            self.sync.load_local_state(state["dp"])
+
+    @torch.no_grad()
+    def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                    batch_size: int) -> tuple[float, int, int]:
+        """(the true class's probability summed, correct, predictions) of one batch on this
+        rank's share (AdaPrec's signal), in the module's current mode."""
+        assert x is not None and y is not None
+        out = self.module(x)
+        return (float(self.task.soft_sum(out, y)), int(self.task.hits(out, y).item()),
+                self.task.predictions(y))
 
     def wires(self) -> dict[str, str]:
         """The gradient wire and the codec in force on it (none on one rank)."""
@@ -118,10 +125,10 @@ class DataParallelEngine:
     def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
         """Switch the gradient wire's codecs (AdaPrec), its error-feedback residuals kept
         per parameter; needs `DataParallel`."""
-        if name != "grad" or not isinstance(self.sync, DataParallel):
-            raise ConfigError(f"switching wire {name!r} during training needs the approxdist "
-                              f"data-parallel reducer on 2 or more ranks (wire 'grad'); use "
-                              f"--world-size 2 (or more) and drop --dp-reducer plain")
+        if name != "grad" or not self.sync:
+            raise ConfigError(f"switching wire {name!r} during training needs the "
+                              f"data-parallel gradient wire on 2 or more ranks (wire 'grad'); "
+                              f"use --world-size 2 (or more)")
         self.sync.set_codecs(rules, codec)
         self.codec = codec
 

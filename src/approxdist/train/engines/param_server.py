@@ -32,6 +32,7 @@ from torch import nn
 from approxdist.api.param_server import ParameterServer
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.topology.groups import MeshGroups
@@ -65,6 +66,32 @@ class ParamServerEngine:
                            done.times, skip=done.skip)
 
     @torch.no_grad()
+    def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                    batch_size: int) -> tuple[float, int, int]:
+        """(the true class's probability summed, correct, predictions) of a worker's share
+        of one batch (AdaPrec's signal); zeros on a server."""
+        if self.ps.is_server:
+            return 0.0, 0, 0
+        assert x is not None and y is not None
+        out = self.module(x)
+        return (float(self.task.soft_sum(out, y)), int(self.task.hits(out, y).item()),
+                self.task.predictions(y))
+
+    def local_state(self) -> dict[str, Any]:
+        return self.ps.local_state()
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        self.ps.load_local_state(state)
+
+    def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
+        """Switch the pushes' codec on every rank (AdaPrec); the pulls are not switched."""
+        if name != "push" or rules:
+            raise ConfigError(f"a parameter server switches its pushes' codec (wire 'push', "
+                              f"one codec per shard), not wire {name!r}"
+                              + (" or per-parameter rules" if rules else ""))
+        self.ps.set_push_codec(codec)
+
+    @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> tuple[float, int, int]:
         if self.ps.is_server:
@@ -93,9 +120,9 @@ class ParamServerEngine:
         """The servers sent their parameters when the `ParameterServer` was built."""
 
     def wires(self) -> dict[str, str]:
-        """The wire this rank sends on (a worker's pushes, a server's pulls) and its codec."""
-        push, pull = self.ps.wire.push.spec, self.ps.wire.pull.spec
-        return {"pull": pull} if self.ps.is_server else {"push": push}
+        """The run's two wires and the codecs in force (a worker sends pushes, a server
+        pulls; both ends decode with the same codec)."""
+        return {"push": self.ps.wire.push.spec, "pull": self.ps.wire.pull.spec}
 
     def summary(self) -> dict[str, Any]:
         return {"ps": self.ps.summary()}

@@ -23,8 +23,10 @@ from torch import nn
 from approxdist.api.pipeline import Pipeline
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
+from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.stream_cut import loss_versions
@@ -45,6 +47,7 @@ class PipelineEngine:
         self.module: nn.Module = pipe.module
         self.optimizers = [optimizer]
         self.feeds_inputs, self.feeds_labels = pipe.is_first, pipe.is_last
+        self.codec = cfg.wire.grad.codec  # in force on the replicas' gradient wire
         self.shard = (0, 1)  # the executor picks this rank's micro-batches of the mini-batch
         stream = pipe.runtime.executor
         self.stream = stream if isinstance(stream, StreamExecutor) else None
@@ -81,6 +84,46 @@ class PipelineEngine:
         k = Task.per_sample(y)
         return loss * k, correct, ran * k
 
+    def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
+                    batch_size: int) -> tuple[float, int, int]:
+        """(the true class's probability summed, correct, predictions) of one batch, on the
+        last stage (AdaPrec's signal); zeros elsewhere."""
+        soft, correct, ran = self.pipe.score_step(x, y, batch_size)
+        if not self.feeds_labels:
+            return 0.0, 0, 0
+        assert y is not None
+        return soft, correct, ran * Task.per_sample(y)
+
+    def local_state(self) -> dict[str, Any]:
+        """This stage's state without collectives (`train/snapshot.py`): module,
+        optimiser, the replicas' error-feedback residuals; a flushed schedule's only (an
+        asynchronous one holds micro-batches in flight at every step)."""
+        if self.stream is not None:
+            raise PipelineError(f"{self.cfg.pipeline.schedule} streams mini-batches across "
+                                f"steps: its state at a step is not this rank's alone; "
+                                f"AdaPrec needs a flushed schedule (gpipe, 1f1b)")
+        sync = self.pipe.runtime.grad_sync
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "dp": sync.local_state() if sync is not None else {}}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        sync = self.pipe.runtime.grad_sync
+        if sync is not None:
+            sync.load_local_state(state["dp"])
+
+    def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
+        """Switch the replicas' gradient wire (AdaPrec), its residuals kept."""
+        sync = self.pipe.runtime.grad_sync
+        if name != "grad" or sync is None:
+            if name == "grad":  # a stage alone on its rank: nothing to reduce, nothing sent
+                return
+            raise ConfigError(f"wire {name!r} of a pipeline cannot be switched during "
+                              f"training; AdaPrec chooses the replicas' gradient wire (grad)")
+        sync.set_codecs(rules, codec)
+        self.codec = codec
+
     def end_epoch(self) -> None:
         """Replicas of a stage average their batch-norm statistics; stages share nothing."""
         self.pipe.sync_buffers()
@@ -103,7 +146,7 @@ class PipelineEngine:
         """The wires this stage sends on and their codecs."""
         w = self.cfg.wire
         return {"fwd": w.fwd.codec, "bwd": w.bwd.codec,
-                **({"grad": w.grad.codec} if self.pipe.replica_group is not None else {})}
+                **({"grad": self.codec} if self.pipe.runtime.grad_sync is not None else {})}
 
     def summary(self) -> dict[str, Any]:
         p = self.cfg.pipeline

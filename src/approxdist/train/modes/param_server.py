@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
+from approxdist.param_server.modes import parse_mode
 from approxdist.topology import Mesh
 from approxdist.train.engines.param_server import build_param_server
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, register
@@ -36,9 +37,10 @@ def _check(cfg: Config) -> None:
             f"train.world_size = {world} but --servers {ps.servers} + --workers "
             f"{ps.workers} make {ps.servers + ps.workers} ranks; drop --world-size or "
             f"use --world-size {ps.servers + ps.workers}")
-    if cfg.wire.push.adaptive:
-        raise ConfigError(f"wire.push.codec = {cfg.wire.push.codec!r}: AdaPrec switches the "
-                          f"codecs of a data-parallel run's buckets; use --parallel dp")
+    if cfg.wire.push.adaptive and parse_mode(ps.mode, ps.workers).kind != "sync":
+        raise ConfigError(f"wire.push.codec = {cfg.wire.push.codec!r}: AdaPrec speculates from "
+                          f"snapshots of every rank between steps, and --ps-mode {ps.mode} "
+                          f"keeps pushes in flight across steps; use --ps-mode sync")
     check_ps(cfg)
 
 
@@ -46,7 +48,8 @@ PS = register(Mode(
     name="ps", help="parameter server: servers hold the parameters, workers compute "
                     "(--servers, --workers; docs/param_server.md)",
     axes=frozenset({"role", "dp"}), mesh=_mesh, engine=build_param_server,
-    options=("comm.*", "ps.*", "wire.push.*", "wire.pull.*"), implied=_implied, check=_check,
+    options=("comm.*", "ps.*", "adaprec.*", "wire.push.*", "wire.pull.*"), implied=_implied,
+    check=_check,
     batch_share=lambda cfg: cfg.ps.workers, share_name="number of workers",
     fixed_steps=lambda cfg: "--parallel ps",
     flag_keys={"codec": "wire.push.codec", "error_feedback": "wire.push.error_feedback",

@@ -80,9 +80,11 @@ def _check_hybrid(cfg: Config) -> None:
                           "the last micro-batch's backward and steps after the flush, which "
                           "the plain engine and early forward cannot; drop --dp-reducer plain "
                           "and --early-forward")
-    if cfg.wire.grad.adaptive:
-        raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec switches the "
-                          f"codecs of a data-parallel run's buckets; use --parallel dp")
+    if cfg.wire.grad.adaptive and cfg.pipeline.schedule in async_schedule_names():
+        raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec speculates from "
+                          f"snapshots of every stage between steps, and the asynchronous "
+                          f"schedule {cfg.pipeline.schedule!r} keeps micro-batches in flight "
+                          f"across steps; use a flushed schedule (gpipe, 1f1b)")
     check_dp(cfg)
     check_wire(cfg, "grad")
     _check_pipeline(cfg)
@@ -93,6 +95,7 @@ HYBRID = register(Mode(
                         "--replicas; docs/hybrid.md)",
     axes=frozenset({"pp", "dp"}), mesh=lambda cfg: _stage_mesh("hybrid", cfg),
     engine=build_pipeline, implied=_hybrid_implied,
-    options=("comm.*", "pipeline.*", "dp.*", "wire.grad.*", "wire.fwd.*", "wire.bwd.*"),
+    options=("comm.*", "pipeline.*", "dp.*", "adaprec.*", "wire.grad.*", "wire.fwd.*",
+             "wire.bwd.*"),
     check=_check_hybrid, preflight=_preflight, batch_share=lambda cfg: None,
     fixed_steps=_streamed))
