@@ -81,8 +81,9 @@ from approxdist.param_server.roles import Roles
 from approxdist.param_server.server import Server
 from approxdist.param_server.wire import WireFormats
 from approxdist.param_server.worker import Worker
-from approxdist.trace.phases import OPTIMIZER, RUN_BACK, RUN_FOR, SYNC
+from approxdist.trace.phases import SYNC
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
+from approxdist.trace.step import traced_backward
 from approxdist.trace.times import StepTimes
 
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -236,15 +237,10 @@ class ParameterServer:
         if self.node.worker is None:
             raise ConfigError(f"{self.roles.describe(self.link.me)} holds parameters: call "
                               f"serve() on it, not step() (ps.is_server tells the ranks apart)")
-        rec = self.recorder
+        rec, module = self.recorder, self.module
         t0 = time.perf_counter()
-        with rec.span(RUN_FOR):
-            output = self.module(inputs)
-            loss = self.loss_fn(output, targets)
-        with rec.span(OPTIMIZER):
-            self.module.zero_grad(set_to_none=True)
-        with rec.span(RUN_BACK):
-            loss.backward()
+        output, loss = traced_backward(rec, module, self.loss_fn, inputs, targets,
+                                       lambda: module.zero_grad(set_to_none=True))
         t1 = time.perf_counter()
         with rec.span(SYNC):
             skip = self.node.push_pull()

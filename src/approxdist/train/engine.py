@@ -117,3 +117,28 @@ class Engine(Protocol):
 #: builds the engine of a parallel mode on this rank; collective over the mesh's groups
 EngineBuilder = Callable[["Config", "DistContext", "MeshGroups", "TensorDataset", "Recorder"],
                          Engine]
+
+
+def trained_state(module: nn.Module, optimizer: torch.optim.Optimizer,
+                  reducer: Mapping[str, Any]) -> dict[str, Any]:
+    """An engine's state of one model (or stage): its module, its optimiser and its
+    replicas' reducer (`dp`)."""
+    return {"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+            "dp": dict(reducer)}
+
+
+def load_trained(module: nn.Module, optimizer: torch.optim.Optimizer,
+                 state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Put `trained_state`'s module and optimiser back; the reducer's part, to load."""
+    module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state.get("dp", {})
+
+
+def seeded_model(cfg: Config, data: TensorDataset, ctx: DistContext) -> nn.Sequential:
+    """The run's model, built from `train.seed` on this rank's device: every rank builds
+    the same weights (a stage keeps its blocks; replicas start equal)."""
+    from approxdist.models import build_model
+
+    torch.manual_seed(cfg.train.seed)
+    return build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)

@@ -46,6 +46,17 @@ class Task:
         """The loss summed over the batch's predictions."""
         return self.mean_loss(out, labels) * labels.numel()
 
+    def evaluate(self, out: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, int]:
+        """(summed loss, correct, predictions) of one batch's outputs."""
+        return (float(self.summed_loss(out, labels).item()), int(self.hits(out, labels).item()),
+                self.predictions(labels))
+
+    def score(self, out: torch.Tensor, labels: torch.Tensor) -> tuple[float, int, int]:
+        """(the true class's probability summed, correct, predictions) of one batch's
+        outputs (AdaPrec's signal)."""
+        return (float(self.soft_sum(out, labels)), int(self.hits(out, labels).item()),
+                self.predictions(labels))
+
     @staticmethod
     def soft_sum(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The probability of the true class summed over the batch's predictions (AdaPrec's

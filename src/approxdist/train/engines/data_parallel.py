@@ -21,11 +21,11 @@ from approxdist.data import TensorDataset
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
-from approxdist.models import build_model
 from approxdist.topology.groups import MeshGroups
-from approxdist.trace import OPTIMIZER, RUN_BACK, RUN_FOR, Recorder
+from approxdist.trace import OPTIMIZER, Recorder
+from approxdist.trace.step import traced_backward
 from approxdist.trace.times import StepTimes
-from approxdist.train.engine import StepOutcome
+from approxdist.train.engine import StepOutcome, load_trained, seeded_model, trained_state
 from approxdist.train.optim import make_sgd
 from approxdist.train.task import Task, task_named
 
@@ -52,13 +52,8 @@ class DataParallelEngine:
         rec, sync = self.rec, self.sync
         waited, worked = (sync.comm_seconds, sync.busy_seconds) if sync else (0.0, 0.0)
         t0 = time.perf_counter()
-        with rec.span(RUN_FOR):
-            out = self._forward(x)
-            loss = self.task(out, y)
-        with rec.span(OPTIMIZER):
-            self.optimizer.zero_grad(set_to_none=True)
-        with rec.span(RUN_BACK):
-            loss.backward()
+        out, loss = traced_backward(rec, self._forward, self.task, x, y,
+                                    lambda: self.optimizer.zero_grad(set_to_none=True))
         if sync:
             sync.sync_gradients()
         if not (sync and sync.owns_step):  # early forward steps bucket by bucket
@@ -75,9 +70,7 @@ class DataParallelEngine:
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> tuple[float, int, int]:
         assert x is not None and y is not None
-        out = self.module(x)
-        return (float(self.task.summed_loss(out, y).item()), int(self.task.hits(out, y).item()),
-                self.task.predictions(y))
+        return self.task.evaluate(self.module(x), y)
 
     def end_epoch(self) -> None:
         if self.sync:
@@ -87,26 +80,24 @@ class DataParallelEngine:
         return self.sync.link_bytes() if self.sync else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "dp": self.sync.checkpoint_state() if self.sync else {}}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.sync:
-            self.sync.load_checkpoint_state(state.get("dp", {}))
+        """Model, optimiser and every replica's residuals (a collective over them)."""
+        return trained_state(self.module, self.optimizer,
+                             self.sync.checkpoint_state() if self.sync else {})
 
     def local_state(self) -> dict[str, Any]:
         """This rank's state without collectives (`train/snapshot.py`): model, optimiser and
         the reducer's error-feedback residuals."""
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "dp": self.sync.local_state() if self.sync else {}}
+        return trained_state(self.module, self.optimizer,
+                             self.sync.local_state() if self.sync else {})
+
+    def load_state_dict(self, state: Mapping[str, Any], local: bool = False) -> None:
+        """`state_dict()`'s state back (or `local_state()`'s, with `local`)."""
+        reducer = load_trained(self.module, self.optimizer, state)
+        if self.sync:
+            (self.sync.load_local_state if local else self.sync.load_checkpoint_state)(reducer)
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.sync:
-            self.sync.load_local_state(state["dp"])
+        self.load_state_dict(state, local=True)
 
     @torch.no_grad()
     def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
@@ -114,9 +105,7 @@ class DataParallelEngine:
         """(the true class's probability summed, correct, predictions) of one batch on this
         rank's share (AdaPrec's signal), in the module's current mode."""
         assert x is not None and y is not None
-        out = self.module(x)
-        return (float(self.task.soft_sum(out, y)), int(self.task.hits(out, y).item()),
-                self.task.predictions(y))
+        return self.task.score(self.module(x), y)
 
     def wires(self) -> dict[str, str]:
         """The gradient wire and the codec in force on it (none on one rank)."""
@@ -147,8 +136,7 @@ class DataParallelEngine:
 def build_data_parallel(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                      rec: Recorder) -> DataParallelEngine:
     """The model from `cfg.train.seed`, an SGD optimiser and, with replicas, `cfg.dp`'s sync."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
+    model = seeded_model(cfg, data, ctx)
     optimizer = make_sgd(model, cfg.optim)
     sync = build_reducer(cfg.dp, model, groups.replicas, wire=cfg.wire.grad, ctx=ctx,
                          link=cfg.comm.link, optimizer=optimizer, rec=rec) \

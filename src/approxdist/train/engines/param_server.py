@@ -34,11 +34,10 @@ from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
-from approxdist.models import build_model
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import Recorder
 from approxdist.trace.times import StepTimes
-from approxdist.train.engine import StepOutcome
+from approxdist.train.engine import StepOutcome, seeded_model
 from approxdist.train.optim import sgd_over
 from approxdist.train.task import Task, task_named
 
@@ -73,9 +72,7 @@ class ParamServerEngine:
         if self.ps.is_server:
             return 0.0, 0, 0
         assert x is not None and y is not None
-        out = self.module(x)
-        return (float(self.task.soft_sum(out, y)), int(self.task.hits(out, y).item()),
-                self.task.predictions(y))
+        return self.task.score(self.module(x), y)
 
     def local_state(self) -> dict[str, Any]:
         return self.ps.local_state()
@@ -97,9 +94,7 @@ class ParamServerEngine:
         if self.ps.is_server:
             return 0.0, 0, 0
         assert x is not None and y is not None
-        out = self.module(x)
-        return (float(self.task.summed_loss(out, y).item()), int(self.task.hits(out, y).item()),
-                self.task.predictions(y))
+        return self.task.evaluate(self.module(x), y)
 
     def end_epoch(self) -> None:
         self.ps.end_round()
@@ -134,8 +129,7 @@ class ParamServerEngine:
 def build_param_server(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                        rec: Recorder) -> ParamServerEngine:
     """Servers and workers of `cfg.ps` on the world; the model from `cfg.train.seed`."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
+    model = seeded_model(cfg, data, ctx)
     task = task_named(data.task)
 
     def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:

@@ -25,7 +25,6 @@ from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
-from approxdist.models import build_model
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
@@ -33,7 +32,7 @@ from approxdist.pipeline.schedule.stream_cut import loss_versions
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, Recorder
-from approxdist.train.engine import StepOutcome
+from approxdist.train.engine import StepOutcome, load_trained, seeded_model, trained_state
 from approxdist.train.optim import make_sgd, sgd_over
 from approxdist.train.task import Task, task_named
 
@@ -103,15 +102,13 @@ class PipelineEngine:
                                 f"steps: its state at a step is not this rank's alone; "
                                 f"AdaPrec needs a flushed schedule (gpipe, 1f1b)")
         sync = self.pipe.runtime.grad_sync
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "dp": sync.local_state() if sync is not None else {}}
+        return trained_state(self.module, self.optimizer,
+                             sync.local_state() if sync is not None else {})
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        sync = self.pipe.runtime.grad_sync
-        if sync is not None:
-            sync.load_local_state(state["dp"])
+        reducer = load_trained(self.module, self.optimizer, state)
+        if self.pipe.runtime.grad_sync is not None:
+            self.pipe.runtime.grad_sync.load_local_state(reducer)
 
     def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
         """Switch the replicas' gradient wire (AdaPrec), its residuals kept."""
@@ -160,8 +157,7 @@ class PipelineEngine:
 def build_pipeline(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                    rec: Recorder) -> PipelineEngine:
     """Every rank builds the whole model from the same seed and keeps its stage's blocks."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, data.input_shape, data.num_classes).to(ctx.device)
+    model = seeded_model(cfg, data, ctx)
     check_run(cfg.pipeline, len(model), cfg.data.batch_size)
     micro = max(1, cfg.data.batch_size // cfg.pipeline.microbatches)
     steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
