@@ -31,6 +31,16 @@ FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=f
     (["--workers", "2", "--tolerate-worker-loss"], "--ps-mode sync: every step waits"),
     (["--workers", "2", "--ps-mode", "async", "--tolerate-worker-loss", "--trace"],
      "--tolerate-worker-loss with --trace: the trace is gathered from every rank"),
+    (["--workers", "2", "--staleness-lr"],  # never ignored: sync keeps staleness at 0
+     "--staleness-lr divides the learning rate by a gradient's staleness, which --ps-mode "
+     "sync keeps at 0; drop it or use --ps-mode async or ssp:<s>"),
+    (["--workers", "2", "--codec", "adaprec:fp32,bf16", "--ps-mode", "async"],
+     "AdaPrec speculates from snapshots of every rank between steps, and --ps-mode async "
+     "keeps pushes in flight across steps; use --ps-mode sync"),
+    (["--workers", "2", "--codec-rule", "*.bias=fp32"],
+     "wire.push.rules: per-parameter codec rules are for the data-parallel gradient wire"),
+    (["--workers", "2", "--fwd-codec", "bf16"],
+     "--fwd-codec sets wire.fwd.codec, which --parallel ps does not use"),
 ])
 def test_bad_ps_input_is_one_line_exit_2(args: list[str], message: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:

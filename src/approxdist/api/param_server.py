@@ -118,6 +118,10 @@ class ParameterServer:
         roles = roles_of(servers, workers, group, ctx.world_size)
         ps_mode = parse_mode(mode, roles.workers, name="mode")
         check_backend(ps_mode.spec, ps_mode.any_source, ctx.backend, name="mode")
+        if staleness_lr and ps_mode.kind in ("sync", "backup"):
+            raise ConfigError(f"staleness_lr=True divides the learning rate by a gradient's "
+                              f"staleness, which mode={mode!r} keeps at 0; drop it or use "
+                              f"mode='async' or 'ssp:<s>'")
         if tolerate_worker_loss and ps_mode.kind == "sync":
             raise ConfigError("tolerate_worker_loss=True with mode='sync': every step waits "
                               "for a gradient from every worker, so a dead worker must end "

@@ -75,10 +75,11 @@ def dp_section(replicated: bool, grad_codec: str, algorithm: str, calibration: s
     """The replicas' reducer and their gradient wire; refused without replicas, never
     ignored."""
     dp, grad = DPConfig(algorithm=algorithm, calibration=calibration), Wire(codec=grad_codec)
-    if not replicated and (dp != DPConfig(calibration=calibration) or grad != Wire()):
-        raise ConfigError(f"grad_codec={grad_codec!r} and algorithm={algorithm!r} set how a "
-                          f"replicated stage's gradients are summed, and this pipeline has no "
-                          f"replicated stage; pass replicas= or leave them out")
+    if not replicated and (dp != DPConfig() or grad != Wire()):
+        raise ConfigError(f"grad_codec={grad_codec!r}, algorithm={algorithm!r} and "
+                          f"calibration={calibration!r} set how a replicated stage's gradients "
+                          f"are summed, and this pipeline has no replicated stage; pass "
+                          f"replicas= or leave them out")
     return dp, grad
 
 

@@ -34,7 +34,11 @@ T = TypeVar("T")
 
 def check_ps(cfg: Config) -> None:
     """The `[ps]` section's mode, the push and pull wires, and `--tolerate-worker-loss`."""
-    parse_mode(cfg.ps.mode, cfg.ps.workers)
+    mode = parse_mode(cfg.ps.mode, cfg.ps.workers)
+    if cfg.ps.staleness_lr and mode.kind in ("sync", "backup"):
+        raise ConfigError(f"--staleness-lr divides the learning rate by a gradient's "
+                          f"staleness, which --ps-mode {cfg.ps.mode} keeps at 0; drop it or "
+                          f"use --ps-mode async or ssp:<s>")
     for name in ("push", "pull"):
         check_wire(cfg, name)
     _check_worker_loss(cfg)
