@@ -215,8 +215,12 @@ def test_bind_cores_row_puts_a_stages_replicas_on_different_cores(tmp_path: Path
     if len(machine) > 1:
         assert not set(cores[0]) & set(cores[1]) and not set(cores[2]) & set(cores[3])
     assert len(list(tb.glob("events.out.tfevents.*"))) == 1
-    scalars, _ = read_events(tb)
+    scalars, texts = read_events(tb)
     want = epoch_figures(read_jsonl(out / "metrics.jsonl"))
-    assert {t: v for t, v in scalars.items() if not t.startswith("train/")} == want
+    assert {t: v for t, v in scalars.items() if not t.startswith(("train/", "wire/"))} == want
+    # the codec in force on each wire of rank 0 (stage 0, replicated) when the run starts
+    assert {t: v for t, v in scalars.items() if t.startswith("wire/")} == {
+        f"wire/{w}/bits_per_value": [(0, 32.0)] for w in ("bwd", "fwd", "grad")}
+    assert texts == {f"wire/{w}/codec": [(0, "fp32")] for w in ("bwd", "fwd", "grad")}
     assert len([t for t in want if t.startswith("bytes/")]) > 2  # links of both stages
 

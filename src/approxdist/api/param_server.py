@@ -328,6 +328,8 @@ class ParameterServer:
                 buffers[name].copy_(value)
         self.node.steps_run = int(state.get("steps", 0))
         self.node.start()  # every worker starts again from the servers' parameters
+        if server is not None:
+            server.settle()  # the replies are out before the server goes on (or closes)
 
     def local_state(self) -> dict[str, Any]:
         """This rank's state without collectives, as references (an in-process snapshot
