@@ -1,9 +1,10 @@
 """The test suite's defaults for every process it starts (ranks inherit the environment).
 
-Hybrid all-reduce calibrates itself on first use and caches the result per machine
+The `auto` all-reduce calibrates itself on first use and caches the result per machine
 (`comm/collectives/autocal.py`). The suite's tests compare algorithms, bytes and traces
-that must not depend on a timing measured while other tests run, so they use hybrid's
-alpha-beta model unless a test asks for `auto` explicitly (tests/dist/test_autocal.py).
+that must not depend on a timing measured while other tests run, so they use its
+alpha-beta model unless a test asks for calibration `auto` explicitly
+(tests/dist/test_autocal.py).
 """
 
 from __future__ import annotations

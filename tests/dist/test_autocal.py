@@ -1,4 +1,4 @@
-"""Hybrid's automatic calibration (`comm/collectives/autocal.py`), on one set of 2 ranks:
+"""`auto`'s automatic calibration (`comm/collectives/autocal.py`), on one set of 2 ranks:
 
 * `auto` with an empty cache measures every candidate, member 0 fits and caches it, and
   every member ends with member 0's thresholds (so all choose the same algorithm);

@@ -204,7 +204,7 @@ def test_the_allreduce_preset_runs_on_tc_shaped_hosts(cluster: ClusterLayout,
     report = run_experiment("seed001-allreduce", Settings(tmp_path, size="smoke",
                                                           link="bw=1gbit", link_shaper="kernel"))
     rows = read_csv(tmp_path / "allreduce.csv", COLUMNS)
-    algorithms = {"native", "brb", "brd", "vhd", "ring", "hybrid"}
+    algorithms = {"native", "brb", "brd", "vhd", "ring", "auto"}
     assert {(r["world_size"], r["algorithm"]) for r in rows} == {
         (w, a) for w in (2, 4) for a in algorithms}
     assert all(float(r["median_s"]) > 0 and int(r["repeats"]) >= 2 for r in rows)

@@ -22,10 +22,10 @@ STEPS, BATCH = 3, 12
 SMALL = {"bucket_mb": 0.002, "first_bucket_mb": 0.001, "solo_mb": 0.004}  # several buckets
 
 CASES: list[tuple[str, dict[str, Any]]] = [
-    *[(alg, {"algorithm": alg, **SMALL}) for alg in ("native", "ring", "brb", "brd", "vhd", "hybrid")],
+    *[(alg, {"algorithm": alg, **SMALL}) for alg in ("native", "ring", "brb", "brd", "vhd", "auto")],
     ("ring, no overlap", {"algorithm": "ring", "overlap": False, **SMALL}),
     ("vhd, fragments over 3 threads", {"algorithm": "vhd", "threads": 3, "chunk_kb": 0.25, **SMALL}),
-    ("hybrid, early forward", {"early_forward": True, "threads": 2, **SMALL}),
+    ("auto, early forward", {"early_forward": True, "threads": 2, **SMALL}),
     ("brd, early forward, no overlap, fragments",
      {"algorithm": "brd", "early_forward": True, "overlap": False, "chunk_kb": 0.5, **SMALL}),
     ("ring, one bucket per parameter", {"algorithm": "ring", "bucket_mb": 0.0, "solo_mb": 0.0}),
@@ -101,6 +101,6 @@ def test_two_ranks_every_algorithm_and_option_matches_the_oracle() -> None:
 
 
 def test_three_ranks_fold_and_still_match() -> None:
-    cases = [c for c in CASES if c[0] in ("brb", "brd", "vhd", "hybrid, early forward",
+    cases = [c for c in CASES if c[0] in ("brb", "brd", "vhd", "auto, early forward",
                                           "vhd, fragments over 3 threads")]
     _check(run_on_ranks(_train_cases, 3, cases), cases)

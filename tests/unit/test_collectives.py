@@ -20,7 +20,7 @@ from approxdist.comm.collectives.fold import core_members
 from approxdist.errors import CommError, SpecError
 from tests.helpers.sim_world import SimWorld, simulate
 
-ALGOS = ["native", "ring", "brb", "brd", "vhd", "hybrid"]
+ALGOS = ["native", "ring", "brb", "brd", "vhd", "auto"]
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
 

@@ -1,4 +1,4 @@
-"""Hybrid's choice: the alpha-beta model, calibration fitting and files, bench helpers."""
+"""`auto`'s choice: the alpha-beta model, calibration fitting and files, bench helpers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from approxdist.bench.stats import p10
 from approxdist.benchmarks.allreduce import summarize, table
 from approxdist.cli.bench_allreduce import combos_for, parse_algorithms, parse_sizes
 from approxdist.comm.collectives import Calibration, Measurement, fit, get_algorithm
+from approxdist.comm.collectives.auto import Auto
 from approxdist.comm.collectives.calibration import fit_model
-from approxdist.comm.collectives.hybrid import Hybrid
 from approxdist.comm.collectives.model import DEFAULT, AlphaBeta, codec_work, cost_terms, predict
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
@@ -33,13 +33,13 @@ def test_cost_terms_match_seed_001_table() -> None:
 
 
 def test_default_model_picks_brd_small_and_bandwidth_optimal_large() -> None:
-    hybrid = get_algorithm("hybrid")
-    assert isinstance(hybrid, Hybrid)
-    assert hybrid.choose(4096, 4) == "brd"
-    assert hybrid.choose(64 * M, 4) in ("vhd", "ring")
-    assert hybrid.choose(64 * M, 3) in ("vhd", "ring")
+    auto = get_algorithm("auto")
+    assert isinstance(auto, Auto)
+    assert auto.choose(4096, 4) == "brd"
+    assert auto.choose(64 * M, 4) in ("vhd", "ring")
+    assert auto.choose(64 * M, 3) in ("vhd", "ring")
     # a slow link makes bytes dominate sooner; compression makes them matter later
-    slow = Hybrid(get_algorithm, link=parse_link("bw=10mbit"))
+    slow = Auto(get_algorithm, link=parse_link("bw=10mbit"))
     assert slow.choose(256 * 1024, 4) in ("vhd", "ring")
     assert predict("vhd", 4, M, DEFAULT.with_link(parse_link("bw=1gbit"))) > predict("vhd", 4, M)
     link = parse_link("bw=1gbit,lat=1ms")
@@ -49,9 +49,9 @@ def test_default_model_picks_brd_small_and_bandwidth_optimal_large() -> None:
 
 def test_native_is_a_candidate_only_for_exact_fp32() -> None:
     """gloo's C++ ring costs less per byte: exact fp32 calls pick it for large messages."""
-    exact = get_algorithm("hybrid", native_ok=True)
-    lossy = get_algorithm("hybrid", native_ok=False)
-    assert isinstance(exact, Hybrid) and isinstance(lossy, Hybrid)
+    exact = get_algorithm("auto", native_ok=True)
+    lossy = get_algorithm("auto", native_ok=False)
+    assert isinstance(exact, Auto) and isinstance(lossy, Auto)
     assert exact.choose(4096, 2) == "brd" and exact.choose(4096, 4) == "brd"
     assert exact.choose(64 * M, 2) == "native" and exact.choose(64 * M, 4) == "native"
     assert lossy.choose(64 * M, 2) != "native" and "native" not in lossy.candidates
@@ -63,24 +63,24 @@ def test_codec_work_steers_lossy_messages_to_ring() -> None:
     a large compressed message goes to ring, a small one still to brd (fewest steps)."""
     assert codec_work("ring", 2, 100) == 250 and codec_work("brd", 2, 100) == 300
     assert codec_work("brd", 3, 100) == 600 and codec_work("native", 4, 100) == 0
-    lossy = get_algorithm("hybrid", wire_fraction=0.5, encodes=True)
-    raw = get_algorithm("hybrid", wire_fraction=0.5)
-    assert isinstance(lossy, Hybrid) and isinstance(raw, Hybrid)
+    lossy = get_algorithm("auto", wire_fraction=0.5, encodes=True)
+    raw = get_algorithm("auto", wire_fraction=0.5)
+    assert isinstance(lossy, Auto) and isinstance(raw, Auto)
     assert lossy.choose(16 * M, 2) == "ring" and lossy.choose(4096, 2) == "brd"
     assert raw.choose(16 * M, 2) == "brd"
     assert predict("ring", 2, M, codec_values=M / 4) > predict("ring", 2, M)
 
 
-def test_allreduce_lets_hybrid_pick_native_only_for_exact_fp32() -> None:
+def test_allreduce_lets_auto_pick_native_only_for_exact_fp32() -> None:
     from approxdist.comm.collectives import AllReduce
     from tests.helpers.sim_world import SimWorld
 
     world = SimWorld(2)
     for codec, channel, ok in (("fp32", None, True), ("bf16", None, False),
                                ("fp32", "ber:1e-6@5", False)):
-        hybrid = AllReduce(world.comm(0), "hybrid", codec, channel).algorithm
-        assert isinstance(hybrid, Hybrid) and ("native" in hybrid.candidates) == ok
-        assert hybrid.encodes == (not ok)
+        auto = AllReduce(world.comm(0), "auto", codec, channel).algorithm
+        assert isinstance(auto, Auto) and ("native" in auto.candidates) == ok
+        assert auto.encodes == (not ok)
 
 
 def test_fit_recovers_alpha_beta() -> None:
@@ -98,7 +98,7 @@ def _measured() -> list[Measurement]:
     for s in (4096, 65536, M, 16 * M):
         rows.append(Measurement("brd", s, small.time(*cost_terms("brd", 4, s))))
         rows.append(Measurement("vhd", s, large.time(*cost_terms("vhd", 4, s))))
-        rows.append(Measurement("hybrid", s, 1.0))  # never a candidate
+        rows.append(Measurement("auto", s, 1.0))  # never a candidate
     return rows
 
 
@@ -113,8 +113,8 @@ def test_thresholds_follow_the_measured_winners(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["thresholds"][0]["algorithm"] == "brd"
     again = Calibration.load(path)
     assert again.thresholds == cal.thresholds and again.models == cal.models
-    hybrid = get_algorithm("hybrid", calibration=path)
-    assert isinstance(hybrid, Hybrid) and hybrid.choose(16 * M, 4) == "vhd"
+    auto = get_algorithm("auto", calibration=path)
+    assert isinstance(auto, Auto) and auto.choose(16 * M, 4) == "vhd"
 
 
 def test_calibrated_native_falls_back_when_not_allowed() -> None:
@@ -151,13 +151,13 @@ def test_calibration_errors(tmp_path: Path) -> None:
         Calibration.load(bad)
     cal = fit(_measured(), 4)
     with pytest.raises(ConfigError, match="measured on 4 ranks but this run has 3"):
-        simulate("hybrid", [torch.ones(8)] * 3, calibration=cal)
+        simulate("auto", [torch.ones(8)] * 3, calibration=cal)
 
 
-def test_hybrid_with_calibration_runs_the_chosen_algorithm() -> None:
+def test_auto_with_calibration_runs_the_chosen_algorithm() -> None:
     cal = Calibration(2, ((100, "brb"), (None, "ring")))
     for n in (10, 1000):
-        outs = simulate("hybrid", [torch.ones(n), torch.ones(n)], calibration=cal)
+        outs = simulate("auto", [torch.ones(n), torch.ones(n)], calibration=cal)
         assert torch.equal(outs[0], torch.full((n,), 2.0))
 
 

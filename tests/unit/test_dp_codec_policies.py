@@ -24,7 +24,7 @@ COSTS = {"fp32": (1e-4, 4e-9), "fp8-e5m2": (2e-4, 1e-9), "table1": (8e-4, 0.2e-9
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 
 
-def _rows(world: int = 1, algorithm: str = "hybrid") -> list[dict]:
+def _rows(world: int = 1, algorithm: str = "auto") -> list[dict]:
     return [{"algorithm": algorithm, "codec": c, "size_bytes": s, "world_size": world,
              "median_s": a + b * s, "link": "bw=100mbit"}
             for c, (a, b) in COSTS.items() for s in SIZES]
@@ -70,7 +70,7 @@ def test_rules_before_a_policy_win_and_unknown_policies_list_the_valid_ones() ->
 
 
 def test_fastest_resolves_per_size_from_the_measured_times() -> None:
-    times = CodecTimes.from_rows(_rows(), "hybrid")
+    times = CodecTimes.from_rows(_rows(), "auto")
     rules = CodecRules.parse(["policy:fastest"], times=times)
     rules.validate()
     for nbytes in (1 << 10, 4 << 10, 100 << 10, 300 << 10, 5 << 20, 64 << 20):
@@ -90,19 +90,25 @@ def test_fastest_without_times_says_how_to_measure_them() -> None:
 def test_bad_codec_times_are_one_clear_line(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     with pytest.raises(ConfigError, match="cannot read codec times .*bench allreduce"):
-        CodecTimes.load(path, "hybrid")
+        CodecTimes.load(path, "auto")
     path.write_text(json.dumps({"rows": []}))
     with pytest.raises(ConfigError, match="are not `approxdist bench allreduce --json` rows"):
-        CodecTimes.load(path, "hybrid")
+        CodecTimes.load(path, "auto")
     path.write_text(json.dumps(_rows(algorithm="ring")))
-    with pytest.raises(ConfigError, match="no all-reduce times for algorithm 'hybrid' .only ring"):
-        CodecTimes.load(path, "hybrid")
+    with pytest.raises(ConfigError, match="no rows with .algorithm.: 'auto' .theirs: ring\\)"):
+        CodecTimes.load(path, "auto")
+    path.write_text(json.dumps(_rows(algorithm="hybrid")))  # `auto`'s name before
+    with pytest.raises(ConfigError) as err:
+        CodecTimes.load(path, "auto")
+    assert f"codec times {path} have no rows with \"algorithm\": 'auto' (theirs: hybrid; " \
+           f"valid: auto, brb, brd, native, ring, vhd)" in str(err.value)
+    assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="measured on 4 ranks, this run reduces over 2"):
-        CodecTimes.from_rows(_rows(world=4), "hybrid").check_world(2)
+        CodecTimes.from_rows(_rows(world=4), "auto").check_world(2)
     bad = _rows()
     bad[0]["median_s"] = 0.0
     with pytest.raises(ConfigError, match="median_s > 0"):
-        CodecTimes.from_rows(bad, "hybrid")
+        CodecTimes.from_rows(bad, "auto")
 
 
 def test_the_config_checks_policies_and_times_before_any_worker_starts(tmp_path: Path) -> None:
@@ -113,8 +119,8 @@ def test_the_config_checks_policies_and_times_before_any_worker_starts(tmp_path:
     path.write_text(json.dumps(_rows()))
     check_parts(build_config({"wire": {"grad": {"rules": ["policy:fastest", "policy:seed004"],
                                                 "times": str(path)}}}))
-    with pytest.raises(ConfigError, match="wire.grad.times = .*no all-reduce times for "
-                                          "algorithm 'ring'"):
+    with pytest.raises(ConfigError, match="wire.grad.times = .*no rows with .algorithm.: "
+                                          "'ring' .theirs: auto"):
         check_parts(build_config({"dp": {"algorithm": "ring"},
                                   "wire": {"grad": {"times": str(path)}}}))
 
@@ -123,7 +129,7 @@ def test_data_parallel_gives_each_bucket_the_fastest_codec_for_its_size() -> Non
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 64), nn.Linear(64, 4))
     dp = DataParallel(model, codec_rules=["*.bias=fp32", "policy:fastest"],
-                      codec_times=CodecTimes.from_rows(_rows(), "hybrid"),
+                      codec_times=CodecTimes.from_rows(_rows(), "auto"),
                       bucket_mb=0.0, solo_mb=0.0)
     try:
         got = {b.plan.names: b.plan.codec for b in dp.buckets}

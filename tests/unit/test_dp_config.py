@@ -18,7 +18,7 @@ from approxdist.train.mode import modes
 
 def test_defaults_use_our_engine_and_round_trip(tmp_path: Path) -> None:
     cfg = build_config({"wire": {"grad": {"rules": ["*.bias=fp32", "type:Conv2d.weight=bf16"]}}})
-    assert (cfg.dp.reducer, cfg.dp.algorithm, cfg.wire.grad.codec) == ("approxdist", "hybrid",
+    assert (cfg.dp.reducer, cfg.dp.algorithm, cfg.wire.grad.codec) == ("approxdist", "auto",
                                                                       "fp32")
     assert cfg.wire.grad.rules == ("*.bias=fp32", "type:Conv2d.weight=bf16")
     write_config(cfg, tmp_path / "c.toml")

@@ -112,7 +112,7 @@ def test_bandwidth_report(tmp_path: Path) -> None:
 
 def test_allreduce_report(tmp_path: Path) -> None:
     times = {"native": (1.0, 10.0), "brb": (2.0, 12.0), "brd": (0.5, 20.0), "vhd": (3.0, 8.0),
-             "ring": (2.5, 9.0), "hybrid": (0.55, 8.5)}
+             "ring": (2.5, 9.0), "auto": (0.55, 8.5)}
     rows = [{"world_size": n, "algorithm": a, "codec": "fp32", "size_bytes": size,
              "median_s": t[i] / 1e3, "p10_s": t[i] / 1e3, "busbw_gbps": 1.0,
              "ratio_vs_native": 1.0, "paired_ratio": 1.0, "repeats": 5}
@@ -124,6 +124,9 @@ def test_allreduce_report(tmp_path: Path) -> None:
     assert "| N=4: recursive doubling (BRD) wins small messages | 4K: brd | holds |" in text
     assert "| N=2: halving-doubling (VHD) or ring wins large messages | 16M: vhd | holds |" in text
     assert "within 15 % of the best at 100 % of sizes | holds |" in text
+    assert "| ring ms | auto ms |" in text and "| 2 | 4K | 1.00 | 2.00 | 0.50 | 3.00 | 2.50 | 0.55 |" in text
+    assert "| N=4: picking by size (`auto`, the seed's hybrid) is as good as the best per size |" \
+        in text
 
 
 def test_scaling_report(tmp_path: Path) -> None:

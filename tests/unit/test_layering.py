@@ -174,7 +174,7 @@ def test_the_cluster_runs_commands_and_never_imports_the_training_stack() -> Non
 #: bucket plan (all pure: no process group, no communication)
 PLANNER_READS_BELOW = {
     "approxdist.comm.codecs", "approxdist.comm.netem", "approxdist.comm.collectives.base",
-    "approxdist.comm.collectives.hybrid", "approxdist.comm.collectives.model",
+    "approxdist.comm.collectives.auto", "approxdist.comm.collectives.model",
     "approxdist.comm.collectives.registry", "approxdist.comm.collectives.wire",
     "approxdist.data_parallel.buckets",
 }

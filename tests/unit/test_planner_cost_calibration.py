@@ -87,7 +87,7 @@ def test_codec_rows_count_with_their_known_coding_and_an_emulated_links_segments
 def test_rows_the_model_does_not_count_are_skipped() -> None:
     truth = LinkLevel("intra", 2e-4, 1e-9, 4e-10)
     noise = [{"algorithm": a, "codec": c, "size_bytes": 4096, "world_size": w, "median_s": 9.0}
-             for a, c, w in (("native", "fp32", 2), ("hybrid", "fp32", 2), ("ring", "bf16", 2),
+             for a, c, w in (("native", "fp32", 2), ("auto", "fp32", 2), ("ring", "bf16", 2),
                              ("ring", "fp32", 1))]
     fit = fit_level("intra", _rows(truth) + noise)
     assert fit.rows == 32 and fit.rms_rel_error < 1e-9

@@ -77,12 +77,12 @@ def test_loopback_load_multiplies_the_whole_time() -> None:
         allreduce_time(LEVEL, "ring", 4, MIB))
 
 
-def test_hybrid_is_the_fastest_candidate() -> None:
+def test_auto_is_the_fastest_candidate() -> None:
     small, large = 1024, 16 * MIB
     for values in (small, large):
         times = {a: allreduce_time(LEVEL, a, 8, values) for a in ("ring", "brb", "brd", "vhd", "native")}
         name, t = fastest(LEVEL, 8, values)
-        assert t == min(times.values()) == allreduce_time(LEVEL, "hybrid", 8, values)
+        assert t == min(times.values()) == allreduce_time(LEVEL, "auto", 8, values)
         assert times[name] == t
     assert fastest(LEVEL, 8, small)[0] == "brd"  # fewest messages
     # with a lossy codec native is no candidate (it would change the arithmetic)
@@ -91,8 +91,8 @@ def test_hybrid_is_the_fastest_candidate() -> None:
 
 def test_trivial_and_bad_calls() -> None:
     assert allreduce_steps("ring", 1, MIB) == [] and allreduce_steps("vhd", 4, 0) == []
-    assert allreduce_time(LEVEL, "hybrid", 1, MIB) == 0.0
-    with pytest.raises(SpecError, match=r"unknown all-reduce algorithm 'tree'; valid: brb, brd"):
+    assert allreduce_time(LEVEL, "auto", 1, MIB) == 0.0
+    with pytest.raises(SpecError, match=r"unknown all-reduce algorithm 'tree'; valid: auto, brb, brd"):
         allreduce_steps("tree", 4, MIB)
     with pytest.raises(ConfigError, match=r"world = 0 must be an integer >= 1"):
         allreduce_steps("ring", 0, MIB)
@@ -100,8 +100,8 @@ def test_trivial_and_bad_calls() -> None:
         allreduce_steps("ring", 2, 2.5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"'native' sums only fp32, fp16, bf16, not codec 'table4'"):
         allreduce_steps("native", 2, MIB, CodecCost.of("table4"))
-    with pytest.raises(ConfigError, match=r"'hybrid' has no steps of its own"):
-        allreduce_steps("hybrid", 2, MIB)
+    with pytest.raises(ConfigError, match=r"'auto' has no steps of its own"):
+        allreduce_steps("auto", 2, MIB)
 
 
 class _Counting(SimComm):

@@ -123,7 +123,7 @@ def test_dp_without_overlap_every_bucket_waits_for_the_whole_backward() -> None:
     assert t.step_s == pytest.approx(0.04 + 0.06 + 3 * MIB * 1e-9 + 0.005)
 
 
-def test_dp_hybrid_names_the_algorithm_per_bucket_and_one_rank_costs_nothing() -> None:
+def test_dp_auto_names_the_algorithm_per_bucket_and_one_rank_costs_nothing() -> None:
     net = Network(LinkLevel.from_link("inter", "bw=1gbit,lat=100us"))
     t = dp_time(DP_PROFILE, 4, net)
     assert all(b.algorithm in ("ring", "brb", "brd", "vhd", "native") for b in t.buckets)

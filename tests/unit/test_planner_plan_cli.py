@@ -146,6 +146,10 @@ def test_train_reads_the_plan_under_its_flags(tmp_path: Path) -> None:
     ({"stages": [{"replicas": 2}], "data": "digits"}, "data = 'digits' must be an object of"),
     ({"stages": [{"replicas": 2}], "input_shape": [3, 0]},
      "input_shape = [3, 0] must be a non-empty list of sizes >= 1"),
+    # written before the size-picking all-reduce was renamed `auto`
+    ({"stages": [{"replicas": 2}], "algorithm": "hybrid"},
+     "algorithm = 'hybrid' is not an all-reduce algorithm; valid: auto, brb, brd, native, "
+     "ring, vhd"),
 ])
 def test_bad_plan_files_name_the_value(tmp_path: Path, plan: dict, message: str) -> None:
     path = tmp_path / "plan.json"
@@ -153,6 +157,7 @@ def test_bad_plan_files_name_the_value(tmp_path: Path, plan: dict, message: str)
     with pytest.raises(ConfigError) as err:
         read_plan(path)
     assert message in str(err.value) and str(path) in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 PLANNED = {"model": "mlp", "model_options": {"hidden": 48, "depth": 2},

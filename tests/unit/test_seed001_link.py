@@ -22,7 +22,7 @@ from approxdist.experiments.csvio import read_csv
 K = 1 << 10
 #: seconds per all-reduce of `size` bytes: brd fastest small, ring fastest large
 COST = {"native": (2e-4, 3e-8), "brb": (3e-4, 4e-8), "brd": (1e-4, 2e-8),
-        "vhd": (3e-4, 1.2e-8), "ring": (4e-4, 1e-8), "hybrid": (1.2e-4, 1.1e-8)}
+        "vhd": (3e-4, 1.2e-8), "ring": (4e-4, 1e-8), "auto": (1.2e-4, 1.1e-8)}
 
 
 @pytest.mark.parametrize(("argv", "line"), [
@@ -101,13 +101,13 @@ def test_the_kernel_shaper_measures_on_a_fresh_cluster_per_world(
     assert [c[1:] for c in fake.calls if c[0] == "up"] == [(2, "bw=1gbit"), (4, "bw=1gbit")]
     for world, first, second in ((2, fake.calls[1][1], fake.calls[2][1]),
                                  (4, fake.calls[5][1], fake.calls[6][1])):
-        assert "hybrid" not in first[first.index("--algorithms") + 1]
+        assert "auto" not in first[first.index("--algorithms") + 1]
         assert "--calibration" not in first and "--link" not in first  # tc shapes the link
         cal = second[second.index("--calibration") + 1]
         expected = fit(measurements(_rows(["native", "brb", "brd", "ring", "vhd"],
                                           (4 * K, 64 * K), world), "fp32"), world, "bw=1gbit")
         assert Calibration.load(cal).thresholds == expected.thresholds
-        assert "hybrid" in second[second.index("--algorithms") + 1]
+        assert "auto" in second[second.index("--algorithms") + 1]
     rows = read_csv(tmp_path / "allreduce.csv", ar.COLUMNS)
     assert {(r["world_size"], r["algorithm"]) for r in rows} == {
         (w, a) for w in (2, 4) for a in COST}

@@ -94,7 +94,7 @@ class Pipeline:
                  optimizer: OptimizerFactory | None = None, stream: int = 0,
                  dynamic_shapes: bool = False, seed: int = 0,
                  replicas: int | Sequence[int] = 1, grad_codec: str = "fp32",
-                 algorithm: str = "hybrid", calibration: str = "",
+                 algorithm: str = "auto", calibration: str = "",
                  placement: Sequence[int] | None = None, comm_threads: str = "inline",
                  recorder: Recorder | None = None) -> None:
         blocks = model if isinstance(model, nn.Sequential) else nn.Sequential(*model)

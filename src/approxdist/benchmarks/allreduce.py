@@ -89,8 +89,8 @@ def measure_rank(ctx: DistContext, plan: BenchPlan) -> dict[tuple[str, str, int]
     """Run on every rank (via `run_on_ranks`); this rank's times per (algorithm, codec, size)."""
     torch.manual_seed(1234 + ctx.rank)
     link = Link(ctx, plan.link)
-    # hybrid reads --calibration, else the cached calibration, measured now on first use
-    calibration = resolve(link, plan.calibration) if any(a == "hybrid" for a, _ in plan.combos) \
+    # auto reads --calibration, else the cached calibration, measured now on first use
+    calibration = resolve(link, plan.calibration) if any(a == "auto" for a, _ in plan.combos) \
         else plan.calibration
     reducers = {c: AllReduce(link, c[0], c[1], calibration=calibration) for c in plan.combos}
     times: dict[tuple[str, str, int], list[float]] = {}
@@ -144,7 +144,7 @@ def summarize(per_rank: Sequence[dict[tuple[str, str, int], list[float]]], world
 def measurements(rows: Sequence[Row], codec: str) -> list[Measurement]:
     """Calibration inputs: medians (and paired ratios) of every algorithm with `codec`."""
     return [Measurement(r.algorithm, r.size_bytes, r.median_s, r.extra.get("paired_ratio"))
-            for r in rows if r.codec == codec and r.algorithm != "hybrid"]
+            for r in rows if r.codec == codec and r.algorithm != "auto"]
 
 
 def fmt_size(n: int) -> str:

@@ -5,11 +5,11 @@
 
 Runs on N local gloo ranks (`run_on_ranks`), interleaves every algorithm with `native`
 in the same run and prints median / p10 latency, bus bandwidth and the ratio to
-`native` (method: `approxdist.benchmarks.allreduce`). `--calibrate` fits hybrid's
+`native` (method: `approxdist.benchmarks.allreduce`). `--calibrate` fits `auto`'s
 thresholds from the measured medians and writes them to `--calibration` (default
-`allreduce-calibration.json`); when `hybrid` is asked for, everything is then measured
-again in one run with `hybrid` reading that file. Without `--calibrate` or
-`--calibration`, `hybrid` reads this machine's cached calibration and measures it first
+`allreduce-calibration.json`); when `auto` is asked for, everything is then measured
+again in one run with `auto` reading that file. Without `--calibrate` or
+`--calibration`, `auto` reads this machine's cached calibration and measures it first
 when there is none (`comm/collectives/autocal.py`; its time is printed apart).
 """
 
@@ -65,9 +65,9 @@ def register(sub: Any) -> None:
                         "--repeats")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")
     p.add_argument("--calibrate", action="store_true",
-                   help="fit hybrid's thresholds and write them to --calibration")
+                   help="fit auto's thresholds and write them to --calibration")
     p.add_argument("--calibration", type=Path, default=None,
-                   help=f"what hybrid reads: a calibration file (--calibrate writes one; "
+                   help=f"what the auto algorithm reads: a calibration file (--calibrate writes one; "
                         f"default {DEFAULT_PATH} there), off (the alpha-beta model) or auto "
                         f"(default: this machine's cached calibration, measured on first use)")
     p.set_defaults(func=run)
@@ -158,12 +158,12 @@ def run(args: argparse.Namespace) -> int:
             rows = _measure(args, plan(algorithms, cal_path))
         else:
             assert cal_path is not None
-            rows = _measure(args, plan([a for a in algorithms if a != "hybrid"], None))
+            rows = _measure(args, plan([a for a in algorithms if a != "auto"], None))
             cal = fit(measurements(rows, codecs[0]), world_size(args),
                       link.spec if link else "none", codecs[0])
             print(f"calibration written to {cal.save(cal_path)}: " + ", ".join(
                 f"<= {m} B: {a}" if m is not None else f"above: {a}" for m, a in cal.thresholds))
-            if "hybrid" in algorithms:  # measure again, hybrid included, in one run
+            if "auto" in algorithms:  # measure again, auto included, in one run
                 rows = _measure(args, plan(algorithms, cal_path))
     if under_torchrun() and os.environ["RANK"] != "0":
         return 0  # rank 0 prints and writes the rows

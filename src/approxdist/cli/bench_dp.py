@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
     p.add_argument("--ddp-codec", default="fp32", choices=["fp32", "fp16"],
                    help="DDP's wire: fp32 or fp16 (torch's fp16 hook, or ours with --link)")
     p.add_argument("--link", default=None, help="emulated link, e.g. bw=1gbit,lat=100us")
-    p.add_argument("--algorithm", default="hybrid", help="our engine's all-reduce")
+    p.add_argument("--algorithm", default="auto", help="our engine's all-reduce")
     p.add_argument("--bucket-mb", type=float, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--chunk-kb", type=float, default=None)
@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
                    help="GIL switch interval while comm threads run, for both engines "
                         "(default 0.5; 0 leaves Python's 5 ms)")
     p.add_argument("--calibration", default=None,
-                   help="hybrid's thresholds from approxdist bench allreduce --calibrate")
+                   help="auto's thresholds from approxdist bench allreduce --calibrate")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=4, help="timed steps per variant per round")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")

@@ -63,7 +63,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--fwd-codec", help="activations (default fp32)")
     w.add_argument("--bwd-codec", help="activation gradients (default fp32)")
     w.add_argument("--grad-codec", help="the replicas' gradient all-reduce (default fp32)")
-    w.add_argument("--algorithm", default="hybrid", help="the replicas' all-reduce (default hybrid)")
+    w.add_argument("--algorithm", default="auto", help="the replicas' all-reduce (default auto)")
     w.add_argument("--schedule", default=",".join(SCHEDULES),
                    help="schedules to compare (default 1f1b,gpipe)")
     w.add_argument("--microbatches", default="auto",

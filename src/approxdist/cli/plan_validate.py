@@ -218,7 +218,7 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     cluster = ClusterSpec(world_size=n, link=setting.link or None, calibration=cal)
     codec = cluster.codec(setting.codec)
     base = SolverSettings(n, cluster.network(), fwd_codec=codec, bwd_codec=codec,
-                          grad_codec=codec, algorithm="hybrid", optimizer=OPTIMIZER,
+                          grad_codec=codec, algorithm="auto", optimizer=OPTIMIZER,
                           optimizer_s_per_byte=cal.optimizer_s_per_byte(OPTIMIZER),
                           overhead=cal.overhead)
     found = candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)

@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
                    "fp32 byte added (default 2.5e-10,1e-10,1e-9, assumed)")
     p.add_argument("--calibration", type=Path, help="cost calibration file: take gamma from "
                    "its level (calibrated) and codec costs from it")
-    p.add_argument("--algorithm", default="hybrid", help="all-reduce (default hybrid)")
+    p.add_argument("--algorithm", default="auto", help="all-reduce (default auto)")
     p.add_argument("--codec", default="fp32", help="gradient wire format (default fp32)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="all-reduce after backward instead of during it")

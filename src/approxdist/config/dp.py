@@ -34,7 +34,7 @@ class DPConfig:
     """Data-parallel reducer options; see docs/data_parallel.md for what each one does."""
 
     reducer: str = "approxdist"
-    algorithm: str = "hybrid"
+    algorithm: str = "auto"
     bucket_mb: float = 1.0
     first_bucket_mb: float = 0.25
     threads: int = 2

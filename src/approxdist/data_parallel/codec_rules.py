@@ -111,7 +111,7 @@ class CodecRules:
         if self.times is None:
             raise ConfigError(f"codec {FASTEST!r} picks per bucket from measured all-reduce "
                               f"times: pass --codec-times FILE (wire.grad.times), written by "
-                              + MEASURE.format(alg="hybrid", path="FILE"))
+                              + MEASURE.format(alg="auto", path="FILE"))
         return self.times
 
     def validate(self) -> None:

@@ -4,7 +4,7 @@ Seed 004's Fastest sends each layer in whichever wire format all-reduces it fast
 The times come from the rows `approxdist bench allreduce --json FILE` writes (one per
 algorithm, codec and message size, measured on this world and link):
 
-    approxdist bench allreduce --world-size 4 --algorithms hybrid \
+    approxdist bench allreduce --world-size 4 --algorithms auto \
         --codec fp32,fp8-e5m2,table4,table1 --sizes 4K,64K,1M,16M --link bw=100mbit \
         --json codec-times.json
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from approxdist.comm.collectives.registry import algorithm_names
 from approxdist.errors import ConfigError
 
 MEASURE = ("approxdist bench allreduce --algorithms {alg} --codec fp32,fp8-e5m2,table4,table1 "
@@ -46,9 +47,12 @@ class CodecTimes:
         mine = [r for r in rows if r.get("algorithm") == algorithm]
         if not mine:
             have = sorted({str(r.get("algorithm")) for r in rows})
-            raise ConfigError(f"codec times {source} have no all-reduce times for algorithm "
-                              f"{algorithm!r} (only {', '.join(have) or 'none'}); measure them "
-                              f"with " + MEASURE.format(alg=algorithm, path=source))
+            valid = sorted(algorithm_names())
+            unknown = [a for a in have if a not in valid]
+            raise ConfigError(f"codec times {source} have no rows with \"algorithm\": "
+                              f"{algorithm!r} (theirs: {', '.join(have) or 'none'}"
+                              + (f"; valid: {', '.join(valid)}" if unknown else "")
+                              + "); measure them with " + MEASURE.format(alg=algorithm, path=source))
         worlds = {int(r["world_size"]) for r in mine}
         if len(worlds) > 1:
             raise ConfigError(f"codec times {source} mix world sizes {sorted(worlds)}; keep the "

@@ -42,7 +42,7 @@ from approxdist.launch.group import Group, world_group
 class HookState:
     """The hook's thread, codecs per parameter and error feedback per bucket layout."""
 
-    def __init__(self, ctx: DistContext, names: Mapping[int, str], algorithm: str = "hybrid",
+    def __init__(self, ctx: DistContext, names: Mapping[int, str], algorithm: str = "auto",
                  codec: str = "fp32", link: str | None = None, error_feedback: bool = False,
                  calibration: Calibration | str | Path | None = None,
                  gil_switch_ms: float | None = GIL_SWITCH_MS, group: Group | None = None,

@@ -1,6 +1,6 @@
 """`DataParallel`: a DDP-like wrapper whose gradients cross our link layer (seeds 001 and 004).
 
-    dp = DataParallel(model, algorithm="hybrid", codec="bf16", link="bw=1gbit")
+    dp = DataParallel(model, algorithm="auto", codec="bf16", link="bw=1gbit")
     loss = F.cross_entropy(dp(x), y)
     optimizer.zero_grad(); loss.backward(); optimizer.step()   # grads are averaged
 
@@ -81,7 +81,7 @@ class DataParallel(nn.Module):
     """Wraps `module`; gradients are averaged over `group` through approxdist's link layer."""
 
     def __init__(self, module: nn.Module, *, ctx: DistContext | None = None,
-                 group: Group | None = None, algorithm: str = "hybrid", codec: str = "fp32",
+                 group: Group | None = None, algorithm: str = "auto", codec: str = "fp32",
                  codec_rules: Sequence[str] | Mapping[str, str] | None = None,
                  codec_times: CodecTimes | str | Path | None = None,
                  error_feedback: bool = False, link: str | None = None,

@@ -157,7 +157,7 @@ class CommPool:
         self.control = control
         self.control_reducer = AllReduce(self.control, "brd" if group.size > 1 else "ring",
                                          "fp32", check=False)
-        # hybrid's calibration (`autocal`): agreed here, on the main thread, by every member
+        # auto's calibration (`autocal`): agreed here, on the main thread, by every member
         calibration = resolve(control, calibration, algorithm)
         self.threads = [CommThread(f"approxdist-{name}-{s}", lk, algorithm, calibration, rec, s)
                         for s, lk in zip(lanes[1:], links[1:])]

@@ -2,12 +2,12 @@
 
 Seed 001 (section 4, Table 1) compares binary-tree reduce + broadcast (BRB), butterfly
 recursive doubling (BRD) and vector halving / distance doubling (VHD): BRD is best for
-small messages, VHD for large ones, hence a hybrid that picks by size. This preset runs
+small messages, VHD for large ones, hence a hybrid that picks by size (our `auto`). This preset runs
 `approxdist bench allreduce`'s measurement (`benchmarks.allreduce`: every algorithm
 interleaved with gloo's `dist.all_reduce` in the same rounds, slowest rank per op,
 median) on 2 and 4 local gloo ranks, twice per world as `bench allreduce --calibrate`
-does: a first run without `hybrid` fits its thresholds (`calibration-N<world>.json`, as
-seed 001 proposes: measured, per machine), then every algorithm, calibrated `hybrid`
+does: a first run without `auto` fits its thresholds (`calibration-N<world>.json`, as
+seed 001 proposes: measured, per machine), then every algorithm, calibrated `auto`
 included, is measured again in one run; the rows come from that second run.
 `--link SPEC` puts every rank behind that link, shaped by the in-process emulator
 (`--link-shaper inproc`, local ranks) or by the kernel (`--link-shaper kernel`: per world
@@ -50,7 +50,7 @@ COLUMNS = ("world_size", "algorithm", "codec", "size_bytes", "median_s", "p10_s"
 SEED_ALGOS = ("brb", "brd", "vhd", "ring")  # the point-to-point algorithms compared
 K, M = 1 << 10, 1 << 20
 TIE = 0.05  # within 5 % of the fastest counts as winning: repeated runs move rows by more
-HYBRID_SLACK = 1.15  # issue 4: hybrid within 1.15x of the best algorithm at every size
+AUTO_SLACK = 1.15  # issue 4: auto within 1.15x of the best algorithm at every size
 
 
 def plan_for(settings: Settings) -> BenchPlan:
@@ -68,14 +68,14 @@ def collect(settings: Settings) -> Meta:
     for world in (2, 4):
         print(f"[{NAME}] {world} {'hosts' if kernel else 'ranks'}, sizes "
               f"{', '.join(fmt_size(s) for s in plan.sizes)}, link {settings.link or 'none'}: "
-              f"calibrating hybrid", flush=True)
-        first = dataclasses.replace(plan, combos=tuple(c for c in plan.combos if c[0] != "hybrid"))
+              f"calibrating auto", flush=True)
+        first = dataclasses.replace(plan, combos=tuple(c for c in plan.combos if c[0] != "auto"))
         cal_path = settings.out.resolve() / f"calibration-N{world}.json"
         with _measuring(settings, world) as measure:
             cal = fit(measurements(measure(first, "calibrate"), "fp32"), world,
                       settings.link or "none")
             cal.save(cal_path)
-            print(f"[{NAME}] {world} ranks: every algorithm, hybrid calibrated", flush=True)
+            print(f"[{NAME}] {world} ranks: every algorithm, auto calibrated", flush=True)
             measured = measure(dataclasses.replace(plan, calibration=str(cal_path)), "measure")
         for r in measured:
             js = r.as_json()
@@ -163,9 +163,9 @@ def winner_table(rows: list[Row]) -> str:
             rs = {r["algorithm"]: r for r in rows
                   if r["world_size"] == world and r["size_bytes"] == size}
             cells = [f"{1e3 * rs[a]['median_s']:.2f}" if a in rs else "-"
-                     for a in ("native", *SEED_ALGOS, "hybrid")]
+                     for a in ("native", *SEED_ALGOS, "auto")]
             out.append((world, fmt_size(size), *cells, f"**{alg}**"))
-    return md.table(("N", "size", "native ms", *(f"{a} ms" for a in SEED_ALGOS), "hybrid ms",
+    return md.table(("N", "size", "native ms", *(f"{a} ms" for a in SEED_ALGOS), "auto ms",
                      "fastest of brb/brd/vhd/ring"), out)
 
 
@@ -214,11 +214,12 @@ def trend_rows(rows: list[Row], cores: int = 0) -> list[md.Trend]:
                            f"a hypothesis: with {_crowded(world, cores)} the total bytes "
                            f"copied and added on the shared cores matter more than the "
                            f"per-rank critical path")))
-        hyb = winners(rows, world, (*SEED_ALGOS, "hybrid"))
-        share = sum(1 for s in best if hyb.get(s) == "hybrid" or _close(rows, world, s)) / len(best)
+        picked = winners(rows, world, (*SEED_ALGOS, "auto"))
+        share = sum(1 for s in best if picked.get(s) == "auto" or _close(rows, world, s)) / len(best)
         ok = share >= 0.75
-        out.append((f"N={world}: the size-based hybrid is as good as the best per size",
-                    f"within {100 * (HYBRID_SLACK - 1):.0f} % of the best at "
+        out.append((f"N={world}: picking by size (`auto`, the seed's hybrid) is as good as the best "
+                    f"per size",
+                    f"within {100 * (AUTO_SLACK - 1):.0f} % of the best at "
                     f"{100 * share:.0f} % of sizes", ok,
                     md.why(ok, "thresholds calibrated on this machine by a first run",
                            "the calibration run and the measured run disagree on the winner: "
@@ -230,7 +231,7 @@ def _close(rows: list[Row], world: int, size: int) -> bool:
     rs = {r["algorithm"]: r["median_s"] for r in rows
           if r["world_size"] == world and r["size_bytes"] == size}
     best = min(rs[a] for a in SEED_ALGOS if a in rs)
-    return "hybrid" in rs and rs["hybrid"] <= HYBRID_SLACK * best
+    return "auto" in rs and rs["auto"] <= AUTO_SLACK * best
 
 
 def link_of(meta: Meta) -> tuple[str, str]:
@@ -275,7 +276,7 @@ def render(out: Path, meta: Meta) -> str:
 PRESET = Preset(
     name=NAME, title="All-reduce time vs message size per algorithm",
     seed_ref="seed 001, section 4 (Table 1, BRB / BRD / VHD, hybrid)",
-    summary="all-reduce time vs size for native, ring, brb, brd, vhd, hybrid on N = 2 and 4",
+    summary="all-reduce time vs size for native, ring, brb, brd, vhd, auto on N = 2 and 4",
     csv_columns={"allreduce.csv": COLUMNS}, collect=collect, render=render,
     shapers=("inproc", "kernel"), takes_link=True,
     run_time={"quick": "~1 min (4 sizes up to 16 MiB, two runs per world)",

@@ -7,7 +7,7 @@ batch b, B the reference batch of one node (seed 001: B = 256 on one GPU; it mea
 217x on 256 nodes and 60.4x on 64 nodes with b = 256, 30.5x with b = 64, 15.5x with
 b = 32 on 64 nodes, AlexNet). Here: the small AlexNet (`models.alexnet`) on synthetic
 3x32x32 inputs, N = 1, 2, 4 local gloo ranks with one torch thread each, wrapped in
-`approxdist.DataParallel` (algorithm `hybrid`, overlap on) for N > 1; a step's time is
+`approxdist.DataParallel` (algorithm `auto`, overlap on) for N > 1; a step's time is
 the slowest rank's, the figure is the median over the timed steps.
 CSV `scaling.csv`: nodes, per_node_batch, ref_batch, median_step_s, p10_step_s, steps,
 speedup, ideal (= N x b/B x t(1,B)/t(1,b) would be the compute-only bound; we store N).
@@ -267,7 +267,7 @@ def render(out: Path, meta: Meta) -> str:
     png = plot(out, rows, title, cores_of(meta), simulated(out, cores_of(meta)))
     return md.report(
         ["t(N,b): median over timed steps of the slowest rank's forward + backward + SGD "
-         "update; N > 1 through `approxdist.DataParallel` (hybrid all-reduce, overlapped with "
+         "update; N > 1 through `approxdist.DataParallel` (auto all-reduce, overlapped with "
          "backward).", result_table(rows)],
         [md.image(png, "speed-up vs nodes, ours and the seed's")],
         trend_rows(rows, cores_of(meta), _grad_bytes(meta), simulated(out, cores_of(meta))),

@@ -90,7 +90,7 @@ def measure_times(out: Path, link: str) -> Path:
     path = out / "codec-times.json"
     if path.is_file():
         return path
-    combos = (BASELINE, *(("hybrid", c) for c in FIXED))
+    combos = (BASELINE, *(("auto", c) for c in FIXED))
     plan = BenchPlan((4096, 65536, 262144, 1 << 20), combos, link, None, 20, 3, budget_s=2.0)
     per_rank = run_on_ranks(measure_rank, RANKS, plan, timeout_s=1800, comm_timeout_s=300)
     path.write_text(json.dumps([r.as_json() for r in summarize(per_rank, RANKS, link)]))

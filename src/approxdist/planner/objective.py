@@ -63,7 +63,7 @@ class SolverSettings:
     fwd_codec: CodecCost = FP32
     bwd_codec: CodecCost = FP32
     grad_codec: CodecCost = FP32
-    algorithm: str = "hybrid"
+    algorithm: str = "auto"
     memory_bytes: int | None = None
     optimizer: str = "momentum"
     #: seconds of the optimizer's step per parameter byte (0: not priced)

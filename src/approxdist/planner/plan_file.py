@@ -7,7 +7,7 @@
      "micro_batch_size": 32, "world_size": 4, "mode": "hybrid",
      "stages": [{"blocks": [0, 13], "replicas": 3}, {"blocks": [13, 22], "replicas": 1}],
      "schedule": "1f1b", "microbatches": 12,
-     "fwd_codec": "fp32", "bwd_codec": "fp32", "grad_codec": "fp32", "algorithm": "hybrid",
+     "fwd_codec": "fp32", "bwd_codec": "fp32", "grad_codec": "fp32", "algorithm": "auto",
      "link": {"intra": "bw=8gbit", "inter": null, "per_node": null, "nodes": null},
      "objective": "ours",
      "predicted": {"time_per_step_s": 0.19, "time_per_sample_s": 0.0005,
@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from approxdist.comm.collectives.registry import algorithm_names
 from approxdist.config.loader import section_dict
 from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
@@ -147,6 +148,9 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
     for key in _STRINGS:
         if key in data and not (isinstance(data[key], str) and data[key]):
             raise ConfigError(f"{key} = {data[key]!r} must be a non-empty string")
+    if "algorithm" in data and data["algorithm"] not in algorithm_names():
+        raise ConfigError(f"algorithm = {data['algorithm']!r} is not an all-reduce algorithm; "
+                          f"valid: {', '.join(sorted(algorithm_names()))}")
     for key in _INTS:
         value = data.get(key)
         if key in data and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

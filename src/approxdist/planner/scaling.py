@@ -3,7 +3,7 @@
 Seed 001 (eq. 1): s(N,b) = t(1,B) / t(N,b) x b/B x N, t(N,b) one forward + backward +
 update cycle on N nodes (one rank each) with per-node batch b, B = 256. Here t(N,b) is
 `cost.dp_time` (buckets all-reduced in order while backward runs, the all-reduce the
-cost model's, e.g. `hybrid`) of the profile's blocks with their compute scaled to the
+cost model's, e.g. `auto`) of the profile's blocks with their compute scaled to the
 hardware and batch asked for:
 
     compute(b) = profile compute x compute_scale x (b / B)^batch_exponent
@@ -59,7 +59,7 @@ class ScalingModel:
     batch_exponent: Input
     bandwidth_scale: Input
     gamma: Input  # seconds per fp32 byte added (the all-reduce's sums)
-    algorithm: str = "hybrid"
+    algorithm: str = "auto"
     codec: CodecCost = FP32
     overlap: bool = True
 

@@ -1,8 +1,8 @@
-"""All-reduce algorithms of seed 001 on the link layer: native, ring, brb, brd, vhd, hybrid.
+"""All-reduce algorithms of seed 001 on the link layer: native, ring, brb, brd, vhd, auto.
 
 Entry points: `AllReduce` (kept per rank, called per tensor), `get_algorithm`, the
 registry `ALGORITHMS`, the simulated world `simulate` for tests, and the calibration file
-used by `hybrid`. See docs/collectives.md.
+used by `auto`. See docs/collectives.md.
 """
 
 from approxdist.comm.collectives.algorithm import Algorithm

@@ -10,7 +10,7 @@ from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire
 class Algorithm:
     """Sums a flat, contiguous fp32 tensor over all ranks of `wire`, in place.
 
-    Subclasses set `name` and implement `run`. `select` lets `hybrid` hand the call to
+    Subclasses set `name` and implement `run`. `select` lets `auto` hand the call to
     another algorithm by message size; every other algorithm returns itself.
     """
 

@@ -1,7 +1,7 @@
 """`AllReduce`: one rank's reusable all-reduce with an algorithm, a codec and a channel (seed 001).
 
     link = Link(ctx, "bw=1gbit")                       # or a PeerComm (simulated world)
-    reduce = AllReduce(link, "hybrid", codec="bf16")    # keep it: buffers are reused
+    reduce = AllReduce(link, "auto", codec="bf16")    # keep it: buffers are reused
     reduce(grad, op="mean")                             # in place, returns grad
 
 The call reduces over the members of the link's group (`Link(ctx, group=...)`, the

@@ -1,8 +1,8 @@
-"""Hybrid's calibration without asking: measured once per machine and world, cached, shared.
+"""`auto`'s calibration without asking: measured once per machine and world, cached, shared.
 
-`resolve(link, spec)` turns a calibration spec into what `hybrid` reads:
+`resolve(link, spec)` turns a calibration spec into what the `auto` algorithm reads:
 
-| spec | hybrid uses |
+| spec | `auto` uses |
 |---|---|
 | `off` | the alpha-beta model (`model.DEFAULT` + the emulated link), no measurement |
 | a path | that file (`approxdist bench allreduce --calibrate` writes one) |
@@ -15,7 +15,7 @@ all-reduce at once (`DataParallel`'s communication pool, `bench allreduce`), nev
 communication thread. Member 0 looks in its cache (`$APPROXDIST_CACHE_DIR`, else
 `$XDG_CACHE_HOME/approxdist`, else `~/.cache/approxdist`; one JSON file per key); a file that
 is not a calibration of this key is reported in one line, deleted and rebuilt, never
-trusted. Without one, every member times each of hybrid's candidates (native, ring, brb,
+trusted. Without one, every member times each of `auto`'s candidates (native, ring, brb,
 brd, vhd) on sizes from 4 KiB up, interleaved in rounds (at least `ROUNDS`, more where
 they are cheap), each op after a barrier, with the argument check the runs use, and
 timed as its slowest member's (as `bench allreduce` times), while the next size's forecast
@@ -69,10 +69,10 @@ _lock = threading.Lock()
 
 
 def resolve(link: Link, spec: Calibration | str | Path | None,
-            algorithm: str = "hybrid") -> Calibration | str | Path | None:
-    """What `hybrid` should read for `spec` on `link`'s group (see the module docstring);
+            algorithm: str = "auto") -> Calibration | str | Path | None:
+    """What `auto` should read for `spec` on `link`'s group (see the module docstring);
     other algorithms and `off` need nothing (None)."""
-    if isinstance(spec, Calibration) or algorithm != "hybrid":
+    if isinstance(spec, Calibration) or algorithm != "auto":
         return spec
     text = str(spec) if spec is not None else os.environ.get(ENV, "auto")
     if text in ("", "auto"):
@@ -122,7 +122,7 @@ def auto(link: Link) -> Calibration | None:
                 cal = fit(measured, link.world_size, link.spec.spec if link.spec else "none")
                 text = json.dumps({"key": k, "calibration": cal.to_json()})
                 _save(k, text)
-                print(f"approxdist: calibrated hybrid all-reduce for {link.world_size} ranks "
+                print(f"approxdist: calibrated the auto all-reduce for {link.world_size} ranks "
                       f"in {time.perf_counter() - t0:.1f} s; cached in {cache_path(k)}",
                       file=sys.stderr)
             text = _share(link, text)

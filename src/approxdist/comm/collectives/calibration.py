@@ -1,4 +1,4 @@
-"""Hybrid's calibration file: measured size thresholds plus fitted alpha-beta terms (seed 001).
+"""`auto`'s calibration file: measured size thresholds plus fitted alpha-beta terms (seed 001).
 
 `approxdist bench allreduce --calibrate` measures every algorithm over sizes on the
 current world and link, then `fit` keeps, for each measured size, the fastest algorithm
@@ -14,7 +14,7 @@ them). The file is JSON:
      "models": {"brd": {"alpha_s": 0.0004, "beta_s_per_byte": 1e-09}, ...},
      "measured": [{"algorithm": "brd", "size_bytes": 4096, "median_s": 0.0008}, ...]}
 
-`hybrid` reads it only when given explicitly (`get_algorithm("hybrid", calibration=path)`,
+`auto` reads it only when given explicitly (`get_algorithm("auto", calibration=path)`,
 `--calibration PATH` on the command line); sizes are fp32 message bytes.
 """
 
@@ -149,7 +149,7 @@ def fit_model(algorithm: str, world: int, points: Sequence[Measurement]) -> Alph
 def fit(measurements: Iterable[Measurement], world: int, link: str = "none",
         codec: str = "fp32") -> Calibration:
     """Thresholds from the fastest algorithm at each size; models fitted per algorithm."""
-    rows = [m for m in measurements if m.algorithm != "hybrid"]
+    rows = [m for m in measurements if m.algorithm != "auto"]
     if not rows:
         raise ConfigError("no measurements to calibrate from; benchmark some algorithms")
     names = sorted({m.algorithm for m in rows})

@@ -1,4 +1,4 @@
-"""How many rounds hybrid's automatic calibration needs: windows of a long measurement.
+"""How many rounds `auto`'s automatic calibration needs: windows of a long measurement.
 
 `python -m approxdist.comm.collectives.calibration_windows --world-size 4` times every
 candidate of `autocal` for many interleaved rounds (each op after a barrier, with the

@@ -15,7 +15,7 @@ on the wire (after the codec):
 `DEFAULT` (alpha 0.5 ms, beta 1.5 ns/byte, about 0.7 GB/s) is the order of magnitude
 measured with 4 gloo ranks on a 2-core machine over loopback, where a step costs a
 fraction of a scheduler tick when ranks outnumber cores (docs/collectives.md). It only
-steers `hybrid` when no calibration file is given. `native` is gloo's ring in C++: the
+steers `auto` when no calibration file is given. `native` is gloo's ring in C++: the
 same steps and bytes as ours, but each byte costs less CPU (no Python between segments,
 adds fused into the receive loop); `NATIVE_BYTE_FACTOR` = 0.8 is the ratio measured for
 1-16 MB messages on 2 ranks. With an emulated link, the link's latency adds to alpha and

@@ -37,5 +37,5 @@ def cast_dtype(spec: str, has_channel: bool) -> torch.dtype:
     if spec not in CASTS or has_channel:
         raise SpecError(f"all-reduce 'native' takes codecs {', '.join(CASTS)} without a "
                         f"channel, got codec {spec!r}{' with a channel' if has_channel else ''}; "
-                        f"use ring, brb, brd, vhd or hybrid for other codecs")
+                        f"use ring, brb, brd, vhd or auto for other codecs")
     return CASTS[spec]

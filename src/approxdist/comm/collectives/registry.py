@@ -1,14 +1,14 @@
-"""All-reduce algorithms by name: native, ring, brb, brd, vhd, hybrid (seed 001)."""
+"""All-reduce algorithms by name: native, ring, brb, brd, vhd, auto (seed 001)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from approxdist.comm.collectives.algorithm import Algorithm
+from approxdist.comm.collectives.auto import Auto
 from approxdist.comm.collectives.brb import Brb
 from approxdist.comm.collectives.brd import Brd
 from approxdist.comm.collectives.calibration import Calibration
-from approxdist.comm.collectives.hybrid import Hybrid
 from approxdist.comm.collectives.native import Native
 from approxdist.comm.collectives.ring import Ring
 from approxdist.comm.collectives.vhd import Vhd
@@ -16,9 +16,9 @@ from approxdist.comm.netem import LinkSpec
 from approxdist.errors import SpecError
 from approxdist.registry import Registry
 
-#: the fixed algorithms; `hybrid` is built by `get_algorithm` around them
+#: the fixed algorithms; `auto` is built by `get_algorithm` around them
 ALGORITHMS: Registry[type[Algorithm]] = Registry("all-reduce algorithm", SpecError)
-for _cls in (Native, Ring, Brb, Brd, Vhd, Hybrid):
+for _cls in (Native, Ring, Brb, Brd, Vhd, Auto):
     ALGORITHMS.add(_cls.name, _cls)
 
 
@@ -30,18 +30,18 @@ def algorithm_names() -> list[str]:
 def get_algorithm(name: str, *, calibration: Calibration | str | Path | None = None,
                   link: LinkSpec | None = None, wire_fraction: float = 1.0,
                   native_ok: bool = False, encodes: bool = False) -> Algorithm:
-    """The algorithm called `name`. Only `hybrid` uses the other arguments.
+    """The algorithm called `name`. Only `auto` uses the other arguments.
 
     `calibration` is a `Calibration` or the path of a file written by
-    `approxdist bench allreduce --calibrate`; without it hybrid uses the alpha-beta
+    `approxdist bench allreduce --calibrate`; without it auto uses the alpha-beta
     model with `link`'s latency and bandwidth and `wire_fraction` (codec bits / 32).
-    `native_ok`: the call is exact fp32, so hybrid may pick `native`; `encodes`: the codec
-    does CPU work per value (hybrid then counts it, `model.codec_work`).
+    `native_ok`: the call is exact fp32, so auto may pick `native`; `encodes`: the codec
+    does CPU work per value (auto then counts it, `model.codec_work`).
     """
     cls = ALGORITHMS.get(name)
-    if cls is not Hybrid:
+    if cls is not Auto:
         return cls()
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration.load(calibration)
-    return Hybrid(get_algorithm, calibration, link, wire_fraction, native_ok=native_ok,
+    return Auto(get_algorithm, calibration, link, wire_fraction, native_ok=native_ok,
                   encodes=encodes)

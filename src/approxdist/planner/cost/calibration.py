@@ -17,7 +17,7 @@ grow together and gamma cannot be told from beta: it is left 0 and beta carries 
 (add `brd` rows, which add as many bytes as they send, to separate them).
 
 Used: rows of `ring`, `brb`, `brd`, `vhd` (our implementations, which the model counts);
-`native` (gloo's C++ ring) and `hybrid` (a choice, not an algorithm) are skipped, and rows
+`native` (gloo's C++ ring) and `auto` (a choice, not an algorithm) are skipped, and rows
 of a codec whose costs were not given, and worlds of 1.
 """
 

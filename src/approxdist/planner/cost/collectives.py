@@ -28,16 +28,16 @@ codes nothing. Then, on a `LinkLevel` with `ranks` busy ranks,
 (m messages, w wire bytes, a fp32 bytes added, E / D fp32 bytes encoded / decoded, e / d
 the codec's seconds per byte). Pipelining of segments across steps is not credited: this
 is the un-overlapped critical path of the textbook formulas, e.g. ring with N | n:
-2 (N-1) alpha + 2 (N-1)/N n beta + (N-1)/N n gamma. `hybrid` is the fastest of our
-algorithms (`native` only for exact fp32, as `Hybrid` decides).
+2 (N-1) alpha + 2 (N-1)/N n beta + (N-1)/N n gamma. `auto` is the fastest of our
+algorithms (`native` only for exact fp32, as `Auto` decides).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from approxdist.comm.collectives.auto import MODEL_CANDIDATES
 from approxdist.comm.collectives.base import bounds, ceil_log2, largest_power_of_two
-from approxdist.comm.collectives.hybrid import MODEL_CANDIDATES
 from approxdist.comm.collectives.registry import ALGORITHMS
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.codecs import CodecCost
@@ -164,7 +164,7 @@ def _folded(core: list[Step], n: int, world: int, c: _Counter) -> list[Step]:
 def _native(n: int, world: int, codec: CodecCost) -> list[Step]:
     if codec.spec not in NATIVE_BYTES:
         raise ConfigError(f"all-reduce 'native' sums only {', '.join(NATIVE_BYTES)}, not codec "
-                          f"{codec.spec!r}; price ring, brb, brd, vhd or hybrid instead")
+                          f"{codec.spec!r}; price ring, brb, brd, vhd or auto instead")
     chunk = -(-n // world)
     nbytes = NATIVE_BYTES[codec.spec] * chunk
     return [Step(1, nbytes, 4 * chunk if i < world - 1 else 0) for i in range(2 * (world - 1))]
@@ -174,8 +174,8 @@ def allreduce_steps(algorithm: str, world: int, values: int, codec: CodecCost = 
                     segment_bytes: int | None = None) -> list[Step]:
     """The critical-path steps of one all-reduce of `values` fp32 values on `world` ranks."""
     _check(algorithm, world, values)
-    if algorithm == "hybrid":
-        raise ConfigError("'hybrid' has no steps of its own; price it with allreduce_time, "
+    if algorithm == "auto":
+        raise ConfigError("'auto' has no steps of its own; price it with allreduce_time, "
                           "which takes the fastest algorithm")
     if world == 1 or values == 0:
         return []
@@ -198,8 +198,8 @@ def allreduce_time(level: LinkLevel, algorithm: str, world: int, values: int,
                    codec: CodecCost = FP32, segment_bytes: int | None = None,
                    busy: int | None = None) -> float:
     """Seconds of one all-reduce on `level` (`busy` ranks share loopback cores; default
-    `world`); `hybrid` is the fastest candidate (`fastest`)."""
-    if algorithm == "hybrid":
+    `world`); `auto` is the fastest candidate (`fastest`)."""
+    if algorithm == "auto":
         return fastest(level, world, values, codec, segment_bytes, busy)[1]
     steps = allreduce_steps(algorithm, world, values, codec, segment_bytes)
     return (level.load(world if busy is None else busy) * sum(s.time(level, codec) for s in steps)
@@ -208,7 +208,7 @@ def allreduce_time(level: LinkLevel, algorithm: str, world: int, values: int,
 
 def fastest(level: LinkLevel, world: int, values: int, codec: CodecCost = FP32,
             segment_bytes: int | None = None, busy: int | None = None) -> tuple[str, float]:
-    """(name, seconds) of the fastest of hybrid's candidates; ties go to the first listed."""
+    """(name, seconds) of the fastest of auto's candidates; ties go to the first listed."""
     names = list(MODEL_CANDIDATES) + (["native"] if codec.raw else [])
     times = [(allreduce_time(level, a, world, values, codec, segment_bytes, busy), i, a)
              for i, a in enumerate(names)]

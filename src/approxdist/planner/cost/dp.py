@@ -143,7 +143,7 @@ def dp_time(profile: Profile, world_size: int, network: Network,
     for plan, owners in _buckets(profile, opts):
         values = plan.numel
         name = opts.algorithm
-        if name == "hybrid":
+        if name == "auto":
             name = fastest(level, world_size, values, opts.codec, opts.segment_bytes, busy)[0]
         own = shared * opts.byte_overhead_s * 4 * values  # the engine's passes over it
         took = own + allreduce_time(level, name, world_size, values, opts.codec,

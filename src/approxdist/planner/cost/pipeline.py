@@ -80,7 +80,7 @@ class PipelinePlan:
     fwd_codec: CodecCost = FP32
     bwd_codec: CodecCost = FP32
     grad_codec: CodecCost = FP32
-    algorithm: str = "hybrid"  # the replicas' all-reduce
+    algorithm: str = "auto"  # the replicas' all-reduce
 
     def __post_init__(self) -> None:
         if not self.stages:

@@ -1,4 +1,4 @@
-"""`hybrid`: pick the all-reduce by message size, as seed 001 proposes (and MPICH/NCCL do).
+"""`auto`: pick the all-reduce by message size, seed 001's proposed hybrid (as MPICH/NCCL do).
 
 With a `Calibration` (measured thresholds, `calibration.py`) it follows the thresholds;
 without one it predicts each candidate with the alpha-beta model (`model.DEFAULT`, plus
@@ -26,8 +26,8 @@ from approxdist.errors import ConfigError
 MODEL_CANDIDATES = ("brd", "brb", "ring", "vhd")  # ties go to the first: ring pipelines its steps
 
 
-class Hybrid(Algorithm):
-    name = "hybrid"
+class Auto(Algorithm):
+    name = "auto"
 
     def __init__(self, lookup: Callable[[str], Algorithm], calibration: Calibration | None = None,
                  link: LinkSpec | None = None, wire_fraction: float = 1.0,
