@@ -3,7 +3,7 @@
 The `auto` all-reduce calibrates itself on first use and caches the result per machine
 (`comm/collectives/autocal.py`). The suite's tests compare algorithms, bytes and traces
 that must not depend on a timing measured while other tests run, so they use its
-alpha-beta model unless a test asks for calibration `auto` explicitly
+alpha-beta model unless a test asks for calibration `measure` explicitly
 (tests/dist/test_autocal.py).
 """
 

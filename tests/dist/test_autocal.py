@@ -5,7 +5,7 @@
 * a second process-fresh `auto` reads the cache instead of measuring;
 * a corrupt cache file is reported, removed and rebuilt, never trusted;
 * `off` and the environment default give the alpha-beta model (None);
-* `DataParallel(calibration="auto")` trains with the agreed calibration.
+* `DataParallel(calibration="measure")` trains with the agreed calibration.
 The sizes are cut to two small ones to keep it short; what is checked is agreement and
 the cache, never which algorithm wins (that is a timing).
 """
@@ -33,7 +33,7 @@ def _cases(ctx: DistContext, cache: str) -> dict[str, Any]:
     link = Link(ctx)
     out: dict[str, Any] = {}
     path = autocal.cache_path(autocal.key(link))
-    first = autocal.resolve(link, "auto")
+    first = autocal.resolve(link, "measure")
     assert first is not None
     out["first"] = first.to_json()
     out["cached"] = path.is_file()
@@ -46,14 +46,14 @@ def _cases(ctx: DistContext, cache: str) -> dict[str, Any]:
         return real(lk)
 
     autocal._measure = spy  # type: ignore[assignment]
-    second = autocal.resolve(link, "auto")
+    second = autocal.resolve(link, "measure")
     out["second"] = second.to_json() if second is not None else None
     out["second_measured"] = out["measured_again"]
     autocal._memory.clear()
     if ctx.rank == 0:
         path.write_text('{"key": "someone else"')
     torch.distributed.barrier()
-    third = autocal.resolve(link, "auto")
+    third = autocal.resolve(link, "measure")
     out["rebuilt"] = third.to_json() if third is not None else None
     out["rebuilt_measured"] = out["measured_again"]
     out["off"] = autocal.resolve(link, "off")
@@ -62,7 +62,7 @@ def _cases(ctx: DistContext, cache: str) -> dict[str, Any]:
     out["file_ok"] = path.is_file() and "someone else" not in path.read_text()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    dp = DataParallel(model, ctx=ctx, calibration="auto", threads=1)
+    dp = DataParallel(model, ctx=ctx, calibration="measure", threads=1)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(ctx.rank))
     dp(x).sum().backward()
     dp.wait()
@@ -93,7 +93,7 @@ def _overlapping_groups(ctx: DistContext, cache: str) -> dict[str, Any]:
     for name, group in (("first", first), ("second", second)):
         if group is not None:  # rank 1 meets the key again in "second"; rank 2 for the first time
             link = Link(ctx, group=group)
-            cal = autocal.resolve(link, "auto")
+            cal = autocal.resolve(link, "measure")
             out[name] = cal.to_json() if cal is not None else None
             link.close()
     return out

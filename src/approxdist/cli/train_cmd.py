@@ -168,10 +168,10 @@ def add_dp_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-reducer", choices=["approxdist", "plain"],
                    help="approxdist (default: buckets, overlap, codecs) or plain dist.all_reduce")
     g.add_argument("--algorithm", help="all-reduce: auto (default), ring, brb, brd, vhd, native")
-    g.add_argument("--calibration", metavar="off|auto|PATH",
-                   help="how the auto all-reduce picks: auto (default: this machine's calibration, "
-                        "measured once and cached), off (the alpha-beta model) or a file of "
-                        "approxdist bench allreduce --calibrate")
+    g.add_argument("--calibration", metavar="off|measure|PATH",
+                   help="how the auto all-reduce picks: measure (default: this machine's "
+                        "calibration, measured once and cached), off (the alpha-beta model) "
+                        "or a file of approxdist bench allreduce --calibrate")
     g.add_argument("--codec", help="gradient wire format, e.g. bf16, fp8-e5m2, bits:s1e6m1, or "
                                    "adaprec:fp32,fp8-e5m2,table4,table1 (chosen during training; "
                                    "docs/adaprec.md)")

@@ -53,9 +53,9 @@ class DPConfig:
             self._check_plain()
             return
         check_sizes(self.bucket_mb, self.first_bucket_mb, self.chunk_kb, self.threads)
-        if self.calibration not in ("", "off", "auto") and not Path(self.calibration).is_file():
+        if self.calibration not in ("", "off", "measure") and not Path(self.calibration).is_file():
             raise ConfigError(f"dp.calibration = {self.calibration!r} is not a file; give off, "
-                              f"auto, or a file written by approxdist bench allreduce "
+                              f"measure, or a file written by approxdist bench allreduce "
                               f"--calibrate")
         if self.gil_switch_ms < 0:
             raise ConfigError(f"dp.gil_switch_ms = {self.gil_switch_ms} must be >= 0 "

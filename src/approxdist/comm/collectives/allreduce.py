@@ -62,11 +62,11 @@ class AllReduce:
         exact_fp32 = self.codec.spec == "fp32" and self.channel.is_identity
         if calibration == "off":
             calibration = None
-        elif calibration == "auto":  # collective: every member builds its all-reduce now
+        elif calibration == "measure":  # collective: every member builds its all-reduce now
             if link is None:
-                raise CommError("calibration='auto' measures over a Link; pass a calibration "
+                raise CommError("calibration='measure' measures over a Link; pass a calibration "
                                 "file or 'off' on a simulated world")
-            calibration = resolve(link, "auto", algorithm)
+            calibration = resolve(link, "measure", algorithm)
         self.algorithm = get_algorithm(algorithm, calibration=calibration,
                                        link=link.spec if link else None,
                                        wire_fraction=self.codec.bits_per_value / 32,

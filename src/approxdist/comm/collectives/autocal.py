@@ -6,11 +6,11 @@
 |---|---|
 | `off` | the alpha-beta model (`model.DEFAULT` + the emulated link), no measurement |
 | a path | that file (`approxdist bench allreduce --calibrate` writes one) |
-| `auto` | the cached calibration of this machine, world size, backend, ranks per node and
+| `measure` | the cached calibration of this machine, world size, backend, ranks per node and
   link; measured now if there is none |
-| `None` (not given) | `APPROXDIST_ALLREDUCE_CALIBRATION` if set (off, auto or a path), else `auto` |
+| `None` (not given) | `APPROXDIST_ALLREDUCE_CALIBRATION` if set (off, measure or a path), else `measure` |
 
-`auto` is collective over the link's group and runs where every member builds its
+`measure` is collective over the link's group and runs where every member builds its
 all-reduce at once (`DataParallel`'s communication pool, `bench allreduce`), never on a
 communication thread. Member 0 looks in its cache (`$APPROXDIST_CACHE_DIR`, else
 `$XDG_CACHE_HOME/approxdist`, else `~/.cache/approxdist`; one JSON file per key); a file that
@@ -74,9 +74,9 @@ def resolve(link: Link, spec: Calibration | str | Path | None,
     other algorithms and `off` need nothing (None)."""
     if isinstance(spec, Calibration) or algorithm != "auto":
         return spec
-    text = str(spec) if spec is not None else os.environ.get(ENV, "auto")
-    if text in ("", "auto"):
-        return auto(link)
+    text = str(spec) if spec is not None else os.environ.get(ENV, "measure")
+    if text in ("", "measure"):
+        return measured(link)
     if text == "off":
         return None
     return Path(text)
@@ -103,7 +103,7 @@ def cache_path(k: str) -> Path:
     return cache_dir() / "allreduce" / f"{sha256(k.encode()).hexdigest()[:20]}.json"
 
 
-def auto(link: Link) -> Calibration | None:
+def measured(link: Link) -> Calibration | None:
     """The calibration every member of `link`'s group agrees on (collective)."""
     if link.world_size == 1:
         return None
