@@ -9,6 +9,7 @@ from approxdist.config.adaprec import AdaPrecConfig
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.ps import PSConfig
+from approxdist.config.tp import TPConfig
 from approxdist.config.wire import WireConfig
 from approxdist.errors import ConfigError
 
@@ -193,5 +194,6 @@ class Config:
     dp: DPConfig = field(default_factory=DPConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     adaprec: AdaPrecConfig = field(default_factory=AdaPrecConfig)
+    tp: TPConfig = field(default_factory=TPConfig)
     wire: WireConfig = field(default_factory=WireConfig)
 

@@ -12,11 +12,14 @@ step (`error_feedback`). The `[wire]` section holds one per traffic class:
     [wire.fwd]                   # pipeline activations
     codec = "bits:s0e2+2m0"
     channel = "ber:1e-3@5"
+    [wire.tp_fwd]                # tensor-parallel forward all-reduces
+    codec = "fp8-e5m2"
 
 `--set wire.push.codec=bf16` sets one key; the flags (`--codec`, `--fwd-codec`, ...) set
 the wire of the run's mode. Syntax is checked here; the names against the registries of
 the parts where they are built (`approxdist.train.parts`). Error feedback is not offered
-on activations or their gradients (docs/architecture.md, "Pieces that exist once").
+on pipeline activations or their gradients (docs/architecture.md, "Pieces that exist
+once"); the tensor-parallel wires offer it as a study variable.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ TRAFFIC: dict[str, str] = {
     "bwd": "pipeline activation gradients, stage to stage",
     "push": "parameter-server gradients, worker to server",
     "pull": "parameter-server parameters, server to worker",
+    "tp_fwd": "tensor-parallel forward collectives (a row-parallel layer's partial sums)",
+    "tp_bwd": "tensor-parallel backward collectives (a column-parallel layer's input gradients)",
 }
 #: the wires that carry gradients: per-parameter rules and AdaPrec live only there
 GRADIENT_WIRES = ("grad", "push")
@@ -77,11 +82,17 @@ class WireConfig:
     bwd: Wire = field(default_factory=Wire)
     push: Wire = field(default_factory=Wire)
     pull: Wire = field(default_factory=Wire)
+    tp_fwd: Wire = field(default_factory=Wire)
+    tp_bwd: Wire = field(default_factory=Wire)
 
     def __post_init__(self) -> None:
-        for name in ("fwd", "bwd", "pull"):
+        for name in ("fwd", "bwd", "pull", "tp_fwd", "tp_bwd"):
             w = getattr(self, name)
-            extra = [k for k in ("error_feedback", "rules", "times") if getattr(w, k)]
+            # a tensor-parallel wire may keep residuals (a study variable: Rudakov et al.
+            # 2024 report it does not help model-parallel training)
+            keys = ("rules", "times") if name.startswith("tp_") else \
+                ("error_feedback", "rules", "times")
+            extra = [k for k in keys if getattr(w, k)]
             if extra or w.adaptive:
                 what = extra[0] if extra else f"codec = {w.codec!r}"
                 raise ConfigError(

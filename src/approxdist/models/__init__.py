@@ -1,5 +1,6 @@
-"""Models as ordered sequences of blocks (so a pipeline can cut them at any block boundary)."""
+"""Models as ordered sequences of blocks (so a pipeline can cut them at any block boundary),
+each family with its own tensor-parallel plan where it has one (`tp_plan_of`)."""
 
-from approxdist.models.registry import MODELS, build_model
+from approxdist.models.registry import MODELS, build_model, tp_plan_of
 
-__all__ = ["MODELS", "build_model"]
+__all__ = ["MODELS", "build_model", "tp_plan_of"]

@@ -107,3 +107,14 @@ def gpt(size: GPTSize, vocab: int, seq_len: int, dropout: float = 0.0) -> nn.Seq
         elif name.endswith("bias"):
             nn.init.zeros_(p)
     return model
+
+
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """Megatron-LM's split of every transformer block: attention by heads, the MLP's first
+    linear by columns and its second by rows (one all-reduce each way per sub-layer); the
+    embedding, the norms and the head stay whole."""
+    plan: dict[str, str] = {}
+    for i, block in enumerate(model.children()):
+        if isinstance(block, TransformerBlock):
+            plan.update({f"{i}.attn": "heads", f"{i}.mlp.0": "colwise", f"{i}.mlp.2": "rowwise"})
+    return plan

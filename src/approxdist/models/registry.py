@@ -13,8 +13,11 @@ from approxdist.models.alexnet import alexnet_small
 from approxdist.models.factory import build_from_factory, is_factory
 from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.models.gpt import gpt
+from approxdist.models.gpt import tp_plan as gpt_plan
 from approxdist.models.mlp import mlp
+from approxdist.models.mlp import tp_plan as mlp_plan
 from approxdist.models.resnet import resnet_cifar
+from approxdist.models.resnet import tp_plan as resnet_plan
 from approxdist.models.resnet1d import resnet1d
 from approxdist.registry import Registry
 
@@ -89,3 +92,16 @@ def _gpt(name: str) -> Builder:
 
 for _name in GPT_SIZES:
     MODELS.add(_name, _gpt(_name))
+
+
+#: each model family's own tensor-parallel plan (`tensor_parallel.plan`): layer path -> style
+TP_PLANS: dict[str, Callable[[nn.Module], dict[str, str]]] = {
+    **{name: gpt_plan for name in GPT_SIZES}, "mlp": mlp_plan, "resnet1d": resnet_plan,
+    **{f"resnet{d}": resnet_plan for d in (20, 32, 44, 56, 110)},
+}
+
+
+def tp_plan_of(name: str) -> Callable[[nn.Module], dict[str, str]] | None:
+    """The model's own tensor-parallel plan (None: a model without one, e.g. alexnet or a
+    user's factory: it needs a plan file)."""
+    return TP_PLANS.get(name)

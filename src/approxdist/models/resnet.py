@@ -94,3 +94,16 @@ def resnet_cifar(depth: int, input_shape: tuple[int, ...], classes: int, width: 
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
     return model
+
+
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """Seed 003's split by channel, in every residual block: the first convolution's
+    output channels (its batch norm per channel with them), the second's input channels
+    (its partial sums summed: one all-reduce each way per block); the stem, the second
+    batch norm, the shortcut and the head stay whole."""
+    plan: dict[str, str] = {}
+    for i, block in enumerate(model.children()):
+        if isinstance(block, BasicBlock):
+            plan.update({f"{i}.conv1": "channel_out", f"{i}.bn1": "channel_norm",
+                         f"{i}.conv2": "channel_in"})
+    return plan

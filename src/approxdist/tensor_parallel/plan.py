@@ -1,0 +1,133 @@
+"""Plans: which layer splits how (torch's `parallelize_module` plan, as data), and applying one.
+
+A plan maps a layer's path in the model (`"1.attn"`, `"2.mlp.0"`) to a style:
+| style | layer | becomes |
+|---|---|---|
+| `colwise` | `nn.Linear` | its output features split (`ColumnLinear`) |
+| `rowwise` | `nn.Linear` | its input features split, partial outputs summed (`RowLinear`) |
+| `heads` | self-attention (`qkv`, `proj`, `heads`) | its heads split (`HeadParallelAttention`) |
+| `channel_out` | `nn.Conv1d/2d` | its output channels split (`ChannelConv`) |
+| `channel_in` | `nn.Conv1d/2d` | its input channels split, partial sums summed |
+| `channel_norm` | `nn.BatchNorm1d/2d` | the channels of the layer before it (`channel_norm`) |
+Every other layer stays whole on every rank (its gradients equal on every rank). A model's
+own plan comes from its family (`models.tp_plan`: Megatron's column-then-row pairs); a
+plan file holds `path = style` lines (`#` comments). `parallelize` checks every name,
+type and divisibility before it changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from torch import nn
+
+from approxdist.errors import ConfigError
+from approxdist.tensor_parallel.attention import HeadParallelAttention
+from approxdist.tensor_parallel.comm import TPComm
+from approxdist.tensor_parallel.layers import ChannelConv, ColumnLinear, RowLinear, channel_norm
+from approxdist.tensor_parallel.shard import piece
+
+Plan = Mapping[str, str]
+CONV = (nn.Conv1d, nn.Conv2d)
+NORM = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def _colwise(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    assert isinstance(m, nn.Linear)
+    return ColumnLinear(m, piece(m.out_features, c.rank, c.size, f"output features of {site}"),
+                        c, site)
+
+
+def _rowwise(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    assert isinstance(m, nn.Linear)
+    return RowLinear(m, piece(m.in_features, c.rank, c.size, f"input features of {site}"),
+                     c, site)
+
+
+def _channels(split: str) -> Callable[[nn.Module, TPComm, str], nn.Module]:
+    def make(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+        assert isinstance(m, CONV)
+        n = m.out_channels if split == "out" else m.in_channels
+        return ChannelConv(m, piece(n, c.rank, c.size, f"{split}put channels of {site}"), split,
+                           c, site)
+    return make
+
+
+def _norm(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    assert isinstance(m, NORM)
+    return channel_norm(m, piece(m.num_features, c.rank, c.size, f"channels of {site}"))
+
+
+def _heads(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    piece(int(getattr(m, "heads")), c.rank, c.size, f"attention heads of {site}")  # noqa: B009
+    return HeadParallelAttention(m, c, site)
+
+
+#: style -> (the layers it takes, what it needs them to be, how it splits one)
+STYLES: dict[str, tuple[Callable[[nn.Module], bool], str,
+                        Callable[[nn.Module, TPComm, str], nn.Module]]] = {
+    "colwise": (lambda m: isinstance(m, nn.Linear), "an nn.Linear", _colwise),
+    "rowwise": (lambda m: isinstance(m, nn.Linear), "an nn.Linear", _rowwise),
+    "heads": (lambda m: all(hasattr(m, a) for a in ("qkv", "proj", "heads")),
+              "a self-attention with qkv, proj and heads", _heads),
+    "channel_out": (lambda m: isinstance(m, CONV), "an nn.Conv1d/2d", _channels("out")),
+    "channel_in": (lambda m: isinstance(m, CONV), "an nn.Conv1d/2d", _channels("in")),
+    "channel_norm": (lambda m: isinstance(m, NORM), "an nn.BatchNorm1d/2d", _norm),
+}
+
+
+def parallelize(model: nn.Module, plan: Plan, comm: TPComm) -> nn.Module:
+    """`model` with every layer `plan` names replaced by this rank's part (in place; also
+    returned). Names, types and divisibility are checked for the whole plan first."""
+    if not plan:
+        raise ConfigError("the tp plan splits no layer: with nothing split every rank would "
+                          "compute the whole model; name layers to split (docs/tensor_parallel.md)")
+    layers = dict(model.named_modules())
+    for path, style in plan.items():
+        if style not in STYLES:
+            raise ConfigError(f"tp plan: layer {path!r} has style {style!r}, not one of: "
+                              f"{', '.join(STYLES)}")
+        if path not in layers or not path:
+            near = [n for n in layers if n and n.split(".")[0] == path.split(".")[0]][:6]
+            raise ConfigError(f"tp plan names layer {path!r}, which the model does not have"
+                              + (f"; its layers there: {', '.join(near)}" if near else ""))
+        fits, what, _ = STYLES[style]
+        if not fits(layers[path]):
+            raise ConfigError(f"tp plan: style {style} needs {what}; layer {path!r} is "
+                              f"{type(layers[path]).__name__}")
+    parts = {path: STYLES[style][2](layers[path], comm, path) for path, style in plan.items()}
+    for path, part in parts.items():
+        model.set_submodule(path, part)
+    return model
+
+
+def read_plan(path: str | Path) -> dict[str, str]:
+    """A plan file: one `layer.path = style` per line; `#` starts a comment."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"tp plan file {str(p)!r} cannot be read ({exc.strerror}); pass a "
+                          f"file of 'layer.path = style' lines") from None
+    plan: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, eq, style = (part.strip() for part in line.partition("="))
+        if not eq or not name or not style:
+            raise ConfigError(f"tp plan file {str(p)!r} line {n}: {line!r} is not "
+                              f"'layer.path = style'; e.g. 1.mlp.0 = colwise")
+        plan[name] = style
+    return plan
+
+
+def default_plan(model: nn.Module, family: Callable[[nn.Module], dict[str, str]] | None,
+                 name: str) -> dict[str, str]:
+    """The model family's own plan; a model without one needs a plan file."""
+    if family is None:
+        raise ConfigError(f"model {name!r} has no tensor-parallel plan of its own; pass a plan "
+                          f"file (--tp-plan FILE of 'layer.path = style' lines, "
+                          f"docs/tensor_parallel.md)")
+    return family(model)
