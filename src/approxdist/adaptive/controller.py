@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -98,8 +99,9 @@ class AdaPrecController:
     """Chooses the gradients' codec phase by phase; see the module docstring."""
 
     def __init__(self, candidates: tuple[str, ...], cfg: AdaPrecConfig, run: SpeculativeRun,
-                 model: LearningCurveModel | None = None) -> None:
-        self.candidates, self.cfg, self.run = candidates, cfg, run
+                 model: LearningCurveModel | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.candidates, self.cfg, self.run, self.clock = candidates, cfg, run, clock
         self.model = model or LearningCurveModel()
         self.current = cfg.first
         self.curve: list[Point] = []
@@ -115,7 +117,7 @@ class AdaPrecController:
         """Before step `step` (0-based): the first phase's codec, or a boundary's decision.
         The first call starts the first phase (at step 0, or where a resumed run goes on)."""
         if not self.chosen:
-            self._start = time.perf_counter()
+            self._start = self.clock()
             self.run.use(self.current)
             self.run.snapshot()
             self.chosen.append((step, self.current))
@@ -127,7 +129,7 @@ class AdaPrecController:
         return self._boundary(step)
 
     def _boundary(self, step: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         current = self.run.signal()
         record: dict[str, Any] = {"kind": "adaprec", "step": step, "signal": current}
         if self.curve and collapsed(self.curve[-1][1], current, self.run.chance,
@@ -142,18 +144,18 @@ class AdaPrecController:
         if spent_budget:
             self.run.snapshot()
             keep = self._switch(step, self._fallback())
-            self.decision_s += time.perf_counter() - t0
+            self.decision_s += self.clock() - t0
             return {**record, "chosen": keep, "reason": "overhead budget spent",
                     "blacklist": list(self.blacklist), "speculation_s": 0.0}
         self.run.snapshot()
         specs = {c: self._speculate(c, step) for c in self.candidates if c not in self.blacklist}
-        t_judge = time.perf_counter()
+        t_judge = self.clock()
         at = self.run.total_steps if self.cfg.horizon == "run" else \
             min(step + self.cfg.phase_steps, self.run.total_steps)
         decision = self.run.agree(self._decide([s.trial for s in specs.values()], at, current)
                                   if self.run.decides else None)
         assert decision is not None, "rank 0 decides"
-        t_done = time.perf_counter()
+        t_done = self.clock()
         won = specs.get(decision.winner or "")
         kept = won.kept if won is not None else None
         if kept is None:
@@ -176,7 +178,7 @@ class AdaPrecController:
         spent = t_judge - t0 - reused_s
         self.speculation_s += spent
         self.fit_s += decision.fit_s
-        self.decision_s += time.perf_counter() - t_judge
+        self.decision_s += self.clock() - t_judge
         self.reused_steps += self.cfg.speculate_steps if kept is not None else 0
         return {**record, "chosen": winner, "reason": reason, "predict_at": at,
                 "candidates": decision.records, "blacklist": list(self.blacklist),
@@ -207,9 +209,9 @@ class AdaPrecController:
         finite = True
         train_s = 0.0
         for n in _chunks(self.cfg.speculate_steps, self.cfg.points):
-            t = time.perf_counter()
+            t = self.clock()
             walls, finite = self.run.train(n)
-            train_s += time.perf_counter() - t
+            train_s += self.clock() - t
             seconds += walls
             if not finite:
                 break
