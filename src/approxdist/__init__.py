@@ -2,12 +2,12 @@
 
 from approxdist.version import __version__
 
-__all__ = ["DataParallel", "ParameterServer", "Pipeline", "__version__"]
+__all__ = ["DataParallel", "ParameterServer", "Pipeline", "TensorParallel", "__version__"]
 
 
 def __getattr__(name: str) -> object:
-    """`approxdist.DataParallel`, `approxdist.Pipeline`, `approxdist.ParameterServer`
-    without importing torch at `import approxdist`."""
+    """`approxdist.DataParallel`, `approxdist.Pipeline`, `approxdist.ParameterServer`,
+    `approxdist.TensorParallel` without importing torch at `import approxdist`."""
     if name == "DataParallel":
         from approxdist.data_parallel.module import DataParallel
 
@@ -20,4 +20,8 @@ def __getattr__(name: str) -> object:
         from approxdist.api.param_server import ParameterServer
 
         return ParameterServer
+    if name == "TensorParallel":
+        from approxdist.api.tensor_parallel import TensorParallel
+
+        return TensorParallel
     raise AttributeError(f"module 'approxdist' has no attribute {name!r}")

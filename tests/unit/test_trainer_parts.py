@@ -48,7 +48,7 @@ def test_a_lost_peer_is_named_with_its_place() -> None:
 
 
 def test_every_mode_is_one_record_in_the_registry() -> None:
-    assert modes().names() == ["dp", "hybrid", "pipeline", "ps", "single"]
+    assert modes().names() == ["dp", "hybrid", "pipeline", "ps", "single", "tensor"]
     with pytest.raises(ConfigError, match="unknown parallel mode 'zero'; valid: dp, hybrid"):
         modes().get("zero")
 

@@ -67,6 +67,7 @@ FLAG_KEYS = {
     **{name: f"pipeline.{name}" for name in PIPELINE_FLAGS},
     **{flag: f"dp.{key}" for flag, key in DP_FLAGS.items()},
     **WIRE_FLAGS,
+    "tp": "tp.size", "tp_plan": "tp.plan",
     "servers": "ps.servers", "workers": "ps.workers", "ps_mode": "ps.mode",
     "staleness_lr": "ps.staleness_lr", "tolerate_worker_loss": "ps.tolerate_worker_loss",
     "straggler": "train.stragglers", "bind_cores": "train.bind_cores",
@@ -122,6 +123,7 @@ def register(sub: Any) -> None:
     add_pipeline_flags(p)
     add_dp_flags(p)
     add_ps_flags(p)
+    add_tp_flags(p)
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--config", help="TOML file with [train] [data] [model] [optim] sections")
     p.add_argument("--plan", help="plan file (`approxdist plan --json FILE`): model and its "
@@ -221,6 +223,18 @@ def add_ps_flags(p: argparse.ArgumentParser) -> None:
                    help="go on without a dead worker (async, ssp, backup; local launcher "
                         "only): summary.json names it and the step it was lost at; "
                         "docs/param_server.md, Failures")
+
+
+def add_tp_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tensor parallel (--parallel tensor; docs/tensor_parallel.md); "
+                             "--fwd-codec/--bwd-codec/--fwd-channel/--bwd-channel apply to the "
+                             "tp all-reduces, --codec to the replicas' gradients")
+    g.add_argument("--tp", type=int, help="ranks each layer the plan names is split over "
+                                          "(default 2); the world is tp x replicas")
+    g.add_argument("--tp-plan", metavar="FILE|LAYER=STYLE,...",
+                   help="which layers to split and how (colwise, rowwise, heads, channel_out, "
+                        "channel_in, channel_norm), inline (0=colwise,2=rowwise) or a file of "
+                        "'layer = style' lines; default: the model family's own plan")
 
 
 #: flags holding a comma list of integers (parsed here, so a bad one is one line, exit 2)

@@ -80,6 +80,17 @@ STYLES: dict[str, tuple[Callable[[nn.Module], bool], str,
 def parallelize(model: nn.Module, plan: Plan, comm: TPComm) -> nn.Module:
     """`model` with every layer `plan` names replaced by this rank's part (in place; also
     returned). Names, types and divisibility are checked for the whole plan first."""
+    check_plan(model, plan, comm.size)
+    layers = dict(model.named_modules())
+    parts = {path: STYLES[style][2](layers[path], comm, path) for path, style in plan.items()}
+    for path, part in parts.items():
+        model.set_submodule(path, part)
+    return model
+
+
+def check_plan(model: nn.Module, plan: Plan, size: int) -> None:
+    """Every layer `plan` names exists, has the type its style splits and a size `size`
+    divides; one `ConfigError` line naming the first that does not (no process needed)."""
     if not plan:
         raise ConfigError("the tp plan splits no layer: with nothing split every rank would "
                           "compute the whole model; name layers to split (docs/tensor_parallel.md)")
@@ -89,27 +100,43 @@ def parallelize(model: nn.Module, plan: Plan, comm: TPComm) -> nn.Module:
             raise ConfigError(f"tp plan: layer {path!r} has style {style!r}, not one of: "
                               f"{', '.join(STYLES)}")
         if path not in layers or not path:
-            near = [n for n in layers if n and n.split(".")[0] == path.split(".")[0]][:6]
-            raise ConfigError(f"tp plan names layer {path!r}, which the model does not have"
-                              + (f"; its layers there: {', '.join(near)}" if near else ""))
+            near = [n for n in layers if n and n.split(".")[0] == path.split(".")[0]]
+            splittable = [n for n, m in layers.items() if any(f(m) for f, _, _ in STYLES.values())]
+            raise ConfigError(f"tp plan names layer {path!r}, which the model does not have; "
+                              + (f"its layers there: {', '.join(near[:8])}" if near else
+                                 f"layers a style splits: {', '.join(splittable[:8])}"
+                                 + (", ..." if len(splittable) > 8 else "")))
         fits, what, _ = STYLES[style]
         if not fits(layers[path]):
             raise ConfigError(f"tp plan: style {style} needs {what}; layer {path!r} is "
                               f"{type(layers[path]).__name__}")
-    parts = {path: STYLES[style][2](layers[path], comm, path) for path, style in plan.items()}
-    for path, part in parts.items():
-        model.set_submodule(path, part)
-    return model
+        for n, what_split in _split_sizes(layers[path], style, path):
+            piece(n, 0, size, what_split)
 
 
-def read_plan(path: str | Path) -> dict[str, str]:
+def _split_sizes(m: nn.Module, style: str, site: str) -> list[tuple[int, str]]:
+    """The sizes a style splits on layer `m` (for the divisibility check)."""
+    if style == "colwise":
+        return [(int(m.out_features), f"output features of {site}")]  # type: ignore[arg-type]
+    if style == "rowwise":
+        return [(int(m.in_features), f"input features of {site}")]  # type: ignore[arg-type]
+    if style == "heads":
+        return [(int(getattr(m, "heads")), f"attention heads of {site}")]  # noqa: B009
+    if style in ("channel_out", "channel_in"):
+        attr = "out_channels" if style == "channel_out" else "in_channels"
+        return [(int(getattr(m, attr)), f"{attr.split('_')[0]}put channels of {site}")]
+    return [(int(getattr(m, "num_features")), f"channels of {site}")]  # noqa: B009
+
+
+def read_tp_plan(path: str | Path) -> dict[str, str]:
     """A plan file: one `layer.path = style` per line; `#` starts a comment."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"tp plan file {str(p)!r} cannot be read ({exc.strerror}); pass a "
-                          f"file of 'layer.path = style' lines") from None
+                          f"file of 'layer.path = style' lines, or the plan inline: "
+                          f"0=colwise,2=rowwise") from None
     plan: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -119,6 +146,20 @@ def read_plan(path: str | Path) -> dict[str, str]:
         if not eq or not name or not style:
             raise ConfigError(f"tp plan file {str(p)!r} line {n}: {line!r} is not "
                               f"'layer.path = style'; e.g. 1.mlp.0 = colwise")
+        plan[name] = style
+    return plan
+
+
+def tp_plan_from(spec: str) -> dict[str, str]:
+    """`tp.plan`: a plan file, or the plan inline (`0=colwise,2=rowwise`)."""
+    if "=" not in spec or Path(spec).exists():
+        return read_tp_plan(spec)
+    plan: dict[str, str] = {}
+    for item in spec.split(","):
+        name, eq, style = (part.strip() for part in item.partition("="))
+        if not eq or not name or not style:
+            raise ConfigError(f"tp.plan = {spec!r}: {item.strip()!r} is not 'layer.path=style'; "
+                              f"e.g. 0=colwise,2=rowwise, or a plan file")
         plan[name] = style
     return plan
 

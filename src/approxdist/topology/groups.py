@@ -51,9 +51,10 @@ class MeshGroups:
 
     @property
     def stage(self) -> Group:
-        """Every rank of this rank's stage (all of them with one stage): its first writes
-        the stage's checkpoint."""
-        return self[tuple(n for n in self.mesh.names if n != "pp")]
+        """The ranks that hold this rank's state (its stage's replicas, not its other
+        tensor-parallel shards; a parameter server's whole world): the first of them
+        writes that state's checkpoint."""
+        return self[tuple(n for n in self.mesh.names if n not in ("pp", "tp"))]
 
     @property
     def pipeline(self) -> Group | None:

@@ -37,7 +37,7 @@ class Progress:
 
 #: what a run writes into its directory besides config.toml (`clear_run_outputs`)
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt", "trace.json")
-_RUN_DIRS = re.compile(r"^(workers|stage\d+)$")
+_RUN_DIRS = re.compile(r"^(workers|stage\d+|shard\d+)$")
 _RANK_TRACES = re.compile(r"^trace\.rank\d+\.json$")
 
 
@@ -60,10 +60,20 @@ def clear_run_outputs(run_dir: Path) -> list[str]:
 
 
 def checkpoint_dir(run_dir: Path, groups: MeshGroups) -> Path:
-    """The directory of this rank's stage's checkpoint."""
-    if groups.mesh.num_stages == 1:
-        return run_dir
-    return run_dir / f"stage{groups.place.stage}"
+    """The directory of this rank's part's checkpoint: the run directory, or
+    `stage<s>/` per pipeline stage, `shard<t>/` per tensor-parallel shard (both nested)."""
+    out = run_dir
+    if groups.mesh.num_stages > 1:
+        out = out / f"stage{groups.place.stage}"
+    if groups.mesh.extent("tp") > 1:
+        out = out / f"shard{groups.place.shard}"
+    return out
+
+
+def _part(groups: MeshGroups) -> str:
+    """`"stage 1"`, `"stage 0, shard 1"`: this rank's part, for messages."""
+    shard = f", shard {groups.place.shard}" if groups.mesh.extent("tp") > 1 else ""
+    return f"stage {groups.place.stage}{shard}"
 
 
 def save_progress(directory: Path, progress: Progress, engine_state: dict[str, Any]) -> None:
@@ -80,16 +90,16 @@ def load_agreed(directory: Path, groups: MeshGroups) -> tuple[Progress, dict[str
             state = load_checkpoint(directory)
         except ApproxDistError as exc:
             problem = str(exc)
-    found = (groups.stage.is_root, groups.place.stage, problem,
+    found = (groups.stage.is_root, _part(groups), problem,
              state["epoch"] if state is not None else None)
     readers = [f[1:] for f in groups.world.all_gather_object(found) if f[0]]
-    missing = [f"stage {s}: {p}" for s, p, _ in readers if p]
+    missing = [f"{s}: {p}" for s, p, _ in readers if p]
     if missing:
         raise ConfigError("cannot resume: " + "; ".join(dict.fromkeys(missing)))
     epochs = {s: e for s, _, e in readers}
     if len(set(epochs.values())) > 1:
         raise ConfigError("stage checkpoints disagree: " + ", ".join(
-            f"stage {s} at epoch {e}" for s, e in sorted(epochs.items()))
+            f"{s} at epoch {e}" for s, e in sorted(epochs.items()))
             + "; a stage died while saving, restart from scratch")
     state = groups.stage.broadcast_object(state)
     assert state is not None
