@@ -47,7 +47,9 @@ def _case(ctx: DistContext, reduce: AllReduce, n: int, seed: int, op: str) -> di
             "digest": hashlib.sha256(y.numpy().tobytes()).hexdigest()}
 
 
-def _all_cases(ctx: DistContext) -> dict[tuple[str, str, int, str], dict[str, Any]]:
+def _all_cases(ctx: DistContext) -> tuple[dict[tuple[str, str, int, str], dict[str, Any]],
+                                          dict[int, int], dict[int, int]]:
+    """Every case's result, and the bytes this rank's link counted to and from each peer."""
     link = Link(ctx)
     out = {}
     for codec in ("fp32", "bf16"):
@@ -56,12 +58,15 @@ def _all_cases(ctx: DistContext) -> dict[tuple[str, str, int, str], dict[str, An
             for i, n in enumerate(_lengths(ctx.world_size)):
                 op = "mean" if i % 2 else "sum"
                 out[(algorithm, codec, n, op)] = _case(ctx, reduce, n, i, op)
-    return out
+    return out, dict(link.stats.sent), dict(link.stats.received)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6])
 def test_matches_dist_all_reduce_and_ranks_agree(world: int) -> None:
-    results = run_on_ranks(_all_cases, world, timeout_s=240)
+    ranks = run_on_ranks(_all_cases, world, timeout_s=240)
+    results = [r[0] for r in ranks]
+    for i, (_, sent, _) in enumerate(ranks):  # what arrived, not the room it was given
+        assert sent == {j: ranks[j][2][i] for j in sent}, (i, sent)
     for key, first in results[0].items():
         assert all(r[key]["ok"] for r in results), f"{key}: outside the bound on some rank"
         assert all(r[key]["digest"] == first["digest"] for r in results), f"{key}: ranks differ"

@@ -135,8 +135,8 @@ def test_a_diverged_run_stops_after_its_epoch_and_says_where(
         (["--parallel", "hybrid", "--mesh", "pp=2,pp=2"], "names axis 'pp' twice"),
         (["--parallel", "hybrid", "--mesh", "pp=2,dp=2", "--world-size", "3"],
          "train.world_size = 3 but the mesh pp=2,dp=2 says 4"),
-        (["--parallel", "pipeline", "--mesh", "tp=2"],
-         "--parallel pipeline runs on axes pp, not tp=2"),
+        (["--parallel", "pipeline", "--mesh", "pp=2,dp=2"],
+         "--parallel pipeline runs on axes pp, tp, not dp=2"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str,

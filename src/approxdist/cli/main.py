@@ -11,6 +11,7 @@ from approxdist.cli import (
     analyze_cmd,
     bench,
     cluster_cmd,
+    evaluate_cmd,
     experiment_cmd,
     inspect_cmd,
     plan_cmd,
@@ -24,7 +25,7 @@ from approxdist.version import __version__
 
 #: each module has `register(subparsers)` that adds its parser and sets `func`
 SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, simulate_cmd, analyze_cmd,
-               experiment_cmd, report_cmd, cluster_cmd)
+               experiment_cmd, report_cmd, evaluate_cmd, cluster_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

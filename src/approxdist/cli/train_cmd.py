@@ -319,10 +319,21 @@ def resolve(args: argparse.Namespace) -> tuple[Config, Path, bool]:
     sections = mode.implied(merged(args.config, *base, *planned, flags, overrides))
     cfg = build_config(sections)
     if args.resume:
+        check_same_split(args.resume, base[0], cfg)
         return cfg, Path(args.resume), True
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.train.out or f"runs/{stamp}-{cfg.model.name}-{cfg.train.parallel}")
     return cfg, run_dir, False
+
+
+def check_same_split(run_dir: str, saved: dict[str, dict[str, Any]], cfg: Config) -> None:
+    """A run's checkpoints hold its `tp` shards: resuming needs the same `tp` size (the
+    replica count may change)."""
+    size = int(saved.get("tp", {}).get("size", 1))
+    if cfg.tp.size != size:
+        raise ConfigError(f"--resume {run_dir}: its checkpoints hold the layers split over "
+                          f"tp.size = {size} rank(s), not {cfg.tp.size}; resume with --tp "
+                          f"{size}, or start a new run")
 
 
 def preflight(cfg: Config, plan: str | None = None) -> None:

@@ -47,6 +47,11 @@ class LinkStats:
     def bytes_received(self) -> int:
         return sum(self.received.values())
 
+    def shorten_receive(self, peer: int, nbytes: int) -> None:
+        """A receive posted with room for more than arrived: `nbytes` fewer came from `peer`
+        (a head buffer sized for the largest head, `collectives/check_head.py`)."""
+        self.received[peer] -= nbytes
+
     def as_dict(self, rank: int) -> dict[str, int]:
         """`{"0->1": bytes, "1->0": bytes, ...}` for this rank's links (JSON-ready)."""
         out = {f"{rank}->{p}": n for p, n in sorted(self.sent.items())}

@@ -1,9 +1,11 @@
 """The `[tp]` config section: tensor parallelism (`--parallel tensor`; docs/tensor_parallel.md).
 
 `size` ranks split every layer the plan names (the mesh's `tp` axis; the world is `size`
-times the data-parallel replicas); `plan` names how ("" = the model's own plan, or a
-file of `path = style` lines); `algorithm` is the all-reduce of the tp collectives (any
-of `comm.collectives`). How the collectives travel is the `tp_fwd` and `tp_bwd` wires'
+times the data-parallel replicas, or times the pipeline's ranks: each stage split over
+`size` ranks); 1 splits nothing (`--parallel tensor` makes it 2 unless given). `plan`
+names how ("" = the model's own plan, a file of `path = style` lines, or the same
+inline); `algorithm` is the all-reduce of the tp collectives (any of
+`comm.collectives`). How the collectives travel is the `tp_fwd` and `tp_bwd` wires'
 (`[wire.tp_fwd]`, `[wire.tp_bwd]`, `config/wire.py`).
 """
 
@@ -18,7 +20,7 @@ from approxdist.errors import ConfigError
 class TPConfig:
     """Tensor-parallel options; see docs/tensor_parallel.md."""
 
-    size: int = 2
+    size: int = 1
     plan: str = ""
     algorithm: str = "auto"
 

@@ -137,29 +137,28 @@ def read_tp_plan(path: str | Path) -> dict[str, str]:
         raise ConfigError(f"tp plan file {str(p)!r} cannot be read ({exc.strerror}); pass a "
                           f"file of 'layer.path = style' lines, or the plan inline: "
                           f"0=colwise,2=rowwise") from None
-    plan: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name, eq, style = (part.strip() for part in line.partition("="))
-        if not eq or not name or not style:
-            raise ConfigError(f"tp plan file {str(p)!r} line {n}: {line!r} is not "
-                              f"'layer.path = style'; e.g. 1.mlp.0 = colwise")
-        plan[name] = style
-    return plan
+    entries = [(f"tp plan file {str(p)!r} line {n}", line) for n, line in
+               enumerate((raw.split("#", 1)[0].strip() for raw in text.splitlines()), 1)]
+    return _plan_of([(where, line) for where, line in entries if line],
+                    "'layer.path = style'; e.g. 1.mlp.0 = colwise")
 
 
 def tp_plan_from(spec: str) -> dict[str, str]:
     """`tp.plan`: a plan file, or the plan inline (`0=colwise,2=rowwise`)."""
     if "=" not in spec or Path(spec).exists():
         return read_tp_plan(spec)
+    return _plan_of([(f"tp.plan = {spec!r}", item.strip()) for item in spec.split(",")],
+                    "'layer.path=style'; e.g. 0=colwise,2=rowwise, or a plan file")
+
+
+def _plan_of(entries: list[tuple[str, str]], form: str) -> dict[str, str]:
+    """{layer: style} from `(where, "layer = style")` entries; `ConfigError` naming `where`
+    and the `form` expected for one that is not."""
     plan: dict[str, str] = {}
-    for item in spec.split(","):
-        name, eq, style = (part.strip() for part in item.partition("="))
+    for where, entry in entries:
+        name, eq, style = (part.strip() for part in entry.partition("="))
         if not eq or not name or not style:
-            raise ConfigError(f"tp.plan = {spec!r}: {item.strip()!r} is not 'layer.path=style'; "
-                              f"e.g. 0=colwise,2=rowwise, or a plan file")
+            raise ConfigError(f"{where}: {entry!r} is not {form}")
         plan[name] = style
     return plan
 

@@ -98,13 +98,15 @@ class Mesh:
 
     @classmethod
     def stages(cls, stages: int, replicas: Sizes = 1,
-               placement: Sequence[int] | None = None) -> Mesh:
+               placement: Sequence[int] | None = None, tp: int = 1) -> Mesh:
         """`stages` pipeline stages with `replicas` ranks each (one count, or one per stage),
-        a stage's replicas on neighbouring ranks unless `placement` says otherwise."""
+        a stage's replicas on neighbouring ranks unless `placement` says otherwise; with
+        `tp` > 1 each of those is `tp` neighbouring ranks splitting the stage's layers."""
         if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
             raise TopologyError(f"stages ({stages!r}) must be an integer >= 1")
         counts = replica_counts(stages, replicas)
-        return cls.of({"pp": stages, "dp": counts}, placement)
+        return cls.of({"pp": stages, "dp": counts, **({"tp": tp} if tp > 1 else {})},
+                      placement)
 
     @classmethod
     def pipeline(cls, stages: int, placement: Sequence[int] | None = None) -> Mesh:

@@ -32,6 +32,16 @@ from approxdist.topology.dealing import Dealing
 T = TypeVar("T")
 
 
+def check_tp(cfg: Config) -> None:
+    """The `[tp]` section's all-reduce and the `tp_fwd` / `tp_bwd` wires (AdaPrec chooses
+    only the replicas' gradient wire)."""
+    if cfg.tp.algorithm not in algorithm_names():
+        raise ConfigError(f"tp.algorithm = {cfg.tp.algorithm!r} is not one of: "
+                          f"{', '.join(algorithm_names())}")
+    for name in ("tp_fwd", "tp_bwd"):
+        check_wire(cfg, name)
+
+
 def check_ps(cfg: Config) -> None:
     """The `[ps]` section's mode, the push and pull wires, and `--tolerate-worker-loss`."""
     mode = parse_mode(cfg.ps.mode, cfg.ps.workers)

@@ -21,6 +21,7 @@ import torch
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send
 from approxdist.comm.collectives.check import SIGNATURE_BYTES, Signature, SignedComm
+from approxdist.comm.collectives.peers import LinkComm
 
 #: data bytes carried by a head: one reduce segment (`wire.SEGMENT_BYTES`) plus codec headers,
 #: so messages up to a segment never pay the extra round trip of a second part
@@ -49,6 +50,8 @@ class _CheckedPending:
         first = mine[0]
         target = self.recvs[first][1]
         n = int(target.numel()) if isinstance(target, torch.Tensor) else int(target)
+        if isinstance(self.comm.inner, LinkComm):  # the head held min(n, cap), not the cap
+            self.comm.inner.shorten_receive(peer, self.comm.cap - min(n, self.comm.cap))
         later: list[Recv] = []
         index: dict[int, int] = {}
         if n <= self.comm.cap:  # all of it came with the head: hand out the head's bytes

@@ -53,6 +53,11 @@ class LinkComm:
     def start(self, sends: Sequence[Send], recvs: Sequence[Recv]) -> Pending:
         return _LinkPending(*self.link.post_bytes(sends, recvs))
 
+    def shorten_receive(self, peer: int, nbytes: int) -> None:
+        """Member `peer`'s message was `nbytes` shorter than the buffer it was received in:
+        the link counts what arrived, not the room."""
+        self.link.stats.shorten_receive(self.link.group.ranks[peer], nbytes)
+
     def native_sum(self, x: torch.Tensor) -> None:
         if self.world_size == 1:
             return

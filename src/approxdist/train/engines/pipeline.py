@@ -33,6 +33,7 @@ from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, Recorder
 from approxdist.train.engine import StepOutcome, load_trained, seeded_model, trained_state
+from approxdist.train.engines.tp_split import TPSplit, split_model
 from approxdist.train.optim import make_sgd, sgd_over
 from approxdist.train.task import Task, task_named
 
@@ -41,8 +42,9 @@ class PipelineEngine:
     """This rank's stage of a `Pipeline`, and the optimiser over it."""
 
     def __init__(self, cfg: Config, pipe: Pipeline, optimizer: torch.optim.Optimizer,
-                 rec: Recorder) -> None:
+                 rec: Recorder, split: TPSplit | None = None) -> None:
         self.cfg, self.pipe, self.optimizer, self.rec = cfg, pipe, optimizer, rec
+        self.split = split  # the stage's layers split over its `tp` ranks
         self.module: nn.Module = pipe.module
         self.optimizers = [optimizer]
         self.feeds_inputs, self.feeds_labels = pipe.is_first, pipe.is_last
@@ -102,13 +104,16 @@ class PipelineEngine:
                                 f"steps: its state at a step is not this rank's alone; "
                                 f"AdaPrec needs a flushed schedule (gpipe, 1f1b)")
         sync = self.pipe.runtime.grad_sync
-        return trained_state(self.module, self.optimizer,
-                             sync.local_state() if sync is not None else {})
+        return {**trained_state(self.module, self.optimizer,
+                                sync.local_state() if sync is not None else {}),
+                **(self.split.local_state() if self.split else {})}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         reducer = load_trained(self.module, self.optimizer, state)
         if self.pipe.runtime.grad_sync is not None:
             self.pipe.runtime.grad_sync.load_local_state(reducer)
+        if self.split:
+            self.split.load_state_dict(state, local=True)
 
     def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
         """Switch the replicas' gradient wire (AdaPrec), its residuals kept."""
@@ -126,15 +131,19 @@ class PipelineEngine:
         self.pipe.sync_buffers()
 
     def link_bytes(self) -> dict[str, int]:
-        return self.pipe.link_bytes()
+        out = self.pipe.link_bytes()
+        return self.split.link_bytes(out) if self.split else out
 
     def state_dict(self) -> dict[str, Any]:
         """Collective over the stage's replicas when replicated (residuals are gathered)."""
-        return {**self.pipe.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {**self.pipe.state_dict(), "optimizer": self.optimizer.state_dict(),
+                **(self.split.state_dict() if self.split else {})}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.pipe.load_state_dict(state)
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.split:
+            self.split.load_state_dict(state)
 
     def start(self) -> None:
         """Every rank built the same model from the same seed: nothing to broadcast."""
@@ -143,21 +152,29 @@ class PipelineEngine:
         """The wires this stage sends on and their codecs."""
         w = self.cfg.wire
         return {"fwd": w.fwd.codec, "bwd": w.bwd.codec,
-                **({"grad": self.codec} if self.pipe.runtime.grad_sync is not None else {})}
+                **({"grad": self.codec} if self.pipe.runtime.grad_sync is not None else {}),
+                **(self.split.wires() if self.split else {})}
 
     def summary(self) -> dict[str, Any]:
         p = self.cfg.pipeline
         return {**self.pipe.summary(), "recompute": p.recompute,
-                "fuse_accumulation": p.fuse_accumulation}
+                "fuse_accumulation": p.fuse_accumulation,
+                **(self.split.summary() if self.split else {})}
 
     def close(self) -> None:
         self.pipe.close()
+        if self.split:
+            self.split.close()
 
 
 def build_pipeline(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                    rec: Recorder) -> PipelineEngine:
-    """Every rank builds the whole model from the same seed and keeps its stage's blocks."""
+    """Every rank builds the whole model from the same seed and keeps its stage's blocks
+    (split over the stage's `tp` ranks first, when the mesh has them: each `tp` lane is
+    a pipeline of its own over the same micro-batches)."""
     model = seeded_model(cfg, data, ctx)
+    split = split_model(cfg, model, groups["tp"], groups.replicas, rec) \
+        if groups["tp"].size > 1 else None
     check_run(cfg.pipeline, len(model), cfg.data.batch_size)
     micro = max(1, cfg.data.batch_size // cfg.pipeline.microbatches)
     steps = ShardedBatches(data, cfg.data.batch_size, 0, 1, cfg.train.seed).steps_per_epoch
@@ -175,4 +192,4 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Tens
                                 optimizer=sgd if asynchronous else None,
                                 stream=steps if asynchronous else 0, recorder=rec)
     optimizer = optimizers[0] if optimizers else make_sgd(pipe.module, cfg.optim)
-    return PipelineEngine(cfg, pipe, optimizer, rec)
+    return PipelineEngine(cfg, pipe, optimizer, rec, split)

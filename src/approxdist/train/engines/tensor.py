@@ -15,17 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from approxdist.api.tensor_parallel import TensorParallel
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.launch.context import DistContext
-from approxdist.models import tp_plan_of
-from approxdist.tensor_parallel import default_plan, tp_plan_from
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import Recorder
 from approxdist.train.engine import seeded_model
 from approxdist.train.engines.data_parallel import DataParallelEngine
+from approxdist.train.engines.tp_split import TPSplit, split_model
 from approxdist.train.optim import make_sgd
 from approxdist.train.task import Task, task_named
 
@@ -33,64 +31,41 @@ from approxdist.train.task import Task, task_named
 class TensorParallelEngine(DataParallelEngine):
     """This rank's shard of the model (`tp`), averaged over its replicas (`sync`, `dp`)."""
 
-    def __init__(self, tp: TensorParallel, groups: MeshGroups, sync: ReplicaReducer | None,
+    def __init__(self, split: TPSplit, groups: MeshGroups, sync: ReplicaReducer | None,
                  rec: Recorder, task: Task, cfg: Config) -> None:
-        super().__init__(tp, make_sgd(tp, cfg.optim), groups, sync, rec, task,
+        super().__init__(split.tp, make_sgd(split.tp, cfg.optim), groups, sync, rec, task,
                          cfg.wire.grad.codec)
-        self.tp, self.cfg, self.replicas = tp, cfg, groups["dp"]
+        self.split = split
 
     def link_bytes(self) -> dict[str, int]:
-        out = dict(self.tp.link_bytes())
-        for key, n in super().link_bytes().items():
-            out[key] = out.get(key, 0) + n
-        return out
+        return self.split.link_bytes(super().link_bytes())
 
     def wires(self) -> dict[str, str]:
-        w = self.cfg.wire
-        return {"tp_fwd": w.tp_fwd.codec, "tp_bwd": w.tp_bwd.codec, **super().wires()}
+        return {**self.split.wires(), **super().wires()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The shard's state, with every replica's tp-wire residuals in replica order (a
-        collective over the replicas: each fed back what its own batches dropped)."""
-        feedback = self.replicas.all_gather_object(self.tp.feedback_state())
-        return {**super().state_dict(), "tp_feedback": feedback,
-                "tp": {"size": self.tp.group.size, "plan": self.tp.plan}}
+        return {**super().state_dict(), **self.split.state_dict()}
 
     def local_state(self) -> dict[str, Any]:
-        return {**super().local_state(), "tp_feedback": self.tp.feedback_state()}
+        return {**super().local_state(), **self.split.local_state()}
 
     def load_state_dict(self, state: Mapping[str, Any], local: bool = False) -> None:
         super().load_state_dict(state, local)
-        feedback = state.get("tp_feedback", {})
-        if not local:
-            replica = self.replicas.rank
-            feedback = feedback[replica] if replica < len(feedback) else {}
-        self.tp.load_feedback_state(feedback)
+        self.split.load_state_dict(state, local)
 
     def summary(self) -> dict[str, Any]:
-        return {"tp": {"size": self.tp.group.size, "layers_split": len(self.tp.plan),
-                       "fwd_codec": self.cfg.wire.tp_fwd.codec,
-                       "bwd_codec": self.cfg.wire.tp_bwd.codec}}
+        return self.split.summary()
 
     def close(self) -> None:
         super().close()
-        self.tp.close()
-
-
-def plan_of(cfg: Config, model: Any) -> dict[str, str]:
-    """`tp.plan` (a file or inline), or the model family's own plan."""
-    if cfg.tp.plan:
-        return tp_plan_from(cfg.tp.plan)
-    return default_plan(model, tp_plan_of(cfg.model.name), cfg.model.name)
+        self.split.close()
 
 
 def build_tensor(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
                  rec: Recorder) -> TensorParallelEngine:
     """Every rank builds the whole model from the same seed and keeps its shard."""
     model = seeded_model(cfg, data, ctx)
-    tp = TensorParallel.from_config(model, tp=cfg.tp, fwd=cfg.wire.tp_fwd, bwd=cfg.wire.tp_bwd,
-                                    group=groups["tp"], plan=plan_of(cfg, model),
-                                    link=cfg.comm.link, recorder=rec)
-    sync = build_reducer(cfg.dp, tp, groups["dp"], wire=cfg.wire.grad, ctx=ctx,
+    split = split_model(cfg, model, groups["tp"], groups["dp"], rec)
+    sync = build_reducer(cfg.dp, split.tp, groups["dp"], wire=cfg.wire.grad, ctx=ctx,
                          link=cfg.comm.link, rec=rec) if groups["dp"].size > 1 else None
-    return TensorParallelEngine(tp, groups, sync, rec, task_named(data.task), cfg)
+    return TensorParallelEngine(split, groups, sync, rec, task_named(data.task), cfg)

@@ -1,19 +1,22 @@
 """The record of tensor-parallel training (seed 003's split within a layer and by channel):
-every layer the plan names split over the mesh's `tp` axis, replicated over `dp`."""
+every layer the plan names split over the mesh's `tp` axis, replicated over `dp`.
+(A pipeline's stages split over `tp` are the pipeline and hybrid records', `pipeline.py`.)"""
 
 from __future__ import annotations
 
 from torch import nn
 
-from approxdist.comm.collectives import algorithm_names
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
-from approxdist.tensor_parallel import check_plan
 from approxdist.topology import Mesh
-from approxdist.train.engines.tensor import build_tensor, plan_of
+from approxdist.train.engines.tensor import build_tensor
+from approxdist.train.engines.tp_split import check_split
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, modes, register
-from approxdist.train.parts import check_dp, check_wire
+from approxdist.train.parts import check_dp, check_tp, check_wire
+
+#: ranks per split layer when neither --tp nor the mesh says
+DEFAULT_TP = 2
 
 
 def _mesh(cfg: Config) -> Mesh:
@@ -23,36 +26,35 @@ def _mesh(cfg: Config) -> Mesh:
 
 
 def _implied(sections: Sections) -> Sections:
-    """The world is tp x dp ranks (`--tp N` alone: one replica)."""
+    """The world is tp x dp ranks (`--tp N` alone: one replica; nothing: tp 2)."""
     sections = implied_by_mesh(sections, lambda mesh: {
         "train": {"world_size": mesh.world_size}, "tp": {"size": mesh.extent("tp")}})
-    train, tp = sections.setdefault("train", {}), sections.get("tp", {})
-    train.setdefault("world_size", tp.get("size", 2))
+    tp = sections.setdefault("tp", {})
+    tp.setdefault("size", DEFAULT_TP)
+    sections.setdefault("train", {}).setdefault("world_size", tp["size"])
     return sections
 
 
 def _check(cfg: Config) -> None:
     size, world = cfg.tp.size, cfg.train.world_size
+    if size == 1:
+        raise ConfigError("tp.size = 1 splits no layer, which is data parallelism; use "
+                          "--tp 2 (or more), or --parallel dp")
     if world % size:
         raise ConfigError(f"tp.size = {size} does not divide the world of {world} ranks; the "
                           f"world is tp x replicas: use --world-size {size * max(1, world // size)}"
                           f" or another --tp")
-    if cfg.tp.algorithm not in algorithm_names():
-        raise ConfigError(f"tp.algorithm = {cfg.tp.algorithm!r} is not one of: "
-                          f"{', '.join(algorithm_names())}")
     if cfg.wire.grad.adaptive:
         raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec on tensor "
                           f"parallelism is not built; use a fixed codec")
-    for name in ("tp_fwd", "tp_bwd"):
-        check_wire(cfg, name)
+    check_tp(cfg)
     if world > size:
         check_dp(cfg)
         check_wire(cfg, "grad")
 
 
 def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
-    """The plan against the model: every layer it names, its type, the tp size divides it."""
-    check_plan(model, plan_of(cfg, model), cfg.tp.size)
+    check_split(cfg, model)
 
 
 TENSOR = register(Mode(
