@@ -105,15 +105,19 @@ def link_table(links: list[Row], fin: Finals, task: str) -> str:
 
 
 def plot(out: Path, fin: Finals, tasks: list[str], title: str) -> str:
-    """Per task: the accuracy change of each format at each place, grouped bars."""
+    """Per task: the accuracy change of each format at each place, grouped bars (a place
+    where a format did not run has no bar)."""
     fig, axes = plots.figure(len(tasks), width=7.0)
     for ax, task in zip(axes, tasks):
         codecs = codecs_of(fin, task)
         width = 0.8 / len(PLACES)
         for i, (place, label) in enumerate(PLACES.items()):
-            xs = [j + i * width for j in range(len(codecs))]
-            ys = [100 * change(fin, task, place, c) for c in codecs]
-            ax.bar(xs, plots.finite(ys), width, label=label)
+            bars = [(j + i * width, 100 * change(fin, task, place, c))
+                    for j, c in enumerate(codecs)]
+            bars = [(x, y) for x, y in bars if math.isfinite(y)]  # not run: no bar
+            if bars:
+                ax.bar([x for x, _ in bars], [y for _, y in bars], width, label=label,
+                       color=f"C{i}")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(codecs))], codecs, fontsize=7)
         ax.axhline(-100 * BUDGET, color="grey", linestyle=":", linewidth=1)
         plots.label(ax, "wire format", "final test accuracy vs fp32 (points)",
