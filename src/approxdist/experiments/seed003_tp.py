@@ -211,7 +211,7 @@ def _setup(meta: Meta) -> str:
             "wire.tp_fwd.error_feedback=true`); and on the activations of a 2-stage GPipe "
             "pipeline cut of the same model (`--parallel pipeline --stages 2 --fwd-codec "
             f"X`, 4 micro-batches). Seeds {meta['seeds']}. {whys} How tensor parallelism "
-            "and the wires work: docs/architecture.md; the preset: docs/experiments.md.")
+            "and its wires work: docs/tensor_parallel.md; the preset: docs/experiments.md.")
 
 
 def _model(model: dict[str, Any]) -> str:
