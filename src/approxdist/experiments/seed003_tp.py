@@ -33,6 +33,7 @@ from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_tp_report import (
     ACCURACY_COLUMNS,
+    BUDGET,
     LINK_COLUMNS,
     NAME,
     STUDIES,
@@ -211,7 +212,11 @@ def _setup(meta: Meta) -> str:
             "wire.tp_fwd.error_feedback=true`); and on the activations of a 2-stage GPipe "
             "pipeline cut of the same model (`--parallel pipeline --stages 2 --fwd-codec "
             f"X`, 4 micro-batches). Seeds {meta['seeds']}. {whys} How tensor parallelism "
-            "and its wires work: docs/tensor_parallel.md; the preset: docs/experiments.md.")
+            "and its wires work: docs/tensor_parallel.md; the preset: docs/experiments.md. "
+            f"The verdicts below compare means over seeds with a budget of "
+            f"{100 * BUDGET:.0f} point of final accuracy; each mean's spread over seeds is "
+            "in the tables (± sample std): a verdict that rests on differences within it "
+            "is weak.")
 
 
 def _model(model: dict[str, Any]) -> str:
