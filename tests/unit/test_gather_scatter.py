@@ -206,7 +206,8 @@ def test_out_and_dtypes_of_all_gather() -> None:
 # -- bad input --------------------------------------------------------------------------------
 def test_bad_arguments_name_the_value_and_the_fix() -> None:
     comm = SimWorld(3).comm(0)
-    with pytest.raises(SpecError, match=r"dim 0 \(10\) is not divisible by 3; pad dim 0 to 12"):
+    with pytest.raises(SpecError, match=r"member of the 3 members, but .*dim 0 \(10\) is not "
+                                        r"divisible by 3; pad dim 0 to 12"):
         ReduceScatter(comm)(torch.ones(10, 2))
     with pytest.raises(SpecError, match=r"broadcast root 3 is not a member index .*pass 0\.\.2"):
         Broadcast(comm)(torch.ones(4), root=3)

@@ -84,7 +84,7 @@ class ReduceScatter(Collective):
         rows = x.shape[0] if x.dim() else 0
         if x.dim() == 0 or rows % n:
             fix = -(-rows // n) * n if x.dim() else n
-            raise SpecError(f"reduce-scatter cuts dim 0 into one chunk per member of "
+            raise SpecError(f"reduce-scatter cuts dim 0 into one chunk per member of the "
                             f"{self.members()}, but x has shape {tuple(x.shape)}: dim 0 "
                             f"({rows}) is not divisible by {n}; pad dim 0 to {fix}")
         flat, _ = flat_fp32(x)
