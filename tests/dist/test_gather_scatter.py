@@ -95,12 +95,13 @@ def _scatter(group: Group, link: Link, codec: str, algorithm: str, check: str,
     return None
 
 
-def _broadcast(group: Group, link: Link, codec: str, check: str, shape: tuple[int, ...],
-               seed: int, root: int) -> str | None:
+def _broadcast(group: Group, link: Link, codec: str, algorithm: str, check: str,
+               shape: tuple[int, ...], seed: int) -> str | None:
     n, me = group.size, group.rank
     xs = _xs(n, shape, seed)
     ours = xs[me].clone()
-    Broadcast(link, codec, check=check, segment_bytes=SEGMENT)(ours, root)
+    root = seed % n
+    Broadcast(link, codec, algorithm=algorithm, check=check, segment_bytes=SEGMENT)(ours, root)
     if codec == "fp32":
         expected = xs[me].clone()
         dist.broadcast(expected, src=group.global_rank(root), group=group.pg)
@@ -136,10 +137,12 @@ def _bytes(group: Group, ctx: DistContext) -> dict[str, Any]:
             sent(lambda a=algorithm: ReduceScatter(link, "bf16", algorithm=a, check=False,
                                                    segment_bytes=SEGMENT)(x)),
             (n - 1) * scatter_bytes)
-    kids = len(tree(me, 0, n)[1])
-    out["broadcast"] = (sent(lambda: Broadcast(link, "bf16", check=False,
+    kids = {"tree": len(tree(me, 0, n)[1]), "direct": (n - 1) * (me == 0)}
+    for algorithm, copies in kids.items():
+        out[f"broadcast-{algorithm}"] = (
+            sent(lambda a=algorithm: Broadcast(link, "bf16", algorithm=a, check=False,
                                                segment_bytes=SEGMENT)(x.clone(), 0)),
-                        kids * codec.payload_nbytes(x.numel()))
+            copies * codec.payload_nbytes(x.numel()))
     assert len(byte_segments(codec.payload_nbytes(x.numel()), x.numel(), SEGMENT)) > 1
     traced = (sum(e.nbytes for e in events if e.direction == "send"), link.stats.bytes_sent)
     link.close()
@@ -147,7 +150,7 @@ def _bytes(group: Group, ctx: DistContext) -> dict[str, Any]:
 
 
 def _cases(n: int) -> list[tuple[Any, ...]]:
-    """(op, codec, algorithm or root, check, shape, seed) of every case for a group of n."""
+    """(op, codec, algorithm, check, shape, seed) of every case for a group of n."""
     cases: list[tuple[Any, ...]] = []
     i = 0
     for codec in CODECS:
@@ -160,9 +163,9 @@ def _cases(n: int) -> list[tuple[Any, ...]]:
                 cases.append(("reducescatter", codec, algorithm, ("head", "handshake")[i % 2],
                               shape, i))
                 i += 1
-        for root in sorted({0, n - 1}):
-            for shape in [(0,), (7, 2), (3000,)]:
-                cases.append(("broadcast", codec, root, ("head", "handshake")[i % 2], shape, i))
+            for shape in [(0,), (7, 2), (3000,)]:  # from root i % n
+                cases.append(("broadcast", codec, {"ring": "tree"}.get(algorithm, algorithm),
+                              ("head", "handshake")[i % 2], shape, i))
                 i += 1
     return cases
 
@@ -179,7 +182,7 @@ def _run_cases(ctx: DistContext, ranks: tuple[int, ...] | None) -> dict[str, Any
         elif op == "reducescatter":
             why = _scatter(group, link, codec, arg, check, shape, seed)
         else:
-            why = _broadcast(group, link, codec, check, shape, seed, arg)
+            why = _broadcast(group, link, codec, arg, check, shape, seed)
         if why is not None:
             failures[f"{op} {codec} {arg} {check} {shape}"] = why
     errors = []

@@ -33,7 +33,7 @@ def test_sizes_round_down_to_the_world() -> None:
 
 def test_algorithms_are_checked_per_op() -> None:
     assert parse_algorithms("allgather", "auto, ring,direct") == ("auto", "ring", "direct")
-    assert parse_algorithms("broadcast", "auto") == ("tree",)
+    assert parse_algorithms("broadcast", "auto,direct,tree") == ("auto", "direct", "tree")
     with pytest.raises(SpecError, match="unknown reduce-scatter algorithm 'brd'; valid: direct"):
         parse_algorithms("reducescatter", "ring,brd")
 

@@ -171,14 +171,15 @@ def test_reduce_scatter_mean_dtype_and_checks(check: str) -> None:
 
 
 @pytest.mark.parametrize("codec", ["fp32", "bf16", "fp8-e5m2", "bits:s0e2+2m0", "table4"])
-@pytest.mark.parametrize("check", ["head", "handshake"])
-def test_broadcast_from_every_root(codec: str, check: str) -> None:
+@pytest.mark.parametrize(("algorithm", "check"), [("tree", "head"), ("tree", "handshake"),
+                                                  ("direct", "head"), ("auto", "handshake")])
+def test_broadcast_from_every_root(codec: str, algorithm: str, check: str) -> None:
     for n in WORLDS:
         for root in range(n):
             xs = _inputs(n, (9, 4), seed=4 + root)
             ys = [x.clone() for x in xs]
-            outs = _run(ys, lambda c: Broadcast(c, codec, check=check, segment_bytes=SEGMENT),
-                        root=root)
+            outs = _run(ys, lambda c: Broadcast(c, codec, algorithm=algorithm, check=check,
+                                                segment_bytes=SEGMENT), root=root)
             expected = coded(xs[root], codec, n)
             assert all(o is y for o, y in zip(outs, ys))  # in place
             assert all(torch.equal(y, expected) for y in ys), (n, root, codec)

@@ -75,9 +75,10 @@ def _engines(ctx: DistContext, link: Link, plan: CollectivePlan, n: int) -> dict
             ops[a] = partial(ReduceScatter(link, plan.codec, algorithm=a), x)
     else:
         x = torch.randn(n, generator=gen)
-        root = link.group.global_rank(0)
+        root = link.group.global_rank(0)  # member 0 is the root of both
         ops[NATIVE] = lambda: dist.broadcast(x, src=root, group=pg)
-        ops["tree"] = partial(Broadcast(link, plan.codec), x, 0)
+        for a in plan.algorithms:
+            ops[a] = partial(Broadcast(link, plan.codec, algorithm=a), x, 0)
     return ops
 
 

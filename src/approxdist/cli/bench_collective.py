@@ -19,10 +19,15 @@ from approxdist.bench.report import check_counts, finish
 from approxdist.benchmarks.collective import OPS, CollectivePlan, measure_rank, rows, table
 from approxdist.cli.bench_allreduce import parse_sizes
 from approxdist.comm.codecs import get_codec
-from approxdist.comm.collectives import GATHER_ALGORITHMS, SCATTER_ALGORITHMS
+from approxdist.comm.collectives import (
+    BROADCAST_ALGORITHMS,
+    GATHER_ALGORITHMS,
+    SCATTER_ALGORITHMS,
+)
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.registry import Registry
 
 
 def register(sub: Any) -> None:
@@ -35,8 +40,8 @@ def register(sub: Any) -> None:
                    help="whole tensor in fp32 bytes (all-gather result, reduce-scatter input), "
                         "K/M/G = 2^10/2^20/2^30 (default %(default)s)")
     p.add_argument("--algorithms", default="auto",
-                   help="comma list of ours: auto, ring, direct (all-gather, reduce-scatter; "
-                        "broadcast has tree only) (default auto)")
+                   help="comma list of ours: auto, direct and ring (all-gather, reduce-scatter) "
+                        "or tree (broadcast) (default auto)")
     p.add_argument("--codec", default="fp32", help="our wire format (default fp32)")
     p.add_argument("--link", default=None,
                    help="emulated link for ours only (native cannot be shaped), e.g. bw=1gbit")
@@ -48,9 +53,10 @@ def register(sub: Any) -> None:
 def parse_algorithms(op: str, text: str) -> tuple[str, ...]:
     """Our algorithms to run, each checked against the op's registry (`auto` too)."""
     names = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-    if op == "broadcast":
-        return ("tree",)
-    registry = GATHER_ALGORITHMS if op == "allgather" else SCATTER_ALGORITHMS
+    registries: dict[str, Registry[Any]] = {
+        "allgather": GATHER_ALGORITHMS, "reducescatter": SCATTER_ALGORITHMS,
+        "broadcast": BROADCAST_ALGORITHMS}
+    registry = registries[op]
     for name in names:
         if name != "auto":
             registry.get(name)

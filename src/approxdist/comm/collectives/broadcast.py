@@ -3,35 +3,69 @@
     bcast = Broadcast(link, codec="bf16")             # keep it: buffers are reused
     bcast(x, root=0)                                  # x now holds member 0's values
 
-The counterpart of `dist.broadcast` on our link layer, down a pipelined binomial tree
-(`broadcast_tree.py`). `root` is a member index of the link's group (0..n-1; member i
-is global rank `link.group.ranks[i]`), as every peer of the link layer is. Every member
-must pass the same shape, dtype and root; a member whose root differs is caught when its
-messages reach a member that expects other ones (the signature carries the root),
-otherwise the members wait until the process group's timeout.
+The counterpart of `dist.broadcast` on our link layer. Algorithms: `tree`
+(`broadcast_tree.py`, a binomial tree pipelined in segments), `direct`
+(`broadcast_direct.py`, the root sends to every member in one step) and `auto`, which
+takes `direct` up to `DIRECT_MAX_BYTES` and `tree` above. `root` is a member index of the
+link's group (0..n-1; member i is global rank `link.group.ranks[i]`), as every peer of
+the link layer is. Every member must pass the same shape, dtype and root; a member whose
+root differs is caught when its messages reach a member that expects other ones (the
+signature carries the root), otherwise the members wait until the process group's
+timeout.
 
 **Where the codec acts**: the root encodes x once (as fp32 values), the channel corrupts
 that encoding once, and every member, the root included, ends with the decoded value
 of those same bytes: `decode(encode(x_root))`, bitwise identical on all members; one
-application of the codec, whatever the tree's depth. With one member x is unchanged.
+application of the codec, whatever the algorithm. With one member x is unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from approxdist.comm.collectives.broadcast_tree import broadcast
+from approxdist.comm.channel import Channel
+from approxdist.comm.codecs import Codec
+from approxdist.comm.collectives.base import PeerComm
+from approxdist.comm.collectives.broadcast_direct import direct
+from approxdist.comm.collectives.broadcast_tree import tree
 from approxdist.comm.collectives.check import Signature
 from approxdist.comm.collectives.collective import Collective, flat_fp32
-from approxdist.comm.collectives.wire import SEGMENT_BYTES, link_segment
+from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire, link_segment
+from approxdist.comm.link import Link
 from approxdist.errors import SpecError
+from approxdist.registry import Registry
+
+BroadcastAlgorithm = Callable[[Wire, torch.Tensor, int], None]
+BROADCAST_ALGORITHMS: Registry[BroadcastAlgorithm] = Registry("broadcast algorithm", SpecError)
+BROADCAST_ALGORITHMS.add("tree", tree)
+BROADCAST_ALGORITHMS.add("direct", direct)
+#: `auto` sends tensors up to this many fp32 bytes directly, larger ones down the tree
+DIRECT_MAX_BYTES = 64 << 10
+
+
+def broadcast_algorithm(total_bytes: int, name: str = "auto") -> str:
+    """The algorithm `name` runs for a tensor of `total_bytes` fp32 bytes."""
+    if name != "auto":
+        return name
+    return "direct" if total_bytes <= DIRECT_MAX_BYTES else "tree"
 
 
 class Broadcast(Collective):
     """Broadcast on this rank; construct once per (link, codec) and call repeatedly."""
 
     kind = "broadcast"
-    algorithm = "tree"
+
+    def __init__(self, transport: Link | PeerComm, codec: str | Codec = "fp32",
+                 channel: str | Channel | None = None, *, algorithm: str = "auto",
+                 check: bool | str = True, segment_bytes: int | None = None,
+                 device: torch.device | None = None) -> None:
+        super().__init__(transport, codec, channel, check=check, segment_bytes=segment_bytes,
+                         device=device)
+        if algorithm != "auto":
+            BROADCAST_ALGORITHMS.get(algorithm)  # an unknown name lists the valid ones
+        self.algorithm = algorithm
 
     def __call__(self, x: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Member `root`'s values into `x` on every member (in place); returns `x`."""
@@ -44,10 +78,11 @@ class Broadcast(Collective):
         work, in_place = flat_fp32(x)
         segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
                                          if self.emulated else SEGMENT_BYTES)
-        sig = Signature(work.numel(), x.dtype, "sum", self.algorithm, self.codec.spec, n,
-                        segment, self.kind, tuple(x.shape), root)
+        name = broadcast_algorithm(work.numel() * 4, self.algorithm)
+        sig = Signature(work.numel(), x.dtype, "sum", name, self.codec.spec, n, segment,
+                        self.kind, tuple(x.shape), root)
         with self.call(sig, segment) as wire:
-            broadcast(wire, work, root)
+            BROADCAST_ALGORITHMS.get(name)(wire, work, root)
         if not in_place:
             x.detach().copy_(work.view(x.shape))
         return x

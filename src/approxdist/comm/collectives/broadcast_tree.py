@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import torch
 
+from approxdist.comm.collectives import layout
 from approxdist.comm.collectives.base import Pending
-from approxdist.comm.collectives.layout import byte_segments, tree
 from approxdist.comm.collectives.wire import Wire
 
 
-def broadcast(wire: Wire, x: torch.Tensor, root: int) -> None:
+def tree(wire: Wire, x: torch.Tensor, root: int) -> None:
     """Member `root`'s values of `x` into every member's `x` (flat, contiguous fp32)."""
     n, r = wire.world_size, wire.rank
     if n == 1 or x.numel() == 0:
         return
-    up, kids = tree(r, root, n)
+    up, kids = layout.tree(r, root, n)
     nbytes = wire.nbytes(x.numel())
-    cuts = byte_segments(nbytes, x.numel(), wire.segment_bytes)
+    cuts = layout.byte_segments(nbytes, x.numel(), wire.segment_bytes)
     sent: list[Pending] = []
     if up is None:
         payload = wire.share(x)
