@@ -72,10 +72,10 @@ def _scatter(group: Group, link: Link, codec: str, algorithm: str, check: str,
              shape: tuple[int, ...], seed: int) -> str | None:
     n, me = group.size, group.rank
     xs = _xs(n, shape, seed)
-    ours = ReduceScatter(link, codec, algorithm=algorithm, check=check,
-                         segment_bytes=SEGMENT)(xs[me]).reshape(-1)
-    name = algorithm if algorithm != "auto" else ("direct" if xs[0].numel() * 4 <= 256 << 10
-                                                  else "ring")
+    scatter = ReduceScatter(link, codec, algorithm=algorithm, check=check,
+                            segment_bytes=SEGMENT)
+    ours = scatter(xs[me]).reshape(-1)
+    name = scatter.pick(xs[me].numel() * 4)
     if not torch.equal(ours, scatter_replay(xs, codec, name, me, SEGMENT)):
         return "differs from the one-process replay"
     k = ours.numel()

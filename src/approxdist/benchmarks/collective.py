@@ -49,7 +49,7 @@ class CollectivePlan:
     algorithms: tuple[str, ...] = ("auto",)
     codec: str = "fp32"
     link: str | None = None
-    rounds: int = 20
+    rounds: int = 40
     warmup: int = 2
 
 

@@ -45,7 +45,8 @@ def register(sub: Any) -> None:
     p.add_argument("--codec", default="fp32", help="our wire format (default fp32)")
     p.add_argument("--link", default=None,
                    help="emulated link for ours only (native cannot be shaped), e.g. bw=1gbit")
-    p.add_argument("--rounds", type=int, default=20, help="timed calls per engine and size")
+    p.add_argument("--rounds", type=int, default=40,
+                   help="timed calls per engine and size (default %(default)s)")
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")
     p.set_defaults(func=run)
 

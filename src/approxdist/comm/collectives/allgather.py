@@ -9,7 +9,7 @@ our link layer: real bytes of the codec's payload cross the wire, counted and tr
 the link, shaped by its emulation. Every member must pass the same shape and dtype (any
 floating dtype; the result has it). Algorithms: `ring` (`allgather_ring.py`, bandwidth-
 optimal, pipelined in segments), `direct` (`allgather_direct.py`, one step) and `auto`,
-which takes `direct` up to `DIRECT_MAX_BYTES` of result and `ring` above.
+which takes `direct` up to `direct_max_bytes` of result and `ring` above.
 
 **Where the codec acts**: each member encodes its own block exactly once (as fp32
 values, after casting x to fp32), the channel corrupts that encoding once, and every
@@ -25,15 +25,11 @@ from collections.abc import Callable
 
 import torch
 
-from approxdist.comm.channel import Channel
-from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives.allgather_direct import direct
 from approxdist.comm.collectives.allgather_ring import ring
-from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.check import Signature
-from approxdist.comm.collectives.collective import Collective
-from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire, link_segment
-from approxdist.comm.link import Link
+from approxdist.comm.collectives.collective import SizedCollective
+from approxdist.comm.collectives.wire import Wire
 from approxdist.errors import SpecError
 from approxdist.registry import Registry
 
@@ -41,31 +37,19 @@ GatherAlgorithm = Callable[[Wire, list[torch.Tensor]], None]
 GATHER_ALGORITHMS: Registry[GatherAlgorithm] = Registry("all-gather algorithm", SpecError)
 GATHER_ALGORITHMS.add("ring", ring)
 GATHER_ALGORITHMS.add("direct", direct)
-#: `auto` gathers results up to this many fp32 bytes directly, larger ones around the ring
-DIRECT_MAX_BYTES = 256 << 10
 
 
-def gather_algorithm(total_bytes: int, name: str = "auto") -> str:
-    """The algorithm `name` runs for a result of `total_bytes` fp32 bytes."""
-    if name != "auto":
-        return name
-    return "direct" if total_bytes <= DIRECT_MAX_BYTES else "ring"
+class AllGather(SizedCollective):
+    """All-gather on this rank; construct once per (link, codec) and call repeatedly.
 
-
-class AllGather(Collective):
-    """All-gather on this rank; construct once per (link, codec) and call repeatedly."""
+    `AllGather(link, codec="fp32", channel=None, *, algorithm="auto", check=True,
+    segment_bytes=None, device=None)`; `auto` gathers results up to `direct_max_bytes`
+    of fp32 directly, larger ones around the ring.
+    """
 
     kind = "all-gather"
-
-    def __init__(self, transport: Link | PeerComm, codec: str | Codec = "fp32",
-                 channel: str | Channel | None = None, *, algorithm: str = "auto",
-                 check: bool | str = True, segment_bytes: int | None = None,
-                 device: torch.device | None = None) -> None:
-        super().__init__(transport, codec, channel, check=check, segment_bytes=segment_bytes,
-                         device=device)
-        if algorithm != "auto":
-            GATHER_ALGORITHMS.get(algorithm)  # an unknown name lists the valid ones
-        self.algorithm = algorithm
+    algorithms = GATHER_ALGORITHMS
+    direct_max_bytes = 256 << 10
 
     def __call__(self, x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Every member's `x` concatenated along dim 0 in member order (into `out` if given)."""
@@ -84,9 +68,7 @@ class AllGather(Collective):
             torch.empty(n * m, device=x.device)
         blocks = [work[i * m:(i + 1) * m] for i in range(n)]
         blocks[self.rank].copy_(x.detach().reshape(-1))
-        name = gather_algorithm(n * m * 4, self.algorithm)
-        segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
-                                         if self.emulated else SEGMENT_BYTES)
+        name, segment = self.pick(n * m * 4), self.segment()
         sig = Signature(m, x.dtype, "sum", name, self.codec.spec, n, segment, self.kind,
                         tuple(x.shape))
         with self.call(sig, segment) as wire:

@@ -22,12 +22,7 @@ def direct(wire: Wire, blocks: list[torch.Tensor]) -> None:
         return
     payload = wire.share(blocks[r])
     to, sources = direct_peers(r, n)
-    nbytes = wire.nbytes(numel)
-    if wire.raw:
-        targets = [blocks[p].view(torch.uint8) for p in sources]
-    else:
-        buf = wire.scratch.get("gather", (n - 1) * nbytes, torch.uint8, wire.device)
-        targets = [buf[i * nbytes:(i + 1) * nbytes] for i in range(n - 1)]
+    targets = wire.block_targets(blocks, sources)
     pending = wire.comm.start([(p, payload) for p in to], list(zip(sources, targets)))
     for i, (p, target) in enumerate(zip(sources, targets)):
         data = pending.recv(i)

@@ -25,14 +25,9 @@ def ring(wire: Wire, blocks: list[torch.Tensor]) -> None:
     if n == 1 or numel == 0:
         return
     payload = wire.share(blocks[r])
-    nbytes = wire.nbytes(numel)
-    cuts = byte_segments(nbytes, numel, wire.segment_bytes)
+    cuts = byte_segments(wire.nbytes(numel), numel, wire.segment_bytes)
     order = ring_gather_order(r, n)
-    if wire.raw:
-        targets = [blocks[b].view(torch.uint8) for b in order]
-    else:
-        buf = wire.scratch.get("gather", (n - 1) * nbytes, torch.uint8, wire.device)
-        targets = [buf[s * nbytes:(s + 1) * nbytes] for s in range(n - 1)]
+    targets = wire.block_targets(blocks, order)
     left, right = (r - 1) % n, (r + 1) % n
     pending = wire.comm.start([], [(left, t[a:b]) for t in targets for a, b in cuts])
     sent: list[Pending] = [wire.comm.start([(right, payload[a:b])], []) for a, b in cuts]

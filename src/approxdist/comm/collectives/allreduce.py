@@ -33,7 +33,6 @@ from approxdist.comm.collectives.check import Signature
 from approxdist.comm.collectives.collective import Collective, flat_fp32
 from approxdist.comm.collectives.native import cast_dtype
 from approxdist.comm.collectives.registry import get_algorithm
-from approxdist.comm.collectives.wire import link_segment
 from approxdist.comm.link import Link
 from approxdist.errors import CommError, SpecError
 
@@ -85,8 +84,7 @@ class AllReduce(Collective):
     def _reduce(self, work: torch.Tensor, dtype: torch.dtype, op: str) -> None:
         algorithm = self.algorithm.select(work.numel() * 4, self.world_size)
         # on an emulated link, small segments keep it busy while ranks encode, add, decode
-        segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
-                                         if self.emulated else algorithm.segment_bytes)
+        segment = self.segment(algorithm.segment_bytes)
         sig = None if algorithm.name == "native" else \
             Signature(work.numel(), dtype, op, algorithm.name, self.codec.spec,
                       self.world_size, segment)

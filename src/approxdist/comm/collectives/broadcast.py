@@ -6,7 +6,7 @@
 The counterpart of `dist.broadcast` on our link layer. Algorithms: `tree`
 (`broadcast_tree.py`, a binomial tree pipelined in segments), `direct`
 (`broadcast_direct.py`, the root sends to every member in one step) and `auto`, which
-takes `direct` up to `DIRECT_MAX_BYTES` and `tree` above. `root` is a member index of the
+takes `direct` up to `direct_max_bytes` and `tree` above. `root` is a member index of the
 link's group (0..n-1; member i is global rank `link.group.ranks[i]`), as every peer of
 the link layer is. Every member must pass the same shape, dtype and root; a member whose
 root differs is caught when its messages reach a member that expects other ones (the
@@ -25,15 +25,11 @@ from collections.abc import Callable
 
 import torch
 
-from approxdist.comm.channel import Channel
-from approxdist.comm.codecs import Codec
-from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.broadcast_direct import direct
 from approxdist.comm.collectives.broadcast_tree import tree
 from approxdist.comm.collectives.check import Signature
-from approxdist.comm.collectives.collective import Collective, flat_fp32
-from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire, link_segment
-from approxdist.comm.link import Link
+from approxdist.comm.collectives.collective import SizedCollective, flat_fp32
+from approxdist.comm.collectives.wire import Wire
 from approxdist.errors import SpecError
 from approxdist.registry import Registry
 
@@ -41,31 +37,20 @@ BroadcastAlgorithm = Callable[[Wire, torch.Tensor, int], None]
 BROADCAST_ALGORITHMS: Registry[BroadcastAlgorithm] = Registry("broadcast algorithm", SpecError)
 BROADCAST_ALGORITHMS.add("tree", tree)
 BROADCAST_ALGORITHMS.add("direct", direct)
-#: `auto` sends tensors up to this many fp32 bytes directly, larger ones down the tree
-DIRECT_MAX_BYTES = 64 << 10
 
 
-def broadcast_algorithm(total_bytes: int, name: str = "auto") -> str:
-    """The algorithm `name` runs for a tensor of `total_bytes` fp32 bytes."""
-    if name != "auto":
-        return name
-    return "direct" if total_bytes <= DIRECT_MAX_BYTES else "tree"
+class Broadcast(SizedCollective):
+    """Broadcast on this rank; construct once per (link, codec) and call repeatedly.
 
-
-class Broadcast(Collective):
-    """Broadcast on this rank; construct once per (link, codec) and call repeatedly."""
+    `Broadcast(link, codec="fp32", channel=None, *, algorithm="auto", check=True,
+    segment_bytes=None, device=None)`; `auto` sends tensors up to `direct_max_bytes` of
+    fp32 directly, larger ones down the tree.
+    """
 
     kind = "broadcast"
-
-    def __init__(self, transport: Link | PeerComm, codec: str | Codec = "fp32",
-                 channel: str | Channel | None = None, *, algorithm: str = "auto",
-                 check: bool | str = True, segment_bytes: int | None = None,
-                 device: torch.device | None = None) -> None:
-        super().__init__(transport, codec, channel, check=check, segment_bytes=segment_bytes,
-                         device=device)
-        if algorithm != "auto":
-            BROADCAST_ALGORITHMS.get(algorithm)  # an unknown name lists the valid ones
-        self.algorithm = algorithm
+    algorithms = BROADCAST_ALGORITHMS
+    large = "tree"
+    direct_max_bytes = 64 << 10
 
     def __call__(self, x: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Member `root`'s values into `x` on every member (in place); returns `x`."""
@@ -76,9 +61,7 @@ class Broadcast(Collective):
                             f"{self.members()}: pass 0..{n - 1} (member i is the i-th of "
                             f"the group's ranks)")
         work, in_place = flat_fp32(x)
-        segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
-                                         if self.emulated else SEGMENT_BYTES)
-        name = broadcast_algorithm(work.numel() * 4, self.algorithm)
+        name, segment = self.pick(work.numel() * 4), self.segment()
         sig = Signature(work.numel(), x.dtype, "sum", name, self.codec.spec, n, segment,
                         self.kind, tuple(x.shape), root)
         with self.call(sig, segment) as wire:

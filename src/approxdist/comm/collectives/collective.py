@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -23,9 +24,10 @@ from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.check import CheckedComm, Signature, scheme
 from approxdist.comm.collectives.check_head import HeadCheckedComm
 from approxdist.comm.collectives.peers import LinkComm
-from approxdist.comm.collectives.wire import Wire, decodes_into
+from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire, decodes_into, link_segment
 from approxdist.comm.link import Link
 from approxdist.errors import CommError, SpecError
+from approxdist.registry import Registry
 
 
 class Collective:
@@ -73,6 +75,12 @@ class Collective:
             return f"{self.world_size} members"
         return f"{self.world_size} members (global ranks {', '.join(map(str, self.names))})"
 
+    def segment(self, default: int = SEGMENT_BYTES) -> int:
+        """fp32 bytes per segment: as given, else `default`, or on an emulated link enough
+        that every message keeps the link busy (`wire.link_segment`)."""
+        return self.segment_bytes or (link_segment(self.codec.bits_per_value)
+                                      if self.emulated else default)
+
     def floating(self, x: torch.Tensor) -> None:
         """`CommError` unless `x` is a floating-point tensor."""
         if not x.is_floating_point():
@@ -111,3 +119,29 @@ def flat_fp32(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     if x.dtype == torch.float32 and x.is_contiguous():
         return x.detach().view(-1), True
     return x.detach().reshape(-1).to(torch.float32).contiguous(), False
+
+
+class SizedCollective(Collective):
+    """A collective whose algorithm is named (a key of `algorithms`) or `auto`: `direct`
+    up to `direct_max_bytes` of fp32 in the whole tensor, `large` above. Every member
+    computes the same choice from the same size (and the signature carries it)."""
+
+    algorithms: Registry[Any]
+    large = "ring"
+    direct_max_bytes = 256 << 10
+
+    def __init__(self, transport: Link | PeerComm, codec: str | Codec = "fp32",
+                 channel: str | Channel | None = None, *, algorithm: str = "auto",
+                 check: bool | str = True, segment_bytes: int | None = None,
+                 device: torch.device | None = None) -> None:
+        super().__init__(transport, codec, channel, check=check, segment_bytes=segment_bytes,
+                         device=device)
+        if algorithm != "auto":
+            self.algorithms.get(algorithm)  # an unknown name lists the valid ones
+        self.algorithm = algorithm
+
+    def pick(self, total_bytes: int) -> str:
+        """The algorithm a call runs for a tensor of `total_bytes` fp32 bytes."""
+        if self.algorithm != "auto":
+            return self.algorithm
+        return "direct" if total_bytes <= self.direct_max_bytes else self.large

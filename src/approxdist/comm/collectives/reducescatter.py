@@ -9,7 +9,7 @@ divisible by the group size); every member must pass the same shape and dtype (a
 floating dtype, summed in fp32; the result has x's dtype). `op="mean"` divides the sum
 by n. Algorithms: `ring` (`reducescatter_ring.py`, bandwidth-optimal, pipelined in
 segments), `direct` (`reducescatter_direct.py`, one step) and `auto`, which takes
-`direct` up to `DIRECT_MAX_BYTES` of input and `ring` above. x is not changed.
+`direct` up to `direct_max_bytes` of input and `ring` above. x is not changed.
 
 **Where the codec acts**, so that the error bound follows (u: the codec's relative error,
 |dec(enc(v)) - v| <= u |v|, 0 for fp32 and 2^-8 for bf16; u32 = 2^-24 per fp32 addition):
@@ -31,16 +31,12 @@ from collections.abc import Callable
 
 import torch
 
-from approxdist.comm.channel import Channel
-from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives.allreduce import OPS
-from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.check import Signature
-from approxdist.comm.collectives.collective import Collective, flat_fp32
+from approxdist.comm.collectives.collective import SizedCollective, flat_fp32
 from approxdist.comm.collectives.reducescatter_direct import direct
 from approxdist.comm.collectives.reducescatter_ring import ring
-from approxdist.comm.collectives.wire import SEGMENT_BYTES, Wire, link_segment
-from approxdist.comm.link import Link
+from approxdist.comm.collectives.wire import Wire
 from approxdist.errors import SpecError
 from approxdist.registry import Registry
 
@@ -49,31 +45,19 @@ SCATTER_ALGORITHMS: Registry[ScatterAlgorithm] = Registry("reduce-scatter algori
                                                           SpecError)
 SCATTER_ALGORITHMS.add("ring", ring)
 SCATTER_ALGORITHMS.add("direct", direct)
-#: `auto` reduce-scatters inputs up to this many fp32 bytes directly, larger ones around the ring
-DIRECT_MAX_BYTES = 256 << 10
 
 
-def scatter_algorithm(total_bytes: int, name: str = "auto") -> str:
-    """The algorithm `name` runs for an input of `total_bytes` fp32 bytes."""
-    if name != "auto":
-        return name
-    return "direct" if total_bytes <= DIRECT_MAX_BYTES else "ring"
+class ReduceScatter(SizedCollective):
+    """Reduce-scatter on this rank; construct once per (link, codec) and call repeatedly.
 
-
-class ReduceScatter(Collective):
-    """Reduce-scatter on this rank; construct once per (link, codec) and call repeatedly."""
+    `ReduceScatter(link, codec="fp32", channel=None, *, algorithm="auto", check=True,
+    segment_bytes=None, device=None)`; `auto` reduce-scatters inputs up to
+    `direct_max_bytes` of fp32 directly, larger ones around the ring.
+    """
 
     kind = "reduce-scatter"
-
-    def __init__(self, transport: Link | PeerComm, codec: str | Codec = "fp32",
-                 channel: str | Channel | None = None, *, algorithm: str = "auto",
-                 check: bool | str = True, segment_bytes: int | None = None,
-                 device: torch.device | None = None) -> None:
-        super().__init__(transport, codec, channel, check=check, segment_bytes=segment_bytes,
-                         device=device)
-        if algorithm != "auto":
-            SCATTER_ALGORITHMS.get(algorithm)  # an unknown name lists the valid ones
-        self.algorithm = algorithm
+    algorithms = SCATTER_ALGORITHMS
+    direct_max_bytes = 256 << 10
 
     def __call__(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """This member's chunk of dim 0, summed (or averaged, `op="mean"`) over the members."""
@@ -90,9 +74,7 @@ class ReduceScatter(Collective):
         flat, _ = flat_fp32(x)
         k = flat.numel() // n
         result = torch.empty(k, device=flat.device)
-        name = scatter_algorithm(flat.numel() * 4, self.algorithm)
-        segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
-                                         if self.emulated else SEGMENT_BYTES)
+        name, segment = self.pick(flat.numel() * 4), self.segment()
         sig = Signature(flat.numel(), x.dtype, op, name, self.codec.spec, n, segment,
                         self.kind, tuple(x.shape))
         with self.call(sig, segment) as wire:

@@ -145,6 +145,16 @@ class Wire:
         if values.data_ptr() != dest.data_ptr():
             dest.copy_(values)
 
+    def block_targets(self, blocks: Sequence[torch.Tensor], which: Sequence[int]
+                      ) -> list[torch.Tensor]:
+        """Receive buffers for the bytes of `blocks[i]`, i in `which` (blocks of one size): the
+        blocks' own memory on the raw path, else consecutive pieces of one reused buffer."""
+        if self.raw:
+            return [blocks[i].view(torch.uint8) for i in which]
+        n = self.nbytes(blocks[which[0]].numel()) if which else 0
+        buf = self.scratch.get("blocks", len(which) * n, torch.uint8, self.device)
+        return [buf[j * n:(j + 1) * n] for j in range(len(which))]
+
     def keep(self, target: torch.Tensor, data: torch.Tensor) -> None:
         """Put received bytes `data` into `target`, their receive buffer, unless they are there
         already (a checked comm may hand out the bytes that came with a signature)."""
