@@ -48,3 +48,14 @@ def test_bad_sequence_plans_are_one_line(plan: dict[str, str], size: int, messag
     with pytest.raises(ConfigError) as info:
         check_plan(_gpt(), plan, size)
     assert message in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_tp_sequence_parallel_picks_the_models_sequence_plan(sequence: bool) -> None:
+    from approxdist.config.loader import build_config
+    from approxdist.train.engines.tensor import plan_of
+    cfg = build_config({"train": {"parallel": "tensor"}, "model": {"name": "gpt-tiny"},
+                        "tp": {"size": 2, "sequence_parallel": sequence}})
+    model = _gpt()
+    family = sequence_plan_of if sequence else tp_plan_of
+    assert plan_of(cfg, model) == family("gpt-tiny")(model)  # type: ignore[misc]

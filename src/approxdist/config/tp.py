@@ -3,8 +3,10 @@
 `size` ranks split every layer the plan names (the mesh's `tp` axis; the world is `size`
 times the data-parallel replicas); `plan` names how ("" = the model's own plan, or a
 file of `path = style` lines); `algorithm` is the all-reduce of the tp collectives (any
-of `comm.collectives`). How the collectives travel is the `tp_fwd` and `tp_bwd` wires'
-(`[wire.tp_fwd]`, `[wire.tp_bwd]`, `config/wire.py`).
+of `comm.collectives`); `sequence_parallel` splits the activations between the split
+layers along the sequence (the model's own sequence-parallel plan; gpt models). How the
+collectives travel is the `tp_fwd` and `tp_bwd` wires' (`[wire.tp_fwd]`, `[wire.tp_bwd]`,
+`config/wire.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class TPConfig:
     size: int = 2
     plan: str = ""
     algorithm: str = "auto"
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or self.size < 1:

@@ -20,7 +20,7 @@ from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.launch.context import DistContext
-from approxdist.models import tp_plan_of
+from approxdist.models import sequence_plan_of, tp_plan_of
 from approxdist.tensor_parallel import default_plan, tp_plan_from
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import Recorder
@@ -69,6 +69,7 @@ class TensorParallelEngine(DataParallelEngine):
 
     def summary(self) -> dict[str, Any]:
         return {"tp": {"size": self.tp.group.size, "layers_split": len(self.tp.plan),
+                       "sequence_parallel": self.cfg.tp.sequence_parallel,
                        "fwd_codec": self.cfg.wire.tp_fwd.codec,
                        "bwd_codec": self.cfg.wire.tp_bwd.codec}}
 
@@ -78,10 +79,12 @@ class TensorParallelEngine(DataParallelEngine):
 
 
 def plan_of(cfg: Config, model: Any) -> dict[str, str]:
-    """`tp.plan` (a file or inline), or the model family's own plan."""
+    """`tp.plan` (a file or inline), or the model family's own plan (with sequence
+    parallelism, `tp.sequence_parallel`, its sequence-parallel one)."""
     if cfg.tp.plan:
         return tp_plan_from(cfg.tp.plan)
-    return default_plan(model, tp_plan_of(cfg.model.name), cfg.model.name)
+    family = sequence_plan_of if cfg.tp.sequence_parallel else tp_plan_of
+    return default_plan(model, family(cfg.model.name), cfg.model.name)
 
 
 def build_tensor(cfg: Config, ctx: DistContext, groups: MeshGroups, data: TensorDataset,
