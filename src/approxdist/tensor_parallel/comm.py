@@ -70,7 +70,8 @@ class TPComm:
                   encoded: range | list[int], chunks: int = 1) -> torch.Tensor:
         """A contiguous fp32 copy of `x` with `dim` first; on a wire with error feedback the
         `encoded` ones of its `chunks` equal chunks carry the site's residual."""
-        out = x.detach().to(torch.float32).movedim(dim, 0).contiguous().clone()
+        out = x.detach().to(torch.float32).movedim(dim, 0).clone(
+            memory_format=torch.contiguous_format)
         if self.wires[direction].error_feedback:
             flat, step = out.view(-1), out.numel() // chunks
             memory = self._feedback(f"{site}.{direction}", out)
