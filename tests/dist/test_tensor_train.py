@@ -168,6 +168,15 @@ def test_a_dead_shard_is_named(tmp_path: Path) -> None:
     (["--tp", "2", "--model", "mlp", "--stages", "2"], "--stages"),
     (["--tp", "2", "--model", "mlp", "--codec", "adaprec:fp32,bf16"], "AdaPrec on tensor"),
     (["--tp", "2", "--model", "mlp", "--fwd-codec", "nope"], "nope"),
+    (["--tp", "2", "--model", "mlp", "--set", "tp.sequence_parallel=true"],
+     "but model 'mlp' has none; use a gpt model"),
+    (["--tp", "2", "--model", "gpt-tiny", "--dataset", "stdlib-text", "--tp-plan",
+      "1.mlp.0=colwise,1.mlp.2=rowwise", "--set", "tp.sequence_parallel=true"],
+     "uses the model's own sequence-parallel plan, but tp.plan"),
+    (["--tp", "2", "--model", "gpt-tiny", "--dataset", "stdlib-text", "--set", "data.seq_len=7",
+      "--set", "tp.sequence_parallel=true"],
+     "tp size 2 does not divide the sequence length 7 of stdlib-text; use a length it divides "
+     "(e.g. --set data.seq_len=8)"),
 ])
 def test_bad_tensor_input_is_one_line_exit_2(args: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,6 +17,8 @@ channel, emulated link, byte count and trace applies to tensor parallelism:
 A plan maps a layer's path to a style (`colwise`, `rowwise`, `heads`, `channel_out`,
 `channel_in`, `channel_norm`; `tensor_parallel.plan`), as torch's `parallelize_module`
 takes one; a model family of approxdist has its own (`approxdist.models.tp_plan_of`).
+Sequence parallelism is a plan too: `approxdist.models.sequence_plan_of("gpt-tiny")(model)`,
+or the `_seq` styles in a plan of one's own (norms and dropout on each rank's positions).
 `fwd_codec`/`fwd_channel` are the wire of the forward collectives (a row-parallel
 layer's partial sums), `bwd_codec`/`bwd_channel` the backward ones (a column-parallel
 layer's input gradients); `error_feedback` keeps residuals on the lossy ones. Data

@@ -118,3 +118,21 @@ def tp_plan(model: nn.Module) -> dict[str, str]:
         if isinstance(block, TransformerBlock):
             plan.update({f"{i}.attn": "heads", f"{i}.mlp.0": "colwise", f"{i}.mlp.2": "rowwise"})
     return plan
+
+
+def sequence_plan(model: nn.Module) -> dict[str, str]:
+    """`tp_plan` with sequence parallelism (Korthikanti et al. 2022): the embedding's output
+    split along the sequence, every layer norm, dropout and residual add on this rank's
+    positions, each split layer gathering them (`_seq` styles), and the head's linear
+    taking every position again."""
+    plan: dict[str, str] = {}
+    for i, block in enumerate(model.children()):
+        if isinstance(block, Embed):
+            plan[f"{i}"] = "split_seq"
+        elif isinstance(block, TransformerBlock):
+            plan.update({f"{i}.ln1": "norm_seq", f"{i}.attn": "heads_seq",
+                         f"{i}.ln2": "norm_seq", f"{i}.mlp.0": "colwise_seq",
+                         f"{i}.mlp.2": "rowwise_seq"})
+        elif isinstance(block, LMHead):
+            plan.update({f"{i}.0": "norm_seq", f"{i}.1": "gather_seq"})
+    return plan

@@ -13,6 +13,7 @@ from approxdist.models.alexnet import alexnet_small
 from approxdist.models.factory import build_from_factory, is_factory
 from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.models.gpt import gpt
+from approxdist.models.gpt import sequence_plan as gpt_sequence_plan
 from approxdist.models.gpt import tp_plan as gpt_plan
 from approxdist.models.mlp import mlp
 from approxdist.models.mlp import tp_plan as mlp_plan
@@ -105,3 +106,14 @@ def tp_plan_of(name: str) -> Callable[[nn.Module], dict[str, str]] | None:
     """The model's own tensor-parallel plan (None: a model without one, e.g. alexnet or a
     user's factory: it needs a plan file)."""
     return TP_PLANS.get(name)
+
+
+#: the families with a sequence dimension and their sequence-parallel plan (`_seq` styles)
+SEQUENCE_PLANS: dict[str, Callable[[nn.Module], dict[str, str]]] = {
+    name: gpt_sequence_plan for name in GPT_SIZES}
+
+
+def sequence_plan_of(name: str) -> Callable[[nn.Module], dict[str, str]] | None:
+    """The model's own tensor-parallel plan with sequence parallelism (None: a model
+    without a sequence dimension, or one that has no such plan)."""
+    return SEQUENCE_PLANS.get(name)

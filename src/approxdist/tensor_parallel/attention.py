@@ -4,6 +4,8 @@ Rank r computes heads [r h / n, (r + 1) h / n): the fused q, k, v projection is
 column-parallel on those heads' rows (the input enters through `copy_to`), attention
 runs on the local heads alone, and the output projection is row-parallel on their
 columns (`reduce_from` sums the partial outputs). One all-reduce forward, one backward.
+With `sequence` (sequence parallelism) the input holds this rank's positions: the
+projection gathers every position first and the output is reduce-scattered back to them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class HeadParallelAttention(nn.Module):
     """`full` (a `models.gpt.CausalSelfAttention`: `qkv`, `proj`, `heads`, `dropout`) on
     this rank's heads."""
 
-    def __init__(self, full: Any, comm: TPComm, site: str) -> None:
+    def __init__(self, full: Any, comm: TPComm, site: str, sequence: bool = False) -> None:
         super().__init__()
         dim = full.proj.in_features
         self.heads = full.heads // comm.size
@@ -31,15 +33,16 @@ class HeadParallelAttention(nn.Module):
         self.dropout = full.dropout
         rows = head_rows(dim, full.heads, comm.rank, comm.size)
         cols = piece(full.heads, comm.rank, comm.size, "attention heads")
-        self.qkv = ColumnLinear(full.qkv, rows, comm, f"{site}.qkv")
+        self.qkv = ColumnLinear(full.qkv, rows, comm, f"{site}.qkv", sequence)
         self.proj = RowLinear(full.proj, slice(cols.start * self.width, cols.stop * self.width),
-                              comm, f"{site}.proj")
+                              comm, f"{site}.proj", sequence)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
+        qkv = self.qkv(x)  # every position's, with sequence parallelism too
+        b, t, _ = qkv.shape
         local = self.heads * self.width
         q, k, v = (z.view(b, t, self.heads, self.width).transpose(1, 2)
-                   for z in self.qkv(x).split(local, dim=2))
+                   for z in qkv.split(local, dim=2))
         drop = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, local))

@@ -10,7 +10,12 @@ and keeps its rank's part:
 - `ChannelConv`: a convolution's output channels (the input replicated, `copy_to`), or
   its input channels (`reduce_from` of the partial sums) — the convolutional forms;
 - `channel_norm`: a batch norm over the channels this rank computes (statistics and
-  affine parameters per channel, so splitting them changes nothing).
+  affine parameters per channel, so splitting them changes nothing);
+- with `sequence=True` (sequence parallelism, `sequence.py`) a column-parallel layer
+  gathers its input's positions instead of `copy_to`, a row-parallel one reduce-scatters
+  its partial outputs along the sequence instead of `reduce_from`, and its bias (added to
+  this rank's positions) has its gradient summed over the ranks; `SequenceNorm` is a
+  layer norm on this rank's positions whose weight and bias gradients are summed so.
 `full_index` says which entries of the full parameter a shard holds (gradients compare
 with one process, checkpoints reshard).
 """
@@ -26,6 +31,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from approxdist.tensor_parallel.comm import TPComm
 from approxdist.tensor_parallel.regions import copy_to, reduce_from
+from approxdist.tensor_parallel.sequence import gather_from_sequence, reduce_scatter_to_sequence
 
 Index = Sequence[int] | slice
 
@@ -36,32 +42,62 @@ def _take(t: torch.Tensor, dim: int, index: Index) -> nn.Parameter:
 
 
 class ColumnLinear(nn.Module):
-    """`full`'s output features `rows`; the output stays split over the ranks."""
+    """`full`'s output features `rows`; the output stays split over the ranks (with
+    `sequence`, the input's positions are gathered first)."""
 
-    def __init__(self, full: nn.Linear, rows: Index, comm: TPComm, site: str) -> None:
+    def __init__(self, full: nn.Linear, rows: Index, comm: TPComm, site: str,
+                 sequence: bool = False) -> None:
         super().__init__()
-        self.comm, self.site = comm, site
+        self.comm, self.site, self.sequence = comm, site, sequence
         self.weight = _take(full.weight, 0, rows)
         self.bias = _take(full.bias, 0, rows) if full.bias is not None else None
         self.full_index = {"weight": (0, rows), "bias": (0, rows)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to(x, self.comm, self.site), self.weight, self.bias)
+        x = gather_from_sequence(x, self.comm, self.site, partial_grad=True) if self.sequence \
+            else copy_to(x, self.comm, self.site)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowLinear(nn.Module):
-    """`full`'s input features `cols`; the partial outputs summed over the ranks."""
+    """`full`'s input features `cols`; the partial outputs summed over the ranks (with
+    `sequence`, reduce-scattered along the sequence)."""
 
-    def __init__(self, full: nn.Linear, cols: Index, comm: TPComm, site: str) -> None:
+    def __init__(self, full: nn.Linear, cols: Index, comm: TPComm, site: str,
+                 sequence: bool = False) -> None:
         super().__init__()
-        self.comm, self.site = comm, site
+        self.comm, self.site, self.sequence = comm, site, sequence
         self.weight = _take(full.weight, 1, cols)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
         self.full_index = {"weight": (1, cols)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from(F.linear(x, self.weight), self.comm, self.site)
-        return y + self.bias if self.bias is not None else y
+        y = F.linear(x, self.weight)
+        if not self.sequence:
+            y = reduce_from(y, self.comm, self.site)
+            return y + self.bias if self.bias is not None else y
+        y = reduce_scatter_to_sequence(y, self.comm, self.site)
+        return y + copy_to(self.bias, self.comm, f"{self.site}.bias") \
+            if self.bias is not None else y
+
+
+class SequenceNorm(nn.Module):
+    """`full` layer norm on this rank's positions (sequence parallelism): the same weight
+    and bias on every rank, their gradients summed over the ranks (`copy_to`)."""
+
+    def __init__(self, full: nn.LayerNorm, comm: TPComm, site: str) -> None:
+        super().__init__()
+        self.comm, self.site = comm, site
+        self.shape, self.eps = tuple(full.normalized_shape), full.eps
+        self.weight = nn.Parameter(full.weight.detach().clone()) \
+            if full.weight is not None else None
+        self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = copy_to(self.weight, self.comm, f"{self.site}.weight") \
+            if self.weight is not None else None
+        b = copy_to(self.bias, self.comm, f"{self.site}.bias") if self.bias is not None else None
+        return F.layer_norm(x, self.shape, w, b, self.eps)
 
 
 class ChannelConv(nn.Module):

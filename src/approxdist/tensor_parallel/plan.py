@@ -9,23 +9,40 @@ A plan maps a layer's path in the model (`"1.attn"`, `"2.mlp.0"`) to a style:
 | `channel_out` | `nn.Conv1d/2d` | its output channels split (`ChannelConv`) |
 | `channel_in` | `nn.Conv1d/2d` | its input channels split, partial sums summed |
 | `channel_norm` | `nn.BatchNorm1d/2d` | the channels of the layer before it (`channel_norm`) |
-Every other layer stays whole on every rank (its gradients equal on every rank). A model's
-own plan comes from its family (`models.tp_plan`: Megatron's column-then-row pairs); a
-plan file holds `path = style` lines (`#` comments). `parallelize` checks every name,
-type and divisibility before it changes anything.
+| `split_seq` | any layer | its output split along the sequence: this rank's positions |
+| `colwise_seq`, `heads_seq` | as `colwise`, `heads` | the same, its input's positions gathered first |
+| `rowwise_seq` | `nn.Linear` | as `rowwise`, partial outputs reduce-scattered along the sequence |
+| `norm_seq` | `nn.LayerNorm` | on this rank's positions, its gradients summed (`SequenceNorm`) |
+| `gather_seq` | any layer | its input's positions gathered from every rank |
+The `_seq` styles are sequence parallelism (`sequence.py`; Megatron-LM's, Korthikanti et
+al. 2022): between a `split_seq` and a `gather_seq` layer, activations (batch, sequence,
+features) hold 1/n of the positions, and whole layers there (dropout, residual adds) run
+on those. Every other layer stays whole on every rank (its gradients equal on every
+rank). A model's own plan comes from its family (`models.tp_plan`: Megatron's
+column-then-row pairs; `models.sequence_plan_of`: with sequence parallelism); a plan file
+holds `path = style` lines (`#` comments). `parallelize` checks every name, type and
+divisibility before it changes anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from approxdist.errors import ConfigError
 from approxdist.tensor_parallel.attention import HeadParallelAttention
 from approxdist.tensor_parallel.comm import TPComm
-from approxdist.tensor_parallel.layers import ChannelConv, ColumnLinear, RowLinear, channel_norm
+from approxdist.tensor_parallel.layers import (
+    ChannelConv,
+    ColumnLinear,
+    RowLinear,
+    SequenceNorm,
+    channel_norm,
+)
+from approxdist.tensor_parallel.sequence import gather_from_sequence, scatter_to_sequence
 from approxdist.tensor_parallel.shard import piece
 
 Plan = Mapping[str, str]
@@ -33,16 +50,23 @@ CONV = (nn.Conv1d, nn.Conv2d)
 NORM = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
-def _colwise(m: nn.Module, c: TPComm, site: str) -> nn.Module:
-    assert isinstance(m, nn.Linear)
-    return ColumnLinear(m, piece(m.out_features, c.rank, c.size, f"output features of {site}"),
-                        c, site)
+Make = Callable[[nn.Module, TPComm, str], nn.Module]
 
 
-def _rowwise(m: nn.Module, c: TPComm, site: str) -> nn.Module:
-    assert isinstance(m, nn.Linear)
-    return RowLinear(m, piece(m.in_features, c.rank, c.size, f"input features of {site}"),
-                     c, site)
+def _colwise(sequence: bool) -> Make:
+    def make(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+        assert isinstance(m, nn.Linear)
+        return ColumnLinear(m, piece(m.out_features, c.rank, c.size,
+                                     f"output features of {site}"), c, site, sequence)
+    return make
+
+
+def _rowwise(sequence: bool) -> Make:
+    def make(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+        assert isinstance(m, nn.Linear)
+        return RowLinear(m, piece(m.in_features, c.rank, c.size, f"input features of {site}"),
+                         c, site, sequence)
+    return make
 
 
 def _channels(split: str) -> Callable[[nn.Module, TPComm, str], nn.Module]:
@@ -59,21 +83,59 @@ def _norm(m: nn.Module, c: TPComm, site: str) -> nn.Module:
     return channel_norm(m, piece(m.num_features, c.rank, c.size, f"channels of {site}"))
 
 
-def _heads(m: nn.Module, c: TPComm, site: str) -> nn.Module:
-    piece(int(getattr(m, "heads")), c.rank, c.size, f"attention heads of {site}")  # noqa: B009
-    return HeadParallelAttention(m, c, site)
+def _heads(sequence: bool) -> Make:
+    def make(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+        piece(int(getattr(m, "heads")), c.rank, c.size, f"attention heads of {site}")  # noqa: B009
+        return HeadParallelAttention(m, c, site, sequence)
+    return make
 
 
+def _norm_seq(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    assert isinstance(m, nn.LayerNorm)
+    return SequenceNorm(m, c, site)
+
+
+def _split_seq(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    """`m` itself, its output cut to this rank's positions (a forward hook, as torch's
+    `parallelize_module` styles; the layer's parameter names stay)."""
+    def hook(module: nn.Module, args: Any, out: Any) -> Any:
+        return scatter_to_sequence(out, c, site)
+    m.register_forward_hook(hook)
+    return m
+
+
+def _gather_seq(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    """`m` itself, its input's positions gathered first (the layer is whole: each rank
+    keeps its positions' gradient backward)."""
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (gather_from_sequence(args[0], c, site, partial_grad=False), *args[1:])
+    m.register_forward_pre_hook(hook)
+    return m
+
+
+def _linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear)
+
+
+def _attention(m: nn.Module) -> bool:
+    return all(hasattr(m, a) for a in ("qkv", "proj", "heads"))
+
+
+ATTENTION = "a self-attention with qkv, proj and heads"
 #: style -> (the layers it takes, what it needs them to be, how it splits one)
-STYLES: dict[str, tuple[Callable[[nn.Module], bool], str,
-                        Callable[[nn.Module, TPComm, str], nn.Module]]] = {
-    "colwise": (lambda m: isinstance(m, nn.Linear), "an nn.Linear", _colwise),
-    "rowwise": (lambda m: isinstance(m, nn.Linear), "an nn.Linear", _rowwise),
-    "heads": (lambda m: all(hasattr(m, a) for a in ("qkv", "proj", "heads")),
-              "a self-attention with qkv, proj and heads", _heads),
+STYLES: dict[str, tuple[Callable[[nn.Module], bool], str, Make]] = {
+    "colwise": (_linear, "an nn.Linear", _colwise(False)),
+    "rowwise": (_linear, "an nn.Linear", _rowwise(False)),
+    "heads": (_attention, ATTENTION, _heads(False)),
     "channel_out": (lambda m: isinstance(m, CONV), "an nn.Conv1d/2d", _channels("out")),
     "channel_in": (lambda m: isinstance(m, CONV), "an nn.Conv1d/2d", _channels("in")),
     "channel_norm": (lambda m: isinstance(m, NORM), "an nn.BatchNorm1d/2d", _norm),
+    "split_seq": (lambda m: True, "a layer", _split_seq),
+    "colwise_seq": (_linear, "an nn.Linear", _colwise(True)),
+    "rowwise_seq": (_linear, "an nn.Linear", _rowwise(True)),
+    "heads_seq": (_attention, ATTENTION, _heads(True)),
+    "norm_seq": (lambda m: isinstance(m, nn.LayerNorm), "an nn.LayerNorm", _norm_seq),
+    "gather_seq": (lambda m: True, "a layer", _gather_seq),
 }
 
 
@@ -112,10 +174,25 @@ def check_plan(model: nn.Module, plan: Plan, size: int) -> None:
                               f"{type(layers[path]).__name__}")
         for n, what_split in _split_sizes(layers[path], style, path):
             piece(n, 0, size, what_split)
+    _check_sequence(plan)
+
+
+def _check_sequence(plan: Plan) -> None:
+    """A plan with sequence-parallel styles enters the region somewhere and leaves it."""
+    styles = set(plan.values())
+    if any(s.endswith("_seq") for s in styles):
+        for end, what in (("split_seq", "enters"), ("gather_seq", "leaves")):
+            if end not in styles:
+                raise ConfigError(f"tp plan uses sequence-parallel styles but no layer has "
+                                  f"style {end} (where the sequence-split region {what}); "
+                                  f"e.g. the gpt plan: models.sequence_plan_of('gpt-tiny')")
 
 
 def _split_sizes(m: nn.Module, style: str, site: str) -> list[tuple[int, str]]:
     """The sizes a style splits on layer `m` (for the divisibility check)."""
+    style = style.removesuffix("_seq")
+    if style in ("split", "gather", "norm"):
+        return []  # the sequence length is the data's (checked when it arrives)
     if style == "colwise":
         return [(int(m.out_features), f"output features of {site}")]  # type: ignore[arg-type]
     if style == "rowwise":

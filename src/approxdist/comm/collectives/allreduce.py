@@ -24,41 +24,34 @@ from pathlib import Path
 
 import torch
 
-from approxdist.comm.buffers import BufferPool
-from approxdist.comm.channel import Channel, get_channel
-from approxdist.comm.codecs import Codec, get_codec
+from approxdist.comm.channel import Channel
+from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives.autocal import resolve
 from approxdist.comm.collectives.base import PeerComm
 from approxdist.comm.collectives.calibration import Calibration
-from approxdist.comm.collectives.check import CheckedComm, Signature, scheme
-from approxdist.comm.collectives.check_head import HeadCheckedComm
+from approxdist.comm.collectives.check import Signature
+from approxdist.comm.collectives.collective import Collective, flat_fp32
 from approxdist.comm.collectives.native import cast_dtype
-from approxdist.comm.collectives.peers import LinkComm
 from approxdist.comm.collectives.registry import get_algorithm
-from approxdist.comm.collectives.wire import Wire, decodes_into, link_segment
 from approxdist.comm.link import Link
 from approxdist.errors import CommError, SpecError
 
 OPS = ("sum", "mean")
 
 
-class AllReduce:
+class AllReduce(Collective):
     """All-reduce on this rank; construct once per (algorithm, codec) and call repeatedly."""
+
+    kind = "all-reduce"
 
     def __init__(self, transport: Link | PeerComm, algorithm: str = "ring",
                  codec: str | Codec = "fp32", channel: str | Channel | None = None, *,
                  calibration: Calibration | str | Path | None = None,
                  check: bool | str = True,
                  segment_bytes: int | None = None, device: torch.device | None = None) -> None:
-        link = transport if isinstance(transport, Link) else None
-        self.comm: PeerComm = LinkComm(transport) if isinstance(transport, Link) else transport
-        #: how errors name the members: global ranks on a link's group
-        self.names = list(link.group.ranks) if link is not None else None
-        self.emulated = link is not None and link.spec is not None
-        self.device = device or (link.device if link is not None else torch.device("cpu"))
-        self.codec = get_codec(codec) if isinstance(codec, str) else codec
-        self.channel = get_channel(channel) if channel is None or isinstance(channel, str) \
-            else channel
+        super().__init__(transport, codec, channel, check=check, segment_bytes=segment_bytes,
+                         device=device)
+        link = self.link
         exact_fp32 = self.codec.spec == "fp32" and self.channel.is_identity
         if calibration == "off":
             calibration = None
@@ -74,30 +67,13 @@ class AllReduce:
                                        encodes=not exact_fp32)
         if not self.algorithm.any_codec:
             cast_dtype(self.codec.spec, not self.channel.is_identity)
-        self.check = scheme(check)  # None, "head" or "handshake" (`check.scheme`)
-        if segment_bytes is not None and segment_bytes < 4:
-            raise SpecError(f"segment_bytes {segment_bytes} must be >= 4 (one fp32 value)")
-        self.segment_bytes = segment_bytes
-        self.scratch = BufferPool()
-        self.nonfinite = 0
-        self._signatures: dict[Signature, torch.Tensor] = {}
-        self._decode_into = decodes_into(self.codec)
-
-    @property
-    def world_size(self) -> int:
-        """Members taking part (the link's group; each call reduces over all of them)."""
-        return self.comm.world_size
 
     def __call__(self, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce `x` over all ranks in place (`op` "sum" or "mean") and return it."""
         if op not in OPS:
             raise SpecError(f"all-reduce op {op!r} is not one of {', '.join(OPS)}")
-        if not x.is_floating_point():
-            raise CommError(f"all-reduce takes floating-point tensors, got {x.dtype}; "
-                            f"convert with .float()")
-        in_place = x.dtype == torch.float32 and x.is_contiguous()
-        work = x.detach().view(-1) if in_place else \
-            x.detach().reshape(-1).to(torch.float32).contiguous()
+        self.floating(x)
+        work, in_place = flat_fp32(x)
         self._reduce(work, x.dtype, op)
         if op == "mean" and self.world_size > 1:
             work.div_(self.world_size)
@@ -105,33 +81,15 @@ class AllReduce:
             x.detach().copy_(work.view(x.shape))
         return x
 
-    def _encoded(self, sig: Signature) -> torch.Tensor:
-        """The signature's bytes, cached (the same calls repeat every training step)."""
-        encoded = self._signatures.get(sig)
-        if encoded is None:
-            if len(self._signatures) > 256:
-                self._signatures.clear()
-            encoded = self._signatures[sig] = sig.encode(self.device)
-        return encoded
-
     def _reduce(self, work: torch.Tensor, dtype: torch.dtype, op: str) -> None:
         algorithm = self.algorithm.select(work.numel() * 4, self.world_size)
         # on an emulated link, small segments keep it busy while ranks encode, add, decode
-        segment = self.segment_bytes or (link_segment(self.codec.bits_per_value)
-                                         if self.emulated else algorithm.segment_bytes)
-        comm = self.comm
-        checked: CheckedComm | HeadCheckedComm | None = None
-        if self.check and algorithm.name != "native" and self.world_size > 1:
-            sig = Signature(work.numel(), dtype, op, algorithm.name, self.codec.spec,
-                            self.world_size, segment)
-            kind = CheckedComm if self.check == "handshake" else HeadCheckedComm
-            comm = checked = kind(self.comm, sig, self._encoded(sig), self.scratch, self.names)
-        wire = Wire(comm, self.codec, self.channel, self.scratch, self.device, self._decode_into)
-        wire.segment_bytes = segment
-        algorithm.run(wire, work)
-        if checked is not None:
-            checked.close()
-        self.nonfinite += wire.nonfinite
+        segment = self.segment(algorithm.segment_bytes)
+        sig = None if algorithm.name == "native" else \
+            Signature(work.numel(), dtype, op, algorithm.name, self.codec.spec,
+                      self.world_size, segment)
+        with self.call(sig, segment) as wire:
+            algorithm.run(wire, work)
 
 
 def all_reduce(x: torch.Tensor, transport: Link | PeerComm, algorithm: str = "ring",

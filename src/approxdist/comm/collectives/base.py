@@ -61,6 +61,11 @@ def bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
 
 
+def segment_count(numel: int, segment_bytes: int) -> int:
+    """Pieces a message of `numel` fp32 values moves in: ceil(4 numel / segment_bytes), >= 1."""
+    return max(1, -(-numel * 4 // segment_bytes))
+
+
 def largest_power_of_two(n: int) -> int:
     """The largest power of two <= n (n >= 1)."""
     return 1 << (n.bit_length() - 1)

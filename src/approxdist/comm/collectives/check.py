@@ -4,11 +4,13 @@ gloo aborts the whole process when a message is longer than the posted receive b
 and accepts shorter ones silently, so a rank must not send data to a peer whose
 arguments differ from its own. `CheckedComm` wraps a `PeerComm`. On first contact with a
 peer in a call (a batch that sends to it or receives from it) a rank posts the receive
-of the peer's 112-byte `Signature` (length, dtype, op, algorithm, codec, world size,
-segment size) and the batch's data receives, then sends the peer its own; data *sends*
-to a peer wait until its signature has arrived and equals this rank's, and so does
-taking a received message. A mismatch raises a `CommError` naming both ranks and
-their values, before any data has gone to the mismatched peer (so no receive overruns).
+of the peer's 200-byte `Signature` (the collective, length, shape, dtype, op, root,
+algorithm, codec, world size, segment size) and the batch's data receives, then sends
+the peer its own; data *sends* to a peer wait until its signature has arrived and
+equals this rank's, and so does taking a received message. A mismatch raises a
+`CommError` naming both ranks and their values, before any data has gone to the
+mismatched peer (so no receive overruns). Every collective of this package (all-reduce,
+all-gather, reduce-scatter, broadcast) signs its calls this way.
 
 The exchange is symmetric over the call's peers: a one-way step (BRB's reduce, the
 fold's first send) still has the receiver send its signature to the sender, which is
@@ -17,13 +19,14 @@ which a real TCP link needs: the earlier scheme (the signature at the head of th
 data message, the rest of the receives posted once it was checked) let later segments
 reach the receiver before their receives existed, and gloo's pair stalled on a shaped
 link (docs/links.md: a 4 MB BRD at 100 Mbit/s took 610 ms instead of 345). Cost: one
-112-byte message each way per new peer, and a sender waits for its receiver to reach
+200-byte message each way per new peer, and a sender waits for its receiver to reach
 the call. A rank with nothing to send or receive (length 0) swaps signatures with
 every rank.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,14 +39,30 @@ from approxdist.errors import CommError, SpecError
 
 _MAGIC = 0x41524447  # "ARDG"
 _NAME_BYTES = 32
-_INT_WORDS = 6
+#: dimensions of a shape the signature carries (a longer shape's tail is folded into the last)
+MAX_DIMS = 8
+_INT_WORDS = 9 + MAX_DIMS
 SIGNATURE_BYTES = _INT_WORDS * 8 + 2 * _NAME_BYTES
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: the collectives that sign their calls (the code travels; a name it cannot read is "?")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+#: per collective, the fields its members must agree on, as the error lists them
+_AGREE = {
+    "all-reduce": ("numel", "dtype", "op", "algorithm", "codec", "world_size", "segment_bytes"),
+    "all-gather": ("shape", "dtype", "algorithm", "codec", "world_size", "segment_bytes"),
+    "reduce-scatter": ("shape", "dtype", "op", "algorithm", "codec", "world_size",
+                       "segment_bytes"),
+    "broadcast": ("shape", "dtype", "root", "algorithm", "codec", "world_size", "segment_bytes"),
+}
+_LABELS = {"collective": "collective", "numel": "length", "shape": "shape", "dtype": "dtype",
+           "op": "op", "root": "root", "algorithm": "algorithm", "codec": "codec",
+           "world_size": "world size", "segment_bytes": "segment bytes"}
 
 
 @dataclass(frozen=True)
 class Signature:
-    """What every rank must agree on for one all-reduce call."""
+    """What every member must agree on for one collective call (`_AGREE` lists which
+    fields each collective compares; the all-reduce leaves `shape` empty and `root` 0)."""
 
     numel: int
     dtype: torch.dtype
@@ -52,11 +71,19 @@ class Signature:
     codec: str
     world_size: int
     segment_bytes: int = 0
+    collective: str = "all-reduce"
+    shape: tuple[int, ...] = ()
+    root: int = 0
 
     def encode(self, device: torch.device) -> torch.Tensor:
         code = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else -1
+        kind = COLLECTIVES.index(self.collective) if self.collective in COLLECTIVES else -1
+        dims = list(self.shape[:MAX_DIMS])
+        if len(self.shape) > MAX_DIMS:
+            dims[-1] = math.prod(self.shape[MAX_DIMS - 1:])
         ints = torch.tensor([_MAGIC, self.numel, code, int(self.op == "mean"), self.world_size,
-                             self.segment_bytes],
+                             self.segment_bytes, kind, self.root, len(self.shape),
+                             *dims, *[0] * (MAX_DIMS - len(dims))],
                             dtype=torch.int64).view(torch.uint8)
         return torch.cat([ints, _name(self.algorithm), _name(self.codec)]).to(device)
 
@@ -65,13 +92,16 @@ class Signature:
         data = data.cpu()
         ints = data[:_INT_WORDS * 8].view(torch.int64).tolist()
         if ints[0] != _MAGIC:
-            raise CommError(f"rank {peer} sent something else than an all-reduce signature; "
+            raise CommError(f"rank {peer} sent something else than a collective's signature; "
                             f"are all ranks running the same collective?")
         dtype = _DTYPES[ints[2]] if 0 <= ints[2] < len(_DTYPES) else torch.int64
+        kind = COLLECTIVES[ints[6]] if 0 <= ints[6] < len(COLLECTIVES) else "?"
+        ndim = max(0, ints[8])
+        shape = tuple(ints[9:9 + min(ndim, MAX_DIMS)]) + (1,) * max(0, ndim - MAX_DIMS)
         alg = _text(data[_INT_WORDS * 8:_INT_WORDS * 8 + _NAME_BYTES])
         codec = _text(data[_INT_WORDS * 8 + _NAME_BYTES:])
         return Signature(ints[1], dtype, "mean" if ints[3] else "sum", alg, codec, ints[4],
-                         ints[5])
+                         ints[5], kind, shape, ints[7])
 
 
 def _name(text: str) -> torch.Tensor:
@@ -83,25 +113,34 @@ def _text(data: torch.Tensor) -> str:
     return bytes(data.tolist()).rstrip(b"\0").decode(errors="replace")
 
 
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(str, value)) + ")"
+    return str(value).replace("torch.", "")
+
+
 def mismatch_message(sigs: Sequence[Signature], ranks: Sequence[int]) -> str | None:
     """None if all signatures agree, else a message naming each differing field by rank."""
-    labels = {"numel": "length", "dtype": "dtype", "op": "op", "algorithm": "algorithm",
-              "codec": "codec", "world_size": "world size", "segment_bytes": "segment bytes"}
+    kinds = list(dict.fromkeys(s.collective for s in sigs))
+    fields = ["collective"] if len(kinds) > 1 else []
+    fields += list(dict.fromkeys(f for k in kinds for f in _AGREE.get(k, _AGREE["all-reduce"])))
     parts = []
-    for field, label in labels.items():
+    for field in fields:
         values = [getattr(s, field) for s in sigs]
         if len(set(values)) > 1:
             groups: dict[str, list[int]] = {}
             for rank, v in zip(ranks, values):
-                groups.setdefault(str(v).replace("torch.", ""), []).append(rank)
+                groups.setdefault(_show(v), []).append(rank)
             desc = "; ".join(f"{v} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
                              for v, r in groups.items())
-            parts.append(f"{label}: {desc}")
+            parts.append(f"{_LABELS[field]}: {desc}")
     if not parts:
         return None
-    return ("all-reduce arguments differ across ranks (" + " | ".join(parts)
-            + "); every rank must pass the same length, dtype, op, algorithm, codec and "
-            "segment size")
+    kind = kinds[0] if len(kinds) == 1 else "collective"
+    agree = [_LABELS[f] if f != "segment_bytes" else "segment size" for f in fields
+             if f not in ("collective", "world_size")]
+    return (f"{kind} arguments differ across ranks (" + " | ".join(parts)
+            + f"); every rank must pass the same {', '.join(agree[:-1])} and {agree[-1]}")
 
 
 class SignedComm:
@@ -125,7 +164,7 @@ class SignedComm:
         theirs = Signature.decode(data, them)
         sigs = {me: self.signature, them: theirs}
         message = mismatch_message([sigs[r] for r in sorted(sigs)], sorted(sigs)) or \
-            f"the all-reduce signature of rank {them} differs from this rank's ({theirs})"
+            f"the signature of rank {them} differs from this rank's ({theirs})"
         raise CommError(f"rank {me}: {message}")
 
     def native_sum(self, x: torch.Tensor) -> None:

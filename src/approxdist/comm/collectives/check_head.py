@@ -2,7 +2,7 @@
 
 No extra round trip, so small calls cost nothing more than unchecked ones (`check.py`'s
 handshake costs one, about 0.1-0.2 ms on loopback). The first message a rank sends to
-each peer in a call is a *head*: its 112-byte `Signature` followed by at most `HEAD_CAP`
+each peer in a call is a *head*: its 200-byte `Signature` followed by at most `HEAD_CAP`
 bytes of the data; anything beyond travels in a second message. The receiver posts a
 head buffer of signature + `HEAD_CAP` bytes (never too short), compares the signature
 with its own, raises a `CommError` naming both ranks and their values on a mismatch, and

@@ -24,7 +24,14 @@ import torch
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload
-from approxdist.comm.collectives.base import PeerComm, Pending, Recv, Send, bounds
+from approxdist.comm.collectives.base import (
+    PeerComm,
+    Pending,
+    Recv,
+    Send,
+    bounds,
+    segment_count,
+)
 
 _EMPTY_BYTES = torch.empty(0, dtype=torch.uint8)
 #: reduce steps move messages in pieces of this many fp32 bytes to overlap adds and transfers
@@ -138,6 +145,32 @@ class Wire:
         if values.data_ptr() != dest.data_ptr():
             dest.copy_(values)
 
+    def block_targets(self, blocks: Sequence[torch.Tensor], which: Sequence[int]
+                      ) -> list[torch.Tensor]:
+        """Receive buffers for the bytes of `blocks[i]`, i in `which` (blocks of one size): the
+        blocks' own memory on the raw path, else consecutive pieces of one reused buffer."""
+        if self.raw:
+            return [blocks[i].view(torch.uint8) for i in which]
+        n = self.nbytes(blocks[which[0]].numel()) if which else 0
+        buf = self.scratch.get("blocks", len(which) * n, torch.uint8, self.device)
+        return [buf[j * n:(j + 1) * n] for j in range(len(which))]
+
+    def keep(self, target: torch.Tensor, data: torch.Tensor) -> None:
+        """Put received bytes `data` into `target`, their receive buffer, unless they are there
+        already (a checked comm may hand out the bytes that came with a signature)."""
+        if data.numel() and data.data_ptr() != target.data_ptr():
+            target.copy_(data)
+
+    def sum_into(self, dest: torch.Tensor, own: torch.Tensor, data: torch.Tensor) -> None:
+        """`dest = own + values of data` in fp32 (one addition per value, as `accumulate`)."""
+        if not dest.numel():
+            return
+        if self.raw:
+            torch.add(own, data.view(torch.float32), out=dest)
+        else:
+            dest.copy_(own)
+            self.accumulate(dest, data)
+
     def temp(self, numel: int, slot: int = 0) -> int | torch.Tensor:
         """A reusable receive buffer for a message of `numel` values (`slot` keeps several)."""
         n = self.nbytes(numel)
@@ -175,7 +208,7 @@ class Wire:
 
     def segments(self, x: torch.Tensor) -> list[torch.Tensor]:
         """`x` cut into pieces of about `segment_bytes` fp32 bytes (the same cut on every rank)."""
-        parts = max(1, -(-x.numel() * 4 // self.segment_bytes))
+        parts = segment_count(x.numel(), self.segment_bytes)
         return [x[a:b] for a, b in bounds(x.numel(), parts)] if parts > 1 else [x]
 
     def reduce_step(self, send_to: int | None, source: torch.Tensor, recv_from: int | None,

@@ -14,7 +14,7 @@ from typing import Any
 from approxdist.api.tensor_parallel import TensorParallel
 from approxdist.config.schema import Config
 from approxdist.launch.group import Group
-from approxdist.models import tp_plan_of
+from approxdist.models import sequence_plan_of, tp_plan_of
 from approxdist.tensor_parallel import check_plan, default_plan, tp_plan_from
 from approxdist.tensor_parallel.reshard import index_table
 from approxdist.trace import Recorder
@@ -58,6 +58,7 @@ class TPSplit:
     def summary(self) -> dict[str, Any]:
         w = self.cfg.wire
         return {"tp": {"size": self.tp.group.size, "layers_split": len(self.tp.plan),
+                       "sequence_parallel": self.cfg.tp.sequence_parallel,
                        "fwd_codec": w.tp_fwd.codec, "bwd_codec": w.tp_bwd.codec}}
 
     def close(self) -> None:
@@ -65,10 +66,12 @@ class TPSplit:
 
 
 def plan_of(cfg: Config, model: Any) -> dict[str, str]:
-    """`tp.plan` (a file or inline), or the model family's own plan."""
+    """`tp.plan` (a file or inline), or the model family's own plan (with sequence
+    parallelism, `tp.sequence_parallel`, its sequence-parallel one)."""
     if cfg.tp.plan:
         return tp_plan_from(cfg.tp.plan)
-    return default_plan(model, tp_plan_of(cfg.model.name), cfg.model.name)
+    family = sequence_plan_of if cfg.tp.sequence_parallel else tp_plan_of
+    return default_plan(model, family(cfg.model.name), cfg.model.name)
 
 
 def check_split(cfg: Config, model: Any) -> None:

@@ -9,6 +9,7 @@ from torch import nn
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
+from approxdist.models import sequence_plan_of
 from approxdist.topology import Mesh
 from approxdist.train.engines.tensor import build_tensor
 from approxdist.train.engines.tp_split import check_split
@@ -48,13 +49,35 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec on tensor "
                           f"parallelism is not built; use a fixed codec")
     check_tp(cfg)
+    if cfg.tp.sequence_parallel:
+        _check_sequence(cfg)
     if world > size:
         check_dp(cfg)
         check_wire(cfg, "grad")
 
 
+def _check_sequence(cfg: Config) -> None:
+    """Sequence parallelism takes the model's own sequence-parallel plan."""
+    name = cfg.model.name
+    if cfg.tp.plan:
+        raise ConfigError(f"tp.sequence_parallel = true uses the model's own sequence-parallel "
+                          f"plan, but tp.plan = {cfg.tp.plan!r} is given; put the _seq styles "
+                          f"in the plan and drop tp.sequence_parallel (docs/tensor_parallel.md)")
+    if sequence_plan_of(name) is None:
+        raise ConfigError(f"tp.sequence_parallel = true splits activations along the sequence, "
+                          f"but model {name!r} has none; use a gpt model (--model gpt-tiny) or "
+                          f"drop --set tp.sequence_parallel=true")
+
+
 def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
+    """The plan against the model: every layer it names, its type, the tp size divides it;
+    with sequence parallelism, the sequence length too."""
     check_split(cfg, model)
+    length, size = data.input_shape[0], cfg.tp.size
+    if cfg.tp.sequence_parallel and length % size:
+        raise ConfigError(f"tp.sequence_parallel: tp size {size} does not divide the sequence "
+                          f"length {length} of {data.name}; use a length it divides (e.g. "
+                          f"--set data.seq_len={-(-length // size) * size}) or another --tp")
 
 
 TENSOR = register(Mode(
