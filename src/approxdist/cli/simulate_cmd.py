@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     batches = _ints(args.per_node_batch, "--per-node-batch")
     published = {(n, b): s for b, points in SEED001.items() for n, s in points}
     rows: list[dict[str, Any]] = [
-        {**r, "mesh": f"tp={r['tp']},dp={r['nodes']}" if r["tp"] > 1 else f"dp={r['nodes']}",
+        {**r, "mesh": _label(r["tp"], r["nodes"]),
          "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))
          if r["tp"] == 1 else None}
         for r in curve(model, nodes, batches, shards)]
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
     top = max(range(len(nodes)), key=lambda i: (nodes[i] * shards[i], nodes[i]))
     top_n, top_tp, top_b = nodes[top], shards[top], max(batches)
-    at = meshes[top].spec if meshes else f"N={top_n}"
+    at = _label(top_tp, top_n) if meshes else f"N={top_n}"
     print(f"band at {at}, b={top_b}, one input at a time:")
     for name, (lo, hi) in sorted(model.sensitivity(top_n, top_b, top_tp).items(),
                                  key=lambda kv: -abs(kv[1][1] - kv[1][0])):
@@ -120,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"rows: {args.json}")
     return 0
+
+
+def _label(tp: int, replicas: int) -> str:
+    """A mesh as the table prints it: `tp=2,dp=2`, `dp=4`."""
+    return f"tp={tp},dp={replicas}" if tp > 1 else f"dp={replicas}"
 
 
 def _meshes(args: argparse.Namespace) -> list[Mesh]:
