@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     for i in model.inputs:
         note = f": {i.note}" if i.note else ""
         print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
-    top = max(range(len(nodes)), key=lambda i: (nodes[i] * shards[i], nodes[i]))
+    top = max(range(len(nodes)), key=lambda i: (nodes[i] * shards[i], shards[i]))
     top_n, top_tp, top_b = nodes[top], shards[top], max(batches)
     at = _label(top_tp, top_n) if meshes else f"N={top_n}"
     print(f"band at {at}, b={top_b}, one input at a time:")
