@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     batches = _ints(args.per_node_batch, "--per-node-batch")
     published = {(n, b): s for b, points in SEED001.items() for n, s in points}
     rows: list[dict[str, Any]] = [
-        {**r, "mesh": _label(r["tp"], r["nodes"]),
+        {**r, "mesh": _label(int(r["tp"]), int(r["nodes"])),
          "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))
          if r["tp"] == 1 else None}
         for r in curve(model, nodes, batches, shards)]
