@@ -186,8 +186,10 @@ def test_the_planner_is_pure_and_sits_below_training() -> None:
     group (DESIGN.md: the solver is pure)."""
     allowed = {"planner", "errors", "registry", "text", "topology", "pipeline", "config"}
     #: the profiler measures a real model on real inputs: it builds them (still no group),
-    #: and holds freed memory as the training ranks do (`launch.malloc`, a process setting)
-    measuring = {"profiler.py": {"data", "models", "launch"}}
+    #: and holds freed memory as the training ranks do (`launch.malloc`, a process setting);
+    #: the tp layout reads a real model under its plan (the family's plan, `check_plan`)
+    measuring = {"profiler.py": {"data", "models", "launch"},
+                 "tp_layout.py": {"models", "tensor_parallel"}}
     for path in (SRC / "planner").rglob("*.py"):
         modules = {m for _, m in _imports(path)}
         used = {_layer_of_module(m) for m in modules

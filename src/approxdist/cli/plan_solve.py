@@ -4,11 +4,17 @@
     approxdist plan --model resnet20 --microbatch-size 32 --nodes 2 --per-node 2 \\
         --intra bw=20gbit --inter bw=1gbit,lat=100us --fwd-codec bf16 --json plan.json
     approxdist plan --profile alexnet.txt --world-size 4 --link bw=8gbit --objective pipedream
+    approxdist plan --model gpt-tiny --dataset stdlib-text --world-size 4 --link bw=1gbit \
+        --tp auto --fwd-codec bf16 --json plan.json
+    approxdist plan --model mlp --mesh tp=2,dp=2 --link bw=100mbit
 
 Profiles the model (or reads `--profile`: ours or a PipeDream graph.txt), runs the solver
-for each schedule and micro-batch count, re-ranks its best plans by the event simulation
-and data parallelism by `dp_time`, prints the best plan and the next ones, and writes the
-best as a plan file that `approxdist train --plan FILE` runs (docs/planner.md).
+for each schedule and micro-batch count, re-ranks its best plans by the event simulation,
+prices data parallelism by `dp_time` and tensor parallelism on each `tp x dp` mesh by
+`tp_time` (the model's layers split by its own plan or `--tp-plan`, measured on one
+forward pass: `planner.tp_layout`), prints the best plan, the next ones and why (the best
+of each mode and where its step goes), and writes the best as a plan file that
+`approxdist train --plan FILE` runs (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
-from approxdist.cli.plan_profile import add_model_flags, measure
+from approxdist.cli.plan_profile import add_model_flags, measure, model_config
 from approxdist.errors import ConfigError
 from approxdist.pipeline.profiler import REPEAT
+from approxdist.planner.choice import explain, label, parts_text
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.overhead import NONE
@@ -30,8 +37,17 @@ from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
 from approxdist.planner.plan_file import write_plan
 from approxdist.planner.profile import Profile
-from approxdist.planner.search import RankedPlan, auto_microbatches, pipedream, plan_dict, search
+from approxdist.planner.search import (
+    RankedPlan,
+    TensorSpace,
+    auto_microbatches,
+    pipedream,
+    plan_dict,
+    search,
+)
+from approxdist.planner.tp_layout import layout_of, profiled_config
 from approxdist.text import comma_list
+from approxdist.topology import Mesh, parse_mesh
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -49,6 +65,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"timed passes when profiling (default {REPEAT})")
     c = p.add_argument_group("cluster")
     c.add_argument("--world-size", type=int, help="ranks in all")
+    c.add_argument("--mesh", help="plan only this mesh of tp and dp axes, e.g. tp=2,dp=2 "
+                                  "(tensor parallelism) or dp=4; it sets the world size")
     c.add_argument("--nodes", type=int, help="nodes (with --per-node: ranks = nodes x per-node)")
     c.add_argument("--per-node", type=int, help="ranks per node")
     c.add_argument("--link", help="one link between every two ranks, e.g. bw=10gbit,lat=5us")
@@ -69,6 +87,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--microbatches", default="auto",
                    help="micro-batches per step, a comma list, or auto (N, 2N, 4N on N ranks)")
     w.add_argument("--stages", type=int, help="a fixed number of stages (default: any)")
+    w.add_argument("--tp", default="auto",
+                   help="tensor-parallel sizes to compare, a comma list, or auto (every "
+                        "divisor of the world from 2 that the plan splits; default)")
+    w.add_argument("--tp-plan", default="", help="the layers tensor parallelism splits: a "
+                   "file of 'layer.path = style' lines or inline, 0=colwise,2=rowwise "
+                   "(default: the model's own plan)")
     w.add_argument("--optimizer", default="momentum", help="sgd, momentum (default) or adam: "
                                                             "its state counts in memory")
     o = p.add_argument_group("objective")
@@ -83,17 +107,20 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cluster = ClusterSpec(args.world_size, args.nodes, args.per_node, args.link, args.intra,
-                          args.inter, CostCalibration.load(args.calibration)
-                          if args.calibration else None)
+    mesh = _mesh(args)
+    cluster = ClusterSpec(mesh.world_size if mesh else args.world_size, args.nodes,
+                          args.per_node, args.link, args.intra, args.inter,
+                          CostCalibration.load(args.calibration) if args.calibration else None)
     profile = _profile(args, cluster)
+    tensor, not_priced = _tensor(args, profile, cluster.ranks, mesh)
     fwd, bwd, grad = (cluster.codec(spec) for spec in _codecs(args))
     base = SolverSettings(cluster.ranks, cluster.network(), fwd_codec=fwd, bwd_codec=bwd,
                           grad_codec=grad, algorithm=args.algorithm,
                           memory_bytes=_bytes(args.memory), optimizer=args.optimizer,
                           optimizer_s_per_byte=cluster.calibration.optimizer_s_per_byte(
                               args.optimizer) if cluster.calibration else 0.0,
-                          stages=args.stages, overhead=cluster.calibration.overhead
+                          stages=1 if mesh else args.stages,
+                          overhead=cluster.calibration.overhead
                           if cluster.calibration else NONE)
     schedules = tuple(s.strip() for s in args.schedule.split(","))
     counts = auto_microbatches(cluster.ranks) if args.microbatches == "auto" \
@@ -107,10 +134,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"PipeDream's objective: bottleneck {chosen.bottleneck_s * 1e3:.2f} ms per "
               f"micro-batch of {profile.micro_batch_size}")
     else:
-        ranked = search(profile, base, schedules, counts)
+        ranked = search(profile, base, schedules, counts, tensor)
+        if mesh is not None:
+            ranked = [p for p in ranked if p.tp == mesh.extent("tp")]
     print(_header(profile, cluster, base, args.objective))
     print(_describe(ranked[0], "best"))
     print(_table(ranked[:max(1, args.top)]))
+    for line in explain(ranked, not_priced):
+        print(line)
     if args.json:
         write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra,
                              profile.planned_for), args.json)
@@ -133,6 +164,58 @@ def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:
     return measure(args, args.microbatch_size, threads)
 
 
+def _mesh(args: argparse.Namespace) -> Mesh | None:
+    """`--mesh`: a mesh of tp and dp axes that agrees with `--world-size`."""
+    if not args.mesh:
+        return None
+    mesh = parse_mesh(args.mesh)
+    other = [a.text() for a in mesh.axes if a.name not in ("tp", "dp") and a.extent > 1]
+    if other:
+        raise ConfigError(f"--mesh {args.mesh}: plan --mesh takes tp and dp axes, not "
+                          f"{', '.join(other)}; for pipelines give --world-size and --stages")
+    if args.world_size is not None and args.world_size != mesh.world_size:
+        raise ConfigError(f"--mesh {args.mesh} holds {mesh.world_size} rank(s) but "
+                          f"--world-size is {args.world_size}; give one of the two, or make "
+                          f"them agree")
+    if args.tp != "auto":
+        raise ConfigError(f"--mesh {args.mesh} says the tp size; drop --tp {args.tp}")
+    return mesh
+
+
+def _tensor(args: argparse.Namespace, profile: Profile, world: int, mesh: Mesh | None
+            ) -> tuple[TensorSpace | None, list[str]]:
+    """The tensor plans to price, and why some are not: asked for by `--tp` or `--mesh`,
+    a size that cannot split the world or the model is one `ConfigError` line; under
+    `--tp auto` it is skipped and said."""
+    asked = mesh is not None or args.tp != "auto"
+    sizes = (mesh.extent("tp"),) if mesh else \
+        tuple(n for n in range(2, world + 1) if world % n == 0) if args.tp == "auto" \
+        else _ints(args.tp, "--tp")
+    for n in sizes:
+        if asked and world % n:
+            raise ConfigError(f"--tp {n} does not divide the world of {world} rank(s); the "
+                              f"world is tp x replicas: give a tp among "
+                              f"{', '.join(str(d) for d in range(1, world + 1) if world % d == 0)}")
+    sizes = tuple(n for n in sizes if n > 1)
+    if not sizes or args.objective != "ours":
+        return None, []
+    try:
+        if args.profile:
+            model_cfg, data_cfg = profiled_config(profile)
+        else:
+            cfg = model_config(args)
+            model_cfg, data_cfg = cfg.model, cfg.data
+        layout = layout_of(model_cfg, data_cfg, profile.micro_batch_size, args.tp_plan, sizes)
+    except ConfigError as exc:
+        if asked:
+            raise
+        return None, [f"tensor: {exc}"]
+    refused = dict(layout.refused)
+    if asked and refused:
+        raise ConfigError(next(iter(refused.values())))
+    return TensorSpace(layout, sizes), [f"tp={n}: {why}" for n, why in refused.items()]
+
+
 def _codecs(args: argparse.Namespace) -> tuple[str, str, str]:
     common = args.codec or "fp32"
     return (args.fwd_codec or common, args.bwd_codec or common, args.grad_codec or common)
@@ -150,11 +233,11 @@ def _bytes(text: str | None) -> int | None:
     return int(value)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    values = comma_list(text, int, ConfigError(f"--microbatches {text!r} must be auto or a "
+def _ints(text: str, flag: str = "--microbatches") -> tuple[int, ...]:
+    values = comma_list(text, int, ConfigError(f"{flag} {text!r} must be auto or a "
                                                f"comma list of integers, e.g. 4,8"))
     if any(v < 1 for v in values):
-        raise ConfigError(f"--microbatches {text!r} must list integers >= 1")
+        raise ConfigError(f"{flag} {text!r} must list integers >= 1")
     return values
 
 
@@ -166,13 +249,17 @@ def _header(profile: Profile, cluster: ClusterSpec, s: SolverSettings, objective
 
 
 def _stages(plan: RankedPlan) -> str:
+    if plan.tp > 1:
+        return f"{_stage_ranges(plan)} {label(plan)}"
+    return _stage_ranges(plan)
+
+
+def _stage_ranges(plan: RankedPlan) -> str:
     return " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in plan.plan.stages)
 
 
 def _describe(p: RankedPlan, title: str) -> str:
-    parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v * 1e3:.1f} ms"
-                      if k.endswith("_s")
-                      else f"{k.replace('_', ' ')} {v:.2f}" for k, v in p.parts.items())
+    parts = parts_text(p)
     memory = ", ".join(f"stage {m.stage} {_size(m.total_bytes)}" for m in p.memory)
     schedule = f"{p.plan.schedule}, " if p.mode in ("pipeline", "hybrid") else ""
     return (f"{title}: {p.mode}, {schedule}{p.plan.microbatches} micro-batch(es), stages "

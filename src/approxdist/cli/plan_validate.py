@@ -3,10 +3,12 @@
     approxdist plan validate --quick --json validate.json
     approxdist plan validate --calibration cost.json --json validate.json   # every setting
     approxdist plan validate --calibrate-only --save-calibration cost.json  # fit, save, stop
+    approxdist plan validate --tensor --calibration cost.json     # tp x dp meshes against dp
 
 For each setting (a model on 2-4 local gloo ranks, a link and a wire format:
-`planner/validation/configs.py`; `--quick` the documented subset) it profiles the model
-at the thread count each rank will use, prices the candidates (our best plans, data
+`planner/validation/configs.py`; `--quick` the documented subset; `--tensor` the
+tensor-parallel ones, whose candidates are every tp x dp mesh and data parallelism) it
+profiles the model at the thread count each rank will use, prices the candidates (our best plans, data
 parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
 `planner/validation/candidates.py`) on the cost model, then times every candidate on the
 ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`),
@@ -55,15 +57,17 @@ from approxdist.planner.objective import SolverSettings
 from approxdist.planner.plan_file import parse_plan
 from approxdist.planner.profile import Profile
 from approxdist.planner.profiler import optimizer_s_per_byte, profile_run
-from approxdist.planner.search import auto_microbatches, plan_dict
+from approxdist.planner.search import TensorSpace, auto_microbatches, plan_dict
+from approxdist.planner.tp_layout import layout_of
 from approxdist.planner.validation import engine_runs, report
 from approxdist.planner.validation.candidates import (
     Candidate,
     busy_ranks,
     candidates,
     repriced,
+    tensor_candidates,
 )
-from approxdist.planner.validation.configs import FULL, QUICK, Setting, select
+from approxdist.planner.validation.configs import FULL, QUICK, TENSOR, Setting, select
 from approxdist.train.plan_layer import plan_sections
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans, time_plans
 from approxdist.train.profile_probe import ProfileProbe, by_busy, under_load
@@ -85,6 +89,9 @@ def register(actions: Any) -> None:
     p = actions.add_parser("validate", help="predicted vs measured step times of held-out plans",
                            description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="the documented subset (5 settings)")
+    p.add_argument("--tensor", action="store_true",
+                   help="the tensor-parallel settings instead: mlp and gpt-tiny on 2 and 4 "
+                        "ranks, every tp x dp mesh against data parallelism")
     p.add_argument("--only", help="settings whose key contains these comma-separated parts, "
                                   "e.g. mlp-wide,N2")
     p.add_argument("--calibration", type=Path,
@@ -221,7 +228,9 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
                           grad_codec=codec, algorithm="auto", optimizer=OPTIMIZER,
                           optimizer_s_per_byte=cal.optimizer_s_per_byte(OPTIMIZER),
                           overhead=cal.overhead)
-    found = candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)
+    tensor = _tensor_space(setting, profile) if setting.tensor else None
+    found = tensor_candidates(profile, base, tensor) if tensor is not None else \
+        candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)
     plans = [TimedPlan(str(i), sections(setting, c, profile, threads))
              for i, c in enumerate(found)]
     cfg = build_config(setting.model.sections)
@@ -232,9 +241,9 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     rows = []
     for i, c in enumerate(found):
         measured = sorted(times[str(i)])[len(times[str(i)]) // 2]
-        busy = busy_ranks(c.ranked.plan, profiles[0])
+        busy = busy_ranks(c.ranked.plan, profiles[0]) * c.ranked.tp  # every shard computes
         weights = [(k, w) for k, w in between(busy, len(profiles)) if w > 0]
-        predicted = sum(w * repriced(c, profiles[k - 1], base).ranked.step_s
+        predicted = sum(w * repriced(c, profiles[k - 1], base, tensor).ranked.step_s
                         for k, w in weights)
         rows.append({"setting": setting.key, "model": setting.model.label, "world_size": n,
                      "link": setting.link or "none", "codec": setting.codec,
@@ -247,6 +256,14 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
                      "load_factors": list(factors),
                      "load_rounds": [[r.alone_s, *r.partial_s, r.loaded_s] for r in probed]})
     return rows
+
+
+def _tensor_space(setting: Setting, profile: Profile) -> TensorSpace:
+    """The setting's model split by its own plan, over every tp size of its world."""
+    cfg = build_config(setting.model.sections)
+    sizes = tuple(t for t in range(2, setting.world_size + 1) if setting.world_size % t == 0)
+    layout = layout_of(cfg.model, cfg.data, profile.micro_batch_size, "", sizes)
+    return TensorSpace(layout, sizes)
 
 
 def between(busy: float, count: int) -> tuple[tuple[int, float], tuple[int, float]]:
@@ -266,9 +283,11 @@ COLUMNS = (Column("setting", 28, "setting", left=True), Column("plan", 34, "plan
            Column("err", 6, show=lambda r: f"{100 * (r['predicted_s'] / r['measured_s'] - 1):+.0f}%"))
 
 
-def _rivals(summary: dict[str, Any]) -> list[str]:
+def _rivals(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for who in ("torchgpipe", "pipedream"):
+        if not any(who in r["choosers"] for r in rows):
+            continue  # not a candidate here (the tensor-parallel settings)
         v = summary[f"vs_{who}"]
         if not v["differ"]:
             out.append(f"vs {who}: chose the same plan as ours in every setting")
@@ -288,7 +307,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--save-calibration with --calibration {str(args.calibration)!r}: "
                           f"nothing is fitted when a calibration is given; drop one")
     timing = StepTiming(args.rounds, args.steps, args.warmup)
-    settings = select(QUICK if args.quick else FULL, args.only)
+    if args.tensor and args.quick:
+        raise ConfigError("--tensor and --quick pick two sets of settings; give one (--only "
+                          "narrows either)")
+    settings = select(TENSOR if args.tensor else QUICK if args.quick else FULL, args.only)
     cores = os.cpu_count() or 1
     with HostWatch() as host:
         cal = CostCalibration.load(args.calibration) if args.calibration \
@@ -323,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  priced on the profile the plans were chosen on (before the runs): median_ape "
               f"{100 * p['median_ape']:.1f} %, max_ape {100 * p['max_ape']:.1f} %, kendall_tau "
               f"{p['kendall_tau']:.2f}")
-    for line in _rivals(summary):
+    for line in _rivals(summary, rows):
         print(f"  {line}")
     print(host.line())
     if args.json:

@@ -10,6 +10,14 @@ per-node batch, gradients all-reduced over `--link` (its bandwidth times
 `--bandwidth-scale`) with `--gamma` seconds per byte added, overlapped with backward.
 Each of those four inputs is VALUE,LOW,HIGH; the table prints s and its band (every
 corner of the bands), the inputs with their source, and which inputs move s most.
+
+    approxdist simulate --profile gpt.json --mesh dp=4 --mesh tp=2,dp=2 --mesh tp=4 \
+        --per-node-batch 8 --link bw=1gbit --compute-scale 1 --fwd-codec bf16
+
+`--mesh` (repeatable, instead of `--nodes`) prices meshes of `tp` and `dp` axes, one rank
+per node: a `tp` axis splits the model's layers by its own plan or `--tp-plan`, read off
+the model a profile of ours records (`approxdist plan profile`), its all-reduces on
+`--fwd-codec` / `--bwd-codec` over the same link.
 """
 
 from __future__ import annotations
@@ -26,8 +34,11 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.scaling import Input, ScalingModel, curve
+from approxdist.planner.tp_layout import layout_of, profiled_config
 from approxdist.text import comma_list
+from approxdist.topology import Mesh, parse_mesh
 
+NODES = "1,2,4,8,16,32,64,128,256"
 #: seed 001's published points: per-node batch -> [(nodes, speed-up)]
 SEED001 = {256: [(64, 60.4), (256, 217.0)], 64: [(64, 30.5)], 32: [(64, 15.5)]}
 
@@ -39,7 +50,14 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", type=Path, required=True,
                    help="profile file: ours, or a PipeDream graph.txt such as "
                         "tests/data/pipedream-profiles/alexnet.txt")
-    p.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256", help="comma list of N")
+    p.add_argument("--nodes", help=f"comma list of N (default {NODES})")
+    p.add_argument("--mesh", action="append", default=[],
+                   help="instead of --nodes: a mesh of tp and dp axes, one rank per node, "
+                        "e.g. tp=2,dp=2 (repeat the flag for more)")
+    p.add_argument("--tp-plan", default="", help="layers a tp axis splits: a file of "
+                   "'layer.path = style' lines or inline (default: the model's own plan)")
+    p.add_argument("--fwd-codec", default="fp32", help="tp forward all-reduces' wire format")
+    p.add_argument("--bwd-codec", default="fp32", help="tp backward all-reduces' wire format")
     p.add_argument("--per-node-batch", default="256,64,32", help="comma list of b")
     p.add_argument("--link", default="bw=32gbit,lat=2us",
                    help="link between nodes (default bw=32gbit,lat=2us: InfiniBand QDR, assumed)")
@@ -62,28 +80,40 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = build(args)
-    nodes, batches = _ints(args.nodes, "--nodes"), _ints(args.per_node_batch, "--per-node-batch")
+    meshes = _meshes(args)
+    model = build(args, meshes)
+    nodes = [m.extent("dp") for m in meshes] or _ints(args.nodes or NODES, "--nodes")
+    shards = [m.extent("tp") for m in meshes] or [1] * len(nodes)
+    batches = _ints(args.per_node_batch, "--per-node-batch")
     published = {(n, b): s for b, points in SEED001.items() for n, s in points}
     rows: list[dict[str, Any]] = [
-        {**r, "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))}
-        for r in curve(model, nodes, batches)]
-    cols = [Column("nodes", 6, "nodes"), Column("b", 5, "per_node_batch"),
+        {**r, "mesh": _label(int(r["tp"]), int(r["nodes"])),
+         "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))
+         if r["tp"] == 1 else None}
+        for r in curve(model, nodes, batches, shards)]
+    where = [Column("mesh", 12, "mesh", left=True)] if meshes else [Column("nodes", 6, "nodes")]
+    cols = [*where, Column("b", 5, "per_node_batch"),
             Column("s(N,b)", 8, "speedup", ".1f"), Column("low", 8, "speedup_low", ".1f"),
-            Column("high", 8, "speedup_high", ".1f"),
-            Column("seed 001", 9, show=lambda r: "" if r["seed001"] is None
-                   else f"{r['seed001']:.1f}")]
+            Column("high", 8, "speedup_high", ".1f")]
+    if not meshes:
+        cols.append(Column("seed 001", 9, show=lambda r: "" if r["seed001"] is None
+                           else f"{r['seed001']:.1f}"))
+    tp_wires = f"; tp wires fwd {model.tp_fwd.spec}, bwd {model.tp_bwd.spec}" \
+        if any(t > 1 for t in shards) else ""
     print(f"s(N,b) = t(1,{model.profile.micro_batch_size}) / t(N,b) x b/"
-          f"{model.profile.micro_batch_size} x N; {model.profile.model}, {args.algorithm}, "
-          f"{model.codec.spec}, overlap {'on' if args.overlap else 'off'}, link {args.link}")
+          f"{model.profile.micro_batch_size} x N (N: replicas); {model.profile.model}, "
+          f"{args.algorithm}, {model.codec.spec}, overlap {'on' if args.overlap else 'off'}, "
+          f"link {args.link}{tp_wires}")
     print(render(cols, rows))
     print("inputs:")
     for i in model.inputs:
         note = f": {i.note}" if i.note else ""
         print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
-    top_n, top_b = max(nodes), max(batches)
-    print(f"band at N={top_n}, b={top_b}, one input at a time:")
-    for name, (lo, hi) in sorted(model.sensitivity(top_n, top_b).items(),
+    top = max(range(len(nodes)), key=lambda i: (nodes[i] * shards[i], shards[i]))
+    top_n, top_tp, top_b = nodes[top], shards[top], max(batches)
+    at = _label(top_tp, top_n) if meshes else f"N={top_n}"
+    print(f"band at {at}, b={top_b}, one input at a time:")
+    for name, (lo, hi) in sorted(model.sensitivity(top_n, top_b, top_tp).items(),
                                  key=lambda kv: -abs(kv[1][1] - kv[1][0])):
         print(f"  {name}: {min(lo, hi):.1f} .. {max(lo, hi):.1f}")
     if args.json:
@@ -92,8 +122,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(args: argparse.Namespace) -> ScalingModel:
-    """The scaling model the flags describe."""
+def _label(tp: int, replicas: int) -> str:
+    """A mesh as the table prints it: `tp=2,dp=2`, `dp=4`."""
+    return f"tp={tp},dp={replicas}" if tp > 1 else f"dp={replicas}"
+
+
+def _meshes(args: argparse.Namespace) -> list[Mesh]:
+    """`--mesh` specs: meshes of tp and dp axes only, and not beside `--nodes`."""
+    if args.mesh and args.nodes:
+        raise ConfigError(f"--nodes {args.nodes} and --mesh {args.mesh[0]} both say the ranks; "
+                          f"give one of the two (--mesh dp=N is N nodes)")
+    meshes = [parse_mesh(text) for text in args.mesh]
+    for text, mesh in zip(args.mesh, meshes):
+        other = [a.text() for a in mesh.axes if a.name not in ("tp", "dp") and a.extent > 1]
+        if other:
+            raise ConfigError(f"--mesh {text}: simulate prices data and tensor parallelism "
+                              f"(tp and dp axes), not {', '.join(other)}; for pipelines use "
+                              f"approxdist plan")
+    return meshes
+
+
+def build(args: argparse.Namespace, meshes: list[Mesh] | None = None) -> ScalingModel:
+    """The scaling model the flags describe (with the model's tp layout where a mesh has a
+    tp axis)."""
     profile = read_any_profile(args.profile)
     if args.model and args.model != profile.model:
         raise ConfigError(f"--profile {str(args.profile)!r} is of model {profile.model!r}, not "
@@ -112,12 +163,21 @@ def build(args: argparse.Namespace) -> ScalingModel:
         gamma = Input("gamma", g, g * max(0.0, 1 - spread), g * (1 + spread), "calibrated",
                       f"level {level.name!r} of {args.calibration}, band = its fit's rms error")
     codec = cal.codec(args.codec) if cal else CodecCost.of(args.codec)
+    tps = sorted({m.extent("tp") for m in meshes or ()} - {1})
+    layout = None
+    if tps:
+        model_cfg, data_cfg = profiled_config(profile)
+        layout = layout_of(model_cfg, data_cfg, profile.micro_batch_size, args.tp_plan, tps)
+        for tp in tps:
+            layout.check(tp, profile)
+    fwd, bwd = (cal.codec(c) if cal else CodecCost.of(c) for c in (args.fwd_codec,
+                                                                    args.bwd_codec))
     return ScalingModel(
         profile, link,
         _input("compute_scale", args.compute_scale, "seed GPU seconds per profile second"),
         _input("batch_exponent", args.batch_exponent, "compute ~ (b/B)^e"),
         _input("bandwidth_scale", args.bandwidth_scale, "share of --link the all-reduce gets"),
-        gamma, args.algorithm, codec, args.overlap)
+        gamma, args.algorithm, codec, args.overlap, layout, fwd, bwd)
 
 
 def _input(name: str, text: str, note: str) -> Input:

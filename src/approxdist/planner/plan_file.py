@@ -6,6 +6,7 @@
      "data": {"dataset": "digits", "data_dir": "", ...}, "input_shape": [1, 8, 8],
      "micro_batch_size": 32, "world_size": 4, "mode": "hybrid",
      "stages": [{"blocks": [0, 13], "replicas": 3}, {"blocks": [13, 22], "replicas": 1}],
+     "tp_plan": "1.attn=heads,1.mlp.0=colwise,1.mlp.2=rowwise",     (tensor plans only)
      "schedule": "1f1b", "microbatches": 12,
      "fwd_codec": "fp32", "bwd_codec": "fp32", "grad_codec": "fp32", "algorithm": "auto",
      "link": {"intra": "bw=8gbit", "inter": null, "per_node": null, "nodes": null},
@@ -17,7 +18,9 @@
 Pure data: a hand-written plan is as valid as a generated one. `read_plan` needs only
 `stages` (each `replicas`, and `blocks` [first, end) on every stage or on none; `ranks`
 as `topology.plan` reads them); every other key is optional and checked when present.
-A pure data-parallel run is one stage with `replicas = world_size`. `model`,
+A pure data-parallel run is one stage with `replicas = world_size`; a tensor-parallel one
+is one stage whose `tp` (shards per replica) is above 1, with `tp_plan` the layers split
+(`layer.path=style,...`, as `--tp-plan` takes it; absent: the model's own plan). `model`,
 `model_options` (the `[model]` keys but `name`), `data` (the `[data]` keys in `DATA_KEYS`:
 which samples) and `input_shape` (one sample's, as profiled) say what was planned for:
 `train --plan` trains that and refuses a flag that contradicts it.
@@ -41,7 +44,7 @@ from approxdist.topology import TopologyError, from_plan
 FORMAT = "approxdist-plan"
 VERSION = 1
 _STRINGS = ("model", "schedule", "fwd_codec", "bwd_codec", "grad_codec", "algorithm", "mode",
-            "objective")
+            "objective", "tp_plan")
 _INTS = ("micro_batch_size", "microbatches", "world_size")
 #: the [data] keys that say which samples a plan was made for (not how they are batched)
 DATA_KEYS = ("dataset", "data_dir", "synthetic_shape", "synthetic_classes",
@@ -89,14 +92,18 @@ class PlanFile:
     model_options: dict[str, Any] | None = None
     data: dict[str, Any] | None = None
     input_shape: tuple[int, ...] | None = None
+    tp: int = 1  # tensor-parallel shards of every replica
+    tp_plan: str | None = None
 
     @property
     def world_size(self) -> int:
-        return sum(self.replicas)
+        return sum(self.replicas) * self.tp
 
     @property
     def mode(self) -> str:
-        """single, dp, pipeline or hybrid: the `train --parallel` that runs it."""
+        """single, dp, pipeline, hybrid or tensor: the `train --parallel` that runs it."""
+        if self.tp > 1:
+            return "tensor"
         if len(self.replicas) == 1:
             return "single" if self.replicas[0] == 1 else "dp"
         return "pipeline" if all(r == 1 for r in self.replicas) else "hybrid"
@@ -157,6 +164,14 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
             raise ConfigError(f"{key} = {value!r} must be an integer >= 1")
     given = stages[0].get("ranks") is not None
     shape = data.get("input_shape")
+    tp = mesh.extent("tp")
+    if tp > 1 and len(mesh.replicas) > 1:
+        raise ConfigError(f"stages give tp = {tp} on {len(mesh.replicas)} stages; tensor "
+                          f"parallelism with pipeline stages (tp x pp) is not built: give one "
+                          f"stage with tp, or stages without it")
+    if "tp_plan" in data and tp == 1:
+        raise ConfigError(f"tp_plan = {data['tp_plan']!r} but no stage has tp > 1; give the "
+                          f"stage its \"tp\" shards, or drop tp_plan")
     return PlanFile(mesh.replicas, ranges,
                     mesh.ranks if given else None,
                     **{k: data.get(k) for k in ("model", "micro_batch_size", "microbatches",
@@ -164,7 +179,8 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
                                                 "grad_codec", "algorithm")},
                     model_options=_table(data, "model_options"),
                     data=_table(data, "data"),
-                    input_shape=None if shape is None else _shape(shape))
+                    input_shape=None if shape is None else _shape(shape),
+                    tp=tp, tp_plan=data.get("tp_plan"))
 
 
 def _table(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:

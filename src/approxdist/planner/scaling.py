@@ -12,6 +12,12 @@ Every input is an `Input` labelled `measured` (from a profile), `calibrated` (fi
 our benchmarks) or `assumed`, with a low and a high value; the speed-up's band is the
 smallest and largest s over every corner of the inputs' bands, and `sensitivity` says
 how wide the band is when only one input moves (which inputs dominate it).
+
+A mesh `tp=T,dp=N` (T x N ranks, one per node) is N replicas of the model split over T
+ranks each (`cost.tp_time` with the model's `TPLayout`: the split compute, the tp
+all-reduces of b samples' activations on the same link, the replicas' all-reduce of a
+shard's gradients), and s = t(1,B) / t(mesh,b) x b/B x N: samples per second against one
+rank's.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32
 from approxdist.planner.cost.dp import DPOptions, dp_time
 from approxdist.planner.cost.links import LinkLevel, Network
+from approxdist.planner.cost.tensor import TPLayout, TPOptions, tp_time
 from approxdist.planner.profile import Profile
 
 SOURCES = ("measured", "calibrated", "assumed")
@@ -62,13 +69,20 @@ class ScalingModel:
     algorithm: str = "auto"
     codec: CodecCost = FP32
     overlap: bool = True
+    #: tensor parallelism: the model's split (needed for tp > 1) and its wires
+    layout: TPLayout | None = None
+    tp_fwd: CodecCost = FP32
+    tp_bwd: CodecCost = FP32
+    tp_algorithm: str = "auto"
 
     @property
     def inputs(self) -> tuple[Input, ...]:
         return (self.compute_scale, self.batch_exponent, self.bandwidth_scale, self.gamma)
 
-    def step_s(self, nodes: int, batch: int, values: dict[str, float] | None = None) -> float:
-        """t(N, b) with each input at its value, or as `values` overrides it."""
+    def step_s(self, nodes: int, batch: int, values: dict[str, float] | None = None,
+               tp: int = 1) -> float:
+        """t(N, b) with each input at its value, or as `values` overrides it; N replicas of
+        `tp` ranks each."""
         v = {i.name: i.value for i in self.inputs} | (values or {})
         factor = v["compute_scale"] * (batch / self.profile.micro_batch_size) ** \
             v["batch_exponent"]
@@ -77,36 +91,51 @@ class ScalingModel:
         scaled = replace(self.profile, micro_batch_size=batch, blocks=blocks)
         level = replace(self.link, beta_s_per_byte=self.link.beta_s_per_byte /
                         v["bandwidth_scale"], gamma_s_per_byte=v["gamma"])
-        return dp_time(scaled, nodes, Network(level),
-                       DPOptions(algorithm=self.algorithm, codec=self.codec,
-                                 overlap=self.overlap)).step_s
+        options = DPOptions(algorithm=self.algorithm, codec=self.codec, overlap=self.overlap)
+        if tp == 1:
+            return dp_time(scaled, nodes, Network(level), options).step_s
+        if self.layout is None:
+            raise ConfigError(f"tp = {tp} needs the model's tensor-parallel layout; give "
+                              f"ScalingModel a layout (planner.tp_layout)")
+        return tp_time(scaled, self.layout, nodes, Network(level),
+                       TPOptions(tp, self.tp_fwd, self.tp_bwd, self.tp_algorithm),
+                       options).step_s
 
-    def speedup(self, nodes: int, batch: int, values: dict[str, float] | None = None) -> float:
-        """s(N, b) = t(1, B) / t(N, b) x b / B x N (B: the profile's micro-batch)."""
+    def speedup(self, nodes: int, batch: int, values: dict[str, float] | None = None,
+                tp: int = 1) -> float:
+        """s(N, b) = t(1, B) / t(N, b) x b / B x N (B: the profile's micro-batch; N
+        replicas of `tp` ranks each)."""
         ref = self.profile.micro_batch_size
-        return self.step_s(1, ref, values) / self.step_s(nodes, batch, values) \
+        return self.step_s(1, ref, values) / self.step_s(nodes, batch, values, tp) \
             * batch / ref * nodes
 
-    def band(self, nodes: int, batch: int) -> tuple[float, float]:
+    def band(self, nodes: int, batch: int, tp: int = 1) -> tuple[float, float]:
         """The smallest and largest s(N, b) over every corner of the inputs' bands."""
         corners = itertools.product(*((i.low, i.high) for i in self.inputs))
-        values = [self.speedup(nodes, batch, dict(zip((i.name for i in self.inputs), c)))
+        values = [self.speedup(nodes, batch, dict(zip((i.name for i in self.inputs), c)), tp)
                   for c in corners]
         return min(values), max(values)
 
-    def sensitivity(self, nodes: int, batch: int) -> dict[str, tuple[float, float]]:
+    def sensitivity(self, nodes: int, batch: int, tp: int = 1) -> dict[str, tuple[float, float]]:
         """Per input: s(N, b) at its low and its high, the others at their values."""
-        return {i.name: (self.speedup(nodes, batch, {i.name: i.low}),
-                         self.speedup(nodes, batch, {i.name: i.high})) for i in self.inputs}
+        return {i.name: (self.speedup(nodes, batch, {i.name: i.low}, tp),
+                         self.speedup(nodes, batch, {i.name: i.high}, tp))
+                for i in self.inputs}
 
 
-def curve(model: ScalingModel, nodes: list[int], batches: list[int]) -> list[dict[str, float]]:
-    """Rows of `nodes`, `per_node_batch`, `speedup`, `speedup_low`, `speedup_high`."""
+def curve(model: ScalingModel, nodes: list[int], batches: list[int],
+          shards: list[int] | None = None) -> list[dict[str, float]]:
+    """Rows of `nodes` (replicas), `tp` (`shards`, one per entry of `nodes`; default 1),
+    `ranks`, `per_node_batch`, `speedup`, `speedup_low`, `speedup_high`."""
+    tps = shards if shards is not None else [1] * len(nodes)
+    if len(tps) != len(nodes):
+        raise ConfigError(f"{len(tps)} tp sizes for {len(nodes)} node counts; give one each")
     rows = []
     for batch in batches:
-        for n in nodes:
-            low, high = model.band(n, batch)
-            rows.append({"nodes": n, "per_node_batch": batch, "speedup": model.speedup(n, batch),
+        for n, tp in zip(nodes, tps):
+            low, high = model.band(n, batch, tp)
+            rows.append({"nodes": n, "tp": tp, "ranks": n * tp, "per_node_batch": batch,
+                         "speedup": model.speedup(n, batch, tp=tp),
                          "speedup_low": low, "speedup_high": high})
     return rows
 

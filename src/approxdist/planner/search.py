@@ -6,9 +6,12 @@ model's event simulation of the schedule the ranks would run (`cost.pipeline_tim
 pipeline package's `simulate`: one source of truth for schedules) and its memory per
 stage (`cost.stage_memory`). Data parallelism (one stage on every rank, one micro-batch
 per rank, as `train --parallel dp` runs it) is priced by `cost.dp_time` (buckets
-overlapped with backward). Plans are ranked by predicted seconds per sample, since
-plans with more micro-batches train on larger mini-batches. `pipedream` prices the plan
-PipeDream's own optimizer chooses (`pipedream_optimizer`) the same way.
+overlapped with backward). Tensor parallelism on a `tp x dp` mesh (every layer the plan
+splits shared by tp ranks, the rest replicated over dp; one micro-batch per replica, as
+`train --parallel tensor` runs it) is priced by `cost.tp_time` for each tp size of a
+`TensorSpace`. Plans are ranked by predicted seconds per sample, since plans with more
+micro-batches train on larger mini-batches. `pipedream` prices the plan PipeDream's own
+optimizer chooses (`pipedream_optimizer`) the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from approxdist.planner.cost.pipeline import (
     optimizer_step_s,
     pipeline_time,
 )
+from approxdist.planner.cost.tensor import TPLayout, TPOptions, shard_profile, tp_time
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import PipeDreamPlan, PipeDreamSettings, optimize
 from approxdist.planner.profile import Profile
@@ -43,10 +47,26 @@ class RankedPlan:
     memory: tuple[StageMemory, ...]
     parts: dict[str, float] = field(default_factory=dict)
     estimate_s: float | None = None  # the solver's objective (None where it did not rank it)
+    tp: int = 1  # tensor-parallel shards of every replica (mode tensor)
+    tp_plan: str = ""  # the layers they split, `layer.path=style,...` (mode tensor)
 
     @property
     def per_sample_s(self) -> float:
         return self.step_s / self.samples_per_step
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size * self.tp
+
+
+@dataclass(frozen=True)
+class TensorSpace:
+    """The tensor-parallel plans to compare: the model's layout under its plan, the tp
+    sizes, and the algorithm of the tp collectives (`tp.algorithm`)."""
+
+    layout: TPLayout
+    sizes: tuple[int, ...]
+    algorithm: str = "auto"
 
 
 def auto_microbatches(world_size: int) -> tuple[int, ...]:
@@ -56,14 +76,22 @@ def auto_microbatches(world_size: int) -> tuple[int, ...]:
 
 
 def search(profile: Profile, base: SolverSettings, schedules: tuple[str, ...],
-           microbatches: tuple[int, ...]) -> list[RankedPlan]:
-    """Every schedule x micro-batch count's best plans and data parallelism, simulated and
-    ranked by seconds per sample (fastest first); `ConfigError` if nothing fits."""
+           microbatches: tuple[int, ...], tensor: TensorSpace | None = None
+           ) -> list[RankedPlan]:
+    """Every schedule x micro-batch count's best plans, data parallelism and the tensor
+    plans of `tensor` (its sizes that divide the world and the model), simulated and ranked
+    by seconds per sample (fastest first); `ConfigError` if nothing fits."""
     found: list[RankedPlan] = []
     errors: list[str] = []
     if base.stages in (None, 1):
         dp = data_parallel(profile, base)
         found += [dp] if dp is not None else []
+        if tensor is not None:
+            refused = dict(tensor.layout.refused)
+            for tp in tensor.sizes:
+                if tp > 1 and base.world_size % tp == 0 and tp not in refused:
+                    ranked = tensor_plan(profile, tensor, base, tp)
+                    found += [ranked] if ranked is not None else []
     if base.world_size > 1 and base.stages != 1:
         for schedule in schedules:
             for m in microbatches:
@@ -79,7 +107,8 @@ def search(profile: Profile, base: SolverSettings, schedules: tuple[str, ...],
         raise ConfigError(errors[0] if errors else
                           f"no plan of {profile.model} fits {base.memory_bytes} bytes per rank "
                           f"on {base.world_size} rank(s); give more memory")
-    unique = {(p.mode, p.plan.schedule, p.plan.microbatches, p.plan.stages): p for p in found}
+    unique = {(p.mode, p.plan.schedule, p.plan.microbatches, p.plan.stages, p.tp): p
+              for p in found}
     return sorted(unique.values(), key=lambda p: (p.per_sample_s, len(p.plan.stages)))
 
 
@@ -122,6 +151,33 @@ def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | No
                       memory, parts)
 
 
+def tensor_plan(profile: Profile, tensor: TensorSpace, settings: SolverSettings,
+                tp: int) -> RankedPlan | None:
+    """world / tp replicas of the model split over tp ranks each, one micro-batch per
+    replica (None if a shard does not fit the memory); the plan's fwd / bwd codecs are the
+    tp wires' (`--fwd-codec` means `wire.tp_fwd.codec` in this mode), its grad codec the
+    replicas'."""
+    replicas = settings.world_size // tp
+    shard = shard_profile(profile, tensor.layout, tp)
+    plan = PipelinePlan((Stage(0, len(profile.blocks), replicas),), "gpipe", replicas,
+                        settings.fwd_codec, settings.bwd_codec, settings.grad_codec,
+                        settings.algorithm)
+    memory = stage_memory(shard, plan, settings.optimizer)
+    if settings.memory_bytes is not None and memory[0].total_bytes > settings.memory_bytes:
+        return None
+    t = tp_time(profile, tensor.layout, replicas, settings.network,
+                TPOptions(tp, settings.fwd_codec, settings.bwd_codec, tensor.algorithm),
+                DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
+                          optimizer_s=optimizer_s(shard, settings, plan.stages),
+                          step_overhead_s=settings.overhead.dp_step_s,
+                          byte_overhead_s=settings.overhead.dp_byte_s if replicas > 1 else 0.0))
+    parts = {"compute_s": t.compute_s, "tp_allreduce_s": sum(t.collective_s.values()),
+             "tp_allreduce_count": t.collectives, "tp_sent_bytes": sum(t.wire_bytes.values()),
+             "exposed_allreduce_s": t.dp.exposed_comm_s}
+    return RankedPlan(plan, "tensor", t.step_s, t.samples_per_step, memory, parts, tp=tp,
+                      tp_plan=",".join(f"{k}={v}" for k, v in tensor.layout.plan))
+
+
 def pipedream(profile: Profile, base: SolverSettings, settings: PipeDreamSettings,
               schedules: tuple[str, ...], microbatches: tuple[int, ...]
               ) -> tuple[PipeDreamPlan, list[RankedPlan]]:
@@ -156,11 +212,14 @@ def plan_dict(profile: Profile, best: RankedPlan, link: dict[str, Any], objectiv
     `ClusterSpec.to_json` gives it; `extra`: more `predicted` keys; `planned_for`: the
     `model_options` and `data` the profile was measured with)."""
     plan = best.plan
+    tp = {"tp": best.tp} if best.tp > 1 else {}
+    split = {"tp_plan": best.tp_plan} if best.tp > 1 else {}
     return {
         "model": profile.model, **(planned_for or {}),
         "input_shape": list(profile.input_shape), "micro_batch_size": profile.micro_batch_size,
-        "world_size": plan.world_size, "mode": best.mode,
-        "stages": [{"blocks": [st.first, st.end], "replicas": st.replicas} for st in plan.stages],
+        "world_size": best.world_size, "mode": best.mode,
+        "stages": [{"blocks": [st.first, st.end], "replicas": st.replicas, **tp}
+                   for st in plan.stages], **split,
         "schedule": plan.schedule, "microbatches": plan.microbatches,
         "fwd_codec": plan.fwd_codec.spec, "bwd_codec": plan.bwd_codec.spec,
         "grad_codec": plan.grad_codec.spec, "algorithm": plan.algorithm,

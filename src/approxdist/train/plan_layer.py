@@ -1,11 +1,14 @@
 """`train --plan FILE`: a plan file (DESIGN.md "Plan file") as a layer of config values.
 
 The plan says which mode runs (one stage of one rank: single; one stage of N: dp; stages
-of one rank each: pipeline; otherwise hybrid), the world size, where stages start
-(`pipeline.split`), their replicas and placement, the schedule, micro-batches and the
-codecs of the three wires its mode has (`wire.fwd.codec`, `wire.bwd.codec`,
-`wire.grad.codec` with `dp.algorithm` for the replicas' all-reduce). With `micro_batch_size` the mini-batch is
-M micro-batches of it (data parallel: one per rank). The layer sits above the config
+of one rank each: pipeline; a stage with tp shards: tensor; otherwise hybrid), the world
+size, where stages start (`pipeline.split`), their replicas and placement, the tp size and
+plan (`tp.size`, `tp.plan`), the schedule, micro-batches and the codecs of the three wires
+its mode has (`fwd_codec` and `bwd_codec` as the mode's `--fwd-codec` / `--bwd-codec` set
+them: `wire.fwd.codec` in a pipeline, `wire.tp_fwd.codec` in tensor parallelism;
+`wire.grad.codec` with `dp.algorithm` for the replicas' all-reduce). With
+`micro_batch_size` the mini-batch is M micro-batches of it (data and tensor parallel: one
+per replica). The layer sits above the config
 file and below the flags, so `--microbatches` or `--set` still override it; but what the
 plan was made for (`model`, `model_options`, `data`) is binding: a flag or `--set` that
 contradicts it is a `ConfigError` (`check_agrees`), and `check_input_shape` compares the
@@ -49,15 +52,19 @@ def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
         for key in ("microbatches", "schedule"):
             if getattr(plan, key) is not None:
                 pipe[key] = getattr(plan, key)
+    if reads("tp.size"):
+        out["tp"] = {"size": plan.tp, **({"plan": plan.tp_plan} if plan.tp_plan else {})}
+    flag_keys = modes().get(mode).flag_keys
     for name, codec in (("fwd", plan.fwd_codec), ("bwd", plan.bwd_codec),
                         ("grad", plan.grad_codec)):
-        if codec is not None and reads(f"wire.{name}.codec"):
-            out["wire"][name] = {"codec": codec}
+        key = flag_keys.get(f"{name}_codec", f"wire.{name}.codec")
+        if codec is not None and reads(key):
+            out["wire"][key.split(".")[1]] = {"codec": codec}
     if plan.algorithm is not None and reads("dp.algorithm"):
         out["dp"]["algorithm"] = plan.algorithm
     if plan.micro_batch_size is not None:
         # a pipeline's ranks share one batch of M micro-batches; replicas each take one
-        per_step = (plan.microbatches or 1) if staged else plan.world_size
+        per_step = (plan.microbatches or 1) if staged else sum(plan.replicas)
         out["data"]["batch_size"] = per_step * plan.micro_batch_size
     return {section: keys for section, keys in out.items() if keys}
 

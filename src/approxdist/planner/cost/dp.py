@@ -38,11 +38,18 @@ the backward, so bucket k is ready only after the backward *and* the CPU work of
 buckets before it, c_<k, and the backward ends at B + the CPU work of every bucket:
 
     r_k -> r_k + c_<k,   step = F + max(B + c_all, e_last) + optimizer
+
+The replicas may be a sub-group of a larger job (`group`: their ranks, `world`: every rank
+the job keeps busy, which sets the shared cores' load), and a block may wait in place for
+a collective of its own (`serial`: per block, forward and backward seconds already at the
+job's load, e.g. a tensor-parallel layer's all-reduces, `cost.tensor`), added to its
+compute after the load stretches that.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from approxdist.config.dp import DPConfig
@@ -122,19 +129,30 @@ class DPTime:
 
 
 def dp_time(profile: Profile, world_size: int, network: Network,
-            options: DPOptions | None = None) -> DPTime:
-    """The step time of `world_size` data-parallel replicas of `profile` on `network`."""
+            options: DPOptions | None = None, *, group: Sequence[int] | None = None,
+            world: int | None = None,
+            serial: Sequence[tuple[float, float]] | None = None) -> DPTime:
+    """The step time of `world_size` data-parallel replicas of `profile` on `network`
+    (`group`: their ranks, default 0 .. world_size - 1; `world`: the ranks the job keeps
+    busy, default world_size; `serial`: per block, forward and backward seconds it waits
+    in place, at the job's load)."""
     opts = options or DPOptions()
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"data-parallel world_size = {world_size!r} must be an integer >= 1")
     blocks = profile.blocks
-    shared = network.compute_load(world_size)  # every replica computes at once
-    forward = shared * sum(b.fwd_s for b in blocks)
-    backward = shared * sum(b.bwd_s for b in blocks)
-    # backward ends block i's gradient after the blocks behind it: sum of bwd_s over j >= i
-    done = [shared * sum(b.bwd_s for b in blocks[i:]) for i in range(len(blocks))]
-    level = network.level(range(world_size))
-    busy = network.busy(world_size)
+    waits = list(serial) if serial is not None else [(0.0, 0.0)] * len(blocks)
+    if len(waits) != len(blocks):
+        raise ConfigError(f"serial seconds for {len(waits)} block(s), but profile "
+                          f"{profile.model!r} has {len(blocks)}; give one pair per block")
+    jobs = world_size if world is None else world
+    shared = network.compute_load(jobs)  # every rank computes at once
+    forward = shared * sum(b.fwd_s for b in blocks) + sum(w[0] for w in waits)
+    # backward ends block i's gradient after the blocks behind it: sum over j >= i
+    done = [shared * sum(b.bwd_s for b in blocks[i:]) + sum(w[1] for w in waits[i:])
+            for i in range(len(blocks))]
+    backward = done[0] if blocks else 0.0
+    level = network.level(range(world_size) if group is None else group)
+    busy = network.busy(jobs)
     # no free core: the all-reduce's CPU work (not an emulated link's wait) cannot overlap
     no_core = level.cores is not None and busy >= level.cores
     machine = replace(level, link_alpha_s=0.0, link_beta_s_per_byte=0.0)

@@ -8,7 +8,8 @@ ignored as by default). torchgpipe and PipeDream choose a split, not a micro-bat
 (torchgpipe's `chunks` and PipeDream's in-flight count are set by the user): for their
 splits we take the schedule and micro-batch count our simulation ranks best, so the
 comparison is between the splits. Plans chosen by several are measured once, with every
-chooser named.
+chooser named. In a tensor-parallel setting (`tensor_candidates`) the candidates are
+every tp x dp mesh of the world the model's plan can split, and data parallelism.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from approxdist.planner.cost.pipeline import PipelinePlan, Stage
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level, PipeDreamSettings
 from approxdist.planner.profile import Profile
-from approxdist.planner.search import RankedPlan, data_parallel, pipedream, search, simulated
+from approxdist.planner.search import (
+    RankedPlan,
+    TensorSpace,
+    data_parallel,
+    pipedream,
+    search,
+    simulated,
+    tensor_plan,
+)
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -44,13 +53,15 @@ class Candidate:
         stages = " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in p.stages)
         if self.ranked.mode in ("dp", "single"):
             return f"dp x{p.world_size}"
+        if self.ranked.tp > 1:
+            return f"tp={self.ranked.tp},dp={p.stages[0].replicas}"
         return f"{p.schedule} M={p.microbatches} {stages}"
 
 
 def plan_key(r: RankedPlan) -> tuple[object, ...]:
     p = r.plan
-    return (r.mode, p.schedule if r.mode not in ("dp", "single") else "-", p.microbatches,
-            p.stages)
+    return (r.mode, p.schedule if r.mode not in ("dp", "single", "tensor") else "-",
+            p.microbatches, p.stages, r.tp)
 
 
 def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, ...],
@@ -75,11 +86,26 @@ def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, 
     return list(merged.values())
 
 
-def repriced(c: Candidate, profile: Profile, base: SolverSettings) -> Candidate:
-    """`c`'s plan (same stages, schedule, micro-batches, choosers) priced again on another
-    `profile` of the same model, e.g. one taken while the plan was being timed."""
+def tensor_candidates(profile: Profile, base: SolverSettings, tensor: TensorSpace
+                      ) -> list[Candidate]:
+    """Every tp x dp mesh of `tensor` and data parallelism, our fastest named `ours`."""
+    ranked = search(profile, replace(base, stages=1), SCHEDULES, (1,), tensor)
+    return [Candidate(r, ("ours",) if i == 0 else (r.mode,)) for i, r in enumerate(ranked)]
+
+
+def repriced(c: Candidate, profile: Profile, base: SolverSettings,
+             tensor: TensorSpace | None = None) -> Candidate:
+    """`c`'s plan (same stages, schedule, micro-batches, tp, choosers) priced again on
+    another `profile` of the same model, e.g. one taken while the plan was being timed
+    (`tensor`: the layout a tensor plan was priced with)."""
     r = c.ranked
-    if r.mode in ("dp", "single"):
+    if r.tp > 1:
+        if tensor is None:
+            raise ConfigError(f"plan {c.describe()} splits layers: reprice it with its "
+                              f"TensorSpace")
+        again = tensor_plan(profile, tensor, replace(base, memory_bytes=None), r.tp)
+        assert again is not None  # without a memory limit every shard fits
+    elif r.mode in ("dp", "single"):
         again = data_parallel(profile, replace(base, memory_bytes=None))
         assert again is not None  # without a memory limit data parallelism always fits
     else:

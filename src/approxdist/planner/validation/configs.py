@@ -8,7 +8,7 @@ of gradients and 128 KiB per activation; `resnet20` holds 1 MB of parameters and
 up to 1 MiB per activation, so data parallelism and pipelines trade places between them
 and between links. The full set is every model x 2, 3, 4 ranks x (no emulated link,
 fp32), (1 Gbit/s, fp32), (1 Gbit/s, bf16): 18 settings; `--quick` is the documented
-subset `QUICK`.
+subset `QUICK`. `TENSOR` (`plan validate --tensor`) are the tensor-parallel settings.
 
 Nothing here was used to fit the cost model: the calibration is measured on all-reduces
 alone (`plan validate` fits it first, or reads `--calibration`), and the profiles on one
@@ -57,10 +57,12 @@ class Setting:
     world_size: int
     link: str
     codec: str
+    tensor: bool = False  # compare tensor-parallel meshes and data parallelism (`TENSOR`)
 
     @property
     def key(self) -> str:
-        return f"{self.model.label}/N{self.world_size}/{self.link or 'loopback'}/{self.codec}"
+        tp = "/tp" if self.tensor else ""
+        return f"{self.model.label}/N{self.world_size}/{self.link or 'loopback'}/{self.codec}{tp}"
 
 
 FULL = tuple(Setting(MODELS[m], n, link, codec)
@@ -70,6 +72,23 @@ FULL = tuple(Setting(MODELS[m], n, link, codec)
 QUICK = tuple(s for s in FULL if s.key in {
     "mlp-wide/N2/loopback/fp32", "mlp-wide/N4/bw=1gbit/bf16", "mlp-wide/N3/bw=1gbit/fp32",
     "resnet20/N2/bw=1gbit/fp32", "resnet20/N4/loopback/fp32"})
+
+
+#: `plan validate --tensor`: tiny models split by their own tp plans (mlp in column-row
+#: pairs, gpt-tiny by heads and MLP pairs) on 2 and 4 ranks, each setting's candidates
+#: every tp x dp mesh of its world and data parallelism (`candidates.tensor_candidates`)
+TENSOR_MODELS = {
+    "mlp": ModelSpec("mlp", {
+        "model": {"name": "mlp", "hidden": 256, "depth": 3},
+        "data": {"dataset": "synthetic", "synthetic_shape": [64], "synthetic_samples": 512,
+                 "augment": False}}, 32),
+    "gpt-tiny": ModelSpec("gpt-tiny", {
+        "model": {"name": "gpt-tiny"},
+        "data": {"dataset": "stdlib-text", "augment": False}}, 8),
+}
+TENSOR = (*(Setting(TENSOR_MODELS[m], n, "", "fp32", True)
+            for m in TENSOR_MODELS for n in (2, 4)),
+          Setting(TENSOR_MODELS["gpt-tiny"], 2, "bw=1gbit", "bf16", True))
 
 
 def select(settings: tuple[Setting, ...], only: str | None) -> tuple[Setting, ...]:
