@@ -78,6 +78,10 @@ FLAG_KEYS = {
     "signal": "adaprec.signal", "overhead_budget": "adaprec.overhead_budget",
 }
 
+#: the keys that say how many ranks a run has (directly or through its mesh)
+WORLD_KEYS = ("train.world_size", "train.mesh", "pipeline.stages", "pipeline.replicas",
+              "ps.servers", "ps.workers")
+
 #: flags whose name is not `--` + their key's dest with dashes
 FLAG_NAMES = {"overlap": "--no-overlap", "codec_rule": "--codec-rule"}
 
@@ -349,7 +353,9 @@ def resolve(args: argparse.Namespace, world: int | None = None) -> tuple[Config,
     layers = [*base, *planned, flags, overrides]
     sections = mode.implied(merged(args.config, *layers))
     if world is not None:
-        sections = world_of_torchrun(sections, world, given, mode)
+        who = ", ".join(dict.fromkeys(given[k] for k in WORLD_KEYS if k in given)) or (
+            f"--resume {args.resume}" if saved else "the config file or the mode's defaults")
+        sections = world_of_torchrun(sections, world, who, mode)
     cfg = build_config(sections)
     if saved is not None:
         check_unchanged(saved, cfg, Path(args.resume), given)
@@ -359,19 +365,16 @@ def resolve(args: argparse.Namespace, world: int | None = None) -> tuple[Config,
     return cfg, run_dir, False
 
 
-def world_of_torchrun(sections: Sections, world: int, given: dict[str, str],
-                      mode: Mode) -> Sections:
+def world_of_torchrun(sections: Sections, world: int, who: str, mode: Mode) -> Sections:
     """`sections` with torchrun's world (`WORLD_SIZE`) when they say none; one error line
-    when they say another."""
+    when they say another (`who`: what in the command said it)."""
     said = sections.get("train", {}).get("world_size")
     if said is None:
         return mode.implied(merge(sections, {"train": {"world_size": world}}))
     if said != world:
-        who = given.get("train.world_size") or "the run's settings (--stages, --replicas, " \
-            "--mesh, --servers + --workers, the config or --resume's run)"
-        raise ConfigError(f"torchrun started {world} ranks (WORLD_SIZE={world}) but {who} "
-                          f"asks for {said}; start torchrun with {said} ranks in all (--nnodes "
-                          f"x --nproc-per-node), or make the run ask for {world}")
+        raise ConfigError(f"torchrun started {world} ranks (WORLD_SIZE={world}) but the run "
+                          f"asks for {said} ({who}); start torchrun with {said} ranks in all "
+                          f"(--nnodes x --nproc-per-node), or make the run ask for {world}")
     return sections
 
 
