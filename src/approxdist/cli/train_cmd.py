@@ -378,12 +378,13 @@ def world_of_torchrun(sections: Sections, world: int, who: str, mode: Mode) -> S
     return sections
 
 
-def preflight(cfg: Config, plan: str | None = None) -> None:
+def preflight(cfg: Config, plan: str | None = None, make: bool = True) -> None:
     """Catch bad names, data paths and model/data mismatches here, before any worker starts
-    (and samples of another shape than the plan file `plan` was profiled on)."""
+    (and samples of another shape than the plan file `plan` was profiled on). `make`: make
+    the TensorBoard folder (`--check` only sees that it could be made)."""
     mode = check_parts(cfg)
     if cfg.train.tensorboard:
-        check_log_dir(cfg.train.tensorboard)
+        check_log_dir(cfg.train.tensorboard, make)
     data = load_dataset(cfg.data)
     if plan:
         check_input_shape(read_plan(plan), plan, cfg.data.dataset, data.input_shape)
@@ -403,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return run_under_torchrun(args)
     cfg, run_dir, resume = resolve(args)
-    preflight(cfg, getattr(args, "plan", None))
+    preflight(cfg, getattr(args, "plan", None), make=not args.check)
     epoch = check_resumed(run_dir, cfg) if resume else 0
     if args.check:
         return checked(cfg, run_dir, resume, epoch)
@@ -498,7 +499,7 @@ def run_under_torchrun(args: argparse.Namespace) -> int:
         raise ConfigError("--tolerate-worker-loss is available with the local launcher only "
                           "(approxdist train --parallel ps --workers N, without torchrun): "
                           "torchrun's agent stops every rank when one dies; drop the flag")
-    preflight(cfg, getattr(args, "plan", None))
+    preflight(cfg, getattr(args, "plan", None), make=not args.check)
     if args.check:
         return checked(cfg, run_dir, resume, None)
     if rank == 0:
