@@ -100,12 +100,12 @@ def test_damaged_missing_or_disagreeing_checkpoints_are_one_line(
     stage1 = torch.load(pp / "stage1" / NAME, weights_only=True)
     torch.save({**stage1, "epoch": 0}, pp / "stage1" / NAME)
     err = _refused(["--resume", str(pp), "--epochs", "2"], capsys)
-    assert "stage checkpoints disagree: stage 0 at epoch 1, stage 1 at epoch 0; a stage died " \
+    assert "stage checkpoints disagree: stage 0 at epoch 1; stage 1 at epoch 0; a stage died " \
            "while saving" in err
     (pp / "stage1" / NAME).unlink()
     before = _snapshot(pp)
     err = _refused(["--resume", str(pp), "--epochs", "2"], capsys)
-    assert f"{pp / 'stage1' / NAME} is missing while the other stages' checkpoints are there " \
+    assert f"{pp / 'stage1' / NAME} is missing while the other checkpoints are there " \
            f"(epoch 1)" in err
     assert _snapshot(pp) == before
 

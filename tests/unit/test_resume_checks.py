@@ -15,8 +15,10 @@ import torch
 from approxdist.config.loader import build_config
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
+from approxdist.topology import Mesh
 from approxdist.train.checkpoint import NAME, TMP_NAME, load_checkpoint, save_checkpoint
 from approxdist.train.resumable import check_checkpoints, check_unchanged
+from approxdist.train.resume import part_dir, parts
 from approxdist.train.run_dir import check_can_make, check_writable, make_run_dir
 from approxdist.train.sink import JsonlOutput, MetricsSink
 
@@ -87,22 +89,44 @@ def _staged(root: Path, epochs: dict[int, int]) -> Path:
 
 
 def test_every_stage_checkpoint_there_readable_and_at_one_epoch(tmp_path: Path) -> None:
-    cfg = _cfg(PIPELINE)
-    assert check_checkpoints(_staged(tmp_path / "ok", {0: 2, 1: 2}), cfg) == 2
+    mesh = Mesh.pipeline(2)
+    assert check_checkpoints(_staged(tmp_path / "ok", {0: 2, 1: 2}), mesh, 3) == 2
     with pytest.raises(ConfigError) as exc:
-        check_checkpoints(_staged(tmp_path / "differ", {0: 2, 1: 1}), cfg)
-    assert "stage checkpoints disagree: stage 0 at epoch 2, stage 1 at epoch 1" in _one_line(exc)
+        check_checkpoints(_staged(tmp_path / "differ", {0: 2, 1: 1}), mesh, 3)
+    assert "stage checkpoints disagree: stage 0 at epoch 2; stage 1 at epoch 1" in _one_line(exc)
     with pytest.raises(ConfigError) as exc:
-        check_checkpoints(_staged(tmp_path / "one", {0: 2}), cfg)
-    assert f"{tmp_path / 'one' / 'stage1' / NAME} is missing while the other stages' " \
+        check_checkpoints(_staged(tmp_path / "one", {0: 2}), mesh, 3)
+    assert f"{tmp_path / 'one' / 'stage1' / NAME} is missing while the other " \
            f"checkpoints are there (epoch 2)" in _one_line(exc)
     (tmp_path / "none").mkdir()
     with pytest.raises(ConfigError, match="the run finished no epoch: start it again without"):
-        check_checkpoints(tmp_path / "none", cfg)
+        check_checkpoints(tmp_path / "none", mesh, 3)
     with pytest.raises(ConfigError) as exc:
-        check_checkpoints(_staged(tmp_path / "done", {0: 3, 1: 3}), cfg)
+        check_checkpoints(_staged(tmp_path / "done", {0: 3, 1: 3}), mesh, 3)
     assert "the run has trained 3 of its 3 epochs already; ask for more with --epochs 4" \
         in _one_line(exc)
+
+
+def test_every_shard_of_every_stage_has_its_checkpoint(tmp_path: Path) -> None:
+    """A tensor-parallel mesh keeps one checkpoint per stage and shard (`stage<s>/shard<t>/`);
+    the check names the part that is missing or behind."""
+    mesh = Mesh.of({"pp": 2, "dp": 1, "tp": 2})
+    assert parts(mesh) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert part_dir(tmp_path, mesh, 1, 0) == tmp_path / "stage1" / "shard0"
+    assert part_dir(tmp_path, Mesh.of({"dp": 2, "tp": 2}), 0, 1) == tmp_path / "shard1"
+    assert part_dir(tmp_path, Mesh.data_parallel(2), 0, 0) == tmp_path
+    for stage, shard in parts(mesh):
+        folder = part_dir(tmp_path, mesh, stage, shard)
+        folder.mkdir(parents=True)
+        save_checkpoint(folder, _progress(1 if (stage, shard) == (1, 1) else 2))
+    with pytest.raises(ConfigError) as exc:
+        check_checkpoints(tmp_path, mesh, 3)
+    assert ("stage checkpoints disagree: stage 0, shard 0 at epoch 2; stage 0, shard 1 at "
+            "epoch 2; stage 1, shard 0 at epoch 2; stage 1, shard 1 at epoch 1") in _one_line(exc)
+    (tmp_path / "stage0" / "shard1" / NAME).unlink()
+    with pytest.raises(ConfigError) as exc:
+        check_checkpoints(tmp_path, mesh, 3)
+    assert f"{tmp_path / 'stage0' / 'shard1' / NAME} is missing" in _one_line(exc)
 
 
 @pytest.mark.parametrize(("content", "reason"), [
@@ -131,7 +155,7 @@ def test_a_cut_off_checkpoint_and_one_that_is_not_a_table(tmp_path: Path) -> Non
         load_checkpoint(tmp_path)
     torch.save({"w": torch.ones(1)}, tmp_path / NAME)
     with pytest.raises(ConfigError, match="has no epoch count"):
-        check_checkpoints(tmp_path, _cfg({"train": {"parallel": "single", "world_size": 1}}))
+        check_checkpoints(tmp_path, Mesh.single(), 3)
 
 
 def test_a_failed_checkpoint_write_leaves_the_last_one_and_no_temporary_file(

@@ -440,7 +440,7 @@ def checked(cfg: Config, run_dir: Path, resume: bool, epoch: int | None) -> int:
 def check_resumed(run_dir: Path, cfg: Config) -> int:
     """The epoch the resumed run's checkpoints were saved after, once they are all there,
     readable and agreeing (`train/resumable.py`) and the folder takes new files."""
-    epoch = check_checkpoints(run_dir, cfg)
+    epoch = check_checkpoints(run_dir, mesh_of(cfg), cfg.train.epochs)
     check_writable(run_dir, "--resume")
     return epoch
 

@@ -1,8 +1,9 @@
 """What `--resume RUN_DIR` checks before it writes anything or starts a worker: the run
 asked for is the run saved (its mode, ranks, mesh, pipeline partition and schedule,
-servers and workers, model), and every stage's checkpoint is there, readable, saved
-after the same epoch and short of the epochs asked for. Each refusal is one line naming
-the saved and the asked value and how to go on (docs/training.md, Resuming)."""
+servers and workers, model), and every part's checkpoint (each stage's, each
+tensor-parallel shard's) is there, readable, saved after the same epoch and short of the
+epochs asked for. Each refusal is one line naming the saved and the asked value and how
+to go on (docs/training.md, Resuming)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from approxdist.errors import ConfigError
 from approxdist.topology import Mesh
 from approxdist.train.checkpoint import NAME, load_checkpoint
 from approxdist.train.mode import mesh_of
-from approxdist.train.resume import disagreement, saved_epoch, stage_dir
+from approxdist.train.resume import disagreement, part_dir, part_name, parts, saved_epoch
 
 #: the keys a resumed run keeps, and what they fix: which ranks hold which checkpoint,
 #: and what is in it
@@ -75,34 +76,35 @@ def check_unchanged(saved: Config, asked: Config, run_dir: Path,
                           f"or start a new run with --out DIR")
 
 
-def check_checkpoints(run_dir: Path, cfg: Config) -> int:
-    """The epoch every stage's checkpoint was saved after (each stage's file there,
-    readable and at the same epoch, short of `train.epochs`); one error line otherwise."""
-    stages = mesh_of(cfg).num_stages
-    epochs: dict[int, int] = {}
+def check_checkpoints(run_dir: Path, mesh: Mesh, epochs_asked: int) -> int:
+    """The epoch the checkpoint of every part of `mesh` (a stage, a tensor-parallel shard)
+    was saved after (each part's file there, readable and at the same epoch, short of
+    `epochs_asked`); one error line otherwise."""
+    epochs: dict[str, int] = {}
     missing: list[str] = []
-    for stage in range(stages):
-        directory = stage_dir(run_dir, stages, stage)
+    for stage, shard in parts(mesh):
+        directory = part_dir(run_dir, mesh, stage, shard)
         if not (directory / NAME).is_file():
             missing.append(str(directory / NAME))
             continue
-        epochs[stage] = saved_epoch(load_checkpoint(directory), directory)
+        epochs[part_name(mesh, stage, shard)] = saved_epoch(load_checkpoint(directory),
+                                                            directory)
     if missing and not epochs:
         raise ConfigError(f"--resume {str(run_dir)!r}: no {NAME} there"
-                          + (f" nor in its stage folders ({', '.join(missing)})"
-                             if stages > 1 else "")
+                          + (f" nor in its stage or shard folders ({', '.join(missing)})"
+                             if len(missing) > 1 else "")
                           + "; the run finished no epoch: start it again without --resume")
     if missing:
         raise ConfigError(f"--resume {str(run_dir)!r}: {', '.join(missing)} is missing while "
-                          f"the other stages' checkpoints are there (epoch "
+                          f"the other checkpoints are there (epoch "
                           f"{max(epochs.values())}); restore it from a copy, or start a new "
                           f"run with --out DIR")
     differ = disagreement(epochs)
     if differ:
         raise ConfigError(f"--resume {str(run_dir)!r}: {differ}")
     epoch = next(iter(epochs.values()))
-    if epoch >= cfg.train.epochs:
+    if epoch >= epochs_asked:
         raise ConfigError(f"--resume {str(run_dir)!r}: the run has trained {epoch} of its "
-                          f"{cfg.train.epochs} epochs already; ask for more with --epochs "
+                          f"{epochs_asked} epochs already; ask for more with --epochs "
                           f"{epoch + 1} or more")
     return epoch

@@ -1,11 +1,12 @@
 """Where checkpoints go and how every rank agrees on resuming from them.
 
-One checkpoint per pipeline stage, written by the stage's first replica (the replicas
-hold the same weights; per-replica state such as error-feedback residuals is gathered
-into it by the engine): `RUN_DIR/checkpoint.pt` when the mesh has one stage (single
-process, data parallel), `RUN_DIR/stage<s>/checkpoint.pt` otherwise. On resume each
-stage's first replica reads its file and hands it to its replicas; first every rank
-learns whether every stage found a readable checkpoint at the same epoch, so a missing or
+One checkpoint per part of the model (a pipeline stage's tensor-parallel shard), written
+by the part's first replica (the replicas hold the same weights; per-replica state such
+as error-feedback residuals is gathered into it by the engine): `RUN_DIR/checkpoint.pt`
+when the mesh has one part (single process, data parallel), else in `stage<s>/` per
+pipeline stage and `shard<t>/` per tensor-parallel shard (both nested). On resume each
+part's first replica reads its file and hands it to its replicas; first every rank
+learns whether every part found a readable checkpoint at the same epoch, so a missing or
 stale file is one error on every rank, never a hang. Saving agrees the same way: when a
 stage's checkpoint (or rank 0's metrics) could not be written, every rank stops with the
 same `AgreedError` after that epoch, and the last good checkpoint stays whole
@@ -22,6 +23,7 @@ from typing import Any
 
 from approxdist.errors import ApproxDistError, ConfigError
 from approxdist.topology.groups import MeshGroups
+from approxdist.topology.mesh import Mesh
 from approxdist.train.checkpoint import NAME, commit, discard, load_checkpoint, write_pending
 
 _PROGRESS = ("epoch", "step", "elapsed_s", "bytes_sent", "history")
@@ -40,7 +42,7 @@ class Progress:
 
 #: what a run writes into its directory besides config.toml (`clear_run_outputs`)
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt", "trace.json")
-_RUN_DIRS = re.compile(r"^(workers|stage\d+)$")
+_RUN_DIRS = re.compile(r"^(workers|stage\d+|shard\d+)$")
 _RANK_TRACES = re.compile(r"^trace\.rank\d+\.json$")
 
 
@@ -67,14 +69,31 @@ class AgreedError(ConfigError):
     can report it once, in one line, instead of as a failed worker."""
 
 
-def stage_dir(run_dir: Path, num_stages: int, stage: int) -> Path:
-    """The directory of stage `stage`'s checkpoint in a mesh of `num_stages` stages."""
-    return run_dir if num_stages == 1 else run_dir / f"stage{stage}"
+def parts(mesh: Mesh) -> list[tuple[int, int]]:
+    """Every part of the model in `mesh` that has its own checkpoint: (stage, shard)."""
+    return [(stage, shard) for stage in range(mesh.num_stages)
+            for shard in range(mesh.extent("tp"))]
+
+
+def part_dir(run_dir: Path, mesh: Mesh, stage: int, shard: int) -> Path:
+    """The directory of part (`stage`, `shard`)'s checkpoint: the run directory, or
+    `stage<s>/` per pipeline stage, `shard<t>/` per tensor-parallel shard (both nested)."""
+    out = run_dir
+    if mesh.num_stages > 1:
+        out = out / f"stage{stage}"
+    if mesh.extent("tp") > 1:
+        out = out / f"shard{shard}"
+    return out
+
+
+def part_name(mesh: Mesh, stage: int, shard: int) -> str:
+    """`"stage 1"`, `"stage 0, shard 1"`: a part, for messages."""
+    return f"stage {stage}" + (f", shard {shard}" if mesh.extent("tp") > 1 else "")
 
 
 def checkpoint_dir(run_dir: Path, groups: MeshGroups) -> Path:
-    """The directory of this rank's stage's checkpoint."""
-    return stage_dir(run_dir, groups.mesh.num_stages, groups.place.stage)
+    """The directory of this rank's part's checkpoint."""
+    return part_dir(run_dir, groups.mesh, groups.place.stage, groups.place.shard)
 
 
 def save_agreed(run_dir: Path, groups: MeshGroups, progress: Progress,
@@ -122,12 +141,13 @@ def saved_epoch(state: dict[str, Any], directory: Path) -> int:
     return epoch
 
 
-def disagreement(epochs: dict[int, int]) -> str:
-    """The message for stage checkpoints saved after different epochs ('' if they agree)."""
+def disagreement(epochs: dict[str, int]) -> str:
+    """The message for parts' checkpoints (by `part_name`, in order) saved after different
+    epochs ('' if they agree)."""
     if len(set(epochs.values())) <= 1:
         return ""
-    return ("stage checkpoints disagree: " + ", ".join(
-        f"stage {s} at epoch {e}" for s, e in sorted(epochs.items()))
+    return ("stage checkpoints disagree: " + "; ".join(
+        f"{part} at epoch {e}" for part, e in epochs.items())
         + "; a stage died while saving: restore the stages' checkpoints from a copy, or "
           "start a new run with --out DIR")
 
@@ -143,9 +163,10 @@ def load_agreed(directory: Path, groups: MeshGroups) -> tuple[Progress, dict[str
             epoch = saved_epoch(state, directory)
         except ApproxDistError as exc:
             problem = str(exc)
-    found = (groups.stage.is_root, groups.place.stage, problem, epoch)
+    part = part_name(groups.mesh, groups.place.stage, groups.place.shard)
+    found = (groups.stage.is_root, part, problem, epoch)
     readers = [f[1:] for f in groups.world.all_gather_object(found) if f[0]]
-    missing = [f"stage {s}: {p}" for s, p, _ in readers if p]
+    missing = [f"{s}: {p}" for s, p, _ in readers if p]
     if missing:
         raise AgreedError("cannot resume: " + "; ".join(dict.fromkeys(missing)))
     differ = disagreement({s: e for s, _, e in readers})
