@@ -83,6 +83,10 @@ def test_bad_files(tmp_path: Path) -> None:
     flat.write_text("lr = 1\n")
     with pytest.raises(ConfigError, match="top-level key 'lr' must be a \\[section\\]"):
         load_config(flat)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b"[model]\nname = 'caf\xe9'\n")
+    with pytest.raises(ConfigError, match=r"latin.toml' is not UTF-8 text \(byte 19\); save it"):
+        load_config(latin)
 
 
 def test_config_is_frozen() -> None:
