@@ -159,7 +159,8 @@ def test_a_dead_shard_is_named(tmp_path: Path) -> None:
     (["--tp", "3", "--model", "mlp"], "tp size 3 does not divide the 32 output features"),
     (["--tp", "2", "--world-size", "3", "--model", "mlp"], "tp.size = 2 does not divide the "
                                                            "world of 3 ranks"),
-    (["--tp", "2", "--model", "mlp", "--tp-plan", "9=colwise"], "9"),
+    (["--tp", "2", "--model", "mlp", "--tp-plan", "9=colwise"],
+     "tp plan names layer '9', which the model does not have"),
     (["--tp", "2", "--model", "mlp", "--tp-plan", "0=diagonal"], "'diagonal'"),
     (["--tp", "2", "--model", "mlp", "--tp-plan", "0=colwise,2"], "'2' is not 'layer.path=style'"),
     (["--tp", "2", "--model", "mlp", "--tp-plan", "/nonexistent/plan"],
@@ -168,6 +169,9 @@ def test_a_dead_shard_is_named(tmp_path: Path) -> None:
     (["--tp", "2", "--model", "mlp", "--stages", "2"], "--stages"),
     (["--tp", "2", "--model", "mlp", "--codec", "adaprec:fp32,bf16"], "AdaPrec on tensor"),
     (["--tp", "2", "--model", "mlp", "--fwd-codec", "nope"], "nope"),
+    (["--tp", "0", "--model", "mlp"], "tp.size = 0 must be >= 1 ranks per layer"),
+    (["--tp", "3", "--model", "gpt-tiny", "--dataset", "stdlib-text"],
+     "tp size 3 does not divide the 4 attention heads of 1.attn; use a tp size among 1, 2, 4"),
 ])
 def test_bad_tensor_input_is_one_line_exit_2(args: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

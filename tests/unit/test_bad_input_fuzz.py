@@ -105,7 +105,8 @@ value = st.one_of(scalar, st.lists(st.integers(-1, 9), max_size=4), st.lists(tex
                   st.dictionaries(st.sampled_from(["hidden", "depth", "x-y", "1a"]), small,
                                   max_size=2))
 SECTIONS = {name: [*keys, "bogus"] for name, keys in to_dict(Config()).items()}
-WIRES = st.dictionaries(st.sampled_from(["grad", "fwd", "bwd", "push", "pull", "mail"]),
+WIRES = st.dictionaries(st.sampled_from(["grad", "fwd", "bwd", "push", "pull", "tp_fwd", "tp_bwd",
+                                          "mail"]),
                         st.dictionaries(st.sampled_from(["codec", "channel", "error_feedback",
                                                          "rules", "times", "x"]), value,
                                         max_size=3), max_size=2)
@@ -238,11 +239,13 @@ SPEC_FLAGS = [("--codec", "dp"), ("--fwd-codec", "pipeline"), ("--bwd-codec", "h
               ("--mesh", "hybrid"), ("--mesh", "dp"), ("--mesh", "ps"), ("--codec-rule", "dp"),
               ("--ps-mode", "ps"), ("--straggler", "dp"), ("--split", "pipeline"),
               ("--replicas", "hybrid"), ("--placement", "pipeline"), ("--algorithm", "dp"),
-              ("--schedule", "pipeline"), ("--calibration", "dp")]
+              ("--schedule", "pipeline"), ("--calibration", "dp"), ("--tp-plan", "tensor"),
+              ("--fwd-codec", "tensor"), ("--bwd-channel", "tensor"), ("--mesh", "tensor"),
+              ("--tp-plan", "pipeline")]
 
 
 @fuzz(400)
-@given(st.sampled_from(["dp", "pipeline", "hybrid", "ps"]),
+@given(st.sampled_from(["dp", "pipeline", "hybrid", "ps", "tensor"]),
        st.lists(st.tuples(st.sampled_from(SPEC_FLAGS), text), min_size=1, max_size=3))
 def test_spec_strings(mode: str, specs: list[tuple[tuple[str, str], str]]) -> None:
     flags = [f"{flag}={spec}" for (flag, _), spec in specs]
