@@ -105,7 +105,8 @@ value = st.one_of(scalar, st.lists(st.integers(-1, 9), max_size=4), st.lists(tex
                   st.dictionaries(st.sampled_from(["hidden", "depth", "x-y", "1a"]), small,
                                   max_size=2))
 SECTIONS = {name: [*keys, "bogus"] for name, keys in to_dict(Config()).items()}
-WIRES = st.dictionaries(st.sampled_from(["grad", "fwd", "bwd", "push", "pull", "mail"]),
+WIRES = st.dictionaries(st.sampled_from(["grad", "fwd", "bwd", "push", "pull", "tp_fwd", "tp_bwd",
+                                          "mail"]),
                         st.dictionaries(st.sampled_from(["codec", "channel", "error_feedback",
                                                          "rules", "times", "x"]), value,
                                         max_size=3), max_size=2)
