@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from approxdist.config import load_config, parse_overrides, to_dict, write_confi
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.train.check import check_parts
+from approxdist.train.mode import modes
 
 
 def test_defaults_are_the_main_job() -> None:
@@ -60,6 +62,14 @@ def test_an_unknown_mode_lists_the_records() -> None:
     with pytest.raises(ConfigError, match=r"unknown parallel mode 'zz'; valid: dp, hybrid, "
                                           r"pipeline, ps, single"):
         check_parts(load_config(None, parse_overrides(["train.parallel=zz"])))
+
+
+def test_a_list_or_table_as_a_name_is_an_unknown_name() -> None:
+    """`parallel = []` in a config file reaches the registry before the type check."""
+    for name in ([], {"a": 1}):
+        with pytest.raises(ConfigError, match=rf"unknown parallel mode {re.escape(repr(name))}; "
+                                              r"valid: dp, "):
+            modes().get(name)  # type: ignore[arg-type]
 
 
 def test_batch_must_divide_world() -> None:
