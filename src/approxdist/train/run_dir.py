@@ -23,7 +23,7 @@ def check_can_make(path: Path, flag: str) -> None:
         above = above.parent
     if not above.is_dir():
         raise ConfigError(f"{flag} {str(path)!r}: {str(above)!r} is a file, not a folder, so "
-                          f"the run directory cannot be made there; pick another folder")
+                          f"the folder cannot be made there; pick another one")
     if not os.access(above, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {str(path)!r}: cannot write into {str(above)!r}; pick a "
                           f"folder you can write, or make that one writable")
