@@ -23,7 +23,7 @@ NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bi
          "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
          "seed002-hybrid",
          "seed003-largebatch",
-         "seed003-ps", "seed004-adaprec", "transformer-wire"]
+         "seed003-ps", "seed003-tp", "seed004-adaprec", "transformer-wire"]
 
 
 def _cli(module: object, argv: list[str]) -> int:

@@ -22,6 +22,7 @@ def _register_all() -> None:
     from approxdist.experiments.seed002_hybrid import PRESET as HYBRID
     from approxdist.experiments.seed003_largebatch import PRESET as LARGEBATCH
     from approxdist.experiments.seed003_ps import PRESET as PS
+    from approxdist.experiments.seed003_tp import PRESET as TP
     from approxdist.experiments.seed004_adaprec import PRESET as ADAPREC
     from approxdist.experiments.transformer_wire import PRESET as TRANSFORMER_WIRE
 
@@ -30,7 +31,7 @@ def _register_all() -> None:
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
     for preset in (TRANSFORMER_WIRE,
-                   LARGEBATCH):
+                   LARGEBATCH, TP):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 

@@ -154,7 +154,7 @@ def render_report(out: Path) -> Path:
 def header(meta: Meta, title: str, seed_ref: str) -> str:
     m, s = meta["machine"], meta["settings"]
     lines = [f"# {meta['experiment']}: {title}", "",
-             f"Reproduces {seed_ref} (`/work/shared/SEEDS.md`). Command: `{meta['command']}` "
+             f"Reproduces {seed_ref} (docs/experiments.md). Command: `{meta['command']}` "
              f"(size `{s['size']}`), {meta['duration_s']:.0f} s on {m['cpus']} CPU cores "
              f"(torch {m['torch']}, GPU: {'yes' if m['cuda'] else 'no'}, load average "
              f"{m['load_avg_1min_at_start']} at start), started {meta['started']}. "
