@@ -33,7 +33,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         try:
             return self._items[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: a list or table given as the name
             raise self.error(unknown_name(self.kind, name, list(self._items))) from None
 
     def names(self) -> list[str]:

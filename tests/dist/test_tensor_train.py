@@ -23,6 +23,7 @@ from approxdist.errors import LaunchError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import build_model
+from approxdist.train.checkpoint import NAME
 from approxdist.train.evaluate import evaluate_run, run_config, whole_state
 from tests.helpers.runs import full_and_resumed, rank_dies, train
 
@@ -159,7 +160,8 @@ def test_a_dead_shard_is_named(tmp_path: Path) -> None:
     (["--tp", "3", "--model", "mlp"], "tp size 3 does not divide the 32 output features"),
     (["--tp", "2", "--world-size", "3", "--model", "mlp"], "tp.size = 2 does not divide the "
                                                            "world of 3 ranks"),
-    (["--tp", "2", "--model", "mlp", "--tp-plan", "9=colwise"], "9"),
+    (["--tp", "2", "--model", "mlp", "--tp-plan", "9=colwise"],
+     "tp plan names layer '9', which the model does not have"),
     (["--tp", "2", "--model", "mlp", "--tp-plan", "0=diagonal"], "'diagonal'"),
     (["--tp", "2", "--model", "mlp", "--tp-plan", "0=colwise,2"], "'2' is not 'layer.path=style'"),
     (["--tp", "2", "--model", "mlp", "--tp-plan", "/nonexistent/plan"],
@@ -177,6 +179,9 @@ def test_a_dead_shard_is_named(tmp_path: Path) -> None:
       "--set", "tp.sequence_parallel=true"],
      "tp size 2 does not divide the sequence length 7 of stdlib-text; use a length it divides "
      "(e.g. --set data.seq_len=8)"),
+    (["--tp", "0", "--model", "mlp"], "tp.size = 0 must be >= 1 ranks per layer"),
+    (["--tp", "3", "--model", "gpt-tiny", "--dataset", "stdlib-text"],
+     "tp size 3 does not divide the 4 attention heads of 1.attn; use a tp size among 1, 2, 4"),
 ])
 def test_bad_tensor_input_is_one_line_exit_2(args: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,3 +214,24 @@ def test_resume_at_another_tp_size_is_one_line_exit_2(tmp_path: Path,
     err = capsys.readouterr().err
     assert "hold the layers split over tp.size = 2 rank(s), not 4; resume with --tp 2" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_resume_checks_every_shards_checkpoint_first(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A tp run keeps one checkpoint per shard; `--resume` finds them before it starts a
+    worker, and a missing one is one line naming it (the run left as it was)."""
+    run = tmp_path / "run"
+    assert main(["train", "--parallel", "tensor", "--tp", "2", "--model", "mlp", "--epochs", "1",
+                 "--out", str(run), *FAST]) == 0
+    assert sorted(p.relative_to(run).as_posix() for p in run.rglob(NAME)) == \
+        [f"shard0/{NAME}", f"shard1/{NAME}"]
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--check"]) == 0
+    assert "check passed" in capsys.readouterr().out
+    (run / "shard1" / NAME).unlink()
+    config = (run / "config.toml").read_bytes()
+    assert main(["train", "--resume", str(run), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'shard1' / NAME} is missing while the other checkpoints are there " \
+           f"(epoch 1)" in err and len(err.strip().splitlines()) == 1, err
+    assert (run / "config.toml").read_bytes() == config

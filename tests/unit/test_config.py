@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from approxdist.config import load_config, parse_overrides, to_dict, write_confi
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.train.check import check_parts
+from approxdist.train.mode import modes
 
 
 def test_defaults_are_the_main_job() -> None:
@@ -62,6 +64,14 @@ def test_an_unknown_mode_lists_the_records() -> None:
         check_parts(load_config(None, parse_overrides(["train.parallel=zz"])))
 
 
+def test_a_list_or_table_as_a_name_is_an_unknown_name() -> None:
+    """`parallel = []` in a config file reaches the registry before the type check."""
+    for name in ([], {"a": 1}):
+        with pytest.raises(ConfigError, match=rf"unknown parallel mode {re.escape(repr(name))}; "
+                                              r"valid: dp, "):
+            modes().get(name)  # type: ignore[arg-type]
+
+
 def test_batch_must_divide_world() -> None:
     with pytest.raises(ConfigError, match=r"data.batch_size \(100\) .* world size \(3\).*try 99 or 102"):
         check_parts(build_config({"train": {"world_size": 3}, "data": {"batch_size": 100}}))
@@ -83,6 +93,10 @@ def test_bad_files(tmp_path: Path) -> None:
     flat.write_text("lr = 1\n")
     with pytest.raises(ConfigError, match="top-level key 'lr' must be a \\[section\\]"):
         load_config(flat)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b"[model]\nname = 'caf\xe9'\n")
+    with pytest.raises(ConfigError, match=r"latin.toml' is not UTF-8 text \(byte 19\); save it"):
+        load_config(latin)
 
 
 def test_config_is_frozen() -> None:

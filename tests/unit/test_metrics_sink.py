@@ -152,3 +152,14 @@ def test_an_unwritable_folder_is_one_error_naming_it(tmp_path: Path,
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         check_log_dir(str(tmp_path / "tb"))
+
+
+def test_a_check_only_sees_that_the_folder_could_be_made(tmp_path: Path) -> None:
+    """`train --check` writes nothing: the folder is not made, a file in the way is one error."""
+    check_log_dir(str(tmp_path / "new" / "tb"), make=False)
+    assert not (tmp_path / "new").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match=r"train.tensorboard = '.*afile/tb': '.*afile' is a "
+                                          r"file, not a folder"):
+        check_log_dir(str(afile / "tb"), make=False)

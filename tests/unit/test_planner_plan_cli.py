@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -247,3 +249,33 @@ def test_a_saved_profile_carries_what_it_measured_into_the_plan(tmp_path: Path) 
     assert main(["plan", "--profile", str(PROFILES / "alexnet.txt"), "--world-size", "2",
                  "--link", "bw=8gbit", "--json", str(plan)]) == 0
     assert read_plan(plan).model_options is None
+
+
+def test_the_printed_next_step_trains_a_profile_that_names_no_data_set(tmp_path: Path,
+                                                                       capsys) -> None:
+    """A profile without a data set of ours (PipeDream's, or one with its data left out)
+    was profiled on samples the default data set does not have: the printed command asks
+    for samples of that shape, and passes `train --check` as printed."""
+    prof, plan = tmp_path / "mlp.json", tmp_path / "plan.json"
+    assert main(["plan", "profile", "--model", "mlp", "--set", "model.hidden=24",
+                 "--dataset", "synthetic", "--set", "data.synthetic_shape=[10]",
+                 "--microbatch-size", "4", "--threads", "1", "--repeat", "1",
+                 "--json", str(prof)]) == 0
+    saved = json.loads(prof.read_text())
+    prof.write_text(json.dumps({k: v for k, v in saved.items() if k != "data"}))
+    capsys.readouterr()
+    assert main(["plan", "--profile", str(prof), "--world-size", "2", "--link", "bw=1gbit",
+                 "--json", str(plan)]) == 0
+    printed = re.search(r"\(run it: (approxdist train [^;]*); the profile names no data set: "
+                        r"these are random samples of the shape it was profiled on\)",
+                        capsys.readouterr().out)
+    assert printed, "no next step printed"
+    command = shlex.split(printed.group(1))
+    assert command[-2:] == ["--set", "data.synthetic_shape=[10]"]
+    assert main([*command[1:], "--check", "--out", str(tmp_path / "run")]) == 0
+    assert "check passed" in capsys.readouterr().out
+    # the data set named by the profile needs no more than the plan
+    prof.write_text(json.dumps(saved))
+    assert main(["plan", "--profile", str(prof), "--world-size", "2", "--link", "bw=1gbit",
+                 "--json", str(plan)]) == 0
+    assert f"(run it: approxdist train --plan {plan})" in capsys.readouterr().out

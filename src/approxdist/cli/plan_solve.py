@@ -26,6 +26,8 @@ from typing import Any
 
 from approxdist.bench.report import Column, render
 from approxdist.cli.plan_profile import add_model_flags, measure, model_config
+from approxdist.config.schema import DataConfig
+from approxdist.data.registry import load_dataset
 from approxdist.errors import ConfigError
 from approxdist.pipeline.profiler import REPEAT
 from approxdist.planner.choice import explain, label, parts_text
@@ -145,8 +147,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra,
                              profile.planned_for), args.json)
-        print(f"plan file: {args.json} (run it: approxdist train --plan {args.json})")
+        print(f"plan file: {args.json} (run it: {next_step(args.json, profile)})")
     return 0
+
+
+def next_step(path: str, profile: Profile) -> str:
+    """The command that trains plan file `path`. A profile that names no data set of ours
+    (PipeDream's) binds none, so the default data set would meet samples of another shape
+    than profiled: the command then asks for random samples of the profiled shape."""
+    run = f"approxdist train --plan {path}"
+    if profile.planned_for is not None or \
+            tuple(profile.input_shape) == load_dataset(DataConfig()).input_shape:
+        return run
+    shape = ",".join(map(str, profile.input_shape))
+    return (f"{run} --dataset synthetic --set 'data.synthetic_shape=[{shape}]'; the profile "
+            f"names no data set: these are random samples of the shape it was profiled on")
 
 
 def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import tomli_w
@@ -22,13 +24,16 @@ else:  # pragma: no cover - exercised only on 3.10
 Sections = dict[str, dict[str, Any]]
 
 
-def _section_types() -> dict[str, type]:
-    return {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
+def _section_types() -> Mapping[str, type]:
+    return _field_types(Config)
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+@functools.cache
+def _field_types(cls: type) -> Mapping[str, Any]:
+    """Each field's type (resolved once per class: `get_type_hints` evaluates every
+    annotation's string anew on each call)."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return MappingProxyType({f.name: hints[f.name] for f in dataclasses.fields(cls)})
 
 
 def _coerce(where: str, value: Any, typ: Any) -> Any:
@@ -103,7 +108,10 @@ def read_toml(path: str | Path) -> Sections:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing TOML file")
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}); "
+                          "save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
     for key, value in data.items():

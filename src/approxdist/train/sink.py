@@ -7,13 +7,16 @@
 
 The trainer writes its step and epoch records here and so do its step hooks (AdaPrec's
 decisions); each output gets every record. Only the main rank has outputs: the others
-get an empty sink.
+get an empty sink. A record an output cannot write (a full disk) does not stop the rank
+alone: the sink keeps the first such problem in `problem`, and the trainer's next
+checkpoint stops every rank with it (`train/resume.py`, `save_agreed`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,14 +43,39 @@ class JsonlOutput:
         self.path = Path(path)
 
     def open(self, start_step: int) -> None:
-        """Nothing to do: every write appends (a resumed run goes on after its records)."""
+        """A resumed run goes on after its records: those the stopped run wrote past its
+        checkpoint (`start_step`), and a line cut off by a full disk, are dropped first, as
+        TensorBoard's purge step hides them (every write then appends)."""
+        if start_step and self.path.is_file():
+            lines = self.path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if _before(line, start_step)]
+            if len(kept) != len(lines):
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                tmp.write_text("".join(kept))
+                os.replace(tmp, self.path)
 
     def write(self, record: Mapping[str, Any]) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            exc.filename = exc.filename or str(self.path)
+            raise
 
     def close(self) -> None:
         """Nothing held open."""
+
+
+def _before(line: str, start_step: int) -> bool:
+    """Whether a metrics line is a whole record of a step up to `start_step`."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(record, dict) or not line.endswith("\n"):
+        return False
+    step = record.get("step")
+    return not (isinstance(step, int) and step > start_step)
 
 
 class MetricsSink:
@@ -55,6 +83,8 @@ class MetricsSink:
 
     def __init__(self, outputs: Sequence[MetricsOutput] = ()) -> None:
         self.outputs = list(outputs)
+        #: the first write that failed, e.g. "cannot append to RUN/metrics.jsonl (...)"
+        self.problem = ""
 
     def open(self, start_step: int) -> None:
         for out in self.outputs:
@@ -62,7 +92,12 @@ class MetricsSink:
 
     def write(self, record: Mapping[str, Any]) -> None:
         for out in self.outputs:
-            out.write(record)
+            try:
+                out.write(record)
+            except OSError as exc:
+                where = f" {exc.filename}" if exc.filename else ""
+                self.problem = self.problem or (f"cannot write the metrics{where} "
+                                                f"({exc.strerror or exc})")
 
     def close(self) -> None:
         """Close every output, each even when another one's close raises."""

@@ -33,6 +33,7 @@ from typing import Any
 
 from approxdist.comm.codecs import get_codec
 from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.train.run_dir import check_can_make
 
 #: step record key -> tag
 STEP_TAGS = {"loss": "train/loss", "lr": "train/lr"}
@@ -158,11 +159,15 @@ def summary_writer() -> Any:
     return SummaryWriter
 
 
-def check_log_dir(value: str) -> None:
+def check_log_dir(value: str, make: bool = True) -> None:
     """`train.tensorboard = value` is usable: TensorBoard is installed and the folder can be
-    made and written (it is made here); else one line naming the value and a fix."""
+    made and written (it is made here, unless `make` is false: `train --check` writes
+    nothing); else one line naming the value and a fix."""
     summary_writer()
     path = Path(value)
+    if not make:
+        check_can_make(path, "train.tensorboard =")
+        return
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

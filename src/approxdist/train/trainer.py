@@ -42,7 +42,7 @@ from approxdist.train.engine import Engine, StepOutcome
 from approxdist.train.epoch import EpochTally, bytes_delta, gather_epoch, step_losses
 from approxdist.train.mode import mode_of
 from approxdist.train.optim import BatchGrowth, LRRule, noise_scale, set_lr
-from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_progress
+from approxdist.train.resume import Progress, checkpoint_dir, load_agreed, save_agreed
 from approxdist.train.sink import MetricsSink
 from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
@@ -306,10 +306,11 @@ class Trainer:
 
     def save(self) -> None:
         """This stage's checkpoint, written by its first replica (every rank calls it: the
-        engine's state may be gathered over the replicas)."""
+        engine's state may be gathered over the replicas; every rank learns whether every
+        stage and the metrics were written, and all stop together if not)."""
         state = self.engine.state_dict()
-        if self.groups.stage.is_root:
-            save_progress(self.checkpoint_dir, self.progress, state)
+        save_agreed(self.run_dir, self.groups, self.progress,
+                    state if self.groups.stage.is_root else None, self.sink.problem)
 
     def resume(self) -> None:
         """Continue from the run directory's checkpoints (a collective; every rank raises

@@ -1,7 +1,10 @@
 """What each worker process runs: join the group, agree on the run directory, train.
 
 With `train.trace` every rank records its timeline (`approxdist.trace`) and rank 0
-writes the merged `trace.json` into the run directory after training.
+writes the merged `trace.json` into the run directory after training. An error every rank
+raised together (`AgreedError`: a checkpoint that could not be written or read) is
+returned, not raised, so the launcher reports it once instead of as a failed worker; a
+resumed run's rank 0 writes its `config.toml` once its checkpoints are loaded.
 """
 
 from __future__ import annotations
@@ -14,17 +17,20 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 import torch
 import torch.distributed as dist
 
-from approxdist.config.loader import build_config
+from approxdist.config.loader import build_config, read_toml, to_dict
 from approxdist.config.schema import Config
+from approxdist.errors import ApproxDistError
 from approxdist.launch.affinity import RANKS_PER_MACHINE_ENV, bind_rank
 from approxdist.launch.context import DistContext, init_from_env, shutdown
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.trace import Recorder, finish_trace, open_recorder, save_rank_trace
 from approxdist.train.build import build_trainer
 from approxdist.train.mode import mesh_of
+from approxdist.train.resume import AgreedError
 
 
 def set_threads(ctx: DistContext, requested: int) -> None:
@@ -81,8 +87,9 @@ def record_worker(run_dir: Path, ctx: DistContext) -> None:
 
 
 def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
-               board: str = "") -> dict[str, Any]:
-    """The entry point of every rank; returns rank 0's summary (others return theirs).
+               board: str = "") -> dict[str, Any] | AgreedError:
+    """The entry point of every rank; returns rank 0's summary (others return theirs), or
+    the `AgreedError` every rank stopped with (the caller raises it).
     `board`: where the tolerant launcher posts lost ranks (`launch/tolerant.py`)."""
     cfg = build_config(cfg_sections)
     ctx = dataclasses.replace(init_from_env(cfg.train.device, cfg.train.timeout_s), board=board)
@@ -94,6 +101,8 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
         return train_rank(cfg, ctx, path, resume)
+    except AgreedError as exc:
+        return exc
     finally:
         shutdown(ctx)
 
@@ -115,10 +124,26 @@ def train_traced(cfg: Config, ctx: DistContext, path: Path, resume: bool,
     collective: the other ranks may be gone) and lets the error propagate.
     """
     try:
-        summary = build_trainer(cfg, ctx, path, resume, rec).run()
+        trainer = build_trainer(cfg, ctx, path, resume, rec)
+        if resume and ctx.is_main:
+            keep_config(cfg, path)
+        summary = trainer.run()
     except BaseException:
         with contextlib.suppress(Exception):  # never hide the training error
             save_rank_trace(rec, path)
         raise
     finish_trace(rec, ctx, path)
     return summary
+
+
+def keep_config(cfg: Config, run_dir: Path) -> None:
+    """A resumed run's `config.toml`, written once its checkpoints are loaded and only when
+    this run changed it (e.g. more --epochs); atomically, so a failed write keeps the old."""
+    path = run_dir / "config.toml"
+    sections = to_dict(cfg)
+    with contextlib.suppress(ApproxDistError):
+        if read_toml(path) == sections:
+            return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomli_w.dumps(sections))
+    os.replace(tmp, path)

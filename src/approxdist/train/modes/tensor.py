@@ -31,9 +31,10 @@ def _implied(sections: Sections) -> Sections:
     sections = implied_by_mesh(sections, lambda mesh: {
         "train": {"world_size": mesh.world_size}, "tp": {"size": mesh.extent("tp")}})
     tp = sections.setdefault("tp", {})
-    tp.setdefault("size", DEFAULT_TP)
-    sections.setdefault("train", {}).setdefault("world_size", tp["size"])
-    return sections
+    size = tp.setdefault("size", DEFAULT_TP)
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        sections.setdefault("train", {}).setdefault("world_size", size)
+    return sections  # a bad size is refused as tp.size (--tp 0), not as a world of 0
 
 
 def _check(cfg: Config) -> None:
