@@ -114,8 +114,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_plan(plan_dict(profile, ranked[0], cluster.to_json(), args.objective, extra,
                              profile.planned_for), args.json)
-        print(f"plan file: {args.json} (run it: approxdist train --plan {args.json})")
+        print(next_step(profile, str(args.json)))
     return 0
+
+
+def next_step(profile: Profile, path: str) -> str:
+    """The line after the table: how to run the plan file at `path`, where it can run.
+
+    A profile from `approxdist plan profile` names the model's options and data set, so
+    the plan trains as it is; one that names neither (PipeDream's graph.txt, a hand-written
+    file) describes a model approxdist may not build, on samples no data set may have."""
+    if profile.planned_for is not None:
+        return f"plan file: {path} (run it: approxdist train --plan {path})"
+    return (f"plan file: {path} (for the profiled model only: the profile names no data "
+            f"set, so `approxdist train --plan {path}` runs only with a data set of "
+            f"{list(profile.input_shape)} samples (--dataset) and a model {profile.model!r} "
+            f"whose blocks are the profile's {len(profile.blocks)}; to plan a run approxdist "
+            f"can train, plan from a profile measured by `approxdist plan profile`, "
+            f"docs/planner.md)")
 
 
 def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:
