@@ -393,3 +393,18 @@ def test_seed003_ps_verdicts_follow_the_measurements() -> None:
     assert "7.5 s is at least the 6.2 s its straggler sleeps" in nb[2]
     assert rows["SSP never lets a worker run more than s = 2 steps ahead of the slowest (Ho et "
                 "al. 2013)"][1] is False
+
+
+def test_the_run_times_table_of_the_docs_lists_every_preset_as_registered() -> None:
+    """docs/experiments.md "Run times": one row per preset with its `run_time` texts, and
+    the sums `experiment list` prints."""
+    page = (Path(__file__).parents[2] / "docs" / "experiments.md").read_text()
+    table = page.split("## Run times", 1)[1].split("\n## ", 1)[0]
+    rows = {cells[0].strip("|` "): cells[1:3] for line in table.splitlines()
+            if line.startswith("| ") and len(cells := line.split(" | ")) >= 4}
+    for name in NAMES:
+        run_time = get_preset(name).run_time
+        assert rows.get(name) == [run_time["quick"], run_time["full"]], name
+    quick = sum(expected_s(get_preset(n).run_time["quick"]) for n in NAMES) / 60
+    full = sum(expected_s(get_preset(n).run_time["full"]) for n in NAMES) / 60
+    assert rows["all"] == [f"~{quick:.0f} min", f"~{full:.0f} min"]
