@@ -61,22 +61,21 @@ def test_a_plan_for_a_profile_only_model_says_what_it_needs(tmp_path: Path,
     assert "[3, 224, 224]" in capsys.readouterr().err
 
 
+def _analyze_traced(tmp_path: Path, capsys: pytest.CaptureFixture[str], algorithm: str) -> str:
+    """What `approxdist analyze` prints for a traced 2-rank data-parallel run."""
+    run = tmp_path / algorithm
+    assert main(["train", *DIGITS_MLP, "--algorithm", algorithm, "--trace", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--no-png"]) == 0
+    return capsys.readouterr().out
+
+
 def test_analyze_names_the_flag_that_traces_the_all_reduce(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]
                                                             ) -> None:
-    native = tmp_path / "native"
-    assert main(["train", *DIGITS_MLP, "--algorithm", "native", "--trace",
-                 "--out", str(native)]) == 0
-    capsys.readouterr()
-    assert main(["analyze", str(native), "--no-png"]) == 0
-    out = capsys.readouterr().out
+    out = _analyze_traced(tmp_path, capsys, "native")
     assert ("per link: no transfer events: the gradients' all-reduce ran inside "
             "torch.distributed (`native`, --algorithm native)") in out
     assert "train again with --algorithm ring" in out and "rec.transfer_hook" not in out
-    ring = tmp_path / "ring"
-    assert main(["train", *DIGITS_MLP, "--algorithm", "ring", "--trace",
-                 "--out", str(ring)]) == 0
-    capsys.readouterr()
-    assert main(["analyze", str(ring), "--no-png"]) == 0
-    out = capsys.readouterr().out
+    out = _analyze_traced(tmp_path, capsys, "ring")  # the flag it names
     assert "per link and direction" in out and "no transfer events" not in out

@@ -408,3 +408,9 @@ def test_the_run_times_table_of_the_docs_lists_every_preset_as_registered() -> N
     quick = sum(expected_s(get_preset(n).run_time["quick"]) for n in NAMES) / 60
     full = sum(expected_s(get_preset(n).run_time["full"]) for n in NAMES) / 60
     assert rows["all"] == [f"~{quick:.0f} min", f"~{full:.0f} min"]
+
+
+def test_the_readme_layout_names_every_preset() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1]
+    assert [name for name in NAMES if name not in layout] == []
