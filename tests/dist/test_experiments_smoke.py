@@ -15,6 +15,7 @@ import pytest
 from approxdist.cli import report_cmd
 from approxdist.experiments import Settings, get_preset, run_experiment
 from approxdist.experiments.csvio import read_csv
+from approxdist.experiments.studies import get_study
 
 MULTI_RANK = ["seed000-bits", "seed000-ber", "seed000-bandwidth", "seed001-allreduce",
               "seed001-scaling", "seed002-hybrid", "seed002-async", "seed003-ps",
@@ -41,6 +42,8 @@ def test_smoke_run_writes_csvs_plots_and_report(name: str, tmp_path: Path) -> No
     assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
     text = report.read_text()
     assert text.startswith(f"# {name}: ") and "## Trends of the seed" in text
+    study = get_study(preset.study)  # the report names its study and links its description
+    assert f"Reproduces {preset.reproduces} of {study.cite()}" in text and study.link in text
     for png in pngs:
         assert f"]({png.name})" in text
         png.unlink()

@@ -1,7 +1,7 @@
 """Where the PipeDream graph.txt profiles live, for the planner's tests.
 
-A copy of DESIGN.md's `data/pipedream-profiles` (msr-fiddle/pipedream, MIT licence; see
-the README beside them) is kept in `tests/data/pipedream-profiles` so the published
+PipeDream's published profiles (msr-fiddle/pipedream, MIT licence; see the README beside
+them) are kept in `tests/data/pipedream-profiles` so the published
 figures are checked on every clean clone. APPROXDIST_PIPEDREAM_PROFILES points at
 another copy.
 """

@@ -13,10 +13,12 @@ from approxdist.cli import experiment_cmd, report_cmd
 from approxdist.comm.codecs import get_codec
 from approxdist.errors import ConfigError, DataError
 from approxdist.experiments import Settings, get_preset, preset_names, render_report, run_experiment
+from approxdist.experiments.base import expected_s
 from approxdist.experiments.csvio import read_csv, spread, write_csv
 from approxdist.experiments.runner import LOCK_FILE, exclusive
 from approxdist.experiments.seed000_histogram import COVER_COLUMNS, HIST_COLUMNS, representable
 from approxdist.experiments.seed001_scaling import speedup
+from approxdist.experiments.studies import STUDIES, get_study
 from approxdist.experiments.task import task_for
 
 NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
@@ -37,8 +39,29 @@ def test_registry_lists_the_presets() -> None:
     assert preset_names() == NAMES
     for name in NAMES:
         preset = get_preset(name)
-        assert preset.name == name and preset.csv_columns and "seed 00" in preset.seed_ref
+        assert preset.name == name and preset.csv_columns and preset.reproduces
+        assert get_study(preset.study).link == f"docs/studies.md#{preset.study}"
         assert set(preset.run_time) == {"quick", "full"}
+
+
+def test_every_study_has_its_section_in_the_docs() -> None:
+    page = " ".join((Path(__file__).parents[2] / "docs" / "studies.md").read_text().split())
+    for key, study in STUDIES.items():
+        assert f'<a id="{key}"></a>' in page, key
+        assert study.title in page and study.number in page
+    with pytest.raises(ConfigError, match="unknown study 'seed9'; valid: seed000, seed001"):
+        get_study("seed9")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("~20 s (4 epochs, one process)", 20.0), ("~1.5 min (5 runs)", 90.0), ("~2 h", 7200.0)])
+def test_expected_time_is_the_duration_a_run_time_starts_with(text: str, seconds: float) -> None:
+    assert expected_s(text) == seconds
+
+
+def test_a_run_time_without_a_duration_is_refused() -> None:
+    with pytest.raises(ConfigError, match="run time 'a while' must start with a duration"):
+        expected_s("a while")
 
 
 def test_unknown_preset_lists_the_valid_ones(tmp_path: Path) -> None:
@@ -53,6 +76,11 @@ def test_cli_list_and_missing_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert _cli(experiment_cmd, ["experiment", "list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in NAMES) and "quick" in out
+    presets = [get_preset(name) for name in NAMES]
+    quick = sum(expected_s(p.run_time["quick"]) for p in presets) / 60
+    full = sum(expected_s(p.run_time["full"]) for p in presets) / 60
+    assert out.strip().splitlines()[-1].startswith(
+        f"all                  quick ~{quick:.0f} min, full ~{full:.0f} min")
     with pytest.raises(ConfigError, match="needs --out DIR"):
         _cli(experiment_cmd, ["experiment", "seed000-bits", "--quick"])
 
@@ -365,3 +393,24 @@ def test_seed003_ps_verdicts_follow_the_measurements() -> None:
     assert "7.5 s is at least the 6.2 s its straggler sleeps" in nb[2]
     assert rows["SSP never lets a worker run more than s = 2 steps ahead of the slowest (Ho et "
                 "al. 2013)"][1] is False
+
+
+def test_the_run_times_table_of_the_docs_lists_every_preset_as_registered() -> None:
+    """docs/experiments.md "Run times": one row per preset with its `run_time` texts, and
+    the sums `experiment list` prints."""
+    page = (Path(__file__).parents[2] / "docs" / "experiments.md").read_text()
+    table = page.split("## Run times", 1)[1].split("\n## ", 1)[0]
+    rows = {cells[0].strip("|` "): cells[1:3] for line in table.splitlines()
+            if line.startswith("| ") and len(cells := line.split(" | ")) >= 4}
+    for name in NAMES:
+        run_time = get_preset(name).run_time
+        assert rows.get(name) == [run_time["quick"], run_time["full"]], name
+    quick = sum(expected_s(get_preset(n).run_time["quick"]) for n in NAMES) / 60
+    full = sum(expected_s(get_preset(n).run_time["full"]) for n in NAMES) / 60
+    assert rows["all"] == [f"~{quick:.0f} min", f"~{full:.0f} min"]
+
+
+def test_the_readme_layout_names_every_preset() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1]
+    assert [name for name in NAMES if name not in layout] == []

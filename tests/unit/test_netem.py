@@ -1,4 +1,4 @@
-"""Link spec parsing and the pure timing math of emulated links (DESIGN.md "Link spec")."""
+"""Link spec parsing and the pure timing math of emulated links (docs/links.md)."""
 
 from __future__ import annotations
 

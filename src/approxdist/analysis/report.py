@@ -27,18 +27,23 @@ class RunInfo:
     epoch: dict[str, Any] = field(default_factory=dict)
     clocks: dict[str, Any] = field(default_factory=dict)
     replicated: bool = False  # some stage runs on several ranks (hybrid)
+    #: `train.parallel` and `dp.algorithm` of the run's config.toml ("" when unknown)
+    parallel: str = ""
+    algorithm: str = ""
 
     @staticmethod
     def load(run_dir: str | Path, trace: dict[str, Any]) -> RunInfo:
         run_dir = Path(run_dir)
         stages = microbatches = None
-        schedule = ""
+        schedule = parallel = algorithm = ""
         if (run_dir / "config.toml").is_file():
             from approxdist.config.loader import read_toml
 
             cfg = read_toml(run_dir / "config.toml")
             pipe = cfg.get("pipeline", {})
-            if cfg.get("train", {}).get("parallel") == "pipeline":
+            parallel = str(cfg.get("train", {}).get("parallel", ""))
+            algorithm = str(cfg.get("dp", {}).get("algorithm", ""))
+            if parallel == "pipeline":
                 stages, microbatches = pipe.get("stages"), pipe.get("microbatches")
                 schedule = str(pipe.get("schedule", ""))
         ranks = trace.get("otherData", {}).get("ranks", {})
@@ -51,7 +56,7 @@ class RunInfo:
         clocks = {r: info.get("clock", {}) for r, info in ranks.items()}
         replicated = max(recorded.get("replicas", [1]) or [1]) > 1
         return RunInfo(stages, microbatches, schedule, epochs[-1] if epochs else {}, clocks,
-                       replicated)
+                       replicated, parallel, algorithm)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -71,9 +76,23 @@ def _rank_table(ranks: list[RankFigures]) -> list[str]:
     return lines
 
 
-def _link_table(analysis: Analysis) -> list[str]:
+def no_links(info: RunInfo) -> str:
+    """Why a trace holds no transfer events, and what a user can run to see them."""
+    if info.parallel in ("dp", "hybrid"):
+        chose = f"--algorithm {info.algorithm}" if info.algorithm not in ("", "auto") else \
+            "which --algorithm auto chose for these sizes"
+        return (f"per link: no transfer events: the gradients' all-reduce ran inside "
+                f"torch.distributed (`native`, {chose}), where the trace cannot see each "
+                f"transfer; to see them, train again with --algorithm ring (or brd, vhd, brb; "
+                f"docs/collectives.md)")
+    if info.parallel == "single":
+        return "per link: no transfer events: a single process sends nothing"
+    return "per link: no transfer events in this trace"
+
+
+def _link_table(analysis: Analysis, info: RunInfo) -> list[str]:
     if not analysis.links:
-        return ["per link: no transfer events (install rec.transfer_hook() on the Link)"]
+        return [no_links(info)]
     lines = ["per link and direction (transfer time = union of in-flight intervals)",
              f"{'link':>6} {'messages':>8} {'bytes':>12} {'time ms':>9} {'MB/s':>9} {'matched':>7}"]
     for k in analysis.links:
@@ -151,7 +170,7 @@ def format_report(analysis: Analysis, info: RunInfo, title: str) -> str:
     methods = sorted({str(c.get("method", "?")) for c in info.clocks.values()})
     head = (f"{title}: {len(analysis.ranks)} ranks; clock {', '.join(methods) or 'unknown'}"
             f" (alignment error <= {max(bounds, default=0.0):.1f} us)")
-    parts = [[head], _rank_table(analysis.ranks), _link_table(analysis), _slowest(analysis),
+    parts = [[head], _rank_table(analysis.ranks), _link_table(analysis, info), _slowest(analysis),
              _bubble(analysis, info), _metrics(info)]
     return "\n\n".join("\n".join(p) for p in parts if p)
 

@@ -19,7 +19,9 @@ from typing import Any
 
 from approxdist.errors import ConfigError
 from approxdist.experiments import Settings, get_preset, preset_names, run_experiment
+from approxdist.experiments.base import expected_s
 from approxdist.experiments.runner import mismatch
+from approxdist.experiments.studies import get_study
 
 ALL = "all"
 
@@ -31,7 +33,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="output directory (required unless NAME is list)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
-                      help="CI-size runs: all presets together in under 10 minutes on 2 cores")
+                      help="CI-size runs (one seed, few epochs); `experiment list` gives each "
+                           "preset's expected time on 2 cores, and their sum")
     size.add_argument("--smoke", action="store_true",
                       help="tiny runs on the digits that only check the machinery (tests)")
     p.add_argument("--data-dir", default="",
@@ -49,11 +52,17 @@ def register(sub: Any) -> None:
 
 
 def list_presets() -> str:
-    lines = []
+    """One entry per preset with its study and expected times, then the sum per size."""
+    lines, totals = [], {"quick": 0.0, "full": 0.0}
     for name in preset_names():
         preset = get_preset(name)
         times = ", ".join(f"{k} {v}" for k, v in preset.run_time.items())
-        lines.append(f"{name:<20} {preset.summary}\n{'':<20} ({preset.seed_ref}; {times})")
+        lines.append(f"{name:<20} {preset.summary}\n{'':<20} ({get_study(preset.study).number}, "
+                     f"{preset.reproduces}; {times})")
+        for size in totals:
+            totals[size] += expected_s(preset.run_time[size])
+    lines.append(f"{'all':<20} quick ~{totals['quick'] / 60:.0f} min, full ~"
+                 f"{totals['full'] / 60:.0f} min (the sums of the estimates above, on 2 cores)")
     return "\n".join(lines)
 
 

@@ -1,14 +1,16 @@
 """What an experiment preset is: settings of one invocation, and the preset's two halves.
 
-A preset reproduces one study of the seed documents (`/work/shared/SEEDS.md`). Its
-`collect` half executes the runs (training runs or benchmark calls) and writes CSV
-files with documented columns into the output directory; its `render` half reads only
-those CSVs (and `experiment.json`) and writes PNG plots plus the Markdown body of the
-report, so `approxdist report DIR` can regenerate everything without re-running.
+A preset reproduces a table or figure of one of five studies (`experiments.studies`,
+described in docs/studies.md). Its `collect` half executes the runs (training runs or
+benchmark calls) and writes CSV files with documented columns into the output directory;
+its `render` half reads only those CSVs (and `experiment.json`) and writes PNG plots plus
+the Markdown body of the report, so `approxdist report DIR` can regenerate everything
+without re-running.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,21 +66,13 @@ class Settings:
 
 
 @dataclass(frozen=True)
-class Figure:
-    """One number or claim of the seed, quoted from SEEDS.md, for the side-by-side tables."""
-
-    what: str
-    seed: str
-    source: str
-
-
-@dataclass(frozen=True)
 class Preset:
     """A named experiment: how to run it, how to report it, what its CSVs hold."""
 
     name: str
     title: str
-    seed_ref: str  # e.g. "seed 000, Figs. 3-4"
+    study: str  # the key of its study in `experiments.studies`, e.g. "seed000"
+    reproduces: str  # what of the study, e.g. "section 4.3, Figs. 3-4"
     summary: str  # one line for `experiment list`
     csv_columns: dict[str, tuple[str, ...]]  # file name -> documented columns
     collect: Callable[[Settings], Meta]  # runs; writes the CSVs into settings.out
@@ -92,6 +86,15 @@ class Preset:
     #: whether it takes `--link SPEC`, one link for all its measurements (presets that
     #: vary the rate themselves take none); under the kernel shaper it needs one
     takes_link: bool = False
+
+
+def expected_s(run_time: str) -> float:
+    """The seconds a `run_time` text starts with: "~1.5 min (...)" -> 90.0, "~20 s" -> 20.0."""
+    match = re.match(r"~?\s*(\d+(?:\.\d+)?)\s*(s|min|h)\b", run_time)
+    if match is None:
+        raise ConfigError(f"run time {run_time!r} must start with a duration, e.g. '~2 min' "
+                          f"or '~20 s'")
+    return float(match[1]) * {"s": 1, "min": 60, "h": 3600}[match[2]]
 
 
 def cores_of(meta: Meta) -> int:

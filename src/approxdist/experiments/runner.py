@@ -25,6 +25,7 @@ from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import read_csv
 from approxdist.experiments.registry import get_preset, preset_names
 from approxdist.experiments.shaping import check_shaper
+from approxdist.experiments.studies import get_study
 
 META_FILE = "experiment.json"
 REPORT_FILE = "report.md"
@@ -147,14 +148,17 @@ def render_report(out: Path) -> Path:
         read_csv(out / name, columns)  # fails early, naming a missing file or column
     body = preset.render(out, meta)
     path = out / REPORT_FILE
-    path.write_text(header(meta, preset.title, preset.seed_ref) + "\n\n" + body + "\n")
+    path.write_text(header(meta, preset) + "\n\n" + body + "\n")
     return path
 
 
-def header(meta: Meta, title: str, seed_ref: str) -> str:
+def header(meta: Meta, preset: Preset) -> str:
     m, s = meta["machine"], meta["settings"]
-    lines = [f"# {meta['experiment']}: {title}", "",
-             f"Reproduces {seed_ref} (docs/experiments.md). Command: `{meta['command']}` "
+    study = get_study(preset.study)
+    lines = [f"# {meta['experiment']}: {preset.title}", "",
+             f"Reproduces {preset.reproduces} of {study.cite()}; the study is described in "
+             f"approxdist's {study.link}.", "",
+             f"Command: `{meta['command']}` "
              f"(size `{s['size']}`), {meta['duration_s']:.0f} s on {m['cpus']} CPU cores "
              f"(torch {m['torch']}, GPU: {'yes' if m['cuda'] else 'no'}, load average "
              f"{m['load_avg_1min_at_start']} at start), started {meta['started']}. "

@@ -256,7 +256,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Time per epoch vs link bandwidth (Table 1)",
-    seed_ref="seed 000, section 4.5, Table 1",
+    study="seed000", reproduces="section 4.5, Table 1",
     summary="time per epoch and per-step compute/transfer vs emulated link bandwidth",
     csv_columns={"bandwidth.csv": COLUMNS}, collect=collect, render=render,
     shapers=("inproc", "kernel"),

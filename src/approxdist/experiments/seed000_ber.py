@@ -172,7 +172,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Accuracy vs protected top bits under bit errors (Fig. 2)",
-    seed_ref="seed 000, section 4.2, Fig. 2",
+    study="seed000", reproduces="section 4.2, Fig. 2",
     summary="accuracy vs protected top bits of fp32 activations at bit-error rates 1e-5, 1e-4",
     csv_columns={"ber.csv": COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~1.5 min (5 runs x 4 epochs, rate 1e-5, 1 seed)",

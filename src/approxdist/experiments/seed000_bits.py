@@ -201,7 +201,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Accuracy of seed 000's bit-field wire formats (Figs. 3-4)",
-    seed_ref="seed 000, section 4.3, Figs. 3-4",
+    study="seed000", reproduces="section 4.3, Figs. 3-4",
     summary="train/test accuracy per epoch: fp32, the six bit-field schemes, bits:auto4",
     csv_columns={"curves.csv": COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~2.5 min (8 runs x 4 epochs, 1 seed)",

@@ -241,7 +241,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Exponent histogram of the transferred activations (Fig. 5)",
-    seed_ref="seed 000, section 4.4, Fig. 5",
+    study="seed000", reproduces="section 4.4, Fig. 5",
     summary="8-bit exponent histogram of the values crossing the cut; scheme coverage",
     csv_columns={"histogram.csv": HIST_COLUMNS, "coverage.csv": COVER_COLUMNS},
     collect=collect, render=render,

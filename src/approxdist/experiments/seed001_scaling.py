@@ -279,7 +279,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Data-parallel speed-up s(N,b) (seed 001, eq. 1)",
-    seed_ref="seed 001, section 5.2.1 and 6.1, eq. (1), Fig. 6",
+    study="seed001", reproduces="sections 5.2.1 and 6.1, eq. (1), Fig. 6",
     summary="measured speed-up s(N,b) for N = 1, 2, 4 and two per-node batch sizes",
     csv_columns={"scaling.csv": COLUMNS}, collect=collect, render=render,
     run_time={"quick": "~1 min (b = 32, 8)", "full": "~1.5 min (b = 64, 16; 10 steps)"})

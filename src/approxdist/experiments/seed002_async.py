@@ -281,7 +281,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Asynchronous pipeline schedules: PipeDream, 2BW vs GPipe and 1F1B",
-    seed_ref="seed 002, related schedules (PipeDream, PipeDream-2BW, GPipe)",
+    study="seed002", reproduces="section 7, the related schedules (PipeDream, PipeDream-2BW, GPipe)",
     summary="samples/s, accuracy at the same epochs, time to accuracy and weight memory of "
             "GPipe, 1F1B-flush, PipeDream and 2BW",
     csv_columns={"async.csv": COLUMNS}, collect=collect, render=render,

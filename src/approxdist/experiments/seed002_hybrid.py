@@ -326,7 +326,7 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Bottlenecks of hybrid pipeline x data-parallel training (PipeDream)",
-    seed_ref="seed 002, timeline analysis and Table 4 (impl-SA / impl-SRA)",
+    study="seed002", reproduces="section 4.2's timeline analysis and Table 4 (impl-SA / impl-SRA)",
     summary="time per step and its split over phases for DP, a 4-stage pipeline, 3+1 and 2x2 "
             "hybrids, with each communication-thread strategy",
     csv_columns={"hybrid.csv": COLUMNS}, collect=collect, render=render,

@@ -232,7 +232,7 @@ def _setup_text(setup: dict[str, Any]) -> str:
 
 PRESET = Preset(
     name=NAME, title="Large batches: linear scaling with warm-up, batch growth vs rate decay",
-    seed_ref="seed 003, the large-batch problem (Goyal et al. 2017; Smith et al. 2018)",
+    study="seed003", reproduces="the large-batch problem (Goyal et al. 2017; Smith et al. 2018)",
     summary="accuracy and time to accuracy vs global batch, unscaled and with linear scaling "
             "+ warm-up; step decay vs batch growth with their noise scale",
     csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render,

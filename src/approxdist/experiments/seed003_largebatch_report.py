@@ -315,7 +315,7 @@ def finals_table(rows: list[Row]) -> str:
                      f"time to {md.pct(goal)} (s)"), body)
 
 
-#: the seed's and the papers' figures, beside ours in the report (SEEDS.md and the papers)
+#: the seed's and the papers' figures, beside ours in the report (docs/studies.md#seed003)
 PAPERS: tuple[tuple[str, str, str], ...] = (
     ("accuracy vs global batch", "ImageNet, ResNet-50: accuracy drops as the total batch "
      "grows; Facebook kept it up to 8K on 256 GPUs, PFN up to 32K on 1024 GPUs",

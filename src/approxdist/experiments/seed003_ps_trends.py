@@ -1,5 +1,6 @@
-"""The checked claims of `seed003-ps`: seed 003's trends and issue 16's figures, each with a
-comment computed from the run's own CSVs (or a hypothesis stating what would test it)."""
+"""The checked claims of `seed003-ps`: seed 003's trends and our targets that quantify
+them, each with a comment computed from the run's own CSVs (or a hypothesis stating what
+would test it)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def _sleep_share(runs: list[Row], mode: str) -> str:
 
 
 def _backup(runs: list[Row], meta: Meta) -> list[md.Trend]:
-    """Issue 16: N+b with b = 1 cuts sync PS's time by >= 50 % within 1 point."""
+    """Our target: N+b with b = 1 cuts sync PS's time by >= 50 % within 1 point."""
     nb, sync = select(runs, setting="persistent", mode="backup"), \
         select(runs, setting="persistent", mode="sync")
     if not nb or not sync:
@@ -101,13 +102,13 @@ def _backup(runs: list[Row], meta: Meta) -> list[md.Trend]:
                    f"running every step: it ran fewer steps than the others")
     return [(f"N+b (b = 1), {meta['workers']} workers, persistent {meta['delay_ms']} ms "
              f"straggler: time to the same epochs >= {NB_CUT:.0%} below sync PS, final "
-             f"accuracy within {100 * NB_POINTS:.0f} point (issue 16)",
+             f"accuracy within {100 * NB_POINTS:.0f} point (our target)",
              f"{t_nb:.1f} s vs {t_sync:.1f} s: {md.pct(cut)} cut; {md.pct(a['mean'])} vs "
              f"{md.pct(s['mean'])}: {md.points(diff)}", ok, md.join(*why))]
 
 
 def _ratios(epochs: list[Row], meta: Meta) -> list[md.Trend]:
-    """Issue 16: sync PS (S = 1) within 1.5x of all-reduce per step; S = W closes the gap."""
+    """Our target: sync PS (S = 1) within 1.5x of all-reduce per step; S = W closes the gap."""
     cells_of = {(m, w): c for m, w, c in step_rows(epochs)}
     ratio = {k: c["sync"]["vs"] for k, c in cells_of.items()
              if "sync" in c and "allreduce" in c}
@@ -122,7 +123,7 @@ def _ratios(epochs: list[Row], meta: Meta) -> list[md.Trend]:
         why += [_by_bytes(model, r, ps["busiest"], m2, r2, cells_of[(m2, w2)]["sync"]["busiest"])
                 for (m2, w2), r2 in ratio.items() if w2 == w and m2 != model]
         out.append((f"sync PS, 1 server + {w} workers, {model}: time per step within "
-                    f"{PS_RATIO}x of all-reduce (issue 16)",
+                    f"{PS_RATIO}x of all-reduce (our target)",
                     f"{1e3 * ps['step_s']:.2f} ms vs {1e3 * dp['step_s']:.2f} ms (medians); "
                     f"paired ratio {r:.2f}x{_range(ps)}",
                     r <= PS_RATIO, md.join(*why)))
@@ -141,7 +142,7 @@ def _sharded(model: str, w: int, cells: dict[str, dict[str, float]], cores: int)
            f"{_kb(one['busiest'])})"]
     if gap <= 0:
         return (f"sync PS, {model}, W = {w}: a sharded server with S = W closes most of the "
-                f"gap to all-reduce (issue 16)", ours, None,
+                f"gap to all-reduce (our target)", ours, None,
                 md.join("no gap to close: S = 1 is not slower than all-reduce here", *why))
     closed = (one["vs"] - many["vs"]) / gap
     ok = closed >= 0.5
@@ -150,7 +151,7 @@ def _sharded(model: str, w: int, cells: dict[str, dict[str, float]], cores: int)
                    f"(all-reduce: {w}), so each added server competes with the workers for "
                    f"a core; with a core per rank the busiest server's bytes would decide")
     return (f"sync PS, {model}, W = {w}: a sharded server with S = W closes most of the gap "
-            f"to all-reduce (issue 16)", f"{ours}; gap closed: {md.pct(closed)}", ok,
+            f"to all-reduce (our target)", f"{ours}; gap closed: {md.pct(closed)}", ok,
             md.join(*why))
 
 

@@ -236,7 +236,8 @@ def _differences(meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="Wire formats inside a layer: tensor-parallel activations and gradients",
-    seed_ref="seed 003 (split within a layer, by channel) with seed 000's question, issue 33",
+    study="seed003", reproduces="the split within a layer and by channel, with seed 000's question "
+               "of what an approximate transfer costs asked there",
     summary="tp = 2 on gpt-tiny and a channel-split CNN: accuracy of bf16, fp8, 8- and 4-bit "
             "bit-fields and Table-4 on the forward or backward tp wire, with and without "
             "error feedback, vs the same formats on a pipeline cut; step time at 100 Mbit/s",

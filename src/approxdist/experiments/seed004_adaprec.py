@@ -50,7 +50,7 @@ POLICIES: dict[str, dict[str, Any]] = {
     "seed004": {"rules": ["policy:seed004"]},
     "adaprec": {"codec": "adaprec:" + ",".join(CANDIDATES)},
 }
-#: seed 004's figures (SEEDS.md): CaffeNet, 16 ImageNet classes, 4 GPUs, 100 epochs
+#: seed 004's figures (docs/studies.md#seed004): CaffeNet, 16 ImageNet classes, 4 GPUs, 100 epochs
 SEED = {"float": 73.6, "fp8": 71.9, "table1": 60.1, "fastest": 72.3, "adaprec": 74.4}
 COLUMNS = ("policy", "seed", "final_accuracy", "wall_time_s", "best_accuracy", "bytes_sent",
            "speculation_s", "fit_s", "decision_s", "chosen", "blacklist")
@@ -254,7 +254,8 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="AdaPrec and seed 004's precision policies for data-parallel gradients",
-    seed_ref="seed 004 (float, fp8, Table-N, Fastest, the benchmark rule, AdaPrec)",
+    study="seed004", reproduces="its CaffeNet results (float, fp8, Table-N, Fastest, the benchmark rule, "
+               "AdaPrec)",
     summary="final accuracy and wall time of float, fp8, Table-1, Table-4, Fastest, the "
             "seed004 rule and AdaPrec (with a poison candidate), 4 ranks, slow link",
     csv_columns={"results.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},

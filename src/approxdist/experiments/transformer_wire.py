@@ -173,7 +173,9 @@ def render(out: Path, meta: Meta) -> str:
 
 PRESET = Preset(
     name=NAME, title="What each wire format costs a transformer (validation loss)",
-    seed_ref="seed 000's wire formats (section 4.3) on a transformer (issue 19)",
+    study="seed000",
+    reproduces="the wire formats of section 4.3, applied to a transformer (not a figure of the "
+               "study)",
     summary="gpt-tiny on stdlib-text: validation loss of bf16, fp16, fp8, table4 on "
             "activations, activation gradients and weight gradients vs fp32",
     csv_columns={"wire.csv": COLUMNS}, collect=collect, render=render,
