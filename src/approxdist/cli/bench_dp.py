@@ -23,8 +23,7 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
-from approxdist.benchmarks.dp import DPBenchPlan, measure_rank, split_label, summarize
-from approxdist.comm.codecs import get_codec
+from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -66,7 +65,7 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
         raise ConfigError(f"--world-size {args.world_size}: data parallelism needs >= 2 ranks")
     check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     MODELS.get(args.model)
-    codecs = tuple(_label(c.strip()) for c in args.codec.split(",") if c.strip())
+    codecs = tuple(codec_label(c.strip()) for c in args.codec.split(",") if c.strip())
     link = parse_link(args.link)
     options: dict[str, Any] = {"algorithm": args.algorithm, "early_forward": args.early_forward}
     for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
@@ -80,12 +79,6 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
     return DPBenchPlan(args.model, args.hidden, 3, args.batch_size, codecs, args.error_feedback,
                        link.spec if link else None, args.ddp_codec, options, args.rounds,
                        args.steps)
-
-
-def _label(text: str) -> str:
-    """A codec spec, canonicalised, keeping a `+ef` suffix (error feedback for that codec)."""
-    codec, ef = split_label(text)
-    return get_codec(codec).spec + ("+ef" if ef else "")
 
 
 def _pct(key: str) -> Any:
