@@ -81,6 +81,23 @@ def test_a_refused_case_raises_instead_of_giving_rows() -> None:
         summarize([_case()], [[_result({}, refused="bench tp: the loss differs")]], steps=1)
 
 
+def test_the_cli_refuses_a_run_whose_first_losses_differ_in_one_line_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ranks' first losses are compared before any timing; a mismatch prints no table."""
+    from approxdist.cli import bench_tp
+
+    def ranks(measure: object, size: int, cases: list[TPBenchCase], *args: object,
+              **kwargs: object) -> list[list[dict[str, object]]]:
+        refused = first_step_mismatch([{"torch": 5.5, "approxdist:fp32": 5.6}] * size)
+        return [[_result({}, refused=refused) for _ in cases] for _ in range(size)]
+
+    monkeypatch.setattr(bench_tp, "run_on_ranks", ranks)
+    assert main(["bench", "tp", "--codecs", "fp32"]) == 2
+    out, err = capsys.readouterr()
+    assert "torch 5.5, approxdist (fp32 wire) 5.6 on rank 0" in err and "samples/s" not in out
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_torch_shards_of_head_ordered_attention_sum_to_the_whole() -> None:
     """What torch's ColwiseParallel (contiguous rows of `qkv`) and RowwiseParallel (columns
     of `proj`, the bias added once) make of `LocalHeads`, summed over 2 ranks, is the
