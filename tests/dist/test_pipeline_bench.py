@@ -12,7 +12,8 @@ from approxdist.cli import bench_pipeline
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.bench_inputs import bench_input
-from approxdist.benchmarks.pipeline import BenchCase, Timing, measure_rank
+from approxdist.bench.timing import Timing
+from approxdist.benchmarks.pipeline import BenchCase, measure_rank
 
 KEYS = {"engine", "schedule", "stages", "microbatches", "samples_per_s", "ratio_vs_torch",
         "bubble_measured", "bubble_theory"}

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, render, with_steal
+from approxdist.bench.report import (
+    Column,
+    check_counts,
+    finish,
+    ratio,
+    render,
+    scaled,
+    with_steal,
+)
 from approxdist.bench.stats import fastest, median, p10, paired_ratio, slowest
 from approxdist.bench.timing import interleave, timed
 from approxdist.cli.main import main
@@ -42,6 +50,9 @@ def test_tables_and_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     rows = [{"name": "ours", "ms": 1.25, "x": 0.5}, {"name": "base", "ms": None, "x": 1.0}]
     assert render(columns, rows, rule=True).splitlines() == [
         "name       ms    x", "------------------", "ours      1.2 0.5x", "base        - 1.0x"]
+    assert [ratio("x", ".3f")(r) for r in rows] == ["0.500x", "1.000x"]
+    assert ratio("nope")(rows[0]) == "-" and ratio("x")(rows[1]) == "1.00x"
+    assert scaled("ms", 1e3, ".0f")(rows[0]) == "1250" and scaled("ms", 1e3, ".0f")(rows[1]) == "-"
     host = HostWatch(path=tmp_path / "no-such-stat")
     with host:
         pass

@@ -1,10 +1,11 @@
 """What every benchmark prints and writes: a fixed-width table, the closing lines, `--json` rows.
 
 A table is a list of `Column`s (title, width, alignment, how to show a row's value; a
-missing value shows as "-"). Every run ends with the host line (steal time, `host.py`)
-and, where the benchmark has one, a `reproduce:` line with the command; `--json FILE`
-gets the rows with `host_steal_fraction` added to each, so a figure can always be read
-next to what the hypervisor took during its run.
+missing value shows as "-"; `ratio` and `scaled` make the cells of ratios and scaled
+figures). Every run ends with the host line (steal time, `host.py`) and, where the
+benchmark has one, a `reproduce:` line with the command; `--json FILE` gets the rows
+with `host_steal_fraction` added to each, so a figure can always be read next to what
+the hypervisor took during its run.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ class Column:
 
     def pad(self, text: str) -> str:
         return f"{text:<{self.width}}" if self.left else f"{text:>{self.width}}"
+
+
+def scaled(key: str, scale: float, fmt: str) -> Callable[[Row], str]:
+    """A cell showing `row[key] * scale` with `fmt`; "-" when missing (or 0, as bytes)."""
+    return lambda r: format(r[key] * scale, fmt) if r.get(key) else "-"
+
+
+def ratio(key: str, fmt: str = ".2f") -> Callable[[Row], str]:
+    """A cell showing `row[key]` as a ratio, `1.23x`; "-" when missing."""
+    return lambda r: f"{r[key]:{fmt}}x" if r.get(key) is not None else "-"
 
 
 def render(columns: Sequence[Column], rows: Sequence[Row], *, sep: str = " ",

@@ -1,5 +1,8 @@
 """Timing: one call, a call repeated, and rounds that interleave every variant with its baseline.
 
+`Timing` says how many rounds of how many steps, after how many warm-up steps, a
+distributed benchmark times on its ranks (`bench pipeline`, `hybrid`, `tp`).
+
 `interleave` runs each variant `warmup` times (not timed), then `rounds` rounds in which
 every variant runs `per_round` times in turn, optionally alternating the order every
 round (so neither side always runs first); drift on the machine then hits every variant
@@ -11,8 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 Op = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How many rounds, of how many steps, after how many warm-up steps."""
+
+    rounds: int = 5
+    steps: int = 10
+    warmup: int = 3
 
 
 def timed(op: Op, sync: Callable[[], object] | None = None) -> float:

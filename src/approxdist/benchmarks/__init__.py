@@ -5,6 +5,8 @@
 * `dp`: our data-parallel step against torch DDP;
 * `pipeline`: our pipeline runtime against `torch.distributed.pipelining`;
 * `hybrid`: our hybrid runtime against torch's stages + `replicate`;
+* `tp`: our tensor parallelism against `torch.distributed.tensor.parallel` (`tp_torch`),
+  and each wire format against our fp32 wire;
 * `codec`: every codec's encode/decode against memory copy and the fp16 cast (one process);
 * `trace`: a recorder span against a bare `with` (one process).
 

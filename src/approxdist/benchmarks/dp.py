@@ -39,6 +39,7 @@ from torch import nn
 
 from approxdist.bench.stats import fastest, median, paired_ratio, slowest
 from approxdist.bench.timing import timed
+from approxdist.comm.codecs import get_codec
 from approxdist.config.schema import ModelConfig
 from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.data_parallel.module import DataParallel
@@ -119,6 +120,13 @@ def _ddp(ctx: DistContext, model: nn.Module, plan: DPBenchPlan) -> nn.Module:
 def split_label(label: str) -> tuple[str, bool]:
     """`"bits:s0e2+2m0+ef"` -> (codec, error feedback): `+ef` asks for error feedback."""
     return (label[:-3], True) if label.endswith("+ef") else (label, False)
+
+
+def codec_label(text: str) -> str:
+    """A codec spec, canonicalised (`SpecError` listing the valid forms), keeping a `+ef`
+    suffix (error feedback for that codec); `bench dp` and `bench tp` take these."""
+    codec, ef = split_label(text)
+    return get_codec(codec).spec + ("+ef" if ef else "")
 
 
 def _engine(ctx: DistContext, model: nn.Module, label: str, plan: DPBenchPlan,

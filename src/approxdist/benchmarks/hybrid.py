@@ -28,11 +28,10 @@ import torch.distributed as dist
 from torch import nn
 
 from approxdist.bench.stats import median
-from approxdist.bench.timing import interleave, repeat, timed
+from approxdist.bench.timing import Timing, interleave, repeat, timed
 from approxdist.benchmarks.pipeline import (
     TORCH_SCHEDULES,
     BenchCase,
-    Timing,
     case_data,
     case_model,
     our_step,

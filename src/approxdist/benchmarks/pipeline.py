@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from approxdist.bench.timing import interleave, repeat, timed
+from approxdist.bench.timing import Timing, interleave, repeat, timed
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
 from approxdist.config.wire import Wire, WireConfig
@@ -82,15 +82,6 @@ class BenchCase:
     def wire_config(self) -> WireConfig:
         """Ours: activations and their gradients on the case's codecs."""
         return WireConfig(fwd=Wire(codec=self.fwd_codec), bwd=Wire(codec=self.bwd_codec))
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How many rounds, of how many steps, after how many warm-up steps."""
-
-    rounds: int = 5
-    steps: int = 10
-    warmup: int = 3
 
 
 def case_model(case: BenchCase) -> nn.Module:

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, render
-from approxdist.benchmarks.dp import DPBenchPlan, measure_rank, split_label, summarize
-from approxdist.comm.codecs import get_codec
+from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -66,7 +65,7 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
         raise ConfigError(f"--world-size {args.world_size}: data parallelism needs >= 2 ranks")
     check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     MODELS.get(args.model)
-    codecs = tuple(_label(c.strip()) for c in args.codec.split(",") if c.strip())
+    codecs = tuple(codec_label(c.strip()) for c in args.codec.split(",") if c.strip())
     link = parse_link(args.link)
     options: dict[str, Any] = {"algorithm": args.algorithm, "early_forward": args.early_forward}
     for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
@@ -82,31 +81,16 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
                        args.steps)
 
 
-def _label(text: str) -> str:
-    """A codec spec, canonicalised, keeping a `+ef` suffix (error feedback for that codec)."""
-    codec, ef = split_label(text)
-    return get_codec(codec).spec + ("+ef" if ef else "")
-
-
-def _scaled(key: str, scale: float, fmt: str) -> Any:
-    """Show `row[key] * scale` with `fmt`, or "-" when missing (or 0 for bytes)."""
-    return lambda r: format(r[key] * scale, fmt) if r.get(key) else "-"
-
-
-def _ratio(key: str) -> Any:
-    return lambda r: f"{r[key]:.2f}x" if r.get(key) is not None else "-"
-
-
 def _pct(key: str) -> Any:
     return lambda r: f"{100 * r[key]:.0f}%" if r.get(key) is not None else "-"
 
 
 COLUMNS = (Column("engine", 11, "engine", left=True), Column("codec", 20, "codec", left=True),
            Column("link", 10, "link", left=True),
-           Column("step ms", 8, show=_scaled("median_step_s", 1e3, ".1f")),
-           Column("vs ddp", 7, show=_ratio("ratio_vs_ddp")),
-           Column("paired", 7, show=_ratio("paired_ratio_vs_ddp")),
-           Column("comm ms", 8, show=_scaled("comm_only_s", 1e3, ".1f")),
+           Column("step ms", 8, show=scaled("median_step_s", 1e3, ".1f")),
+           Column("vs ddp", 7, show=ratio("ratio_vs_ddp")),
+           Column("paired", 7, show=ratio("paired_ratio_vs_ddp")),
+           Column("comm ms", 8, show=scaled("comm_only_s", 1e3, ".1f")),
            Column("hidden", 7, show=_pct("hidden_comm_fraction")),
            Column("wall est", 8, show=_pct("hidden_comm_fraction_wall")),
            Column("bytes/step", 11, show=lambda r: f"{r['bytes_per_step_rank0'] / 1e6:.2f}MB"

@@ -26,7 +26,8 @@ from typing import Any
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
-from approxdist.benchmarks.pipeline import BenchCase, Timing, measure_rank
+from approxdist.bench.timing import Timing
+from approxdist.benchmarks.pipeline import BenchCase, measure_rank
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
