@@ -53,7 +53,7 @@ def test_bad_sequence_plans_are_one_line(plan: dict[str, str], size: int, messag
 @pytest.mark.parametrize("sequence", [False, True])
 def test_tp_sequence_parallel_picks_the_models_sequence_plan(sequence: bool) -> None:
     from approxdist.config.loader import build_config
-    from approxdist.train.engines.tensor import plan_of
+    from approxdist.train.engines.tp_split import plan_of
     cfg = build_config({"train": {"parallel": "tensor"}, "model": {"name": "gpt-tiny"},
                         "tp": {"size": 2, "sequence_parallel": sequence}})
     model = _gpt()

@@ -52,7 +52,7 @@ def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
         for key in ("microbatches", "schedule"):
             if getattr(plan, key) is not None:
                 pipe[key] = getattr(plan, key)
-    if reads("tp.size"):
+    if reads("tp.size") and plan.tp > 1:
         out["tp"] = {"size": plan.tp, **({"plan": plan.tp_plan} if plan.tp_plan else {})}
     flag_keys = modes().get(mode).flag_keys
     for name, codec in (("fwd", plan.fwd_codec), ("bwd", plan.bwd_codec),
