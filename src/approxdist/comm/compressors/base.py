@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -54,6 +54,11 @@ class Compressor(ABC):
     @abstractmethod
     def wire_bytes(self) -> int:
         """Bytes this worker contributes per step (every round's message together)."""
+
+    @abstractmethod
+    def exchange(self, grad: torch.Tensor, world: int) -> Generator[Any, Any, torch.Tensor]:
+        """Yield this worker's messages, receive what the collective made of them (a sum, or
+        every worker's payload); return what every worker applies."""
 
     def bytes_per_value(self) -> float:
         return self.wire_bytes() / max(self.numel, 1)
@@ -153,21 +158,24 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def start_alone(compressor: Compressor,
+                grad: torch.Tensor) -> tuple[Generator[Any, Any, torch.Tensor], Any]:
+    """Begin one exchange in a world of one: (the exchange, its first message)."""
+    exchange = compressor.exchange(grad, 1)
+    return exchange, next(exchange)
+
+
+def finish_alone(exchange: Generator[Any, Any, torch.Tensor], message: Any) -> torch.Tensor:
+    """Run a world-of-one exchange to its end, handing back what its collective would: each
+    message itself (a sum over one worker) or a list of its one payload."""
+    while True:
+        try:
+            message = exchange.send([message] if isinstance(message, Payload) else message)
+        except StopIteration as stop:
+            result: torch.Tensor = stop.value
+            return result
+
+
 def run_alone(compressor: Compressor, grad: torch.Tensor) -> torch.Tensor:
-    """Drive one exchange in a world of one (what a single worker would apply)."""
-    if isinstance(compressor, Summed):
-        sgen = compressor.exchange(grad, 1)
-        message = next(sgen)
-        while True:
-            try:
-                message = sgen.send(message)
-            except StopIteration as stop:
-                return stop.value
-    assert isinstance(compressor, Gathered)
-    ggen = compressor.exchange(grad, 1)
-    payload = next(ggen)
-    try:
-        ggen.send([payload])
-    except StopIteration as stop:
-        return stop.value
-    raise AssertionError("a gathered exchange has one round")
+    """One exchange in a world of one (what a single worker would apply)."""
+    return finish_alone(*start_alone(compressor, grad))
