@@ -14,8 +14,10 @@ import math
 import pytest
 import torch
 
+from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors import (
     DEFAULT_COMPRESSORS,
+    Gathered,
     Where,
     check_compressor,
     get_compressor,
@@ -250,3 +252,13 @@ def test_powersgd_on_a_vector_names_it_and_the_rule() -> None:
 def test_specs_tell_compressors_from_codecs() -> None:
     assert all(is_compressor(s) for s in DEFAULT_COMPRESSORS)
     assert not any(is_compressor(s) for s in ("fp32", "bf16", "bits:s0e2+2m0", "table4"))
+
+
+@pytest.mark.parametrize("spec", ["topk:0.1", "qsgd:16", "terngrad", "sign+ef", "signsgd"])
+def test_payloads_decode_at_any_offset_of_a_receive_buffer(spec: str) -> None:
+    comp = get_compressor(spec, Where(SHAPE, seed=1))
+    assert isinstance(comp, Gathered)
+    payload = comp.encode(grads(0)[0].reshape(-1))
+    shifted = torch.empty(payload.wire_bytes + 3, dtype=torch.uint8)[3:]  # not 4-byte aligned
+    shifted.copy_(payload.data)
+    assert torch.equal(comp.decode(Payload(shifted, payload.shape)), comp.decode(payload))

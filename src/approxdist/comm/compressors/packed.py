@@ -7,6 +7,7 @@ import torch
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.codecs.bitpack import code_dtype, pack_codes, packed_nbytes, unpack_codes
+from approxdist.comm.codecs.framed import typed
 
 
 class ScaledCodes:
@@ -32,6 +33,6 @@ class ScaledCodes:
     def unpack(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(int32 codes, a new tensor; the fp32 scale, or None) of a payload."""
         data = payload.data
-        scale = data[: self.head].clone().view(torch.float32)[0] if self.head else None
+        scale = typed(data[: self.head], torch.float32)[0].clone() if self.head else None
         codes = unpack_codes(data[self.head:], self.width, self.numel, self.work).clone()
         return codes, scale

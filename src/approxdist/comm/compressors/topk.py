@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from approxdist.comm.codecs.base import Payload
+from approxdist.comm.codecs.framed import typed
 from approxdist.comm.compressors.base import Gathered
 from approxdist.comm.compressors.sparse import kept
 
@@ -33,8 +34,8 @@ class TopK(Gathered):
 
     def decode(self, payload: Payload) -> torch.Tensor:
         split = 4 * self.k
-        values = payload.data[:split].view(torch.float32)
-        idx = payload.data[split:].view(torch.int32).long()
+        values = typed(payload.data[:split], torch.float32)
+        idx = typed(payload.data[split:], torch.int32).long()
         out = torch.zeros(self.numel, device=payload.data.device)
         out[idx] = values
         return out
