@@ -262,3 +262,8 @@ def test_payloads_decode_at_any_offset_of_a_receive_buffer(spec: str) -> None:
     shifted = torch.empty(payload.wire_bytes + 3, dtype=torch.uint8)[3:]  # not 4-byte aligned
     shifted.copy_(payload.data)
     assert torch.equal(comp.decode(Payload(shifted, payload.shape)), comp.decode(payload))
+
+
+@pytest.mark.parametrize("spec", DEFAULT_COMPRESSORS)
+def test_the_spec_states_the_collective_its_compressor_needs(spec: str) -> None:
+    assert check_compressor(spec) == get_compressor(spec, Where(SHAPE)).collective

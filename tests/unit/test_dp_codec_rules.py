@@ -38,3 +38,14 @@ def test_bad_rules_say_how_to_write_one() -> None:
         CodecRules.parse(["type:=fp32"])
     with pytest.raises(SpecError, match="unknown codec spec"):
         CodecRules.parse(["*=fp7"]).validate()
+
+
+def test_a_compressor_that_needs_all_gather_is_one_line_naming_the_ones_that_sum() -> None:
+    with pytest.raises(ConfigError) as err:
+        CodecRules.parse(["*.weight=topk:0.01"], "fp32").validate()
+    text = str(err.value)
+    assert "\n" not in text and "topk:0.01 needs all-gather" in text
+    assert "powersgd:<r>, randomk:<ratio>" in text
+    CodecRules.parse(["*.bias=fp32"], "powersgd:2").validate()
+    with pytest.raises(SpecError, match="powersgd:2"):
+        CodecRules.parse([], "powersgd:0").validate()

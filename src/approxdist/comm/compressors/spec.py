@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from approxdist.comm.compressors.base import Compressor
+from approxdist.comm.compressors.base import Collective, Compressor
 from approxdist.comm.compressors.powersgd import PowerSGD, parse_rank
 from approxdist.comm.compressors.qsgd import QSGD, parse_levels
 from approxdist.comm.compressors.randomk import RandomK
@@ -55,6 +55,7 @@ class Family:
 
     form: str
     meaning: str
+    collective: Collective
     build: Callable[[str | None, Where], Compressor]
     check: Callable[[str | None], object]
 
@@ -69,28 +70,35 @@ def _no_param(name: str) -> Callable[[str | None], None]:
 COMPRESSORS: Registry[Family] = Registry("compressor", SpecError)
 COMPRESSORS.add("powersgd", Family(
     "powersgd:<r>", "PowerSGD rank r (error feedback, warm start); all-reduce",
+    "all-reduce",
     lambda t, w: PowerSGD(parse_rank(t), w.shape, seed=w.seed, name=w.name, device=w.device),
     parse_rank))
 COMPRESSORS.add("topk", Family(
     "topk:<ratio>", "the largest ratio * n values + int32 indices (error feedback); all-gather",
+    "all-gather",
     lambda t, w: TopK(parse_ratio("topk", t), w.shape, device=w.device),
     lambda t: parse_ratio("topk", t)))
 COMPRESSORS.add("randomk", Family(
     "randomk:<ratio>", "ratio * n values at shared random indices (error feedback); all-reduce",
+    "all-reduce",
     lambda t, w: RandomK(parse_ratio("randomk", t), w.shape, seed=w.seed, device=w.device),
     lambda t: parse_ratio("randomk", t)))
 COMPRESSORS.add("qsgd", Family(
     "qsgd:<s>", "QSGD, s levels, stochastic rounding, unbiased; all-gather",
+    "all-gather",
     lambda t, w: QSGD(parse_levels(t), w.shape, seed=w.own_seed, device=w.device),
     parse_levels))
 COMPRESSORS.add("terngrad", Family(
     "terngrad", "TernGrad: 2 bits a value, max-norm scale, unbiased; all-gather",
+    "all-gather",
     lambda t, w: TernGrad(w.shape, seed=w.own_seed, device=w.device), _no_param("terngrad")))
 COMPRESSORS.add("sign+ef", Family(
     "sign+ef", "EF-SignSGD: 1 bit a value, mean-magnitude scale, error feedback; all-gather",
+    "all-gather",
     lambda t, w: ScaledSign(w.shape, device=w.device), _no_param("sign+ef")))
 COMPRESSORS.add("signsgd", Family(
     "signsgd", "signSGD with majority vote: 1 bit a value; all-gather",
+    "all-gather",
     lambda t, w: MajorityVote(w.shape, device=w.device), _no_param("signsgd")))
 
 #: one example spec of each compressor (benchmarks, docs)
@@ -111,10 +119,17 @@ def is_compressor(spec: str) -> bool:
     return isinstance(spec, str) and spec.strip().lower().partition(":")[0] in COMPRESSORS
 
 
-def check_compressor(spec: str) -> None:
-    """Raise `SpecError` naming the value and a fix if `spec` is not a valid compressor spec."""
+def check_compressor(spec: str) -> Collective:
+    """The collective `spec` needs; `SpecError` naming the value and a fix if it is invalid."""
     family, param = _split(spec)
     family.check(param)
+    return family.collective
+
+
+def summed_names() -> list[str]:
+    """The forms of the all-reduce compatible compressors."""
+    return [COMPRESSORS.get(n).form for n in COMPRESSORS
+            if COMPRESSORS.get(n).collective == "all-reduce"]
 
 
 def get_compressor(spec: str, where: Where) -> Compressor:
