@@ -9,10 +9,12 @@ parameter (`buckets.plan_buckets`): PowerSGD needs its matrix shape.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from approxdist.comm.collectives import AllReduce
-from approxdist.comm.compressors import Summed, check_compressor, is_compressor
+from approxdist.comm.compressors import Summed, Where, check_compressor, get_compressor, is_compressor
 from approxdist.comm.compressors.spec import summed_names
+from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.errors import ConfigError
 
 
@@ -40,3 +42,14 @@ def check_summed(spec: str) -> None:
                           f"the data-parallel gradient wire carries only all-reduce compatible "
                           f"compressors so far: {', '.join(summed_names())}; e.g. --codec "
                           f"powersgd:2 --codec-rule '*.bias=fp32'")
+
+
+def check_shapes(module: nn.Module, rules: CodecRules) -> None:
+    """Build each compressed parameter's compressor once, so that one a compressor cannot
+    take (PowerSGD on a vector) is named, with the rule that would exclude it, before any
+    worker starts."""
+    owners = param_owners(module)
+    for name, param in module.named_parameters():
+        spec = rules.codec_for(name, owners[name])
+        if param.requires_grad and is_compressor(spec):
+            get_compressor(spec, Where(tuple(param.shape), name))
