@@ -21,42 +21,25 @@ from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from tests.helpers.lockstep import lockstep
+from tests.helpers.tiny_mlp import batch, net, sgd_steps
 
 CASES = {"powersgd": ("powersgd:2", ["*.bias=fp32"]), "randomk": ("randomk:0.25", [])}
 STEPS = 3
 
 
-def _net() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 * rank + step)
-    return torch.randn(8, 10, generator=g), torch.randint(0, 4, (8,), generator=g)
-
-
-def _steps(dp: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
-    for s in steps:
-        x, y = _batch(rank, s)
-        opt.zero_grad()
-        F.cross_entropy(dp(x), y).backward()
-        opt.step()
-
-
 def _run(ctx: DistContext, codec: str, rules: list[str]) -> dict[str, Any]:
     kw: dict[str, Any] = {"codec": codec, "codec_rules": rules, "algorithm": "ring"}
-    a = _net()
+    a = net()
     dp_a = DataParallel(a, ctx=ctx, **kw)
     opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
-    _steps(dp_a, opt_a, ctx.rank, range(2))
+    sgd_steps(dp_a, opt_a, ctx.rank, range(2))
     saved, weights = dp_a.state_dict(), {k: v.clone() for k, v in a.state_dict().items()}
-    _steps(dp_a, opt_a, ctx.rank, range(2, STEPS))
-    b = _net()
+    sgd_steps(dp_a, opt_a, ctx.rank, range(2, STEPS))
+    b = net()
     dp_b = DataParallel(b, ctx=ctx, broadcast=False, **kw)
     dp_b.load_state_dict(saved)
     b.load_state_dict(weights)
-    _steps(dp_b, torch.optim.SGD(b.parameters(), lr=0.1), ctx.rank, range(2, STEPS))
+    sgd_steps(dp_b, torch.optim.SGD(b.parameters(), lr=0.1), ctx.rank, range(2, STEPS))
     out = {"params": a.state_dict(), "resumed": b.state_dict()}
     dp_a.close()
     dp_b.close()
@@ -66,14 +49,14 @@ def _run(ctx: DistContext, codec: str, rules: list[str]) -> dict[str, Any]:
 def _all(ctx: DistContext) -> dict[str, Any]:
     out: dict[str, Any] = {name: _run(ctx, *case) for name, case in CASES.items()}
     try:
-        DataParallel(_net(), ctx=ctx, codec="powersgd:2").close()
+        DataParallel(net(), ctx=ctx, codec="powersgd:2").close()
     except ConfigError as err:
         out["vector"] = str(err)
     return out
 
 
 def oracle(codec: str, rules: list[str]) -> dict[str, torch.Tensor]:
-    model = _net()
+    model = net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     named = list(model.named_parameters())
     compressed = [n for n, _ in named if not (rules and n.endswith(".bias"))]
@@ -83,7 +66,7 @@ def oracle(codec: str, rules: list[str]) -> dict[str, torch.Tensor]:
         grads = []
         for rank in range(2):
             model.zero_grad()
-            x, y = _batch(rank, s)
+            x, y = batch(rank, s)
             F.cross_entropy(model(x), y).backward()
             grads.append({n: p.grad.clone() for n, p in named if p.grad is not None})
         for n, p in named:
