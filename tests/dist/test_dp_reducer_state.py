@@ -25,40 +25,23 @@ from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
-
-
-def _net() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 * rank + step)
-    return torch.randn(8, 10, generator=g), torch.randint(0, 4, (8,), generator=g)
-
-
-def _steps(dp: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
-    for s in steps:
-        x, y = _batch(rank, s)
-        opt.zero_grad()
-        F.cross_entropy(dp(x), y).backward()
-        opt.step()
+from tests.helpers.tiny_mlp import batch, net, sgd_steps
 
 
 def _ef_round_trip(ctx: DistContext) -> dict[str, Any]:
     kw = {"codec": "bits:s1e8m3", "error_feedback": True, "algorithm": "ring"}
-    a = _net()
+    a = net()
     dp_a = DataParallel(a, ctx=ctx, **kw)
     opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
-    _steps(dp_a, opt_a, ctx.rank, range(3))
+    sgd_steps(dp_a, opt_a, ctx.rank, range(3))
     saved = dp_a.state_dict()
     b = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
     dp_b = DataParallel(b, ctx=ctx, broadcast=False, **kw)
     dp_b.load_state_dict(saved)
-    fresh = DataParallel(_net(), ctx=ctx, **kw)  # same weights, no residuals
+    fresh = DataParallel(net(), ctx=ctx, **kw)  # same weights, no residuals
     fresh.module.load_state_dict(a.state_dict())
     for dp, m in ((dp_a, a), (dp_b, b), (fresh, fresh.module)):
-        _steps(dp, torch.optim.SGD(m.parameters(), lr=0.1), ctx.rank, range(3, 5))
+        sgd_steps(dp, torch.optim.SGD(m.parameters(), lr=0.1), ctx.rank, range(3, 5))
         dp.close()
     return {"residual_norm": sum(float(r.norm()) for r in saved["_extra_state"]["residuals"].values()),
             "a": a.state_dict(), "b": b.state_dict(), "fresh": fresh.module.state_dict()}
@@ -68,11 +51,11 @@ def _ddp_vs_hook(ctx: DistContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rules = {"hook fp32": [], "hook bf16": ["*=bf16"], "hook rules": ["*.bias=fp32", "*=bf16"]}
     for name in ("ddp", *rules):
-        m = _net()
+        m = net()
         ddp = nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.001)
         state = register_hook(ddp, ctx, algorithm="ring",
                               codec_rules=rules[name]) if "hook" in name else None
-        _steps(ddp, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), ctx.rank, range(3))
+        sgd_steps(ddp, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), ctx.rank, range(3))
         out[name] = m.state_dict()
         if state is not None:
             out[name + ":bytes"] = state.bytes_sent()

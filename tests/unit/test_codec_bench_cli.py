@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from approxdist.benchmarks.codec import bench_shape
 from approxdist.cli import bench_codec
+from approxdist.comm.compressors import DEFAULT_COMPRESSORS
 from approxdist.errors import ConfigError, SpecError
 
 KEYS = {"codec", "encode_gbps", "decode_gbps", "roundtrip_gbps", "bits_per_value",
@@ -49,3 +51,21 @@ def test_sizes_and_bad_input() -> None:
         run(["--size", "1K", "--repeats", "0"])
     with pytest.raises(SpecError, match="valid forms"):
         run(["--size", "1K", "--codecs", "fp7"])
+
+
+def test_compressors_get_rows_with_their_message_bits(tmp_path: Path) -> None:
+    out = tmp_path / "codec.json"
+    assert run(["--size", "4K", "--repeats", "1", "--codecs", "compressors",
+                "--json", str(out)]) == 0
+    rows = {r["codec"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"copy_", "fp16-cast", *DEFAULT_COMPRESSORS}
+    assert all(r["roundtrip_gbps"] > 0 for r in rows.values())
+    assert rows["signsgd"]["bits_per_value"] == 1                    # 4096 bits, no scale
+    assert rows["qsgd:16"]["bits_per_value"] == 6 + 32 / 4096         # codes + the norm
+    assert rows["powersgd:2"]["bits_per_value"] == 32 * 2 * 128 / 4096  # 64 x 64, rank 2
+    assert rows["topk:0.01"]["bits_per_value"] == 64 * 40 / 4096
+
+
+def test_bench_shape_is_the_squarest_matrix() -> None:
+    assert bench_shape(16 << 20) == (4096, 4096)
+    assert bench_shape(4096 * 2) == (64, 128) and bench_shape(7) == (1, 7)

@@ -47,3 +47,12 @@ def test_fragments_cover_the_bucket_without_overlap() -> None:
 def test_bad_sizes_are_named(args: tuple[float, float, float, int], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         check_sizes(*args)
+
+
+def test_a_compressed_parameter_gets_a_bucket_of_its_own() -> None:
+    infos = [ParamInfo("0.weight", 100, "powersgd:2", 0), ParamInfo("0.bias", 10, "fp32", 1),
+             ParamInfo("1.weight", 100, "powersgd:2", 2), ParamInfo("1.bias", 10, "fp32", 3)]
+    plans = plan_buckets(infos, bucket_bytes=1 << 20)
+    by_codec = {p.names: p.codec for p in plans}
+    assert by_codec[("0.weight",)] == by_codec[("1.weight",)] == "powersgd:2"
+    assert sorted(n for p in plans if p.codec == "fp32" for n in p.names) == ["0.bias", "1.bias"]

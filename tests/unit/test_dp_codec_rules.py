@@ -6,6 +6,7 @@ import pytest
 from torch import nn
 
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
+from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ConfigError, SpecError
 
 
@@ -38,3 +39,22 @@ def test_bad_rules_say_how_to_write_one() -> None:
         CodecRules.parse(["type:=fp32"])
     with pytest.raises(SpecError, match="unknown codec spec"):
         CodecRules.parse(["*=fp7"]).validate()
+
+
+def test_a_compressor_that_needs_all_gather_is_one_line_naming_the_ones_that_sum() -> None:
+    with pytest.raises(ConfigError) as err:
+        CodecRules.parse(["*.weight=topk:0.01"], "fp32").validate()
+    text = str(err.value)
+    assert "\n" not in text and "topk:0.01 needs all-gather" in text
+    assert "powersgd:<r>, randomk:<ratio>" in text
+    CodecRules.parse(["*.bias=fp32"], "powersgd:2").validate()
+    with pytest.raises(SpecError, match="powersgd:2"):
+        CodecRules.parse([], "powersgd:0").validate()
+
+
+def test_powersgd_on_a_vector_is_named_before_any_worker_starts() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match=r"'0\.bias' of shape \(4,\).*'\*\.bias=fp32'"):
+        check_shapes(model, CodecRules.parse([], "powersgd:2"))
+    check_shapes(model, CodecRules.parse(["*.bias=fp32"], "powersgd:2"))
+    check_shapes(model, CodecRules.parse([], "randomk:0.5"))  # any shape

@@ -6,6 +6,10 @@ back) and each codec's `encode` and `decode`; medians are reported. By default e
 writes into preallocated buffers (`encode(x, out=...)`, `decode(p, out=...)`: the steady
 state of a link that reuses its buffers); `alloc=True` makes baselines and codecs allocate
 their results instead.
+Compressors (docs/compressors.md) are timed as one worker's exchange in a world of one on
+the values viewed as a near-square matrix: `encode` up to the first message, `decode` the
+rest (for PowerSGD its second round too); they always allocate, and their wire bytes are
+their messages'.
 GB/s are of fp32 input (4 bytes per value). `break_even_gbit` is the link speed below
 which sending the codec's bytes plus its round trip beats sending fp32:
 L < 8 * (4n - wire_bytes) / t_roundtrip (no overlap of coding and transfer assumed).
@@ -23,6 +27,16 @@ from approxdist.bench.stats import median
 from approxdist.bench.timing import interleave
 from approxdist.comm.codecs import DEFAULT_SPECS, Codec, get_codec
 from approxdist.comm.codecs.framed import FramedCodec
+from approxdist.comm.compressors import (
+    COMPRESSORS,
+    DEFAULT_COMPRESSORS,
+    Compressor,
+    Where,
+    get_compressor,
+    is_compressor,
+)
+from approxdist.comm.compressors.base import finish_alone, start_alone
+from approxdist.errors import SpecError
 
 Op = Callable[[], object]
 
@@ -40,10 +54,31 @@ class Row:
     break_even_gbit: float
 
 
-def parse_codecs(text: str) -> list[Codec]:
-    """`all` (every default format) or a comma list of codec specs -> codecs."""
-    specs = DEFAULT_SPECS if text.strip() == "all" else [s for s in text.split(",") if s.strip()]
-    return [get_codec(s) for s in specs]
+Format = Codec | Compressor
+
+
+def parse_codecs(text: str, numel: int) -> list[Format]:
+    """A comma list of codec and compressor specs and the words `all` (every default codec
+    and compressor) and `compressors` -> codecs and compressors for `numel` values."""
+    words = {"all": DEFAULT_SPECS + DEFAULT_COMPRESSORS, "compressors": DEFAULT_COMPRESSORS}
+    specs = [w for item in text.split(",") if item.strip()
+             for w in words.get(item.strip(), (item.strip(),))]
+    shape = bench_shape(numel)
+    return [get_compressor(s, Where(shape)) if is_compressor(s) else _codec(s) for s in specs]
+
+
+def _codec(spec: str) -> Codec:
+    try:
+        return get_codec(spec)
+    except SpecError as err:
+        forms = " | ".join(COMPRESSORS.get(n).form for n in COMPRESSORS)
+        raise SpecError(f"{err}; or a compressor: {forms}") from None
+
+
+def bench_shape(numel: int) -> tuple[int, int]:
+    """The most nearly square (rows, cols) with rows * cols = numel (PowerSGD needs a matrix)."""
+    rows = max(r for r in range(1, int(numel**0.5) + 1) if numel % r == 0)
+    return rows, numel // rows
 
 
 def _ops_baselines(x: torch.Tensor, alloc: bool) -> dict[str, tuple[Op, Op, int]]:
@@ -73,17 +108,34 @@ def _ops_codec(codec: Codec, x: torch.Tensor, alloc: bool) -> tuple[Op, Op, int]
             codec.payload_nbytes(n))
 
 
-def measure(x: torch.Tensor, codecs: list[Codec], repeats: int, alloc: bool) -> list[Row]:
+def _ops_compressor(comp: Compressor, x: torch.Tensor) -> tuple[Op, Op, int]:
+    grad = x.view(comp.shape)
+    state = {"started": start_alone(comp, grad)}
+    return (lambda: state.update(started=start_alone(comp, grad)),
+            lambda: finish_alone(*state["started"]), comp.wire_bytes())
+
+
+def _ops(fmt: Format, x: torch.Tensor, alloc: bool) -> tuple[Op, Op, int]:
+    if isinstance(fmt, Compressor):
+        return _ops_compressor(fmt, x)
+    return _ops_codec(fmt, x, alloc)
+
+
+def _bits(fmt: Format) -> float:
+    return 8 * fmt.bytes_per_value() if isinstance(fmt, Compressor) else fmt.bits_per_value
+
+
+def measure(x: torch.Tensor, codecs: list[Format], repeats: int, alloc: bool) -> list[Row]:
     """Interleave every baseline and codec `repeats` times (after one warm-up round);
     rows of medians."""
     sync = torch.cuda.synchronize if x.device.type == "cuda" else None
     ops = _ops_baselines(x, alloc)
-    ops.update({c.spec: _ops_codec(c, x, alloc) for c in codecs})
+    ops.update({c.spec: _ops(c, x, alloc) for c in codecs})
     calls = {f"{name} {half}": op for name, (enc, dec, _) in ops.items()
              for half, op in (("enc", enc), ("dec", dec))}
     t = interleave(calls, repeats, warmup=1, sync=sync)
     times = {name: list(zip(t[f"{name} enc"], t[f"{name} dec"])) for name in ops}
-    bits = {c.spec: c.bits_per_value for c in codecs} | {"copy_": 32.0, "fp16-cast": 16.0}
+    bits = {c.spec: _bits(c) for c in codecs} | {"copy_": 32.0, "fp16-cast": 16.0}
     return rows(x.numel(), times, {k: v[2] for k, v in ops.items()}, bits)
 
 

@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
     p.add_argument("--size", default="16M",
                    help="values per tensor, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
     p.add_argument("--codecs", default="all",
-                   help="all or a comma list of codec specs (default all formats)")
+                   help="all, compressors, or a comma list of codec and compressor specs "
+                        "(default all: every codec and compressor)")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (default 7)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's default)")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ConfigError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
-    codecs = parse_codecs(args.codecs)
+    codecs = parse_codecs(args.codecs, n)
     try:
         device = torch.device(args.device)
         x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)

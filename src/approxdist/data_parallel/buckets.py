@@ -11,8 +11,10 @@ plan for both (no torch.distributed, testable in one process):
   message). The first bucket is capped at `first_bucket_bytes` so communication starts
   early. A parameter of at least `solo_bytes` gets a bucket of its own: its gradient is
   big enough to be a good message alone and is then reduced in place, with no copy
-  (`reducer.BucketState.hold`). Inside a bucket the parameters are laid out in *forward* order, so the values
-  the next forward reads first lead the message and its first fragments.
+  (`reducer.BucketState.hold`). So does a parameter whose codec is a compressor
+  (docs/compressors.md: PowerSGD compresses one matrix). Inside a bucket the parameters
+  are laid out in *forward* order, so the values the next forward reads first lead the
+  message and its first fragments.
 * `fragments(numel, chunk_numel)` cuts a bucket into contiguous fragments.
 * `forward_order(n)` is the launch order used when every bucket starts at the end of
   backward (no overlap): the bucket the next forward needs first goes first.
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from approxdist.comm.compressors import is_compressor
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ def plan_buckets(params: Sequence[ParamInfo], bucket_bytes: int,
     for info in sorted(params, key=lambda p: -p.position):
         cap = first if len(groups) <= 1 else bucket_bytes
         nbytes = info.numel * bytes_per_value
-        alone = solo is not None and nbytes >= solo
+        alone = (solo is not None and nbytes >= solo) or is_compressor(info.codec)
         fits = open_ and not alone and groups[-1][0].codec == info.codec and size + nbytes <= cap
         if not fits:
             groups.append([])

@@ -115,12 +115,18 @@ class CodecRules:
         return self.times
 
     def validate(self) -> None:
-        """Build each codec once so a bad spec fails here with the codec registry's message."""
+        """Build each codec once so a bad spec fails here with the codec registry's message;
+        a compressor (docs/compressors.md) must be all-reduce compatible."""
         from approxdist.comm.codecs import get_codec
+        from approxdist.comm.compressors import is_compressor
+        from approxdist.data_parallel.compressed import check_summed
 
         for spec in self.specs():
             for codec in self._times().codecs if spec == FASTEST else [spec]:
-                get_codec(codec)
+                if is_compressor(codec):
+                    check_summed(codec)
+                else:
+                    get_codec(codec)
 
 
 def _expand(item: str) -> tuple[str, ...]:

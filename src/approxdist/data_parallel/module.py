@@ -26,7 +26,8 @@ What happens (docs/data_parallel.md has the whole story):
   step runs on the thread that finished it and the next forward of each layer waits
   only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
 * lossy codecs may keep error-feedback residuals (`comm.error_feedback`), which travel
-  in `state_dict()` as extra state;
+  in `state_dict()` as extra state; so do the states of all-reduce compatible compressors
+  (`codec="powersgd:2"`, docs/compressors.md), one parameter per bucket;
 * `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
   transfers, and the caller's thread a `wait` span wherever it blocks on them;
 * `hold_freed_memory` (default True) keeps freed heap memory in the process
@@ -138,8 +139,8 @@ class DataParallel(nn.Module):
         plans = [dataclasses.replace(p, codec=self.rules.resolve(p.codec, 4 * p.numel))
                  for p in plan_buckets(infos, int(bucket_mb * MB), int(first_mb * MB),
                                        int(solo_mb * MB))]
-        return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef)
-                for plan in plans]
+        return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef,
+                            worker=self.group.rank) for plan in plans]
 
     def _wire_buckets(self) -> None:
         """The reducer, usage flags and gradient hooks of the current buckets."""
@@ -319,16 +320,22 @@ class DataParallel(nn.Module):
     def get_extra_state(self) -> dict[str, Any]:
         self.wait()
         res: dict[str, torch.Tensor] = {}
+        comps: dict[str, dict[str, torch.Tensor]] = {}
         for b in self._buckets:
             if b.residuals is not None:
                 res.update(b.residuals.state_dict())
-        return {"residuals": res}
+            if b.compressor is not None:
+                comps[b.plan.names[0]] = b.compressor.state_dict()
+        return {"residuals": res, "compressors": comps}
 
     def set_extra_state(self, state: Any) -> None:
         self.wait()
+        comps = state.get("compressors", {})
         for b in self._buckets:
             if b.residuals is not None:
                 b.residuals.load_state_dict(state.get("residuals", {}))
+            if b.compressor is not None and b.plan.names[0] in comps:
+                b.compressor.load_state_dict(comps[b.plan.names[0]])
 
     def local_state(self) -> dict[str, Any]:
         """This member's residuals without collectives (`ReplicaReducer`)."""

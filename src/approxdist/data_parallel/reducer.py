@@ -28,8 +28,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from approxdist.comm.compressors import Summed, Where, get_compressor, is_compressor
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.data_parallel.buckets import BucketPlan, forward_order, fragments
+from approxdist.data_parallel.compressed import check_summed, reduce_compressed
 from approxdist.data_parallel.threads import CommPool, CommThread
 from approxdist.errors import CommError
 
@@ -38,15 +40,18 @@ class BucketState:
     """One bucket's flat fp32 buffer, per-parameter views, and this step's progress."""
 
     def __init__(self, plan: BucketPlan, params: Sequence[nn.Parameter], device: torch.device,
-                 error_feedback: bool) -> None:
+                 error_feedback: bool, worker: int = 0) -> None:
         self.plan, self.params = plan, list(params)
         self._own = torch.zeros(plan.numel, dtype=torch.float32, device=device)
         self._own_views = [self._own[o:o + n].view(p.shape)
                            for o, n, p in zip(plan.offsets, plan.numels, self.params)]
         self.flat, self.views = self._own, list(self._own_views)
         self.solo = len(self.params) == 1 and self.params[0].dtype == torch.float32
+        #: the bucket's one parameter's compressor (which keeps its own residual), or None
+        self.compressor = _compressor(plan, self.params, device, worker)
         self.residuals = ErrorFeedback(list(zip(plan.names, plan.offsets, plan.numels)),
-                                       plan.numel, device) if error_feedback else None
+                                       plan.numel, device) \
+            if error_feedback and self.compressor is None else None
         self.have = [False] * len(self.params)
         self.missing = len(self.params)
         self.launched = False
@@ -84,6 +89,17 @@ class BucketState:
                 raise err
             raise CommError(f"reducing gradients of {', '.join(self.plan.names[:3])}"
                             f"{' ...' if len(self.plan.names) > 3 else ''} failed: {err}") from err
+
+
+def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.device,
+                worker: int) -> Summed | None:
+    if not is_compressor(plan.codec):
+        return None
+    check_summed(plan.codec)
+    comp = get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
+                                            worker=worker, device=device))
+    assert isinstance(comp, Summed) and len(params) == 1
+    return comp
 
 
 class Reducer:
@@ -146,7 +162,7 @@ class Reducer:
 
     # -- fragments on the threads -------------------------------------------------------
     def _launch(self, b: BucketState) -> None:
-        pieces = fragments(b.plan.numel, self.chunk_numel)
+        pieces = fragments(b.plan.numel, 0 if b.compressor else self.chunk_numel)
         b.launched = True
         if not pieces:
             return
@@ -158,11 +174,15 @@ class Reducer:
 
     def _reduce(self, b: BucketState, start: int, stop: int, thread: CommThread) -> None:
         try:
-            reducer = thread.reducer(b.plan.codec)
-            x = b.flat[start:stop]
-            if b.residuals is not None and not reducer.codec.lossless and reducer.world_size > 1:
-                b.residuals.compensate(x, start, reducer.codec)
-            reducer(x, op=self.op)
+            if b.compressor is not None:  # a whole bucket of one parameter
+                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), self.op)
+            else:
+                reducer = thread.reducer(b.plan.codec)
+                x = b.flat[start:stop]
+                if b.residuals is not None and not reducer.codec.lossless \
+                        and reducer.world_size > 1:
+                    b.residuals.compensate(x, start, reducer.codec)
+                reducer(x, op=self.op)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
             b.error = b.error or exc
         with b._lock:

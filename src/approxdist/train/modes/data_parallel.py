@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from torch import nn
+
 from approxdist.config.schema import Config
 from approxdist.config.wire import Wire
+from approxdist.data import TensorDataset
+from approxdist.data_parallel.codec_rules import CodecRules
+from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ConfigError
 from approxdist.topology import Mesh
 from approxdist.train.engines.data_parallel import build_data_parallel
@@ -66,9 +71,15 @@ def _check_plain(cfg: Config) -> None:
                           f"(--dp-reducer approxdist)")
 
 
+def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
+    grad = cfg.wire.grad
+    if not grad.adaptive:
+        check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
+
+
 DP = register(Mode(
     name="dp", help="data parallelism: every rank a replica, gradients all-reduced "
                     "(docs/data_parallel.md)",
     axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_data_parallel,
     options=("comm.*", "dp.*", "adaprec.*", "wire.grad.*"), implied=_dp_implied,
-    check=_check_dp))
+    check=_check_dp, preflight=_preflight))

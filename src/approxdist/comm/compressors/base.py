@@ -1,0 +1,181 @@
+"""The compressor contract: one tensor's gradient -> the messages a collective combines -> the average.
+
+A compressor (Vogels et al. 2019's "all-reduce compatible" distinction; GRACE, Xu et al.
+2021) belongs to one tensor of one worker and keeps that tensor's state (error-feedback
+residual, warm-start factors, random stream). Its `exchange(grad, world)` is a generator
+that yields each message this worker sends and receives what the collective made of all
+workers' messages:
+
+* `Summed` (all-reduce compatible): yields fp32 tensors, receives their sum over workers,
+  possibly in several rounds (PowerSGD's P, then Q); returns the workers' average.
+* `Gathered` (needs all-gather): yields one `Payload` of real bytes, receives every
+  worker's payload in worker order; returns their aggregate (the mean of the decoded
+  tensors, or a vote).
+
+The core is pure: no torch.distributed here. Whoever owns a collective drives the
+generator (`run_alone` is the world of one); tests drive N of them in lockstep.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Generator, Mapping
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from approxdist.comm.codecs.base import Payload
+from approxdist.errors import ConfigError
+
+Collective = Literal["all-reduce", "all-gather"]
+SumExchange = Generator[torch.Tensor, torch.Tensor, torch.Tensor]
+GatherExchange = Generator[Payload, list[Payload], torch.Tensor]
+
+
+class Compressor(ABC):
+    """One tensor's compressor on one worker, with the state that must survive a resume."""
+
+    collective: ClassVar[Collective]
+    #: whether the residual of what was dropped is added to the next step's gradient
+    feedback: ClassVar[bool] = False
+
+    def __init__(self, spec: str, shape: torch.Size | tuple[int, ...],
+                 device: torch.device | None = None) -> None:
+        self.spec = spec
+        self.shape = torch.Size(shape)
+        self.numel = self.shape.numel()
+        self.device = device or torch.device("cpu")
+        #: every tensor saved by `state_dict`, bit for bit
+        self.state: dict[str, torch.Tensor] = {}
+        if self.feedback:
+            self.state["residual"] = torch.zeros(self.numel, device=self.device)
+        self.generator: torch.Generator | None = None
+
+    @abstractmethod
+    def wire_bytes(self) -> int:
+        """Bytes this worker contributes per step (every round's message together)."""
+
+    @abstractmethod
+    def exchange(self, grad: torch.Tensor, world: int) -> Generator[Any, Any, torch.Tensor]:
+        """Yield this worker's messages, receive what the collective made of them (a sum, or
+        every worker's payload); return what every worker applies."""
+
+    def bytes_per_value(self) -> float:
+        return self.wire_bytes() / max(self.numel, 1)
+
+    def _flat(self, grad: torch.Tensor) -> torch.Tensor:
+        """A fp32 flat copy of `grad`, plus the residual where error feedback is on."""
+        if grad.numel() != self.numel:
+            raise ConfigError(f"{self.spec} was built for a tensor of shape {tuple(self.shape)} "
+                              f"but got one of shape {tuple(grad.shape)}; build one compressor "
+                              f"per tensor")
+        x = grad.detach().reshape(-1).to(device=self.device, dtype=torch.float32, copy=True)
+        if self.feedback:
+            x.add_(self.state["residual"])
+        return x
+
+    def _uniform(self, n: int) -> torch.Tensor:
+        """n uniform [0, 1) numbers from this compressor's own stream, on its device."""
+        assert self.generator is not None
+        return torch.rand(n, generator=self.generator).to(self.device)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the residual, factors and random stream (bitwise resume)."""
+        out = {k: v.clone() for k, v in self.state.items()}
+        if self.generator is not None:
+            out["rng"] = self.generator.get_state()
+        return out
+
+    def load_state_dict(self, saved: Mapping[str, torch.Tensor]) -> None:
+        want = set(self.state) | ({"rng"} if self.generator is not None else set())
+        if set(saved) != want:
+            raise ConfigError(f"{self.spec} state has entries {sorted(saved)} but this compressor "
+                              f"keeps {sorted(want)}; was it saved with another compressor?")
+        for key, value in saved.items():
+            if key == "rng":
+                assert self.generator is not None
+                self.generator.set_state(value)
+                continue
+            if value.shape != self.state[key].shape:
+                raise ConfigError(f"{self.spec} state {key!r} has shape {tuple(value.shape)}, "
+                                  f"expected {tuple(self.state[key].shape)}; was it saved for "
+                                  f"another tensor?")
+            self.state[key].copy_(value)
+
+    def __repr__(self) -> str:
+        return f"<compressor {self.spec} {tuple(self.shape)}>"
+
+
+class Summed(Compressor):
+    """All-reduce compatible: messages are fp32 tensors whose sum over workers is meaningful."""
+
+    collective = "all-reduce"
+
+    @abstractmethod
+    def exchange(self, grad: torch.Tensor, world: int) -> SumExchange:
+        """Yield each round's message, receive its sum over `world` workers; return the average."""
+
+
+class Gathered(Compressor):
+    """Needs all-gather: one payload of bytes a worker; every worker decodes all of them."""
+
+    collective = "all-gather"
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor) -> Payload:
+        """The payload of the flat fp32 `x` (residual already added)."""
+
+    @abstractmethod
+    def decode(self, payload: Payload) -> torch.Tensor:
+        """The flat fp32 tensor a payload stands for."""
+
+    def aggregate(self, decoded: list[torch.Tensor]) -> torch.Tensor:
+        """The workers' mean, summed in worker order (votes override this)."""
+        return in_order(decoded).div_(len(decoded))
+
+    def exchange(self, grad: torch.Tensor, world: int) -> GatherExchange:
+        x = self._flat(grad)
+        payload = self.encode(x)
+        if self.feedback:
+            torch.sub(x, self.decode(payload), out=self.state["residual"])
+        gathered = yield payload
+        if len(gathered) != world:
+            raise ConfigError(f"{self.spec}: gathered {len(gathered)} payloads for a world of "
+                              f"{world}")
+        return self.aggregate([self.decode(p) for p in gathered]).view(self.shape)
+
+
+def in_order(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of `tensors` added in list order (the same bits on every worker)."""
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total.add_(t)
+    return total
+
+
+def seeded(seed: int) -> torch.Generator:
+    """A CPU generator for one compressor's random stream."""
+    return torch.Generator().manual_seed(seed)
+
+
+def start_alone(compressor: Compressor,
+                grad: torch.Tensor) -> tuple[Generator[Any, Any, torch.Tensor], Any]:
+    """Begin one exchange in a world of one: (the exchange, its first message)."""
+    exchange = compressor.exchange(grad, 1)
+    return exchange, next(exchange)
+
+
+def finish_alone(exchange: Generator[Any, Any, torch.Tensor], message: Any) -> torch.Tensor:
+    """Run a world-of-one exchange to its end, handing back what its collective would: each
+    message itself (a sum over one worker) or a list of its one payload."""
+    while True:
+        try:
+            message = exchange.send([message] if isinstance(message, Payload) else message)
+        except StopIteration as stop:
+            result: torch.Tensor = stop.value
+            return result
+
+
+def run_alone(compressor: Compressor, grad: torch.Tensor) -> torch.Tensor:
+    """One exchange in a world of one (what a single worker would apply)."""
+    return finish_alone(*start_alone(compressor, grad))
