@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from approxdist.cli import (
     analyze_cmd,
@@ -28,8 +29,16 @@ SUBCOMMANDS = (train_cmd, bench, inspect_cmd, schedule_cmd, plan_cmd, simulate_c
                experiment_cmd, report_cmd, evaluate_cmd, cluster_cmd)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with bad input as one line (`approxdist train: error: ...`), exit 2: the
+    usage block is what `--help` is for. Sub-commands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="approxdist",
         description="Distributed training where what crosses the network is tunable and measured.",
     )
