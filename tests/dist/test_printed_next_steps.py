@@ -1,6 +1,7 @@
-"""Every next step the CLI prints works as printed: `plan`'s "run it" line trains (and a
-plan it cannot run says so instead), and `analyze` of a data-parallel run whose all-reduce
-the trace cannot see names the flag that makes it visible, which then does."""
+"""Every next step the CLI prints works as printed: `plan`'s "run it" line trains (for a
+profile that names no data set, tests/unit/test_planner_plan_cli.py runs it), and
+`analyze` of a data-parallel run whose all-reduce the trace cannot see names the flag
+that makes it visible, which then does."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
-from tests.helpers.pipedream import PROFILES
 
 DIGITS_MLP = ["--model", "mlp", "--epochs", "1", "--set", "model.hidden=32"]
 
@@ -43,22 +43,6 @@ def test_the_plan_of_a_measured_profile_trains_as_printed(tmp_path: Path,
     args = _printed_command(line, "run it: ")
     assert main([*args, "--epochs", "1", "--out", "run"]) == 0
     assert (tmp_path / "run" / "summary.json").is_file()
-
-
-def test_a_plan_for_a_profile_only_model_says_what_it_needs(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert main(["plan", "--profile", str(PROFILES / "alexnet.txt"), "--world-size", "4",
-                 "--link", "bw=8gbit", "--json", "plan.json"]) == 0
-    line = _last_line(capsys)
-    assert "run it" not in line
-    assert "the profile names no data set" in line and "[3, 224, 224] samples" in line
-    assert "a model 'alexnet' whose blocks are the profile's 22" in line
-    # what the line warns of: the plan does not train on the default data set
-    assert main(["train", "--plan", "plan.json", "--out", "run"]) == 2
-    assert "[3, 224, 224]" in capsys.readouterr().err
 
 
 def _analyze_traced(tmp_path: Path, capsys: pytest.CaptureFixture[str], algorithm: str) -> str:
