@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import build_parser
-from approxdist.cli.train_cmd import flag_layer
+from approxdist.cli.train_flags import flag_layer
 from approxdist.config import load_config, write_config
 from approxdist.config.loader import build_config
 from approxdist.config.wire import Wire

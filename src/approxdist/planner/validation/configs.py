@@ -99,5 +99,6 @@ def select(settings: tuple[Setting, ...], only: str | None) -> tuple[Setting, ..
     chosen = tuple(s for s in settings if all(p in s.key for p in parts))
     if not chosen:
         raise ConfigError(f"--only {only!r} matches no configuration; keys look like "
-                          f"{settings[0].key} (model/N<ranks>/link/codec)")
+                          f"{settings[0].key} (the model, N and the rank count, the link and the codec, "
+                          f"joined by slashes)")
     return chosen
