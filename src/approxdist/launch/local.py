@@ -1,5 +1,8 @@
 """Start N local workers through torch's elastic launcher (the machinery behind torchrun).
 
+The workers are forked from the process's fork server (`launch/forkserver.py`), which has
+torch and the entry's module imported already.
+
 Rendezvous is on 127.0.0.1 with a free port, so nothing listens on a public address by
 default. When any worker fails the agent stops the others and we raise a `LaunchError`
 that names the failed rank(s).
@@ -17,6 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from approxdist.errors import LaunchError
 from approxdist.launch.context import prefer_loopback
+from approxdist.launch.forkserver import EnvDelta, fork_context
 from approxdist.launch.ports import free_port
 
 HOST = "127.0.0.1"
@@ -30,6 +34,11 @@ def signal_suffix(code: int) -> str:
         return f" ({signal.Signals(-code).name})" if code < 0 else ""
     except ValueError:
         return ""
+
+
+def _forked(env: EnvDelta, entry: Callable[..., Any], *args: Any) -> Any:
+    env.apply()
+    return entry(*args)
 
 
 def launch_local(entry: Callable[..., Any], world_size: int, *args: Any,
@@ -49,10 +58,11 @@ def launch_local(entry: Callable[..., Any], world_size: int, *args: Any,
         run_id=f"approxdist-{uuid.uuid4().hex[:8]}",
         rdzv_backend="static", rdzv_endpoint=f"{HOST}:{free_port(HOST)}",
         rdzv_configs={"rank": 0}, max_restarts=0, monitor_interval=0.5,
-        start_method="spawn", local_addr=HOST,
+        start_method="forkserver", local_addr=HOST,
     )
+    _, env = fork_context(entry.__module__)
     try:
-        return elastic_launch(config, entry)(*args)
+        return elastic_launch(config, _forked)(env, entry, *args)
     except ChildFailedError as exc:
         parts = []
         for rank, failure in sorted(exc.failures.items()):

@@ -1,15 +1,15 @@
 """Run a function on N gloo ranks in fresh local processes and collect each rank's result.
 
 This is the one helper every distributed test and every multi-rank benchmark uses: it
-picks a free loopback port, starts the ranks from a fork server that has torch already
-imported (fast), enforces a timeout, and reports which rank failed and why.
+picks a free loopback port, starts the ranks from the fork server that has torch already
+imported (`launch/forkserver.py`; fast), enforces a timeout, and reports which rank failed
+and why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import multiprocessing as mp
 import os
 import pickle
 import queue
@@ -19,25 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from approxdist.errors import LaunchError
+from approxdist.launch.forkserver import EnvDelta, fork_context
 from approxdist.launch.ports import free_port
 
-_CTX: Any = None
 
-
-def _mp_context() -> Any:
-    global _CTX  # a process-wide fork server is the point: it is started once, lazily
-    if _CTX is None:
-        ctx = mp.get_context("forkserver")
-        # torch._dynamo is imported by the first optimizer step: paying for it once here
-        # saves seconds per rank in every later run
-        ctx.set_forkserver_preload([
-            "torch", "torch.distributed", "torch._dynamo", "approxdist.launch.context"])
-        _CTX = ctx
-    return _CTX
-
-
-def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple[Any, ...],
-            timeout_s: float, results: Any) -> None:
+def _worker(fn: Callable[..., Any], env: EnvDelta, rank: int, world: int, port: int,
+            args: tuple[Any, ...], timeout_s: float, results: Any) -> None:
+    env.apply()
     import torch
     import torch.distributed as dist
 
@@ -81,11 +69,11 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     """
     if world_size < 1:
         raise LaunchError(f"world size {world_size} must be >= 1")
-    ctx = _mp_context()
+    ctx, env = fork_context()
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(fn, r, world_size, port, args, comm_timeout_s, results),
+        ctx.Process(target=_worker, args=(fn, env, r, world_size, port, args, comm_timeout_s, results),
                     daemon=True)
         for r in range(world_size)
     ]

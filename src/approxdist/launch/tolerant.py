@@ -1,7 +1,7 @@
 """Start N local ranks that survive the loss of some of them (`--tolerate-worker-loss`).
 
 torch's elastic agent (`launch/local.py`, torchrun) stops every rank as soon as one
-exits. This launcher starts the ranks itself (one spawned process each, the torchrun
+exits. This launcher starts the ranks itself (one forked process each, the torchrun
 environment variables set) and hosts the run's c10d store, which the ranks join as
 clients. When a rank that `expendable` allows to die ends without finishing (killed,
 crashed), the launcher posts it on the store's loss board (`launch/lost_ranks.py`), prints a
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import multiprocessing as mp
 import os
 import pickle
 import sys
@@ -28,6 +27,7 @@ import torch.distributed as dist
 
 from approxdist.errors import LaunchError
 from approxdist.launch.context import prefer_loopback
+from approxdist.launch.forkserver import EnvDelta, fork_context
 from approxdist.launch.local import HOST, signal_suffix
 from approxdist.launch.lost_ranks import LossBoard
 from approxdist.launch.ports import free_port
@@ -43,8 +43,9 @@ class Outcome:
     lost: dict[int, str] = field(default_factory=dict)
 
 
-def _rank_main(entry: Callable[..., Any], env: dict[str, str], args: tuple[Any, ...],
-               result: Connection) -> None:
+def _rank_main(entry: Callable[..., Any], launcher_env: EnvDelta, env: dict[str, str],
+               args: tuple[Any, ...], result: Connection) -> None:
+    launcher_env.apply()
     os.environ.update(env)
     try:
         out = entry(*args)
@@ -76,13 +77,13 @@ def launch_tolerant(entry: Callable[..., Any], world_size: int, *args: Any,
     store = dist.TCPStore(HOST, port, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     board = LossBoard(store)
-    ctx = mp.get_context("spawn")
+    ctx, launcher_env = fork_context(entry.__module__)
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (read end, write end)
     base = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": HOST, "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True"}  # every rank a client of our store
     procs = [ctx.Process(target=_rank_main, daemon=False,
-                         args=(entry, {**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+                         args=(entry, launcher_env, {**base, "RANK": str(r), "LOCAL_RANK": str(r)},
                                (*args, f"{HOST}:{port}"), pipes[r][1]))
              for r in range(world_size)]
     for p in procs:
