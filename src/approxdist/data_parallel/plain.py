@@ -95,6 +95,10 @@ class PlainAllReduce:
         raise ConfigError("the plain reducer sends fp32 through dist.all_reduce and cannot "
                           "switch codecs; use --dp-reducer approxdist")
 
+    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+        """Nothing: fp32 loses nothing."""
+        return {}
+
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         """Stateless."""
 

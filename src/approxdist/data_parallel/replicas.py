@@ -76,6 +76,10 @@ class ReplicaReducer(Protocol):
     def set_codecs(self, codec_rules: Sequence[str], codec: str) -> None:
         """Send the next gradients in other codecs, keeping the residuals (AdaPrec)."""
 
+    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+        """What the codecs did to this member's gradients since the last call, per
+        parameter (||sent - exact||^2, ||exact||^2); `measure`: watch the next steps (AdaPrec)."""
+
     def close(self) -> None: ...
 
 

@@ -88,6 +88,11 @@ class Engine(Protocol):
         """Send wire `name` in `codec` (and per-parameter `rules`) from the next step on,
         its error-feedback state kept (AdaPrec); every rank switches alike."""
 
+    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+        """What the codecs of the wire AdaPrec switches did to this rank's gradients since
+        the last call, per parameter (||sent - exact||^2, ||exact||^2) summed over the steps
+        (`comm.update_error`); `measure`: watch the steps until the next call."""
+
     def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
                     batch_size: int) -> tuple[float, int, int]:
         """(the true class's probability summed, correct, predictions) of one batch on this

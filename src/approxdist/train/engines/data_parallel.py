@@ -121,6 +121,9 @@ class DataParallelEngine:
         self.sync.set_codecs(rules, codec)
         self.codec = codec
 
+    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+        return self.sync.update_error(measure) if self.sync else {}
+
     def start(self) -> None:
         if self.sync:
             self.sync.broadcast_parameters()

@@ -88,6 +88,11 @@ class ParamServerEngine:
                               + (" or per-parameter rules" if rules else ""))
         self.ps.set_push_codec(codec)
 
+    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+        """The push codec's error on a worker's gradients; nothing on a server."""
+        worker = self.ps.worker
+        return worker.update_error(measure) if worker is not None else {}
+
     @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> tuple[float, int, int]:
