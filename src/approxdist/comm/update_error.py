@@ -26,8 +26,9 @@ from approxdist.comm.codecs import Codec
 
 #: (name, offset, numel) of one named slice of a flat buffer
 Slice = tuple[str, int, int]
-#: per slice name: (||sent - exact||^2, ||exact||^2) summed over the watched steps
-Sums = dict[str, tuple[float, float]]
+#: per slice name: (||sent - exact||^2, ||exact||^2) summed over the watched steps, and
+#: the slice's size
+Sums = dict[str, tuple[float, float, int]]
 
 
 class UpdateError:
@@ -47,9 +48,9 @@ class UpdateError:
             self.error[start:stop] += sent.reshape(-1).double() - exact.reshape(-1)
 
     def sums(self) -> Sums:
-        """Per slice: (||E||^2, ||G||^2)."""
+        """Per slice: (||E||^2, ||G||^2, its size)."""
         return {name: (float(self.error[o:o + n].square().sum()),
-                       float(self.exact[o:o + n].square().sum())) for name, o, n in self.layout}
+                       float(self.exact[o:o + n].square().sum()), n) for name, o, n in self.layout}
 
 
 def sent_values(x: torch.Tensor, codec: Codec, residual: torch.Tensor | None) -> torch.Tensor:
@@ -61,17 +62,18 @@ def sent_values(x: torch.Tensor, codec: Codec, residual: torch.Tensor | None) ->
     return codec.roundtrip(x.clone())
 
 
-def merge(parts: Sequence[Mapping[str, tuple[float, float]]]) -> Sums:
-    """Sums of several ranks or buffers, added per slice name (in the order given)."""
+def merge(parts: Sequence[Mapping[str, tuple[float, float, int]]]) -> Sums:
+    """Sums of several ranks or buffers, added per slice name (in the order given; a
+    slice's size is its own, not added)."""
     out: Sums = {}
     for part in parts:
-        for name, (e, g) in part.items():
-            e0, g0 = out.get(name, (0.0, 0.0))
-            out[name] = (e0 + e, g0 + g)
+        for name, (e, g, n) in part.items():
+            e0, g0, _ = out.get(name, (0.0, 0.0, n))
+            out[name] = (e0 + e, g0 + g, n)
     return out
 
 
-def relative(sums: Mapping[str, tuple[float, float]]) -> float:
+def relative(sums: Mapping[str, tuple[float, float, int]]) -> float:
     """The relative error of the whole update, ||E|| / ||G|| over every slice (0 when
     nothing was sent lossily, inf when an error came with no gradient)."""
     e = sum(v[0] for v in sums.values())

@@ -172,16 +172,18 @@ class DataParallel(nn.Module):
         self.set_extra_state(residuals)
 
     def update_error(self, measure: bool) -> Sums:
-        """What the codecs did to this member's gradients since the last call (AdaPrec's
-        signal, `comm.update_error`): per parameter (||sent - exact||^2, ||exact||^2) summed
-        over the steps, none where a compressor sends it; `measure`: watch the steps from
-        now until the next call (a codec switch ends the watch)."""
+        """What the codecs did to this member's gradients while watched (AdaPrec's signal,
+        `comm.update_error`): per parameter (||sent - exact||^2, ||exact||^2, size) summed
+        over the steps, none where a compressor sends it. `measure`: go on watching (from
+        now, if not watching); False stops and forgets. A codec switch ends the watch."""
         self.wait()
         out = merge([b.probe.sums() for b in self._buckets if b.probe is not None])
         for b in self._buckets:
-            b.probe = UpdateError(list(zip(b.plan.names, b.plan.offsets, b.plan.numels)),
-                                  b.plan.numel, self.ctx.device) \
-                if measure and b.compressor is None else None
+            if not measure or b.compressor is not None:
+                b.probe = None
+            elif b.probe is None:
+                b.probe = UpdateError(list(zip(b.plan.names, b.plan.offsets, b.plan.numels)),
+                                      b.plan.numel, self.ctx.device)
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

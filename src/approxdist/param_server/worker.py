@@ -93,12 +93,14 @@ class Worker:
         self._finish(pulls)
 
     def update_error(self, measure: bool) -> Sums:
-        """What the push codec did to this worker's gradients since the last call, per
-        parameter (`comm.update_error`); `measure`: watch the pushes until the next call."""
+        """What the push codec did to this worker's gradients while watched, per parameter
+        (`comm.update_error`); `measure`: go on watching (from now, if not); False stops."""
         out = merge([p.sums() for p in self.probes or []])
-        self.probes = [UpdateError(_layout(s, n), num, self.link.device)
-                       for s, n, num in zip(self.shards, self.names, self.numels)] \
-            if measure else None
+        if not measure:
+            self.probes = None
+        elif self.probes is None:
+            self.probes = [UpdateError(_layout(s, n), num, self.link.device)
+                           for s, n, num in zip(self.shards, self.names, self.numels)]
         return out
 
     def _post_pull(self, k: int) -> _Pull:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from approxdist.comm.update_error import Sums
 from approxdist.trace.times import StepTimes
 
 if TYPE_CHECKING:
@@ -88,10 +89,10 @@ class Engine(Protocol):
         """Send wire `name` in `codec` (and per-parameter `rules`) from the next step on,
         its error-feedback state kept (AdaPrec); every rank switches alike."""
 
-    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
-        """What the codecs of the wire AdaPrec switches did to this rank's gradients since
-        the last call, per parameter (||sent - exact||^2, ||exact||^2) summed over the steps
-        (`comm.update_error`); `measure`: watch the steps until the next call."""
+    def update_error(self, measure: bool) -> Sums:
+        """What the codecs of the wire AdaPrec switches did to this rank's gradients while
+        watched, per parameter (||sent - exact||^2, ||exact||^2, size) summed over the steps
+        (`comm.update_error`); `measure`: go on watching (from now, if not); False stops."""
 
     def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
                     batch_size: int) -> tuple[float, int, int]:

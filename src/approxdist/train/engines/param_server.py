@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from approxdist.api.param_server import ParameterServer
+from approxdist.comm.update_error import Sums
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
@@ -88,7 +89,7 @@ class ParamServerEngine:
                               + (" or per-parameter rules" if rules else ""))
         self.ps.set_push_codec(codec)
 
-    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+    def update_error(self, measure: bool) -> Sums:
         """The push codec's error on a worker's gradients; nothing on a server."""
         worker = self.ps.worker
         return worker.update_error(measure) if worker is not None else {}

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from approxdist.api.pipeline import Pipeline
+from approxdist.comm.update_error import Sums
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.errors import ConfigError
@@ -126,7 +127,7 @@ class PipelineEngine:
         sync.set_codecs(rules, codec)
         self.codec = codec
 
-    def update_error(self, measure: bool) -> dict[str, tuple[float, float]]:
+    def update_error(self, measure: bool) -> Sums:
         """The replicas' gradient codec's error on this stage's gradients, its parameters
         named `stage<k>.<name>` (the stages' own names may repeat); nothing on a stage alone."""
         sync = self.pipe.runtime.grad_sync
