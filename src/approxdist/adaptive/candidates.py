@@ -5,7 +5,7 @@ that codec) or a named policy (`policy:seed004`, `policy:fastest`: its per-layer
 fp32 where they say nothing). The run's own `--codec-rule`s come first either way, so
 `--codec-rule '*.bias=fp32'` keeps biases exact whatever AdaPrec picks. With
 `adaprec.choose = "layer"` the controller also makes candidates of its own, one codec per
-parameter (`mix:NAME=CODEC;...`, `per_layer.py`).
+parameter (`mix:NAME=CODEC,...`, `per_layer.py`).
 """
 
 from __future__ import annotations

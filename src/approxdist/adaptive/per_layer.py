@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 #: per parameter: (||E||^2, ||G||^2, size), one candidate's measurement
 Sums = Mapping[str, tuple[float, float, int]]
-#: a candidate that names one codec per parameter: `mix:NAME=CODEC;NAME=CODEC;...`
+#: a candidate that names one codec per parameter: `mix:NAME=CODEC,NAME=CODEC,...`
 MIX = "mix:"
 
 
@@ -58,16 +58,16 @@ def assign(errors: Mapping[str, Sums], bits: Mapping[str, float], budget: float,
 
 
 def mix_spec(choice: Mapping[str, str]) -> str:
-    """One codec when every parameter has the same, else `mix:NAME=CODEC;...`."""
+    """One codec when every parameter has the same, else `mix:NAME=CODEC,...`."""
     codecs = set(choice.values())
     if len(codecs) == 1:
         return codecs.pop()
-    return MIX + ";".join(f"{n}={c}" for n, c in choice.items())
+    return MIX + ",".join(f"{n}={c}" for n, c in choice.items())
 
 
 def mix_rules(candidate: str) -> tuple[str, ...]:
     """The codec rules of a `mix:` candidate (exact names: globs that match themselves)."""
-    return tuple(item for item in candidate[len(MIX):].split(";") if item)
+    return tuple(item for item in candidate[len(MIX):].split(",") if item)
 
 
 def _mean(values: list[float]) -> float:
