@@ -55,9 +55,13 @@ class AdaPrecConfig:
         if not 1 <= self.points <= self.speculate_steps:
             raise ConfigError(f"adaprec.points = {self.points} must be between 1 and "
                               f"adaprec.speculate_steps ({self.speculate_steps})")
-        if self.signal not in SIGNALS:
-            raise ConfigError(f"adaprec.signal = {self.signal!r} is not one of: "
-                              f"{', '.join(SIGNALS)}")
+        for key, value, valid in (("signal", self.signal, SIGNALS),
+                                  ("horizon", self.horizon, HORIZONS),
+                                  ("decide", self.decide, RULES),
+                                  ("choose", self.choose, CHOICES)):
+            if value not in valid:
+                raise ConfigError(f"adaprec.{key} = {value!r} is not one of: "
+                                  f"{', '.join(valid)}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"adaprec.val_fraction = {self.val_fraction} must be in (0, 1); "
                               f"e.g. 0.1")
@@ -70,9 +74,6 @@ class AdaPrecConfig:
                               f"(0, 1]; e.g. 0.5")
         if not 0.0 < self.collapse <= 1.0:
             raise ConfigError(f"adaprec.collapse = {self.collapse} must be in (0, 1]; e.g. 0.5")
-        if self.horizon not in HORIZONS:
-            raise ConfigError(f"adaprec.horizon = {self.horizon!r} is not one of: "
-                              f"{', '.join(HORIZONS)}")
         if not 0.0 <= self.gain_share <= 1.0:
             raise ConfigError(f"adaprec.gain_share = {self.gain_share} must be in [0, 1]; "
                               f"e.g. 0.9 (at most 10 % less predicted gain than the best), "
@@ -81,12 +82,6 @@ class AdaPrecConfig:
             raise ConfigError(f"adaprec.error_budget = {self.error_budget} must be > 0: the "
                               f"relative error a codec may add to the update, e.g. 0.5 "
                               f"(inf: no limit)")
-        if self.decide not in RULES:
-            raise ConfigError(f"adaprec.decide = {self.decide!r} is not one of: "
-                              f"{', '.join(RULES)}")
-        if self.choose not in CHOICES:
-            raise ConfigError(f"adaprec.choose = {self.choose!r} is not one of: "
-                              f"{', '.join(CHOICES)}")
         if self.first.startswith(PREFIX):
             raise ConfigError(f"adaprec.first = {self.first!r} must be one codec, e.g. fp32")
 
