@@ -54,6 +54,16 @@ class Sim:
     adopted: list[tuple[str, float]] = field(default_factory=list)
     reusable: bool = True
     main_steps: int = 0  # steps the driver's loop trained (not adopted)
+    #: codec -> the relative error it adds to the update (0 when not named)
+    error: dict[str, float] = field(default_factory=dict)
+    _watched: int = 0
+
+    def watch(self, on: bool) -> None:
+        self._watched = 0 if on else -1
+
+    def update_error(self) -> dict[str, tuple[float, float, int]]:
+        e = self.error.get(self.codec, 0.0)
+        return {"w": (e * e * self._watched, float(self._watched), 10)}
 
     def snapshot(self) -> None:
         self.saved = [*self.saved[-1:], self.value]
@@ -92,6 +102,7 @@ class Sim:
         self.now += self.sleep
         self.advance(steps)
         self.spec_steps += steps
+        self._watched += steps
         return [self.secs[self.codec]] * steps, self.codec != "nan"
 
     def clock(self) -> float:
@@ -112,7 +123,10 @@ class Sim:
         return value
 
 
-CFG = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0)
+#: seed 004's own rule (the learning curve's gain per second among the safe candidates),
+#: which most of these tests exercise; the default rule has its own tests below
+CFG = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0,
+                    decide="curve")
 
 
 def _drive(sim: Sim, cfg: AdaPrecConfig = CFG, candidates: tuple[str, ...] = ("fp32", "fast"),

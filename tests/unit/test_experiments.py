@@ -299,30 +299,53 @@ def test_the_command_line_and_settings_keep_the_link(tmp_path: Path) -> None:
 
 # -- seed004-adaprec's verdicts come from its CSV ----------------------------------------------
 
-def _adaprec_rows(acc: float, wall: float, chosen: str, decision_s: float) -> list[dict[str, object]]:
+def _adaprec_rows(acc: float, wall: float, chosen: str, spent: float,
+                  seeds: int = 1) -> list[dict[str, object]]:
     from approxdist.experiments.seed004_adaprec import POLICIES
 
     base = {"float": (0.70, 10.0), "fp8": (0.69, 6.0), "table1": (0.50, 4.0),
             "table4": (0.68, 5.0), "fastest": (0.68, 5.0), "seed004": (0.55, 4.5),
-            "adaprec": (acc, wall)}
-    return [{"policy": p, "seed": 0, "final_accuracy": base[p][0], "wall_time_s": base[p][1],
-             "best_accuracy": base[p][0], "bytes_sent": 1, "speculation_s": 1.0,
-             "fit_s": 0.05, "decision_s": decision_s if p == "adaprec" else 0.0,
-             "chosen": chosen if p == "adaprec" else "", "blacklist": ""} for p in POLICIES]
+            "adaprec": (acc, wall), "adaprec-layer": (acc, wall)}
+    ada = ("adaprec", "adaprec-layer")
+    return [{"policy": p, "seed": s, "final_accuracy": base[p][0] + 0.002 * s,
+             "wall_time_s": base[p][1], "best_accuracy": base[p][0], "bytes_sent": 1,
+             "speculation_s": spent if p in ada else 0.0, "fit_s": 0.0,
+             "decision_s": 0.01 if p in ada else 0.0,
+             "chosen": chosen if p in ada else "", "blacklist": ""}
+            for s in range(seeds) for p in POLICIES]
 
 
 def test_seed004_adaprec_verdicts_follow_the_measurements() -> None:
     from approxdist.experiments.seed004_adaprec import POISON, result_table, trend_rows
 
-    good = trend_rows(_adaprec_rows(0.698, 8.0, f"0:fp32;40:{POISON};80:fp32", 0.1))
-    assert [ok for _, _, ok, _ in good] == [True, True, True]
-    assert "69.8 % vs 70.0 % (float), -0.2 pts; 8.0 s vs 10.0 s" in good[0][1]
-    assert "chosen in 1 phase(s), kept for a second phase 0 time(s)" in good[1][1]
-    bad = trend_rows(_adaprec_rows(0.69, 12.0, f"0:fp32;40:{POISON};80:{POISON}", 0.5))
-    assert [ok for _, _, ok, _ in bad] == [False, False, False]
-    assert "4.2 %" in bad[2][1]  # 0.5 s of 12 s
+    mix = "0:fp32;60:mix:0.1.weight=table4,0.1.bias=fp8-e5m2"
+    good = trend_rows(_adaprec_rows(0.698, 4.5, mix, 0.5))
+    assert [ok for _, _, ok, _ in good] == [True] * 8  # both variants, four figures each
+    assert "69.8 % vs 70.0 % (float), -0.2 pts; 0.45x float's time" in good[0][1]
+    assert good[1][1] == "none is" and "chosen in 0 phase(s)" in good[2][1]
+    assert "11.3 % (0.5 s of 4.5 s a run)" in good[3][1]
+    # slower than fp8 and less accurate beyond the spread: dominated; the poison chosen
+    bad = trend_rows(_adaprec_rows(0.60, 8.0, f"0:fp32;40:{POISON}", 2.0, seeds=2))
+    assert [ok for _, _, ok, _ in bad[:4]] == [False, False, False, False]
+    assert bad[1][1] == "dominated by fp8, table4, fastest"  # float is slower
     table = result_table(_adaprec_rows(0.698, 8.0, "0:fp32", 0.1))
     assert "| adaprec | 69.8 % (n=1) | 8.0 | 0.80x | 74.4 % |" in table
+
+
+def test_seed004_pareto_view_and_choices_per_parameter() -> None:
+    from approxdist.experiments.seed004_pareto import Point, choices, dominates, pareto_table, points
+
+    ada = Point("adaprec", 5.0, 0.1, 0.68, 0.01, 3)
+    assert dominates(Point("fp8", 4.0, 0.1, 0.70, 0.005, 3), ada)
+    assert not dominates(Point("fp8", 4.0, 0.1, 0.69, 0.005, 3), ada)  # within the spread
+    assert not dominates(Point("float", 9.0, 0.1, 0.75, 0.005, 3), ada)  # slower
+    names, steps, grid = choices([(0, "fp32"), (60, "mix:a.w=table4,a.b=fp8-e5m2")])
+    assert names == ["a.w", "a.b"] and steps == [0, 60]
+    assert grid == [["fp32", "fp32"], ["table4", "fp8-e5m2"]]
+    assert choices([(0, "fp32"), (60, "table4")])[0] == ["all"]
+    table = pareto_table(points(_adaprec_rows(0.60, 8.0, "0:fp32", 2.0, seeds=2)),
+                         ("adaprec", "adaprec-layer"), ("float", "fp8"))
+    assert "| fp8 | 6.0 ± 0.0 | 0.60x | 69.1 ± 0.1 % (n=2) | adaprec, adaprec-layer |" in table
 
 
 # -- seed003-ps's verdicts come from its CSVs --------------------------------------------------

@@ -7,7 +7,9 @@ The first phase runs `cfg.first`. At each boundary (every `phase_steps` steps, w
 whole speculation still fits in the run) the controller measures the run's signal,
 snapshots the run, and for each candidate not blacklisted restores the snapshot, switches
 the gradients' codecs to it and trains `speculate_steps` steps, measuring the signal at
-`points` points and the seconds per step (slowest rank), and keeps its end. Rank 0 judges
+`points` points, the seconds per step (slowest rank) and what its codec did to the
+update (`SpeculativeRun.update_error`, every rank's gradients; a candidate over
+`error_budget` after its first chunk of steps stops there), and keeps its end. Rank 0 judges
 the candidates (`decide.py`: the curve fits) and every rank takes its decision; the run
 switches to the winner and goes on from the end of the winner's speculation, whose steps
 become the run's own (`reuse`; they trained the winner's codec from the snapshot, exactly
@@ -35,8 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from approxdist.adaptive.candidates import codec_bits
 from approxdist.adaptive.decide import Decision, Point, Trial, collapsed, decide
 from approxdist.adaptive.learning_curve import LearningCurveModel
+from approxdist.comm.update_error import Sums, relative
 from approxdist.config.adaprec import AdaPrecConfig
 
 T = TypeVar("T")
@@ -71,6 +75,13 @@ class SpeculativeRun(Protocol):
 
     def signal(self) -> float:
         """The validation signal of the model now, agreed by every rank."""
+
+    def watch(self, on: bool) -> None:
+        """Start (afresh) or stop measuring what the codecs do to this rank's gradients."""
+
+    def update_error(self) -> Sums:
+        """Per parameter, what the codecs did to every rank's gradients since `watch(True)`
+        (`comm.update_error`), agreed by every rank; the watch goes on."""
 
     def agree(self, value: T) -> T:
         """Rank 0's `value`, on every rank."""
@@ -181,6 +192,7 @@ class AdaPrecController:
         self.decision_s += self.clock() - t_judge
         self.reused_steps += self.cfg.speculate_steps if kept is not None else 0
         return {**record, "chosen": winner, "reason": reason, "predict_at": at,
+                "decided_by": decision.decided_by,
                 "candidates": decision.records, "blacklist": list(self.blacklist),
                 "speculation_s": spent, "fit_s": decision.fit_s,
                 "agree_s": t_done - t_judge,
@@ -189,7 +201,7 @@ class AdaPrecController:
 
     def _decide(self, trials: list[Trial], at: int, current: float) -> Decision:
         return decide(trials, self.curve, at, current, self.run.chance, self.cfg, self.model,
-                      self._fallback())
+                      self._fallback(), codec_bits)
 
     def _switch(self, step: int, codec: str, kept: Any = None) -> str:
         self.run.use(codec)
@@ -204,11 +216,13 @@ class AdaPrecController:
         kept (`SpeculativeRun.keep`) for the run to go on from if it wins."""
         self.run.restore()
         self.run.use(candidate)
+        self.run.watch(True)
         points: list[Point] = []
         seconds: list[float] = []
-        finite = True
+        finite, whole = True, True
         train_s = 0.0
-        for n in _chunks(self.cfg.speculate_steps, self.cfg.points):
+        chunks = _chunks(self.cfg.speculate_steps, self.cfg.points)
+        for i, n in enumerate(chunks):
             t = self.clock()
             walls, finite = self.run.train(n)
             train_s += self.clock() - t
@@ -216,9 +230,15 @@ class AdaPrecController:
             if not finite:
                 break
             points.append((step + len(seconds), self.run.signal()))
-        kept = self.run.keep() if finite and self.cfg.reuse else None
+            if i == 0 and len(chunks) > 1 and \
+                    relative(self.run.update_error()) > self.cfg.error_budget:
+                whole = False  # damaging already: its other steps would buy nothing
+                break
+        errors = self.run.update_error()
+        self.run.watch(False)
+        kept = self.run.keep() if finite and whole and self.cfg.reuse else None
         # the median: a codec's first step also builds its all-reduce and checks the peers
-        trial = Trial(candidate, tuple(points), statistics.median(seconds), finite)
+        trial = Trial(candidate, tuple(points), statistics.median(seconds), finite, errors)
         return _Speculation(trial, kept, train_s)
 
     def _roll_back(self, record: dict[str, Any]) -> float:

@@ -1,11 +1,18 @@
 """AdaPrec's decision at a phase boundary, as a pure function of what speculation measured.
 
 Seed 004's step (3): continue with the precision that gives the best accuracy gain per
-unit of time. Each candidate's signal at the next boundary is predicted by the
-learning-curve model (`learning_curve.py`) from the run's curve so far followed by the
-candidate's speculative points (`assess_all` predicts every candidate in one
-`predict_many`, their fits sharing arrays); its time to get there is its measured seconds
-per step times the phase length. The guards the seed does not discuss:
+unit of time. First, safety: a candidate whose measured error on the update
+(`comm.update_error`: what its codec did to the gradients it sent during its
+speculation, error feedback included) exceeds `error_budget` is `damaging` and never
+chosen, whatever its step time: the direct, same-batch signal sees what a few steps of
+a held-out curve cannot (docs/adaprec.md). Among the safe candidates, `decide = "error"`
+(the default) takes the fastest: within the budget their updates are all close to the
+exact one, so the progress per step is taken as equal and the gain per second is the
+steps per second. With `decide = "curve"` (seed 004's own rule) each candidate's signal
+at the next boundary is predicted by the learning-curve model (`learning_curve.py`) from
+the run's curve so far followed by the candidate's speculative points (`assess_all`
+predicts every candidate in one `predict_many`, their fits sharing arrays); its time to
+get there is its measured seconds per step times the phase length. The guards the seed does not discuss:
 * a candidate whose speculation produced a non-finite loss or signal (`diverged`) or lost
   more than `collapse` of the signal the run had above chance (`collapsed`) is blacklisted;
 * a candidate whose lower confidence bound `mean - lcb_z * std` falls below the current
@@ -21,15 +28,21 @@ per step times the phase length. The guards the seed does not discuss:
   if none gains, the best predicted signal; if none is eligible, the current codec stays.
   The prediction is at the next boundary, or with `horizon = "run"` at the run's last
   step (the gain per second then over the steps left).
+With `choose = "layer"` the winner is one codec per parameter (`per_layer.assign`: the
+fewest bits within the error budget, from the safe candidates' per-parameter errors).
+Each decision names what decided it (`decided_by`): `error` when the fastest candidate
+was kept out by its error, else `time`, `curve` or `layer`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from approxdist.adaptive.learning_curve import LearningCurveModel, Prediction
+from approxdist.adaptive.per_layer import assign, mix_spec
+from approxdist.comm.update_error import relative
 from approxdist.config.adaprec import AdaPrecConfig
 
 #: (step counted from 1, signal) of one measurement
@@ -44,6 +57,13 @@ class Trial:
     points: tuple[Point, ...]
     s_per_step: float
     finite: bool
+    #: per parameter (||sent - exact||^2, ||exact||^2, size) over its speculation
+    errors: Mapping[str, tuple[float, float, int]] = field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        """The relative error its codec added to the update (0: exact)."""
+        return relative(self.errors)
 
 
 @dataclass(frozen=True)
@@ -54,7 +74,7 @@ class Assessment:
     prediction: Prediction | None
     gain: float
     score: float
-    verdict: str  # eligible | below-lcb | falling | outgained | diverged | collapsed
+    verdict: str  # eligible | damaging | below-lcb | falling | outgained | diverged | collapsed
     pace: float = math.nan  # `own_pace`, the bound on the prediction
 
     @property
@@ -69,6 +89,7 @@ class Assessment:
         p = self.prediction
         return {"points": [list(pt) for pt in self.trial.points],
                 "s_per_step": self.trial.s_per_step, "finite": self.trial.finite,
+                "error": _json(self.trial.error),
                 "verdict": self.verdict, "gain": _json(self.gain), "score": _json(self.score),
                 "pace": _json(self.pace),
                 "prediction": None if p is None else {"mean": _json(p.mean), "std": _json(p.std),
@@ -87,6 +108,9 @@ def assess_all(trials: Sequence[Trial], curve: Sequence[Point], at: int, current
     """`assess` for each trial; the trials' curves predicted in one `predict_many` (they
     share the run's curve and, when whole, their steps: the fits share their arrays)."""
     screened = [_screen(t, current, chance, cfg) for t in trials]
+    if cfg.decide == "error":  # no curve: the safe candidates compared by their step time
+        return [a if a is not None else _by_time(t, current, cfg)
+                for t, a in zip(trials, screened)]
     fitted = [t for t, a in zip(trials, screened) if a is None]
     curves = [[*curve, *t.points] for t in fitted]
     preds = iter(model.predict_many([([s for s, _ in c], [v for _, v in c]) for c in curves], at))
@@ -113,7 +137,17 @@ def _screen(trial: Trial, current: float, chance: float, cfg: AdaPrecConfig) -> 
         return Assessment(trial, None, -math.inf, -math.inf, "diverged")
     if collapsed(current, values[-1], chance, cfg.collapse):
         return Assessment(trial, None, -math.inf, -math.inf, "collapsed")
+    if trial.error > cfg.error_budget:
+        return Assessment(trial, None, -math.inf, -math.inf, "damaging")
     return None
+
+
+def _by_time(trial: Trial, current: float, cfg: AdaPrecConfig) -> Assessment:
+    """A safe trial under `decide = "error"`: eligible unless its own points fell; its
+    score the steps per second (the gain per step taken as equal within the budget)."""
+    gain = trial.points[-1][1] - current
+    verdict = "falling" if trial.points[-1][1] < current - cfg.margin else "eligible"
+    return Assessment(trial, None, gain, -max(trial.s_per_step, 1e-9), verdict)
 
 
 def _judge(trial: Trial, pred: Prediction, curve: Sequence[Point], at: int, current: float,
@@ -143,23 +177,55 @@ class Decision:
     blacklisted: tuple[str, ...]
     records: dict[str, dict[str, object]]
     fit_s: float
+    decided_by: str = ""
 
 
 def decide(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: float,
-           chance: float, cfg: AdaPrecConfig, model: LearningCurveModel, keep: str) -> Decision:
-    """Judge every trial (`assess_all`) and choose (`choose`; `keep` when none is eligible)."""
+           chance: float, cfg: AdaPrecConfig, model: LearningCurveModel, keep: str,
+           bits: Callable[[str], float | None] = lambda c: None) -> Decision:
+    """Judge every trial (`assess_all`) and choose (`choose`; `keep` when none is eligible;
+    with `choose = "layer"` a codec per parameter, `bits` giving a codec's bits per value)."""
     judged = assess_all(trials, curve, at, current, chance, cfg, model)
     fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
     records = {a.trial.candidate: a.record() for a in judged}
     out = tuple(a.trial.candidate for a in judged if a.blacklisted)
     if judged and all(a.blacklisted for a in judged):
-        return Decision(None, "every candidate failed", out, records, fit_s)
-    return Decision(choose(judged, keep), _reason(judged), out, records, fit_s)
+        return Decision(None, "every candidate failed", out, records, fit_s, "blacklist")
+    winner = choose(judged, keep)
+    by = _decided_by(judged, winner, cfg)
+    if cfg.choose == "layer" and any(a.eligible for a in judged):
+        winner, by = _per_layer(judged, cfg, bits) or winner, "layer"
+    return Decision(winner, _reason(judged, cfg), out, records, fit_s, by)
 
 
-def _reason(judged: Sequence[Assessment]) -> str:
+def _per_layer(judged: Sequence[Assessment], cfg: AdaPrecConfig,
+               bits: Callable[[str], float | None]) -> str | None:
+    """One codec per parameter from the safe trials' errors (None: nothing measured)."""
+    safe = {a.trial.candidate: a.trial.errors for a in judged
+            if a.verdict in ("eligible", "damaging") and bits(a.trial.candidate) is not None}
+    costs = {c: float(bits(c) or 32.0) for c in safe}
+    if not any(safe.values()):
+        return None
+    return mix_spec(assign(safe, costs, cfg.error_budget, exact=cfg.first))
+
+
+def _decided_by(judged: Sequence[Assessment], winner: str, cfg: AdaPrecConfig) -> str:
+    """`error` when the fastest candidate was kept out by its error on the update, else
+    what compared the safe ones (`time`, `curve`), or `kept` when none was eligible."""
+    timed = [a for a in judged if not a.blacklisted]
+    fastest = min(timed, key=lambda a: a.trial.s_per_step) if timed else None
+    if fastest is not None and fastest.verdict == "damaging" and winner != fastest.trial.candidate:
+        return "error"
+    if not any(a.eligible for a in judged):
+        return "kept"
+    return "time" if cfg.decide == "error" else "curve"
+
+
+def _reason(judged: Sequence[Assessment], cfg: AdaPrecConfig) -> str:
     if not any(a.eligible for a in judged):
         return "no candidate eligible; kept the current codec"
+    if cfg.decide == "error":
+        return "fastest within the error budget"
     return "best predicted gain per second" if any(a.eligible and a.gain > 0 for a in judged) \
         else "no candidate gains; best predicted signal"
 

@@ -13,6 +13,10 @@ from approxdist.errors import ConfigError
 
 SIGNALS = ("soft", "accuracy")
 HORIZONS = ("phase", "run")
+#: how the safe candidates are compared: step time alone, or the learning curve's gain per second
+RULES = ("error", "curve")
+#: one codec for every parameter, or each parameter its own
+CHOICES = ("all", "layer")
 #: the gradient-wire codec prefix that turns AdaPrec on
 PREFIX = "adaprec:"
 
@@ -36,6 +40,9 @@ class AdaPrecConfig:
     gain_share: float = 0.0      # eligible only if gaining >= this share of the best gain
     reuse: bool = True           # go on from the winner's speculation (one state copy per
     #                              candidate held until the decision); False: retrain it
+    error_budget: float = 0.5    # most relative error a candidate may add to the update
+    decide: str = "error"        # among safe candidates: fastest (error) or curve's gain/s
+    choose: str = "all"          # one codec for all parameters, or per parameter (layer)
 
     def __post_init__(self) -> None:
         if self.phase_steps < 2:
@@ -48,9 +55,13 @@ class AdaPrecConfig:
         if not 1 <= self.points <= self.speculate_steps:
             raise ConfigError(f"adaprec.points = {self.points} must be between 1 and "
                               f"adaprec.speculate_steps ({self.speculate_steps})")
-        if self.signal not in SIGNALS:
-            raise ConfigError(f"adaprec.signal = {self.signal!r} is not one of: "
-                              f"{', '.join(SIGNALS)}")
+        for key, value, valid in (("signal", self.signal, SIGNALS),
+                                  ("horizon", self.horizon, HORIZONS),
+                                  ("decide", self.decide, RULES),
+                                  ("choose", self.choose, CHOICES)):
+            if value not in valid:
+                raise ConfigError(f"adaprec.{key} = {value!r} is not one of: "
+                                  f"{', '.join(valid)}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"adaprec.val_fraction = {self.val_fraction} must be in (0, 1); "
                               f"e.g. 0.1")
@@ -63,13 +74,14 @@ class AdaPrecConfig:
                               f"(0, 1]; e.g. 0.5")
         if not 0.0 < self.collapse <= 1.0:
             raise ConfigError(f"adaprec.collapse = {self.collapse} must be in (0, 1]; e.g. 0.5")
-        if self.horizon not in HORIZONS:
-            raise ConfigError(f"adaprec.horizon = {self.horizon!r} is not one of: "
-                              f"{', '.join(HORIZONS)}")
         if not 0.0 <= self.gain_share <= 1.0:
             raise ConfigError(f"adaprec.gain_share = {self.gain_share} must be in [0, 1]; "
                               f"e.g. 0.9 (at most 10 % less predicted gain than the best), "
                               f"0 for none")
+        if not self.error_budget > 0:
+            raise ConfigError(f"adaprec.error_budget = {self.error_budget} must be > 0: the "
+                              f"relative error a codec may add to the update, e.g. 0.5 "
+                              f"(inf: no limit)")
         if self.first.startswith(PREFIX):
             raise ConfigError(f"adaprec.first = {self.first!r} must be one codec, e.g. fp32")
 

@@ -143,6 +143,22 @@ def _split(item: str) -> tuple[str, str]:
     return pattern, codec
 
 
+def unmatched(items: Iterable[str], module: nn.Module) -> list[str]:
+    """The rules written in `items` (not those a policy stands for: a policy covers every
+    kind of layer) that match no parameter of `module`: a typo that would silently send
+    the default codec instead."""
+    owners = param_owners(module)
+    out = []
+    for item in items:
+        if item.strip().startswith("policy:"):
+            continue
+        pattern, codec = _split(item)
+        rule = Rule(pattern.strip(), codec.strip())
+        if not any(rule.matches(n, o) for n, o in owners.items()):
+            out.append(item)
+    return out
+
+
 def param_owners(module: nn.Module) -> dict[str, nn.Module]:
     """Full parameter name -> the module that registers it directly."""
     owners: dict[str, nn.Module] = {}

@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from approxdist.comm.collectives import Calibration
+from approxdist.comm.update_error import Sums, UpdateError, merge
 from approxdist.config.dp import check_sizes
 from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
 from approxdist.data_parallel.buffer_stats import average_float_buffers
@@ -169,6 +170,21 @@ class DataParallel(nn.Module):
         self._buckets = self._make_buckets(*self._sizes)
         self._wire_buckets()
         self.set_extra_state(residuals)
+
+    def update_error(self, measure: bool) -> Sums:
+        """What the codecs did to this member's gradients while watched (AdaPrec's signal,
+        `comm.update_error`): per parameter (||sent - exact||^2, ||exact||^2, size) summed
+        over the steps, none where a compressor sends it. `measure`: go on watching (from
+        now, if not watching); False stops and forgets. A codec switch ends the watch."""
+        self.wait()
+        out = merge([b.probe.sums() for b in self._buckets if b.probe is not None])
+        for b in self._buckets:
+            if not measure or b.compressor is not None:
+                b.probe = None
+            elif b.probe is None:
+                b.probe = UpdateError(list(zip(b.plan.names, b.plan.offsets, b.plan.numels)),
+                                      b.plan.numel, self.ctx.device)
+        return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._hooks.in_backward = False  # a backward that raised never reached its end callback

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from approxdist.comm.update_error import Sums
 from approxdist.data_parallel.buffer_stats import average_float_buffers
 from approxdist.errors import ConfigError
 from approxdist.launch.group import Group
@@ -94,6 +95,10 @@ class PlainAllReduce:
     def set_codecs(self, codec_rules: Sequence[str], codec: str) -> None:
         raise ConfigError("the plain reducer sends fp32 through dist.all_reduce and cannot "
                           "switch codecs; use --dp-reducer approxdist")
+
+    def update_error(self, measure: bool) -> Sums:
+        """Nothing: fp32 loses nothing."""
+        return {}
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         """Stateless."""

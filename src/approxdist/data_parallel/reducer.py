@@ -30,6 +30,7 @@ from torch import nn
 
 from approxdist.comm.compressors import Summed, Where, get_compressor, is_compressor
 from approxdist.comm.error_feedback import ErrorFeedback
+from approxdist.comm.update_error import UpdateError, sent_values
 from approxdist.data_parallel.buckets import BucketPlan, forward_order, fragments
 from approxdist.data_parallel.compressed import check_summed, reduce_compressed
 from approxdist.data_parallel.threads import CommPool, CommThread
@@ -52,6 +53,8 @@ class BucketState:
         self.residuals = ErrorFeedback(list(zip(plan.names, plan.offsets, plan.numels)),
                                        plan.numel, device) \
             if error_feedback and self.compressor is None else None
+        #: what the codec does to this rank's gradients, while AdaPrec measures it
+        self.probe: UpdateError | None = None
         self.have = [False] * len(self.params)
         self.missing = len(self.params)
         self.launched = False
@@ -179,9 +182,15 @@ class Reducer:
             else:
                 reducer = thread.reducer(b.plan.codec)
                 x = b.flat[start:stop]
-                if b.residuals is not None and not reducer.codec.lossless \
-                        and reducer.world_size > 1:
+                lossy = not reducer.codec.lossless and reducer.world_size > 1
+                exact = x.clone() if b.probe is not None and lossy else x
+                residual = None
+                if b.residuals is not None and lossy:
                     b.residuals.compensate(x, start, reducer.codec)
+                    residual = b.residuals.flat[start:stop]  # x - Q(x) now
+                if b.probe is not None:
+                    b.probe.observe(start, exact, sent_values(x, reducer.codec, residual)
+                                    if lossy else None)
                 reducer(x, op=self.op)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
             b.error = b.error or exc

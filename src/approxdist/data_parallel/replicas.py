@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from approxdist.comm.update_error import Sums
 from approxdist.config.dp import DPConfig
 from approxdist.config.wire import EXACT, Wire
 from approxdist.launch.context import DistContext
@@ -75,6 +76,11 @@ class ReplicaReducer(Protocol):
 
     def set_codecs(self, codec_rules: Sequence[str], codec: str) -> None:
         """Send the next gradients in other codecs, keeping the residuals (AdaPrec)."""
+
+    def update_error(self, measure: bool) -> Sums:
+        """What the codecs did to this member's gradients while watched, per
+        parameter (||sent - exact||^2, ||exact||^2, size); `measure`: go on watching (from
+        now, if not), False stops (AdaPrec)."""
 
     def close(self) -> None: ...
 

@@ -9,8 +9,11 @@ MNIST-1D (digits with a tiny MLP at smoke size) over an emulated slow link, once
 policy and seed: float (`fp32`), `fp8-e5m2`, `table1`, `table4`, `policy:fastest`
 (from all-reduce times measured on the same link and world first, `codec-times.json`),
 `policy:seed004` and AdaPrec over fp32, fp8, Table-4, Table-1 and a poison candidate
-(`bits:s0e8m7`, which drops every gradient's sign). AdaPrec's wall time includes its
-speculation.
+(`bits:s0e8m7`, which drops every gradient's sign), with default settings: one codec for
+all (`adaprec`) and one per parameter (`adaprec-layer`). AdaPrec's wall time includes its
+speculation. The report is the Pareto view (`seed004_pareto.py`): each policy a point
+(time, accuracy) with its spread, whether a fixed policy dominates AdaPrec, and AdaPrec's
+choices per parameter over the steps.
 
 CSVs: `results.csv`, one row per (policy, seed): policy, seed, final_accuracy,
 wall_time_s (training time of every epoch, speculation included), best_accuracy,
@@ -33,6 +36,7 @@ from approxdist.experiments.accuracy import time_curve
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
+from approxdist.experiments.seed004_pareto import pareto_table, plot_pareto, points, verdict
 from approxdist.launch.spawn import run_on_ranks
 
 NAME = "seed004-adaprec"
@@ -49,7 +53,10 @@ POLICIES: dict[str, dict[str, Any]] = {
     "fastest": {"rules": ["policy:fastest"], "times": "times"},
     "seed004": {"rules": ["policy:seed004"]},
     "adaprec": {"codec": "adaprec:" + ",".join(CANDIDATES)},
+    "adaprec-layer": {"codec": "adaprec:" + ",".join(CANDIDATES)},
 }
+ADAPTIVE = ("adaprec", "adaprec-layer")
+FIXED_POLICIES = ("float", "fp8", "table1", "table4", "fastest", "seed004")
 #: seed 004's figures (docs/studies.md#seed004): CaffeNet, 16 ImageNet classes, 4 GPUs, 100 epochs
 SEED = {"float": 73.6, "fp8": 71.9, "table1": 60.1, "fastest": 72.3, "adaprec": 74.4}
 COLUMNS = ("policy", "seed", "final_accuracy", "wall_time_s", "best_accuracy", "bytes_sent",
@@ -79,10 +86,13 @@ def task(settings: Settings, seed: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def adaprec_keys(settings: Settings) -> dict[str, Any]:
-    """The [adaprec] section of the AdaPrec runs."""
-    return {"phase_steps": settings.pick(6, 50, 60), "speculate_steps": settings.pick(2, 5, 8),
-            "points": settings.pick(2, 4, 4)}
+def adaprec_keys(settings: Settings, policy: str = "adaprec") -> dict[str, Any]:
+    """The [adaprec] section of an AdaPrec run: its phases; the rule, the error budget and
+    the guards at their defaults (per parameter for `adaprec-layer`). The direct signal
+    needs few steps: 4, measured at 2 points (a damaging candidate stops after 2)."""
+    keys: dict[str, Any] = {"phase_steps": settings.pick(6, 50, 60),
+                            "speculate_steps": settings.pick(2, 4, 4), "points": 2}
+    return {**keys, "choose": "layer"} if policy == "adaprec-layer" else keys
 
 
 def measure_times(out: Path, link: str) -> Path:
@@ -109,8 +119,8 @@ def collect(settings: Settings) -> Meta:
             sections = task(settings, seed)
             sections["wire"] = {"grad": {k: str(times) if v == "times" else v
                                          for k, v in grad.items()}}
-            if policy == "adaprec":
-                sections["adaprec"] = adaprec_keys(settings)
+            if policy in ADAPTIVE:
+                sections["adaprec"] = adaprec_keys(settings, policy)
             run_dir = settings.out / "runs" / f"{policy}-s{seed}"
             summary = train_run(sections, run_dir)
             rows.append(_row(policy, seed, summary))
@@ -150,56 +160,54 @@ def _chosen(row: Row) -> list[tuple[int, str]]:
 
 
 def trend_rows(rows: list[Row]) -> list[md.Trend]:
+    """The issue's figures, computed from results.csv, for each AdaPrec variant run."""
+    pts = points(rows)
+    fixed = [p for p in FIXED_POLICIES if p in pts]
     out: list[md.Trend] = []
-    fixed = [p for p in ("float", "fp8", "table1", "table4", "fastest", "seed004")
-             if any(r["policy"] == p for r in rows)]
-    if "adaprec" not in {r["policy"] for r in rows} or not fixed:
+    if not fixed or "float" not in pts:
         return out
-    best = max(fixed, key=lambda p: _mean(rows, p, "final_accuracy"))
-    acc, best_acc = _mean(rows, "adaprec", "final_accuracy"), _mean(rows, best, "final_accuracy")
-    t, t_float = _mean(rows, "adaprec", "wall_time_s"), _mean(rows, "float", "wall_time_s")
-    spec = _mean(rows, "adaprec", "speculation_s")
-    acc_ok, time_ok = acc >= best_acc - 0.005, t < t_float
-    out.append(("AdaPrec reaches the best fixed policy's accuracy (at most 0.5 point below) "
-                "in less time than float32, speculation included",
-                f"{md.pct(acc)} vs {md.pct(best_acc)} ({best}), {md.points(acc - best_acc)}; "
-                f"{t:.1f} s vs {t_float:.1f} s (float)", acc_ok and time_ok,
-                f"of AdaPrec's time, {spec:.1f} s went to speculation and signal measurements "
-                f"(the winner's speculative steps are the run's own, not counted there); "
-                f"the phases it ran are in `chosen` (results.csv)" + _miss(acc_ok, time_ok)))
-    kept = []
-    for r in (r for r in rows if r["policy"] == "adaprec"):
-        chosen = _chosen(r)
-        kept += [s for i, (s, c) in enumerate(chosen)
-                 if c == POISON and i + 1 < len(chosen) and chosen[i + 1][1] == POISON]
-    picked = sum(c == POISON for r in rows if r["policy"] == "adaprec" for _, c in _chosen(r))
-    out.append((f"the poison candidate ({POISON}) is never kept beyond the phase that tried it",
-                f"chosen in {picked} phase(s), kept for a second phase {len(kept)} time(s)",
-                not kept, "a boundary undoes a phase whose signal collapsed and blacklists its "
-                          "codec; a speculation that collapses or diverges blacklists it at once"))
-    decision, fit = _mean(rows, "adaprec", "decision_s"), _mean(rows, "adaprec", "fit_s")
-    overhead = decision / t if t else float("nan")
-    out.append(("AdaPrec's controller (fits and decisions, not speculative training) takes "
-                "under 2 % of the run", f"{md.pct(overhead)} ({decision:.2f} s of decisions, "
-                f"{fit:.2f} s of them fits) of {t:.1f} s", overhead < 0.02,
-                f"the decisions' time holds the fits ({md.pct(fit / t if t else float('nan'))} "
-                f"of the run: five curve families per candidate, docs/adaprec.md) and the "
-                f"ranks' agreement and codec switch ({decision - fit:.2f} s)"))
+    best = max(fixed, key=lambda p: pts[p].acc)
+    for ada in (a for a in ADAPTIVE if a in pts):
+        p, mine = pts[ada], [r for r in rows if r["policy"] == ada]
+        acc_ok = p.acc >= pts[best].acc - 0.005
+        ratio = p.time / pts["float"].time
+        out.append((f"{ada}: accuracy at least the best fixed policy's minus 0.5 point, in at "
+                    f"most half float's wall time (speculation included)",
+                    f"{md.pct(p.acc)} vs {md.pct(pts[best].acc)} ({best}), "
+                    f"{md.points(p.acc - pts[best].acc)}; {ratio:.2f}x float's time",
+                    acc_ok and ratio <= 0.5, _why(acc_ok, ratio)))
+        over = verdict(pts, ada, FIXED_POLICIES)
+        out.append((f"{ada}: no fixed policy is both more accurate (beyond the seeds' spread) "
+                    f"and faster", "dominated by " + ", ".join(over) if over else "none is",
+                    not over, "a point dominates when its accuracy minus its spread exceeds "
+                              "AdaPrec's plus AdaPrec's, at a lower mean time"))
+        picked = sum(POISON in c for r in mine for _, c in _chosen(r))
+        out.append((f"{ada}: the poison ({POISON}) is never chosen, default settings",
+                    f"chosen in {picked} phase(s)", picked == 0,
+                    "its measured error on the update (about 1.4) exceeds the error budget "
+                    "(0.5) at every boundary, whatever its step time"))
+        spent = sum(float(r["speculation_s"]) + float(r["decision_s"]) for r in mine)
+        total = sum(float(r["wall_time_s"]) for r in mine)
+        share = spent / total if total else float("nan")
+        out.append((f"{ada}: speculation and controller take at most 15 % of its wall time",
+                    f"{md.pct(share)} ({spent / len(mine):.1f} s of {total / len(mine):.1f} s "
+                    f"a run)", share <= 0.15,
+                    "speculation trains each losing candidate S steps per boundary (a "
+                    "damaging one S / points) and measures the held-out signal; decisions "
+                    "are a comparison of measured figures, no curve fits"))
     return out
 
 
-def _miss(acc_ok: bool, time_ok: bool) -> str:
-    """Where the AdaPrec figure misses, and why (docs/adaprec.md, "The accuracy miss")."""
-    out = ""
+def _why(acc_ok: bool, ratio: float) -> str:
+    """Where the AdaPrec figure misses, and why."""
+    out = "the phases each run chose are in `chosen` (results.csv) and the plot"
     if not acc_ok:
-        out += ("; the accuracy misses: the decision maximises the soft signal's predicted "
-                "gain per second over the next phase, and over S speculative steps a cheap "
-                "codec can gain as much as a precise one while its accuracy cost shows only "
-                "over epochs")
-    if not time_ok:
-        out += ("; the time misses: each boundary trains every candidate but the kept "
-                "winner S steps, (C - 1) x S of every K steps, and the seed's runs are 100 "
-                "epochs long, where that overhead is amortised over many more phases")
+        out += ("; the accuracy misses: the safe codecs (within the error budget) are taken "
+                "as equally good and the fastest wins; a lower adaprec.error_budget trades "
+                "time for accuracy")
+    if ratio > 0.5:
+        out += ("; the time misses: each boundary trains every losing candidate S steps, "
+                "fp32's on the slow link the dearest; longer phases amortise them")
     return out
 
 
@@ -216,17 +224,11 @@ def result_table(rows: list[Row]) -> str:
 
 
 def plot(out: Path, rows: list[Row], curves: list[Row], title: str) -> str:
-    fig, (by_time, codecs) = plots.figure(2, width=11.0)
+    fig, (by_time,) = plots.figure(1, width=6.0)
     for (policy,), mine in group(curves, "policy").items():
         by_time.plot(*time_curve(mine), marker=".", label=policy,
                      linestyle="--" if policy == "float" else "-")
     plots.label(by_time, "training time (s)", "test accuracy (%)", "accuracy vs time")
-    for r in (r for r in rows if r["policy"] == "adaprec"):
-        chosen = _chosen(r)
-        codecs.step([s for s, _ in chosen], [CANDIDATES.index(c) for _, c in chosen],
-                    where="post", marker="o", label=f"seed {r['seed']}")
-    codecs.set_yticks(range(len(CANDIDATES)), list(CANDIDATES))
-    plots.label(codecs, "step", "codec", "AdaPrec's choice per phase")
     plots.save(fig, out / "adaprec.png", title)
     return "adaprec.png"
 
@@ -238,18 +240,30 @@ def render(out: Path, meta: Meta) -> str:
     title = (f"{NAME}: {task_meta.get('dataset', '?')}, {RANKS} ranks, "
              f"{task_meta.get('link', '?')}, {len(meta.get('seeds', [0]))} seed(s)")
     png = plot(out, rows, curves, title)
+    pts = points(rows)
+    first = {r["policy"]: _chosen(r) for r in sorted(rows, key=lambda r: -int(r["seed"]))
+             if r["policy"] in ADAPTIVE}
+    pareto = plot_pareto(out, pts, ADAPTIVE, first, CANDIDATES, title)
     return md.report(
         [f"Task: {task_meta.get('dataset', '?')} with {task_meta.get('model', {})}, "
          f"{task_meta.get('epochs', '?')} epochs, learning rate {task_meta.get('lr', '?')}, "
          f"link {task_meta.get('link', '?')}; AdaPrec {task_meta.get('adaprec', {})} over "
          f"{', '.join(CANDIDATES)}. "
-         f"{WHY if task_meta.get('dataset') == 'mnist1d' else SMOKE_WHY}", result_table(rows)],
-        [md.image(png, "accuracy vs time; AdaPrec's codec per phase")],
+         f"{WHY if task_meta.get('dataset') == 'mnist1d' else SMOKE_WHY}", result_table(rows),
+         "The Pareto view (mean ± standard deviation over the seeds):",
+         pareto_table(pts, ADAPTIVE, FIXED_POLICIES)],
+        [md.image(png, "accuracy vs time"),
+         md.image(pareto, "time vs accuracy per policy; AdaPrec's codec per parameter")],
         trend_rows(rows),
         "Seed 004 trains CaffeNet for 100 epochs on 4 GPUs; here 4 CPU ranks share "
         f"{meta.get('cores', '?')} core(s) and train an MLP for a few epochs over an emulated "
-        "link, so only the ordering of the policies is comparable, not the figures; the "
-        "seed's AdaPrec has no poison candidate or rollback.")
+        "link, so only the ordering of the policies is comparable, not the figures. The "
+        "task's limits against CaffeNet on 16 ImageNet classes: a 144 K-parameter MLP on "
+        "1-D signals, not a 61 M-parameter CNN on images (no convolution, so seed 004's "
+        "fp8-for-convolutions rule has nothing to act on); a few epochs, not 100, so "
+        "AdaPrec's speculation is amortised over far fewer phases; float stays well below "
+        "100 % (the task is unsaturated), yet its accuracy ceiling and noise are not "
+        "ImageNet's. The seed's AdaPrec has no poison candidate or rollback.")
 
 
 PRESET = Preset(
@@ -260,5 +274,5 @@ PRESET = Preset(
             "seed004 rule and AdaPrec (with a poison candidate), 4 ranks, slow link",
     csv_columns={"results.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
     collect=collect, render=render,
-    run_time={"quick": "~2 min (7 runs x 1 seed x 4 epochs, MNIST-1D, 4 ranks)",
-              "full": "~15 min (7 runs x 3 seeds x 12 epochs)"})
+    run_time={"quick": "~2 min (8 runs x 1 seed x 4 epochs, MNIST-1D, 4 ranks)",
+              "full": "~15 min (8 runs x 3 seeds x 12 epochs)"})

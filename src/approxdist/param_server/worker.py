@@ -15,6 +15,7 @@ from torch import nn
 
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.comm.link import Link, RecvHandle
+from approxdist.comm.update_error import Sums, UpdateError, merge, sent_values
 from approxdist.errors import CommError
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.wire import (
@@ -45,6 +46,9 @@ class Worker:
         self.base = [0] * roles.servers
         self.feedback = [ErrorFeedback(_layout(s, n), device=link.device)
                          for s, n in zip(self.shards, names)] if error_feedback else None
+        self.names = [list(n) for n in names]
+        #: what the push codec does to each shard's gradients, while AdaPrec measures it
+        self.probes: list[UpdateError] | None = None
 
     def _peer(self, server: int) -> int:
         return self.link.group.member(self.roles.server_rank(server))
@@ -67,8 +71,16 @@ class Worker:
         sends = []
         for k in to:
             flat = flat_grads(self.shards[k])
+            probe = self.probes[k] if self.probes is not None else None
+            exact = flat.clone() if probe is not None else flat
+            residual = None
             if self.feedback is not None:
                 self.feedback[k].compensate(flat, 0, self.wire.push)
+                residual = self.feedback[k].flat  # flat - Q(flat) now
+            if probe is not None:
+                exactly = self.wire.push.lossless and residual is None
+                probe.observe(0, exact, None if exactly else
+                              sent_values(flat, self.wire.push, residual))
             peer = self._peer(k)
             sends.append(self.link.isend_bytes(version_word(self.versions[k], flat.device), peer))
             sends.append(self.link.isend(flat, peer, self.wire.push, self.wire.push_channel,
@@ -79,6 +91,17 @@ class Worker:
         except CommError as exc:
             raise self._lost(exc) from exc
         self._finish(pulls)
+
+    def update_error(self, measure: bool) -> Sums:
+        """What the push codec did to this worker's gradients while watched, per parameter
+        (`comm.update_error`); `measure`: go on watching (from now, if not); False stops."""
+        out = merge([p.sums() for p in self.probes or []])
+        if not measure:
+            self.probes = None
+        elif self.probes is None:
+            self.probes = [UpdateError(_layout(s, n), num, self.link.device)
+                           for s, n, num in zip(self.shards, self.names, self.numels)]
+        return out
 
     def _post_pull(self, k: int) -> _Pull:
         peer = self._peer(k)

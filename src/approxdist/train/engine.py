@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from approxdist.comm.update_error import Sums
 from approxdist.trace.times import StepTimes
 
 if TYPE_CHECKING:
@@ -87,6 +88,11 @@ class Engine(Protocol):
     def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
         """Send wire `name` in `codec` (and per-parameter `rules`) from the next step on,
         its error-feedback state kept (AdaPrec); every rank switches alike."""
+
+    def update_error(self, measure: bool) -> Sums:
+        """What the codecs of the wire AdaPrec switches did to this rank's gradients while
+        watched, per parameter (||sent - exact||^2, ||exact||^2, size) summed over the steps
+        (`comm.update_error`); `measure`: go on watching (from now, if not); False stops."""
 
     def score_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,
                     batch_size: int) -> tuple[float, int, int]:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
+from torch import nn
+
 from approxdist.adaptive.candidates import check_candidates
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
@@ -21,7 +23,7 @@ from approxdist.config.adaprec import candidates_of
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
 from approxdist.config.wire import TRAFFIC
-from approxdist.data_parallel.codec_rules import CodecRules
+from approxdist.data_parallel.codec_rules import CodecRules, param_owners, unmatched
 from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
 from approxdist.param_server.modes import parse_mode
@@ -104,12 +106,30 @@ def check_wire(cfg: Config, name: str) -> None:
                       partial(CodecTimes.load, wire.times, cfg.dp.algorithm))
     candidates = candidates_of(wire.codec)
     if candidates is not None:
-        check_candidates((*candidates, cfg.adaprec.first), wire.rules, times)
+        per_layer = cfg.adaprec.choose == "layer"
+        if per_layer and cfg.train.parallel != "dp":
+            raise ConfigError(f"adaprec.choose = 'layer' names a codec per parameter of a "
+                              f"data-parallel run; a {cfg.train.parallel} run's stages name "
+                              f"their own: use adaprec.choose = 'all'")
+        check_candidates((*candidates, cfg.adaprec.first), wire.rules, times, per_layer)
     else:
         named(f"{key}.codec", wire.codec, partial(_check_rules, [], wire.codec, times))
     default = "fp32" if candidates is not None else wire.codec
     for rule in wire.rules:
         named(f"{key}.rules", rule, partial(_check_rules, [rule], default, times))
+
+
+def check_rules_match(cfg: Config, model: nn.Module) -> None:
+    """Each per-parameter rule of a data-parallel run's gradient wire names a parameter of
+    `model` (the whole model: a pipeline stage's are its own)."""
+    if cfg.train.parallel != "dp":
+        return
+    for rule in unmatched(cfg.wire.grad.rules, model):
+        names = list(param_owners(model))
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        raise ConfigError(f"wire.grad.rules = {rule!r} names no parameter of the model "
+                          f"({cfg.model.name}: {shown}); write a glob that matches one "
+                          f"(e.g. '*.weight') or type:Module[.attr] (e.g. type:Linear.bias)")
 
 
 def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:

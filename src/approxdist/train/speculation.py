@@ -9,10 +9,12 @@ parallelism, a hybrid's replicated stages, a parameter server's pushes), trains 
 engine's `set_wire` and measures the signal on the validation split held out of the
 training set (`data/holdout.py`), scored by the engine on its share of it as it
 evaluates (`score_batch`): the mean probability of the true class (`soft`) or the
-accuracy, summed over the world. Every rank takes rank 0's decisions. `keep` copies a speculation's
-end (state and step outcomes); `adopt` puts the winner's back and hands its steps to the
-trainer's loop (`Trainer.ahead`), which counts them as its own instead of training them
-again: a speculation draws the batches, rates and random numbers the loop would.
+accuracy, summed over the world; what the codecs do to the gradients is the engine's
+(`Engine.update_error`), merged over the world. Every rank takes rank 0's decisions.
+`keep` copies a speculation's end (state and step outcomes); `adopt` puts the winner's
+back and hands its steps to the trainer's loop (`Trainer.ahead`), which counts them as
+its own instead of training them again: a speculation draws the batches, rates and
+random numbers the loop would.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from approxdist.adaptive.candidates import candidate_rules
 from approxdist.adaptive.controller import AdaPrecController
+from approxdist.comm.update_error import Sums, merge
 from approxdist.data.loader import eval_shard_of
 from approxdist.train.engine import StepOutcome
 from approxdist.train.snapshot import Position, RunSnapshot
@@ -119,6 +122,14 @@ class TrainerRun:
         self.world.all_reduce(sums)
         soft = self.trainer.cfg.adaprec.signal == "soft"
         return float((sums[0] if soft else sums[1]) / sums[2])
+
+    def watch(self, on: bool) -> None:
+        self.engine.update_error(False)
+        if on:
+            self.engine.update_error(True)
+
+    def update_error(self) -> Sums:
+        return merge(self.world.all_gather_object(self.engine.update_error(True)))
 
     def agree(self, value: T) -> T:
         return self.world.broadcast_object(value)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from approxdist.comm.codecs import get_codec
-from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.adaptive.candidates import codec_bits
+from approxdist.errors import ConfigError
 from approxdist.train.run_dir import check_can_make
 
 #: step record key -> tag
@@ -105,16 +105,6 @@ def _codec(wire: str, codec: str, text: str, step: int) -> list[Entry]:
     if bits is not None:
         out.append(Entry(CODEC_BITS.format(wire), step, bits))
     return out
-
-
-def codec_bits(candidate: str) -> float | None:
-    """Bits per value of an AdaPrec candidate that is a codec spec; None for a policy."""
-    if candidate.startswith("policy:"):
-        return None
-    try:
-        return get_codec(candidate).bits_per_value
-    except ApproxDistError:
-        return None
 
 
 class TensorBoardOutput:

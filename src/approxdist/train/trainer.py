@@ -109,7 +109,6 @@ class Trainer:
                 batches = self.shards(epoch).epoch(epoch, i)
                 continue
             with self.rec.span(STEP, step=self.progress.step):
-                self.stragglers.pause(ctx.rank, self.progress.step)
                 res = self.step(batches, epoch, self.progress.step)
             tally.add(i, res)
             skip = min(res.skip, steps - i - 1)  # the engine skips ahead (N+b)
@@ -145,7 +144,10 @@ class Trainer:
 
     def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], epoch: int,
              step: int) -> StepOutcome:
-        """One step on the next batch of `batches` (epoch `epoch`'s), at `step`'s rate."""
+        """One step on the next batch of `batches` (epoch `epoch`'s), at `step`'s rate,
+        after this rank's straggler delay (speculative steps are slowed alike)."""
+        self.stragglers.pause(self.ctx.rank, step, self.engine.wires().values()
+                              if self.stragglers.by_codec else ())
         x, y = self.next_batch(batches)
         lr = self.lr_rule(step) * self.growth.lr_factor(epoch)
         for opt in self.engine.optimizers:

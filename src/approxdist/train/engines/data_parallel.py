@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from approxdist.comm.update_error import Sums
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
@@ -120,6 +121,9 @@ class DataParallelEngine:
                               f"use --world-size 2 (or more)")
         self.sync.set_codecs(rules, codec)
         self.codec = codec
+
+    def update_error(self, measure: bool) -> Sums:
+        return self.sync.update_error(measure) if self.sync else {}
 
     def start(self) -> None:
         if self.sync:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from approxdist.api.param_server import ParameterServer
+from approxdist.comm.update_error import Sums
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
@@ -87,6 +88,11 @@ class ParamServerEngine:
                               f"one codec per shard), not wire {name!r}"
                               + (" or per-parameter rules" if rules else ""))
         self.ps.set_push_codec(codec)
+
+    def update_error(self, measure: bool) -> Sums:
+        """The push codec's error on a worker's gradients; nothing on a server."""
+        worker = self.ps.worker
+        return worker.update_error(measure) if worker is not None else {}
 
     @torch.no_grad()
     def eval_batch(self, x: torch.Tensor | None, y: torch.Tensor | None,

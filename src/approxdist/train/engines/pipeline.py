@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from approxdist.api.pipeline import Pipeline
+from approxdist.comm.update_error import Sums
 from approxdist.config.schema import Config
 from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.errors import ConfigError
@@ -125,6 +126,13 @@ class PipelineEngine:
                               f"training; AdaPrec chooses the replicas' gradient wire (grad)")
         sync.set_codecs(rules, codec)
         self.codec = codec
+
+    def update_error(self, measure: bool) -> Sums:
+        """The replicas' gradient codec's error on this stage's gradients, its parameters
+        named `stage<k>.<name>` (the stages' own names may repeat); nothing on a stage alone."""
+        sync = self.pipe.runtime.grad_sync
+        sums = sync.update_error(measure) if sync is not None else {}
+        return {f"stage{self.pipe.stage}.{name}": v for name, v in sums.items()}
 
     def end_epoch(self) -> None:
         """Replicas of a stage average their batch-norm statistics; stages share nothing."""

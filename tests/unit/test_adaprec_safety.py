@@ -1,0 +1,129 @@
+"""AdaPrec safe by default: the error on the update keeps a damaging codec out whatever its
+speed; the default rule (fastest within the budget); one codec per parameter under the
+budget (L-GreCo); and the bad input of these options (one line, exit 2)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from approxdist.adaptive.candidates import candidate_rules, check_candidates
+from approxdist.adaptive.per_layer import assign, mix_rules, mix_spec
+from approxdist.cli.main import main
+from approxdist.config.adaprec import AdaPrecConfig
+from approxdist.errors import ConfigError
+from approxdist.train.straggler import Stragglers
+from tests.unit.test_adaprec_controller import Sim, _drive
+
+DEFAULTS = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=1.0)
+
+
+def test_a_damaging_codec_is_never_chosen_however_fast_and_however_it_seems_to_gain() -> None:
+    # the poison gains 5x fp32's signal per step in a tenth of the time: speed and the
+    # curve would both pick it; its error on the update (1.4) does not let them
+    sim = Sim({"fp32": 0.002, "poison": 0.01, "fp8": 0.002},
+              {"fp32": 1.0, "poison": 0.1, "fp8": 0.5}, error={"poison": 1.4, "fp8": 0.05})
+    ctl, records = _drive(sim, DEFAULTS, ("fp32", "poison", "fp8"))
+    assert [c for _, c in ctl.chosen] == ["fp32", "fp8", "fp8", "fp8"]
+    for r in records[1:]:
+        assert r["candidates"]["poison"]["verdict"] == "damaging"
+        assert r["candidates"]["poison"]["error"] == pytest.approx(1.4)
+        assert r["decided_by"] == "error" and r["reason"] == "fastest within the error budget"
+        assert len(r["candidates"]["poison"]["points"]) == 1  # stopped after its first chunk
+    # the curve rule is gated alike
+    curve = AdaPrecConfig(**{**DEFAULTS.__dict__, "decide": "curve"})
+    ctl, _ = _drive(Sim({"fp32": 0.002, "poison": 0.01}, {"fp32": 1.0, "poison": 0.1},
+                        error={"poison": 1.4}), curve, ("fp32", "poison"))
+    assert {c for _, c in ctl.chosen} == {"fp32"}
+
+
+def test_the_fastest_safe_codec_wins_and_the_budget_is_the_users() -> None:
+    rates = {"fp32": 0.002, "fp8": 0.002, "table4": 0.002}
+    secs = {"fp32": 1.0, "fp8": 0.5, "table4": 0.3}
+    errors = {"fp8": 0.05, "table4": 0.3}
+    ctl, records = _drive(Sim(rates, secs, error=errors), DEFAULTS, ("fp32", "fp8", "table4"))
+    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
+    assert records[1]["decided_by"] == "time"
+    tight = AdaPrecConfig(**{**DEFAULTS.__dict__, "error_budget": 0.1})
+    ctl, records = _drive(Sim(rates, secs, error=errors), tight, ("fp32", "fp8", "table4"))
+    assert [c for _, c in ctl.chosen][1:] == ["fp8"] * 3 and records[1]["decided_by"] == "error"
+
+
+def _sums(rel: dict[str, float], norm: dict[str, float], size: dict[str, int]
+          ) -> dict[str, tuple[float, float, int]]:
+    return {n: (rel[n] ** 2 * norm[n], norm[n], size[n]) for n in rel}
+
+
+def test_per_layer_choice_is_the_fewest_bits_within_the_budget() -> None:
+    size = {"fc.weight": 1000, "fc.bias": 10, "out.weight": 100}
+    norm = {"fc.weight": 1.0, "fc.bias": 1.0, "out.weight": 2.0}
+    errors = {"fp8-e5m2": _sums({"fc.weight": 0.05, "fc.bias": 0.05, "out.weight": 0.05},
+                                norm, size),
+              "table4": _sums({"fc.weight": 0.3, "fc.bias": 0.2, "out.weight": 0.45}, norm, size),
+              "table1": _sums({"fc.weight": 3.0, "fc.bias": 0.01, "out.weight": 3.0}, norm, size)}
+    bits = {"fp8-e5m2": 8.0, "table4": 4.0, "table1": 1.0}
+    loose = assign(errors, bits, 0.5)
+    # table1 is cheapest on the bias and within the budget there alone
+    assert loose == {"fc.weight": "table4", "fc.bias": "table1", "out.weight": "table4"}
+    tight = assign(errors, bits, 0.2)
+    total = sum(errors[c][n][0] / errors[c][n][1] * norm[n] for n, c in tight.items())
+    assert total <= 0.2 ** 2 * sum(norm.values())  # never over the budget
+    assert tight["fc.weight"] in ("fp8-e5m2", "table4") and tight["out.weight"] == "fp8-e5m2"
+    assert set(assign(errors, bits, 1e-6).values()) == {"fp32"}  # exact is always possible
+    spec = mix_spec(loose)
+    assert spec.startswith("mix:") and mix_rules(spec) == (
+        "fc.weight=table4", "fc.bias=table1", "out.weight=table4")
+    assert candidate_rules(spec, ("*.bias=fp32",)) == (("*.bias=fp32", *mix_rules(spec)), "fp32")
+    assert mix_spec({"a": "fp8-e5m2", "b": "fp8-e5m2"}) == "fp8-e5m2"
+
+
+def test_the_controller_chooses_per_layer_from_the_measured_errors() -> None:
+    cfg = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
+    sim = Sim({"fp32": 0.002, "fp8-e5m2": 0.002, "table4": 0.002, "bits:s0e8m7": 0.01},
+              {"fp32": 1.0, "fp8-e5m2": 0.5, "table4": 0.3, "bits:s0e8m7": 0.1},
+              error={"fp8-e5m2": 0.05, "table4": 0.3, "bits:s0e8m7": 1.4})
+    ctl, records = _drive(sim, cfg, ("fp32", "fp8-e5m2", "table4", "bits:s0e8m7"))
+    # the simulated run has one parameter: the cheapest safe codec for it, never the poison
+    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
+    assert all(r["decided_by"] == "layer" for r in records[1:])
+
+
+def test_a_codec_bound_straggler_slows_only_the_steps_that_send_it() -> None:
+    s = Stragglers.parse(["0:60ms@fp32", "1:10ms"], 2)
+    assert s.delay(0, 3, ["fp32"]) == pytest.approx(0.06) and s.delay(0, 3, ["table4"]) == 0
+    assert s.delay(1, 3, ["fp32"]) == pytest.approx(0.01) and bool(s)
+    for bad in ("0:60ms@", "random:0.1:5ms@fp32"):
+        with pytest.raises(ConfigError, match="RANK:DELAY@CODEC"):
+            Stragglers.parse([bad], 2)
+
+
+def test_bad_options_are_one_clear_error() -> None:
+    for key, value, says in (("error_budget", 0.0, "adaprec.error_budget = 0.0 must be > 0"),
+                             ("error_budget", -math.inf, "must be > 0"),
+                             ("decide", "loss", "adaprec.decide = 'loss' is not one of"),
+                             ("choose", "bucket", "adaprec.choose = 'bucket' is not one of")):
+        with pytest.raises(ConfigError, match=says):
+            AdaPrecConfig(**{key: value})
+    with pytest.raises(ConfigError, match="'powersgd:2', a compressor whose error"):
+        check_candidates(("fp32", "powersgd:2"), (), None)
+    with pytest.raises(ConfigError, match="'policy:seed004' is a policy"):
+        check_candidates(("fp32", "policy:seed004"), (), None, per_layer=True)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--codec", "adaprec:fp32,powersgd:2"], "cannot measure"),
+    (["--codec", "adaprec:fp32,policy:seed004", "--set", "adaprec.choose=layer"],
+     "is a policy"),
+    (["--codec", "adaprec:fp32,bf16", "--codec-rule", "conv*.weight=fp32"],
+     "wire.grad.rules = 'conv*.weight=fp32' names no parameter of the model (mlp: 0.1.weight"),
+    (["--codec", "adaprec:fp32,bf16", "--phase-steps", "8", "--speculate-steps", "9"],
+     "speculate_steps = 9 must be >= 1 and shorter than the phase"),
+    (["--codec", "adaprec:fp32,bf16", "--set", "adaprec.decide=fastest"], "adaprec.decide"),
+])
+def test_the_cli_says_one_line_and_exits_2(args: list[str], says: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--world-size", "2", "--model", "mlp", "--dataset", "digits",
+                 "--epochs", "1", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
