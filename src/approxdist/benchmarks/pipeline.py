@@ -130,10 +130,16 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
 
     module = stage_module(model, plan, ctx.rank)
     stage = pipelining.PipelineStage(module, ctx.rank, case.stages, ctx.device)
+    return torch_step(torch_schedule(case, stage), module, ctx.rank, case.stages, x, y)
+
+
+def torch_schedule(case: BenchCase, stage: Any) -> Any:
+    """torch's schedule for `case.schedule` over one `PipelineStage` of this rank."""
+    from torch.distributed import pipelining
+
     name = TORCH_SCHEDULES[case.schedule]
-    sched = getattr(pipelining, name)([stage] if name in TORCH_MULTI else stage,
-                                      case.microbatches, loss_fn=case.inputs.loss)
-    return torch_step(sched, module, ctx.rank, case.stages, x, y)
+    return getattr(pipelining, name)([stage] if name in TORCH_MULTI else stage,
+                                     case.microbatches, loss_fn=case.inputs.loss)
 
 
 def torch_step(sched: Any, module: nn.Module, stage: int, stages: int, x: torch.Tensor,
