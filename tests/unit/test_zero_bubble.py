@@ -212,3 +212,15 @@ def test_zbh2_needs_2p_minus_1_microbatches() -> None:
                                             r"\(2P - 1, to fill its warm-up\) but got 4; use "
                                             r"--microbatches 5 or more, or zbh1$"):
         check_microbatches("zbh2", 3, 4)
+
+
+def test_replicated_stages_all_reduce_after_their_last_w() -> None:
+    from approxdist.pipeline.schedule.replicated import replicated_schedule
+    from approxdist.topology.dealing import Dealing
+
+    order = replicated_schedule("zbh1", Dealing((2, 1)), 4)
+    for slot in (0, 1):
+        actions = order[slot]
+        last_w = [a for a in actions if a.kind is Kind.BACKWARD_WEIGHT][-1]
+        assert actions[-1] == Action(0, Kind.ALL_REDUCE, last_w.microbatch)
+    assert not any(a.kind is Kind.ALL_REDUCE for a in order[2])
