@@ -1,7 +1,7 @@
 """Hybrid parallelism against the single-process oracle: replicated stages, equal and unequal.
 
 One set of 4 processes runs every case: a topology (2x2, 3+1, 1+3, 1+2+1), a schedule
-(GPipe, 1F1B), micro-batches dealt round robin to each stage's replicas, the replicas'
+(GPipe, 1F1B, ZB-H1, ZB-H2), micro-batches dealt round robin to each stage's replicas, the replicas'
 gradients summed during the last micro-batch's backward. After one training step the
 loss and every parameter's gradient equal single-process training on the same global
 batch split into the same micro-batches (1e-5, no batch norm), and a stage's replicas
@@ -60,6 +60,8 @@ CASES = [
     *[Case((3, 1), "1f1b", 6, threads=t) for t in ("per-message", "sa", "sra")],
     *[Case((1, 2, 1), "gpipe", 4, threads=t) for t in ("per-message", "sa", "sra")],
     Case((2, 2), "1f1b", 8, threads="sra"), Case((1, 2, 1), "1f1b", 8, threads="sra"),
+    # zero bubble: split backwards, the replicas' all-reduce after the last W
+    Case((2, 2), "zbh1", 4), Case((3, 1), "zbh1", 6, recompute=True), Case((1, 2, 1), "zbh2", 6),
 ]
 
 

@@ -1,6 +1,8 @@
 """`approxdist.Pipeline` from a user's own loop: a model of the user's own blocks, the user's
-loss (regression and classification), against single-process gradients; an asynchronous
-schedule through the API; the documented example (examples/pipeline_api.py) trains."""
+loss (regression and classification), against single-process gradients; zero-bubble
+schedules (split backward) against single-process parameters after steps of SGD with
+momentum; an asynchronous schedule through the API; the documented example
+(examples/pipeline_api.py) trains."""
 
 from __future__ import annotations
 
@@ -48,7 +50,32 @@ def _data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 CASES = [("regression", "1f1b", 4, False), ("classification", "gpipe", 3, True),
-         ("classification", "1f1b", 1, False)]
+         ("classification", "1f1b", 1, False), ("regression", "zbh1", 4, True),
+         ("classification", "zbh2", 3, False)]
+#: (schedule, micro-batches, recompute) trained for STEPS steps of SGD with momentum
+STEPPED = [("zbh1", 4, False), ("zbh1", 3, True), ("zbh2", 4, True)]
+STEPS = 3
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _stepped(schedule: str, m: int, recompute: bool) -> dict[str, Any]:
+    """STEPS optimizer steps of a zero-bubble pipeline; losses and the parameters after."""
+    x, y = _data("classification")
+    pipe = approxdist.Pipeline(_model(3), sample=x[:2], schedule=schedule, microbatches=m,
+                               recompute=recompute)
+    opt = _sgd(pipe.parameters())
+    losses = []
+    for _ in range(STEPS):
+        losses.append(pipe.step(x if pipe.is_first else None, y if pipe.is_last else None,
+                                batch_size=12))
+        opt.step()
+        opt.zero_grad()
+    params = {n: p.detach().clone() for n, p in pipe.module.named_parameters()}
+    pipe.close()
+    return {"losses": losses, "params": params}
 LOSSES = {"regression": F.mse_loss, "classification": F.cross_entropy}
 OUTS = {"regression": 2, "classification": 3}
 
@@ -112,6 +139,7 @@ def _ranks(ctx: DistContext) -> dict[str, Any]:
         grads = {n: p.grad.clone() for n, p in pipe.module.named_parameters()}
         out["cases"].append({"loss": loss, "grads": grads})
         pipe.close()
+    out["stepped"] = [_stepped(*case) for case in STEPPED]
     # an asynchronous schedule: the pipeline steps the optimiser itself
     x, y = _data("classification")
     pipe = approxdist.Pipeline(_model(3), sample=x[:2], schedule="2bw", microbatches=2,
@@ -139,6 +167,21 @@ def test_the_public_pipeline_matches_single_process_and_runs_the_example() -> No
             torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-5, msg=name)
         assert ranks[0]["cases"][i]["loss"] is None
         assert ranks[1]["cases"][i]["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    for i, case in enumerate(STEPPED):  # zero bubble: the parameters after the steps
+        x, y = _data("classification")
+        model = _model(3)
+        opt, losses = _sgd(model.parameters()), []
+        for _ in range(STEPS):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        assert ranks[1]["stepped"][i]["losses"] == pytest.approx(losses, rel=1e-5), case
+        got = {**ranks[0]["stepped"][i]["params"], **ranks[1]["stepped"][i]["params"]}
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got[name], p.detach(), atol=1e-5, rtol=1e-5,
+                                       msg=f"{case} {name}")
     assert all(r["moved"] for r in ranks)
     assert ranks[0]["async"] == [None] * 3 and all(v is not None for v in ranks[1]["async"])
     for i, t in enumerate(LENGTHS):  # variable sequence lengths: every step's gradients

@@ -21,10 +21,10 @@ KEYS = {"engine", "schedule", "stages", "microbatches", "samples_per_s", "ratio_
 
 def test_both_engines_run_the_same_case_and_rows_have_the_json_keys(tmp_path: Path) -> None:
     cases = [BenchCase("mlp", (16,), 2, m, s, batch_size=8, hidden=16, depth=2)
-             for s, m in (("gpipe", 4), ("1f1b", 2))]
+             for s, m in (("gpipe", 4), ("1f1b", 2), ("zbh1", 2))]
     per_rank = run_on_ranks(measure_rank, 2, cases, Timing(rounds=1, steps=1, warmup=1))
     rows = bench_pipeline.summarize(cases, per_rank, steps=1)
-    assert len(rows) == 4 and all(KEYS <= set(r) for r in rows)
+    assert len(rows) == 6 and all(KEYS <= set(r) for r in rows)
     for case, (ours, torch_row) in zip(cases, zip(rows[::2], rows[1::2])):
         assert (ours["engine"], torch_row["engine"]) == ("approxdist", "torch")
         assert ours["ratio_vs_torch"] == pytest.approx(
@@ -32,7 +32,8 @@ def test_both_engines_run_the_same_case_and_rows_have_the_json_keys(tmp_path: Pa
         assert torch_row["ratio_vs_torch"] == 1.0 and torch_row["bubble_measured"] is None
         assert torch_row["paired_ratio"] == 1.0 and ours["paired_ratio"] > 0
         assert 0.0 <= ours["bubble_measured"] < 1.0
-        assert ours["bubble_theory"] == pytest.approx(1 / (case.microbatches + 1))
+        slots = 3 * case.microbatches if case.schedule == "zbh1" else case.microbatches
+        assert ours["bubble_theory"] == pytest.approx(1 / (slots + 1))  # (P-1)/(M+P-1), ZB's
     out = tmp_path / "rows.json"
     out.write_text(json.dumps(rows))
     assert "approxdist" in bench_pipeline.table(json.loads(out.read_text()))

@@ -1,6 +1,8 @@
-"""The pipeline executor against the single-process oracle (GPipe, 1F1B; 2-4 stages; 1-8 micro-batches).
+"""The pipeline executor against the single-process oracle (GPipe, 1F1B, ZB-H1, ZB-H2; 2-4 stages; 1-8 micro-batches).
 
-Each `run_on_ranks` call runs many cases in one set of processes (one case = a fresh
+Zero-bubble cases split every backward into I and W (their fusion setting is moot: a split
+stage never fuses); the byte check proves W sends nothing. Each `run_on_ranks` call runs many
+cases in one set of processes (one case = a fresh
 runtime, a training step, a forward-only evaluation, and the same training step again,
 which reuses every transfer buffer and must accumulate exactly twice the gradient). The oracle accumulates
 `weight_m * loss_m` over the same micro-batches in one process; the loss and every
@@ -141,15 +143,22 @@ ORACLE_CASES = {
     2: [Case(2, m, s) for s in ("gpipe", "1f1b") for m in (1, 2, 3, 5, 8)]
        + [Case(2, 4, "1f1b", batch=10), Case(2, 8, "gpipe", recompute=True),
           Case(2, 3, "1f1b", batch=10, recompute=True), Case(2, 5, "1f1b", fuse="off"),
-          Case(2, 3, "gpipe", recompute=True, fuse="off")],
+          Case(2, 3, "gpipe", recompute=True, fuse="off")]
+       + [Case(2, m, "zbh1") for m in (1, 3, 4)]
+       + [Case(2, 3, "zbh2"), Case(2, 4, "zbh1", recompute=True),
+          Case(2, 5, "zbh2", batch=10, recompute=True)],
     3: [Case(3, m, s) for s in ("gpipe", "1f1b") for m in (1, 4, 7)]
-       + [Case(3, 6, "1f1b", recompute=True), Case(3, 7, "1f1b", threads="sra")],
+       + [Case(3, 6, "1f1b", recompute=True), Case(3, 7, "1f1b", threads="sra")]
+       + [Case(3, 4, "zbh1"), Case(3, 5, "zbh2"), Case(3, 3, "zbh1", recompute=True),
+          Case(3, 6, "zbh2", recompute=True), Case(3, 6, "zbh1", threads="sra")],
     # every thread strategy on the longest 1F1B: one thread per peer for both directions
     # (sra) deadlocks here unless both ends follow the agreed message order
     4: [Case(4, m, s) for s in ("gpipe", "1f1b") for m in (2, 3, 8)]
        + [Case(4, 5, "gpipe", batch=10, recompute=True)]
        + [Case(4, 8, "1f1b", threads=t) for t in ("per-message", "sa", "sra")]
-       + [Case(4, 8, "gpipe", threads="sra")],
+       + [Case(4, 8, "gpipe", threads="sra")]
+       + [Case(4, 8, "zbh1"), Case(4, 7, "zbh2"), Case(4, 5, "zbh1", recompute=True),
+          Case(4, 8, "zbh2", recompute=True)],
 }
 
 
@@ -165,7 +174,13 @@ def test_lossy_forward_codec_sends_fewer_bytes_and_still_trains() -> None:
     """Seed 000's 4-bit activations (and bf16 gradients): exact payload sizes, fewer bytes."""
     lossy = Case(2, 4, "gpipe", batch=128, fwd_codec="bits:s0e2+2m0", bwd_codec="bf16")
     exact = Case(2, 4, "gpipe", batch=128)
-    ranks = run_on_ranks(_run_cases, 2, [exact, lossy], timeout_s=120)
+    split = Case(2, 4, "zbh1", batch=128, fwd_codec="bits:s0e2+2m0", bwd_codec="bf16")
+    ranks = run_on_ranks(_run_cases, 2, [exact, lossy, split], timeout_s=120)
+    # a split backward sends the same gradients (its I's), bit for bit those of GPipe's B's
+    _check_bytes(split, [r[2] for r in ranks])
+    assert ranks[1][2]["loss"] == ranks[1][1]["loss"]
+    for name, g in ranks[0][2]["grads"].items():
+        torch.testing.assert_close(g, ranks[0][1]["grads"][name], atol=1e-5, rtol=1e-5)
     _check_bytes(exact, [r[0] for r in ranks])
     _check_bytes(lossy, [r[1] for r in ranks])
     assert all(r[0]["codec_s"] == 0 for r in ranks)  # raw fp32: nothing encoded or decoded

@@ -132,9 +132,10 @@ def test_backward_follows_downstream_backward(name: str, p: int, m: int) -> None
     t = simulate(order, p)
     end = {a: e for r in order for a, e in zip(order[r], t.end[r])}
     start = {a: s for r in order for a, s in zip(order[r], t.start[r])}
+    grad = Kind.BACKWARD_INPUT if name.startswith("zb") else Kind.BACKWARD  # who sends it
     for s in range(p - 1):
         for mb in range(m):
-            assert start[Action(s, Kind.BACKWARD, mb)] >= end[Action(s + 1, Kind.BACKWARD, mb)]
+            assert start[Action(s, grad, mb)] >= end[Action(s + 1, grad, mb)]
             assert start[Action(s + 1, Kind.FORWARD, mb)] >= end[Action(s, Kind.FORWARD, mb)]
 
 

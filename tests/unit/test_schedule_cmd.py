@@ -38,12 +38,13 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(["schedule", "list"], capsys)
     assert out.startswith("1f1b ") and "\ngpipe " in out
     assert "\npipedream       PipeDream: " in out
-    assert out.splitlines()[2].endswith("(asynchronous)")
+    assert out.splitlines()[4].endswith("(asynchronous)")  # after the 4 flushed ones
+    assert "\nzbh1            ZB-H1 (zero bubble, 1F1B's memory): " in out
 
 
 def test_errors_are_domain_errors() -> None:
     with pytest.raises(ScheduleError, match="unknown schedule 'zb'; valid: 1f1b, 2bw, gpipe, "
-                                            "pipedream, pipedream-vsync"):
+                                            "pipedream, pipedream-vsync, zbh1, zbh2"):
         schedule_cmd.render_show("zb", 2, 2)
     with pytest.raises(PipelineError, match=r"micro-batches \(0\)"):
         schedule_cmd.render_show("gpipe", 2, 0)

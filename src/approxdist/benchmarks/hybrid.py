@@ -30,11 +30,11 @@ from torch import nn
 from approxdist.bench.stats import median
 from approxdist.bench.timing import Timing, interleave, repeat, timed
 from approxdist.benchmarks.pipeline import (
-    TORCH_SCHEDULES,
     BenchCase,
     case_data,
     case_model,
     our_step,
+    torch_schedule,
     torch_step,
 )
 from approxdist.config.dp import DPConfig
@@ -70,8 +70,7 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: MeshGroup
     mesh = DeviceMesh.from_group(groups.replicas.pg, ctx.device.type)
     replicate(module, mesh=mesh)  # in place: the module's class becomes a ReplicateModule
     pstage = pipelining.PipelineStage(module, stage, case.stages, ctx.device, group=row.pg)
-    sched = getattr(pipelining, TORCH_SCHEDULES[case.schedule])(pstage, case.microbatches,
-                                                                 loss_fn=case.inputs.loss)
+    sched = torch_schedule(case, pstage)
     share = slice(groups.place.replica * case.batch_size, (groups.place.replica + 1) * case.batch_size)
     return torch_step(sched, module, stage, case.stages, x[share], y[share])
 

@@ -2,8 +2,9 @@
 
 `measure_rank` runs on every rank (through `launch.spawn.run_on_ranks`): for each case it
 builds one model from a seed, cuts it with our partitioner, and gives one copy to our
-executor and one to torch's `PipelineStage` with `ScheduleGPipe` / `Schedule1F1B` (same
-blocks, same micro-batches, same data, gloo). Cases that differ only in their schedule
+executor and one to torch's `PipelineStage` with `ScheduleGPipe` / `Schedule1F1B` /
+`ScheduleInterleavedZeroBubble` on one chunk per rank for ZB-H1 (same blocks, same
+micro-batches, same data, gloo). Cases that differ only in their schedule
 are measured together: every engine of every schedule takes its turn in each round
 (interleaved, alternating order). Each round is `steps` mini-batches plus an optimiser
 step each, between barriers; an asynchronous schedule (pipedream, 2bw; torch has none)
@@ -33,10 +34,16 @@ from approxdist.models import build_model
 from approxdist.models.bench_inputs import BenchInput
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.trace.times import StepTimes
 
-TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+#: our schedule -> torch's class running the same order (ZB-H1: torch's zero bubble on one
+#: chunk per rank defers s weight gradients on stage s, as ours does)
+TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                   "zbh1": "ScheduleInterleavedZeroBubble"}
+#: torch's schedules that take a list of stages (several chunks per rank)
+TORCH_MULTI = {"ScheduleInterleavedZeroBubble"}
 
 
 @dataclass(frozen=True)
@@ -123,9 +130,16 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
 
     module = stage_module(model, plan, ctx.rank)
     stage = pipelining.PipelineStage(module, ctx.rank, case.stages, ctx.device)
-    cls = getattr(pipelining, TORCH_SCHEDULES[case.schedule])
-    sched = cls(stage, case.microbatches, loss_fn=case.inputs.loss)
-    return torch_step(sched, module, ctx.rank, case.stages, x, y)
+    return torch_step(torch_schedule(case, stage), module, ctx.rank, case.stages, x, y)
+
+
+def torch_schedule(case: BenchCase, stage: Any) -> Any:
+    """torch's schedule for `case.schedule` over one `PipelineStage` of this rank."""
+    from torch.distributed import pipelining
+
+    name = TORCH_SCHEDULES[case.schedule]
+    return getattr(pipelining, name)([stage] if name in TORCH_MULTI else stage,
+                                     case.microbatches, loss_fn=case.inputs.loss)
 
 
 def torch_step(sched: Any, module: nn.Module, stage: int, stages: int, x: torch.Tensor,
@@ -173,7 +187,7 @@ def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> l
         runtimes.append(rt)
         steps.update({f"{i}:{name}": step for name, step in engines.items()})
     for key, step in steps.items():  # warm-up; an asynchronous schedule: a whole stream
-        streams = cases[int(key.split(":")[0])].schedule not in TORCH_SCHEDULES
+        streams = cases[int(key.split(":")[0])].schedule in async_schedule_names()
         timed(repeat(step, timing.steps if streams else timing.warmup), dist.barrier)
     for sink in sinks:
         sink.clear()

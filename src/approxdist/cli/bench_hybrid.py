@@ -22,7 +22,7 @@ from typing import Any
 from approxdist.bench.report import Column, render
 from approxdist.bench.stats import median
 from approxdist.benchmarks.hybrid import measure_rank
-from approxdist.benchmarks.pipeline import TORCH_SCHEDULES, BenchCase
+from approxdist.benchmarks.pipeline import BenchCase
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
 from approxdist.config.dp import DPConfig, check_sizes
@@ -34,6 +34,10 @@ from approxdist.pipeline.schedule import async_schedule_names
 COLUMNS = (*PIPELINE_COLUMNS[:3], Column("r", 2, "replicas"), *PIPELINE_COLUMNS[3:],
            Column("hidden", 7, show=lambda r: f"{100 * r['hidden_comm_fraction']:.0f}%"
                   if r.get("hidden_comm_fraction") is not None else "-"))
+
+
+#: the schedules compared with torch pipelining + replicate (whole backwards)
+HYBRID_SCHEDULES = ("gpipe", "1f1b")
 
 
 def register(sub: Any) -> None:
@@ -99,7 +103,13 @@ def run(args: argparse.Namespace) -> int:
     streamed = sorted({c.schedule for c in cases} & set(async_schedule_names()))
     if streamed:  # the baseline (torch pipelining + replicate) has no asynchronous schedule
         raise ConfigError(f"--schedule {','.join(streamed)}: bench hybrid compares flushed "
-                          f"schedules ({', '.join(TORCH_SCHEDULES)}) with torch pipelining + "
+                          f"schedules ({', '.join(HYBRID_SCHEDULES)}) with torch pipelining + "
                           f"replicate, which has no asynchronous one; train it with "
                           f"approxdist train --parallel hybrid --schedule {streamed[0]}")
+    split = sorted({c.schedule for c in cases} - set(HYBRID_SCHEDULES))
+    if split:  # zero bubble: torch's on replicated stages is not the same composition
+        raise ConfigError(f"--schedule {','.join(split)}: bench hybrid compares "
+                          f"{', '.join(HYBRID_SCHEDULES)} with torch pipelining + replicate; "
+                          f"train it with approxdist train --parallel hybrid --schedule "
+                          f"{split[0]}, or compare it with approxdist bench pipeline")
     return run_bench(args, cases, measure_rank, "hybrid", table, hidden)

@@ -4,7 +4,8 @@
         --schedule gpipe,1f1b --json pipeline.json
 
 Both engines run the same model, cut at the same blocks, with the same schedule
-(GPipe = ScheduleGPipe, 1F1B = Schedule1F1B), micro-batches and data, on P local gloo
+(GPipe = ScheduleGPipe, 1F1B = Schedule1F1B, ZB-H1 = ScheduleInterleavedZeroBubble on one
+chunk per rank; ZB-H2 is ours only), micro-batches and data, on P local gloo
 ranks started by `run_on_ranks`, one torch thread each; every schedule's engines take
 turns in each round (method: `approxdist.benchmarks.pipeline`). The table gives the
 median samples/s, the ratio to torch, the ratio to our 1F1B-flush (`--schedule
@@ -34,7 +35,9 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.bench_inputs import bench_input
 from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.pipeline.schedule import async_schedule_names
-from approxdist.pipeline.schedule.grid import theoretical_bubble
+from approxdist.pipeline.schedule.action import is_split
+from approxdist.pipeline.schedule.grid import split_bubble, theoretical_bubble
+from approxdist.pipeline.schedule.registry import build_schedule
 from approxdist.text import comma_list
 from approxdist.train.parts import check_pipeline
 
@@ -61,8 +64,9 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     p.add_argument("--microbatches", default=microbatches,
                    help="comma list, per pipeline row (default %(default)s)")
     p.add_argument("--schedule", default="gpipe,1f1b",
-                   help="comma list of gpipe, 1f1b and the asynchronous 2bw, pipedream, "
-                        "pipedream-vsync (ours only; one stream of --steps mini-batches per round)")
+                   help="comma list of gpipe, 1f1b, the zero-bubble zbh1, zbh2 (split "
+                        "backward) and the asynchronous 2bw, pipedream, pipedream-vsync (ours "
+                        "only; one stream of --steps mini-batches per round)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="mini-batch per pipeline row (default 64)")
     p.add_argument("--split", default="", help="explicit cut, e.g. 4 (default: by parameters)")
@@ -156,8 +160,11 @@ def _ours_1f1b(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
 
 def _bubble_theory(case: BenchCase, steps: int) -> float:
     """(P-1)/(M+P-1) for a flushed schedule; over a stream of `steps` mini-batches
-    (P-1)/(steps*M+P-1) for an asynchronous one."""
+    (P-1)/(steps*M+P-1) for an asynchronous one; (P-1)/(3M+P-1) for a split backward."""
     streamed = case.schedule in async_schedule_names()
+    if not streamed and is_split(build_schedule(case.schedule, case.stages,
+                                                case.microbatches)[0]):
+        return split_bubble(case.stages, case.microbatches)
     return theoretical_bubble(case.stages, case.microbatches * (steps if streamed else 1))
 
 

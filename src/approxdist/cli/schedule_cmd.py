@@ -1,5 +1,8 @@
 """`approxdist schedule show|list`: print a pipeline schedule as a grid, checked, no processes.
 
+Zero-bubble schedules (zbh1, zbh2) print their split backwards as `I` (input gradient) and
+`W` (weight gradient), with the idle steps left inside each rank's span.
+
 Asynchronous schedules (pipedream, pipedream-vsync, 2bw) print here with the weight version
 of every forward and backward; with `--replicas` (pipedream, 2bw) one row per rank, the
 micro-batches dealt round robin and each stage's lockstep steps closed by `AR`.
@@ -23,6 +26,7 @@ from approxdist.pipeline.schedule.registry import (
     describe,
 )
 from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule, slot_route
+from approxdist.pipeline.schedule.zero_bubble import check_microbatches
 from approxdist.topology import parse_replicas, replica_counts
 from approxdist.topology.dealing import Dealing
 
@@ -67,6 +71,7 @@ def render_show(name: str, num_stages: int, num_microbatches: int,
         raise ScheduleError(f"--minibatches {minibatches}: {name} flushes after every "
                             f"mini-batch, so it shows one; streams are for the asynchronous "
                             f"schedules ({', '.join(async_schedule_names())})")
+    check_microbatches(name, num_stages, num_microbatches)
     if replicas:
         counts = replica_counts(num_stages, parse_replicas(replicas))
         dealing = Dealing(counts)

@@ -5,11 +5,14 @@ a schedule's name, only at the actions of this rank, in order.
 
 * `RF`/`RB` post a sized receive through the stage's transport and return;
 * `F`/`B` are the only blocking points: they wait for their receive, then compute;
+  a split backward's `I` blocks like `B` and computes the input gradient only, its `W`
+  (zero-bubble schedules) accumulates the weight gradients and never communicates;
 * `SF`/`SB` post a send (encoded at once, so the tensor can be dropped) and return;
 * `AR` (replicated stages only) waits for the all-reduce of the stage's gradients over
   its replicas (a `ReplicaReducer`, e.g. `DataParallel`): backwards before the last one run
   with the sync off and only accumulate; the last one's gradient hooks start the
-  all-reduce bucket by bucket while that backward continues (seed 002's `_sync`);
+  all-reduce bucket by bucket while that backward continues (seed 002's `_sync`); with
+  a split backward every `W` only accumulates and the all-reduce starts after the last;
 * at the end of a step every send is waited for; the caller then steps the optimiser.
 
 Evaluation runs the same schedule with its backward actions removed (`forward_only`):
@@ -106,6 +109,8 @@ class PipelineExecutor:
         self._index = 0  # the position in this rank's list of the action running
         self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
                        Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
+                       Kind.BACKWARD_INPUT: self._backward_input,
+                       Kind.BACKWARD_WEIGHT: self._backward_weight,
                        Kind.SEND_ACT: self._send_act, Kind.SEND_GRAD: self._send_grad,
                        Kind.ALL_REDUCE: self._all_reduce}
         self._eval = {Kind.RECV_ACT: self._recv, Kind.FORWARD: self._eval_forward,
@@ -240,6 +245,24 @@ class PipelineExecutor:
         if grad_in is not None:
             step.outbox[m] = grad_in
 
+    def _backward_input(self, a: Action, step: StepState) -> None:
+        """`I`: the input gradient of micro-batch m, to send; parameters untouched."""
+        m = a.microbatch
+        grad = None if self.transport.is_last else self._wait(a, step.grads.pop(m))
+        with self._computing(ph.RUN_BACK, m):
+            grad_in = self.compute.backward_input(m, grad)
+        if grad_in is not None:
+            step.outbox[m] = grad_in
+
+    def _backward_weight(self, a: Action, step: StepState) -> None:
+        """`W`: accumulate micro-batch m's weight gradients (one autograd pass per group of
+        parameters, so the replicas' all-reduce starts after the last `W`, not in hooks)."""
+        m = a.microbatch
+        with self._computing(ph.RUN_BACK, m), self._sync_off(True):
+            self.compute.backward_weight(m)
+        if self.grad_sync is not None and m == step.sync_after:
+            self.grad_sync.reduce_gradients()
+
     def _send_act(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
             self.transport.send_act(a.microbatch, self.compute.output(a.microbatch))
@@ -302,7 +325,7 @@ class PipelineExecutor:
         peers = [s for s in (t.stage - 1, t.stage + 1) if 0 <= s < t.num_stages]
         if a.kind == Kind.FORWARD:
             peers = [t.stage - 1]
-        elif a.kind == Kind.BACKWARD:
+        elif a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
             peers = [t.stage + 1]
         m = a.microbatch
         names = " or ".join(f"stage {s} (rank {t.global_rank(s, m)})" for s in peers)

@@ -39,6 +39,7 @@ from approxdist.pipeline.partition import (
 )
 from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
+from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.exchange import directions, exchange_order
 from approxdist.pipeline.schedule.registry import ASYNC_SCHEDULES, build_async_schedule
 from approxdist.pipeline.schedule.replicated import (
@@ -46,6 +47,7 @@ from approxdist.pipeline.schedule.replicated import (
     replicated_schedule,
     slot_route,
 )
+from approxdist.pipeline.schedule.zero_bubble import check_microbatches
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.pipeline.transport import StageTransport
@@ -61,6 +63,7 @@ def check_run(pcfg: PipelineConfig, num_blocks: int, batch_size: int) -> None:
     check_stage_count(pcfg.stages, num_blocks)
     dealing = Dealing(pcfg.replica_counts)
     check_dealing(dealing, pcfg.microbatches)
+    check_microbatches(pcfg.schedule, pcfg.stages, pcfg.microbatches)
     if pcfg.schedule in ASYNC_SCHEDULES:  # its micro-batch rules (2bw: M >= P - 1; rounds)
         build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches,
                              dealing=dealing if max(dealing.replicas) > 1 else None)
@@ -163,6 +166,7 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                             f"{sum(dealing.replicas)} rank(s) but the pipeline's group is "
                             f"{group.describe()}")
     check_stage_count(pcfg.stages, len(blocks_of(model)))
+    check_microbatches(pcfg.schedule, pcfg.stages, pcfg.microbatches)
     plan = partition or agree_partition(pcfg, model, sample, group)
     stage, replica = dealing.place(group.rank)
     module = stage_module(model, plan, stage)
@@ -190,11 +194,12 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
         compute, stream = stream_executor(pcfg, minibatches, dealing, group.rank, module,
                                           transport, loss_fn, rec, sync)
         return PipelineRuntime(plan, module, link, transport, compute, stream, sync)
+    orders = schedule_orders(pcfg.schedule, dealing, group.rank)
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
-                           fuse_accumulation=pcfg.fuse_accumulation)
-    executor = PipelineExecutor(schedule_orders(pcfg.schedule, dealing, group.rank),
-                                compute, transport, pcfg.microbatches, rec, sync)
+                           fuse_accumulation=pcfg.fuse_accumulation,
+                           split=is_split(orders(pcfg.microbatches)))
+    executor = PipelineExecutor(orders, compute, transport, pcfg.microbatches, rec, sync)
     executor.dynamic_shapes = pcfg.dynamic_shapes
     return PipelineRuntime(plan, module, link, transport, compute, executor, sync)
 

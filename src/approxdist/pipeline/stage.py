@@ -13,6 +13,11 @@ With `fuse_accumulation` ("auto", the default: layers of 2^19 weights or more; "
 `.grad` inside the GEMM instead of autograd's separate pass
 (`accumulate.WeightGradFusion`, Megatron-LM's gradient-accumulation fusion).
 
+Zero-bubble schedules split a backward in two (`split=True`): `backward_input` computes
+the input gradient to send and keeps the graph, `backward_weight` later accumulates the
+parameters' gradients (`split_backward`, Qi et al. ICLR 2024). A split stage's forwards
+run unfused: a fused layer computes its weight gradient inside the input gradient's pass.
+
 `ActivationMemory` measures what is held for backward: stored inputs plus the tensors
 autograd saves (parameters excluded, shared storage counted once); its `peak` over a
 step is the number `--recompute` reduces.
@@ -32,6 +37,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from approxdist.errors import ConfigError
 from approxdist.pipeline.accumulate import MODES as FUSION_MODES
 from approxdist.pipeline.accumulate import WeightGradFusion
+from approxdist.pipeline.split_backward import WeightGrad, full_backward, input_grad
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -142,8 +148,10 @@ class StageCompute:
 
     def __init__(self, module: nn.Module, *, is_first: bool, is_last: bool, loss_fn: LossFn,
                  recompute: bool = False, fuse_accumulation: str = "auto",
-                 call: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 call: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 split: bool = False) -> None:
         self.module, self.is_first, self.is_last = module, is_first, is_last
+        self.split = split
         #: runs the stage forward (the module itself, or a weight version of it: `weights`)
         self.call: Callable[[torch.Tensor], torch.Tensor] = call if call is not None else module
         self.loss_fn, self.recompute = loss_fn, recompute
@@ -151,10 +159,13 @@ class StageCompute:
         if fuse_accumulation not in FUSION_MODES:
             raise ConfigError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
                               f"{', '.join(FUSION_MODES)}")
-        smallest = FUSION_MODES[fuse_accumulation]
+        smallest = None if split else FUSION_MODES[fuse_accumulation]  # see the module doc
         self.fusion = WeightGradFusion(module, smallest) if smallest is not None else None
         self.memory = ActivationMemory(module)
         self._live: dict[int, _InFlight] = {}
+        #: micro-batch -> its weight gradient still to compute (after `backward_input`) and
+        #: the activation bytes that stay alive until then
+        self._weights: dict[int, tuple[WeightGrad, int]] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.correct = torch.zeros((), dtype=torch.int64)
         #: evaluation only: the true class's probability summed (a loss with `soft_sum`)
@@ -213,16 +224,37 @@ class StageCompute:
         Returns the gradient of the stage input to send back (None on the first stage).
         Parameter gradients accumulate in `.grad`.
         """
+        item, root, nbytes = self._take(m)
+        torch.autograd.backward(root, grad)
+        self.memory.release(nbytes)
+        return None if self.is_first else item.inputs.grad
+
+    def backward_input(self, m: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """I: micro-batch m's input gradient only (None on the first stage, whose inputs are
+        data); the graph and the activations stay until `backward_weight(m)`."""
+        item, root, nbytes = self._take(m)
+        if self.is_first:
+            dx, later = None, full_backward(root, grad)
+        else:
+            dx, later = input_grad(root, grad, item.inputs, self.module.parameters())
+        self._weights[m] = (later, nbytes)
+        return dx
+
+    def backward_weight(self, m: int) -> None:
+        """W: accumulate micro-batch m's parameter gradients in `.grad` and free what its
+        backward kept."""
+        later, nbytes = self._weights.pop(m)
+        later.run()
+        self.memory.release(nbytes)
+
+    def _take(self, m: int) -> tuple[_InFlight, torch.Tensor, int]:
+        """Micro-batch m's kept state, the tensor its backward starts from (recomputed
+        first with `recompute`) and the bytes it holds."""
         item = self._live.pop(m)
         extra = self._recompute(item) if self.recompute else 0
         root = item.loss if self.is_last else item.output
         assert root is not None
-        if grad is None:
-            root.backward()
-        else:
-            torch.autograd.backward(root, grad)
-        self.memory.release(item.nbytes + extra)
-        return None if self.is_first else item.inputs.grad
+        return item, root, item.nbytes + extra
 
     def _recompute(self, item: _InFlight) -> int:
         """Re-run the forward with a graph, same random numbers, batch-norm stats untouched.
@@ -254,7 +286,8 @@ class StageCompute:
 
     @property
     def in_flight(self) -> int:
-        return len(self._live)
+        """Micro-batches whose forward ran and whose backward (or W) did not."""
+        return len(self._live) + len(self._weights)
 
     # -- evaluation ---------------------------------------------------------------------
     @torch.no_grad()

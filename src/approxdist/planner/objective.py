@@ -34,7 +34,8 @@ import math
 from dataclasses import dataclass
 
 from approxdist.errors import ConfigError, unknown_name
-from approxdist.pipeline.schedule import Kind, build_schedule, schedule_names
+from approxdist.pipeline.schedule import build_schedule, schedule_names
+from approxdist.pipeline.schedule.action import live_change
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32
 from approxdist.planner.cost.links import Network
@@ -144,8 +145,8 @@ def in_flight(schedule: str, stages_from_here: int, microbatches: int, replicas:
     for replica in range(replicas):
         live = 0
         for a in order:
-            if a.microbatch % replicas == replica and a.kind in (Kind.FORWARD, Kind.BACKWARD):
-                live += 1 if a.kind is Kind.FORWARD else -1
+            if a.microbatch % replicas == replica:
+                live += live_change(a)
                 peak = max(peak, live)
     return peak
 

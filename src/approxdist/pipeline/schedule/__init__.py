@@ -1,4 +1,4 @@
-"""Pipeline schedules as data (seed 002; GPipe; PipeDream-Flush; PipeDream; 2BW): build, check, print.
+"""Pipeline schedules as data (seed 002; GPipe; 1F1B; zero bubble; PipeDream; 2BW): build, check, print.
 
     order = build_schedule("1f1b", num_stages=4, num_microbatches=8)  # validated
     order[r]  # the actions pipeline rank r (stage r) executes, in order
@@ -11,6 +11,7 @@ from approxdist.pipeline.schedule import (  # noqa: F401  (registers)
     one_f_one_b,
     pipedream,
     two_bw,
+    zero_bubble,
 )
 from approxdist.pipeline.schedule.action import Action, Kind, Order, parse_actions
 from approxdist.pipeline.schedule.check_versions import check_versions, validate_versions

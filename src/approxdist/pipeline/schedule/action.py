@@ -11,6 +11,10 @@ gradients to stage - 1. A replicated stage (hybrid parallelism, seed 002) ends i
 with `AR`, the all-reduce of its gradients over its replicas (seed 002's `_sync`):
 `0AR6` is "stage 0 averages its gradients, the last micro-batch it ran being 6"; the
 all-reduce starts during that micro-batch's backward and `AR` waits for it to finish.
+Zero-bubble schedules (Qi et al. ICLR 2024) split a backward `B` into `I`, the input
+gradient (what the previous stage waits for: it consumes the `RB` and feeds the `SB`), and
+`W`, the weight gradient, which never communicates and fills idle slots: `1I0 1SB0 ... 1W0`.
+A micro-batch has either one `B` or one `I` and one `W` on a stage.
 See docs/pipeline.md for what an executor does with each kind.
 """
 
@@ -28,6 +32,8 @@ class Kind(Enum):
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
     SEND_ACT = "SF"
     RECV_ACT = "RF"
     SEND_GRAD = "SB"
@@ -35,11 +41,15 @@ class Kind(Enum):
     ALL_REDUCE = "AR"
 
 
-COMPUTE = (Kind.FORWARD, Kind.BACKWARD)
+COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+#: the computes that consume a received gradient and produce the one sent back
+GRAD_COMPUTE = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
+#: the computes after which a micro-batch's activations are no longer held
+RELEASES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
 SENDS = (Kind.SEND_ACT, Kind.SEND_GRAD)
 RECVS = (Kind.RECV_ACT, Kind.RECV_GRAD)
 
-_PATTERN = re.compile(r"(\d+)(F|B|SF|RF|SB|RB|AR)(\d+)")
+_PATTERN = re.compile(r"(\d+)(F|B|I|W|SF|RF|SB|RB|AR)(\d+)")
 
 
 @dataclass(frozen=True)
@@ -101,10 +111,24 @@ class Action:
                 Kind.SEND_GRAD: Kind.RECV_GRAD, Kind.RECV_GRAD: Kind.SEND_GRAD}
         return Action(self.peer_stage, pair[self.kind], self.microbatch)
 
-    def compute(self) -> Action:
-        """For a send, the compute that produces its data; for a receive, the consumer."""
-        is_act = self.kind in (Kind.SEND_ACT, Kind.RECV_ACT)
-        return Action(self.stage, Kind.FORWARD if is_act else Kind.BACKWARD, self.microbatch)
+    def compute(self, split: bool = False) -> Action:
+        """For a send, the compute that produces its data; for a receive, the consumer
+        (`split`: the micro-batch's backward is split, so a gradient's is its `I`)."""
+        if self.kind in (Kind.SEND_ACT, Kind.RECV_ACT):
+            return Action(self.stage, Kind.FORWARD, self.microbatch)
+        return Action(self.stage, Kind.BACKWARD_INPUT if split else Kind.BACKWARD,
+                      self.microbatch)
+
+
+def is_split(actions: list[Action]) -> bool:
+    """Whether a rank's list splits its backwards (has `I` or `W` actions)."""
+    return any(a.kind in (Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT) for a in actions)
+
+
+def live_change(action: Action) -> int:
+    """+1 when `action` starts holding a micro-batch's activations (a forward), -1 when it
+    frees them (a whole backward, or a split backward's `W`), else 0."""
+    return 1 if action.kind is Kind.FORWARD else -1 if action.kind in RELEASES else 0
 
 
 #: pipeline rank -> the actions it executes, in order. A pipeline rank is a position in the

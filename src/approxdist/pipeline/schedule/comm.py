@@ -4,20 +4,21 @@ A schedule author writes only the order of forwards and backwards per rank; this
 adds the communication an executor must perform, in the positions it should post it:
 each send right after the compute that produces its data, each receive `prepost`
 compute actions before the compute that consumes it (so the transfer overlaps the
-computation in between). Receives are posted in the order of their consumers, so on
+computation in between). A split backward's `I` receives and sends the gradient; its `W`
+never communicates. Receives are posted in the order of their consumers, so on
 every channel the k-th receive expects the k-th send (see `validate`).
 """
 
 from __future__ import annotations
 
-from approxdist.pipeline.schedule.action import Action, Kind, Order
+from approxdist.pipeline.schedule.action import GRAD_COMPUTE, Action, Kind, Order
 
 
 def inputs_of(action: Action, num_stages: int) -> list[Action]:
     """The receive that feeds a compute action (none at the ends of the pipeline)."""
     if action.kind is Kind.FORWARD and action.stage > 0:
         return [Action(action.stage, Kind.RECV_ACT, action.microbatch)]
-    if action.kind is Kind.BACKWARD and action.stage < num_stages - 1:
+    if action.kind in GRAD_COMPUTE and action.stage < num_stages - 1:
         return [Action(action.stage, Kind.RECV_GRAD, action.microbatch)]
     return []
 
@@ -26,7 +27,7 @@ def outputs_of(action: Action, num_stages: int) -> list[Action]:
     """The send that ships a compute action's result (none at the ends of the pipeline)."""
     if action.kind is Kind.FORWARD and action.stage < num_stages - 1:
         return [Action(action.stage, Kind.SEND_ACT, action.microbatch)]
-    if action.kind is Kind.BACKWARD and action.stage > 0:
+    if action.kind in GRAD_COMPUTE and action.stage > 0:
         return [Action(action.stage, Kind.SEND_GRAD, action.microbatch)]
     return []
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from approxdist.pipeline.schedule.action import Kind, Order
+from approxdist.pipeline.schedule.action import Order, is_split, live_change
 from approxdist.pipeline.schedule.simulate import Durations, Route, Timeline, simulate, stage_route
 
 IDLE = "."
@@ -55,27 +55,54 @@ def theoretical_bubble(num_stages: int, num_microbatches: int) -> float:
 
 
 def peak_in_flight(order: Order) -> dict[int, int]:
-    """Per rank, the most micro-batches whose forward ran and backward did not yet."""
+    """Per rank, the most micro-batches whose forward ran and backward did not yet (a split
+    backward holds its activations until its `W`)."""
     peaks: dict[int, int] = {}
     for r, actions in order.items():
         live = peak = 0
         for a in actions:
-            live += {Kind.FORWARD: 1, Kind.BACKWARD: -1}.get(a.kind, 0)
+            live += live_change(a)
             peak = max(peak, live)
         peaks[r] = peak
     return peaks
 
 
+def split_bubble(num_stages: int, num_microbatches: int) -> float:
+    """(P-1)/(3M+P-1): idle share of a zero-bubble schedule's step when F, I and W take equal
+    time (the pipeline's fill and drain, Qi et al. 2024); 1F1B's stays (P-1)/(M+P-1)."""
+    return (num_stages - 1) / (3 * num_microbatches + num_stages - 1)
+
+
+def idle_within(timeline: Timeline) -> dict[int, float]:
+    """Per rank, idle time between its first and its last compute: the bubble consecutive
+    steps cannot hide by overlapping (ZB-H2's is 0, its fill and drain only stagger)."""
+    idle: dict[int, float] = {}
+    for r, actions in timeline.order.items():
+        spans = [(s, e) for a, s, e in zip(actions, timeline.start[r], timeline.end[r])
+                 if a.is_compute]
+        idle[r] = (spans[-1][1] - spans[0][0] - sum(e - s for s, e in spans)) if spans else 0.0
+    return idle
+
+
 def summary(order: Order, num_stages: int, num_microbatches: int,
             route: Route = stage_route, per: str = "stage") -> str:
-    """Bubble fraction (theory and unit-time simulation) and peak in-flight activations."""
+    """Bubble fraction (theory and unit-time simulation) and peak in-flight activations;
+    for a split backward also the idle steps inside each rank's span."""
     p, m = num_stages, num_microbatches
-    simulated = timeline_of(order, num_stages, route=route).bubble_fraction()
+    timeline = timeline_of(order, num_stages, route=route)
     peaks = peak_in_flight(order)
+    peak_line = (f"peak in-flight activations per {per}: "
+                 + ", ".join(f"{per} {r}: {peaks[r]}" for r in sorted(peaks)))
+    if not any(is_split(actions) for actions in order.values()):
+        return "\n".join([
+            f"bubble fraction: theory (P-1)/(M+P-1) = {p - 1}/{m + p - 1} = "
+            f"{theoretical_bubble(p, m):.3f}; simulated (forward = backward = 1 step) = "
+            f"{timeline.bubble_fraction():.3f}", peak_line])
+    idle = idle_within(timeline)
     return "\n".join([
-        f"bubble fraction: theory (P-1)/(M+P-1) = {p - 1}/{m + p - 1} = "
-        f"{theoretical_bubble(p, m):.3f}; simulated (forward = backward = 1 step) = "
-        f"{simulated:.3f}",
-        f"peak in-flight activations per {per}: "
-        + ", ".join(f"{per} {r}: {peaks[r]}" for r in sorted(peaks)),
-    ])
+        f"bubble fraction: theory (P-1)/(3M+P-1) = {p - 1}/{3 * m + p - 1} = "
+        f"{split_bubble(p, m):.3f} (1F1B: {theoretical_bubble(p, m):.3f}); simulated "
+        f"(F = I = W = 1 step) = {timeline.bubble_fraction():.3f}",
+        f"idle steps inside each {per}'s span (not hidden by overlapping steps): "
+        + ", ".join(f"{per} {r}: {idle[r]:g}" for r in sorted(idle)),
+        peak_line + " (a split backward holds them until its W)"])

@@ -18,7 +18,7 @@ running it on paper with messages routed between slots.
 from __future__ import annotations
 
 from approxdist.pipeline.errors import ScheduleError
-from approxdist.pipeline.schedule.action import Action, Kind, Order
+from approxdist.pipeline.schedule.action import RELEASES, Action, Kind, Order
 from approxdist.pipeline.schedule.registry import build_schedule
 from approxdist.pipeline.schedule.routes import check_replicated, slot_route
 from approxdist.topology.dealing import Dealing
@@ -38,7 +38,7 @@ def replicated_schedule(name: str, dealing: Dealing, num_microbatches: int) -> O
     for s, count in enumerate(dealing.replicas):
         for replica in range(count):
             mine = [a for a in base[s] if dealing.replica(s, a.microbatch) == replica]
-            backwards = [a.microbatch for a in mine if a.kind is Kind.BACKWARD]
+            backwards = [a.microbatch for a in mine if a.kind in RELEASES]
             if count > 1 and backwards:
                 mine.append(Action(s, Kind.ALL_REDUCE, backwards[-1]))
             order[sum(dealing.replicas[:s]) + replica] = mine

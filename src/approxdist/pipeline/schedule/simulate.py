@@ -56,18 +56,19 @@ class ActionTimes(Protocol):
 
 @dataclass(frozen=True)
 class Durations:
-    """How long each kind of action takes; the default counts compute steps only."""
+    """How long each kind of action takes; the default counts compute steps only (a split
+    backward's `I` and `W` a step each, the zero-bubble paper's T_F = T_B = T_W)."""
 
     forward: float = 1.0
     backward: float = 1.0
     comm: float = 0.0
+    input_grad: float = 1.0
+    weight_grad: float = 1.0
 
     def of(self, action: Action) -> float:
-        if action.kind is Kind.FORWARD:
-            return self.forward
-        if action.kind is Kind.BACKWARD:
-            return self.backward
-        return self.comm
+        return {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward,
+                Kind.BACKWARD_INPUT: self.input_grad,
+                Kind.BACKWARD_WEIGHT: self.weight_grad}.get(action.kind, self.comm)
 
     def transfer(self, action: Action) -> tuple[float, float]:
         """No link time: a message is there as soon as its send action ends."""
@@ -93,7 +94,7 @@ class Timeline:
         return max((max(e, default=0.0) for e in self.end.values()), default=0.0)
 
     def busy(self, rank: int) -> float:
-        """Time rank `rank` spends in forwards and backwards."""
+        """Time rank `rank` spends in forwards and backwards (I and W included)."""
         return sum(e - s for a, s, e in zip(self.order[rank], self.start[rank], self.end[rank])
                    if a.is_compute)
 

@@ -3,10 +3,13 @@
 Rules, each named in the error it raises:
 - `ranks`: the order has exactly ranks 0..P-1; rank s runs only stage s.
 - `range`: micro-batch indices are 0..M-1; sends/receives have a neighbour stage.
-- `once`: every forward, backward, send and receive appears exactly once.
+- `once`: every forward, backward, send and receive appears exactly once; a split
+  backward (zero-bubble schedules) is one `I` and one `W` in place of the `B`.
 - `matched`: every receive has its send on the neighbour with the same micro-batch,
   and every send its receive.
-- `forward-before-backward`: on each stage, forward of m runs before backward of m.
+- `forward-before-backward`: on each stage, forward of m runs before backward (or `I`) of m.
+- `weight-after-input`: a split backward's `W` of m runs after its `I` of m (the weight
+  gradient needs the gradient `I` propagated; `W` never communicates).
 - `send-after-compute`: a send comes after the forward/backward producing its data.
 - `recv-before-compute`: a receive is posted before the forward/backward consuming it.
 - `channel-order`: on each channel (one direction between neighbours) the k-th receive
@@ -22,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from approxdist.pipeline.errors import ScheduleError
-from approxdist.pipeline.schedule.action import Action, Kind, Order
+from approxdist.pipeline.schedule.action import Action, Kind, Order, is_split
 from approxdist.pipeline.schedule.comm import inputs_of, outputs_of
 from approxdist.pipeline.schedule.simulate import simulate
 
@@ -99,36 +102,52 @@ def _check_rank(rank: int, actions: list[Action], stages: int, mbs: int) -> list
 def _check_missing(rank: int, have: set[Action], stages: int, mbs: int) -> list[Violation]:
     found: list[Violation] = []
     for m in range(mbs):
-        for kind in (Kind.FORWARD, Kind.BACKWARD):
-            compute = Action(rank, kind, m)
+        for compute in _computes(rank, m, have):
             if compute not in have:
                 found.append(_v("once", rank, compute, f"{compute} is missing",
-                                f"every stage runs forward and backward of micro-batches "
-                                f"0..{mbs - 1} once"))
+                                f"every stage runs forward and backward (B, or I and W) of "
+                                f"micro-batches 0..{mbs - 1} once"))
             for comm in inputs_of(compute, stages) + outputs_of(compute, stages):
                 if comm not in have:
                     found.append(_v("matched", rank, comm, f"{comm} is missing",
                                     f"add it to pair with {comm.matching()} on rank "
                                     f"{comm.peer_stage}"))
+        whole = Action(rank, Kind.BACKWARD, m)
+        if whole in have and Action(rank, Kind.BACKWARD_INPUT, m) in have:
+            found.append(_v("once", rank, whole, f"{whole} and a split backward "
+                            f"(I, W) of micro-batch {m} are both there", "keep one of them"))
     return found
+
+
+def _computes(rank: int, m: int, have: set[Action]) -> list[Action]:
+    """The computes micro-batch m needs on `rank`: F, then B or (when split) I and W."""
+    split = any(Action(rank, k, m) in have for k in (Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
+    backward = [Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT] if split else [Kind.BACKWARD]
+    return [Action(rank, k, m) for k in [Kind.FORWARD, *backward]]
 
 
 def _check_positions(rank: int, actions: list[Action], stages: int) -> list[Violation]:
     at = {a: i for i, a in reversed(list(enumerate(actions)))}
+    split = {a.microbatch for a in actions if is_split([a])}
     found: list[Violation] = []
     for a in actions:
         fwd = Action(rank, Kind.FORWARD, a.microbatch)
-        if a.kind is Kind.BACKWARD and fwd in at and at[fwd] > at[a]:
+        grad_in = Action(rank, Kind.BACKWARD_INPUT, a.microbatch)
+        producer = a.compute(a.microbatch in split) if a.is_send or a.is_recv else None
+        if a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT) and fwd in at and at[fwd] > at[a]:
             found.append(_v("forward-before-backward", rank, a, f"{a} runs before {fwd}",
                             f"move {a} after {fwd}"))
-        elif a.is_send and a.compute() in at and at[a.compute()] > at[a]:
+        elif a.kind is Kind.BACKWARD_WEIGHT and grad_in in at and at[grad_in] > at[a]:
+            found.append(_v("weight-after-input", rank, a, f"{a} runs before {grad_in}",
+                            f"move {a} after {grad_in}"))
+        elif a.is_send and producer in at and at[producer] > at[a]:
             found.append(_v("send-after-compute", rank, a,
-                            f"{a} is posted before {a.compute()} produced its data",
-                            f"move {a} after {a.compute()}"))
-        elif a.is_recv and a.compute() in at and at[a.compute()] < at[a]:
+                            f"{a} is posted before {producer} produced its data",
+                            f"move {a} after {producer}"))
+        elif a.is_recv and producer in at and at[producer] < at[a]:
             found.append(_v("recv-before-compute", rank, a,
-                            f"{a} is posted after {a.compute()} needed its data",
-                            f"move {a} before {a.compute()}"))
+                            f"{a} is posted after {producer} needed its data",
+                            f"move {a} before {producer}"))
     return found
 
 
