@@ -33,7 +33,7 @@ from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.pipedream_format import read_any_profile
-from approxdist.planner.scaling import Input, ScalingModel, curve
+from approxdist.planner.scaling import TAILS, Input, ScalingModel, curve
 from approxdist.planner.tp_layout import layout_of, profiled_config
 from approxdist.text import comma_list
 from approxdist.topology import Mesh, parse_mesh
@@ -69,6 +69,15 @@ def register(sub: Any) -> None:
                    "link's bandwidth the all-reduce gets (default 1,0.25,1, assumed)")
     p.add_argument("--gamma", default="2.5e-10,1e-10,1e-9", help="VALUE,LOW,HIGH: seconds per "
                    "fp32 byte added (default 2.5e-10,1e-10,1e-9, assumed)")
+    p.add_argument("--alpha", help="VALUE,LOW,HIGH: seconds per message (default: --link's "
+                   "latency, up to 1 ms of software per message; assumed)")
+    p.add_argument("--jitter", default="0,0,0.05", help="VALUE,LOW,HIGH: each rank's compute "
+                   "noise as a share of it; the step waits for the slowest (default 0,0,0.05)")
+    p.add_argument("--tail", default="exp", choices=TAILS, help="the noise's tail: exp "
+                   "(slowest of N: H_N - 1 noises) or gauss (sqrt(2 ln N)); default exp")
+    p.add_argument("--no-early-forward", dest="early_forward", action="store_false",
+                   help="price dp_time's step instead of seed 001's overtaking and early "
+                        "forward (the next forward of a layer once its weights are updated)")
     p.add_argument("--calibration", type=Path, help="cost calibration file: take gamma from "
                    "its level (calibrated) and codec costs from it")
     p.add_argument("--algorithm", default="auto", help="all-reduce (default auto)")
@@ -172,12 +181,17 @@ def build(args: argparse.Namespace, meshes: list[Mesh] | None = None) -> Scaling
             layout.check(tp, profile)
     fwd, bwd = (cal.codec(c) if cal else CodecCost.of(c) for c in (args.fwd_codec,
                                                                     args.bwd_codec))
+    alpha = args.alpha or f"{link.alpha_s:g},{link.alpha_s:g},{max(link.alpha_s, 1e-3):g}"
     return ScalingModel(
         profile, link,
         _input("compute_scale", args.compute_scale, "seed GPU seconds per profile second"),
         _input("batch_exponent", args.batch_exponent, "compute ~ (b/B)^e"),
         _input("bandwidth_scale", args.bandwidth_scale, "share of --link the all-reduce gets"),
-        gamma, args.algorithm, codec, args.overlap, layout, fwd, bwd)
+        gamma, _input("alpha", alpha, "seconds per message: the link's latency and the "
+                      "software's"),
+        _input("jitter", args.jitter, f"compute noise, a share of it ({args.tail} tail)"),
+        early_forward=args.early_forward, tail=args.tail, algorithm=args.algorithm,
+        codec=codec, overlap=args.overlap, layout=layout, tp_fwd=fwd, tp_bwd=bwd)
 
 
 def _input(name: str, text: str, note: str) -> Input:
