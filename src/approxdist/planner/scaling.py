@@ -123,7 +123,7 @@ class ScalingModel:
         if unknown:
             raise ConfigError(f"input {unknown[0]!r} is not one of this model's: "
                               f"{', '.join(i.name for i in self.inputs)}")
-        return replace(self, **inputs)
+        return replace(self, **inputs)  # type: ignore[arg-type]
 
     def step_s(self, nodes: int, batch: int, values: dict[str, float] | None = None,
                tp: int = 1) -> float:

@@ -59,9 +59,11 @@ def minimize(f: Callable[[Sequence[float]], float], x0: Sequence[float],
         if values[-1] - values[0] <= ftol and size <= xtol:
             break
         centre = [sum(p[i] for p in simplex[:-1]) / n for i in range(n)]
+        worst = simplex[-1]
 
-        def toward(c: float) -> list[float]:
-            return clip([m + c * (m - w) for m, w in zip(centre, simplex[-1])])
+        def toward(c: float, centre: list[float] = centre, worst: list[float] = worst
+                   ) -> list[float]:
+            return clip([m + c * (m - w) for m, w in zip(centre, worst)])
 
         r = toward(1.0)
         fr = value(r)
