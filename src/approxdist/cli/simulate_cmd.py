@@ -28,19 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
+from approxdist.cli import simulate_fit
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.scaling import TAILS, Input, ScalingModel, curve
+from approxdist.planner.simfit.points import read_points
 from approxdist.planner.tp_layout import layout_of, profiled_config
 from approxdist.text import comma_list
 from approxdist.topology import Mesh, parse_mesh
 
 NODES = "1,2,4,8,16,32,64,128,256"
-#: seed 001's published points: per-node batch -> [(nodes, speed-up)]
-SEED001 = {256: [(64, 60.4), (256, 217.0)], 64: [(64, 30.5)], 32: [(64, 15.5)]}
 
 
 def register(sub: Any) -> None:
@@ -85,16 +85,27 @@ def register(sub: Any) -> None:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="all-reduce after backward instead of during it")
     p.add_argument("--json", type=Path, help="write the rows here")
+    simulate_fit.register(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     meshes = _meshes(args)
     model = build(args, meshes)
+    if args.fit:
+        model = simulate_fit.fitted(model, args)
+    if args.time_to_accuracy:
+        tta = simulate_fit.report_time_to_accuracy(model, args)
+    if (args.fit or args.time_to_accuracy) and not (args.nodes or meshes):
+        _inputs(model)
+        if args.json:
+            args.json.write_text(json.dumps({"time_to_accuracy": tta} if args.time_to_accuracy
+                                            else {}, indent=1) + "\n")
+        return 0
     nodes = [m.extent("dp") for m in meshes] or _ints(args.nodes or NODES, "--nodes")
     shards = [m.extent("tp") for m in meshes] or [1] * len(nodes)
     batches = _ints(args.per_node_batch, "--per-node-batch")
-    published = {(n, b): s for b, points in SEED001.items() for n, s in points}
+    published = {(p.nodes, p.per_node_batch): p.speedup for p in read_points(args.points)[1]}
     rows: list[dict[str, Any]] = [
         {**r, "mesh": _label(int(r["tp"]), int(r["nodes"])),
          "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))
@@ -114,10 +125,7 @@ def run(args: argparse.Namespace) -> int:
           f"{args.algorithm}, {model.codec.spec}, overlap {'on' if args.overlap else 'off'}, "
           f"link {args.link}{tp_wires}")
     print(render(cols, rows))
-    print("inputs:")
-    for i in model.inputs:
-        note = f": {i.note}" if i.note else ""
-        print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
+    _inputs(model)
     top = max(range(len(nodes)), key=lambda i: (nodes[i] * shards[i], shards[i]))
     top_n, top_tp, top_b = nodes[top], shards[top], max(batches)
     at = _label(top_tp, top_n) if meshes else f"N={top_n}"
@@ -129,6 +137,13 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"rows: {args.json}")
     return 0
+
+
+def _inputs(model: ScalingModel) -> None:
+    print("inputs:")
+    for i in model.inputs:
+        note = f": {i.note}" if i.note else ""
+        print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
 
 
 def _label(tp: int, replicas: int) -> str:
