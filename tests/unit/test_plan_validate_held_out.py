@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from approxdist.cli.main import main
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.planner.validation import engine_runs
@@ -32,3 +33,13 @@ def test_a_held_out_setting_on_a_calibration_model_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"held-out setting resnet20/N2/loopback/fp32 uses "
                                           r"model 'resnet20', a calibration model; hold out"):
         check_held_out((CALIBRATION[9],), CALIBRATION_MODELS)
+
+
+def test_held_out_and_another_set_of_settings_exit_2(capsys) -> None:
+    assert main(["plan", "validate", "--held-out", "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--quick and --held-out pick two sets of settings; give one (--only "
+                        "narrows either)") and len(err.splitlines()) == 1
+    assert main(["plan", "validate", "--held-out", "--only", "resnet20"]) == 2
+    assert "--only 'resnet20' matches no configuration; keys look like resnet56/N2/loopback/fp32" \
+        in capsys.readouterr().err

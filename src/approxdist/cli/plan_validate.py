@@ -1,12 +1,15 @@
-"""`approxdist plan validate`: predicted against measured step times on held-out configurations.
+"""`approxdist plan validate`: predicted against measured step times, ex ante first.
 
+    approxdist plan validate --held-out --json held-out.json   # the held-out set: headline
     approxdist plan validate --quick --json validate.json
     approxdist plan validate --calibration cost.json --json validate.json   # every setting
     approxdist plan validate --calibrate-only --save-calibration cost.json  # fit, save, stop
     approxdist plan validate --tensor --calibration cost.json     # tp x dp meshes against dp
 
 For each setting (a model on 2-4 local gloo ranks, a link and a wire format:
-`planner/validation/configs.py`; `--quick` the documented subset; `--tensor` the
+`planner/validation/configs.py`: by default the calibration settings, used while designing
+the cost model; `--held-out` a set of models and sizes none of them uses; `--quick` the
+documented subset of the calibration settings; `--tensor` the
 tensor-parallel ones, whose candidates are every tp x dp mesh and data parallelism) it
 profiles the model at the thread count each rank will use, prices the candidates (our best plans, data
 parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
@@ -18,7 +21,9 @@ each plan's prediction is its price on that profile (the machine the steps ran o
 the number of ranks its compute keeps busy (`candidates.busy_ranks`, between the two
 nearest measured), and its price on the profile it was chosen on is reported beside it
 (`planned_s`).
-It reports per configuration the predicted and measured step, and over all of them the
+It reports per configuration the predicted and measured step, and over all of them, first
+ex ante (each plan priced on the profile it was chosen on, before the timed rounds), then
+in the rounds, the
 median and max absolute percentage error, Kendall's tau of predicted vs measured seconds
 per sample (over every configuration, and the mean within settings), the regret of the
 chosen plan (measured, against the best measured candidate of its setting) and how our
