@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -144,9 +144,3 @@ def _row(model: ScalingModel, p: Point, role: str, spread: float) -> dict[str, f
             "observed": p.speedup, "speedup": s, "fit_low": s * math.exp(-spread),
             "fit_high": s * math.exp(spread), "speedup_low": low, "speedup_high": high,
             "error": s / p.speedup - 1}
-
-
-def with_values(model: ScalingModel, values: dict[str, float]) -> ScalingModel:
-    """`model` with the named inputs set to `values` (their bands kept)."""
-    return model.with_inputs({n: replace(i, value=values[n]) for n, i in
-                              ((i.name, i) for i in model.inputs) if n in values})
