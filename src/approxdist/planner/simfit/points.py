@@ -85,7 +85,10 @@ def _number(table: Table, row: int, key: str, text: str, kind: type = float) -> 
     return float(value)
 
 
-def _domain(table: Table, row: int, nodes: float, batch: float) -> tuple[int, int]:
+def _domain(table: Table, row: int, cells: dict[str, str]) -> tuple[int, int]:
+    """The row's (N, b), refused outside the model's domain."""
+    nodes = _number(table, row, "nodes", cells["nodes"], int)
+    batch = _number(table, row, "per_node_batch", cells["per_node_batch"], int)
     where = f"points file {str(table.path)!r} row {row}"
     if nodes < 1:
         raise DataError(f"{where}: nodes = {nodes:g} is outside the model's domain (N >= 1: "
@@ -104,8 +107,7 @@ def read_points(path: Path) -> tuple[Table, tuple[Point, ...]]:
     table = read_table(path, SPEEDUP_COLUMNS)
     points = []
     for i, r in enumerate(table.rows, 1):
-        n, b = _domain(table, i, _number(table, i, "nodes", r["nodes"], int),
-                       _number(table, i, "per_node_batch", r["per_node_batch"], int))
+        n, b = _domain(table, i, r)
         s = _number(table, i, "speedup", r["speedup"])
         if not s > 0:
             raise DataError(f"points file {str(path)!r} row {i}: speedup = {s:g} must be > 0; "
@@ -129,8 +131,7 @@ def read_reached(path: Path) -> tuple[Table, tuple[Reached, ...]]:
     table = read_table(path, TTA_COLUMNS)
     out = []
     for i, r in enumerate(table.rows, 1):
-        n, b = _domain(table, i, _number(table, i, "nodes", r["nodes"], int),
-                       _number(table, i, "per_node_batch", r["per_node_batch"], int))
+        n, b = _domain(table, i, r)
         try:
             t = seconds(r["train_time"])
         except ValueError:
