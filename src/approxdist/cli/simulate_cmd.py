@@ -7,9 +7,13 @@ Data parallelism on N nodes of one rank each (seed 001, eq. 1; `planner.scaling`
 profile's compute (e.g. PipeDream's AlexNet profile, measured at 256 images on its GPU)
 scaled by `--compute-scale` to the seed's GPU and by (b/256)^`--batch-exponent` to the
 per-node batch, gradients all-reduced over `--link` (its bandwidth times
-`--bandwidth-scale`) with `--gamma` seconds per byte added, overlapped with backward.
-Each of those four inputs is VALUE,LOW,HIGH; the table prints s and its band (every
-corner of the bands), the inputs with their source, and which inputs move s most.
+`--bandwidth-scale`, `--alpha` seconds per message) with `--gamma` seconds per byte added,
+overlapped with backward and, as seed 001 does, with the next forward (overtaking and
+early forward; `--no-early-forward` to drop it), every step waiting for the slowest rank
+(`--jitter`, `--tail`). Each input is VALUE,LOW,HIGH and labelled measured, calibrated,
+fitted or assumed; the table prints s and its band, the inputs with their source, and
+which inputs move s most. `--fit` fits the unmeasured inputs to observed points and
+`--time-to-accuracy` checks seed 001's Table 4 (`cli/simulate_fit.py`).
 
     approxdist simulate --profile gpt.json --mesh dp=4 --mesh tp=2,dp=2 --mesh tp=4 \
         --per-node-batch 8 --link bw=1gbit --compute-scale 1 --fwd-codec bf16
