@@ -12,6 +12,7 @@ import pytest
 
 from approxdist.cli.main import main
 from approxdist.cli.plan_validate import between, sections
+from approxdist.cli.plan_validate_report import print_report
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError, DataError
 from approxdist.pipeline.partition import balance_costs
@@ -157,10 +158,28 @@ def test_summary_figures_by_hand() -> None:
     assert s["vs_pipedream"]["differ"] == 1  # in b it chose ours
     met = {key: ok for key, _, ok in verdicts(s)}
     assert met == {"median_ape": True, "max_ape": True, "kendall_tau": False, "regret": False}
-    assert "planned" not in s  # rows without planned_s
-    planned = summarize([{**r, "planned_s": 2 * float(r["measured_s"])} for r in rows])["planned"]
-    assert planned["median_ape"] == planned["max_ape"] == pytest.approx(1.0)
-    assert planned["kendall_tau"] == pytest.approx(1.0)  # twice the measured: the same order
+    assert "ex_ante" not in s  # rows without planned_s
+    ante = summarize([{**r, "planned_s": 2 * float(r["measured_s"])} for r in rows])["ex_ante"]
+    assert ante["median_ape"] == ante["max_ape"] == pytest.approx(1.0)
+    assert ante["kendall_tau"] == pytest.approx(1.0)  # twice the measured: the same order
+    assert ante["kendall_tau_within"] == pytest.approx(1.0)
+    assert ante["regret"] == s["regret"]  # chosen on that profile either way
+    assert {key: ok for key, _, ok in verdicts(ante)} == {
+        "median_ape": False, "max_ape": False, "kendall_tau": True, "regret": False}
+
+
+def test_the_report_gives_the_ex_ante_figures_first(capsys) -> None:
+    rows = [{**_row("a", 1.0, 1.0, "ours"), "planned_s": 1.5},
+            {**_row("a", 2.2, 2.0, "dp"), "planned_s": 1.0}]
+    summary = print_report(rows, "held-out")
+    out = capsys.readouterr().out
+    ante = out.index("ex ante: each plan priced on the profile it was chosen on, taken before "
+                     "the timed rounds (as approxdist plan prices it); held-out settings:")
+    assert ante < out.index("in the rounds: priced on the profile taken in each timed round")
+    assert "kendall_tau  -1.00 (target >= 0.80): NOT met" in out[ante:]
+    assert summary["settings_set"] == "held-out" and summary["ex_ante"]["regret"] == 0.0
+    assert "2 configurations in 1 held-out settings; Kendall's tau within settings -1.00 " \
+           "(ex ante)" in out
 
 
 def test_the_optimizer_and_shared_cores_are_priced() -> None:

@@ -7,9 +7,13 @@ Data parallelism on N nodes of one rank each (seed 001, eq. 1; `planner.scaling`
 profile's compute (e.g. PipeDream's AlexNet profile, measured at 256 images on its GPU)
 scaled by `--compute-scale` to the seed's GPU and by (b/256)^`--batch-exponent` to the
 per-node batch, gradients all-reduced over `--link` (its bandwidth times
-`--bandwidth-scale`) with `--gamma` seconds per byte added, overlapped with backward.
-Each of those four inputs is VALUE,LOW,HIGH; the table prints s and its band (every
-corner of the bands), the inputs with their source, and which inputs move s most.
+`--bandwidth-scale`, `--alpha` seconds per message) with `--gamma` seconds per byte added,
+overlapped with backward and, as seed 001 does, with the next forward (overtaking and
+early forward; `--no-early-forward` to drop it), every step waiting for the slowest rank
+(`--jitter`, `--tail`). Each input is VALUE,LOW,HIGH and labelled measured, calibrated,
+fitted or assumed; the table prints s and its band, the inputs with their source, and
+which inputs move s most. `--fit` fits the unmeasured inputs to observed points and
+`--time-to-accuracy` checks seed 001's Table 4 (`cli/simulate_fit.py`).
 
     approxdist simulate --profile gpt.json --mesh dp=4 --mesh tp=2,dp=2 --mesh tp=4 \
         --per-node-batch 8 --link bw=1gbit --compute-scale 1 --fwd-codec bf16
@@ -28,19 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
+from approxdist.cli import simulate_fit
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.pipedream_format import read_any_profile
-from approxdist.planner.scaling import Input, ScalingModel, curve
+from approxdist.planner.scaling import TAILS, Input, ScalingModel, curve
+from approxdist.planner.simfit.points import read_points
 from approxdist.planner.tp_layout import layout_of, profiled_config
 from approxdist.text import comma_list
 from approxdist.topology import Mesh, parse_mesh
 
 NODES = "1,2,4,8,16,32,64,128,256"
-#: seed 001's published points: per-node batch -> [(nodes, speed-up)]
-SEED001 = {256: [(64, 60.4), (256, 217.0)], 64: [(64, 30.5)], 32: [(64, 15.5)]}
 
 
 def register(sub: Any) -> None:
@@ -69,6 +73,15 @@ def register(sub: Any) -> None:
                    "link's bandwidth the all-reduce gets (default 1,0.25,1, assumed)")
     p.add_argument("--gamma", default="2.5e-10,1e-10,1e-9", help="VALUE,LOW,HIGH: seconds per "
                    "fp32 byte added (default 2.5e-10,1e-10,1e-9, assumed)")
+    p.add_argument("--alpha", help="VALUE,LOW,HIGH: seconds per message (default: --link's "
+                   "latency, up to 1 ms of software per message; assumed)")
+    p.add_argument("--jitter", default="0,0,0.05", help="VALUE,LOW,HIGH: each rank's compute "
+                   "noise as a share of it; the step waits for the slowest (default 0,0,0.05)")
+    p.add_argument("--tail", default="exp", choices=TAILS, help="the noise's tail: exp "
+                   "(slowest of N: H_N - 1 noises) or gauss (sqrt(2 ln N)); default exp")
+    p.add_argument("--no-early-forward", dest="early_forward", action="store_false",
+                   help="price dp_time's step instead of seed 001's overtaking and early "
+                        "forward (the next forward of a layer once its weights are updated)")
     p.add_argument("--calibration", type=Path, help="cost calibration file: take gamma from "
                    "its level (calibrated) and codec costs from it")
     p.add_argument("--algorithm", default="auto", help="all-reduce (default auto)")
@@ -76,16 +89,27 @@ def register(sub: Any) -> None:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="all-reduce after backward instead of during it")
     p.add_argument("--json", type=Path, help="write the rows here")
+    simulate_fit.register(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     meshes = _meshes(args)
     model = build(args, meshes)
+    if args.fit:
+        model = simulate_fit.fitted(model, args)
+    if args.time_to_accuracy:
+        tta = simulate_fit.report_time_to_accuracy(model, args)
+    if (args.fit or args.time_to_accuracy) and not (args.nodes or meshes):
+        _inputs(model)
+        if args.json:
+            args.json.write_text(json.dumps({"time_to_accuracy": tta} if args.time_to_accuracy
+                                            else {}, indent=1) + "\n")
+        return 0
     nodes = [m.extent("dp") for m in meshes] or _ints(args.nodes or NODES, "--nodes")
     shards = [m.extent("tp") for m in meshes] or [1] * len(nodes)
     batches = _ints(args.per_node_batch, "--per-node-batch")
-    published = {(n, b): s for b, points in SEED001.items() for n, s in points}
+    published = {(p.nodes, p.per_node_batch): p.speedup for p in read_points(args.points)[1]}
     rows: list[dict[str, Any]] = [
         {**r, "mesh": _label(int(r["tp"]), int(r["nodes"])),
          "seed001": published.get((int(r["nodes"]), int(r["per_node_batch"])))
@@ -105,10 +129,7 @@ def run(args: argparse.Namespace) -> int:
           f"{args.algorithm}, {model.codec.spec}, overlap {'on' if args.overlap else 'off'}, "
           f"link {args.link}{tp_wires}")
     print(render(cols, rows))
-    print("inputs:")
-    for i in model.inputs:
-        note = f": {i.note}" if i.note else ""
-        print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
+    _inputs(model)
     top = max(range(len(nodes)), key=lambda i: (nodes[i] * shards[i], shards[i]))
     top_n, top_tp, top_b = nodes[top], shards[top], max(batches)
     at = _label(top_tp, top_n) if meshes else f"N={top_n}"
@@ -120,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
         print(f"rows: {args.json}")
     return 0
+
+
+def _inputs(model: ScalingModel) -> None:
+    print("inputs:")
+    for i in model.inputs:
+        note = f": {i.note}" if i.note else ""
+        print(f"  {i.name} = {i.value:g} [{i.low:g}, {i.high:g}] ({i.source}{note})")
 
 
 def _label(tp: int, replicas: int) -> str:
@@ -172,12 +200,17 @@ def build(args: argparse.Namespace, meshes: list[Mesh] | None = None) -> Scaling
             layout.check(tp, profile)
     fwd, bwd = (cal.codec(c) if cal else CodecCost.of(c) for c in (args.fwd_codec,
                                                                     args.bwd_codec))
+    alpha = args.alpha or f"{link.alpha_s:g},{link.alpha_s:g},{max(link.alpha_s, 1e-3):g}"
     return ScalingModel(
         profile, link,
         _input("compute_scale", args.compute_scale, "seed GPU seconds per profile second"),
         _input("batch_exponent", args.batch_exponent, "compute ~ (b/B)^e"),
         _input("bandwidth_scale", args.bandwidth_scale, "share of --link the all-reduce gets"),
-        gamma, args.algorithm, codec, args.overlap, layout, fwd, bwd)
+        gamma, _input("alpha", alpha, "seconds per message: the link's latency and the "
+                      "software's"),
+        _input("jitter", args.jitter, f"compute noise, a share of it ({args.tail} tail)"),
+        early_forward=args.early_forward, tail=args.tail, algorithm=args.algorithm,
+        codec=codec, overlap=args.overlap, layout=layout, tp_fwd=fwd, tp_bwd=bwd)
 
 
 def _input(name: str, text: str, note: str) -> Input:

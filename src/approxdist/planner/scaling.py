@@ -8,10 +8,26 @@ hardware and batch asked for:
 
     compute(b) = profile compute x compute_scale x (b / B)^batch_exponent
 
+on a link whose seconds per message are `alpha` (the link's latency and the software's:
+each all-reduce phase pays it, so the tail grows with log2 N) and whose bandwidth is
+`--link`'s x `bandwidth_scale`. Two terms beyond `dp_time`:
+
+- **early forward** (seed 001 Sec. 4.3; `cost.early_forward`): small layers' all-reduces
+  overtake large ones and the next forward of a layer starts once its weights are
+  updated; the step is the steady-state period (`early_forward=True`);
+- **synchronisation jitter**: every step waits for the slowest of N ranks. With each
+  rank's compute C varying by a share `jitter` of it, the expected slowest exceeds the
+  mean by `jitter x C x tail(N)`: tail = sqrt(2 ln N) for Gaussian noise (the expected
+  maximum of N normals, asymptotically), H_N - 1 for exponential noise (shifted-
+  exponential stragglers: the expected maximum of N exponentials is H_N times their mean,
+  one of them H_1; Lee et al., "Speeding up distributed machine learning using codes",
+  IEEE Trans. IT 2018). `jitter_s` is the term.
+
 Every input is an `Input` labelled `measured` (from a profile), `calibrated` (fitted to
-our benchmarks) or `assumed`, with a low and a high value; the speed-up's band is the
-smallest and largest s over every corner of the inputs' bands, and `sensitivity` says
-how wide the band is when only one input moves (which inputs dominate it).
+our benchmarks), `fitted` (to observed speed-ups, `planner.simfit`) or `assumed`, with a
+low and a high value; the speed-up's band is the smallest and largest s over the inputs'
+bands: s moves one way in each input over its band (checked one at a time by
+`sensitivity`), so the two corners that move every input the same way as s are its ends.
 
 A mesh `tp=T,dp=N` (T x N ranks, one per node) is N replicas of the model split over T
 ranks each (`cost.tp_time` with the model's `TPLayout`: the split compute, the tp
@@ -22,18 +38,34 @@ rank's.
 
 from __future__ import annotations
 
-import itertools
+import math
 from dataclasses import dataclass, replace
 
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32
 from approxdist.planner.cost.dp import DPOptions, dp_time
+from approxdist.planner.cost.early_forward import early_forward_period
 from approxdist.planner.cost.links import LinkLevel, Network
 from approxdist.planner.cost.tensor import TPLayout, TPOptions, tp_time
 from approxdist.planner.profile import Profile
 
-SOURCES = ("measured", "calibrated", "assumed")
+SOURCES = ("measured", "calibrated", "fitted", "assumed")
+#: the tails of a step's compute noise `jitter_s` knows
+TAILS = ("gauss", "exp")
+
+
+def jitter_s(compute_s: float, share: float, nodes: int, tail: str = "exp") -> float:
+    """Expected wait for the slowest of `nodes` ranks whose compute (`compute_s` on
+    average) varies by `share` of it: share x compute x sqrt(2 ln N) (Gaussian) or
+    x (H_N - 1) (exponential); 0 on one node."""
+    if tail not in TAILS:
+        raise ConfigError(f"jitter tail {tail!r} is not one of {', '.join(TAILS)}")
+    if nodes < 1:
+        raise ConfigError(f"nodes = {nodes} must be >= 1")
+    factor = math.sqrt(2 * math.log(nodes)) if tail == "gauss" else \
+        sum(1.0 / k for k in range(2, nodes + 1))
+    return share * compute_s * factor
 
 
 @dataclass(frozen=True)
@@ -66,6 +98,10 @@ class ScalingModel:
     batch_exponent: Input
     bandwidth_scale: Input
     gamma: Input  # seconds per fp32 byte added (the all-reduce's sums)
+    alpha: Input | None = None  # seconds per message (None: the link's latency, fixed)
+    jitter: Input | None = None  # compute noise, a share of it (None: none)
+    early_forward: bool = False
+    tail: str = "exp"
     algorithm: str = "auto"
     codec: CodecCost = FP32
     overlap: bool = True
@@ -77,7 +113,17 @@ class ScalingModel:
 
     @property
     def inputs(self) -> tuple[Input, ...]:
-        return (self.compute_scale, self.batch_exponent, self.bandwidth_scale, self.gamma)
+        extra = tuple(i for i in (self.alpha, self.jitter) if i is not None)
+        return (self.compute_scale, self.batch_exponent, self.bandwidth_scale, self.gamma,
+                *extra)
+
+    def with_inputs(self, inputs: dict[str, Input]) -> ScalingModel:
+        """This model with the inputs named in `inputs` replaced."""
+        unknown = sorted(set(inputs) - {i.name for i in self.inputs})
+        if unknown:
+            raise ConfigError(f"input {unknown[0]!r} is not one of this model's: "
+                              f"{', '.join(i.name for i in self.inputs)}")
+        return replace(self, **inputs)  # type: ignore[arg-type]
 
     def step_s(self, nodes: int, batch: int, values: dict[str, float] | None = None,
                tp: int = 1) -> float:
@@ -90,16 +136,24 @@ class ScalingModel:
                        for b in self.profile.blocks)
         scaled = replace(self.profile, micro_batch_size=batch, blocks=blocks)
         level = replace(self.link, beta_s_per_byte=self.link.beta_s_per_byte /
-                        v["bandwidth_scale"], gamma_s_per_byte=v["gamma"])
+                        v["bandwidth_scale"], gamma_s_per_byte=v["gamma"],
+                        alpha_s=v.get("alpha", self.link.alpha_s))
         options = DPOptions(algorithm=self.algorithm, codec=self.codec, overlap=self.overlap)
+        compute = sum(b.fwd_s + b.bwd_s for b in blocks)
+        noise = jitter_s(compute, v.get("jitter", 0.0), nodes * tp, self.tail)
         if tp == 1:
-            return dp_time(scaled, nodes, Network(level), options).step_s
+            dp = dp_time(scaled, nodes, Network(level), options)
+            if not (self.early_forward and self.overlap):
+                return dp.step_s + noise
+            period = early_forward_period([b.fwd_s for b in blocks], [b.bwd_s for b in blocks],
+                                          [(k.blocks, k.end_s - k.start_s) for k in dp.buckets])
+            return period + dp.optimizer_s + dp.overhead_s + noise
         if self.layout is None:
             raise ConfigError(f"tp = {tp} needs the model's tensor-parallel layout; give "
                               f"ScalingModel a layout (planner.tp_layout)")
         return tp_time(scaled, self.layout, nodes, Network(level),
                        TPOptions(tp, self.tp_fwd, self.tp_bwd, self.tp_algorithm),
-                       options).step_s
+                       options).step_s + noise
 
     def speedup(self, nodes: int, batch: int, values: dict[str, float] | None = None,
                 tp: int = 1) -> float:
@@ -110,10 +164,15 @@ class ScalingModel:
             * batch / ref * nodes
 
     def band(self, nodes: int, batch: int, tp: int = 1) -> tuple[float, float]:
-        """The smallest and largest s(N, b) over every corner of the inputs' bands."""
-        corners = itertools.product(*((i.low, i.high) for i in self.inputs))
-        values = [self.speedup(nodes, batch, dict(zip((i.name for i in self.inputs), c)), tp)
-                  for c in corners]
+        """The smallest and largest s(N, b) over the inputs' bands: the two corners that
+        move every input the way s moves with it (`sensitivity`, one input at a time)."""
+        one = self.sensitivity(nodes, batch, tp)
+        worst = {i.name: i.low if one[i.name][0] <= one[i.name][1] else i.high
+                 for i in self.inputs}
+        best = {i.name: i.high if one[i.name][0] <= one[i.name][1] else i.low
+                for i in self.inputs}
+        values = [self.speedup(nodes, batch, worst, tp), self.speedup(nodes, batch, best, tp),
+                  self.speedup(nodes, batch, tp=tp), *(x for pair in one.values() for x in pair)]
         return min(values), max(values)
 
     def sensitivity(self, nodes: int, batch: int, tp: int = 1) -> dict[str, tuple[float, float]]:

@@ -1,4 +1,4 @@
-"""The held-out configurations of `approxdist plan validate` (pure, fixed, documented).
+"""The settings of `approxdist plan validate`: calibration settings and a held-out set (pure, fixed).
 
 A *setting* is a model on a world of local ranks joined by a link, with one wire format
 for activations, their gradients and the replicas' all-reduce; in each setting several
@@ -10,9 +10,15 @@ and between links. The full set is every model x 2, 3, 4 ranks x (no emulated li
 fp32), (1 Gbit/s, fp32), (1 Gbit/s, bf16): 18 settings; `--quick` is the documented
 subset `QUICK`. `TENSOR` (`plan validate --tensor`) are the tensor-parallel settings.
 
-Nothing here was used to fit the cost model: the calibration is measured on all-reduces
-alone (`plan validate` fits it first, or reads `--calibration`), and the profiles on one
-rank, so every configuration is held out.
+No configuration's step time fits the cost model (the calibration is measured on
+all-reduces and the engine-overhead models alone), but `CALIBRATION` and `TENSOR` were
+used while designing the model (about fifteen iterations of the cost model were judged
+on them, and `ROUNDS` was chosen by the tau they gave): they are *calibration settings*.
+`HELD_OUT` is a fresh set of models and sizes none of those uses (resnet56, the
+AlexNet-like CNN at width 256, gpt-tiny at 4 sequences per micro-batch, MLPs of depth 4
+and 8), fixed and committed before any of its results was looked at; its figures are the
+headline (`plan validate --held-out`). `check_held_out` refuses a held-out setting whose
+model is a calibration model.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class Setting:
 
 FULL = tuple(Setting(MODELS[m], n, link, codec)
              for m in MODELS for n in (2, 3, 4) for link, codec in WIRES)
+#: the settings used while designing the cost model (every one of `FULL`)
+CALIBRATION = FULL
 
 #: five settings that cover both models, 2 to 4 ranks, both links and both formats
 QUICK = tuple(s for s in FULL if s.key in {
@@ -89,6 +97,51 @@ TENSOR_MODELS = {
 TENSOR = (*(Setting(TENSOR_MODELS[m], n, "", "fp32", True)
             for m in TENSOR_MODELS for n in (2, 4)),
           Setting(TENSOR_MODELS["gpt-tiny"], 2, "bw=1gbit", "bf16", True))
+
+
+#: models and sizes no calibration setting (nor the engine-overhead runs) uses
+HELD_OUT_MODELS = {
+    "resnet56": ModelSpec("resnet56", {
+        "model": {"name": "resnet56"},
+        "data": {"dataset": "synthetic", "synthetic_shape": [3, 32, 32],
+                 "synthetic_samples": 512, "augment": False}}, 8),
+    "alexnet-w256": ModelSpec("alexnet-w256", {
+        "model": {"name": "alexnet", "hidden": 256, "dropout": 0.0},
+        "data": {"dataset": "synthetic", "synthetic_shape": [3, 32, 32],
+                 "synthetic_samples": 512, "augment": False}}, 16),
+    "gpt-tiny-b4": ModelSpec("gpt-tiny-b4", {
+        "model": {"name": "gpt-tiny"},
+        "data": {"dataset": "stdlib-text", "augment": False}}, 4),
+    "mlp-d4": ModelSpec("mlp-d4", {
+        "model": {"name": "mlp", "hidden": 768, "depth": 4},
+        "data": {"dataset": "synthetic", "synthetic_shape": [784], "synthetic_samples": 512,
+                 "augment": False}}, 32),
+    "mlp-d8": ModelSpec("mlp-d8", {
+        "model": {"name": "mlp", "hidden": 384, "depth": 8},
+        "data": {"dataset": "synthetic", "synthetic_shape": [784], "synthetic_samples": 512,
+                 "augment": False}}, 32),
+}
+#: two settings per held-out model, spread over 2-4 ranks, both links and both formats
+HELD_OUT = tuple(Setting(HELD_OUT_MODELS[m], n, link, codec) for m, n, link, codec in (
+    ("resnet56", 2, "", "fp32"), ("resnet56", 4, "bw=1gbit", "fp32"),
+    ("alexnet-w256", 3, "", "fp32"), ("alexnet-w256", 2, "bw=1gbit", "bf16"),
+    ("gpt-tiny-b4", 2, "", "fp32"), ("gpt-tiny-b4", 4, "bw=1gbit", "bf16"),
+    ("mlp-d4", 3, "bw=1gbit", "fp32"), ("mlp-d4", 4, "", "fp32"),
+    ("mlp-d8", 2, "bw=1gbit", "bf16"), ("mlp-d8", 3, "", "fp32")))
+
+
+def check_held_out(held_out: tuple[Setting, ...],
+                   calibration: tuple[ModelSpec, ...]) -> tuple[Setting, ...]:
+    """`held_out`, refused where a setting's model (its sections and micro-batch) is one of
+    the `calibration` models: a figure on it would not be held out."""
+    for s in held_out:
+        same = next((m for m in calibration if m.sections == s.model.sections
+                     and m.micro_batch_size == s.model.micro_batch_size), None)
+        if same is not None:
+            raise ConfigError(f"held-out setting {s.key} uses model {same.label!r}, a "
+                              f"calibration model; hold out another model or size (e.g. "
+                              f"{', '.join(HELD_OUT_MODELS)})")
+    return held_out
 
 
 def select(settings: tuple[Setting, ...], only: str | None) -> tuple[Setting, ...]:
