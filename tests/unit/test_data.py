@@ -126,3 +126,21 @@ def test_mnist1d_generated_locally() -> None:
     assert set(a.train_y.tolist()) == set(range(10))
     b = load_dataset(DataConfig(dataset="mnist1d"))
     assert torch.equal(a.train_x, b.train_x)  # fixed seed: the same data everywhere
+
+
+def test_mnist1d_is_generated_once_and_a_damaged_cache_is_generated_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from approxdist.data.mnist1d import load_mnist1d
+
+    monkeypatch.setenv("APPROXDIST_CACHE_DIR", str(tmp_path))
+    fresh = load_mnist1d(num_samples=300)
+    (stored,) = (tmp_path / "data").glob("mnist1d-*-n300-seed42.pt")
+    stamp = stored.stat().st_mtime_ns
+    again = load_mnist1d(num_samples=300)
+    assert stored.stat().st_mtime_ns == stamp  # read, not written again
+    stored.write_bytes(stored.read_bytes()[:100])  # cut
+    repaired = load_mnist1d(num_samples=300)
+    for got in (again, repaired):
+        for key in ("train_x", "train_y", "test_x", "test_y"):
+            assert torch.equal(getattr(got, key), getattr(fresh, key)), key
+    assert [p.name for p in (tmp_path / "data").iterdir()] == [stored.name]  # no temp left

@@ -15,7 +15,7 @@ SRC = Path(approxdist.__file__).parent
 #: (`__init__`, `__main__`) is the top. docs/architecture.md ("The layers, bottom up")
 #: shows the same order, one line each: change both together.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "registry", "text", "bench", "version"),
+    ("errors", "registry", "text", "bench", "version", "cache"),
     ("kernels", "config"),
     ("data",),
     ("models",),

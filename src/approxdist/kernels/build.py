@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from approxdist.cache import cache_dir as approxdist_cache
+
 _SOURCES = ("bitfield.c", "table.c")
 #: included by the sources: part of the cache key, not compiled on their own
 _HEADERS = ("bitpack.h",)
@@ -71,8 +73,7 @@ def cache_dir() -> Path:
     env = os.environ.get("APPROXDIST_KERNEL_CACHE")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "approxdist" / "kernels"
+    return approxdist_cache() / "kernels"
 
 
 def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from approxdist.bench.stats import median, paired_ratio
+from approxdist.cache import cache_dir
 from approxdist.comm.collectives.calibration import Calibration, Measurement, fit
 from approxdist.comm.link import Link
 from approxdist.errors import ConfigError
@@ -89,14 +90,6 @@ def key(link: Link) -> str:
     return (f"host={platform.node()} cpus={os.cpu_count()} world={link.world_size} "
             f"backend={'nccl' if link.device.type == 'cuda' else 'gloo'} per_node={per_node} "
             f"link={link.spec.spec if link.spec else 'none'} torch={torch.__version__}")
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get("APPROXDIST_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "approxdist"
 
 
 def cache_path(k: str) -> Path:
