@@ -1,13 +1,17 @@
-"""All-reduce compatible compressors on DataParallel's gradient wire, 2 ranks, against one process.
+"""Compressors on DataParallel's gradient wire, 2 ranks, against one process.
 
-The oracle computes both ranks' gradients in one process, compresses each weight's with
-the same compressors driven in lockstep (their messages summed, as the ring all-reduce
-does) and averages the biases exactly; 3 SGD steps of the engine must land on the same
-parameters. A resumed engine continues exactly like the uninterrupted one.
+The oracle computes both ranks' gradients in one process, compresses each compressed
+parameter's with the same compressors driven in lockstep (messages summed, as the ring
+all-reduce does, or payloads handed to every worker, as the all-gather does) and averages
+the others exactly; 3 SGD steps of the engine must land on the same parameters, bit for
+bit. The last step's bytes are each compressed parameter's `wire_bytes()` plus the exact
+ones' fp32 values (2 ranks: every byte crosses once). A resumed engine continues exactly
+like the uninterrupted one (residuals and random streams in its state).
 """
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from typing import Any
 
 import pytest
@@ -23,24 +27,33 @@ from approxdist.launch.spawn import run_on_ranks
 from tests.helpers.lockstep import lockstep
 from tests.helpers.tiny_mlp import batch, net, sgd_steps
 
-CASES = {"powersgd": ("powersgd:2", ["*.bias=fp32"]), "randomk": ("randomk:0.25", [])}
+#: name -> (codec, rules, all-reduce algorithm); auto's all-gather of small payloads is direct
+CASES = {"powersgd": ("powersgd:2", ["*.bias=fp32"], "ring"),
+         "randomk": ("randomk:0.25", [], "ring"),
+         "topk": ("topk:0.25", ["*.bias=fp32"], "ring"),
+         "qsgd": ("qsgd:4", [], "auto"),
+         "terngrad": ("terngrad", [], "ring"),
+         "sign+ef": ("sign+ef", ["2.*=fp32"], "auto"),
+         "signsgd": ("signsgd", [], "ring")}
 STEPS = 3
 
 
-def _run(ctx: DistContext, codec: str, rules: list[str]) -> dict[str, Any]:
-    kw: dict[str, Any] = {"codec": codec, "codec_rules": rules, "algorithm": "ring"}
+def _run(ctx: DistContext, codec: str, rules: list[str], algorithm: str) -> dict[str, Any]:
+    kw: dict[str, Any] = {"codec": codec, "codec_rules": rules, "algorithm": algorithm}
     a = net()
     dp_a = DataParallel(a, ctx=ctx, **kw)
     opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
     sgd_steps(dp_a, opt_a, ctx.rank, range(2))
     saved, weights = dp_a.state_dict(), {k: v.clone() for k, v in a.state_dict().items()}
+    before = dp_a.bytes_sent
     sgd_steps(dp_a, opt_a, ctx.rank, range(2, STEPS))
+    last_step_bytes = dp_a.bytes_sent - before
     b = net()
     dp_b = DataParallel(b, ctx=ctx, broadcast=False, **kw)
     dp_b.load_state_dict(saved)
     b.load_state_dict(weights)
     sgd_steps(dp_b, torch.optim.SGD(b.parameters(), lr=0.1), ctx.rank, range(2, STEPS))
-    out = {"params": a.state_dict(), "resumed": b.state_dict()}
+    out = {"params": a.state_dict(), "resumed": b.state_dict(), "bytes": last_step_bytes}
     dp_a.close()
     dp_b.close()
     return out
@@ -55,11 +68,17 @@ def _all(ctx: DistContext) -> dict[str, Any]:
     return out
 
 
-def oracle(codec: str, rules: list[str]) -> dict[str, torch.Tensor]:
+def _compressed(model: nn.Module, rules: list[str]) -> list[str]:
+    """The parameters the case's codec compresses (its rules send the others in fp32)."""
+    exact = [r.partition("=")[0] for r in rules]
+    return [n for n, _ in model.named_parameters() if not any(fnmatch(n, g) for g in exact)]
+
+
+def oracle(codec: str, rules: list[str], algorithm: str) -> dict[str, torch.Tensor]:
     model = net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     named = list(model.named_parameters())
-    compressed = [n for n, _ in named if not (rules and n.endswith(".bias"))]
+    compressed = _compressed(model, rules)
     comps = {n: [get_compressor(codec, Where(tuple(p.shape), n, worker=w)) for w in range(2)]
              for n, p in named if n in compressed}
     for s in range(STEPS):
@@ -87,8 +106,18 @@ def test_engine_equals_one_process_compressing_each_ranks_gradient(
     expected = oracle(*CASES[name])
     for rank, out in enumerate(two_ranks):
         for key, value in expected.items():
-            torch.testing.assert_close(out[name]["params"][key], value, rtol=1e-6, atol=1e-7,
-                                       msg=lambda m, k=key, r=rank: f"rank {r} {k}: {m}")
+            assert torch.equal(out[name]["params"][key], value), (rank, key)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_step_sends_each_compressors_wire_bytes(two_ranks: list[dict[str, Any]],
+                                                  name: str) -> None:
+    codec, rules, _ = CASES[name]
+    model = net()
+    compressed = _compressed(model, rules)
+    expected = sum(get_compressor(codec, Where(tuple(p.shape), n)).wire_bytes()
+                   if n in compressed else 4 * p.numel() for n, p in model.named_parameters())
+    assert [out[name]["bytes"] for out in two_ranks] == [expected, expected]
 
 
 @pytest.mark.parametrize("name", list(CASES))

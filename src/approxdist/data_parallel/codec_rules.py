@@ -114,17 +114,18 @@ class CodecRules:
                               + MEASURE.format(alg="auto", path="FILE"))
         return self.times
 
-    def validate(self) -> None:
+    def validate(self, algorithm: str = "auto") -> None:
         """Build each codec once so a bad spec fails here with the codec registry's message;
-        a compressor (docs/compressors.md) must be all-reduce compatible."""
+        a compressor (docs/compressors.md) must be valid, and all-reduce compatible unless
+        the all-reduce `algorithm` has an all-gather beside it."""
         from approxdist.comm.codecs import get_codec
         from approxdist.comm.compressors import is_compressor
-        from approxdist.data_parallel.compressed import check_summed
+        from approxdist.data_parallel.compressed import check_carried
 
         for spec in self.specs():
             for codec in self._times().codecs if spec == FASTEST else [spec]:
                 if is_compressor(codec):
-                    check_summed(codec)
+                    check_carried(codec, algorithm)
                 else:
                     get_codec(codec)
 

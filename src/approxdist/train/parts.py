@@ -113,10 +113,12 @@ def check_wire(cfg: Config, name: str) -> None:
                               f"their own: use adaprec.choose = 'all'")
         check_candidates((*candidates, cfg.adaprec.first), wire.rules, times, per_layer)
     else:
-        named(f"{key}.codec", wire.codec, partial(_check_rules, [], wire.codec, times))
+        named(f"{key}.codec", wire.codec,
+              partial(_check_rules, [], wire.codec, times, cfg.dp.algorithm))
     default = "fp32" if candidates is not None else wire.codec
     for rule in wire.rules:
-        named(f"{key}.rules", rule, partial(_check_rules, [rule], default, times))
+        named(f"{key}.rules", rule, partial(_check_rules, [rule], default, times,
+                                            cfg.dp.algorithm))
 
 
 def check_rules_match(cfg: Config, model: nn.Module) -> None:
@@ -132,8 +134,9 @@ def check_rules_match(cfg: Config, model: nn.Module) -> None:
                           f"(e.g. '*.weight') or type:Module[.attr] (e.g. type:Linear.bias)")
 
 
-def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:
-    CodecRules.parse(rules, default, times).validate()
+def _check_rules(rules: list[str], default: str, times: CodecTimes | None,
+                 algorithm: str) -> None:
+    CodecRules.parse(rules, default, times).validate(algorithm)
 
 
 def check_pipeline(p: PipelineConfig) -> None:
