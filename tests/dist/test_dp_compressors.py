@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD  # noqa: N812
 from torch.nn import functional as F  # noqa: N812
+
+import approxdist
 
 from approxdist.comm.compressors import Where, get_compressor
 from approxdist.data_parallel import DataParallel
@@ -59,12 +62,74 @@ def _run(ctx: DistContext, codec: str, rules: list[str], algorithm: str) -> dict
     return out
 
 
+#: DDP hook cases that also save and resume (a residual; a random stream)
+RESUMED = ("topk", "qsgd")
+#: torch's powerSGD_hook against ours: PowerSGD from this step on, both
+HOOK_START = 2
+#: 0.weight (32 x 10) is compressed by both hooks; torch's min_compression_rate=2 leaves
+#: 2.weight (4 x 32: 72 x 2 >= 128 values) uncompressed, which our rule says too
+TORCH_LIKE = ["*.bias=fp32", "2.weight=fp32"]
+
+
+def _ddp(ctx: DistContext, codec: str, rules: list[str], algorithm: str,
+         **options: Any) -> tuple[nn.Module, nn.Module, Any]:
+    m = net()
+    ddp = nn.parallel.DistributedDataParallel(m)
+    state, hook = approxdist.ddp_hook(codec, ddp, ctx=ctx, codec_rules=rules,
+                                      algorithm=algorithm, **options)
+    ddp.register_comm_hook(state, hook)
+    return m, ddp, state
+
+
+def _hook(ctx: DistContext, name: str, codec: str, rules: list[str],
+          algorithm: str) -> dict[str, Any]:
+    m, ddp, state = _ddp(ctx, codec, rules, algorithm)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sgd_steps(ddp, opt, ctx.rank, range(2))
+    saved, weights = state.state_dict(), {k: v.clone() for k, v in m.state_dict().items()}
+    sgd_steps(ddp, opt, ctx.rank, range(2, STEPS))
+    out: dict[str, Any] = {"params": m.state_dict()}
+    state.close()
+    if name in RESUMED:
+        b, ddp_b, state_b = _ddp(ctx, codec, rules, algorithm)
+        b.load_state_dict(weights)
+        state_b.load_state_dict(saved)
+        sgd_steps(ddp_b, torch.optim.SGD(b.parameters(), lr=0.1), ctx.rank, range(2, STEPS))
+        out["resumed"] = b.state_dict()
+        state_b.close()
+    return out
+
+
+def _torch_powersgd(ctx: DistContext) -> dict[str, Any]:
+    """DDP with torch's powerSGD_hook and DDP with ours, both rank 2, seed 0, error
+    feedback and warm start, exact fp32 before step HOOK_START."""
+    ours, ddp, state = _ddp(ctx, "powersgd:2", TORCH_LIKE, "ring", start_step=HOOK_START)
+    sgd_steps(ddp, torch.optim.SGD(ours.parameters(), lr=0.1), ctx.rank, range(HOOK_START + 3))
+    state.close()
+    theirs = net()
+    ddp_t = nn.parallel.DistributedDataParallel(theirs)
+    hook_state = powerSGD.PowerSGDState(
+        None, matrix_approximation_rank=2, start_powerSGD_iter=HOOK_START,
+        min_compression_rate=2, use_error_feedback=True, warm_start=True, random_seed=0)
+    ddp_t.register_comm_hook(hook_state, powerSGD.powerSGD_hook)
+    sgd_steps(ddp_t, torch.optim.SGD(theirs.parameters(), lr=0.1), ctx.rank,
+              range(HOOK_START + 3))
+    return {"ours": ours.state_dict(), "torch": theirs.state_dict(),
+            "torch stats": hook_state.compression_stats()}
+
+
 def _all(ctx: DistContext) -> dict[str, Any]:
     out: dict[str, Any] = {name: _run(ctx, *case) for name, case in CASES.items()}
+    out["hook"] = {name: _hook(ctx, name, *case) for name, case in CASES.items()}
+    out["torch powersgd"] = _torch_powersgd(ctx)
     try:
         DataParallel(net(), ctx=ctx, codec="powersgd:2").close()
     except ConfigError as err:
         out["vector"] = str(err)
+    try:
+        approxdist.ddp_hook("powersgd:2", net(), ctx=ctx)
+    except ConfigError as err:
+        out["hook vector"] = str(err)
     return out
 
 
@@ -130,4 +195,34 @@ def test_a_resumed_engine_continues_bit_for_bit(two_ranks: list[dict[str, Any]],
 
 def test_powersgd_on_a_bias_names_it_and_the_rule(two_ranks: list[dict[str, Any]]) -> None:
     assert "'2.bias' of shape (4,)" in two_ranks[0]["vector"]
-    assert "--codec-rule '*.bias=fp32'" in two_ranks[0]["vector"]
+    assert "'0.bias' of shape (32,)" in two_ranks[0]["hook vector"]  # checked in model order
+    for key in ("vector", "hook vector"):
+        assert "--codec-rule '*.bias=fp32'" in two_ranks[0][key]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_ddp_with_our_hook_equals_one_process_compressing_each_ranks_gradient(
+        two_ranks: list[dict[str, Any]], name: str) -> None:
+    expected = oracle(*CASES[name])
+    for rank, out in enumerate(two_ranks):
+        for key, value in expected.items():
+            assert torch.equal(out["hook"][name]["params"][key], value), (rank, key)
+            if name in RESUMED:
+                assert torch.equal(out["hook"][name]["resumed"][key], value), (rank, key)
+
+
+def test_ddp_with_our_powersgd_equals_ddp_with_torchs_powersgd_hook(
+        two_ranks: list[dict[str, Any]]) -> None:
+    """The same operations in the same order but for the orthogonalisation (torch's divides
+    by the norm plus epsilon 0, in its own kernel) and the matmuls' summation order. A value
+    of P or Q sums at most 32 products (fp32: relative error <= 32 eps = 4e-6 of the sum of
+    magnitudes), the gradients of this MLP are below 1, and 3 compressed SGD steps of lr 0.1
+    add at most 3 x 0.1 x 4e-6 x a few such terms: 1e-5 bounds a parameter's difference."""
+    for out in two_ranks:
+        ours, theirs = out["torch powersgd"]["ours"], out["torch powersgd"]["torch"]
+        for key, value in theirs.items():
+            torch.testing.assert_close(ours[key], value, rtol=0, atol=1e-5, msg=key)
+    # torch's hook compressed 0.weight alone, 3 steps: (32 + 10) x 2 values for its 32 x 10,
+    # the other 164 values as they are
+    _, before, after = two_ranks[0]["torch powersgd"]["torch stats"]
+    assert (before, after) == (3 * (320 + 164), 3 * (84 + 164))
