@@ -2,18 +2,60 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from approxdist.cli.bench_dp import table
-from approxdist.benchmarks.dp import DPBenchPlan, measure_rank, summarize
+from approxdist.benchmarks.dp import CLASSES, INPUT_SHAPE, DPBenchPlan, measure_rank, summarize
+from approxdist.config.schema import ModelConfig
+from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.models import build_model
+from approxdist.models.bench_inputs import bench_input
 
 KEYS = {"engine", "codec", "link", "median_step_s", "ratio_vs_ddp", "hidden_comm_fraction",
         "hidden_comm_fraction_wall", "comm_only_s", "blocked_s", "interference_s"}
 
 
-def test_variants_run_and_exposed_communication_is_measured() -> None:
-    plan = DPBenchPlan(model="mlp", hidden=32, batch_size=8, codecs=("fp32", "bf16+ef"),
-                       link="bw=1gbit", rounds=2, steps=2, warmup=1)
-    per_rank = run_on_ranks(measure_rank, 2, plan)
+PLAN = DPBenchPlan(model="mlp", hidden=32, batch_size=8, codecs=("fp32", "bf16+ef"),
+                  link="bw=1gbit", rounds=2, steps=2, warmup=1)
+#: compressors against DDP in fp16 and with torch's powerSGD_hook, on the emulated link
+COMPRESSED = DPBenchPlan(model="mlp", hidden=32, batch_size=8,
+                         codecs=("powersgd:2", "topk:0.1"), link="bw=1gbit",
+                         ddp_codecs=("fp16", "powersgd:2"), rounds=1, steps=2, warmup=2,
+                         engine_options={"algorithm": "ring"})
+
+
+def _both(ctx: DistContext) -> list[dict[str, Any]]:
+    return [measure_rank(ctx, PLAN), measure_rank(ctx, COMPRESSED)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[list[dict[str, Any]]]:
+    return run_on_ranks(_both, 2)
+
+
+def test_compressors_run_against_ddp_with_torchs_powersgd_hook(
+        two_ranks: list[list[dict[str, Any]]]) -> None:
+    rows = summarize([r[1] for r in two_ranks], COMPRESSED)
+    assert [(r["engine"], r["codec"]) for r in rows] == [
+        ("local", "-"), ("ddp", "fp32"), ("ddp", "fp16"), ("ddp", "powersgd:2"),
+        ("approxdist", "powersgd:2"), ("approxdist", "topk:0.1")]
+    assert all(r["median_step_s"] > 0 for r in rows)
+    ours = {r["codec"]: r["bytes_per_step_rank0"] for r in rows[4:]}
+    # PowerSGD rank 2 and 10 % top-k send far less than the model's fp32 gradient
+    inputs = bench_input("mlp", INPUT_SHAPE, CLASSES)
+    model = build_model(ModelConfig(name="mlp", hidden=32, depth=3), inputs.shape,
+                        inputs.classes)
+    fp32_bytes = 4 * sum(p.numel() for p in model.parameters())
+    assert 0 < ours["powersgd:2"] < fp32_bytes / 4 and 0 < ours["topk:0.1"] < fp32_bytes / 4
+
+
+def test_variants_run_and_exposed_communication_is_measured(
+        two_ranks: list[list[dict[str, Any]]]) -> None:
+    plan = PLAN
+    per_rank = [r[0] for r in two_ranks]
     for r in per_rank:
         assert set(r["blocked"]) == {"approxdist:fp32", "approxdist:bf16+ef"}
         assert all(len(v) == plan.rounds * plan.steps and min(v) >= 0.0

@@ -6,18 +6,22 @@ gradients summed during the last micro-batch's backward. After one training step
 loss and every parameter's gradient equal single-process training on the same global
 batch split into the same micro-batches (1e-5, no batch norm), and a stage's replicas
 hold bitwise the same gradients, also with a lossy all-reduce codec (bf16, error
-feedback). A second step reuses every buffer and must give the same loss again.
+feedback). A second step reuses every buffer and must give the same loss again. With a
+compressor on the replicas' wire (top-k, PowerSGD), a stage's gradient equals one process
+compressing each replica's gradient and summing (1e-5).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from typing import Any
 
 import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
+from approxdist.comm.compressors import Where, get_compressor
 from approxdist.config.loader import build_config
 from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.context import DistContext
@@ -26,6 +30,7 @@ from approxdist.models.mlp import mlp
 from approxdist.pipeline.microbatch import split_microbatches
 from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
+from tests.helpers.lockstep import lockstep
 
 FEATURES, CLASSES, HIDDEN, BATCH = 12, 5, 16, 24
 
@@ -62,6 +67,13 @@ CASES = [
     Case((2, 2), "1f1b", 8, threads="sra"), Case((1, 2, 1), "1f1b", 8, threads="sra"),
     # zero bubble: split backwards, the replicas' all-reduce after the last W
     Case((2, 2), "zbh1", 4), Case((3, 1), "zbh1", 6, recompute=True), Case((1, 2, 1), "zbh2", 6),
+]
+
+
+#: compressors on the replicas' gradient wire (docs/compressors.md), after CASES in one spawn
+COMPRESSED = [
+    Case((2, 2), "gpipe", 4, dp={"algorithm": "ring"}, grad={"codec": "topk:0.25"}),
+    Case((2, 2), "1f1b", 4, grad={"codec": "powersgd:2", "rules": ["*.bias=fp32"]}),
 ]
 
 
@@ -112,7 +124,48 @@ def _oracle(case: Case) -> tuple[float, dict[str, torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def four_ranks() -> list[list[dict[str, Any]]]:
-    return run_on_ranks(_run_cases, 4, CASES, timeout_s=240)
+    return run_on_ranks(_run_cases, 4, CASES + COMPRESSED, timeout_s=240)
+
+
+def _compressed_oracle(case: Case) -> dict[str, torch.Tensor]:
+    """Each replica's gradient (its micro-batches, m mod 2 = its index, weighted by their
+    share of the batch) compressed as its own worker, combined as the collective would,
+    times 2: the replicas sum; a rule's exact parameters are summed as they are."""
+    model, (x, y) = _model(), _data()
+    per_replica = []
+    for r in range(2):
+        model.zero_grad()
+        for m, mb in enumerate(split_microbatches(x, y, case.microbatches)):
+            if m % 2 == r:
+                (F.cross_entropy(model(mb.inputs), mb.labels) * mb.weight).backward()
+        per_replica.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    exact = [rule.partition("=")[0] for rule in case.grad.get("rules", [])]
+    out = {}
+    for n, p in model.named_parameters():
+        pair = [g[n] for g in per_replica]
+        if any(fnmatch(n, glob) for glob in exact):
+            out[n] = pair[0] + pair[1]
+            continue
+        comps = [get_compressor(case.grad["codec"], Where(tuple(p.shape), n, worker=r))
+                 for r in range(2)]
+        out[n] = lockstep(comps, pair)[0] * 2
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(COMPRESSED)))
+def test_replicas_compressing_their_gradients_match_one_process(
+        four_ranks: list[list[dict[str, Any]]], index: int) -> None:
+    case = COMPRESSED[index]
+    expected = _compressed_oracle(case)
+    _, uncompressed = _oracle(case)
+    assert any(not torch.allclose(v, uncompressed[n], atol=1e-3) for n, v in expected.items())
+    ranks = [r[len(CASES) + index] for r in four_ranks]
+    for stage in range(2):
+        mine = [r for r in ranks if r["stage"] == stage]
+        for name, g in mine[0]["grads"].items():
+            assert torch.equal(mine[1]["grads"][name], g), (case, stage, name)
+            torch.testing.assert_close(g, expected[name], atol=1e-5, rtol=0,
+                                       msg=f"{case} {name}")
 
 
 @pytest.mark.parametrize("index", range(len(CASES)))

@@ -58,3 +58,34 @@ def test_paired_ratio_pairs_steps_of_the_same_round() -> None:
     ours = summarize([rank, rank], DPBenchPlan())[-1]  # type: ignore[arg-type]
     assert ours["paired_ratio_vs_ddp"] == pytest.approx(0.9)
     assert ours["ratio_vs_ddp"] == pytest.approx(1.8)
+
+
+def test_bench_dp_takes_compressors_and_ddp_rows_and_refuses_bad_ones_in_one_line() -> None:
+    from approxdist.cli.bench_dp import plan_from
+    from approxdist.cli.main import build_parser
+    from approxdist.errors import ApproxDistError
+
+    parser = build_parser()
+    plan = plan_from(parser.parse_args(["bench", "dp", "--codec", "powersgd:2,TopK:0.01,bf16+ef",
+                                        "--ddp-codec", "fp32,fp16,powersgd:2"]))
+    assert plan.codecs == ("powersgd:2", "topk:0.01", "bf16+ef")
+    assert (plan.ddp_codec, plan.ddp_codecs) == ("fp32", ("fp16", "powersgd:2"))
+    bad = {("--codec", "topk:2"): "topk ratio '2'", ("--codec", "qsgd:1"): "qsgd levels '1'",
+           ("--codec", "powersgd:0"): "powersgd rank '0'",
+           ("--codec", "topk:0.1+ef"): "keeps its own residual",
+           ("--ddp-codec", "fp32,topk:0.1"): "DDP runs fp32, fp16, powersgd:<r>",
+           ("--ddp-codec", "powersgd:x"): "powersgd rank 'x'"}
+    for (flag, value), words in bad.items():
+        with pytest.raises(ApproxDistError, match=words) as err:
+            plan_from(parser.parse_args(["bench", "dp", flag, value]))
+        assert "\n" not in str(err.value)
+    with pytest.raises(ApproxDistError, match="'brb' only sums; use --algorithm ring or auto"):
+        plan_from(parser.parse_args(["bench", "dp", "--codec", "signsgd", "--algorithm", "brb"]))
+
+
+def test_extra_ddp_rows_are_compared_with_the_reference_ddp() -> None:
+    rank = _rank([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    rank["times"]["ddp:powersgd:2"] = [0.6, 0.6, 0.6]  # type: ignore[index]
+    rows = summarize([rank, rank], DPBenchPlan(ddp_codecs=("powersgd:2",)))  # type: ignore[arg-type]
+    extra = [r for r in rows if r["engine"] == "ddp" and r["codec"] == "powersgd:2"]
+    assert len(extra) == 1 and extra[0]["ratio_vs_ddp"] == pytest.approx(0.5)

@@ -157,3 +157,19 @@ def test_the_ddp_hook_cuts_a_bucket_into_runs_of_one_codec() -> None:
         assert HookState(DistContext(), {}).runs(7, []) == [(0, 7, "fp32")]
     finally:
         state.close()
+
+
+def test_the_ddp_hook_gives_each_compressed_parameter_a_run_of_its_own() -> None:
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    named = dict(model.named_parameters())
+    state = HookState(DistContext(), {id(p): n for n, p in named.items()},
+                      codec_rules=["*.bias=fp32"], codec="topk:0.5")
+    try:
+        params = [named[n] for n in ("1.bias", "1.weight", "0.weight", "0.bias")]
+        runs = state.runs(2 + 4 + 6 + 2 + 3, params)  # DDP padding after a codec's run
+        assert runs == [(0, 2, "fp32"), (2, 6, "topk:0.5"), (6, 12, "topk:0.5"),
+                        (12, 17, "fp32")]
+        assert state.runs(2 + 4 + 6 + 1, params[:3]) == [  # padding after a compressor
+            (0, 2, "fp32"), (2, 6, "topk:0.5"), (6, 12, "topk:0.5"), (12, 13, "fp32")]
+    finally:
+        state.close()

@@ -41,12 +41,18 @@ def test_bad_rules_say_how_to_write_one() -> None:
         CodecRules.parse(["*=fp7"]).validate()
 
 
-def test_a_compressor_that_needs_all_gather_is_one_line_naming_the_ones_that_sum() -> None:
+@pytest.mark.parametrize("algorithm", ["native", "brb", "brd", "vhd"])
+def test_an_all_gather_compressor_with_an_algorithm_that_only_sums_is_one_line(
+        algorithm: str) -> None:
+    for ok in ("ring", "auto"):  # their all-gather carries the payloads
+        CodecRules.parse(["*.weight=topk:0.01"], "fp32").validate(ok)
     with pytest.raises(ConfigError) as err:
-        CodecRules.parse(["*.weight=topk:0.01"], "fp32").validate()
+        CodecRules.parse(["*.weight=topk:0.01"], "fp32").validate(algorithm)
     text = str(err.value)
     assert "\n" not in text and "topk:0.01 needs all-gather" in text
+    assert f"algorithm {algorithm!r} only sums; use --algorithm ring or auto" in text
     assert "powersgd:<r>, randomk:<ratio>" in text
+    CodecRules.parse([], "randomk:0.1").validate(algorithm)  # it sums
     CodecRules.parse(["*.bias=fp32"], "powersgd:2").validate()
     with pytest.raises(SpecError, match="powersgd:2"):
         CodecRules.parse([], "powersgd:0").validate()

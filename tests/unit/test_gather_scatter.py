@@ -195,6 +195,19 @@ def test_bit_errors_keep_members_identical() -> None:
     assert all(torch.equal(y, ys[0]) for y in ys) and not torch.equal(ys[0], xs[2])
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "direct"])
+def test_all_gather_of_bytes_moves_them_as_they_are(algorithm: str) -> None:
+    for n in (1, 2, 3, 5):
+        for size in (0, 1, 7, 203):  # odd sizes: a compressor's payload is any length
+            gen = torch.Generator().manual_seed(n * 1000 + size)
+            xs = [torch.randint(0, 256, (size,), generator=gen, dtype=torch.uint8)
+                  for _ in range(n)]
+            outs = _run(xs, lambda c: AllGather(c, algorithm=algorithm, segment_bytes=16))
+            assert all(o.dtype == torch.uint8 and torch.equal(o, torch.cat(xs)) for o in outs)
+    with pytest.raises(CommError, match="all-gather of bytes .* codec 'bf16'.* codec='fp32'"):
+        AllGather(SimWorld(2).comm(0), "bf16")(torch.ones(3, dtype=torch.uint8))
+
+
 def test_out_and_dtypes_of_all_gather() -> None:
     xs = [x.half() for x in _inputs(3, (2, 4), seed=6)]
     outs = _run(xs, lambda c: AllGather(c))

@@ -2,11 +2,12 @@
 
 Every rank builds one model and gives an identical copy to each *variant*:
 * `local`: no communication at all (the lower bound of a step);
-* `ddp`: `torch.nn.parallel.DistributedDataParallel`; with an emulated link it sends
-  through our comm hook (`ddp_hook.py`, algorithm `native`, `ddp_codec`) so it pays the
-  same link as our engine; without one it uses gloo directly (`fp16`: torch's own
-  `fp16_compress_hook`);
-* `approxdist` per codec: `DataParallel` with the plan's options.
+* `ddp`: `torch.nn.parallel.DistributedDataParallel` in `ddp_codec` (the reference row)
+  and in each of `ddp_codecs`: fp32, fp16 (torch's `fp16_compress_hook`) or torch's
+  `powerSGD_hook`; with an emulated link each pays the same link as our engine
+  (`ddp_baselines.py`);
+* `approxdist` per codec: `DataParallel` with the plan's options; a compressor
+  (docs/compressors.md) sends vectors (biases, norms) in fp32, as `powerSGD_hook` does.
 A step is forward, backward and optimizer step (SGD, momentum) on a fixed batch. Rounds
 interleave the variants (`steps` timed steps each, after warm-up) so drift hits all
 alike; the figure is the median step. Communication alone is timed per codec on a twin
@@ -39,11 +40,13 @@ from torch import nn
 
 from approxdist.bench.stats import fastest, median, paired_ratio, slowest
 from approxdist.bench.timing import timed
+from approxdist.benchmarks.ddp_baselines import ddp_model
 from approxdist.comm.codecs import get_codec
+from approxdist.comm.compressors import check_compressor, is_compressor
 from approxdist.config.schema import ModelConfig
-from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.data_parallel.module import DataParallel
 from approxdist.data_parallel.threads import GIL_SWITCH_MS
+from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.models import build_model
 from approxdist.models.bench_inputs import BenchInput, bench_input
@@ -63,7 +66,8 @@ class DPBenchPlan:
     codecs: tuple[str, ...] = ("fp32",)  # labels: a codec spec, `+ef` for error feedback
     error_feedback: bool = False
     link: str | None = None
-    ddp_codec: str = "fp32"
+    ddp_codec: str = "fp32"  # the reference DDP row (`ddp_baselines.DDP_FORMS`)
+    ddp_codecs: tuple[str, ...] = ()  # more DDP rows, e.g. ("fp16", "powersgd:2")
     engine_options: dict[str, Any] = field(default_factory=dict)
     rounds: int = 5
     steps: int = 4
@@ -105,18 +109,6 @@ def _early_stepper(dp: DataParallel, x: torch.Tensor, y: torch.Tensor, loss: Los
     return step
 
 
-def _ddp(ctx: DistContext, model: nn.Module, plan: DPBenchPlan) -> nn.Module:
-    ddp = nn.parallel.DistributedDataParallel(model)
-    if plan.link:
-        register_hook(ddp, ctx, algorithm="native", codec=plan.ddp_codec, link=plan.link,
-                      gil_switch_ms=plan.engine_options.get("gil_switch_ms", GIL_SWITCH_MS))
-    elif plan.ddp_codec == "fp16":
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
-
-        ddp.register_comm_hook(None, fp16_compress_hook)
-    return ddp
-
-
 def split_label(label: str) -> tuple[str, bool]:
     """`"bits:s0e2+2m0+ef"` -> (codec, error feedback): `+ef` asks for error feedback."""
     return (label[:-3], True) if label.endswith("+ef") else (label, False)
@@ -124,8 +116,15 @@ def split_label(label: str) -> tuple[str, bool]:
 
 def codec_label(text: str) -> str:
     """A codec spec, canonicalised (`SpecError` listing the valid forms), keeping a `+ef`
-    suffix (error feedback for that codec); `bench dp` and `bench tp` take these."""
-    codec, ef = split_label(text)
+    suffix (error feedback for that codec), or a compressor spec (which keeps its own
+    residual: no `+ef`); `bench dp` and `bench tp` take these."""
+    codec, ef = split_label(text.strip())
+    if is_compressor(codec):
+        check_compressor(codec)
+        if ef:
+            raise ConfigError(f"{text}: a compressor keeps its own residual where its method "
+                              f"has one (docs/compressors.md); write {codec}")
+        return codec.lower()
     return get_codec(codec).spec + ("+ef" if ef else "")
 
 
@@ -133,6 +132,9 @@ def _engine(ctx: DistContext, model: nn.Module, label: str, plan: DPBenchPlan,
             opt: torch.optim.Optimizer | None = None, **extra: Any) -> DataParallel:
     codec, ef = split_label(label)
     options = {**plan.engine_options, **extra}
+    if is_compressor(codec):  # vectors (biases, norms) in fp32, as torch's powerSGD_hook
+        options["codec_rules"] = [f"{n}=fp32" for n, p in model.named_parameters()
+                                  if p.dim() < 2]
     return DataParallel(model, ctx=ctx, codec=codec, link=plan.link, optimizer=opt,
                         error_feedback=ef or plan.error_feedback, **options)
 
@@ -148,8 +150,13 @@ def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
     blocked: dict[str, Callable[[], float]] = {}
     m = copy.deepcopy(base)
     steps["local"] = _stepper(m, m, x, y, inputs.loss)
-    m = copy.deepcopy(base)
-    steps["ddp"] = _stepper(m, _ddp(ctx, m, plan), x, y, inputs.loss)
+    closers = []
+    for label in (plan.ddp_codec, *plan.ddp_codecs):
+        m = copy.deepcopy(base)
+        ddp, close = ddp_model(ctx, m, label, plan.link,
+                               plan.engine_options.get("gil_switch_ms", GIL_SWITCH_MS))
+        steps[_ddp_key(plan, label)] = _stepper(m, ddp, x, y, inputs.loss)
+        closers.append(close)
     engines: dict[str, DataParallel] = {}
     for codec in plan.codecs:
         m = copy.deepcopy(base)
@@ -167,7 +174,14 @@ def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
     sent = {codec: dp.bytes_sent // n_steps for codec, dp in engines.items()}
     for dp in engines.values():
         dp.close()
+    for close in closers:
+        close()
     return {"times": times, "blocked": waits, "comm": comm, "bytes": sent}
+
+
+def _ddp_key(plan: DPBenchPlan, label: str) -> str:
+    """The reference DDP row is `ddp`; the others `ddp:<wire>`."""
+    return "ddp" if label == plan.ddp_codec else f"ddp:{label}"
 
 
 def _interleave(steps: dict[str, Step], finish: dict[str, Step],
@@ -230,6 +244,10 @@ def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[st
     t_ddp = median(worst("times", "ddp"))
     rows = [_row("local", "-", link, t_local, t_ddp, None, 0),
             _row("ddp", plan.ddp_codec, link, t_ddp, t_ddp, None, None)]
+    for label in plan.ddp_codecs:
+        times = worst("times", _ddp_key(plan, label))
+        rows.append(_row("ddp", label, link, median(times), t_ddp, None, None,
+                         paired_ratio_vs_ddp=paired_ratio(times, worst("times", "ddp"))))
     for codec in plan.codecs:
         name = f"approxdist:{codec}"
         t = median(worst("times", name))

@@ -4,6 +4,8 @@
     approxdist bench dp --model resnet56 --link bw=1gbit
     approxdist bench dp --model mlp --codec bf16,bits:s0e2+2m0 --error-feedback \
         --ddp-codec fp16 --link bw=1gbit
+    approxdist bench dp --model resnet20 --codec powersgd:2,topk:0.01 \
+        --ddp-codec fp32,fp16,powersgd:2 --link bw=100mbit
 
 Prints the median step of `local` (no communication: the lower bound), `ddp` and our
 engine per codec, the ratio to DDP and the share of communication hidden behind
@@ -23,8 +25,10 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.benchmarks.ddp_baselines import ddp_label
 from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
 from approxdist.comm.netem import parse_link
+from approxdist.data_parallel.compressed import check_carried
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import MODELS
@@ -41,8 +45,10 @@ def register(sub: Any) -> None:
     p.add_argument("--codec", default="fp32",
                    help="comma list of our engine's codecs; append +ef for error feedback on one")
     p.add_argument("--error-feedback", action="store_true", help="error feedback for lossy codecs")
-    p.add_argument("--ddp-codec", default="fp32", choices=["fp32", "fp16"],
-                   help="DDP's wire: fp32 or fp16 (torch's fp16 hook, or ours with --link)")
+    p.add_argument("--ddp-codec", default="fp32",
+                   help="comma list of DDP's wires, the first the reference row: fp32, fp16 "
+                        "(torch's fp16 hook), powersgd:<r> (torch's powerSGD_hook); e.g. "
+                        "fp32,fp16,powersgd:2")
     p.add_argument("--link", default=None, help="emulated link, e.g. bw=1gbit,lat=100us")
     p.add_argument("--algorithm", default="auto", help="our engine's all-reduce")
     p.add_argument("--bucket-mb", type=float, default=None)
@@ -76,9 +82,12 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
             raise ConfigError(f"--gil-switch-ms {args.gil_switch_ms} must be >= 0 (0 leaves "
                               f"Python's 5 ms); e.g. 0.5")
         options["gil_switch_ms"] = args.gil_switch_ms or None
+    ddp = [ddp_label(c) for c in args.ddp_codec.split(",") if c.strip()] or ["fp32"]
+    for codec in codecs:  # an all-gather compressor needs an algorithm with an all-gather
+        check_carried(codec, args.algorithm)
     return DPBenchPlan(args.model, args.hidden, 3, args.batch_size, codecs, args.error_feedback,
-                       link.spec if link else None, args.ddp_codec, options, args.rounds,
-                       args.steps)
+                       link.spec if link else None, ddp[0], tuple(ddp[1:]),
+                       engine_options=options, rounds=args.rounds, steps=args.steps)
 
 
 def _pct(key: str) -> Any:

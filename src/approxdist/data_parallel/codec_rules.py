@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from approxdist.data_parallel.codec_times import MEASURE, CodecTimes
-from approxdist.errors import ConfigError
+from approxdist.errors import ConfigError, SpecError
 from approxdist.registry import Registry
 
 RULE_FORMS = ("PATTERN=CODEC with PATTERN a name glob (*.bias) or type:Module[.attr] "
@@ -114,19 +114,25 @@ class CodecRules:
                               + MEASURE.format(alg="auto", path="FILE"))
         return self.times
 
-    def validate(self) -> None:
+    def validate(self, algorithm: str = "auto") -> None:
         """Build each codec once so a bad spec fails here with the codec registry's message;
-        a compressor (docs/compressors.md) must be all-reduce compatible."""
+        a compressor (docs/compressors.md) must be valid, and all-reduce compatible unless
+        the all-reduce `algorithm` has an all-gather beside it."""
         from approxdist.comm.codecs import get_codec
         from approxdist.comm.compressors import is_compressor
-        from approxdist.data_parallel.compressed import check_summed
+        from approxdist.comm.compressors.spec import compressor_forms
+        from approxdist.data_parallel.compressed import check_carried
 
         for spec in self.specs():
             for codec in self._times().codecs if spec == FASTEST else [spec]:
                 if is_compressor(codec):
-                    check_summed(codec)
-                else:
+                    check_carried(codec, algorithm)
+                    continue
+                try:
                     get_codec(codec)
+                except SpecError as exc:
+                    raise SpecError(f"{' '.join(str(exc).split())}; or a compressor: "
+                                    f"{', '.join(compressor_forms())}") from None
 
 
 def _expand(item: str) -> tuple[str, ...]:

@@ -1,32 +1,44 @@
-"""A bucket reduced through an all-reduce compatible compressor (docs/compressors.md).
+"""A bucket reduced through a compressor (docs/compressors.md), on the thread's collectives.
 
-The compressor's messages (PowerSGD's P then Q, random-k's values) are summed by the
-thread's exact all-reduce, so the link counts their real bytes; what the compressor
-returns (the replicas' average) replaces the bucket. A compressed bucket holds one
-parameter (`buckets.plan_buckets`): PowerSGD needs its matrix shape.
+An all-reduce compatible compressor's messages (PowerSGD's P then Q, random-k's values)
+are summed by the thread's exact fp32 all-reduce; an all-gather one's payload (top-k's
+values and indices, QSGD's norm and codes, ...) is gathered byte for byte by the thread's
+all-gather, the counterpart of the run's all-reduce algorithm (`GATHERS`). Either way the
+link counts the real bytes, and what the compressor returns (the replicas' average, or
+signSGD's vote) replaces the bucket. A compressed bucket holds one parameter
+(`buckets.plan_buckets`): PowerSGD needs its matrix shape.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from approxdist.comm.collectives import AllReduce
-from approxdist.comm.compressors import Summed, Where, check_compressor, get_compressor, is_compressor
+from approxdist.comm.codecs import Payload
+from approxdist.comm.collectives import AllGather, AllReduce
+from approxdist.comm.compressors import Compressor, Where, check_compressor, get_compressor, is_compressor
 from approxdist.comm.compressors.spec import summed_names
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.errors import ConfigError
 
+#: all-reduce algorithm -> the all-gather algorithm that carries payloads beside it; the
+#: others (native, brb, brd, vhd) only sum
+GATHERS = {"ring": "ring", "auto": "auto"}
 
-def reduce_compressed(comp: Summed, x: torch.Tensor, allreduce: AllReduce, op: str) -> None:
+
+def reduce_compressed(comp: Compressor, x: torch.Tensor, allreduce: AllReduce,
+                      gather: AllGather | None, op: str) -> None:
     """`x` <- the average over the group of every member's `x` as `comp` sends it (the sum
-    for `op="sum"`); each message is summed in place by `allreduce`."""
+    for `op="sum"`): each message summed in place by `allreduce`, or each payload
+    gathered by `gather` (an all-gather of bytes)."""
     world = allreduce.world_size
     exchange = comp.exchange(x, world)
     message = next(exchange)
     while True:
         try:
-            message = exchange.send(allreduce(message, op="sum"))
+            message = exchange.send(_combine(message, allreduce, gather))
         except StopIteration as stop:
             out: torch.Tensor = stop.value
             break
@@ -35,13 +47,32 @@ def reduce_compressed(comp: Summed, x: torch.Tensor, allreduce: AllReduce, op: s
         x.mul_(world)
 
 
-def check_summed(spec: str) -> None:
-    """A compressor spec the gradient buckets can carry: valid and all-reduce compatible."""
-    if is_compressor(spec) and check_compressor(spec) != "all-reduce":
-        raise ConfigError(f"{spec} needs all-gather (its workers' messages do not sum), and "
-                          f"the data-parallel gradient wire carries only all-reduce compatible "
-                          f"compressors so far: {', '.join(summed_names())}; e.g. --codec "
-                          f"powersgd:2 --codec-rule '*.bias=fp32'")
+def _combine(message: Any, allreduce: AllReduce, gather: AllGather | None) -> Any:
+    if not isinstance(message, Payload):
+        return allreduce(message, op="sum")
+    assert gather is not None, "an all-gather compressor needs the thread's all-gather"
+    return gather_payloads(message, gather)
+
+
+def gather_payloads(payload: Payload, gather: AllGather) -> list[Payload]:
+    """Every member's payload of the same size, in member order, through `gather`'s bytes."""
+    data = payload.data.reshape(-1)
+    size = data.numel()
+    everyone = gather(data)
+    return [Payload(everyone[i * size:(i + 1) * size], payload.shape)
+            for i in range(gather.world_size)]
+
+
+def check_carried(spec: str, algorithm: str = "auto") -> None:
+    """A compressor spec the gradient buckets can carry with the all-reduce `algorithm`:
+    valid, and all-reduce compatible unless `algorithm` has an all-gather (`GATHERS`)."""
+    if not is_compressor(spec) or check_compressor(spec) != "all-gather" \
+            or algorithm in GATHERS:
+        return
+    raise ConfigError(f"{spec} needs all-gather (its workers' messages do not sum), and the "
+                      f"all-reduce algorithm {algorithm!r} only sums; use --algorithm "
+                      f"{' or '.join(GATHERS)} (dp.algorithm), whose all-gather carries it, "
+                      f"or a compressor that sums: {', '.join(summed_names())}")
 
 
 def check_shapes(module: nn.Module, rules: CodecRules) -> None:

@@ -26,8 +26,8 @@ What happens (docs/data_parallel.md has the whole story):
   step runs on the thread that finished it and the next forward of each layer waits
   only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
 * lossy codecs may keep error-feedback residuals (`comm.error_feedback`), which travel
-  in `state_dict()` as extra state; so do the states of all-reduce compatible compressors
-  (`codec="powersgd:2"`, docs/compressors.md), one parameter per bucket;
+  in `state_dict()` as extra state; so do the states of compressors (`codec="powersgd:2"`,
+  `"topk:0.01"`, docs/compressors.md), one parameter per bucket;
 * `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
   transfers, and the caller's thread a `wait` span wherever it blocks on them;
 * `hold_freed_memory` (default True) keeps freed heap memory in the process
@@ -111,7 +111,8 @@ class DataParallel(nn.Module):
             keep_heap()
         self.rules = CodecRules.parse(codec_rules, codec,
                                       load_times(codec_times, algorithm, self.group.size))
-        self.rules.validate()
+        self.rules.validate(algorithm)
+        self._algorithm = algorithm
         check_same_model(module, self.group)
         self.early_forward = early_forward
         self.wait_in_backward = wait_in_backward
@@ -163,7 +164,7 @@ class DataParallel(nn.Module):
                               "step per bucket and cannot re-plan its buckets; drop "
                               "early_forward to switch codecs during training")
         rules = CodecRules.parse(codec_rules, codec, self.rules.times)
-        rules.validate()
+        rules.validate(self._algorithm)
         residuals = self.get_extra_state()  # also waits for every pending reduction
         self._hooks.remove()
         self.rules = rules

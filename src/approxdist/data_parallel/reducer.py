@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from approxdist.comm.compressors import Summed, Where, get_compressor, is_compressor
+from approxdist.comm.compressors import Compressor, Where, get_compressor, is_compressor
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.comm.update_error import UpdateError, sent_values
 from approxdist.data_parallel.buckets import BucketPlan, forward_order, fragments
-from approxdist.data_parallel.compressed import check_summed, reduce_compressed
+from approxdist.data_parallel.compressed import GATHERS, reduce_compressed
 from approxdist.data_parallel.threads import CommPool, CommThread
 from approxdist.errors import CommError
 
@@ -95,14 +95,12 @@ class BucketState:
 
 
 def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.device,
-                worker: int) -> Summed | None:
+                worker: int) -> Compressor | None:
     if not is_compressor(plan.codec):
         return None
-    check_summed(plan.codec)
-    comp = get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
+    assert len(params) == 1
+    return get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
                                             worker=worker, device=device))
-    assert isinstance(comp, Summed) and len(params) == 1
-    return comp
 
 
 class Reducer:
@@ -178,7 +176,9 @@ class Reducer:
     def _reduce(self, b: BucketState, start: int, stop: int, thread: CommThread) -> None:
         try:
             if b.compressor is not None:  # a whole bucket of one parameter
-                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), self.op)
+                gather = thread.gatherer(GATHERS[thread.algorithm]) \
+                    if b.compressor.collective == "all-gather" else None
+                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), gather, self.op)
             else:
                 reducer = thread.reducer(b.plan.codec)
                 x = b.flat[start:stop]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from approxdist.comm.collectives import AllReduce, Calibration
+from approxdist.comm.collectives import AllGather, AllReduce, Calibration
 from approxdist.comm.collectives.autocal import resolve
 from approxdist.comm.link import Link
 from approxdist.comm.netem import parse_link
@@ -55,6 +55,7 @@ class CommThread:
         self.rec, self.row = rec, row or name
         self.busy_s = 0.0
         self._reducers: dict[str, AllReduce] = {}
+        self._gathers: dict[str, AllGather] = {}
         self._queue: queue.SimpleQueue[tuple[Job, dict[str, Any]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -70,6 +71,16 @@ class CommThread:
             # layout is fixed at construction, so later calls skip the extra messages
             ar.check = None
         return ar
+
+    def gatherer(self, algorithm: str) -> AllGather:
+        """This thread's exact all-gather with `algorithm` (built on first use, then kept):
+        what carries a compressor's payloads (`compressed.py`)."""
+        ag = self._gathers.get(algorithm)
+        if ag is None:
+            ag = self._gathers[algorithm] = AllGather(self.link, algorithm=algorithm)
+        elif ag.check:
+            ag.check = None  # as `reducer`: a payload's size is fixed once checked
+        return ag
 
     def submit(self, job: Job, **span: Any) -> None:
         """Queue `job`; `span` are the arguments of its `sync` span (e.g. `bucket=3`)."""

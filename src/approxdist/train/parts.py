@@ -19,6 +19,7 @@ from approxdist.adaptive.candidates import check_candidates
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import algorithm_names
+from approxdist.comm.compressors import is_compressor
 from approxdist.config.adaprec import candidates_of
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import Config
@@ -95,6 +96,11 @@ def check_wire(cfg: Config, name: str) -> None:
                               f"codec rules are for the data-parallel gradient wire (wire.grad);"
                               f" {TRAFFIC[name].split(',')[0]} travel one codec per shard; "
                               f"drop it")
+        if is_compressor(wire.codec):
+            raise ConfigError(f"{key}.codec = {wire.codec!r}: compressors travel on the "
+                              f"data-parallel gradient wire (wire.grad: dp and hybrid runs) "
+                              f"and in approxdist.ddp_hook; {TRAFFIC[name].split(',')[0]} "
+                              f"take a codec, e.g. bf16 or bits:s0e2+2m0 (docs/compressors.md)")
         if wire.adaptive:
             check_candidates((*(candidates_of(wire.codec) or ()), cfg.adaprec.first), (), None)
         else:
@@ -113,10 +119,12 @@ def check_wire(cfg: Config, name: str) -> None:
                               f"their own: use adaprec.choose = 'all'")
         check_candidates((*candidates, cfg.adaprec.first), wire.rules, times, per_layer)
     else:
-        named(f"{key}.codec", wire.codec, partial(_check_rules, [], wire.codec, times))
+        named(f"{key}.codec", wire.codec,
+              partial(_check_rules, [], wire.codec, times, cfg.dp.algorithm))
     default = "fp32" if candidates is not None else wire.codec
     for rule in wire.rules:
-        named(f"{key}.rules", rule, partial(_check_rules, [rule], default, times))
+        named(f"{key}.rules", rule, partial(_check_rules, [rule], default, times,
+                                            cfg.dp.algorithm))
 
 
 def check_rules_match(cfg: Config, model: nn.Module) -> None:
@@ -132,8 +140,9 @@ def check_rules_match(cfg: Config, model: nn.Module) -> None:
                           f"(e.g. '*.weight') or type:Module[.attr] (e.g. type:Linear.bias)")
 
 
-def _check_rules(rules: list[str], default: str, times: CodecTimes | None) -> None:
-    CodecRules.parse(rules, default, times).validate()
+def _check_rules(rules: list[str], default: str, times: CodecTimes | None,
+                 algorithm: str) -> None:
+    CodecRules.parse(rules, default, times).validate(algorithm)
 
 
 def check_pipeline(p: PipelineConfig) -> None:

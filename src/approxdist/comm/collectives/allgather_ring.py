@@ -25,7 +25,8 @@ def ring(wire: Wire, blocks: list[torch.Tensor]) -> None:
     if n == 1 or numel == 0:
         return
     payload = wire.share(blocks[r])
-    cuts = byte_segments(wire.nbytes(numel), numel, wire.segment_bytes)
+    # segments are counted in fp32 values (bytes / 4 for an all-gather of bytes)
+    cuts = byte_segments(wire.nbytes(numel), -(-numel * wire.itemsize // 4), wire.segment_bytes)
     order = ring_gather_order(r, n)
     targets = wire.block_targets(blocks, order)
     left, right = (r - 1) % n, (r + 1) % n

@@ -43,7 +43,7 @@ _NAME_BYTES = 32
 MAX_DIMS = 8
 _INT_WORDS = 9 + MAX_DIMS
 SIGNATURE_BYTES = _INT_WORDS * 8 + 2 * _NAME_BYTES
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8)
 #: the collectives that sign their calls (the code travels; a name it cannot read is "?")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 #: per collective, the fields its members must agree on, as the error lists them

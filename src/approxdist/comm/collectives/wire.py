@@ -64,6 +64,8 @@ class Wire:
         self.exact = codec.lossless and self.channel is None
         self.raw = self.exact and codec.spec == "fp32"
         self.segment_bytes = SEGMENT_BYTES
+        #: bytes a value takes on the raw path (4: fp32; 1: an all-gather of bytes)
+        self.itemsize = 4
         self._nonfinite = [0]  # shared with sub-wires
         # whether codec.decode takes `out=` (no allocation per message); see `decodes_into`
         self._decode_into = decode_into
@@ -86,6 +88,7 @@ class Wire:
         wire = Wire(comm, self.codec, self.channel, self.scratch, self.device,
                     self._decode_into)
         wire.segment_bytes = self.segment_bytes
+        wire.itemsize = self.itemsize
         wire._nonfinite = self._nonfinite
         return wire
 
@@ -94,7 +97,7 @@ class Wire:
         """Bytes on the wire for `numel` values (0 for an empty message)."""
         if numel == 0:
             return 0
-        return 4 * numel if self.raw else self.codec.payload_nbytes(numel)
+        return self.itemsize * numel if self.raw else self.codec.payload_nbytes(numel)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """The bytes for the values of `x` (a contiguous 1-D fp32 range)."""

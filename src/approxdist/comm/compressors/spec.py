@@ -126,6 +126,11 @@ def check_compressor(spec: str) -> Collective:
     return family.collective
 
 
+def compressor_forms() -> list[str]:
+    """Every compressor's form (`powersgd:<r>`, `topk:<ratio>`, ...), for one-line errors."""
+    return [COMPRESSORS.get(n).form for n in COMPRESSORS]
+
+
 def summed_names() -> list[str]:
     """The forms of the all-reduce compatible compressors."""
     return [COMPRESSORS.get(n).form for n in COMPRESSORS

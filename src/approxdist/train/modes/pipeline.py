@@ -7,6 +7,8 @@ from torch import nn
 
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
+from approxdist.data_parallel.codec_rules import CodecRules
+from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ConfigError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
@@ -23,6 +25,16 @@ TP_KEYS = ("tp.*", "wire.tp_fwd.*", "wire.tp_bwd.*")
 def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
     check_run(cfg.pipeline, len(list(model.children())), cfg.data.batch_size)
     check_split(cfg, model)
+
+
+def _hybrid_preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
+    """A pipeline's checks, and every parameter a compressor on the replicas' gradient wire
+    cannot take (PowerSGD on a bias), named with the rule that would exclude it; a stage
+    keeps the model's parameter names, so the whole model is checked."""
+    _preflight(cfg, model, data)
+    grad = cfg.wire.grad
+    if not grad.adaptive:
+        check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
 
 
 def _streamed(cfg: Config) -> str | None:
@@ -114,5 +126,5 @@ HYBRID = register(Mode(
     engine=build_pipeline, implied=_hybrid_implied,
     options=("comm.*", "pipeline.*", "dp.*", "adaprec.*", "wire.grad.*", "wire.fwd.*",
              "wire.bwd.*", *TP_KEYS),
-    check=_check_hybrid, preflight=_preflight, batch_share=lambda cfg: None,
+    check=_check_hybrid, preflight=_hybrid_preflight, batch_share=lambda cfg: None,
     fixed_steps=_streamed))
