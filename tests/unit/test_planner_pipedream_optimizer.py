@@ -177,15 +177,12 @@ def test_vgg16_and_resnet50_plans_are_sane(model: str, options: dict[str, Any]) 
 @needs_profiles
 def test_resnet50_antichains_find_plans_a_chain_cannot() -> None:
     """The chain of the linearised profile is a subset of the antichain states, so
-    (transfers ignored) the graph's optimum is never worse, and for 8 workers better."""
+    (transfers ignored) the graph's optimum is never worse; for 3 workers it is better."""
     path = PROFILES / "resnet50.txt"
-    for workers in (4, 8):
-        settings = PipeDreamSettings((Level(workers, GB_S),))
-        on_graph = optimize(graph_states(read_graph(path)), settings).bottleneck_s
-        on_chain = optimize(chain_states(read_pipedream_profile(path)), settings).bottleneck_s
-        assert on_graph <= on_chain * (1 + 1e-12)
-        if workers == 8:
-            assert on_graph < on_chain
+    settings = PipeDreamSettings((Level(3, GB_S),))  # 3 workers: a split a chain cannot make
+    on_graph = optimize(graph_states(read_graph(path)), settings).bottleneck_s
+    on_chain = optimize(chain_states(read_pipedream_profile(path)), settings).bottleneck_s
+    assert on_graph < on_chain
 
 
 @needs_profiles
