@@ -1,7 +1,8 @@
 """The pipeline executor against the single-process oracle (GPipe, 1F1B, ZB-H1, ZB-H2; 2-4 stages; 1-8 micro-batches).
 
-Zero-bubble cases split every backward into I and W (their fusion setting is moot: a split
-stage never fuses); the byte check proves W sends nothing. Each `run_on_ranks` call runs many
+Zero-bubble cases split every backward into I and W (fused layers defer their weight GEMMs
+to W, several Ws in a row as one GEMM; one case unfused); the byte check proves W sends
+nothing. Each `run_on_ranks` call runs many
 cases in one set of processes (one case = a fresh
 runtime, a training step, a forward-only evaluation, and the same training step again,
 which reuses every transfer buffer and must accumulate exactly twice the gradient). The oracle accumulates
@@ -144,7 +145,7 @@ ORACLE_CASES = {
        + [Case(2, 4, "1f1b", batch=10), Case(2, 8, "gpipe", recompute=True),
           Case(2, 3, "1f1b", batch=10, recompute=True), Case(2, 5, "1f1b", fuse="off"),
           Case(2, 3, "gpipe", recompute=True, fuse="off")]
-       + [Case(2, m, "zbh1") for m in (1, 3, 4)]
+       + [Case(2, m, "zbh1") for m in (1, 3, 4)] + [Case(2, 4, "zbh1", fuse="off")]
        + [Case(2, 3, "zbh2"), Case(2, 4, "zbh1", recompute=True),
           Case(2, 5, "zbh2", batch=10, recompute=True)],
     3: [Case(3, m, s) for s in ("gpipe", "1f1b") for m in (1, 4, 7)]

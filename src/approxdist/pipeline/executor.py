@@ -107,6 +107,8 @@ class PipelineExecutor:
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
         self._index = 0  # the position in this rank's list of the action running
+        self._running: list[Action] = []  # the list `_execute` runs, at position `_at`
+        self._at = 0
         self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
                        Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
                        Kind.BACKWARD_INPUT: self._backward_input,
@@ -203,8 +205,9 @@ class PipelineExecutor:
         send0, decode0 = t.send_seconds, t.decode_seconds
         self._times = times = StepTimes()
         start = time.perf_counter()
+        self._running = actions
         for i, action in enumerate(actions):
-            self._index = first_index + i
+            self._index, self._at = first_index + i, i
             handlers[action.kind](action, step)
         t0 = time.perf_counter()
         try:
@@ -256,12 +259,21 @@ class PipelineExecutor:
 
     def _backward_weight(self, a: Action, step: StepState) -> None:
         """`W`: accumulate micro-batch m's weight gradients (one autograd pass per group of
-        parameters, so the replicas' all-reduce starts after the last `W`, not in hooks)."""
+        parameters, so the replicas' all-reduce starts after the last `W`, not in hooks).
+        When the stage's next compute is another `W`, the fused layers' GEMMs wait for it
+        and run as one (`StageCompute.flush_weights`)."""
         m = a.microbatch
+        flush = m == step.sync_after or not self._weight_follows(a)
         with self._computing(ph.RUN_BACK, m), self._sync_off(True):
-            self.compute.backward_weight(m)
+            self.compute.backward_weight(m, flush=flush)
         if self.grad_sync is not None and m == step.sync_after:
             self.grad_sync.reduce_gradients()
+
+    def _weight_follows(self, a: Action) -> bool:
+        """Whether this rank's next compute after `a` is a `W` of the same stage."""
+        later = (b for b in self._running[self._at + 1:] if b.is_compute)
+        nxt = next(later, None)
+        return nxt is not None and nxt.kind is Kind.BACKWARD_WEIGHT and nxt.stage == a.stage
 
     def _send_act(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_FOR, mb=a.microbatch):

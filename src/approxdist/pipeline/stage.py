@@ -15,8 +15,10 @@ With `fuse_accumulation` ("auto", the default: layers of 2^19 weights or more; "
 
 Zero-bubble schedules split a backward in two (`split=True`): `backward_input` computes
 the input gradient to send and keeps the graph, `backward_weight` later accumulates the
-parameters' gradients (`split_backward`, Qi et al. ICLR 2024). A split stage's forwards
-run unfused: a fused layer computes its weight gradient inside the input gradient's pass.
+parameters' gradients (`split_backward`, Qi et al. ICLR 2024). A split stage's fused
+layers defer: `I` keeps their `(x, g)` and `W` runs the GEMM into `.grad`
+(`accumulate.DeferredWeightGrads`); `backward_weight(m, flush=False)` holds it back so that
+the `W`s of several micro-batches run as one GEMM per layer at the next flush.
 
 `ActivationMemory` measures what is held for backward: stored inputs plus the tensors
 autograd saves (parameters excluded, shared storage counted once); its `peak` over a
@@ -36,7 +38,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from approxdist.errors import ConfigError
 from approxdist.pipeline.accumulate import MODES as FUSION_MODES
-from approxdist.pipeline.accumulate import WeightGradFusion
+from approxdist.pipeline.accumulate import DeferredWeightGrads, WeightGradFusion
 from approxdist.pipeline.split_backward import WeightGrad, full_backward, input_grad
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -159,13 +161,17 @@ class StageCompute:
         if fuse_accumulation not in FUSION_MODES:
             raise ConfigError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
                               f"{', '.join(FUSION_MODES)}")
-        smallest = None if split else FUSION_MODES[fuse_accumulation]  # see the module doc
+        smallest = FUSION_MODES[fuse_accumulation]
         self.fusion = WeightGradFusion(module, smallest) if smallest is not None else None
+        #: a split stage's fused layers keep their weight gradients here until `W`
+        self.deferred = DeferredWeightGrads() if split and self.fusion is not None else None
         self.memory = ActivationMemory(module)
         self._live: dict[int, _InFlight] = {}
         #: micro-batch -> its weight gradient still to compute (after `backward_input`) and
         #: the activation bytes that stay alive until then
         self._weights: dict[int, tuple[WeightGrad, int]] = {}
+        #: micro-batches whose `W` ran but whose deferred GEMMs wait for `flush_weights`
+        self._unflushed: dict[int, int] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.correct = torch.zeros((), dtype=torch.int64)
         #: evaluation only: the true class's probability summed (a loss with `soft_sum`)
@@ -192,7 +198,7 @@ class StageCompute:
             with torch.no_grad():
                 out, loss = self._run(x, labels, weight)
         else:
-            with self.memory.saved(x) as saved, self._fused():
+            with self.memory.saved(x) as saved, self._fused(m):
                 out, loss = self._run(x, labels, weight)
             nbytes += saved[0]
         self.memory.add(nbytes)
@@ -240,23 +246,33 @@ class StageCompute:
         self._weights[m] = (later, nbytes)
         return dx
 
-    def backward_weight(self, m: int) -> None:
+    def backward_weight(self, m: int, flush: bool = True) -> None:
         """W: accumulate micro-batch m's parameter gradients in `.grad` and free what its
-        backward kept."""
+        backward kept; `flush=False` leaves the fused layers' GEMMs to the next flush (a `W`
+        of another micro-batch follows)."""
         later, nbytes = self._weights.pop(m)
         later.run()
-        self.memory.release(nbytes)
+        self._unflushed[m] = nbytes
+        if flush:
+            self.flush_weights()
+
+    def flush_weights(self) -> None:
+        """Run the deferred weight-gradient GEMMs of every `W` so far, one per layer."""
+        if self.deferred is not None:
+            self.deferred.flush(self._unflushed)
+        self.memory.release(sum(self._unflushed.values()))
+        self._unflushed = {}
 
     def _take(self, m: int) -> tuple[_InFlight, torch.Tensor, int]:
         """Micro-batch m's kept state, the tensor its backward starts from (recomputed
         first with `recompute`) and the bytes it holds."""
         item = self._live.pop(m)
-        extra = self._recompute(item) if self.recompute else 0
+        extra = self._recompute(m, item) if self.recompute else 0
         root = item.loss if self.is_last else item.output
         assert root is not None
         return item, root, item.nbytes + extra
 
-    def _recompute(self, item: _InFlight) -> int:
+    def _recompute(self, m: int, item: _InFlight) -> int:
         """Re-run the forward with a graph, same random numbers, batch-norm stats untouched.
 
         It runs under the saved-tensor hooks (`hooked=True`): `frozen_batchnorm_stats`
@@ -266,7 +282,7 @@ class StageCompute:
         """
         assert item.rng is not None
         with replayed_rng(item.rng, item.inputs.device), frozen_batchnorm_stats(self.module), \
-                self.memory.saved(item.inputs, hooked=True) as saved, self._fused():
+                self.memory.saved(item.inputs, hooked=True) as saved, self._fused(m):
             out = self.call(item.inputs)
         item.output = out
         if self.is_last:
@@ -275,8 +291,10 @@ class StageCompute:
         self.memory.add(saved[0])
         return saved[0]
 
-    def _fused(self) -> contextlib.AbstractContextManager[None]:
-        return self.fusion.active() if self.fusion is not None else contextlib.nullcontext()
+    def _fused(self, m: int) -> contextlib.AbstractContextManager[None]:
+        if self.fusion is None:
+            return contextlib.nullcontext()
+        return self.fusion.active(self.deferred, m)
 
     def close(self) -> None:
         """Give the module's layers back their own forward (see `fuse_accumulation`)."""
@@ -287,7 +305,7 @@ class StageCompute:
     @property
     def in_flight(self) -> int:
         """Micro-batches whose forward ran and whose backward (or W) did not."""
-        return len(self._live) + len(self._weights)
+        return len(self._live) + len(self._weights) + len(self._unflushed)
 
     # -- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
