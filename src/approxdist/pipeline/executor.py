@@ -15,16 +15,10 @@ a schedule's name, only at the actions of this rank, in order.
   a split backward every `W` only accumulates and the all-reduce starts after the last;
 * at the end of a step every send is waited for; the caller then steps the optimiser.
 
-Evaluation runs the same schedule with its backward actions removed (`forward_only`):
-forwards depend only on earlier stages, so the filtered list cannot deadlock.
-A receive that fails (a neighbour died, the link timed out) raises a `PipelineError`
-naming this stage, the action and the neighbour stage and rank.
-
-With a recorder (docs/tracing.md) every action is a span in seed 002's vocabulary:
-posting and awaiting a receive are `receive_for` / `receive_back` (the blocked part a
-`wait` inside), compute is `run_for` / `run_back`, posting a send `send_for` /
-`send_back`, and the end-of-step wait for the sends a `wait` (`on="sends"`) inside the
-phase of the last send.
+Evaluation runs the list without its backwards (`forward_only`, which cannot deadlock).
+A failed receive raises a `PipelineError` naming this stage, the action and the neighbour.
+A rank holding several stages (ZB-V's chunks) sends each action to its stage's compute and
+transport. Every action is a recorder span in seed 002's vocabulary (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -48,10 +42,12 @@ from approxdist.pipeline.step import (
     Receipt,
     StepResult,
     StepState,
+    agree_shapes,
     forward_only,
     last_send_phase,
     lost_peer,
     new_step,
+    weight_follows,
 )
 from approxdist.pipeline.transport import StageTransport
 from approxdist.trace import phases as ph
@@ -74,13 +70,12 @@ class PipelineExecutor:
         self.chunks = dict(chunks) if chunks else {transport.stage: Chunk(compute, transport)}
         self.num_microbatches, self.rec, self.grad_sync = num_microbatches, rec, grad_sync
         self._orders = orders
-        #: per-sample shapes may change between mini-batches (`agree_shapes`)
-        self.dynamic_shapes = False
+        self.dynamic_shapes = False  # per-sample shapes may change (`agree_shapes`)
         self._cache: dict[tuple[int, bool], list[Action]] = {}
         self._times = StepTimes()
         self._index = 0  # the position in this rank's list of the action running
-        self._running: list[Action] = []  # the list `_execute` runs, at position `_at`
-        self._at = 0
+        self._running: list[Action] = []  # the list `_execute` runs
+        self._at = 0  # and where in it
         self._train = {Kind.RECV_ACT: self._recv, Kind.RECV_GRAD: self._recv,
                        Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
                        Kind.BACKWARD_INPUT: self._backward_input,
@@ -97,7 +92,6 @@ class PipelineExecutor:
             self._cache[key] = actions if train else forward_only(actions)
         return self._cache[key]
 
-    # -- steps ------------------------------------------------------------------------
     def train_step(self, inputs: Batch | None, labels: torch.Tensor | None,
                    batch_size: int) -> StepResult:
         """Forward and backward of one mini-batch in M micro-batches; gradients accumulate.
@@ -135,26 +129,15 @@ class PipelineExecutor:
         return sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
 
     def agree_shapes(self, inputs: Batch | None) -> None:
-        """With `dynamic_shapes`, every stage learns this mini-batch's activation shapes
-        (one header per boundary, `transport.refresh_shapes`); without, stage 0 checks
-        that the inputs keep the shape the pipeline was built for."""
-        t = self.transport
-        shape = tuple(inputs.shape[1:]) if isinstance(inputs, torch.Tensor) else None
-        if self.dynamic_shapes:
-            for stage in sorted(self.chunks):  # in stage order: the shapes flow down the chunks
-                self.chunks[stage].transport.refresh_shapes(shape if shape is not None
-                                                            else t.in_shape)
-        elif t.is_first and shape is not None and shape != t.in_shape:
-            raise PipelineError(f"the inputs' per-sample shape {shape} differs from the "
-                                f"{t.in_shape} the pipeline was built for; shapes that change "
-                                f"between mini-batches need dynamic_shapes=True "
-                                f"(pipeline.dynamic_shapes)")
+        """With `dynamic_shapes`, every stage learns this mini-batch's activation shapes;
+        without, stage 0 checks the inputs keep their shape (`step.agree_shapes`)."""
+        agree_shapes(self.chunks, inputs, self.dynamic_shapes)
 
     def _prepare(self, inputs: Batch | None, labels: torch.Tensor | None, batch_size: int,
                  num_microbatches: int) -> StepState:
         return new_step(inputs if self.is_first else None, labels if self.is_last else None,
                         batch_size, num_microbatches, self.is_first, self.is_last,
-                        self.last_stage)
+                        max(self.chunks))
 
     def _execute(self, actions: list[Action], handlers: Mapping[Kind, Handler],
                  step: StepState, only: Collection[tuple[str, int]] | None = None,
@@ -186,8 +169,8 @@ class PipelineExecutor:
 
     def _seconds(self) -> tuple[float, float]:
         """Seconds spent posting sends and decoding receives so far, over the rank's stages."""
-        ts = [ch.transport for ch in self.chunks.values()]
-        return sum(t.send_seconds for t in ts), sum(t.decode_seconds for t in ts)
+        return (sum(ch.transport.send_seconds for ch in self.chunks.values()),
+                sum(ch.transport.decode_seconds for ch in self.chunks.values()))
 
     @property
     def is_first(self) -> bool:
@@ -199,11 +182,6 @@ class PipelineExecutor:
         """Whether the rank runs the last stage (it needs the labels, reports the loss)."""
         return any(ch.transport.is_last for ch in self.chunks.values())
 
-    @property
-    def last_stage(self) -> int:
-        return max(self.chunks)
-
-    # -- action handlers ----------------------------------------------------------------
     def _recv(self, a: Action, step: StepState) -> None:
         """`RF` / `RB`: post the receive of an activation / a gradient."""
         m, forward, t = a.microbatch, a.kind == Kind.RECV_ACT, self.chunks[a.stage].transport
@@ -248,22 +226,18 @@ class PipelineExecutor:
         When the stage's next compute is another `W`, the fused layers' GEMMs wait for it
         and run as one (`StageCompute.flush_weights`)."""
         m = a.microbatch
-        flush = m == step.sync_after or not self._weight_follows(a)
+        flush = m == step.sync_after or not weight_follows(self._running, self._at, a)
         with self._computing(ph.RUN_BACK, m), self._sync_off(True):
             self.chunks[a.stage].compute.backward_weight(m, flush=flush)
         if self.grad_sync is not None and m == step.sync_after:
             self.grad_sync.reduce_gradients()
 
-    def _weight_follows(self, a: Action) -> bool:
-        """Whether this rank's next compute after `a` is a `W` of the same stage."""
-        later = (b for b in self._running[self._at + 1:] if b.is_compute)
-        nxt = next(later, None)
-        return nxt is not None and nxt.kind is Kind.BACKWARD_WEIGHT and nxt.stage == a.stage
-
     def _send_act(self, a: Action, step: StepState) -> None:
-        ch = self.chunks[a.stage]
+        self._post_act(a, self.chunks[a.stage].compute.output(a.microbatch))
+
+    def _post_act(self, a: Action, x: torch.Tensor) -> None:
         with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
-            ch.transport.send_act(a.microbatch, ch.compute.output(a.microbatch))
+            self.chunks[a.stage].transport.send_act(a.microbatch, x)
 
     def _send_grad(self, a: Action, step: StepState) -> None:
         with self.rec.span(ph.SEND_BACK, mb=a.microbatch):
@@ -288,9 +262,7 @@ class PipelineExecutor:
             step.outbox[(a.stage, m)] = self.chunks[a.stage].compute.evaluate(x, step.labels[m])
 
     def _eval_send(self, a: Action, step: StepState) -> None:
-        with self.rec.span(ph.SEND_FOR, mb=a.microbatch):
-            self.chunks[a.stage].transport.send_act(a.microbatch,
-                                                    step.outbox.pop((a.stage, a.microbatch)))
+        self._post_act(a, step.outbox.pop((a.stage, a.microbatch)))
 
     def _input(self, a: Action, step: StepState) -> Any:
         """Micro-batch `a.microbatch`'s input: the data on the first stage, else the
@@ -308,7 +280,6 @@ class PipelineExecutor:
             yield
         self._times.compute_s += time.perf_counter() - t0
 
-    # -- waiting ------------------------------------------------------------------------
     def _wait(self, a: Action, handle: Receipt) -> torch.Tensor:
         """The received tensor of `a`'s micro-batch: a `wait` inside its receive phase."""
         phase = ph.RECEIVE_FOR if a.kind == Kind.FORWARD else ph.RECEIVE_BACK

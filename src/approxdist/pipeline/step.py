@@ -3,6 +3,7 @@ chunks (stages) the rank runs; pure bookkeeping for `executor`."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -117,3 +118,27 @@ def lost_peer(t: StageTransport, a: Action, what: str, exc: BaseException) -> Pi
         peer = t.global_rank(peers[0], m)
     return PipelineError(f"stage {t.stage} (rank {t.link.me}) stopped at {a} waiting for "
                          f"{what} from {names}, which may have died: {first}", peer=peer)
+
+
+def agree_shapes(chunks: dict[int, Chunk], inputs: Batch | None, dynamic: bool) -> None:
+    """With `dynamic`, every stage of the rank learns this mini-batch's activation shapes
+    (one header per boundary, `transport.refresh_shapes`, in stage order: shapes flow down
+    the chunks); without, stage 0 checks that the inputs keep the shape the pipeline was
+    built for."""
+    t = chunks[min(chunks)].transport
+    shape = tuple(inputs.shape[1:]) if isinstance(inputs, torch.Tensor) else None
+    if dynamic:
+        for stage in sorted(chunks):
+            chunks[stage].transport.refresh_shapes(shape if shape is not None else t.in_shape)
+    elif t.is_first and shape is not None and shape != t.in_shape:
+        raise PipelineError(f"the inputs' per-sample shape {shape} differs from the "
+                            f"{t.in_shape} the pipeline was built for; shapes that change "
+                            f"between mini-batches need dynamic_shapes=True "
+                            f"(pipeline.dynamic_shapes)")
+
+
+def weight_follows(actions: list[Action], at: int, a: Action) -> bool:
+    """Whether the next compute after position `at` is a `W` of `a`'s stage (its fused
+    GEMMs can wait and run with that one's)."""
+    nxt = next((b for b in itertools.islice(actions, at + 1, None) if b.is_compute), None)
+    return nxt is not None and nxt.kind is Kind.BACKWARD_WEIGHT and nxt.stage == a.stage
