@@ -1,7 +1,8 @@
-"""The pipeline executor against the single-process oracle (GPipe, 1F1B, ZB-H1, ZB-H2; 2-4 stages; 1-8 micro-batches).
+"""The pipeline executor against the single-process oracle (GPipe, 1F1B, ZB-H1, ZB-H2, ZB-V; 2-4 stages; 1-8 micro-batches).
 
-Zero-bubble cases split every backward into I and W (their fusion setting is moot: a split
-stage never fuses); the byte check proves W sends nothing. Each `run_on_ranks` call runs many
+Zero-bubble cases split every backward into I and W (fused layers defer their weight GEMMs
+to W, several Ws in a row as one GEMM; one case unfused); the byte check proves W sends
+nothing. Each `run_on_ranks` call runs many
 cases in one set of processes (one case = a fresh
 runtime, a training step, a forward-only evaluation, and the same training step again,
 which reuses every transfer buffer and must accumulate exactly twice the gradient). The oracle accumulates
@@ -44,6 +45,7 @@ class Case:
     bwd_codec: str = "fp32"
     fuse: str = "all"  # fused weight-gradient accumulation on every layer (this MLP is small)
     threads: str = "inline"  # seed 002's communication-thread strategy
+    depth: int = 4  # the MLP's hidden layers: depth + 1 blocks (ZB-V cuts 2 per rank)
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
@@ -51,9 +53,9 @@ class Case:
                               fuse_accumulation=self.fuse, comm_threads=self.threads)
 
 
-def _model() -> nn.Sequential:
+def _model(depth: int = 4) -> nn.Sequential:
     torch.manual_seed(0)
-    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=4)  # 5 blocks, no batch norm
+    return mlp((FEATURES,), CLASSES, hidden=HIDDEN, depth=depth)  # depth + 1 blocks, no norm
 
 
 def _data(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,9 +67,9 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         x, y = _data(case.batch)
-        rt = build_runtime(case.config(), _model(), ctx, x[:2], fwd=Wire(codec=case.fwd_codec),
+        rt = build_runtime(case.config(), _model(case.depth), ctx, x[:2], fwd=Wire(codec=case.fwd_codec),
                            bwd=Wire(codec=case.bwd_codec))
-        first, last = rt.transport.is_first, rt.transport.is_last
+        first, last = rt.executor.is_first, rt.executor.is_last
         res = rt.executor.train_step(x if first else None, y if last else None, case.batch)
         grads = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
         sent_train = dict(rt.link.stats.sent)
@@ -77,7 +79,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         ev = (float(rt.compute.loss_sum), int(rt.compute.correct))
         again = rt.executor.train_step(x if first else None, y if last else None, case.batch)
         twice = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
-        out.append({"loss": res.loss, "correct": res.correct, "grads": grads, "eval": ev,
+        out.append({"last": last, "loss": res.loss, "correct": res.correct, "grads": grads, "eval": ev,
                     "sent": sent_train, "loss2": again.loss, "twice": twice,
                     "codec_s": rt.transport.codec_seconds})
         rt.close()
@@ -85,7 +87,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
 
 
 def _oracle(case: Case) -> tuple[float, int, dict[str, torch.Tensor], tuple[float, int]]:
-    model, (x, y) = _model(), _data(case.batch)
+    model, (x, y) = _model(case.depth), _data(case.batch)
     loss_total, correct = 0.0, 0
     for mb in split_microbatches(x, y, case.microbatches):
         out = model(mb.inputs)
@@ -107,7 +109,7 @@ def _boundary_width(case: Case) -> int:
 
 def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
     loss, correct, grads, ev = _oracle(case)
-    last = ranks[-1]
+    (last,) = [r for r in ranks if r["last"]]  # ZB-V: rank 0 holds the last chunk
     assert last["loss"] == pytest.approx(loss, abs=1e-5), case
     assert last["correct"] == correct, case
     assert last["eval"][0] == pytest.approx(ev[0], abs=1e-4) and last["eval"][1] == ev[1], case
@@ -128,6 +130,12 @@ def _check_bytes(case: Case, ranks: list[dict[str, Any]]) -> None:
     values' own 4 bytes each with no codec header."""
     sizes = microbatch_sizes(case.batch, case.microbatches)
     width = _boundary_width(case)
+    if case.schedule == "zbv":  # each pair of ranks: one chunk boundary down, one back up
+        one = sum(_wire_nbytes(case.fwd_codec, n * width) for n in sizes)
+        for s in range(case.stages - 1):
+            assert ranks[s]["sent"].get(s + 1) == ranks[s + 1]["sent"].get(s) == \
+                SHAPE_WORDS * 8 + 2 * one
+        return
     for s in range(case.stages - 1):
         assert ranks[s]["sent"].get(s + 1) == SHAPE_WORDS * 8 + sum(
             _wire_nbytes(case.fwd_codec, n * width) for n in sizes)
@@ -144,9 +152,10 @@ ORACLE_CASES = {
        + [Case(2, 4, "1f1b", batch=10), Case(2, 8, "gpipe", recompute=True),
           Case(2, 3, "1f1b", batch=10, recompute=True), Case(2, 5, "1f1b", fuse="off"),
           Case(2, 3, "gpipe", recompute=True, fuse="off")]
-       + [Case(2, m, "zbh1") for m in (1, 3, 4)]
+       + [Case(2, m, "zbh1") for m in (1, 3, 4)] + [Case(2, 4, "zbh1", fuse="off")]
        + [Case(2, 3, "zbh2"), Case(2, 4, "zbh1", recompute=True),
-          Case(2, 5, "zbh2", batch=10, recompute=True)],
+          Case(2, 5, "zbh2", batch=10, recompute=True)]
+       + [Case(2, 4, "zbv"), Case(2, 3, "zbv", recompute=True), Case(2, 5, "zbv", fuse="off")],
     3: [Case(3, m, s) for s in ("gpipe", "1f1b") for m in (1, 4, 7)]
        + [Case(3, 6, "1f1b", recompute=True), Case(3, 7, "1f1b", threads="sra")]
        + [Case(3, 4, "zbh1"), Case(3, 5, "zbh2"), Case(3, 3, "zbh1", recompute=True),
@@ -158,7 +167,8 @@ ORACLE_CASES = {
        + [Case(4, 8, "1f1b", threads=t) for t in ("per-message", "sa", "sra")]
        + [Case(4, 8, "gpipe", threads="sra")]
        + [Case(4, 8, "zbh1"), Case(4, 7, "zbh2"), Case(4, 5, "zbh1", recompute=True),
-          Case(4, 8, "zbh2", recompute=True)],
+          Case(4, 8, "zbh2", recompute=True)]
+       + [Case(4, 8, "zbv", depth=7), Case(4, 7, "zbv", depth=7, recompute=True)],
 }
 
 

@@ -80,3 +80,16 @@ def test_bench_trace_measures_every_case_against_its_baseline(
     assert len(rows) == 7 and all(r["ns_per_span"] > 0 for r in rows)
     assert "reproduce: approxdist bench trace --calls 200" in capsys.readouterr().out
     assert main(["bench", "trace", "--calls", "0"]) == 2
+
+
+def test_bench_stage_times_every_variant_against_fused_1f1b(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "stage.json"
+    assert main(["bench", "stage", "--width", "16", "--layers", "2", "--rows", "2",
+                 "--rounds", "1", "--steps", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["schedule"], r["fusion"]) for r in rows] == [
+        ("1f1b", "all"), ("1f1b", "off"), ("zbh1", "all"), ("zbh1", "off")]
+    assert rows[0]["vs_base"] == 1.0 and all(r["step_s"] > 0 for r in rows)
+    assert "reproduce: approxdist bench stage --width 16" in capsys.readouterr().out
+    assert main(["bench", "stage", "--stage", "2"]) == 2

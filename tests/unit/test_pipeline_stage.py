@@ -19,7 +19,7 @@ from approxdist.pipeline.microbatch import split_microbatches
 from approxdist.pipeline.runtime import build_runtime, check_run
 from approxdist.pipeline.schedule import Kind, build_schedule
 from approxdist.pipeline.stage import StageCompute
-from approxdist.pipeline.transport import TimedCodec
+from approxdist.pipeline.timed_codec import TimedCodec
 from approxdist.train.check import check_parts
 
 

@@ -38,7 +38,7 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(["schedule", "list"], capsys)
     assert out.startswith("1f1b ") and "\ngpipe " in out
     assert "\npipedream       PipeDream: " in out
-    assert out.splitlines()[4].endswith("(asynchronous)")  # after the 4 flushed ones
+    assert out.splitlines()[5].endswith("(asynchronous)")  # after the 5 flushed ones
     assert "\nzbh1            ZB-H1 (zero bubble, 1F1B's memory): " in out
 
 

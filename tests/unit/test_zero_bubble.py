@@ -31,13 +31,15 @@ def _stage(shared: bool = False) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(16 if shared else 6, 4))
 
 
-def _run(split: bool, is_first: bool, is_last: bool, recompute: bool,
-         shared: bool = False) -> tuple[nn.Module, list[torch.Tensor | None], float, StageCompute]:
-    """Two micro-batches through one stage: forwards, then (split) I of both and W of both,
-    or whole backwards; returns the module, the input gradients and the loss."""
+def _run(split: bool, is_first: bool, is_last: bool, recompute: bool, shared: bool = False,
+         fuse: str = "auto", batched: bool = False
+         ) -> tuple[nn.Module, list[torch.Tensor | None], float, StageCompute]:
+    """Two micro-batches through one stage: forwards, then (split) I of both and W of both
+    (`batched`: the two Ws' fused GEMMs as one), or whole backwards; returns the module, the
+    input gradients and the loss."""
     model = _stage(shared)
     c = StageCompute(model, is_first=is_first, is_last=is_last, loss_fn=F.cross_entropy,
-                     recompute=recompute, split=split)
+                     recompute=recompute, split=split, fuse_accumulation=fuse)
     gen = torch.Generator().manual_seed(1)
     xs = [torch.randn(5, 6, generator=gen) for _ in range(2)]
     ys = [torch.randint(0, 4, (5,), generator=gen) for _ in range(2)]
@@ -49,7 +51,7 @@ def _run(split: bool, is_first: bool, is_last: bool, recompute: bool,
         dx = [c.backward_input(m, grads[m]) for m in range(2)]
         assert all(p.grad is None for p in model.parameters()), "I touched a weight gradient"
         for m in range(2):
-            c.backward_weight(m)
+            c.backward_weight(m, flush=not batched or m == 1)
     else:
         dx = [c.backward(m, grads[m]) for m in range(2)]
     return model, dx, float(c.loss_sum), c
@@ -59,10 +61,15 @@ def _run(split: bool, is_first: bool, is_last: bool, recompute: bool,
                                                (True, False)])
 @pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("fuse, batched", [("off", False), ("all", False), ("all", True)])
 def test_split_backward_equals_the_whole_backward(is_first: bool, is_last: bool,
-                                                   recompute: bool, shared: bool) -> None:
-    whole, dx_whole, loss_whole, _ = _run(False, is_first, is_last, recompute, shared)
-    split, dx_split, loss_split, c = _run(True, is_first, is_last, recompute, shared)
+                                                   recompute: bool, shared: bool, fuse: str,
+                                                   batched: bool) -> None:
+    """Against an unfused whole backward; `all`: the split stage's linear layers defer
+    their weight GEMMs to W (`batched`: both micro-batches' in one GEMM)."""
+    whole, dx_whole, loss_whole, _ = _run(False, is_first, is_last, recompute, shared, "off")
+    split, dx_split, loss_split, c = _run(True, is_first, is_last, recompute, shared, fuse,
+                                          batched)
     assert loss_split == loss_whole
     for a, b in zip(dx_whole, dx_split):
         if is_first:
@@ -132,15 +139,24 @@ def test_a_stage_without_parameters_splits() -> None:
     assert dx is not None and c.in_flight == 0
 
 
-def test_split_stage_does_not_fuse_accumulation() -> None:
-    model = nn.Sequential(nn.Linear(8, 8))
-    fused = StageCompute(model, is_first=True, is_last=True, loss_fn=F.cross_entropy,
-                         fuse_accumulation="all")
-    assert fused.fusion is not None
-    fused.close()
-    split = StageCompute(model, is_first=True, is_last=True, loss_fn=F.cross_entropy,
-                         fuse_accumulation="all", split=True)
-    assert split.fusion is None
+def test_a_split_stage_defers_its_fused_weight_gemms_to_w() -> None:
+    """I keeps (x, g) per fused layer and leaves .grad alone; W of several micro-batches
+    without a flush holds them (and their memory) until one GEMM per layer runs."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    c = StageCompute(model, is_first=False, is_last=True, loss_fn=F.cross_entropy,
+                     fuse_accumulation="all", split=True)
+    assert c.deferred is not None
+    for m in range(3):
+        c.forward(m, torch.randn(4, 8), torch.randint(0, 3, (4,)), 1.0)
+        c.backward_input(m, None)
+    assert [len(c.deferred.pending[m]) for m in range(3)] == [2, 2, 2]
+    assert all(p.grad is None for p in model.parameters())
+    c.backward_weight(0, flush=False)
+    c.backward_weight(1, flush=False)
+    assert all(p.grad is None for p in model.parameters()) and c.memory.live > 0
+    c.backward_weight(2)
+    assert c.deferred.pending == {} and c.in_flight == 0 and c.memory.live == 0
+    assert all(p.grad is not None and not p.grad.requires_grad for p in model.parameters())
 
 
 # -- schedules on paper ---------------------------------------------------------------------

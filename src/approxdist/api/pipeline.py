@@ -176,11 +176,13 @@ class Pipeline:
 
     @property
     def is_first(self) -> bool:
-        return self.runtime.transport.is_first
+        """Whether this rank runs the first stage (it feeds the inputs)."""
+        return self.runtime.executor.is_first
 
     @property
     def is_last(self) -> bool:
-        return self.runtime.transport.is_last
+        """Whether this rank runs the last stage (ZB-V: rank 0, with the first)."""
+        return self.runtime.executor.is_last
 
     @property
     def steps_optimizer(self) -> bool:

@@ -12,6 +12,7 @@ from approxdist.cli import (
     bench_hybrid,
     bench_p2p,
     bench_pipeline,
+    bench_stage,
     bench_tp,
     bench_trace,
 )
@@ -19,7 +20,8 @@ from approxdist.cli.groups import command_group
 
 #: each module has `register(subparsers)`: one `approxdist bench KIND` each
 BENCHES: tuple[Any, ...] = (bench_codec, bench_allreduce, bench_collective, bench_p2p, bench_dp,
-                            bench_pipeline, bench_hybrid, bench_tp, bench_trace)
+                            bench_pipeline, bench_stage, bench_hybrid, bench_tp,
+                            bench_trace)
 
 
 def register(sub: Any) -> None:

@@ -20,10 +20,12 @@ from approxdist.pipeline.schedule import build_schedule, format_grid, schedule_n
 from approxdist.pipeline.schedule.async_grid import LEGEND, async_summary, format_async_grid
 from approxdist.pipeline.schedule.registry import (
     ASYNC_SCHEDULES,
+    PLACEMENTS,
     SCHEDULES,
     async_schedule_names,
     build_async_schedule,
     describe,
+    placement_of,
 )
 from approxdist.pipeline.schedule.replicated import check_dealing, replicated_schedule, slot_route
 from approxdist.pipeline.schedule.zero_bubble import check_microbatches
@@ -84,6 +86,15 @@ def render_show(name: str, num_stages: int, num_microbatches: int,
         return "\n".join([head, format_grid(order, num_stages, with_comm, route),
                           summary(order, num_stages, num_microbatches, route, per="rank")])
     order = build_schedule(name, num_stages, num_microbatches)
+    if name in PLACEMENTS:  # several chunks per rank: messages between ranks
+        place = placement_of(name, num_stages)
+        chunks = len(place.replicas)
+        head = (f"schedule {name}: {num_stages} ranks holding {chunks} chunks "
+                f"(chunk -> rank {','.join(map(str, place.ranks or ()))}), "
+                f"{num_microbatches} micro-batches; valid")
+        return "\n".join([head, format_grid(order, chunks, with_comm, slot_route(place)),
+                          summary(order, chunks, num_microbatches, slot_route(place),
+                                  per="rank")])
     head = (f"schedule {name}: {num_stages} stages (one per rank), "
             f"{num_microbatches} micro-batches; valid")
     return "\n".join([head, format_grid(order, num_stages, with_comm),

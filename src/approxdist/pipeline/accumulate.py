@@ -23,13 +23,23 @@ plain dense tensor of its own dtype. A backward with `create_graph=True` through
 layer raises (it would drop the weights' part of the graph), and
 `torch.autograd.grad(..., weight)` would not see the weight inside `active()`: the
 pipeline stage only ever calls `backward()`.
+
+A split backward (zero-bubble schedules) defers instead: inside `active(defer=store,
+key=m)` a fused layer's backward computes only the input gradient and keeps `(x, g)` in
+`store` (a `DeferredWeightGrads`) under micro-batch `m`; the layer's weight is not in the
+autograd graph at all, so `I` never sees it. A layer whose input needs no gradient (the
+first layer of the first stage) is off every input path, runs only in `W`, and accumulates
+there at once. `store.flush(keys)` is `W`: one GEMM per layer
+over the concatenated rows of every micro-batch in `keys` (`grad += cat(g)^T cat(x)`), so
+`W`s that follow each other in a schedule cost one pass over each weight gradient, not one
+per micro-batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -64,19 +74,75 @@ class _LinearAccumulate(torch.autograd.Function):
         x, w = ctx.saved_tensors
         weight, bias = ctx.params
         grad_in = grad.matmul(w) if ctx.needs_input_grad[0] else None
-        g2 = grad.reshape(-1, grad.shape[-1])
-        if ctx.needs_input_grad[1]:
-            x2 = x.reshape(-1, x.shape[-1])
-            if weight.grad is None:
-                weight.grad = torch.mm(g2.t(), x2)
-            else:
-                weight.grad.addmm_(g2.t(), x2)
-        if bias is not None and ctx.needs_input_grad[2]:
-            if bias.grad is None:
-                bias.grad = g2.sum(0)
-            else:
-                bias.grad.add_(g2.sum(0))
+        _accumulate(weight if ctx.needs_input_grad[1] else None,
+                    bias if ctx.needs_input_grad[2] else None,
+                    x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1]))
         return grad_in, None, None
+
+
+def _accumulate(weight: torch.Tensor | None, bias: torch.Tensor | None, x: torch.Tensor,
+                g: torch.Tensor) -> None:
+    """`weight.grad += g^T x` in one GEMM (`mm` when there is none yet), `bias.grad += sum g`."""
+    if weight is not None:
+        if weight.grad is None:
+            weight.grad = torch.mm(g.t(), x)
+        else:
+            weight.grad.addmm_(g.t(), x)
+    if bias is not None:
+        if bias.grad is None:
+            bias.grad = g.sum(0)
+        else:
+            bias.grad.add_(g.sum(0))
+
+
+class _LinearDefer(torch.autograd.Function):
+    """`F.linear` of `layer` (its parameters outside the graph) whose backward computes the
+    input gradient and keeps `(x, g)` for `DeferredWeightGrads.flush`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, layer: nn.Linear, store: DeferredWeightGrads,
+                key: int) -> torch.Tensor:
+        weight = layer.weight.detach()  # shares the version counter: an update raises
+        ctx.save_for_backward(x, weight)
+        ctx.layer, ctx.store, ctx.key = layer, store, key
+        bias = layer.bias.detach() if layer.bias is not None else None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        if torch.is_grad_enabled():
+            raise RuntimeError("a deferred weight gradient cannot build a graph of the "
+                               "gradients (create_graph=True); run this stage with "
+                               "fuse_accumulation='off' (--fuse-accumulation off)")
+        x, w = ctx.saved_tensors
+        ctx.store.keep(ctx.key, ctx.layer, x.detach().reshape(-1, x.shape[-1]),
+                       grad.reshape(-1, grad.shape[-1]))
+        return (grad.matmul(w) if ctx.needs_input_grad[0] else None), None, None, None
+
+
+class DeferredWeightGrads:
+    """Weight-gradient GEMMs of fused layers kept by `I`, run by `flush` (`W`)."""
+
+    def __init__(self) -> None:
+        #: micro-batch -> (layer, its input rows, its output-gradient rows), in backward order
+        self.pending: dict[int, list[tuple[nn.Linear, torch.Tensor, torch.Tensor]]] = {}
+
+    def keep(self, key: int, layer: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
+        self.pending.setdefault(key, []).append((layer, x, g))
+
+    @torch.no_grad()
+    def flush(self, keys: Iterable[int]) -> None:
+        """Accumulate the kept gradients of micro-batches `keys` into `.grad`: one GEMM per
+        layer over all of their rows."""
+        rows: dict[int, tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]] = {}
+        for key in keys:
+            for layer, x, g in self.pending.pop(key, []):
+                _, xs, gs = rows.setdefault(id(layer), (layer, [], []))
+                xs.append(x)
+                gs.append(g)
+        for layer, xs, gs in rows.values():
+            _accumulate(layer.weight, layer.bias, xs[0] if len(xs) == 1 else torch.cat(xs),
+                        gs[0] if len(gs) == 1 else torch.cat(gs))
 
 
 def _accumulates_plainly(p: torch.Tensor | None, dtype: torch.dtype) -> bool:
@@ -93,7 +159,10 @@ def _accumulates_plainly(p: torch.Tensor | None, dtype: torch.dtype) -> bool:
 
 
 def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if module.__dict__[_FLAG] and torch.is_grad_enabled() and x.dtype == module.weight.dtype:
+    mode = module.__dict__[_FLAG]
+    if mode and torch.is_grad_enabled() and x.dtype == module.weight.dtype:
+        if isinstance(mode, tuple) and x.requires_grad:  # else no I reaches the layer
+            return _LinearDefer.apply(x, module, *mode)
         return _LinearAccumulate.apply(x, module.weight, module.bias)
     return nn.Linear.forward(module, x)
 
@@ -116,13 +185,14 @@ class WeightGradFusion:
         return sum(m.weight.numel() for m in self.layers)
 
     @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self, defer: DeferredWeightGrads | None = None, key: int = 0) -> Iterator[None]:
         """Forwards inside the block record fused backward nodes (for the layers whose
-        parameters `AccumulateGrad` would treat plainly right now)."""
+        parameters `AccumulateGrad` would treat plainly right now); with `defer`, nodes
+        that keep their weight gradients in `defer` under `key` (module docstring)."""
         for m in self.layers:
             dtype = m.weight.dtype
-            setattr(m, _FLAG, _accumulates_plainly(m.weight, dtype)
-                    and _accumulates_plainly(m.bias, dtype))
+            plain = _accumulates_plainly(m.weight, dtype) and _accumulates_plainly(m.bias, dtype)
+            setattr(m, _FLAG, (defer, key) if plain and defer is not None else plain)
         try:
             yield
         finally:

@@ -41,7 +41,12 @@ from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
 from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.exchange import directions, exchange_order
-from approxdist.pipeline.schedule.registry import ASYNC_SCHEDULES, build_async_schedule
+from approxdist.pipeline.schedule.registry import (
+    ASYNC_SCHEDULES,
+    PLACEMENTS,
+    build_async_schedule,
+    num_chunks,
+)
 from approxdist.pipeline.schedule.replicated import (
     check_dealing,
     replicated_schedule,
@@ -52,7 +57,7 @@ from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions, available_bytes, check_version_memory
-from approxdist.topology.dealing import Dealing
+from approxdist.topology.dealing import Dealing, check_v
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 
@@ -60,29 +65,52 @@ def check_run(pcfg: PipelineConfig, num_blocks: int, batch_size: int) -> None:
     """Stages vs blocks, split range, micro-batches vs batch; `PipelineError` naming them.
 
     Which ranks run the stages is the topology's business (`approxdist.topology`)."""
-    check_stage_count(pcfg.stages, num_blocks)
+    chunks = num_chunks(pcfg.schedule, pcfg.stages)
+    check_stage_count(chunks, num_blocks)
     dealing = Dealing(pcfg.replica_counts)
     check_dealing(dealing, pcfg.microbatches)
     check_microbatches(pcfg.schedule, pcfg.stages, pcfg.microbatches)
+    check_chunked(pcfg)
     if pcfg.schedule in ASYNC_SCHEDULES:  # its micro-batch rules (2bw: M >= P - 1; rounds)
         build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches,
                              dealing=dealing if max(dealing.replicas) > 1 else None)
     if pcfg.split:
         plan = parse_split(pcfg.split, num_blocks)
-        if plan.num_stages != pcfg.stages:
+        if chunks != pcfg.stages and plan.num_stages % 2:
+            check_v(tuple(range(plan.num_stages)), pcfg.schedule)  # two chunks per rank
+        if plan.num_stages != chunks:
+            what = f"{chunks} chunks ({pcfg.schedule} on {pcfg.stages} stages)" \
+                if chunks != pcfg.stages else f"pipeline.stages is {pcfg.stages}"
             raise PipelineError(
-                f"split {pcfg.split!r} makes {plan.num_stages} stages but pipeline.stages is "
-                f"{pcfg.stages}; give {pcfg.stages - 1} boundaries in 1..{num_blocks - 1}")
+                f"split {pcfg.split!r} makes {plan.num_stages} stages but {what}; give "
+                f"{chunks - 1} boundaries in 1..{num_blocks - 1}")
     microbatch_sizes(batch_size, pcfg.microbatches)
 
 
+def check_chunked(pcfg: PipelineConfig) -> None:
+    """A schedule of several chunks per rank (zbv) runs one replica per stage and posts its
+    messages inline or per-message (`PipelineError` naming the setting and the fix)."""
+    if pcfg.schedule not in PLACEMENTS:
+        return
+    if max(pcfg.replica_counts, default=1) > 1:
+        raise PipelineError(f"{pcfg.schedule} places two chunks per rank and runs no replicated "
+                            f"stages (replicas {','.join(map(str, pcfg.replica_counts))}); use "
+                            f"zbh1 or zbh2 with --replicas")
+    if pcfg.comm_threads not in ("inline", "per-message", "sa"):
+        raise PipelineError(f"{pcfg.schedule} shares one link between two chunks per rank: "
+                            f"--comm-threads {pcfg.comm_threads} is not supported; use inline, "
+                            f"per-message or sa")
+
+
 def agree_partition(pcfg: PipelineConfig, model: nn.Module, sample: torch.Tensor,
-                    group: Group) -> Partition:
-    """The partition of stage 0's rank (time profiles differ between ranks), sent to all."""
+                    group: Group, num_stages: int | None = None) -> Partition:
+    """The partition of stage 0's rank (time profiles differ between ranks), sent to all;
+    `num_stages` pieces (default `pcfg.stages`; a chunked schedule cuts more)."""
     plan: Partition | None = None
     if group.is_root:
         times = profile_times(model, sample) if pcfg.balance_method == "time" else None
-        plan = plan_partition(model, num_stages=pcfg.stages, split=pcfg.split or None,
+        plan = plan_partition(model, num_stages=num_stages or pcfg.stages,
+                              split=pcfg.split or None,
                               balance=pcfg.balance_method, block_times=times)
     plan = group.broadcast_object(plan)
     assert plan is not None
@@ -130,7 +158,7 @@ def schedule_orders(name: str, dealing: Dealing, slot: int) -> Callable[[int], l
     """M -> the validated action list of the rank at `slot` (its stage's list, or with
     replicated stages its round-robin share of it closed by `AR`)."""
     if max(dealing.replicas) == 1:
-        return lambda m: build_schedule(name, len(dealing.replicas), m)[slot]
+        return lambda m: build_schedule(name, dealing.num_slots, m)[slot]
     return lambda m: replicated_schedule(name, dealing, m)[slot]
 
 
@@ -159,6 +187,12 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     its `AR`s sum the step's gradients through the same `grad_sync(module)`.
     """
     group = group if group is not None else world_group(ctx)
+    if pcfg.schedule in PLACEMENTS:
+        check_chunked(pcfg)
+        from approxdist.pipeline.chunked import build_chunked  # it builds on this module
+
+        return build_chunked(pcfg, model, ctx, sample, group, link_spec=link_spec, seed=seed,
+                             loss_fn=loss_fn, partition=partition, rec=rec, fwd=fwd, bwd=bwd)
     dealing = dealing if dealing is not None else Dealing.single(pcfg.stages)
     if len(dealing.replicas) != pcfg.stages or group.size != sum(dealing.replicas):
         raise PipelineError(f"pipeline.stages ({pcfg.stages}) with replicas "
@@ -228,3 +262,4 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, dealing: Dealing, sl
                            fuse_accumulation=pcfg.fuse_accumulation, call=weights)
     return compute, StreamExecutor(schedule, slot, schedule_orders("gpipe", dealing, slot),
                                    compute, transport, weights, rec, sync)
+

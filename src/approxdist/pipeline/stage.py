@@ -15,29 +15,31 @@ With `fuse_accumulation` ("auto", the default: layers of 2^19 weights or more; "
 
 Zero-bubble schedules split a backward in two (`split=True`): `backward_input` computes
 the input gradient to send and keeps the graph, `backward_weight` later accumulates the
-parameters' gradients (`split_backward`, Qi et al. ICLR 2024). A split stage's forwards
-run unfused: a fused layer computes its weight gradient inside the input gradient's pass.
+parameters' gradients (`split_backward`, Qi et al. ICLR 2024). A split stage's fused
+layers defer: `I` keeps their `(x, g)` and `W` runs the GEMM into `.grad`
+(`accumulate.DeferredWeightGrads`); `backward_weight(m, flush=False)` holds it back so that
+the `W`s of several micro-batches run as one GEMM per layer at the next flush.
 
-`ActivationMemory` measures what is held for backward: stored inputs plus the tensors
-autograd saves (parameters excluded, shared storage counted once); its `peak` over a
-step is the number `--recompute` reduces.
+What is held for backward is counted by `stage_memory.ActivationMemory`; the replayed
+random numbers and frozen batch-norm statistics of a recomputed forward are `recompute`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from approxdist.errors import ConfigError
 from approxdist.pipeline.accumulate import MODES as FUSION_MODES
-from approxdist.pipeline.accumulate import WeightGradFusion
+from approxdist.pipeline.accumulate import DeferredWeightGrads, WeightGradFusion
+from approxdist.pipeline.recompute import RngState, frozen_batchnorm_stats, replayed_rng, rng_state
 from approxdist.pipeline.split_backward import WeightGrad, full_backward, input_grad
+from approxdist.pipeline.stage_memory import ActivationMemory
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -50,85 +52,6 @@ class Criterion(Protocol):
     def __call__(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
 
     def hits(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
-
-#: CPU generator state, and the device generator's when the stage runs on a GPU
-RngState = tuple[torch.Tensor, torch.Tensor | None]
-
-
-def rng_state(device: torch.device) -> RngState:
-    gpu = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), gpu
-
-
-@contextlib.contextmanager
-def replayed_rng(state: RngState, device: torch.device) -> Iterator[None]:
-    """Run the block with the generators set to `state`; restore the current ones afterwards."""
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.set_rng_state(state[0])
-        if state[1] is not None:
-            torch.cuda.set_rng_state(state[1], device)
-        yield
-
-
-class ActivationMemory:
-    """Live and peak bytes a stage keeps for backward (inputs + autograd-saved activations).
-
-    The saved bytes are measured with autograd's saved-tensor hooks the first time an
-    input shape is seen (per dtype and train/eval mode) and reused afterwards: the hooks
-    run Python for every saved tensor in forward *and* backward, which cost ResNet-20's
-    two-stage pipeline 4-6 % of its step. A model whose saved activations change with the
-    values of its input, not just their shape, would be reported at its first size.
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self._params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        self._known: dict[tuple[object, ...], int] = {}
-        self.live = 0
-        self.peak = 0
-
-    def exclude(self, tensors: list[torch.Tensor]) -> None:
-        """Count `tensors` (e.g. a weight version's) as parameters, not activations."""
-        self._params |= {t.untyped_storage().data_ptr() for t in tensors}
-
-    def add(self, nbytes: int) -> None:
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def release(self, nbytes: int) -> None:
-        self.live -= nbytes
-
-    @contextlib.contextmanager
-    def saved(self, inputs: torch.Tensor, hooked: bool = False) -> Iterator[list[int]]:
-        """The bytes autograd saves inside the block (yields a 1-element total, filled in
-        on exit); measured once per input shape, see the class docstring. `hooked=True`
-        always runs the block under the (identity) hooks."""
-        key = (tuple(inputs.shape), inputs.dtype, self.module.training,
-               torch.is_grad_enabled())
-        known = self._known.get(key)
-        if known is not None and not hooked:
-            yield [known]
-            return
-        total = [0]
-        with self._counting(inputs, total):
-            yield total
-        self._known[key] = total[0]
-
-    @contextlib.contextmanager
-    def _counting(self, inputs: torch.Tensor, total: list[int]) -> Iterator[None]:
-        seen = {inputs.untyped_storage().data_ptr()} | self._params
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                total[0] += t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield
-
 
 @dataclass
 class _InFlight:
@@ -149,7 +72,7 @@ class StageCompute:
     def __init__(self, module: nn.Module, *, is_first: bool, is_last: bool, loss_fn: LossFn,
                  recompute: bool = False, fuse_accumulation: str = "auto",
                  call: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 split: bool = False) -> None:
+                 split: bool = False, memory: ActivationMemory | None = None) -> None:
         self.module, self.is_first, self.is_last = module, is_first, is_last
         self.split = split
         #: runs the stage forward (the module itself, or a weight version of it: `weights`)
@@ -159,13 +82,20 @@ class StageCompute:
         if fuse_accumulation not in FUSION_MODES:
             raise ConfigError(f"fuse_accumulation = {fuse_accumulation!r} is not one of: "
                               f"{', '.join(FUSION_MODES)}")
-        smallest = None if split else FUSION_MODES[fuse_accumulation]  # see the module doc
+        smallest = FUSION_MODES[fuse_accumulation]
         self.fusion = WeightGradFusion(module, smallest) if smallest is not None else None
-        self.memory = ActivationMemory(module)
+        #: a split stage's fused layers keep their weight gradients here until `W`
+        self.deferred = DeferredWeightGrads() if split and self.fusion is not None else None
+        #: shared by the stages (chunks) of one rank, whose peak is the rank's
+        self.memory = memory if memory is not None else ActivationMemory(module)
+        if memory is not None:
+            memory.exclude(list(module.parameters()))
         self._live: dict[int, _InFlight] = {}
         #: micro-batch -> its weight gradient still to compute (after `backward_input`) and
         #: the activation bytes that stay alive until then
         self._weights: dict[int, tuple[WeightGrad, int]] = {}
+        #: micro-batches whose `W` ran but whose deferred GEMMs wait for `flush_weights`
+        self._unflushed: dict[int, int] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.correct = torch.zeros((), dtype=torch.int64)
         #: evaluation only: the true class's probability summed (a loss with `soft_sum`)
@@ -192,7 +122,7 @@ class StageCompute:
             with torch.no_grad():
                 out, loss = self._run(x, labels, weight)
         else:
-            with self.memory.saved(x) as saved, self._fused():
+            with self.memory.saved(x, owner=self.module) as saved, self._fused(m):
                 out, loss = self._run(x, labels, weight)
             nbytes += saved[0]
         self.memory.add(nbytes)
@@ -240,23 +170,33 @@ class StageCompute:
         self._weights[m] = (later, nbytes)
         return dx
 
-    def backward_weight(self, m: int) -> None:
+    def backward_weight(self, m: int, flush: bool = True) -> None:
         """W: accumulate micro-batch m's parameter gradients in `.grad` and free what its
-        backward kept."""
+        backward kept; `flush=False` leaves the fused layers' GEMMs to the next flush (a `W`
+        of another micro-batch follows)."""
         later, nbytes = self._weights.pop(m)
         later.run()
-        self.memory.release(nbytes)
+        self._unflushed[m] = nbytes
+        if flush:
+            self.flush_weights()
+
+    def flush_weights(self) -> None:
+        """Run the deferred weight-gradient GEMMs of every `W` so far, one per layer."""
+        if self.deferred is not None:
+            self.deferred.flush(self._unflushed)
+        self.memory.release(sum(self._unflushed.values()))
+        self._unflushed = {}
 
     def _take(self, m: int) -> tuple[_InFlight, torch.Tensor, int]:
         """Micro-batch m's kept state, the tensor its backward starts from (recomputed
         first with `recompute`) and the bytes it holds."""
         item = self._live.pop(m)
-        extra = self._recompute(item) if self.recompute else 0
+        extra = self._recompute(m, item) if self.recompute else 0
         root = item.loss if self.is_last else item.output
         assert root is not None
         return item, root, item.nbytes + extra
 
-    def _recompute(self, item: _InFlight) -> int:
+    def _recompute(self, m: int, item: _InFlight) -> int:
         """Re-run the forward with a graph, same random numbers, batch-norm stats untouched.
 
         It runs under the saved-tensor hooks (`hooked=True`): `frozen_batchnorm_stats`
@@ -266,7 +206,7 @@ class StageCompute:
         """
         assert item.rng is not None
         with replayed_rng(item.rng, item.inputs.device), frozen_batchnorm_stats(self.module), \
-                self.memory.saved(item.inputs, hooked=True) as saved, self._fused():
+                self.memory.saved(item.inputs, hooked=True, owner=self.module) as saved, self._fused(m):
             out = self.call(item.inputs)
         item.output = out
         if self.is_last:
@@ -275,8 +215,10 @@ class StageCompute:
         self.memory.add(saved[0])
         return saved[0]
 
-    def _fused(self) -> contextlib.AbstractContextManager[None]:
-        return self.fusion.active() if self.fusion is not None else contextlib.nullcontext()
+    def _fused(self, m: int) -> contextlib.AbstractContextManager[None]:
+        if self.fusion is None:
+            return contextlib.nullcontext()
+        return self.fusion.active(self.deferred, m)
 
     def close(self) -> None:
         """Give the module's layers back their own forward (see `fuse_accumulation`)."""
@@ -287,7 +229,7 @@ class StageCompute:
     @property
     def in_flight(self) -> int:
         """Micro-batches whose forward ran and whose backward (or W) did not."""
-        return len(self._live) + len(self._weights)
+        return len(self._live) + len(self._weights) + len(self._unflushed)
 
     # -- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
@@ -311,22 +253,6 @@ def hits(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             tuple(labels.shape) != (out.shape[0], *out.shape[2:]):
         return torch.zeros((), dtype=torch.int64)
     return (out.argmax(1) == labels).sum()
-
-
-@contextlib.contextmanager
-def frozen_batchnorm_stats(module: nn.Module) -> Iterator[None]:
-    """Restore batch-norm running statistics on exit (a recomputed forward must not count twice)."""
-    norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
-    saved = [[b.clone() for b in (m.running_mean, m.running_var, m.num_batches_tracked)
-              if b is not None] for m in norms]
-    try:
-        yield
-    finally:
-        for m, bufs in zip(norms, saved):
-            live = [b for b in (m.running_mean, m.running_var, m.num_batches_tracked)
-                    if b is not None]
-            for b, old in zip(live, bufs):
-                b.copy_(old)
 
 
 @torch.no_grad()

@@ -23,6 +23,9 @@ received straight into the fp32 storage the stage reads, so nothing is encoded, 
 or copied (both ends know every size and the codec is checked once at start-up, so no
 header is needed). With a recorder (docs/tracing.md) encoding and decoding are `encode` /
 `decode` spans inside the executor's send and receive phases.
+
+A rank that holds two neighbouring stages (ZB-V's chunks P-1 and P) hands their tensors
+over in memory (`handover.Handover`, shared by the rank's transports).
 """
 
 from __future__ import annotations
@@ -37,60 +40,18 @@ import torch
 
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
-from approxdist.comm.codecs import Codec, Payload, get_codec
-from approxdist.comm.codecs.framed import FramedCodec
+from approxdist.comm.codecs import Payload, get_codec
 from approxdist.comm.link import Link
 from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
 from approxdist.config.wire import Wire
 from approxdist.pipeline.couriers import Courier
+from approxdist.pipeline.handover import Handed, Handover
+from approxdist.pipeline.timed_codec import TimedCodec
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.phases import DECODE, ENCODE
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 Shape = tuple[int, ...]
-
-
-class TimedCodec(Codec):
-    """Delegates to `inner` and adds up the seconds spent in encode and decode."""
-
-    def __init__(self, inner: Codec) -> None:
-        self.inner = inner
-        self.spec = inner.spec
-        self.seconds = 0.0
-
-    @property
-    def bits_per_value(self) -> float:
-        return self.inner.bits_per_value
-
-    def payload_nbytes(self, numel: int) -> int:
-        return self.inner.payload_nbytes(numel)
-
-    def encode(self, x: torch.Tensor, out: torch.Tensor | None = None) -> Payload:
-        """Encode, into `out` (exactly `payload_nbytes` bytes) when the codec can."""
-        t0 = time.perf_counter()
-        framed = out is not None and isinstance(self.inner, FramedCodec)
-        payload = self.inner.encode(x, out=out) if framed else self.inner.encode(x)  # type: ignore[call-arg]
-        self.seconds += time.perf_counter() - t0
-        return payload
-
-    def decode(self, payload: Payload, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode, into `out` (contiguous fp32 of the payload's shape) when the codec can."""
-        t0 = time.perf_counter()
-        framed = out is not None and isinstance(self.inner, FramedCodec)
-        x = self.inner.decode(payload, out=out) if framed else self.inner.decode(payload)  # type: ignore[call-arg]
-        self.seconds += time.perf_counter() - t0
-        return x
-
-    @property
-    def lossless(self) -> bool:
-        return self.inner.lossless
-
-    @property
-    def code_bits(self) -> int:
-        return self.inner.code_bits
-
-    def codes_offset(self, numel: int) -> int:
-        return self.inner.codes_offset(numel)
 
 
 class PendingRecv:
@@ -148,8 +109,10 @@ class StageTransport:
     def __init__(self, link: Link, stage: int, num_stages: int, fwd: Wire,
                  bwd: Wire, dealing: Dealing | None = None, replica: int = 0,
                  seed: int = 0, rec: Recorder = NULL_RECORDER,
-                 courier: Courier | None = None) -> None:
+                 courier: Courier | None = None, handover: Handover | None = None) -> None:
         self.link, self.stage, self.num_stages = link, stage, num_stages
+        #: the rank's other stages' hand-over box (a peer at this rank's own slot)
+        self.handover = handover if handover is not None else Handover()
         #: who posts the per-micro-batch sends and receives (seed 002's thread strategies)
         self.courier = courier if courier is not None else Courier(link)
         self.dealing = dealing if dealing is not None else Dealing.single(num_stages)
@@ -199,6 +162,8 @@ class StageTransport:
         self._infer = infer
         if self.is_first:
             self.in_shape = tuple(input_shape)
+        elif self._local(self.stage - 1):
+            self.in_shape = self.handover.box.pop(("shape", self.stage, 0))
         else:
             src = self.peer(self.stage - 1, self.replica)
             buf = self.link.irecv_bytes(src, SHAPE_WORDS * 8).wait()
@@ -206,7 +171,9 @@ class StageTransport:
         if self.in_shape not in self._out_shapes:
             self._out_shapes[self.in_shape] = tuple(infer(self.in_shape))
         self.out_shape = self._out_shapes[self.in_shape]
-        if not self.is_last:
+        if not self.is_last and self._local(self.stage + 1):
+            self.handover.box[("shape", self.stage + 1, 0)] = self.out_shape
+        elif not self.is_last:
             header = shape_header(0, self.out_shape, self.link.device)
             below = range(self.dealing.replicas[self.stage + 1])
             sends = [self.link.isend_bytes(header, self.peer(self.stage + 1, j)) for j in below
@@ -222,15 +189,22 @@ class StageTransport:
         self.exchange_shapes(input_shape, self._infer)
 
     # -- per micro-batch ----------------------------------------------------------------
-    def post_recv_act(self, m: int, size: int) -> PendingRecv:
+    def post_recv_act(self, m: int, size: int) -> PendingRecv | Handed:
         """Post the receive of micro-batch m's activation (`size` samples) from stage - 1."""
         return self._recv("act", m, (size, *self.in_shape), self.stage - 1, self.fwd)
 
-    def post_recv_grad(self, m: int, size: int) -> PendingRecv:
+    def post_recv_grad(self, m: int, size: int) -> PendingRecv | Handed:
         """Post the receive of micro-batch m's output gradient (`size` samples) from stage + 1."""
         return self._recv("grad", m, (size, *self.out_shape), self.stage + 1, self.bwd)
 
-    def _recv(self, name: str, m: int, shape: Shape, stage: int, d: _Direction) -> PendingRecv:
+    def _local(self, stage: int) -> bool:
+        """Whether `stage` runs on this rank too (a chunk: the hand-over box, no link)."""
+        return self.dealing.ranks is not None and self.peer(stage, 0) == self.link.rank
+
+    def _recv(self, name: str, m: int, shape: Shape, stage: int,
+              d: _Direction) -> PendingRecv | Handed:
+        if self._local(stage):
+            return self.handover.receipt((name, self.stage, m))
         numel = math.prod(shape)
         flat = self._pool.get(f"out-{name}", numel, torch.float32, index=self._slot(m))
         if d.raw:
@@ -251,6 +225,9 @@ class StageTransport:
     def _send(self, name: str, m: int, x: torch.Tensor, stage: int, d: _Direction) -> None:
         """Encode into this (direction, micro-batch)'s buffer, corrupt, post; the buffer is
         reused next step, after `wait_sends`."""
+        if self._local(stage):
+            self.handover.box[(name, stage, m)] = x.detach()
+            return
         t0 = time.perf_counter()
         if d.raw:  # the link's op holds `x` until the send has left
             values = x.detach().to(torch.float32).contiguous().view(-1)

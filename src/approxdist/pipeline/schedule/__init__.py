@@ -12,6 +12,7 @@ from approxdist.pipeline.schedule import (  # noqa: F401  (registers)
     pipedream,
     two_bw,
     zero_bubble,
+    zero_bubble_v,
 )
 from approxdist.pipeline.schedule.action import Action, Kind, Order, parse_actions
 from approxdist.pipeline.schedule.check_versions import check_versions, validate_versions

@@ -7,11 +7,22 @@ compute actions before the compute that consumes it (so the transfer overlaps th
 computation in between). A split backward's `I` receives and sends the gradient; its `W`
 never communicates. Receives are posted in the order of their consumers, so on
 every channel the k-th receive expects the k-th send (see `validate`).
+
+When a rank holds several chunks (ZB-V), two chunk boundaries share the link between two
+ranks, whose messages are matched in posting order whichever chunk they belong to: with a
+`route` naming channels by ranks, `sender_ordered` then re-posts each rank's receives on
+each channel in the order the peer sends, every receive at or before the place
+`with_comm` gave it (so none is posted after its consumer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from approxdist.pipeline.schedule.action import GRAD_COMPUTE, Action, Kind, Order
+
+#: (rank, send or receive) -> its channel (source, destination)
+Route = Callable[[int, Action], tuple[int, int]]
 
 
 def inputs_of(action: Action, num_stages: int) -> list[Action]:
@@ -32,12 +43,44 @@ def outputs_of(action: Action, num_stages: int) -> list[Action]:
     return []
 
 
-def with_comm(compute: Order, num_stages: int, prepost: int = 1) -> Order:
-    """Add sends and receives to a compute-only order; `prepost=0` posts just in time."""
+def with_comm(compute: Order, num_stages: int, prepost: int = 1,
+              route: Route | None = None) -> Order:
+    """Add sends and receives to a compute-only order; `prepost=0` posts just in time;
+    `route` (channels between ranks holding several chunks): `sender_ordered`."""
     if prepost < 0:
         raise ValueError(f"prepost ({prepost}) must be >= 0")
-    return {rank: _rank_with_comm(actions, num_stages, prepost)
-            for rank, actions in compute.items()}
+    order = {rank: _rank_with_comm(actions, num_stages, prepost)
+             for rank, actions in compute.items()}
+    return order if route is None else sender_ordered(order, route)
+
+
+def sender_ordered(order: Order, route: Route) -> Order:
+    """Each rank's receives of each channel in the order its peer sends them; the k-th goes
+    where the earliest of the k-th and later ones was (module doc)."""
+    sent: dict[tuple[int, int], list[Action]] = {}
+    for rank, actions in order.items():
+        for a in actions:
+            if a.is_send:
+                sent.setdefault(route(rank, a), []).append(a.matching())
+    return {rank: _reposted(rank, actions, route, sent) for rank, actions in order.items()}
+
+
+def _reposted(rank: int, actions: list[Action], route: Route,
+              sent: dict[tuple[int, int], list[Action]]) -> list[Action]:
+    before: dict[int, list[Action]] = {}  # index of an action -> receives posted before it
+    for channel in {route(rank, a) for a in actions if a.is_recv}:
+        at = {a: i for i, a in enumerate(actions) if a.is_recv and route(rank, a) == channel}
+        want = [a for a in sent.get(channel, []) if a in at]
+        earliest = len(actions)
+        for recv in reversed(want):
+            earliest = min(earliest, at[recv])
+            before.setdefault(earliest, []).insert(0, recv)
+    out: list[Action] = []
+    for i, a in enumerate(actions):
+        out.extend(before.get(i, []))
+        if not a.is_recv:
+            out.append(a)
+    return out
 
 
 def _rank_with_comm(compute: list[Action], num_stages: int, prepost: int) -> list[Action]:

@@ -99,10 +99,15 @@ def summary(order: Order, num_stages: int, num_microbatches: int,
             f"{theoretical_bubble(p, m):.3f}; simulated (forward = backward = 1 step) = "
             f"{timeline.bubble_fraction():.3f}", peak_line])
     idle = idle_within(timeline)
+    ranks = len(order)
+    theory = (f"(P-1)/(3M+P-1) = {p - 1}/{3 * m + p - 1} = {split_bubble(p, m):.3f} (1F1B: "
+              f"{theoretical_bubble(p, m):.3f})" if ranks == p else
+              f"(P-1)/(6M+P-1) with two chunks per rank = {ranks - 1}/{6 * m + ranks - 1} = "
+              f"{(ranks - 1) / (6 * m + ranks - 1):.3f} (1F1B: "
+              f"{theoretical_bubble(ranks, m):.3f})")
     return "\n".join([
-        f"bubble fraction: theory (P-1)/(3M+P-1) = {p - 1}/{3 * m + p - 1} = "
-        f"{split_bubble(p, m):.3f} (1F1B: {theoretical_bubble(p, m):.3f}); simulated "
-        f"(F = I = W = 1 step) = {timeline.bubble_fraction():.3f}",
+        f"bubble fraction: theory {theory}; simulated (F = I = W = 1 step per chunk) = "
+        f"{timeline.bubble_fraction():.3f}",
         f"idle steps inside each {per}'s span (not hidden by overlapping steps): "
         + ", ".join(f"{per} {r}: {idle[r]:g}" for r in sorted(idle)),
         peak_line + " (a split backward holds them until its W)"])

@@ -33,6 +33,29 @@ ScheduleFn = Callable[[int, int], Order]
 AsyncScheduleFn = Callable[[int, Stream, Dealing | None], AsyncSchedule]
 
 SCHEDULES: Registry[ScheduleFn] = Registry("schedule", ScheduleError)
+#: schedules whose ranks hold several chunks: name -> (pipeline ranks -> chunk placement)
+PLACEMENTS: dict[str, Callable[[int], Dealing]] = {}
+
+
+def register_placement(name: str, placement: Callable[[int], Dealing]
+                       ) -> Callable[[ScheduleFn], ScheduleFn]:
+    """`@register_placement("zbv", Dealing.v)`: schedule `name` runs chunks placed so."""
+    def deco(fn: ScheduleFn) -> ScheduleFn:
+        PLACEMENTS[name] = placement
+        return fn
+
+    return deco
+
+
+def placement_of(name: str, num_ranks: int) -> Dealing:
+    """Which rank holds each stage (chunk) of schedule `name` on `num_ranks` pipeline ranks:
+    one stage per rank, or the schedule's chunk placement (ZB-V's V)."""
+    return PLACEMENTS[name](num_ranks) if name in PLACEMENTS else Dealing.single(num_ranks)
+
+
+def num_chunks(name: str, num_ranks: int) -> int:
+    """How many pieces schedule `name` cuts the model into on `num_ranks` ranks."""
+    return len(placement_of(name, num_ranks).replicas)
 
 
 @dataclass(frozen=True)
@@ -93,7 +116,8 @@ def build_schedule(name: str, num_stages: int, num_microbatches: int,
                    validate: bool = True) -> Order:
     """The named schedule for P stages and M micro-batches, checked by the validator.
 
-    `order[r]` is the list of actions pipeline rank `r` (which runs stage `r`) executes;
+    `order[r]` is the list of actions pipeline rank `r` (which runs stage `r`, or with a
+    chunked schedule such as zbv the chunks `placement_of(name, P)` gives it) executes;
     pipeline ranks are positions in the pipeline's group, mapped to global ranks by the
     topology. An asynchronous schedule's name raises `ScheduleError` (see the module doc).
     """
@@ -103,7 +127,9 @@ def build_schedule(name: str, num_stages: int, num_microbatches: int,
     check_sizes(num_stages, num_microbatches)
     order = fn(num_stages, num_microbatches)
     if validate:
-        validate_schedule(order, num_stages, num_microbatches)
+        placement = PLACEMENTS[name](num_stages) if name in PLACEMENTS else None
+        validate_schedule(order, num_stages if placement is None else len(placement.replicas),
+                          num_microbatches, placement)
     return order
 
 

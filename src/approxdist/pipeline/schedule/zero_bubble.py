@@ -49,8 +49,9 @@ def stage_order(stage: int, num_microbatches: int, warmup: int, defer: int) -> l
 
 
 def min_microbatches(name: str, num_stages: int) -> int:
-    """The fewest micro-batches schedule `name` runs (ZB-H2: 2P - 1 fill its warm-up)."""
-    return 2 * num_stages - 1 if name == "zbh2" else 1
+    """The fewest micro-batches schedule `name` runs (ZB-H2 and ZB-V: 2P - 1 fill their
+    warm-up)."""
+    return 2 * num_stages - 1 if name in ("zbh2", "zbv") else 1
 
 
 def check_microbatches(name: str, num_stages: int, num_microbatches: int) -> None:
