@@ -12,6 +12,8 @@ from approxdist.cli.main import main
 DP = ["train", "--world-size", "2", "--model", "mlp", "--epochs", "1"]
 HYBRID = ["train", "--parallel", "hybrid", "--stages", "2", "--replicas", "2", "--model", "mlp",
           "--epochs", "1"]
+PS = ["train", "--parallel", "ps", "--servers", "1", "--workers", "2", "--model", "mlp",
+      "--epochs", "1"]
 CASES = [
     (DP + ["--codec", "topk:2"], "topk ratio '2': it needs a fraction in (0, 1]"),
     (DP + ["--codec", "powersgd:0"], "powersgd rank '0' must be a positive integer"),
@@ -25,8 +27,13 @@ CASES = [
      "algorithm 'brb' only sums; use --algorithm ring or auto"),
     (HYBRID + ["--codec", "topk:0.1", "--algorithm", "vhd"], "'vhd' only sums"),
     (HYBRID + ["--codec", "powersgd:2"], "PowerSGD needs a matrix"),
-    (["train", "--parallel", "ps", "--servers", "1", "--workers", "2", "--codec", "topk:0.1"],
-     "wire.push.codec = 'topk:0.1': compressors travel on the data-parallel gradient wire"),
+    (PS + ["--codec", "powersgd:2"],
+     "wire.push.codec = 'powersgd:2': PowerSGD needs a second round trip each step"),
+    (PS + ["--codec", "topk:0.1", "--push-channel", "ber:1e-3@5"],
+     "wire.push.codec = 'topk:0.1': a compressor with a push channel"),
+    (PS + ["--codec", "topk:3"], "wire.push.codec = 'topk:3': topk ratio '3'"),
+    (PS + ["--pull-codec", "signsgd"],
+     "wire.pull.codec = 'signsgd': compressors travel on gradient wires"),
 ]
 
 

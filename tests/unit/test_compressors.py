@@ -267,3 +267,29 @@ def test_payloads_decode_at_any_offset_of_a_receive_buffer(spec: str) -> None:
 @pytest.mark.parametrize("spec", DEFAULT_COMPRESSORS)
 def test_the_spec_states_the_collective_its_compressor_needs(spec: str) -> None:
     assert check_compressor(spec) == get_compressor(spec, Where(SHAPE)).collective
+
+
+@pytest.mark.parametrize("spec", [s for s in DEFAULT_COMPRESSORS if s != "powersgd:2"])
+def test_one_message_unpacked_by_a_receivers_copy_equals_the_exchange(spec: str) -> None:
+    """A push (`message`, then a receiver's `unpack` and `aggregate`) gives what two workers'
+    exchange gives, and leaves the sender in the state the exchange leaves it in."""
+    senders = [get_compressor(spec, Where(SHAPE, worker=w)) for w in range(2)]
+    receivers = [get_compressor(spec, Where(SHAPE, worker=w)) for w in range(2)]
+    twins = [get_compressor(spec, Where(SHAPE, worker=w)) for w in range(2)]
+    for s in range(STEPS):
+        pair = grads(s)[:2]
+        messages = [c.message(g) for c, g in zip(senders, pair)]
+        assert [m.numel() for m in messages] == [senders[0].wire_bytes()] * 2
+        assert all(m.dtype == torch.uint8 for m in messages)
+        pushed = receivers[0].aggregate([r.unpack(m) for r, m in zip(receivers, messages)])
+        assert torch.equal(pushed, lockstep(twins, pair)[0].reshape(-1))
+        for sender, twin in zip(senders, twins):
+            for key, value in twin.state_dict().items():
+                assert torch.equal(sender.state_dict()[key], value), key
+
+
+def test_powersgd_sends_two_messages_a_step() -> None:
+    comp = get_compressor("powersgd:2", Where(SHAPE))
+    assert comp.rounds == 2
+    with pytest.raises(NotImplementedError, match="no single message"):
+        comp.unpack(torch.zeros(8, dtype=torch.uint8))

@@ -21,7 +21,7 @@ from approxdist.experiments.seed001_scaling import speedup
 from approxdist.experiments.studies import STUDIES, get_study
 from approxdist.experiments.task import task_for
 
-NAMES = ["link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
+NAMES = ["compressors", "link-emulation-check", "seed000-bandwidth", "seed000-ber", "seed000-bits",
          "seed000-histogram", "seed001-allreduce", "seed001-scaling", "seed002-async",
          "seed002-hybrid",
          "seed003-largebatch",
@@ -65,7 +65,7 @@ def test_a_run_time_without_a_duration_is_refused() -> None:
 
 
 def test_unknown_preset_lists_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown experiment 'seed009'; valid: "
+    with pytest.raises(ConfigError, match="unknown experiment 'seed009'; valid: compressors, "
                                           "link-emulation-check, seed000-bandwidth,"):
         get_preset("seed009")
     with pytest.raises(ConfigError, match="valid: .*seed001-scaling"):

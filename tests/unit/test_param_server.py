@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from approxdist.api.param_server_args import wire_formats
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.param_server import Roles, ServerRules, parse_mode, shard_by_bytes
@@ -186,6 +187,26 @@ def test_config_errors_name_the_value_and_the_fix() -> None:
     with pytest.raises(ConfigError, match="wire.pull.codec = 'fp5'"):
         check_parts(build_config(_ps(wire={"pull": {"codec": "fp5"}})))
     check_parts(build_config(_ps(mode="backup:1", wire={"push": {"codec": "bf16"}})))
+
+
+def test_push_compressors_are_checked_in_one_line() -> None:
+    check_parts(build_config(_ps(mode="async", wire={"push": {"codec": "signsgd"}})))
+    with pytest.raises(ConfigError, match=r"^wire.push.codec = 'powersgd:2': PowerSGD needs a "
+                                          r"second round trip each step .* \(--parallel dp\)$"):
+        check_parts(build_config(_ps(wire={"push": {"codec": "powersgd:2"}})))
+    with pytest.raises(ConfigError, match=r"^push_codec='powersgd:1': PowerSGD needs"):
+        wire_formats("powersgd:1", "fp32", "", "")
+    with pytest.raises(ConfigError, match=r"^push_codec='qsgd:4': a compressor with a push "
+                                          r"channel.*drop the channel"):
+        wire_formats("qsgd:4", "fp32", "ber:1e-3@5", "")
+    with pytest.raises(ConfigError, match=r"^push_codec='topk:2': topk ratio '2'"):
+        wire_formats("topk:2", "fp32", "", "")
+    with pytest.raises(ConfigError, match=r"^push_codec='fp33': unknown codec spec"):
+        wire_formats("fp33", "fp32", "", "")
+    formats = wire_formats("TopK:0.01", "bf16", "", "")
+    assert (formats.compressor, formats.push_spec, formats.pull.spec) == \
+        ("topk:0.01", "topk:0.01", "bf16")
+    assert wire_formats("bf16", "fp32", "", "").push_spec == "bf16"
 
 
 def test_any_source_modes_are_refused_on_nccl() -> None:

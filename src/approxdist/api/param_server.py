@@ -35,7 +35,9 @@ None for the mini-batches it skips, without computing them.
 group must then be a survivors' group, as `approxdist train --tolerate-worker-loss`'s
 launcher makes), `recorder=` records every phase and transfer (docs/tracing.md), and
 `state_dict()` / `load_state_dict()` save and restore every server's shard and optimiser
-state and every worker's error-feedback residuals. `approxdist train --parallel ps` runs
+state and every worker's error-feedback residuals (or, with a compressor on the pushes,
+`push_codec="topk:0.01"`, every worker's compressor states and the server's copies of
+random-k's streams; docs/compressors.md). `approxdist train --parallel ps` runs
 this class: its engine (`train/engines/param_server.py`) builds it with
 `ParameterServer.from_config` and steps it with `serve_step` and `worker_step`, the steps
 `serve` and `step` are made of.
@@ -295,7 +297,9 @@ class ParameterServer:
         if server is not None:
             mine["server"] = {"params": [p.detach().cpu().clone() for p in server.params],
                               "optimizer": server.optimizer.state_dict()}
-        elif worker is not None and worker.feedback is not None:
+            if server.decoders is not None:
+                mine["server"]["decoders"] = server.decoders.state_dict()
+        elif worker is not None and worker.keeps_state:
             mine["feedback"] = (worker.index, worker.state_dict())
         gathered = self.group.all_gather_object(mine)
         return {"servers": [g["server"] for g in gathered if "server" in g],
@@ -319,7 +323,9 @@ class ParameterServer:
                 for p, v in zip(server.params, saved["params"]):
                     p.copy_(v)
             server.optimizer.load_state_dict(saved["optimizer"])
-        if worker is not None and worker.feedback is not None:
+            if server.decoders is not None:
+                server.decoders.load_state_dict(saved.get("decoders", {}))
+        if worker is not None and worker.keeps_state:
             # a worker lost before the state was saved has none: it starts from zero
             worker.load_state_dict(state.get("feedback", {}).get(str(worker.index), {}))
         buffers = dict(self.module.named_buffers())
@@ -345,7 +351,9 @@ class ParameterServer:
                                "counters": (node.done, node.steps_run, node.skipped)}
         if server is not None:
             out["server"] = {"optimizer": server.optimizer.state_dict(), "rules": server.rules,
-                             "histogram": server.histogram}
+                             "histogram": server.histogram,
+                             "decoders": server.decoders.state_dict()
+                             if server.decoders is not None else {}}
         if worker is not None:
             out["worker"] = {"versions": worker.versions, "base": worker.base,
                              "feedback": worker.state_dict()}
@@ -358,6 +366,8 @@ class ParameterServer:
         if server is not None:
             server.optimizer.load_state_dict(state["server"]["optimizer"])
             server.rules, server.histogram = state["server"]["rules"], state["server"]["histogram"]
+            if server.decoders is not None:
+                server.decoders.load_state_dict(state["server"]["decoders"])
         if worker is not None:
             worker.versions = list(state["worker"]["versions"])
             worker.base = list(state["worker"]["base"])
@@ -365,7 +375,7 @@ class ParameterServer:
 
     def set_push_codec(self, codec: str) -> None:
         """Send the next pushes in `codec` (every rank switches, servers decode with it;
-        the workers' residuals kept: AdaPrec)."""
+        the workers' residuals kept: AdaPrec; a codec, not a compressor)."""
         wire = dataclasses.replace(self.wire, push=get_codec(codec))
         self.wire = wire
         for end in (self.node.server, self.node.worker):

@@ -12,6 +12,7 @@ from torch import nn
 
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
+from approxdist.comm.compressors import is_compressor
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError, SpecError
 from approxdist.launch.context import DistContext
@@ -23,11 +24,15 @@ from approxdist.param_server.wire import WireFormats
 
 def wire_formats(push_codec: str, pull_codec: str, push_channel: str,
                  pull_channel: str) -> WireFormats:
-    """The codecs and channels of pushes and pulls, a bad spec named by its argument."""
-    return WireFormats(spec(get_codec, "push_codec", push_codec),
-                       spec(get_codec, "pull_codec", pull_codec),
-                       channel("push_channel", push_channel),
-                       channel("pull_channel", pull_channel))
+    """The codecs (a compressor on pushes) and channels of pushes and pulls, a bad spec
+    named by its argument."""
+    pushed = channel("push_channel", push_channel)
+    pulled = channel("pull_channel", pull_channel)
+    spec(get_codec, "pull_codec", pull_codec)
+    if not is_compressor(push_codec):
+        spec(get_codec, "push_codec", push_codec)
+    return spec(lambda s: WireFormats.build(s, pull_codec, pushed, pulled), "push_codec",
+                push_codec)
 
 
 def link_shaping(link: str) -> Any:

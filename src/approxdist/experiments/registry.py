@@ -11,6 +11,7 @@ PRESETS: Registry[Preset] = Registry("experiment", ConfigError)
 
 def _register_all() -> None:
     """Import the preset modules (lazily: they import torch-heavy code) and register them."""
+    from approxdist.experiments.compressors import PRESET as COMPRESSORS
     from approxdist.experiments.link_check import PRESET as LINK_CHECK
     from approxdist.experiments.seed000_bandwidth import PRESET as BANDWIDTH
     from approxdist.experiments.seed000_ber import PRESET as BER
@@ -31,7 +32,7 @@ def _register_all() -> None:
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
     for preset in (TRANSFORMER_WIRE,
-                   LARGEBATCH, TP):
+                   LARGEBATCH, TP, COMPRESSORS):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 

@@ -72,7 +72,7 @@ class PSNode:
             params = [named[i][1] for i in self.shards[k]]
             self.server = Server(link, roles, k, params, optimizer(params),
                                  ServerRules(mode, roles.workers), wire, staleness_lr,
-                                 tolerate_worker_loss)
+                                 tolerate_worker_loss, [named[i][0] for i in self.shards[k]])
             if scheduler is not None:
                 self.scheduler = scheduler(self.server.optimizer)
         else:

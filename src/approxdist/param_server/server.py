@@ -2,14 +2,15 @@
 
 Each server step receives pushes (in `sync` the receives of every worker's push are
 posted at once and read in worker order; otherwise from whichever worker comes first),
-asks `ServerRules` what to do with each, applies the averaged kept gradients with the
-optimiser (the trainer sets its learning rate) and replies with the parameters: the
-replies to all workers are posted together, and the server goes on without waiting for
-them to leave (`settle` waits before its next reply or step, a reply's buffers being its
-own). Everything crosses a `comm.link.Link`, so codecs, channels, emulated links, byte
-accounting and tracing apply to every push and pull. Posting the pushes together and not
-waiting for the replies closed most of sync PS's gap to all-reduce at W = 2: one server's
-serial waits were most of it (docs/param_server.md, "What closed the W = 2 gap").
+asks `ServerRules` what to do with each, applies the averaged kept gradients (a push
+compressor's aggregate: `param_server.compressed`) with the optimiser (the trainer sets
+its learning rate) and replies with the parameters: the replies to all workers are posted
+together, and the server goes on without waiting for them to leave (`settle` waits before
+its next reply or step, a reply's buffers being its own). Everything crosses a
+`comm.link.Link`, so codecs, channels, emulated links, byte accounting and tracing apply
+to every push and pull. Posting the pushes together and not waiting for the replies
+closed most of sync PS's gap to all-reduce at W = 2: one server's serial waits were most
+of it (docs/param_server.md, "What closed the W = 2 gap").
 
 With `tolerate_loss` (`--tolerate-worker-loss`) the server takes pushes from one posted
 receive per live worker instead of gloo's receive from any source, which fails for good
@@ -32,6 +33,7 @@ from torch import nn
 from approxdist.comm.link import Link, RecvHandle, SendHandle
 from approxdist.errors import CommError
 from approxdist.param_server.arrivals import FirstArrival
+from approxdist.param_server.compressed import PushDecoders
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules, Verdict
 from approxdist.param_server.wire import (
@@ -67,11 +69,13 @@ _POLL_S = 0.05
 
 
 class Server:
-    """Server `index` of `roles`, holding `params` and stepping `optimizer` on them."""
+    """Server `index` of `roles`, holding `params` (named `names`, for a push compressor's
+    state) and stepping `optimizer` on them."""
 
     def __init__(self, link: Link, roles: Roles, index: int, params: Sequence[nn.Parameter],
                  optimizer: torch.optim.Optimizer, rules: ServerRules, wire: WireFormats,
-                 staleness_lr: bool = False, tolerate_loss: bool = False) -> None:
+                 staleness_lr: bool = False, tolerate_loss: bool = False,
+                 names: Sequence[str] = ()) -> None:
         self.link, self.roles, self.index, self.params = link, roles, index, list(params)
         self.optimizer, self.rules, self.wire = optimizer, rules, wire
         self.staleness_lr = staleness_lr
@@ -86,6 +90,10 @@ class Server:
         self.newly_lost: list[int] = []
         #: replies posted and not yet waited for: (worker, send handles)
         self._replies: list[tuple[int, list[SendHandle]]] = []
+        #: the push compressor's copies that unpack each worker's push (None: a codec)
+        names = list(names) or [str(i) for i in range(len(self.params))]
+        self.decoders = PushDecoders(wire.compressor, self.params, names, roles.workers,
+                                     link.device) if wire.compressor else None
 
     # -- the wire --------------------------------------------------------------------------
     def _peer(self, worker: int) -> int:
@@ -130,8 +138,13 @@ class Server:
     def _post_push(self, worker: int) -> _Push:
         """Post the receives of `worker`'s next push (its version word, its gradient)."""
         peer = self._peer(worker)
-        return (self.link.irecv_bytes(peer, VERSION_BYTES),
-                self.link.irecv(peer, self.numel, self.wire.push, self.wire.push_channel))
+        return self.link.irecv_bytes(peer, VERSION_BYTES), self._grad_recv(peer)
+
+    def _grad_recv(self, peer: int) -> RecvHandle[torch.Tensor]:
+        """The receive of a push's gradient: in the push codec, or a compressor's bytes."""
+        if self.decoders is not None:
+            return self.link.irecv_bytes(peer, self.decoders.nbytes)
+        return self.link.irecv(peer, self.numel, self.wire.push, self.wire.push_channel)
 
     def _receive(self, log: StepLog, steps: int, posted: tuple[int, _Push] | None = None
                  ) -> tuple[int, int, torch.Tensor] | None:
@@ -157,12 +170,14 @@ class Server:
             raise CommError(f"{self.roles.describe(link.me)} got a push from "
                             f"{self.roles.describe(rank)}, which is a server")
         try:
-            grad = grad_recv.wait() if grad_recv is not None else \
-                link.recv(peer, self.numel, self.wire.push, self.wire.push_channel)
+            grad = (grad_recv if grad_recv is not None else self._grad_recv(peer)).wait()
         except CommError as exc:
             self._confirm_lost(self.roles.index(rank), exc, log)
             return None
-        return self.roles.index(rank), read_version(word), grad
+        worker = self.roles.index(rank)
+        if self.decoders is not None:  # in each worker's push order: its stream's order
+            grad = self.decoders.unpack(worker, grad)
+        return worker, read_version(word), grad
 
     def _next_any(self, log: StepLog, steps: int) -> tuple[int, torch.Tensor] | None:
         """(member, version word) of the next push from any worker; a tolerant server
@@ -285,11 +300,14 @@ class Server:
 
     def _apply(self, verdict: Verdict, log: StepLog) -> None:
         grads = [self._kept.pop(w) for w in verdict.apply]
-        mean = grads[0]  # a received buffer, the server's own: summed into in place
-        for other in grads[1:]:
-            mean.add_(other)
-        if len(grads) > 1:
-            mean.div_(len(grads))
+        if self.decoders is not None:
+            mean = self.decoders.aggregate(grads)
+        else:
+            mean = grads[0]  # a received buffer, the server's own: summed into in place
+            for other in grads[1:]:
+                mean.add_(other)
+            if len(grads) > 1:
+                mean.div_(len(grads))
         load_flat(self.params, mean, into_grad=True)
         stale = max(verdict.staleness)
         if self.staleness_lr and stale > 1:  # lr / staleness (Zhang et al. 2016)

@@ -1,7 +1,8 @@
 """What a push and a pull put on the link: an 8-byte version word, then a flat shard.
 
 A push (worker -> server) is the version of the parameters its gradient was computed on,
-then the shard's flat gradient in the push codec; a reply (server -> worker) is the
+then the shard's flat gradient in the push codec, or, where the push wire names a
+compressor, each parameter's compressed message (`param_server.compressed`); a reply (server -> worker) is the
 server's version, then the shard's flat parameters in the pull codec. Both are sized
 transfers: each end knows the shard's length, so no shape header travels.
 """
@@ -16,26 +17,45 @@ from torch import nn
 
 from approxdist.comm.channel import Channel, get_channel
 from approxdist.comm.codecs import Codec, get_codec
+from approxdist.comm.compressors import is_compressor
 from approxdist.config.wire import Wire
+from approxdist.param_server.compressed import check_push_compressor
 
 VERSION_BYTES = 8
 
 
 @dataclass(frozen=True)
 class WireFormats:
-    """The built codecs and channels of the `push` and `pull` wires (None: no bit errors)."""
+    """The built codecs and channels of the `push` and `pull` wires (None: no bit errors);
+    `compressor` is the push wire's compressor spec ("" where its codec carries pushes)."""
 
     push: Codec
     pull: Codec
     push_channel: Channel | None = None
     pull_channel: Channel | None = None
+    compressor: str = ""
 
     @classmethod
     def of(cls, push: Wire, pull: Wire) -> WireFormats:
         """The parts of two wires (their specs checked: a bad one raises `SpecError`)."""
-        return cls(get_codec(push.codec), get_codec(pull.codec),
-                   get_channel(push.channel) if push.has_channel else None,
-                   get_channel(pull.channel) if pull.has_channel else None)
+        return cls.build(push.codec, pull.codec,
+                         get_channel(push.channel) if push.has_channel else None,
+                         get_channel(pull.channel) if pull.has_channel else None)
+
+    @classmethod
+    def build(cls, push: str, pull: str, push_channel: Channel | None = None,
+              pull_channel: Channel | None = None) -> WireFormats:
+        """A push spec naming a codec or a compressor (checked: `param_server.compressed`),
+        a pull codec, the channels built."""
+        if not is_compressor(push):
+            return cls(get_codec(push), get_codec(pull), push_channel, pull_channel)
+        check_push_compressor(push, push_channel is not None)
+        return cls(get_codec("fp32"), get_codec(pull), None, pull_channel, push.strip().lower())
+
+    @property
+    def push_spec(self) -> str:
+        """What carries the pushes: the compressor, or the codec."""
+        return self.compressor or self.push.spec
 
 
 def version_word(version: int, device: torch.device) -> torch.Tensor:

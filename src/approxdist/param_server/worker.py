@@ -9,14 +9,16 @@ residual per server shard): what the codec dropped is added to the next push.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from approxdist.comm.error_feedback import ErrorFeedback
-from approxdist.comm.link import Link, RecvHandle
+from approxdist.comm.link import Link, RecvHandle, SendHandle
 from approxdist.comm.update_error import Sums, UpdateError, merge, sent_values
 from approxdist.errors import CommError
+from approxdist.param_server.compressed import PushCompressors
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.wire import (
     VERSION_BYTES,
@@ -45,7 +47,11 @@ class Worker:
         #: each server's version at the last `pull` (the start of the epoch)
         self.base = [0] * roles.servers
         self.feedback = [ErrorFeedback(_layout(s, n), device=link.device)
-                         for s, n in zip(self.shards, names)] if error_feedback else None
+                         for s, n in zip(self.shards, names)] \
+            if error_feedback and not wire.compressor else None
+        #: the push compressors of each server's shard (None: the push codec carries them)
+        self.compressors = [PushCompressors(wire.compressor, s, n, index, link.device)
+                            for s, n in zip(self.shards, names)] if wire.compressor else None
         self.names = [list(n) for n in names]
         #: what the push codec does to each shard's gradients, while AdaPrec measures it
         self.probes: list[UpdateError] | None = None
@@ -70,6 +76,9 @@ class Worker:
         pulls = [self._post_pull(k) for k in to]
         sends = []
         for k in to:
+            if self.compressors is not None:
+                sends += self._push_compressed(k)
+                continue
             flat = flat_grads(self.shards[k])
             probe = self.probes[k] if self.probes is not None else None
             exact = flat.clone() if probe is not None else flat
@@ -91,6 +100,12 @@ class Worker:
         except CommError as exc:
             raise self._lost(exc) from exc
         self._finish(pulls)
+
+    def _push_compressed(self, k: int) -> list[SendHandle]:
+        assert self.compressors is not None
+        data, peer = self.compressors[k].message(), self._peer(k)
+        return [self.link.isend_bytes(version_word(self.versions[k], data.device), peer),
+                self.link.isend_bytes(data, peer)]
 
     def update_error(self, measure: bool) -> Sums:
         """What the push codec did to this worker's gradients while watched, per parameter
@@ -122,14 +137,24 @@ class Worker:
         return CommError(f"{self.roles.describe(self.link.me)} lost {who}: "
                          f"{str(exc).splitlines()[0]}", peer=rank)
 
-    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The error-feedback residuals, per server shard (empty without feedback)."""
-        return {str(k): f.state_dict() for k, f in enumerate(self.feedback or [])}
+    @property
+    def keeps_state(self) -> bool:
+        """Whether pushes leave state behind (residuals, compressors' streams)."""
+        return self.feedback is not None or self.compressors is not None
 
-    def load_state_dict(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
-        """Residuals from `state_dict()`; a shard without any starts from zero."""
-        for k, f in enumerate(self.feedback or []):
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Per server shard, the error-feedback residuals or the compressors' states by
+        parameter name (empty without either)."""
+        return {str(k): f.state_dict() for k, f in enumerate(self._stateful())}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        """Residuals or compressor states from `state_dict()`; a shard without any starts
+        afresh."""
+        for k, f in enumerate(self._stateful()):
             f.load_state_dict(state.get(str(k), {}))
+
+    def _stateful(self) -> Sequence[ErrorFeedback | PushCompressors]:
+        return self.feedback or self.compressors or []
 
 
 def _layout(params: Sequence[nn.Parameter], names: Sequence[str]) -> list[tuple[str, int, int]]:

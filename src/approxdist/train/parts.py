@@ -27,6 +27,7 @@ from approxdist.config.wire import TRAFFIC
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners, unmatched
 from approxdist.data_parallel.codec_times import CodecTimes
 from approxdist.errors import ApproxDistError, ConfigError
+from approxdist.param_server.compressed import check_push_compressor
 from approxdist.param_server.modes import parse_mode
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
 from approxdist.pipeline.schedule.registry import build_async_schedule
@@ -96,11 +97,16 @@ def check_wire(cfg: Config, name: str) -> None:
                               f"codec rules are for the data-parallel gradient wire (wire.grad);"
                               f" {TRAFFIC[name].split(',')[0]} travel one codec per shard; "
                               f"drop it")
+        if is_compressor(wire.codec) and name == "push":
+            named(f"{key}.codec", wire.codec,
+                  partial(check_push_compressor, wire.codec, wire.has_channel))
+            return
         if is_compressor(wire.codec):
-            raise ConfigError(f"{key}.codec = {wire.codec!r}: compressors travel on the "
-                              f"data-parallel gradient wire (wire.grad: dp and hybrid runs) "
-                              f"and in approxdist.ddp_hook; {TRAFFIC[name].split(',')[0]} "
-                              f"take a codec, e.g. bf16 or bits:s0e2+2m0 (docs/compressors.md)")
+            raise ConfigError(f"{key}.codec = {wire.codec!r}: compressors travel on gradient "
+                              f"wires (wire.grad: dp and hybrid runs; wire.push: parameter-"
+                              f"server pushes) and in approxdist.ddp_hook; "
+                              f"{TRAFFIC[name].split(',')[0]} take a codec, e.g. bf16 or "
+                              f"bits:s0e2+2m0 (docs/compressors.md)")
         if wire.adaptive:
             check_candidates((*(candidates_of(wire.codec) or ()), cfg.adaprec.first), (), None)
         else:

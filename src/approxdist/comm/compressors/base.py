@@ -14,6 +14,10 @@ workers' messages:
 
 The core is pure: no torch.distributed here. Whoever owns a collective drives the
 generator (`run_alone` is the world of one); tests drive N of them in lockstep.
+
+A compressor of one round can also travel where no collective runs (a parameter server's
+pushes): `message` is a worker's one message as bytes, its state updated as by an
+exchange, and a receiver's copy `unpack`s each worker's message and `aggregate`s them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ class Compressor(ABC):
     collective: ClassVar[Collective]
     #: whether the residual of what was dropped is added to the next step's gradient
     feedback: ClassVar[bool] = False
+    #: messages a worker sends per step (PowerSGD: P, then Q)
+    rounds: ClassVar[int] = 1
+    #: whether a receiver's `unpack` draws from the sender's random stream (random-k's
+    #: indices), so that a receiver keeps one copy per sender
+    per_sender: ClassVar[bool] = False
 
     def __init__(self, spec: str, shape: torch.Size | tuple[int, ...],
                  device: torch.device | None = None) -> None:
@@ -62,6 +71,25 @@ class Compressor(ABC):
 
     def bytes_per_value(self) -> float:
         return self.wire_bytes() / max(self.numel, 1)
+
+    def message(self, grad: torch.Tensor) -> torch.Tensor:
+        """This worker's one message of a step as 1-D uint8 bytes (`wire_bytes()` of them),
+        its residual and streams updated as by `exchange`: for a sender that does not take
+        part in the aggregation (a parameter-server push). One-round compressors only."""
+        assert self.rounds == 1, f"{self.spec} sends {self.rounds} messages a step"
+        exchange = self.exchange(grad, 1)
+        first = next(exchange)
+        exchange.close()  # what is left of the exchange is the aggregation
+        data = first.data if isinstance(first, Payload) else first.contiguous().view(torch.uint8)
+        return data.reshape(-1)
+
+    def unpack(self, data: torch.Tensor) -> torch.Tensor:
+        """The flat fp32 tensor one worker's `message` stands for (a receiver's copy)."""
+        raise NotImplementedError(f"{self.spec} has no single message to unpack")
+
+    def aggregate(self, decoded: list[torch.Tensor]) -> torch.Tensor:
+        """The workers' mean, summed in worker order (votes override this)."""
+        return in_order(decoded).div_(len(decoded))
 
     def _flat(self, grad: torch.Tensor) -> torch.Tensor:
         """A fp32 flat copy of `grad`, plus the residual where error feedback is on."""
@@ -129,9 +157,8 @@ class Gathered(Compressor):
     def decode(self, payload: Payload) -> torch.Tensor:
         """The flat fp32 tensor a payload stands for."""
 
-    def aggregate(self, decoded: list[torch.Tensor]) -> torch.Tensor:
-        """The workers' mean, summed in worker order (votes override this)."""
-        return in_order(decoded).div_(len(decoded))
+    def unpack(self, data: torch.Tensor) -> torch.Tensor:
+        return self.decode(Payload(data, self.shape))
 
     def exchange(self, grad: torch.Tensor, world: int) -> GatherExchange:
         x = self._flat(grad)

@@ -46,6 +46,7 @@ class PowerSGD(Summed):
     """Rank-r PowerSGD of one tensor of two or more dimensions, with error feedback."""
 
     feedback = True
+    rounds = 2
 
     def __init__(self, rank: int, shape: torch.Size | tuple[int, ...], *, seed: int = 0,
                  name: str = "", device: torch.device | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from approxdist.comm.codecs.framed import typed
 from approxdist.comm.compressors.base import SumExchange, Summed, seeded
 from approxdist.comm.compressors.sparse import kept
 
@@ -15,6 +16,7 @@ class RandomK(Summed):
     """Sends k = floor(ratio * n) values at indices drawn from a stream shared by all workers."""
 
     feedback = True
+    per_sender = True
 
     def __init__(self, ratio: float, shape: torch.Size | tuple[int, ...], *, seed: int = 0,
                  device: torch.device | None = None) -> None:
@@ -40,3 +42,10 @@ class RandomK(Summed):
         out = torch.zeros(self.numel, device=self.device)
         out[idx] = total / world
         return out.view(self.shape)
+
+    def unpack(self, data: torch.Tensor) -> torch.Tensor:
+        """One worker's values at the next indices of the shared stream (a receiver keeps a
+        copy of the stream per sender, each drawn once per message)."""
+        out = torch.zeros(self.numel, device=self.device)
+        out[self.indices()] = typed(data, torch.float32).to(self.device)
+        return out

@@ -123,7 +123,7 @@ class ParamServerEngine:
     def wires(self) -> dict[str, str]:
         """The run's two wires and the codecs in force (a worker sends pushes, a server
         pulls; both ends decode with the same codec)."""
-        return {"push": self.ps.wire.push.spec, "pull": self.ps.wire.pull.spec}
+        return {"push": self.ps.wire.push_spec, "pull": self.ps.wire.pull.spec}
 
     def summary(self) -> dict[str, Any]:
         return {"ps": self.ps.summary()}
