@@ -20,12 +20,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from approxdist.config.loader import build_config
 from approxdist.data_parallel import DataParallel
 from approxdist.data_parallel.ddp_hook import register_hook
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.train.build import build_trainer
+from tests.helpers.runs import full_and_resumed
 from tests.helpers.tiny_mlp import batch, net, sgd_steps
 
 LR = 0.1
@@ -138,23 +137,12 @@ SECTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _run(ctx: DistContext, root: str) -> dict[str, Any]:
-    def train(name: str, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
-        sec = {k: dict(v) for k, v in SECTIONS.items()}
-        sec["train"]["epochs"] = epochs
-        trainer = build_trainer(build_config(sec), ctx, Path(root) / name, resume)
-        trainer.run()
-        return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
-
-    return {"full": train("full", 3, False), "part": train("part", 2, False),
-            "resumed": train("part", 3, True)}
-
-
 def test_trainer_resume_with_error_feedback_is_bit_exact(tmp_path: Path) -> None:
-    ranks = run_on_ranks(_run, 2, str(tmp_path))
-    for k, v in ranks[0]["full"].items():
-        assert torch.equal(ranks[0]["resumed"][k], v), k
-        assert torch.equal(ranks[1]["resumed"][k], v), k
+    """1 epoch, then a resume that trains epochs 2 and 3 only, equals 3 straight."""
+    ranks = run_on_ranks(full_and_resumed, 2, SECTIONS, str(tmp_path))
+    for k, v in ranks[0][0].items():
+        assert torch.equal(ranks[0][1][k], v), k
+        assert torch.equal(ranks[1][1][k], v), k
     ckpt = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
     assert len(ckpt["dp"]["ranks"]) == 2 and ckpt["dp"]["ranks"][1]["residuals"]
     epoch = [json.loads(s) for s in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
