@@ -62,8 +62,7 @@ def _oracle() -> dict[str, torch.Tensor]:
 def _train_cases(ctx: DistContext, cases: list[tuple[str, dict[str, Any]]]
                  ) -> dict[str, dict[str, torch.Tensor]]:
     out = {}
-    share = BATCH // ctx.world_size
-    rows = slice(ctx.rank * share, (ctx.rank + 1) * share)
+    rows = _rows(ctx.rank, ctx.world_size)
     for name, options in cases:
         m = _net() if ctx.rank == 0 else _perturbed()  # the broadcast must fix rank 1's weights
         opt = _sgd(m)

@@ -135,14 +135,8 @@ def _compressed_oracle(case: Case) -> dict[str, torch.Tensor]:
     """Each replica's gradient (its micro-batches, m mod 2 = its index, weighted by their
     share of the batch) compressed as its own worker, combined as the collective would,
     times 2: the replicas sum; a rule's exact parameters are summed as they are."""
-    model, (x, y) = _model(), _data()
-    per_replica = []
-    for r in range(2):
-        model.zero_grad()
-        for m, mb in enumerate(split_microbatches(x, y, case.microbatches)):
-            if m % 2 == r:
-                (F.cross_entropy(model(mb.inputs), mb.labels) * mb.weight).backward()
-        per_replica.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    model = _model()
+    per_replica = _replica_grads(case, 2)
     exact = [rule.partition("=")[0] for rule in case.grad.get("rules", [])]
     out = {}
     for n, p in model.named_parameters():
