@@ -1,4 +1,5 @@
-"""Plain data parallelism vs the single-process oracle, and bit-exact resume (single and dp)."""
+"""Plain data parallelism vs the single-process oracle, and bit-exact resume (single and dp)
+that trains only the epochs left (`tests/helpers/runs.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from approxdist.config.loader import build_config
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
+from tests.helpers.runs import full_and_resumed
 
 SECTIONS: dict[str, dict[str, Any]] = {
     "train": {"epochs": 2, "progress": False, "seed": 3},
@@ -43,18 +45,22 @@ def test_dp_matches_single_process_on_combined_batch(tmp_path: Path) -> None:
     assert (tmp_path / "dp" / "checkpoint.pt").is_file()
 
 
+def _sections(world: int) -> dict[str, dict[str, Any]]:
+    sec = {k: dict(v) for k, v in SECTIONS.items()}
+    sec["train"].update(world_size=world, parallel="dp" if world > 1 else "single")
+    return sec
+
+
 def test_resume_is_bit_exact_single(tmp_path: Path) -> None:
-    full = _train(DistContext(), str(tmp_path / "full"), 4, False)
-    _train(DistContext(), str(tmp_path / "part"), 2, False)
-    resumed = _train(DistContext(), str(tmp_path / "part"), 4, True)
+    """1 epoch, then a resume to 3 that trains epochs 2 and 3 only, equals 3 straight."""
+    full, resumed = full_and_resumed(DistContext(), _sections(1), str(tmp_path))
     for name, ref in full.items():
         assert torch.equal(resumed[name], ref), name
 
 
 def test_resume_is_bit_exact_dp(tmp_path: Path) -> None:
-    full = run_on_ranks(_train, 2, str(tmp_path / "full"), 4, False)[0]
-    run_on_ranks(_train, 2, str(tmp_path / "part"), 2, False)
-    resumed = run_on_ranks(_train, 2, str(tmp_path / "part"), 4, True)
-    for name, ref in full.items():
-        assert torch.equal(resumed[0][name], ref), name
-        assert torch.equal(resumed[1][name], ref), name
+    ranks = run_on_ranks(full_and_resumed, 2, _sections(2), str(tmp_path))
+    for full, resumed in ranks:
+        for name, ref in ranks[0][0].items():
+            assert torch.equal(full[name], ref), name
+            assert torch.equal(resumed[name], ref), name

@@ -1,5 +1,7 @@
 """A parameter-server run resumed from its checkpoint continues as if never stopped, with
-error feedback on the pushes (the workers' residuals travel in the checkpoint)."""
+error feedback on the pushes (the workers' residuals travel in the checkpoint): it trains
+only the epochs left, and its weights and residuals equal the uninterrupted run's bit for
+bit (a sync server reads the pushes in worker order, so nothing depends on timing)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def test_resumed_ps_run_with_error_feedback_equals_an_uninterrupted_one(tmp_path
     ranks = run_on_ranks(full_and_resumed, 3, SECTIONS, str(tmp_path), timeout_s=180)
     for rank, (full, resumed) in enumerate(ranks):
         for name, ref in full.items():
-            assert (resumed[name] - ref).abs().max().item() <= 1e-6, (rank, name)
+            assert torch.equal(resumed[name], ref), (rank, name)
     saved = {name: torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)
              for name in ("full", "part")}
     assert set(saved["part"]["feedback"]) == {"0", "1"}  # one entry per worker
@@ -35,4 +37,4 @@ def test_resumed_ps_run_with_error_feedback_equals_an_uninterrupted_one(tmp_path
             for name, ref in residuals.items():
                 assert ref.abs().max() > 0, (worker, name)  # bf16 leaves a residual
                 got = saved["part"]["feedback"][worker][shard][name]
-                assert (got - ref).abs().max().item() <= 1e-6, (worker, name)
+                assert torch.equal(got, ref), (worker, name)

@@ -17,20 +17,52 @@ State = dict[str, torch.Tensor]
 
 
 def train(ctx: DistContext, sections: Sections, run_dir: Path, epochs: int,
-          resume: bool = False) -> State:
-    """Train `epochs` (in all) with `sections` into `run_dir`; this rank's final weights."""
+          resume: bool = False, ran: dict[int, int] | None = None) -> State:
+    """Train `epochs` (in all) with `sections` into `run_dir`; this rank's final weights.
+    `ran` gets, per epoch the run trained, how many steps its engine trained in it."""
     sec = {k: dict(v) for k, v in sections.items()}
     sec["train"]["epochs"] = epochs
     trainer = build_trainer(build_config(sec), ctx, run_dir, resume)
+    if ran is not None:
+        _count_steps(trainer, ran)
     trainer.run()
     return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
 
 
+def _count_steps(trainer: Any, ran: dict[int, int]) -> None:
+    """Count the engine's training steps per epoch into `ran`."""
+    epoch = [-1]
+    step = trainer.engine.train_step
+
+    def start(e: int) -> None:
+        epoch[0] = e
+        ran[e] = 0
+
+    def counted(*args: Any) -> Any:
+        ran[epoch[0]] += 1
+        return step(*args)
+
+    trainer.epoch_hooks.append(start)
+    trainer.engine.train_step = counted
+
+
 def full_and_resumed(ctx: DistContext, sections: Sections, root: str) -> tuple[State, State]:
-    """3 epochs straight, and 1 epoch then a resume to 3, in the same processes."""
-    full = train(ctx, sections, Path(root) / "full", 3)
-    train(ctx, sections, Path(root) / "part", 1)
-    return full, train(ctx, sections, Path(root) / "part", 3, resume=True)
+    """3 epochs straight, and 1 epoch then a resume to 3, in the same processes.
+
+    The resumed run must train only epochs 2 and 3, with as many steps each as the
+    straight run (a resume that trained from scratch and landed on the same weights, or
+    skipped an epoch, fails here; the callers compare the weights)."""
+    full: dict[int, int] = {}
+    part: dict[int, int] = {}
+    resumed: dict[int, int] = {}
+    weights = train(ctx, sections, Path(root) / "full", 3, ran=full)
+    train(ctx, sections, Path(root) / "part", 1, ran=part)
+    out = train(ctx, sections, Path(root) / "part", 3, resume=True, ran=resumed)
+    assert sorted(full) == [0, 1, 2] and all(n > 0 for n in full.values()), full
+    assert part == {0: full[0]}, (part, full)
+    assert resumed == {1: full[1], 2: full[2]}, \
+        f"rank {ctx.rank}: the resumed run trained {resumed} (epoch: steps), not {full} less epoch 0"
+    return weights, out
 
 
 def rank_dies(ctx: DistContext, sections: Sections, root: str, victim: int) -> None:
