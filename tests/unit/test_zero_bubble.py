@@ -18,6 +18,7 @@ from approxdist.pipeline.schedule.validate import check_schedule
 from approxdist.pipeline.schedule.zero_bubble import check_microbatches
 from approxdist.pipeline.split_backward import SplitBackwardError
 from approxdist.pipeline.stage import StageCompute
+from tests.helpers.user_models import Scale
 
 SIZES = [(p, m) for p in range(1, 6) for m in range(1, 9)]
 
@@ -94,34 +95,9 @@ def test_input_gradient_is_there_before_weights_and_memory_waits_for_w() -> None
     assert c.in_flight == 0 and c.memory.live == 0
 
 
-class _Accumulating(torch.autograd.Function):
-    """A layer whose backward writes its weight's gradient itself (cannot be split)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x)
-        ctx.w = w
-        return x * w.detach()
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
-        ctx.w.grad = (g * x).sum(0) if ctx.w.grad is None else ctx.w.grad + (g * x).sum(0)
-        return g * ctx.w.detach(), None
-
-
-class _Scale(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(6))
-        self.lin = nn.Linear(6, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(_Accumulating.apply(x, self.w))
-
-
 def test_a_backward_that_writes_weight_gradients_itself_is_refused() -> None:
-    c = StageCompute(_Scale(), is_first=False, is_last=True, loss_fn=F.cross_entropy, split=True)
+    scale = nn.Sequential(Scale(6), nn.Linear(6, 4))
+    c = StageCompute(scale, is_first=False, is_last=True, loss_fn=F.cross_entropy, split=True)
     c.forward(0, torch.randn(4, 6), torch.randint(0, 4, (4,)), 1.0)
     with pytest.raises(SplitBackwardError, match=r"wrote the gradient of a parameter of shape "
                                                  r"\(6,\) while computing only its input "

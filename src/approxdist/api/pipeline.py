@@ -75,6 +75,7 @@ from approxdist.launch.group import Group
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import StepResult
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.pipeline.split_check import check_splittable
 from approxdist.pipeline.stage import LossFn
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Mesh
@@ -113,6 +114,7 @@ class Pipeline:
             split, balance=balance, microbatches=microbatches, schedule=schedule,
             recompute=recompute, dynamic_shapes=dynamic_shapes, replicas=counts,
             placement=tuple(placement or ()), comm_threads=comm_threads)
+        check_splittable(pcfg, blocks, sample)  # every rank alike, before any transfer
         dp, grad = dp_section(bool(counts), grad_codec, algorithm, calibration)
         wire = wires(grad, fwd_codec, bwd_codec, fwd_channel, bwd_channel)
         if counts and asynchronous:

@@ -81,10 +81,13 @@ def describe(profile: Profile) -> str:
     kib = 1 / 1024
     rows = [{"i": i, "name": b.name, "fwd": b.fwd_s * 1e3, "bwd": b.bwd_s * 1e3,
              "acc": b.acc_s * 1e3, "out": b.out_bytes * kib, "par": b.param_bytes * kib,
+             "in": None if b.input_s is None else b.input_s * 1e3,
+             "w": None if b.weight_s is None else b.weight_s * 1e3,
              "stash": b.stash_bytes * kib}
             for i, b in enumerate(profile.blocks)]
     cols = [Column("block", 5, "i"), Column("name", 24, "name", left=True),
             Column("fwd ms", 9, "fwd", ".3f"), Column("bwd ms", 9, "bwd", ".3f"),
+            Column("I ms", 8, "in", ".3f"), Column("W ms", 8, "w", ".3f"),
             Column("acc ms", 9, "acc", ".3f"), Column("out KiB", 10, "out", ".1f"),
             Column("params KiB", 11, "par", ".1f"),
             Column("stash KiB", 10, "stash", ".1f")]

@@ -1,16 +1,18 @@
 """One block's measured seconds and bytes: what `profiler.measure_blocks` gives and a profile file holds.
 
 The one record of a block's costs for the partitioners (`pipeline.partition` by time, the
-planner's solvers and cost model): forward and backward seconds per micro-batch, what
-its backward adds when accumulating into gradients that already exist, and the bytes it
-outputs, holds as parameters and keeps for its backward. Validated on construction, so
-a measured block and one read from a file are checked alike.
+planner's solvers and cost model): forward and backward seconds per micro-batch, its
+backward split in two as zero-bubble schedules run it (the input gradient `I` and the
+weight gradients `W`; unknown in older and PipeDream profiles), what its backward adds
+when accumulating into gradients that already exist, and the bytes it outputs, holds as
+parameters and keeps for its backward. Validated on construction, so a measured block and
+one read from a file are checked alike.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from approxdist.errors import DataError
@@ -23,7 +25,9 @@ class BlockProfile:
     its parameters' gradients already exist, as every micro-batch of a step after a
     rank's first adds into them; `param_sizes`: each parameter tensor's bytes in
     registration order, as the data-parallel engine buckets them, summing to
-    `param_bytes`, or empty where unknown)."""
+    `param_bytes`, or empty where unknown; `input_s` and `weight_s`: the seconds of its
+    split backward's `I` and `W` (`split_backward`) in a stage that is not the first, None
+    where unknown: their sum may exceed `bwd_s` by what splitting costs)."""
 
     name: str
     fwd_s: float
@@ -33,6 +37,8 @@ class BlockProfile:
     stash_bytes: int
     acc_s: float = 0.0
     param_sizes: tuple[int, ...] = ()
+    input_s: float | None = None
+    weight_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -40,6 +46,13 @@ class BlockProfile:
         where = f"block {self.name!r}"
         for field in ("fwd_s", "bwd_s", "acc_s"):
             _seconds(where, field, getattr(self, field))
+        if (self.input_s is None) != (self.weight_s is None):
+            raise DataError(f"{where} gives input_s = {self.input_s!r} and weight_s = "
+                            f"{self.weight_s!r}: give both halves of the split backward, or "
+                            f"neither")
+        for field in ("input_s", "weight_s"):
+            if getattr(self, field) is not None:
+                _seconds(where, field, getattr(self, field))
         for field in ("out_bytes", "param_bytes", "stash_bytes"):
             _byte_count(where, field, getattr(self, field))
         sizes = self.param_sizes
@@ -59,6 +72,19 @@ class BlockProfile:
     def compute_s(self) -> float:
         """Forward plus backward seconds."""
         return self.fwd_s + self.bwd_s
+
+    @property
+    def split_known(self) -> bool:
+        """Whether the profile measured the split backward (`input_s`, `weight_s`)."""
+        return self.input_s is not None
+
+    def scaled(self, factor: float) -> BlockProfile:
+        """This block with every time (forward, backward, its halves, accumulating) x
+        `factor`; sizes as they were."""
+        return replace(self, fwd_s=self.fwd_s * factor, bwd_s=self.bwd_s * factor,
+                       acc_s=self.acc_s * factor,
+                       input_s=None if self.input_s is None else self.input_s * factor,
+                       weight_s=None if self.weight_s is None else self.weight_s * factor)
 
 
 def _seconds(where: str, field: str, value: Any) -> None:

@@ -3,7 +3,8 @@
 Kept apart from `partition` so the solvers stay pure: this module measures, the solvers
 only see numbers. Seed 002: the partitioner works from a profile of per-layer compute
 time, activation size and parameter size. `measure_blocks` gives each block's forward
-and backward seconds (timed in context: inside passes of the whole model), what its
+and backward seconds (timed in context: inside passes of the whole model), its backward's
+two halves as a zero-bubble stage splits it (`I`, `W`: `split_backward`), what its
 backward adds when accumulating into existing gradients, output bytes, parameter bytes
 and the bytes autograd keeps for its backward; `profile_times` is forward + backward.
 """
@@ -23,6 +24,7 @@ from approxdist.pipeline.accumulate import WeightGradFusion
 from approxdist.pipeline.block_profile import BlockProfile
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.partition import blocks_of
+from approxdist.pipeline.split_backward import WeightGrad, input_grad
 
 #: timed runs per block (the median is kept). Three were too few on a shared 2-core
 #: machine: with 3, one of mlp-wide's 1024-wide layers read its backward 2.3x (3 ms for 1.3)
@@ -49,9 +51,11 @@ def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
     gives `acc_s` (the median of the pairs' differences per block, >= 0). The adding pass
     runs as a pipeline stage runs it: with `fuse_accumulation` (`accumulate.MODES`, the
     stage's `pipeline.fuse_accumulation`), large `nn.Linear` layers add their weight
-    gradient with one `addmm_` instead of a GEMM and a pass of `AccumulateGrad`. Runs on a
-    deep copy, so the model's parameters, gradients and batch-norm statistics are left as
-    they were. `sample` is a tensor or tuple of tensors.
+    gradient with one `addmm_` instead of a GEMM and a pass of `AccumulateGrad`. A third
+    pass splits the backward as a zero-bubble stage that is not the first does (`_split_pass`):
+    each block's `I` (`input_s`) and `W` (`weight_s`). Runs on a deep copy, so the model's
+    parameters, gradients and batch-norm statistics are left as they were. `sample` is a
+    tensor or tuple of tensors.
     """
     if repeat < 1 or warmup < 0:
         raise PipelineError(f"repeat ({repeat}) must be >= 1 and warmup ({warmup}) >= 0")
@@ -62,24 +66,29 @@ def measure_blocks(model: nn.Module, sample: Any, repeat: int = REPEAT,
     smallest = FUSION_MODES[fuse_accumulation]
     fusion = WeightGradFusion(probe, smallest) if smallest is not None else None
     fused = fusion.active if fusion is not None else contextlib.nullcontext
-    pairs = []
+    pairs, splits = [], []
     for _ in range(warmup + repeat):
         fresh = _timed_pass(probe, sample, fresh=True)  # outside `active()`: plain autograd
         with fused():
             pairs.append((fresh, _timed_pass(probe, sample, fresh=False)))
-    pairs = pairs[warmup:]
+        splits.append(_split_pass(probe, sample))
+    pairs, splits = pairs[warmup:], splits[warmup:]
     out: list[BlockProfile] = []
     x = sample
+    opens = not any(t.is_floating_point() for t in _tensors(sample))  # token ids: see above
     for i, (name, block) in enumerate(probe.named_children()):
         fwd = _median([run[0][i] for pair in pairs for run in pair])
         bwd = _median([f[1][i] for f, _ in pairs])
+        whole = opens and i == 0
         stash, y = _stashed_bytes(block, x)
         sizes = tuple(_nbytes(p) for p in block.parameters())
         out.append(BlockProfile(
             name=f"{name} {type(block).__name__}", fwd_s=fwd, bwd_s=bwd,
             out_bytes=sum(_nbytes(t) for t in _tensors(y)),
             param_bytes=sum(sizes), stash_bytes=stash, param_sizes=sizes,
-            acc_s=max(0.0, _median([a[1][i] - f[1][i] for f, a in pairs]))))
+            acc_s=max(0.0, _median([a[1][i] - f[1][i] for f, a in pairs])),
+            input_s=0.0 if whole else _median([run[0][i] for run in splits]),
+            weight_s=bwd if whole else _median([run[1][i] for run in splits])))
         x = _detach(y)
     return out
 
@@ -148,15 +157,58 @@ def _timed_pass(seq: nn.Sequential, sample: Any, fresh: bool) -> tuple[list[floa
             [max(0.0, ends[i] - begins[i]) for i in range(n)])
 
 
-def _mark_gradient(y: Any, arrived: list[float | None], i: int) -> None:
+def _split_pass(seq: nn.Sequential, sample: Any) -> tuple[list[float], list[float]]:
+    """(I seconds, W seconds) of each block in one forward and split backward of the whole
+    `seq` (`split_backward.input_grad`, then each group of parameters' `W` alone, timed for
+    the block of its first parameter), its input requiring a gradient as a later stage's
+    does. Where the sample is not floating (token ids) block 0 can only open the first
+    stage, whose backward is whole: the pass starts after it (`measure_blocks` gives it I 0
+    and W its whole backward). The graph walk of `I` counts in the last block's I, where a
+    stage pays it."""
+    seq.zero_grad(set_to_none=True)
+    blocks = list(seq.children())
+    n, x = len(blocks), _leaf(sample)
+    arrived: list[float | None] = [None] * n
+    handles, owner = [], {id(p): i for i, b in enumerate(blocks) for p in b.parameters()}
+    inputs = x if isinstance(x, torch.Tensor) and x.requires_grad else None
+    for i, block in enumerate(blocks):
+        x = block(x)
+        if inputs is None and i < n - 1:  # the first input a gradient can reach
+            x = inputs = _leaf(x)
+        elif i < n - 1:
+            handles += _mark_gradient(x, arrived, i)
+    _sync(x)
+    root = next((t for t in _tensors(x) if t.requires_grad), None)
+    if root is None or inputs is None:
+        return [0.0] * n, [0.0] * n
+    start = time.perf_counter()
+    _, later = input_grad(root, torch.ones_like(root), inputs, seq.parameters())
+    _sync(root)
+    done = time.perf_counter()
+    for h in handles:
+        h.remove()
+    known = [done if a is None else a for a in arrived[:-1]]
+    begins, ends = [*known, start], [done, *known]
+    i_s = [max(0.0, ends[i] - begins[i]) for i in range(n)]
+    w_s = [0.0] * n
+    for group in later.groups:
+        t0 = time.perf_counter()
+        WeightGrad([group]).run()
+        _sync(group.params[0])
+        w_s[owner[id(group.params[0])]] += time.perf_counter() - t0
+    if later.whole is not None:
+        later.run()
+    return i_s, w_s
+
+
+def _mark_gradient(y: Any, arrived: list[float | None], i: int
+                   ) -> list[torch.utils.hooks.RemovableHandle]:
     """Record in `arrived[i]` when the last gradient of `y`'s tensors is computed."""
     def hook(grad: torch.Tensor) -> None:
         _sync(grad)
         arrived[i] = time.perf_counter()
 
-    for t in _tensors(y):
-        if t.requires_grad:
-            t.register_hook(hook)
+    return [t.register_hook(hook) for t in _tensors(y) if t.requires_grad]
 
 
 def _stashed_bytes(block: nn.Module, x: Any) -> tuple[int, Any]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from approxdist.errors import ConfigError, unknown_name
 from approxdist.pipeline.schedule import build_schedule, schedule_names
 from approxdist.pipeline.schedule.action import live_change
+from approxdist.pipeline.schedule.registry import PLACEMENTS
 from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32
 from approxdist.planner.cost.links import Network
@@ -82,6 +83,11 @@ class SolverSettings:
                 raise ConfigError(f"{key.replace('_', ' ')} = {value!r} must be an integer >= 1")
         if self.schedule not in schedule_names():
             raise ConfigError(unknown_name("schedule", self.schedule, schedule_names()))
+        if self.schedule in PLACEMENTS:
+            raise ConfigError(f"schedule {self.schedule!r} places several chunks per rank, "
+                              f"which the planner's stages (one block range per rank) do not "
+                              f"price; plan zbh1 or zbh2, or train {self.schedule} directly "
+                              f"(--schedule {self.schedule})")
         if self.optimizer not in OPTIMIZER_STATES:
             raise ConfigError(unknown_name("optimizer", self.optimizer, list(OPTIMIZER_STATES)))
         if isinstance(self.optimizer_s_per_byte, bool) or \

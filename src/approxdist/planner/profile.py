@@ -44,8 +44,8 @@ from approxdist.planner.plan_file import check_table
 FORMAT = "approxdist-profile"
 VERSION = 1
 _BLOCK_KEYS = ("name", "fwd_s", "bwd_s", "out_bytes", "param_bytes", "stash_bytes", "acc_s",
-               "param_sizes")
-_OPTIONAL_BLOCK_KEYS = ("acc_s", "param_sizes")
+               "param_sizes", "input_s", "weight_s")
+_OPTIONAL_BLOCK_KEYS = ("acc_s", "param_sizes", "input_s", "weight_s")
 _TOP_KEYS = ("format", "version", "model", "input_shape", "micro_batch_size", "threads",
              "torch_version", "machine", "blocks", "model_options", "data")
 _OPTIONAL_TOP_KEYS = ("model_options", "data")
@@ -144,9 +144,14 @@ def median_profile(profiles: Sequence[Profile]) -> Profile:
             raise DataError(f"profiles[{i}] differs from profiles[0] in {what}: a median "
                             "profile is of one model measured the same way")
     mid = statistics.median
+    split = all(b.split_known for p in profiles for b in p.blocks)
     blocks = tuple(replace(block, fwd_s=mid(p.blocks[i].fwd_s for p in profiles),
                            bwd_s=mid(p.blocks[i].bwd_s for p in profiles),
-                           acc_s=mid(p.blocks[i].acc_s for p in profiles))
+                           acc_s=mid(p.blocks[i].acc_s for p in profiles),
+                           input_s=mid(_known(p.blocks[i].input_s) for p in profiles)
+                           if split else None,
+                           weight_s=mid(_known(p.blocks[i].weight_s) for p in profiles)
+                           if split else None)
                    for i, block in enumerate(first.blocks))
     return replace(first, blocks=blocks)
 
@@ -157,9 +162,12 @@ def scale_times(profile: Profile, factor: float) -> Profile:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
             or not math.isfinite(factor) or factor <= 0:
         raise DataError(f"time factor = {factor!r} must be a finite number > 0")
-    return replace(profile, blocks=tuple(
-        replace(b, fwd_s=b.fwd_s * factor, bwd_s=b.bwd_s * factor, acc_s=b.acc_s * factor)
-        for b in profile.blocks))
+    return replace(profile, blocks=tuple(b.scaled(factor) for b in profile.blocks))
+
+
+def _known(seconds: float | None) -> float:
+    assert seconds is not None, "checked by the caller"
+    return seconds
 
 
 def to_json(profile: Profile) -> str:
@@ -177,10 +185,14 @@ def to_json(profile: Profile) -> str:
 
 
 def _block_json(block: BlockProfile) -> dict[str, Any]:
-    """A block's keys (`param_sizes` as a list, left out where unknown)."""
-    out: dict[str, Any] = {k: getattr(block, k) for k in _BLOCK_KEYS if k != "param_sizes"}
+    """A block's keys (`param_sizes` as a list; it and the split backward's halves left
+    out where unknown)."""
+    out: dict[str, Any] = {k: getattr(block, k) for k in _BLOCK_KEYS
+                           if k not in ("param_sizes", "input_s", "weight_s")}
     if block.param_sizes:
         out["param_sizes"] = list(block.param_sizes)
+    if block.split_known:
+        out.update(input_s=block.input_s, weight_s=block.weight_s)
     return out
 
 

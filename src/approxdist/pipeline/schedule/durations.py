@@ -13,8 +13,10 @@ The link times belong to the sending stage: `act_wire` and `act_latency` are the
 activation message of stage s to s+1, `grad_wire` and `grad_latency` the gradient message
 of stage s to s-1. Posting a receive takes no time; decoding a received message is the
 consumer's work (add it to that stage's forward or backward). A zero-bubble schedule's
-split backward prices `I` at `input_share` of the backward and `W` at the rest (default
-half each, the paper's T_B = T_W).
+split backward prices `I` at `backward_input` and `W` at `backward_weight` where given (a
+profile's measured halves, whose sum may exceed `backward`: splitting has a cost), else `I`
+at `input_share` of the backward and `W` at the rest (default half each, the paper's
+T_B = T_W).
 """
 
 from __future__ import annotations
@@ -39,15 +41,25 @@ class StageTimes:
     grad_latency: float = 0.0
     all_reduce: float = 0.0  # the replicas' gradient all-reduce (`AR`)
     input_share: float = 0.5  # a split backward's I takes this share of `backward`, W the rest
+    backward_input: float | None = None  # a split backward's I, where measured
+    backward_weight: float | None = None  # ... and its W
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not value >= 0.0:
+            if value is not None and not value >= 0.0:
                 raise PipelineError(f"stage time {name} = {value!r} must be a number of "
                                     f"seconds >= 0")
         if not self.input_share <= 1.0:
             raise PipelineError(f"input_share = {self.input_share!r} is the share of the "
                                 f"backward that computes the input gradient: use 0..1")
+
+    @property
+    def split(self) -> tuple[float, float]:
+        """Seconds of a split backward's `I` and `W` (see the module doc)."""
+        if self.backward_input is not None and self.backward_weight is not None:
+            return self.backward_input, self.backward_weight
+        return (self.backward * self.input_share,
+                self.backward * (1.0 - self.input_share))
 
 
 @dataclass(frozen=True)
@@ -64,9 +76,9 @@ class StageDurations:
 
     def of(self, action: Action) -> float:
         times = self._stage(action)
+        i, w = times.split
         return {Kind.FORWARD: times.forward, Kind.BACKWARD: times.backward,
-                Kind.BACKWARD_INPUT: times.backward * times.input_share,
-                Kind.BACKWARD_WEIGHT: times.backward * (1.0 - times.input_share),
+                Kind.BACKWARD_INPUT: i, Kind.BACKWARD_WEIGHT: w,
                 Kind.SEND_ACT: times.send_act, Kind.SEND_GRAD: times.send_grad,
                 Kind.ALL_REDUCE: times.all_reduce}.get(action.kind, 0.0)
 

@@ -10,6 +10,11 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
   replica runs ceil(M / r) micro-batches and every backward after its first adds into
   the gradients the first wrote (the profile's `acc_s`, measured as the stage adds),
   spread evenly over its backwards (`accumulate_s`);
+- a split backward (zbh1, zbh2): the first stage's `I` only decodes the gradient received
+  (its inputs are data: the executor runs the whole backward in `W`); a later stage's `I`
+  is the sum of the profile's `input_s` + decoding, its `W` the sum of `weight_s` +
+  accumulating, each one engine action; where the profile did not measure the halves,
+  `StageTimes.input_share` splits the backward (half each, the paper's T_B = T_W);
 - a send keeps the rank busy while it encodes (fwd codec for activations, bwd codec for
   gradients), then occupies the boundary's link for beta x wire bytes and arrives alpha
   later (Hockney's model on the level joining the two stages' ranks); the activation is
@@ -57,6 +62,7 @@ from approxdist.planner.cost.codecs import CodecCost
 from approxdist.planner.cost.collectives import FP32, allreduce_time
 from approxdist.planner.cost.links import LinkLevel, Network
 from approxdist.planner.cost.overhead import NONE, RuntimeOverhead
+from approxdist.planner.cost.split import split_backward_s
 from approxdist.planner.profile import Profile
 from approxdist.topology.dealing import Dealing
 
@@ -207,9 +213,10 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
     for s, st in enumerate(plan.stages):
         blocks = profile.blocks[st.first:st.end]
         fwd = compute_scale * (sum(b.fwd_s for b in blocks) + overhead.action_s)
-        bwd = compute_scale * (sum(b.bwd_s for b in blocks) + overhead.action_s
-                               + accumulate_s(sum(b.acc_s for b in blocks), st.replicas,
-                                              plan.microbatches))
+        acc = compute_scale * accumulate_s(sum(b.acc_s for b in blocks), st.replicas,
+                                           plan.microbatches)
+        bwd = compute_scale * (sum(b.bwd_s for b in blocks) + overhead.action_s) + acc
+        decode = 0.0
         times: dict[str, float] = {}
         if s > 0:  # receives the activation of blocks[first - 1], sends its gradient back
             cut = boundary(profile, st.first, network.level([*plan.slots(s - 1), *plan.slots(s)]),
@@ -220,9 +227,12 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
         if s < p - 1:
             cut = boundary(profile, st.end, network.level([*plan.slots(s), *plan.slots(s + 1)]),
                            busy, plan.fwd_codec, plan.bwd_codec)
-            bwd += cut.decode_grad
+            decode = cut.decode_grad
+            bwd += decode
             times.update(send_act=cut.encode_act, act_wire=cut.act_wire,
                          act_latency=cut.act_latency)
+        times.update(split_backward_s(blocks, s == 0, compute_scale, overhead.action_s, acc,
+                                      decode))
         level = network.level(plan.slots(s))
         times["all_reduce"] = replica_allreduce_s(profile, st, level, plan.algorithm,
                                                   plan.grad_codec, busy)

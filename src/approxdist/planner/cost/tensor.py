@@ -185,8 +185,7 @@ def shard_profile(profile: Profile, layout: TPLayout, tp: int) -> Profile:
                               f"profile but {whole} in the tp layout; profile the model with "
                               f"the options the layout was measured with")
         k = t.factor(tp)
-        blocks.append(replace(b, fwd_s=b.fwd_s * k, bwd_s=b.bwd_s * k, acc_s=b.acc_s * k,
-                              stash_bytes=math.ceil(b.stash_bytes * k),
+        blocks.append(replace(b.scaled(k), stash_bytes=math.ceil(b.stash_bytes * k),
                               param_bytes=sum(sizes), param_sizes=tuple(sizes)))
     return replace(profile, blocks=tuple(blocks))
 

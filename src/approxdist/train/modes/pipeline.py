@@ -12,6 +12,7 @@ from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ConfigError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
+from approxdist.pipeline.split_check import check_splittable
 from approxdist.topology import Mesh
 from approxdist.train.engines.pipeline import build_pipeline
 from approxdist.train.engines.tp_split import check_split
@@ -24,6 +25,7 @@ TP_KEYS = ("tp.*", "wire.tp_fwd.*", "wire.tp_bwd.*")
 
 def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
     check_run(cfg.pipeline, len(list(model.children())), cfg.data.batch_size)
+    check_splittable(cfg.pipeline, model, data.train_x[:2])
     check_split(cfg, model)
 
 
