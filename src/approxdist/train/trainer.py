@@ -47,6 +47,11 @@ from approxdist.train.sink import MetricsSink
 from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
 
+#: how long a rank that fails mid-run waits before it exits: when a peer died, the
+#: launcher (which reports the first rank it sees fail) then sees the dead peer first
+#: and names it as the cause, not this rank that merely lost its connection
+FAIL_LINGER_S = 2.0
+
 #: called with the epoch index (0-based) before each epoch trains (e.g. to sample activations)
 EpochHook = Callable[[int], None]
 #: called with the run's position before each step; may return a record for metrics.jsonl
@@ -243,6 +248,8 @@ class Trainer:
                 if self._diverged(epoch):
                     break
         except (ApproxDistError, RuntimeError) as exc:
+            if self.ctx.world_size > 1:
+                time.sleep(FAIL_LINGER_S)
             named = name_lost_peer(exc, self.groups.mesh, self.ctx.rank)
             if named is exc:
                 raise
