@@ -46,7 +46,7 @@ from approxdist.pipeline.executor import PipelineExecutor, StepResult, StepState
 from approxdist.pipeline.microbatch import Batch, microbatch_sizes
 from approxdist.pipeline.schedule.action import Action, Kind
 from approxdist.pipeline.schedule.stream_cut import buffer_window, send_waits, step_cuts
-from approxdist.pipeline.schedule.versions import AsyncSchedule, Update
+from approxdist.pipeline.schedule.versions import AsyncSchedule, Update, gradient_delays
 from approxdist.pipeline.stage import StageCompute
 from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions
@@ -120,6 +120,13 @@ class StreamExecutor(PipelineExecutor):
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimiser of this stage's (newest) weights."""
         self.optimizer = optimizer
+
+    def stage_delays(self) -> list[int]:
+        """Per stage, the most optimiser steps between the version a gradient was computed
+        at and the version it updates (over the stage's replicas, which step alike)."""
+        delays = gradient_delays(self.schedule)
+        return [max(delays[r] for r in self.schedule.slots_of(s))
+                for s in range(self.schedule.num_stages)]
 
     @property
     def next_step(self) -> int:
