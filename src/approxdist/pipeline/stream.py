@@ -77,6 +77,14 @@ def loss_weights_by_update(schedule: AsyncSchedule, sizes: dict[int, int]) -> di
     return stage_weights(schedule, schedule.num_stages - 1, sizes)
 
 
+def stage_delays(schedule: AsyncSchedule) -> list[int]:
+    """Per stage, the most optimiser steps between the version a gradient was computed at
+    and the version it updates (over the stage's replicas, which step alike): what the
+    delay rule (`optim.delay`) lowers each stage's momentum for."""
+    delays = gradient_delays(schedule)
+    return [max(delays[r] for r in schedule.slots_of(s)) for s in range(schedule.num_stages)]
+
+
 class StreamExecutor(PipelineExecutor):
     """This rank's piece of `schedule`'s stream per trainer step; `optimizer` (set by the
     engine with `bind`) steps the stage's newest weights where the schedule updates. `rank`
@@ -122,11 +130,8 @@ class StreamExecutor(PipelineExecutor):
         self.optimizer = optimizer
 
     def stage_delays(self) -> list[int]:
-        """Per stage, the most optimiser steps between the version a gradient was computed
-        at and the version it updates (over the stage's replicas, which step alike)."""
-        delays = gradient_delays(self.schedule)
-        return [max(delays[r] for r in self.schedule.slots_of(s))
-                for s in range(self.schedule.num_stages)]
+        """`stage_delays` of this rank's schedule."""
+        return stage_delays(self.schedule)
 
     @property
     def next_step(self) -> int:
