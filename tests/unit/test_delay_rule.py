@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from approxdist.config.loader import load_config
 from approxdist.errors import ConfigError
 from approxdist.optim.delay import (
     apply_delay_rule,
@@ -21,6 +22,7 @@ from approxdist.param_server.modes import parse_mode
 from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.stream import stage_delays
 from approxdist.topology.dealing import Dealing
+from approxdist.train.check import check_parts
 
 
 @pytest.mark.parametrize("b", [0.0, 0.4, 0.9])
@@ -104,3 +106,13 @@ def test_the_modes_report_the_delay_of_each_optimiser() -> None:
     assert stage_delays(build_async_schedule("2bw", 2, 4, 3, dealing=Dealing((2, 1)))) == [1, 1]
     assert [parse_mode(m, 3).delay(3) for m in ("sync", "async", "ssp:2", "backup:1")] == \
         [0, 2, 2, 0]
+
+
+def test_an_unknown_rule_is_refused_before_the_run_in_one_line() -> None:
+    cfg = load_config(None, {"train": {"parallel": "pipeline"},
+                             "pipeline": {"stages": 2, "schedule": "2bw"},
+                             "optim": {"delay_rule": "on"}})
+    with pytest.raises(ConfigError) as info:
+        check_parts(cfg)
+    assert str(info.value) == ("optim.delay_rule = 'on' is not one of: auto, off (auto lowers "
+                               "momentum by a gradient delay's implicit momentum)")
