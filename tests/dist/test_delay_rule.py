@@ -209,6 +209,6 @@ def test_the_rule_runs_each_stage_and_server_at_its_delays_momentum(
     assert three_ranks[0]["ps-off"]["momentum"] == 0.9
     assert three_ranks[0]["ps-off"]["line"].startswith("warning: momentum 0.9")
     assert all(r["ps"]["async"]["line"] is None for r in three_ranks[1:])  # workers
-    assert three_ranks[0]["refused"] == ("delay_rule = 'on' is not one of: auto, off (auto "
+    assert three_ranks[0]["refused"] == ("delay_rule='on' is not one of: auto, off (auto "
                                          "lowers momentum by a gradient delay's implicit "
                                          "momentum)")

@@ -152,7 +152,7 @@ class OptimConfig:
     max_batch: int = 0
     #: where gradients arrive late (asynchronous pipeline schedules, async / SSP parameter
     #: servers): "auto" lowers momentum by the delay's implicit momentum, "off" keeps it
-    #: (`approxdist.optim.delay`, checked in `train/check.py`; docs/pipeline.md, "Delay rule")
+    #: (`approxdist.optim.delay`, checked in `train/check.py`; docs/pipeline.md, "The delay rule")
     delay_rule: str = "auto"
 
     def __post_init__(self) -> None:

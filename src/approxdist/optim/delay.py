@@ -11,7 +11,7 @@ but only for lr h < 1 - b when d = 1 (`stable_rate`; docs/pipeline.md derives bo
 rule (`rule_momentum`, "auto") runs the optimiser of a delayed gradient with momentum
 max(0, b - d / (d + 1)) and the learning rate unchanged; "off" keeps b. `delay_line` is
 the one line a run prints before it starts: what the rule changed, or, with the rule off,
-how little stable room the user's momentum leaves. docs/pipeline.md ("Delay rule") has the
+how little stable room the user's momentum leaves. docs/pipeline.md ("The delay rule") has the
 measurements that chose this rule over the others tried.
 """
 
@@ -31,7 +31,8 @@ DELAY_RULES = ("auto", "off")
 def check_rule(rule: str, name: str = "optim.delay_rule") -> str:
     """`rule` if it is one of `DELAY_RULES`; a `ConfigError` naming them otherwise."""
     if rule not in DELAY_RULES:
-        raise ConfigError(f"{name} = {rule!r} is not one of: {', '.join(DELAY_RULES)} "
+        shown = f"{name} = {rule!r}" if "." in name else f"{name}={rule!r}"
+        raise ConfigError(f"{shown} is not one of: {', '.join(DELAY_RULES)} "
                           f"(auto lowers momentum by a gradient delay's implicit momentum)")
     return rule
 
