@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kernels", "config"),
     ("data",),
     ("models",),
+    ("optim",),
     ("launch",),
     ("trace",),
     ("comm",),

@@ -31,6 +31,11 @@ more) and the mean of the workers' floating-point buffers. In N+b (`mode="backup
 worker whose gradient came late skips the steps taken without it: `step` then returns
 None for the mini-batches it skips, without computing them.
 
+In async and SSP every gradient reaches its server about W - 1 updates late, which adds
+momentum of its own (Mitliagkas et al. 2016): `delay_rule="auto"` (the default) lowers the
+momentum of each server's optimiser by (W - 1) / W, down to 0 (`optim.delay`;
+`ps.delay_line` says what it did); `delay_rule="off"` keeps the optimiser as made.
+
 `tolerate_worker_loss=True` goes on without a worker that dies (async, SSP, N+b; the
 group must then be a survivors' group, as `approxdist train --tolerate-worker-loss`'s
 launcher makes), `recorder=` records every phase and transfer (docs/tracing.md), and
@@ -71,6 +76,7 @@ from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
+from approxdist.optim.delay import check_rule
 from approxdist.param_server.modes import PSMode, parse_mode
 from approxdist.param_server.node import (
     OptimizerFactory,
@@ -112,9 +118,10 @@ class ParameterServer:
                  push_channel: str = "none", pull_channel: str = "none",
                  error_feedback: bool = False, link: str = "", staleness_lr: bool = False,
                  scheduler: SchedulerFactory | None = None, group: Group | None = None,
-                 tolerate_worker_loss: bool = False,
+                 tolerate_worker_loss: bool = False, delay_rule: str = "auto",
                  recorder: Recorder | None = None) -> None:
         ctx = context_of(model)
+        check_rule(delay_rule, "delay_rule")
         check_arguments(ctx, model, optimizer, steps, scheduler)
         group = group if group is not None else world_group(ctx)
         roles = roles_of(servers, workers, group, ctx.world_size)
@@ -135,12 +142,13 @@ class ParameterServer:
                        steps, loss_fn, error_feedback=error_feedback, staleness_lr=staleness_lr,
                        tolerate_worker_loss=tolerate_worker_loss,
                        scheduler=None if scheduler is None else stepping(scheduler),
-                       recorder=recorder or NULL_RECORDER, servers_name="servers")
+                       recorder=recorder or NULL_RECORDER, servers_name="servers",
+                       delay_rule=delay_rule)
 
     @classmethod
     def from_config(cls, model: nn.Module, *, ps: PSConfig, push: Wire, pull: Wire,
                     optimizer: OptimizerFactory, steps: int, group: Group, link: str = "",
-                    loss_fn: LossFn = F.cross_entropy,
+                    loss_fn: LossFn = F.cross_entropy, delay_rule: str = "auto",
                     recorder: Recorder = NULL_RECORDER) -> ParameterServer:
         """The servers and workers of a checked `[ps]` section on `group` (servers on its
         first ranks), gradients on the `push` wire and parameters on `pull`; the trainer's
@@ -155,14 +163,14 @@ class ParameterServer:
                       group, optimizer, steps, loss_fn, error_feedback=push.error_feedback,
                       staleness_lr=ps.staleness_lr,
                       tolerate_worker_loss=ps.tolerate_worker_loss, scheduler=None,
-                      recorder=recorder, servers_name="--servers")
+                      recorder=recorder, servers_name="--servers", delay_rule=delay_rule)
         return obj
 
     def _assemble(self, model: nn.Module, ctx: DistContext, roles: Roles, mode: PSMode,
                   wire: WireFormats, shaping: Any, group: Group, optimizer: OptimizerFactory,
                   steps: int, loss_fn: LossFn, *, error_feedback: bool, staleness_lr: bool,
                   tolerate_worker_loss: bool, scheduler: SchedulerFactory | None,
-                  recorder: Recorder, servers_name: str) -> None:
+                  recorder: Recorder, servers_name: str, delay_rule: str) -> None:
         """This rank's node; a factory's bad result on a server is refused on every rank
         (one gather), so that no worker waits for a server that will not start."""
         self.module, self.roles, self.group, self.steps = model, roles, group, steps
@@ -173,7 +181,7 @@ class ParameterServer:
             node = PSNode(model, roles, mode, self.link, group, wire, optimizer, steps,
                           error_feedback=error_feedback, staleness_lr=staleness_lr,
                           tolerate_worker_loss=tolerate_worker_loss, servers_name=servers_name,
-                          scheduler=scheduler)
+                          scheduler=scheduler, delay_rule=delay_rule)
         except ConfigError as exc:
             problem = str(exc)
         problems = [p for p in group.all_gather_object(problem) if p]
@@ -198,6 +206,13 @@ class ParameterServer:
     @property
     def server(self) -> Server | None:
         return self.node.server
+
+    @property
+    def delay_line(self) -> str | None:
+        """On a server, one line on the delay rule (`optim.delay`): the momentum it runs an
+        asynchronous mode's late gradients with, or, with `delay_rule="off"`, the stable
+        room the optimiser's momentum leaves; None on workers, in sync and N+b."""
+        return self.node.delay_line
 
     @property
     def worker(self) -> Worker | None:

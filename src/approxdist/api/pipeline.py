@@ -20,7 +20,10 @@ loss of a micro-batch is `loss_fn(output, targets)`, any differentiable scalar. 
 asynchronous schedule (pipedream, pipedream-vsync, 2bw) steps the optimiser itself where
 the schedule updates: give `optimizer=` (a function of the stage's parameters) and the
 stream's length `stream=K` (mini-batches between two flushes); `step` then returns the
-loss of the micro-batches the last stage finished during the call. With
+loss of the micro-batches the last stage finished during the call. A stage whose
+gradients arrive d steps late (2BW: 1; PipeDream: P - s - 1) runs its optimiser with the
+momentum lowered by d / (d + 1), down to 0 (`delay_rule="auto"`, the default; "off" keeps
+the optimiser as made; `pipe.delay_line` says what it did; `optim.delay`). With
 `dynamic_shapes=True` the per-sample shapes may change from one mini-batch to the next
 (sequence lengths, say): the stages agree on each mini-batch's shapes before its
 transfers (one small message per boundary); off (the default) costs nothing and a
@@ -72,6 +75,7 @@ from approxdist.errors import ConfigError
 from approxdist.hybrid import build_hybrid_runtime
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group
+from approxdist.optim.delay import apply_delay_rule, check_rule, delay_line
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.executor import StepResult
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
@@ -97,7 +101,7 @@ class Pipeline:
                  replicas: int | Sequence[int] = 1, grad_codec: str = "fp32",
                  algorithm: str = "auto", calibration: str = "",
                  placement: Sequence[int] | None = None, comm_threads: str = "inline",
-                 recorder: Recorder | None = None) -> None:
+                 delay_rule: str = "auto", recorder: Recorder | None = None) -> None:
         blocks = model if isinstance(model, nn.Sequential) else nn.Sequential(*model)
         ctx = context_of(blocks)
         if not ctx.distributed:
@@ -105,6 +109,7 @@ class Pipeline:
                               "dist.init_process_group(...) on every rank first (e.g. under "
                               "torchrun), one rank per stage")
         asynchronous = check_schedule(schedule, optimizer, stream)
+        check_rule(delay_rule, "delay_rule")
         counts = replica_counts(replicas, stages, ctx.world_size)
         if group is not None and (counts or placement):
             raise ConfigError("group= runs the pipeline on those ranks in order; replicas= and "
@@ -125,28 +130,30 @@ class Pipeline:
             groups = make_groups(mesh, ctx, lanes={("dp",): dp.threads + 2})
         self._assemble(blocks, ctx, sample, pcfg, dp, wire, groups=groups, group=group, link=link,
                        seed=seed, loss_fn=loss_fn, optimizer=optimizer, stream=stream,
-                       recorder=recorder or NULL_RECORDER)
+                       recorder=recorder or NULL_RECORDER, delay_rule=delay_rule)
 
     @classmethod
     def from_config(cls, model: nn.Sequential, *, sample: torch.Tensor, pipeline: PipelineConfig,
                     dp: DPConfig, wire: WireConfig, groups: MeshGroups, link: str = "",
                     seed: int = 0,
                     loss_fn: LossFn = F.cross_entropy, optimizer: OptimizerFactory | None = None,
-                    stream: int = 0, recorder: Recorder = NULL_RECORDER) -> Pipeline:
+                    stream: int = 0, recorder: Recorder = NULL_RECORDER,
+                    delay_rule: str = "auto") -> Pipeline:
         """The pipeline a checked config describes on the mesh's `groups` (the trainer's
         engine builds it so; `approxdist.train.check.check_parts` checked the sections)."""
         pipe = cls.__new__(cls)
         pipe._assemble(model, context_of(model), sample, pipeline, dp, wire, groups=groups,
                        group=None,
                        link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
-                       stream=stream, recorder=recorder)
+                       stream=stream, recorder=recorder, delay_rule=delay_rule)
         return pipe
 
     def _assemble(self, blocks: nn.Sequential, ctx: DistContext, sample: torch.Tensor,
                   pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig, *,
                   groups: MeshGroups | None,
                   group: Group | None, link: str, seed: int, loss_fn: LossFn,
-                  optimizer: OptimizerFactory | None, stream: int, recorder: Recorder) -> None:
+                  optimizer: OptimizerFactory | None, stream: int, recorder: Recorder,
+                  delay_rule: str) -> None:
         """This rank's stage (collective over the pipeline): replicated on `groups` when a
         stage has several replicas, else on `groups`' pipeline, `group` or the world."""
         self.recorder, self.wire = recorder, wire
@@ -166,10 +173,18 @@ class Pipeline:
                                          bwd=wire.bwd)
         self.module: nn.Sequential = self.runtime.module
         self.optimizer: torch.optim.Optimizer | None = None
-        if isinstance(self.runtime.executor, StreamExecutor):
+        #: what the delay rule did to the stages' momentum, or why it would (None: nothing)
+        self.delay_line: str | None = None
+        executor = self.runtime.executor
+        if isinstance(executor, StreamExecutor):
             assert optimizer is not None
             self.optimizer = optimizer(self.module.parameters())
-            self.runtime.executor.bind(self.optimizer)
+            delays = executor.stage_delays()
+            self.delay_line = delay_line(
+                float(self.optimizer.param_groups[0].get("momentum", 0.0)), delays, delay_rule,
+                f"on stages 0-{len(delays) - 1} ({pcfg.schedule})")
+            apply_delay_rule(self.optimizer, delays[executor.stage], delay_rule)
+            executor.bind(self.optimizer)
 
     # -- where this rank is --------------------------------------------------------------
     @property

@@ -150,6 +150,10 @@ class OptimConfig:
     #: training set), after which the rate decays
     grow_every_epochs: int = 0
     max_batch: int = 0
+    #: where gradients arrive late (asynchronous pipeline schedules, async / SSP parameter
+    #: servers): "auto" lowers momentum by the delay's implicit momentum, "off" keeps it
+    #: (`approxdist.optim.delay`, checked in `train/check.py`; docs/pipeline.md, "The delay rule")
+    delay_rule: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("optim", "lr", self.lr)

@@ -31,6 +31,13 @@ class PSMode:
         """Whether the server receives from whichever worker sends first (not NCCL)."""
         return self.kind != "sync"
 
+    def delay(self, workers: int) -> int:
+        """The optimiser steps between the parameters a gradient was computed on and those it
+        updates, on average, with `workers` workers: in async and SSP the other W - 1
+        workers each push once between a worker's pull and its push (measured: mean
+        staleness 1.93 with W = 3, docs/param_server.md); none in sync and N+b."""
+        return workers - 1 if self.kind in ("async", "ssp") else 0
+
     @property
     def spec(self) -> str:
         if self.kind == "ssp":

@@ -2,7 +2,8 @@
 (`train.engines.param_server`) and the public API (`approxdist.ParameterServer`) share.
 
 A `PSNode` shards the model's parameters over the servers (`sharding`), builds this
-rank's `Server` (with the optimiser the caller's factory makes over its shard, and
+rank's `Server` (with the optimiser the caller's factory makes over its shard, its
+momentum lowered for the mode's gradient delay by the delay rule, `optim.delay`, and
 optionally a learning-rate scheduler of that optimiser) or `Worker`, and runs a *round*
 of `steps` steps (the trainer's epoch): a server step serves pushes under the mode; a
 worker step pushes the gradients in `.grad` and pulls the parameters, and in N+b says
@@ -26,6 +27,7 @@ from approxdist.comm.link import Link
 from approxdist.data_parallel.buffer_stats import average_float_buffers
 from approxdist.errors import ConfigError
 from approxdist.launch.group import Group
+from approxdist.optim.delay import apply_delay_rule, delay_line
 from approxdist.param_server.modes import PSMode
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules
@@ -58,7 +60,7 @@ class PSNode:
                  wire: WireFormats, optimizer: OptimizerFactory, steps: int, *,
                  error_feedback: bool = False, staleness_lr: bool = False,
                  tolerate_worker_loss: bool = False, servers_name: str = "--servers",
-                 scheduler: SchedulerFactory | None = None) -> None:
+                 scheduler: SchedulerFactory | None = None, delay_rule: str = "auto") -> None:
         self.module, self.roles, self.mode, self.link, self.group = model, roles, mode, link, group
         self.steps = steps
         named = list(model.named_parameters())
@@ -67,10 +69,18 @@ class PSNode:
         self.server: Server | None = None
         self.worker: Worker | None = None
         self.scheduler: Scheduler | None = None
+        #: what the delay rule did to a server's momentum, or why it would (None: nothing)
+        self.delay_line: str | None = None
         if roles.is_server(link.me):
             k = roles.index(link.me)
             params = [named[i][1] for i in self.shards[k]]
-            self.server = Server(link, roles, k, params, optimizer(params),
+            opt = optimizer(params)
+            delay = mode.delay(roles.workers)
+            self.delay_line = delay_line(
+                float(opt.param_groups[0].get("momentum", 0.0)), [delay], delay_rule,
+                f"at the servers ({mode.spec}, {roles.workers} workers)")
+            apply_delay_rule(opt, delay, delay_rule)
+            self.server = Server(link, roles, k, params, opt,
                                  ServerRules(mode, roles.workers), wire, staleness_lr,
                                  tolerate_worker_loss, [named[i][0] for i in self.shards[k]])
             if scheduler is not None:

@@ -46,7 +46,7 @@ from approxdist.pipeline.executor import PipelineExecutor, StepResult, StepState
 from approxdist.pipeline.microbatch import Batch, microbatch_sizes
 from approxdist.pipeline.schedule.action import Action, Kind
 from approxdist.pipeline.schedule.stream_cut import buffer_window, send_waits, step_cuts
-from approxdist.pipeline.schedule.versions import AsyncSchedule, Update
+from approxdist.pipeline.schedule.versions import AsyncSchedule, Update, gradient_delays
 from approxdist.pipeline.stage import StageCompute
 from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions
@@ -75,6 +75,14 @@ def loss_weights_by_update(schedule: AsyncSchedule, sizes: dict[int, int]) -> di
     applies its gradient (PipeDream: 1 on one replica, each micro-batch is a step of its
     own; 2BW: its share of the mini-batch), for the micro-batches in `sizes`."""
     return stage_weights(schedule, schedule.num_stages - 1, sizes)
+
+
+def stage_delays(schedule: AsyncSchedule) -> list[int]:
+    """Per stage, the most optimiser steps between the version a gradient was computed at
+    and the version it updates (over the stage's replicas, which step alike): what the
+    delay rule (`optim.delay`) lowers each stage's momentum for."""
+    delays = gradient_delays(schedule)
+    return [max(delays[r] for r in schedule.slots_of(s)) for s in range(schedule.num_stages)]
 
 
 class StreamExecutor(PipelineExecutor):
@@ -120,6 +128,10 @@ class StreamExecutor(PipelineExecutor):
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimiser of this stage's (newest) weights."""
         self.optimizer = optimizer
+
+    def stage_delays(self) -> list[int]:
+        """`stage_delays` of this rank's schedule."""
+        return stage_delays(self.schedule)
 
     @property
     def next_step(self) -> int:

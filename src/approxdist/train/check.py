@@ -3,8 +3,9 @@
 `check_parts(cfg)` runs before any worker starts (`approxdist train`'s preflight,
 `approxdist experiment`) and again when a rank builds its trainer (under torchrun too):
 the link spec, the mode's record (`train/mode.py`: the options it reads, its own rules
-and parts, its mesh against the world, the batch share), the stragglers, batch growth and
-core binding. Each error is one line naming the key, the value and what would be valid.
+and parts, its mesh against the world, the batch share), the stragglers, the delay rule,
+batch growth and core binding. Each error is one line naming the key, the value and what
+would be valid.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from approxdist.comm.netem import parse_link
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
 from approxdist.launch.affinity import check_policy
+from approxdist.optim.delay import check_rule
 from approxdist.train.mode import Mode, check_mode
 from approxdist.train.parts import named
 from approxdist.train.straggler import stragglers_of
@@ -28,6 +30,7 @@ def check_parts(cfg: Config, flag_of: Mapping[str, str] | None = None) -> Mode:
         named("comm.link", cfg.comm.link, lambda: parse_link(cfg.comm.link))
     mode = check_mode(cfg, flag_of)
     stragglers_of(cfg)
+    check_rule(cfg.optim.delay_rule)
     _check_growth(cfg, mode)
     check_policy(cfg.train.bind_cores)  # binding needs Linux
     return mode

@@ -14,6 +14,13 @@ def info(ctx: DistContext, message: str) -> None:
         tqdm.write(message, file=sys.stdout)
 
 
+def notice(ctx: DistContext, message: str | None) -> None:
+    """One line before the run starts (a note or a warning about the settings), from the
+    main rank, to stderr; nothing for None."""
+    if message and ctx.is_main:
+        tqdm.write(f"approxdist: {message}", file=sys.stderr)
+
+
 def warn(ctx: DistContext, message: str) -> None:
     """Warnings come from any rank, prefixed with it."""
     tqdm.write(f"[rank {ctx.rank}] warning: {message}", file=sys.stderr)

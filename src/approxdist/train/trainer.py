@@ -34,6 +34,7 @@ from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.data.loader import eval_shard, mix_seed
 from approxdist.errors import ApproxDistError, CommError
 from approxdist.launch.context import DistContext
+from approxdist.optim.delay import rule_momentum, stable_rate
 from approxdist.topology import Mesh
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import DATA, NULL_RECORDER, STEP, Recorder
@@ -368,10 +369,10 @@ def _delay_hint(cfg: Config) -> str:
     """Why a 2BW run is more fragile than its synchronous twin, when it is one."""
     if not mode_of(cfg).reads("pipeline.schedule") or cfg.pipeline.schedule != "2bw":
         return ""
-    b = cfg.optim.momentum
+    b = rule_momentum(cfg.optim.momentum, 1, cfg.optim.delay_rule)
     return (f"; 2bw applies each gradient one step late, and on a quadratic, SGD with momentum "
-            f"{b} and a one-step-late gradient is stable only for lr x curvature < 1 - momentum "
-            f"= {1 - b:.2g}, against 2 x (1 + momentum) = {2 * (1 + b):.2g} without the delay "
+            f"{b:.3g} and a one-step-late gradient is stable only for lr x curvature < "
+            f"{stable_rate(b, 1):.2g}, against {stable_rate(b, 0):.2g} without the delay "
             f"(docs/pipeline.md)")
 
 

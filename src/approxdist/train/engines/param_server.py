@@ -5,7 +5,9 @@ A thin adapter over the public `approxdist.ParameterServer` (the class a user's 
 runs), built with `ParameterServer.from_config` on the world.
 
 Ranks 0..S-1 are servers, S..S+W-1 workers (`param_server.Roles`). The trainer sets the
-learning rate on the servers' optimisers (a worker has none). A worker's step is forward,
+learning rate on the servers' optimisers (a worker has none); in async and SSP their
+momentum is lowered for the gradients' delay (the delay rule, named in one line before the
+run starts). A worker's step is forward,
 backward, push and pull (`param_server.Worker`); a server's step serves pushes under the
 run's `--ps-mode` (`param_server.Server`) and reports, as rank 0, the staleness of every
 gradient it applied in the step's record of metrics.jsonl. After each epoch every worker
@@ -38,6 +40,7 @@ from approxdist.launch.context import DistContext
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import Recorder
 from approxdist.trace.times import StepTimes
+from approxdist.train import log
 from approxdist.train.engine import StepOutcome, seeded_model
 from approxdist.train.optim import sgd_over
 from approxdist.train.task import Task, task_named
@@ -145,5 +148,6 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: MeshGroups, data: 
                                      optimizer=sgd,
                                      steps=data.train_x.shape[0] // cfg.data.batch_size,
                                      group=groups.world, link=cfg.comm.link, loss_fn=task,
-                                     recorder=rec)
+                                     recorder=rec, delay_rule=cfg.optim.delay_rule)
+    log.notice(ctx, ps.delay_line)
     return ParamServerEngine(ps, task)

@@ -7,9 +7,10 @@ ranks the labels, the others only need the batch size. A flushed schedule (gpipe
 runs each mini-batch as M micro-batches (`train_step`), then every stage takes one
 optimiser step on its own parameters (a replicated stage after summing its gradients over
 its replicas). An asynchronous schedule (pipedream, 2bw) runs as a stream over each
-epoch's mini-batches: the pipeline steps the optimiser inside it, and each step record
-says which weight versions produced its loss. Evaluation is a forward-only pipeline;
-loss and hits exist on the last stage.
+epoch's mini-batches: the pipeline steps the optimiser inside it (momentum lowered for the
+stage's gradient delay by the delay rule, which the run names in one line before it
+starts), and each step record says which weight versions produced its loss. Evaluation is
+a forward-only pipeline; loss and hits exist on the last stage.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from approxdist.pipeline.schedule.stream_cut import loss_versions
 from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, Recorder
+from approxdist.train import log
 from approxdist.train.engine import StepOutcome, load_trained, seeded_model, trained_state
 from approxdist.train.engines.tp_split import TPSplit, split_model
 from approxdist.train.optim import make_sgd, sgd_over
@@ -198,6 +200,8 @@ def build_pipeline(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Tens
                                 link=cfg.comm.link, seed=cfg.train.seed,
                                 loss_fn=task_named(data.task),
                                 optimizer=sgd if asynchronous else None,
-                                stream=steps if asynchronous else 0, recorder=rec)
+                                stream=steps if asynchronous else 0, recorder=rec,
+                                delay_rule=cfg.optim.delay_rule)
+    log.notice(ctx, pipe.delay_line)
     optimizer = optimizers[0] if optimizers else make_sgd(pipe.module, cfg.optim)
     return PipelineEngine(cfg, pipe, optimizer, rec, split)

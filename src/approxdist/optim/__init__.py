@@ -1,0 +1,1 @@
+"""Optimiser rules shared by the modes that apply gradients late (pipeline streams, parameter servers)."""
