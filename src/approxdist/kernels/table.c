@@ -69,7 +69,8 @@ static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int
     int levels = 0;
     for (int32_t s = (int32_t)(nm + 1) / 2; s >= 1; s /= 2, levels++) {
         int32_t t[16];
-        for (int i = 0; i < 16; i++) t[i] = i + s - 1 < nm ? mids[i + s - 1] : INT32_MAX;
+        for (int i = 0; i < 16; i++) /* level 0: mids[s - 1] in every lane */
+            t[i] = levels == 0 ? mids[s - 1] : i + s - 1 < nm ? mids[i + s - 1] : INT32_MAX;
         level[levels] = _mm512_loadu_si512((const void *)t);
         step[levels] = _mm512_set1_epi32(s);
     }
@@ -77,8 +78,9 @@ static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int
     for (; k + 16 <= n; k += 16) {
         const __m512i v = _mm512_loadu_si512((const void *)(x + k));
         const __m512i a = _mm512_and_si512(v, abs_bits);
-        __m512i code = _mm512_setzero_si512();
-        for (int l = 0; l < levels; l++) {
+        /* level 0 probes mids[T/2 - 1] for every value: no permute */
+        __m512i code = _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(a, level[0]), step[0]);
+        for (int l = 1; l < levels; l++) {
             __mmask16 ge = _mm512_cmpge_epi32_mask(a, _mm512_permutexvar_epi32(code, level[l]));
             code = _mm512_mask_add_epi32(code, ge, code, step[l]);
         }
