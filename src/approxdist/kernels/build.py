@@ -35,7 +35,8 @@ BASE_FLAGS = ("-shared", "-fPIC", "-std=c99", "-pthread")
 
 @dataclass(frozen=True)
 class KernelStatus:
-    """Whether the kernels are in use here, and the library path or the reason they are not."""
+    """Whether the kernels are in use here, and the library path and vector instruction set
+    or the reason they are not."""
 
     available: bool
     detail: str
@@ -97,7 +98,9 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
         try:
             if not path.exists():
                 _compile(compiler, flags, path)
-            return ctypes.CDLL(str(path)), KernelStatus(True, str(path))
+            lib = ctypes.CDLL(str(path))
+            lib.ad_kernels_isa.restype = ctypes.c_char_p
+            return lib, KernelStatus(True, f"{path}, {lib.ad_kernels_isa().decode()}")
         except (OSError, subprocess.SubprocessError) as exc:
             errors.append(f"{compiler} {' '.join(flags)}: {str(exc).strip()[:300]}")
     return None, KernelStatus(False, "kernel build failed; using torch ops. " + " | ".join(errors))

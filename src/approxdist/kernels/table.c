@@ -285,3 +285,14 @@ int64_t ad_table_sample(const uint32_t *x, int64_t n, int64_t step, uint32_t *ou
     radix_sort(out, tmp, m);
     return m;
 }
+
+/* The vector instruction set this build uses (the bench's header prints it). */
+const char *ad_kernels_isa(void) {
+#if defined(__AVX512F__)
+    return "AVX-512";
+#elif defined(__AVX2__)
+    return "AVX2";
+#else
+    return "no SIMD intrinsics";
+#endif
+}
