@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bitpack.h" /* BLOCK */
+
 #define BYTEPACK_LE (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
 
 static uint64_t load_n(const uint8_t *in, int64_t nbytes) {
@@ -38,7 +40,8 @@ static uint64_t unfold8(uint64_t u, int w) {
     return (u & lo) | ((u & hi) << (8 - w));
 }
 
-/* Pack n code bytes into `out`; returns bytes written ((n*w + 7) / 8, last byte zero-padded). */
+/* Pack n <= BLOCK code bytes into `out`; returns bytes written ((n*w + 7) / 8, the last
+ * byte zero-padded). */
 static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restrict out) {
     int64_t b = 0, full = n / 8; /* whole groups of 8 codes */
     if (w == 8) {
@@ -69,14 +72,14 @@ static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restr
         }
         b = full * 8;
     } else {
-        /* 8 bytes stored, w kept (the next group overwrites the rest); the groups whose
-         * 8 bytes would pass this call's end are stored exactly: another thread may be
-         * writing the next bytes */
+        /* fold all groups first (a vectorized loop), then store 8 bytes per group, of which
+         * w are kept (the next group overwrites the rest); the groups whose 8 bytes would
+         * pass this call's end are stored exactly: another thread may write the next bytes */
+        uint64_t folded[BLOCK / 8];
+        for (int64_t g = 0; g < full; g++) folded[g] = fold8(load_n(c + 8 * g, 8), w);
         const int64_t spill = full - (8 + w - 1) / w, safe = spill > 0 ? spill : 0;
-        for (int64_t g = 0; g < full; g++) {
-            uint64_t u = fold8(load_n(c + 8 * g, 8), w);
-            memcpy(out + g * w, &u, g < safe ? 8 : (size_t)w);
-        }
+        for (int64_t g = 0; g < safe; g++) memcpy(out + g * w, &folded[g], 8);
+        for (int64_t g = safe; g < full; g++) memcpy(out + g * w, &folded[g], (size_t)w);
         b = full * 8;
     }
     if (b < n) { /* the last codes: fewer than one group */
@@ -88,7 +91,7 @@ static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restr
     return (n * w + 7) / 8;
 }
 
-/* Unpack n codes of w bits from `in` into one byte each; returns bytes consumed. */
+/* Unpack n <= BLOCK codes of w bits from `in` into one byte each; returns bytes consumed. */
 static int64_t unpack8(const uint8_t *restrict in, int64_t n, int w, uint8_t *restrict c) {
     int64_t b = 0, full = n / 8;
     if (w == 8) {
@@ -118,10 +121,14 @@ static int64_t unpack8(const uint8_t *restrict in, int64_t n, int w, uint8_t *re
         }
         b = full * 8;
     } else {
-        /* 8 bytes read, w used; exact reads where 8 would pass the end of the codes */
+        /* 8 bytes read per group, w used (exact reads where 8 would pass the end of the
+         * codes), then all groups unfolded in a vectorized loop */
+        uint64_t packed[BLOCK / 8];
         const int64_t spill = full - (8 + w - 1) / w, safe = spill > 0 ? spill : 0;
+        for (int64_t g = 0; g < safe; g++) memcpy(&packed[g], in + g * w, 8);
+        for (int64_t g = safe; g < full; g++) packed[g] = load_n(in + g * w, w);
         for (int64_t g = 0; g < full; g++) {
-            uint64_t u = unfold8(load_n(in + g * w, g < safe ? 8 : w), w);
+            uint64_t u = unfold8(packed[g], w);
             memcpy(c + 8 * g, &u, 8);
         }
         b = full * 8;

@@ -56,6 +56,23 @@ static int count_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t 
     }
 }
 
+#if defined(__AVX512F__)
+/* level 0 probes mids[T/2 - 1] for every value: no permute; the sign bit is ORed in by
+ * one ternary-logic op (A | (B & C)) */
+#define SEARCH_LOOP(L)                                                                      \
+    for (; k + 16 <= n; k += 16) {                                                          \
+        const __m512i v = _mm512_loadu_si512((const void *)(x + k));                        \
+        const __m512i a = _mm512_and_si512(v, abs_bits);                                    \
+        __m512i code = _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(a, level[0]), step[0]); \
+        for (int l = 1; l < (L); l++) {                                                     \
+            __m512i probe = _mm512_permutexvar_epi32(code, level[l]);                       \
+            code = _mm512_mask_add_epi32(code, _mm512_cmpge_epi32_mask(a, probe), code, step[l]); \
+        }                                                                                   \
+        code = _mm512_ternarylogic_epi32(code, _mm512_srai_epi32(v, 31), sign, 0xF8);        \
+        _mm_storeu_si128((__m128i *)(c + k), _mm512_cvtepi32_epi8(code));                   \
+    }
+#endif
+
 /* Byte codes of table1..table5 (T <= 16), 16 values per step, by a branch-free binary
  * search with the thresholds in registers: level s (T/2, ..., 1) compares |x| with
  * mids[c + s - 1], one permute, one compare and one masked add, so log2(T) levels instead
@@ -74,18 +91,12 @@ static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int
         level[levels] = _mm512_loadu_si512((const void *)t);
         step[levels] = _mm512_set1_epi32(s);
     }
-    const __m512i abs_bits = _mm512_set1_epi32(ABS_BITS);
-    for (; k + 16 <= n; k += 16) {
-        const __m512i v = _mm512_loadu_si512((const void *)(x + k));
-        const __m512i a = _mm512_and_si512(v, abs_bits);
-        /* level 0 probes mids[T/2 - 1] for every value: no permute */
-        __m512i code = _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(a, level[0]), step[0]);
-        for (int l = 1; l < levels; l++) {
-            __mmask16 ge = _mm512_cmpge_epi32_mask(a, _mm512_permutexvar_epi32(code, level[l]));
-            code = _mm512_mask_add_epi32(code, ge, code, step[l]);
-        }
-        code = _mm512_or_si512(code, _mm512_slli_epi32(_mm512_srli_epi32(v, 31), bits - 1));
-        _mm_storeu_si128((__m128i *)(c + k), _mm512_cvtepi32_epi8(code));
+    const __m512i abs_bits = _mm512_set1_epi32(ABS_BITS), sign = _mm512_set1_epi32(1 << (bits - 1));
+    switch (levels) { /* constant level counts: the levels unroll, the tables stay in registers */
+    case 1: SEARCH_LOOP(1) break;
+    case 2: SEARCH_LOOP(2) break;
+    case 3: SEARCH_LOOP(3) break;
+    default: SEARCH_LOOP(4) break;
     }
 #else
     (void)x, (void)c, (void)n, (void)mids, (void)nm, (void)bits;
