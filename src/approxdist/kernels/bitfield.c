@@ -19,6 +19,7 @@
 
 #include "bitpack.h"
 #include "bytepack.h"
+#include "lookup.h"
 #include "parallel.h"
 
 typedef struct {
@@ -134,6 +135,19 @@ static void decode_range(const void *arg, int64_t lo, int64_t hi) {
     }
     uint8_t c8[BLOCK];
     uint32_t c32[BLOCK];
+    if (w <= 4 && BYTEPACK_LE) { /* at most 16 decoded values: look them up in registers */
+        float tab[16] = {0};
+        for (uint32_t c = 0; c < 1u << w; c++) {
+            const uint32_t p = pattern_of(c, j->l->shift, j->l->mask, 4);
+            memcpy(&tab[c], &p, sizeof p);
+        }
+        for (int64_t k = lo; k < hi; k += BLOCK) {
+            const int64_t m = block_len(hi - k);
+            in += unpack8(in, m, w, c8);
+            lookup16(c8, m, tab, (float *)j->y + k, j->add);
+        }
+        return;
+    }
     for (int64_t k = lo; k < hi; k += BLOCK) {
         int64_t m = block_len(hi - k);
         if (w < 8 && BYTEPACK_LE) {

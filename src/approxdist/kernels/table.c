@@ -23,6 +23,7 @@
 
 #include "bitpack.h"
 #include "bytepack.h"
+#include "lookup.h"
 #include "parallel.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -196,40 +197,6 @@ static void rows_decode(const uint8_t *restrict in, int64_t n, const float *rest
     }
 }
 
-/* y[j] (+)= values[c[j]] for m byte codes, with at most 16 code values: one permute per 16 (or
- * 8) values where the CPU has one; returns how many it did (the rest go the scalar way). */
-static int64_t lookup_simd(const uint8_t *restrict c, int64_t m, const float *restrict tab,
-                           float *restrict y, int add) {
-    int64_t j = 0;
-#if defined(__AVX512F__)
-    const __m512 t = _mm512_loadu_ps(tab);
-    for (; j + 16 <= m; j += 16) {
-        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + j)));
-        __m512 v = _mm512_permutexvar_ps(idx, t);
-        if (add) v = _mm512_add_ps(_mm512_loadu_ps(y + j), v);
-        _mm512_storeu_ps(y + j, v);
-    }
-#elif defined(__AVX2__)
-    const __m256 lo = _mm256_loadu_ps(tab), hi = _mm256_loadu_ps(tab + 8);
-    for (; j + 8 <= m; j += 8) {
-        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j)));
-        __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* bit 3 -> sign */
-        __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx),
-                                    _mm256_permutevar8x32_ps(hi, idx), high);
-        if (add) v = _mm256_add_ps(_mm256_loadu_ps(y + j), v);
-        _mm256_storeu_ps(y + j, v);
-    }
-#else
-    (void)c, (void)m, (void)tab, (void)y, (void)add;
-#endif
-    return j;
-}
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#define HAVE_PERMUTE 1
-#else
-#define HAVE_PERMUTE 0
-#endif
 
 /* y (+)= values[code] over [lo, hi) (bits <= 8: byte codes, a permute for bits <= 4) */
 static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
@@ -246,9 +213,9 @@ static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
         float *restrict y = j->y + k;
         if (bytes) {
             in += unpack8(in, m, bits, c8);
-            int64_t i = small ? lookup_simd(c8, m, tab, y, add) : 0;
-            if (add) for (; i < m; i++) y[i] += values[c8[i]];
-            else for (; i < m; i++) y[i] = values[c8[i]];
+            if (small) lookup16(c8, m, tab, y, add);
+            else if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c8[i]];
+            else for (int64_t i = 0; i < m; i++) y[i] = values[c8[i]];
         } else {
             in += unpack(in, m, bits, c32);
             if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c32[i]];
