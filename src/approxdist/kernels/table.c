@@ -64,7 +64,8 @@ static int count_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t 
     for (; k + 16 <= n; k += 16) {                                                          \
         const __m512i v = _mm512_loadu_si512((const void *)(x + k));                        \
         const __m512i a = _mm512_and_si512(v, abs_bits);                                    \
-        __m512i code = _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(a, level[0]), step[0]); \
+        __m512i code = (L) == 0 ? _mm512_setzero_si512() /* table1: the sign only */        \
+            : _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(a, level[0]), step[0]);        \
         for (int l = 1; l < (L); l++) {                                                     \
             __m512i probe = _mm512_permutexvar_epi32(code, level[l]);                       \
             code = _mm512_mask_add_epi32(code, _mm512_cmpge_epi32_mask(a, probe), code, step[l]); \
@@ -74,7 +75,7 @@ static int count_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t 
     }
 #endif
 
-/* Byte codes of table1..table5 (T <= 16), 16 values per step, by a branch-free binary
+/* Byte codes of table1..table5 (T <= 16, nm = T - 1), 16 values per step, by a branch-free binary
  * search with the thresholds in registers: level s (T/2, ..., 1) compares |x| with
  * mids[c + s - 1], one permute, one compare and one masked add, so log2(T) levels instead
  * of T-1 compares. Returns how many values it did (0 without AVX-512). */
@@ -82,8 +83,8 @@ static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int
                              const int32_t *restrict mids, int64_t nm, int bits) {
     int64_t k = 0;
 #if defined(__AVX512F__)
-    if (nm < 1 || nm > 15 || (nm & (nm + 1))) return 0;
-    __m512i level[4], step[4];
+    if (nm > 15 || (nm & (nm + 1))) return 0;
+    __m512i level[4] = {0}, step[4] = {0};
     int levels = 0;
     for (int32_t s = (int32_t)(nm + 1) / 2; s >= 1; s /= 2, levels++) {
         int32_t t[16];
@@ -94,6 +95,7 @@ static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int
     }
     const __m512i abs_bits = _mm512_set1_epi32(ABS_BITS), sign = _mm512_set1_epi32(1 << (bits - 1));
     switch (levels) { /* constant level counts: the levels unroll, the tables stay in registers */
+    case 0: SEARCH_LOOP(0) break;
     case 1: SEARCH_LOOP(1) break;
     case 2: SEARCH_LOOP(2) break;
     case 3: SEARCH_LOOP(3) break;
