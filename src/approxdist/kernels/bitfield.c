@@ -10,7 +10,8 @@
  * cc. Blocks of BLOCK values go through a small stack buffer so that the bit arithmetic
  * and the packing are separate simple loops the compiler vectorizes; the loops are
  * specialised on the number of runs (most layouts have one or two), so no vector op is
- * spent on an empty run. Each call splits over `threads` threads (parallel.h). No
+ * spent on an empty run; codes of at most 4 bits decode through a 16-value table held in
+ * a register (lookup.h). Each call splits over `threads` threads (parallel.h). No
  * -ffast-math: the fused decode-add is the same IEEE fp32 addition torch does, so results
  * are bit-identical.
  */

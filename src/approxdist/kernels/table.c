@@ -9,8 +9,9 @@
  *
  * - ad_table_sample: the strided sample of |x| the percentiles are taken from, finite
  *   values only, sorted (LSD radix sort on the bit patterns: same order as torch.sort);
- * - ad_table_encode: codes (counting compares for T <= 16, binary search above), one
- *   byte each for N <= 8, packed by bytepack.h (bitpack.h above);
+ * - ad_table_encode: codes (for T <= 16 a binary search over thresholds held in AVX-512
+ *   registers, or counting compares; a binary search in memory above), one byte each for
+ *   N <= 8, packed by bytepack.h (bitpack.h above);
  * - ad_table_decode (decode-add with `add`): codes are unpacked and looked up in `values`
  *   (2T entries: +table then -table), with one AVX-512 / AVX2 permute per 16 / 8 values
  *   for N <= 4 where the CPU has it; without, widths dividing 8 copy one row of 8/N
@@ -75,8 +76,8 @@ static int count_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t 
     }
 #endif
 
-/* Byte codes of table1..table5 (T <= 16, nm = T - 1), 16 values per step, by a branch-free binary
- * search with the thresholds in registers: level s (T/2, ..., 1) compares |x| with
+/* Byte codes of table1..table5 (T <= 16, nm = T - 1), 16 values per step, by a branch-free
+ * binary search with the thresholds in registers: level s (T/2, ..., 1) compares |x| with
  * mids[c + s - 1], one permute, one compare and one masked add, so log2(T) levels instead
  * of T-1 compares. Returns how many values it did (0 without AVX-512). */
 static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int64_t n,
@@ -198,7 +199,6 @@ static void rows_decode(const uint8_t *restrict in, int64_t n, const float *rest
         else y[k] = r[k - full * g];
     }
 }
-
 
 /* y (+)= values[code] over [lo, hi) (bits <= 8: byte codes, a permute for bits <= 4) */
 static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
