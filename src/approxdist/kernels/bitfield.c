@@ -6,8 +6,8 @@
  * mask 0 and come last. Codes form the LSB-first bit stream of
  * approxdist.comm.codecs.bitpack (bitpack.h; bytepack.h for codes of at most 8 bits).
  *
- * Plain C99 and pthreads, no torch headers: it compiles in well under a second with any
- * cc. Blocks of BLOCK values go through a small stack buffer so that the bit arithmetic
+ * Plain C99 and pthreads, no torch headers: it compiles in a second or two with any cc
+ * (the library, with table.c, in ~5 s at -O3, once per machine). Blocks of BLOCK values go through a small stack buffer so that the bit arithmetic
  * and the packing are separate simple loops the compiler vectorizes; the loops are
  * specialised on the number of runs (most layouts have one or two), so no vector op is
  * spent on an empty run; codes of at most 4 bits decode through a 16-value table held in
