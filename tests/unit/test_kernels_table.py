@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import pickle
-import platform
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -113,30 +108,3 @@ def test_a_codec_with_kernels_pickles_and_still_encodes() -> None:
     fused.encode(x)  # resolves the kernel
     again = pickle.loads(pickle.dumps(fused))
     assert torch.equal(again.encode(x).data, TableCodec(2, use_kernels=False).encode(x).data)
-
-
-def _variants() -> list[tuple[str, ...]]:
-    """Flags giving the other code paths: portable C (no SIMD), and AVX2 without AVX-512."""
-    out: list[tuple[str, ...]] = [("-O3",)]
-    if platform.machine() in ("x86_64", "AMD64"):
-        out.append(("-O3", "-mavx2", "-mno-avx512f"))
-    return out
-
-
-@needs_kernels
-@pytest.mark.parametrize("flags", _variants())
-def test_every_simd_variant_gives_the_same_bits(flags: tuple[str, ...], tmp_path: Path) -> None:
-    """The build picks -march=native; the portable and AVX2 paths must agree with torch too."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc is not None  # the kernels were built, so a compiler exists
-    src = Path(table_kernels.__file__).parent / "table.c"
-    lib = tmp_path / "table.so"
-    subprocess.run([cc, *flags, "-shared", "-fPIC", "-std=c99", "-o", str(lib), str(src)],
-                   check=True, capture_output=True, timeout=120)
-    for bits in (1, 2, 4, 8):
-        kernel = TableKernel(ctypes.CDLL(str(lib)), bits)
-        ops = TableCodec(bits, use_kernels=False)
-        fused = TableCodec(bits)
-        fused._kernels.get(lambda built=kernel: built)  # this build, not the cached one
-        for n in (9, 5003):
-            check_pair(fused, ops, values(n, bits * n))

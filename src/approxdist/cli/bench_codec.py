@@ -23,6 +23,7 @@ from approxdist.bench.host import HostWatch
 from approxdist.bench.report import finish
 from approxdist.benchmarks.codec import measure, parse_codecs, table
 from approxdist.errors import ConfigError
+from approxdist.kernels import kernel_status
 
 _SIZE = re.compile(r"(\d+)([KMG]?)", re.IGNORECASE)
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -74,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     mode = "allocating" if args.alloc else "preallocated buffers"
     print(f"codec throughput: {n} fp32 values on {device}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats}, {mode}; baseline fp16-cast round trip")
+    kernels = kernel_status()
+    print(f"C kernels (bits:, table<N> on CPU): "
+          f"{'on, ' + str(torch.get_num_threads()) + ' threads' if kernels.available else 'off'}"
+          f" ({kernels.detail})")
     print(table(rows))
     finish(host, [asdict(r) for r in rows], args.json,
            f"approxdist bench codec --size {args.size} --codecs {args.codecs} "

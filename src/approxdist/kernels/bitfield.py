@@ -45,24 +45,27 @@ class BitKernel:
     def encode(self, x: torch.Tensor, codes: torch.Tensor) -> None:
         """Pack the codes of fp32 `x` into uint8 `codes` (ceil(n*width/8) bytes)."""
         _check(x, torch.float32, codes, self._nbytes(x.numel()))
-        self._encode(x.data_ptr(), x.numel(), self._layout, self.width, codes.data_ptr())
+        self._encode(x.data_ptr(), x.numel(), self._layout, self.width, codes.data_ptr(),
+                     torch.get_num_threads())
 
     def decode(self, codes: torch.Tensor, y: torch.Tensor) -> None:
         """Fill fp32 `y` with the values of packed `codes`."""
         _check(y, torch.float32, codes, self._nbytes(y.numel()))
-        self._decode(codes.data_ptr(), y.numel(), self._layout, self.width, y.data_ptr())
+        self._decode(codes.data_ptr(), y.numel(), self._layout, self.width, y.data_ptr(),
+                     torch.get_num_threads())
 
     def decode_add(self, codes: torch.Tensor, y: torch.Tensor) -> None:
         """`y += values of packed codes`, one pass, the same fp32 sums as torch's add."""
         _check(y, torch.float32, codes, self._nbytes(y.numel()))
-        self._decode_add(codes.data_ptr(), y.numel(), self._layout, self.width, y.data_ptr())
+        self._decode_add(codes.data_ptr(), y.numel(), self._layout, self.width, y.data_ptr(),
+                         torch.get_num_threads())
 
     def _nbytes(self, n: int) -> int:
         return (n * self.width + 7) // 8
 
 
 def _fn(f: ctypes._CFuncPtr) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    f.argtypes = [_VOID, _I64, ctypes.c_char_p, _INT, _VOID]
+    f.argtypes = [_VOID, _I64, ctypes.c_char_p, _INT, _VOID, _INT]
     f.restype = None
     return f
 

@@ -2,7 +2,8 @@
  *
  * Code i occupies stream bits [i*w, (i+1)*w), least significant bit first: the stream of
  * approxdist.comm.codecs.bitpack. `pack` and `unpack` handle one block of codes; every
- * block but the last holds a multiple of 8 codes, so blocks start on whole bytes.
+ * block but the last holds a multiple of 8 codes, so blocks start on whole bytes. Codes
+ * of at most 8 bits go faster one per byte (bytepack.h); these take any width.
  * Header-only (static functions): each kernel file includes it.
  */
 #ifndef APPROXDIST_BITPACK_H
@@ -33,48 +34,12 @@ static uint64_t load_le(const uint8_t *in, int64_t nbytes) {
 /* Pack n codes (< 2^width) of a block into `out`; returns bytes written. `n` is a
  * multiple of the group size except in the last block, whose last byte is zero-padded. */
 static int64_t pack(const uint32_t *restrict c, int64_t n, int width, uint8_t *restrict out) {
-    if (width == 8) {
-        for (int64_t k = 0; k < n; k++) out[k] = (uint8_t)c[k];
-        return n;
-    }
     if (width == 16) {
         for (int64_t k = 0; k < n; k++) {
             out[2 * k] = (uint8_t)c[k];
             out[2 * k + 1] = (uint8_t)(c[k] >> 8);
         }
         return 2 * n;
-    }
-    if (width == 4) {
-        int64_t full = n / 2;
-        for (int64_t b = 0; b < full; b++) out[b] = (uint8_t)(c[2 * b] | (c[2 * b + 1] << 4));
-        if (n & 1) out[full] = (uint8_t)c[n - 1];
-        return (n + 1) / 2;
-    }
-    if (width == 1) {
-        int64_t full = n / 8;
-        for (int64_t b = 0; b < full; b++) {
-            const uint32_t *g = c + 8 * b;
-            out[b] = (uint8_t)(g[0] | (g[1] << 1) | (g[2] << 2) | (g[3] << 3) | (g[4] << 4) |
-                               (g[5] << 5) | (g[6] << 6) | (g[7] << 7));
-        }
-        if (n & 7) {
-            uint32_t acc = 0;
-            for (int64_t k = full * 8; k < n; k++) acc |= c[k] << (k - full * 8);
-            out[full] = (uint8_t)acc;
-        }
-        return (n + 7) / 8;
-    }
-    if (width == 2) {
-        int64_t full = n / 4;
-        for (int64_t b = 0; b < full; b++)
-            out[b] = (uint8_t)(c[4 * b] | (c[4 * b + 1] << 2) | (c[4 * b + 2] << 4) |
-                               (c[4 * b + 3] << 6));
-        if (n & 3) {
-            uint32_t acc = 0;
-            for (int64_t k = full * 4; k < n; k++) acc |= c[k] << (2 * (k - full * 4));
-            out[full] = (uint8_t)acc;
-        }
-        return (n + 3) / 4;
     }
     int g = group_codes(width);
     if (g * width <= 64) {  /* whole groups of g codes fill g*width/8 bytes of one word */
@@ -116,44 +81,9 @@ static int64_t pack(const uint32_t *restrict c, int64_t n, int width, uint8_t *r
 
 /* Unpack n codes from `in` into c; returns bytes consumed (the same rule as `pack`). */
 static int64_t unpack(const uint8_t *restrict in, int64_t n, int width, uint32_t *restrict c) {
-    if (width == 8) {
-        for (int64_t k = 0; k < n; k++) c[k] = in[k];
-        return n;
-    }
     if (width == 16) {
         for (int64_t k = 0; k < n; k++) c[k] = (uint32_t)in[2 * k] | ((uint32_t)in[2 * k + 1] << 8);
         return 2 * n;
-    }
-    if (width == 4) {
-        int64_t full = n / 2;
-        for (int64_t b = 0; b < full; b++) {
-            c[2 * b] = in[b] & 15u;
-            c[2 * b + 1] = in[b] >> 4;
-        }
-        if (n & 1) c[n - 1] = in[full] & 15u;
-        return (n + 1) / 2;
-    }
-    if (width == 1) {
-        int64_t full = n / 8;
-        for (int64_t b = 0; b < full; b++) {
-            uint32_t v = in[b];
-            uint32_t *g = c + 8 * b;
-            for (int j = 0; j < 8; j++) g[j] = (v >> j) & 1u;
-        }
-        for (int64_t k = full * 8; k < n; k++) c[k] = (in[full] >> (k - full * 8)) & 1u;
-        return (n + 7) / 8;
-    }
-    if (width == 2) {
-        int64_t full = n / 4;
-        for (int64_t b = 0; b < full; b++) {
-            uint32_t v = in[b];
-            c[4 * b] = v & 3u;
-            c[4 * b + 1] = (v >> 2) & 3u;
-            c[4 * b + 2] = (v >> 4) & 3u;
-            c[4 * b + 3] = v >> 6;
-        }
-        for (int64_t k = full * 4; k < n; k++) c[k] = (in[full] >> (2 * (k - full * 4))) & 3u;
-        return (n + 3) / 4;
     }
     const uint64_t mask = width == 32 ? 0xFFFFFFFFull : ((1ull << width) - 1);
     int g = group_codes(width);

@@ -24,17 +24,19 @@ from pathlib import Path
 
 from approxdist.cache import cache_dir as approxdist_cache
 
-_SOURCES = ("bitfield.c", "table.c")
+#: compiled together into one library (public: the tests build variants of it)
+SOURCES = ("bitfield.c", "table.c")
 #: included by the sources: part of the cache key, not compiled on their own
-_HEADERS = ("bitpack.h",)
+_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "parallel.h")
 #: tried in order; -march=native is safe because the build runs on the machine that uses it
 _FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
-_BASE_FLAGS = ("-shared", "-fPIC", "-std=c99")
+BASE_FLAGS = ("-shared", "-fPIC", "-std=c99", "-pthread")
 
 
 @dataclass(frozen=True)
 class KernelStatus:
-    """Whether the kernels are in use here, and the library path or the reason they are not."""
+    """Whether the kernels are in use here, and the library path and vector instruction set
+    or the reason they are not."""
 
     available: bool
     detail: str
@@ -85,7 +87,7 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
                                          "Install one (e.g. apt install gcc) for faster codecs")
     try:
         source = b"".join((Path(__file__).parent / name).read_bytes()
-                          for name in _SOURCES + _HEADERS)
+                          for name in SOURCES + _HEADERS)
         folder = cache_dir()
     except (OSError, RuntimeError) as exc:  # no source shipped, no home directory
         return None, KernelStatus(False, f"kernel source or cache folder unavailable ({exc}); "
@@ -96,7 +98,9 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
         try:
             if not path.exists():
                 _compile(compiler, flags, path)
-            return ctypes.CDLL(str(path)), KernelStatus(True, str(path))
+            lib = ctypes.CDLL(str(path))
+            lib.ad_kernels_isa.restype = ctypes.c_char_p
+            return lib, KernelStatus(True, f"{path}, {lib.ad_kernels_isa().decode()}")
         except (OSError, subprocess.SubprocessError) as exc:
             errors.append(f"{compiler} {' '.join(flags)}: {str(exc).strip()[:300]}")
     return None, KernelStatus(False, "kernel build failed; using torch ops. " + " | ".join(errors))
@@ -104,11 +108,11 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
 
 def _compile(compiler: str, flags: tuple[str, ...], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    sources = [str(Path(__file__).parent / name) for name in _SOURCES]
+    sources = [str(Path(__file__).parent / name) for name in SOURCES]
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([compiler, *flags, *_BASE_FLAGS, "-o", tmp, *sources],
+        proc = subprocess.run([compiler, *flags, *BASE_FLAGS, "-o", tmp, *sources],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise subprocess.SubprocessError(proc.stderr or f"exit code {proc.returncode}")
@@ -120,7 +124,7 @@ def _compile(compiler: str, flags: tuple[str, ...], path: Path) -> None:
 
 def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     h = hashlib.sha256(source)
-    h.update(" ".join((compiler, *flags, *_BASE_FLAGS)).encode())
+    h.update(" ".join((compiler, *flags, *BASE_FLAGS)).encode())
     h.update(platform.machine().encode())
     h.update(_cpu_flags().encode())
     return h.hexdigest()[:16]

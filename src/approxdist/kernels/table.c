@@ -9,18 +9,23 @@
  *
  * - ad_table_sample: the strided sample of |x| the percentiles are taken from, finite
  *   values only, sorted (LSD radix sort on the bit patterns: same order as torch.sort);
- * - ad_table_encode: codes (counting compares for T <= 16, binary search above), packed
- *   by bitpack.h;
+ * - ad_table_encode: codes (for T <= 16 a binary search over thresholds held in AVX-512
+ *   registers, or counting compares; a binary search in memory above), one byte each for
+ *   N <= 8, packed by bytepack.h (bitpack.h above);
  * - ad_table_decode (decode-add with `add`): codes are unpacked and looked up in `values`
  *   (2T entries: +table then -table), with one AVX-512 / AVX2 permute per 16 / 8 values
  *   for N <= 4 where the CPU has it; without, widths dividing 8 copy one row of 8/N
  *   decoded values per packed byte (the `rows` table the torch path gathers from too).
+ * Encode and decode split over `threads` threads (parallel.h).
  * No -ffast-math: decode-add is the same IEEE fp32 addition as torch's, bit for bit.
  */
 #include <stdint.h>
 #include <string.h>
 
 #include "bitpack.h"
+#include "bytepack.h"
+#include "lookup.h"
+#include "parallel.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -39,16 +44,72 @@
         c[k] = s;                                                                   \
     }
 
+/* the codes of table1..table5 (T <= 16); 0 if `nm` is not 2^(bits-1) - 1. (Counted in
+ * 32-bit lanes: counting into bytes makes gcc narrow every compare's result.) */
+static int count_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t n,
+                       const int32_t *restrict mids, int64_t nm, int bits) {
+    switch (nm) {
+    case 0: COUNT_LOOP(0) return 1;
+    case 1: COUNT_LOOP(1) return 1;
+    case 3: COUNT_LOOP(3) return 1;
+    case 7: COUNT_LOOP(7) return 1;
+    case 15: COUNT_LOOP(15) return 1;
+    default: return 0;
+    }
+}
+
+#if defined(__AVX512F__)
+/* level 0 probes mids[T/2 - 1] for every value: no permute; the sign bit is ORed in by
+ * one ternary-logic op (A | (B & C)) */
+#define SEARCH_LOOP(L)                                                                      \
+    for (; k + 16 <= n; k += 16) {                                                          \
+        const __m512i v = _mm512_loadu_si512((const void *)(x + k));                        \
+        const __m512i a = _mm512_and_si512(v, abs_bits);                                    \
+        __m512i code = (L) == 0 ? _mm512_setzero_si512() /* table1: the sign only */        \
+            : _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(a, level[0]), step[0]);        \
+        for (int l = 1; l < (L); l++) {                                                     \
+            __m512i probe = _mm512_permutexvar_epi32(code, level[l]);                       \
+            code = _mm512_mask_add_epi32(code, _mm512_cmpge_epi32_mask(a, probe), code, step[l]); \
+        }                                                                                   \
+        code = _mm512_ternarylogic_epi32(code, _mm512_srai_epi32(v, 31), sign, 0xF8);        \
+        _mm_storeu_si128((__m128i *)(c + k), _mm512_cvtepi32_epi8(code));                   \
+    }
+#endif
+
+/* Byte codes of table1..table5 (T <= 16, nm = T - 1), 16 values per step, by a branch-free
+ * binary search with the thresholds in registers: level s (T/2, ..., 1) compares |x| with
+ * mids[c + s - 1], one permute, one compare and one masked add, so log2(T) levels instead
+ * of T-1 compares. Returns how many values it did (0 without AVX-512). */
+static int64_t search_codes8(const int32_t *restrict x, uint8_t *restrict c, int64_t n,
+                             const int32_t *restrict mids, int64_t nm, int bits) {
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    if (nm > 15 || (nm & (nm + 1))) return 0;
+    __m512i level[4] = {0}, step[4] = {0};
+    int levels = 0;
+    for (int32_t s = (int32_t)(nm + 1) / 2; s >= 1; s /= 2, levels++) {
+        int32_t t[16];
+        for (int i = 0; i < 16; i++) /* level 0: mids[s - 1] in every lane */
+            t[i] = levels == 0 ? mids[s - 1] : i + s - 1 < nm ? mids[i + s - 1] : INT32_MAX;
+        level[levels] = _mm512_loadu_si512((const void *)t);
+        step[levels] = _mm512_set1_epi32(s);
+    }
+    const __m512i abs_bits = _mm512_set1_epi32(ABS_BITS), sign = _mm512_set1_epi32(1 << (bits - 1));
+    switch (levels) { /* constant level counts: the levels unroll, the tables stay in registers */
+    case 0: SEARCH_LOOP(0) break;
+    case 1: SEARCH_LOOP(1) break;
+    case 2: SEARCH_LOOP(2) break;
+    case 3: SEARCH_LOOP(3) break;
+    default: SEARCH_LOOP(4) break;
+    }
+#else
+    (void)x, (void)c, (void)n, (void)mids, (void)nm, (void)bits;
+#endif
+    return k;
+}
+
 static void table_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t n,
                         const int32_t *restrict mids, int64_t nm, int bits) {
-    switch (nm) { /* the thresholds of table1..table5 */
-    case 0: COUNT_LOOP(0) return;
-    case 1: COUNT_LOOP(1) return;
-    case 3: COUNT_LOOP(3) return;
-    case 7: COUNT_LOOP(7) return;
-    case 15: COUNT_LOOP(15) return;
-    default: break;
-    }
     int64_t top = 1;
     while (top * 2 <= nm) top *= 2;
     if (top * 2 - 1 == nm) { /* T-1 thresholds (every codec): the probes never pass the end */
@@ -68,14 +129,42 @@ static void table_codes(const int32_t *restrict x, uint32_t *restrict c, int64_t
     }
 }
 
-void ad_table_encode(const int32_t *x, int64_t n, const int32_t *mids, int64_t nm, int bits,
-                     uint8_t *out) {
-    uint32_t c[BLOCK];
-    for (int64_t k = 0; k < n; k += BLOCK) {
-        int64_t m = block_len(n - k);
-        table_codes(x + k, c, m, mids, nm, bits);
-        out += pack(c, m, bits, out);
+typedef struct {
+    const int32_t *x, *mids;
+    const uint8_t *in;
+    uint8_t *out;
+    const float *values, *rows;
+    float *y;
+    int64_t nm;
+    int bits, add;
+} job_t;
+
+static void encode_range(const void *arg, int64_t lo, int64_t hi) {
+    const job_t *j = (const job_t *)arg;
+    const int bits = j->bits;
+    uint8_t *out = j->out + lo * bits / 8;
+    uint8_t c8[BLOCK];
+    uint32_t c32[BLOCK];
+    for (int64_t k = lo; k < hi; k += BLOCK) {
+        const int64_t m = block_len(hi - k);
+        if (bits > 8 || !BYTEPACK_LE) {
+            if (!count_codes(j->x + k, c32, m, j->mids, j->nm, bits))
+                table_codes(j->x + k, c32, m, j->mids, j->nm, bits);
+            out += pack(c32, m, bits, out);
+            continue;
+        }
+        const int64_t done = search_codes8(j->x + k, c8, m, j->mids, j->nm, bits);
+        if (!count_codes(j->x + k + done, c32, m - done, j->mids, j->nm, bits))
+            table_codes(j->x + k + done, c32, m - done, j->mids, j->nm, bits);
+        for (int64_t i = done; i < m; i++) c8[i] = (uint8_t)c32[i - done];
+        out += pack8(c8, m, bits, out);
     }
+}
+
+void ad_table_encode(const int32_t *x, int64_t n, const int32_t *mids, int64_t nm, int bits,
+                     uint8_t *out, int threads) {
+    job_t j = {x, mids, NULL, out, NULL, NULL, NULL, nm, bits, 0};
+    split_run(encode_range, &j, n, threads);
 }
 
 /* y[k] (+)= rows[byte][j] for each packed byte; g = 8 / width decoded values per byte. */
@@ -111,63 +200,45 @@ static void rows_decode(const uint8_t *restrict in, int64_t n, const float *rest
     }
 }
 
-/* y[j] (+)= values[c[j]] for m codes, with at most 16 code values: one permute per 16 (or
- * 8) values where the CPU has one; returns how many it did (the rest go the scalar way). */
-static int64_t lookup_simd(const uint32_t *restrict c, int64_t m, const float *restrict tab,
-                           float *restrict y, int add) {
-    int64_t j = 0;
-#if defined(__AVX512F__)
-    const __m512 t = _mm512_loadu_ps(tab);
-    for (; j + 16 <= m; j += 16) {
-        __m512 v = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)(c + j)), t);
-        if (add) v = _mm512_add_ps(_mm512_loadu_ps(y + j), v);
-        _mm512_storeu_ps(y + j, v);
+/* y (+)= values[code] over [lo, hi) (bits <= 8: byte codes, a permute for bits <= 4) */
+static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
+    const int bits = j->bits, add = j->add, bytes = bits <= 8 && BYTEPACK_LE;
+    const uint8_t *in = j->in + lo * bits / 8;
+    const float *restrict values = j->values;
+    uint8_t c8[BLOCK];
+    uint32_t c32[BLOCK];
+    float tab[16] = {0};
+    const int small = bits <= 4 && bytes; /* 2T <= 16 code values fit one permute */
+    if (small) memcpy(tab, values, sizeof(float) << bits);
+    for (int64_t k = lo; k < hi; k += BLOCK) {
+        const int64_t m = block_len(hi - k);
+        float *restrict y = j->y + k;
+        if (bytes) {
+            in += unpack8(in, m, bits, c8);
+            if (small) lookup16(c8, m, tab, y, add);
+            else if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c8[i]];
+            else for (int64_t i = 0; i < m; i++) y[i] = values[c8[i]];
+        } else {
+            in += unpack(in, m, bits, c32);
+            if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c32[i]];
+            else for (int64_t i = 0; i < m; i++) y[i] = values[c32[i]];
+        }
     }
-#elif defined(__AVX2__)
-    const __m256 lo = _mm256_loadu_ps(tab), hi = _mm256_loadu_ps(tab + 8);
-    for (; j + 8 <= m; j += 8) {
-        __m256i idx = _mm256_loadu_si256((const __m256i *)(c + j));
-        __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* bit 3 -> sign */
-        __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx),
-                                    _mm256_permutevar8x32_ps(hi, idx), high);
-        if (add) v = _mm256_add_ps(_mm256_loadu_ps(y + j), v);
-        _mm256_storeu_ps(y + j, v);
-    }
-#else
-    (void)c, (void)m, (void)tab, (void)y, (void)add;
-#endif
-    return j;
 }
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#define HAVE_PERMUTE 1
-#else
-#define HAVE_PERMUTE 0
-#endif
-
-static void codes_decode(const uint8_t *in, int64_t n, const float *restrict values, int bits,
-                         float *restrict y, int add) {
-    uint32_t c[BLOCK];
-    float tab[16] = {0};
-    const int small = bits <= 4; /* 2T <= 16 code values fit one permute */
-    if (small) memcpy(tab, values, sizeof(float) << bits);
-    for (int64_t k = 0; k < n; k += BLOCK) {
-        int64_t m = block_len(n - k);
-        in += unpack(in, m, bits, c);
-        int64_t j = small ? lookup_simd(c, m, tab, y + k, add) : 0;
-        if (add)
-            for (; j < m; j++) y[k + j] += values[c[j]];
-        else
-            for (; j < m; j++) y[k + j] = values[c[j]];
-    }
+static void decode_range(const void *arg, int64_t lo, int64_t hi) {
+    const job_t *j = (const job_t *)arg;
+    const int bits = j->bits;
+    if (j->rows != NULL && 8 % bits == 0 && !(HAVE_PERMUTE && bits <= 4))
+        rows_decode(j->in + lo * bits / 8, hi - lo, j->rows, 8 / bits, j->y + lo, j->add);
+    else
+        codes_range(j, lo, hi);
 }
 
 void ad_table_decode(const uint8_t *in, int64_t n, const float *values, const float *rows,
-                     int bits, float *y, int add) {
-    if (rows != NULL && 8 % bits == 0 && !(HAVE_PERMUTE && bits <= 4))
-        rows_decode(in, n, rows, 8 / bits, y, add);
-    else
-        codes_decode(in, n, values, bits, y, add);
+                     int bits, float *y, int add, int threads) {
+    job_t j = {NULL, NULL, in, NULL, values, rows, y, 0, bits, add};
+    split_run(decode_range, &j, n, threads);
 }
 
 /* LSD radix sort of n keys in `a` (tmp: n more), 8 bits per pass; the result ends in `a`. */
@@ -193,4 +264,15 @@ int64_t ad_table_sample(const uint32_t *x, int64_t n, int64_t step, uint32_t *ou
     }
     radix_sort(out, tmp, m);
     return m;
+}
+
+/* The vector instruction set this build uses (the bench's header prints it). */
+const char *ad_kernels_isa(void) {
+#if defined(__AVX512F__)
+    return "AVX-512";
+#elif defined(__AVX2__)
+    return "AVX2";
+#else
+    return "no SIMD intrinsics";
+#endif
 }

@@ -22,9 +22,9 @@ class TableKernel:
     def __init__(self, lib: ctypes.CDLL, bits: int) -> None:
         self.bits = bits
         self._encode = lib.ad_table_encode
-        self._encode.argtypes = [_VOID, _I64, _VOID, _I64, _INT, _VOID]
+        self._encode.argtypes = [_VOID, _I64, _VOID, _I64, _INT, _VOID, _INT]
         self._decode = lib.ad_table_decode
-        self._decode.argtypes = [_VOID, _I64, _VOID, _VOID, _INT, _VOID, _INT]
+        self._decode.argtypes = [_VOID, _I64, _VOID, _VOID, _INT, _VOID, _INT, _INT]
         self._sample = lib.ad_table_sample
         self._sample.argtypes = [_VOID, _I64, _I64, _VOID, _VOID]
         self._sample.restype = _I64
@@ -57,7 +57,7 @@ class TableKernel:
         _need(mids, torch.int32, mids.numel())
         _need(codes, torch.uint8, self._nbytes(x.numel()))
         self._encode(x.data_ptr(), x.numel(), mids.data_ptr(), mids.numel(), self.bits,
-                     codes.data_ptr())
+                     codes.data_ptr(), torch.get_num_threads())
 
     def decode(self, codes: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None,
                y: torch.Tensor, add: bool = False) -> None:
@@ -71,7 +71,7 @@ class TableKernel:
             _need(rows, torch.float32, 256 * (8 // self.bits))
             rows_ptr = rows.data_ptr()
         self._decode(codes.data_ptr(), y.numel(), values.data_ptr(), rows_ptr, self.bits,
-                     y.data_ptr(), int(add))
+                     y.data_ptr(), int(add), torch.get_num_threads())
 
     def _nbytes(self, n: int) -> int:
         return (n * self.bits + 7) // 8

@@ -111,10 +111,16 @@ class BitFieldCodec(FramedCodec):
 
     def _kernel(self, *tensors: torch.Tensor) -> BitKernel | None:
         """The fused kernel if it can take these tensors, else None (use torch ops)."""
-        if self.lossless or not self.use_kernels or not BitKernel.usable(*tensors):
+        return self._cpu_kernel() if BitKernel.usable(*tensors) else None
+
+    def _cpu_kernel(self) -> BitKernel | None:
+        if self.lossless or not self.use_kernels:
             return None
         return self._kernels.get(lambda: BitKernel.create(
             [(r.lo, r.length, r.pos) for r in self.runs], self.layout.width))
+
+    def _fused_on(self, device: torch.device) -> bool:
+        return device.type == "cpu" and self._cpu_kernel() is not None
 
     @property
     def code_bits(self) -> int:

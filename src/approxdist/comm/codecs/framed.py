@@ -45,7 +45,9 @@ class FramedCodec(Codec):
     `CHUNK` values keep the intermediates of the few passes in cache. With several, each
     torch op is a parallel region whose closing barrier can cost a scheduler tick when
     another process holds a core (a shared 2-core machine), so fewer, whole-tensor ops
-    win. 0 never chunks; a positive multiple of 8 always uses that size.
+    win. A codec whose fused kernel takes the tensor (`_fused_on`) needs no chunks: the
+    kernel works in cache-sized blocks itself. 0 never chunks; a positive multiple of 8
+    always uses that size.
     """
 
     family: str
@@ -92,7 +94,7 @@ class FramedCodec(Codec):
         start = self.codes_offset(n)
         flat = self._flat(x)
         state = self._prepare(flat, out[HEADER_NBYTES:start])
-        for lo, hi in self._chunks(n):
+        for lo, hi in self._chunks(n, x.device):
             self._encode_chunk(flat[lo:hi], out[start + self._byte(lo): start + self._byte(hi)],
                                state)
         return Payload(out, x.shape)
@@ -122,18 +124,22 @@ class FramedCodec(Codec):
         n = flat.numel()
         start = self.codes_offset(n)
         state = self._load(data[HEADER_NBYTES:start])
-        for lo, hi in self._chunks(n):
+        for lo, hi in self._chunks(n, flat.device):
             per_chunk(data[start + self._byte(lo): start + self._byte(hi)], flat[lo:hi], state)
 
     def _byte(self, index: int) -> int:
         return (index * self.code_bits + 7) // 8
 
-    def _chunks(self, n: int) -> list[tuple[int, int]]:
+    def _chunks(self, n: int, device: torch.device) -> list[tuple[int, int]]:
         step = self.chunk
         if step is None:
-            step = CHUNK if torch.get_num_threads() == 1 else 0
+            step = CHUNK if torch.get_num_threads() == 1 and not self._fused_on(device) else 0
         step = step or max(n, 1)
         return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+    def _fused_on(self, device: torch.device) -> bool:
+        """True where one fused kernel call encodes or decodes a whole tensor on `device`."""
+        return False
 
     def _flat(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_contiguous():

@@ -120,9 +120,15 @@ class TableCodec(FramedCodec):
 
     def _kernel(self, *tensors: torch.Tensor) -> TableKernel | None:
         """The fused kernel if it can take these tensors, else None (use torch ops)."""
-        if not self.use_kernels or not TableKernel.usable(*tensors):
+        return self._cpu_kernel() if TableKernel.usable(*tensors) else None
+
+    def _cpu_kernel(self) -> TableKernel | None:
+        if not self.use_kernels:
             return None
         return self._kernels.get(lambda: TableKernel.create(self.bits))
+
+    def _fused_on(self, device: torch.device) -> bool:
+        return device.type == "cpu" and self._cpu_kernel() is not None
 
     @property
     def code_bits(self) -> int:

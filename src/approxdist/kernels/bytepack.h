@@ -1,0 +1,144 @@
+/* LSB-first bit packing of codes of 1..8 bits held one per byte (approxdist.kernels).
+ *
+ * The same stream as bitpack.h (code i at stream bits [i*w, (i+1)*w)), from and to one
+ * byte per code, which keeps the code buffers small and lets the compiler vectorize the
+ * loops: for widths dividing 8 each group of 8/w code bytes, read as one 16-, 32- or
+ * 64-bit word, folds into one packed byte with shifts and ORs (no per-code branch, no
+ * table); other widths fold 8 code bytes into w packed bytes. Little-endian hosts only
+ * (the kernels' callers check `BYTEPACK_LE`); header-only.
+ */
+#ifndef APPROXDIST_BYTEPACK_H
+#define APPROXDIST_BYTEPACK_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "bitpack.h" /* BLOCK */
+
+#define BYTEPACK_LE (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+
+static uint64_t load_n(const uint8_t *in, int64_t nbytes) {
+    uint64_t v = 0;
+    memcpy(&v, in, (size_t)nbytes); /* little-endian: byte i is bits 8i.. */
+    return v;
+}
+
+/* 8 code bytes (each < 2^w, w < 8) -> their 8w-bit stream in the low bits */
+static uint64_t fold8(uint64_t u, int w) {
+    u = (u & 0x00FF00FF00FF00FFull) | ((u & 0xFF00FF00FF00FF00ull) >> (8 - w));
+    u = (u & 0x0000FFFF0000FFFFull) | ((u & 0xFFFF0000FFFF0000ull) >> (16 - 2 * w));
+    return (u & 0xFFFFFFFFull) | ((u >> 32) << (4 * w));
+}
+
+/* the inverse of fold8 (bits above 8w ignored) */
+static uint64_t unfold8(uint64_t u, int w) {
+    u &= (1ull << (8 * w)) - 1;
+    const uint64_t m1 = (1ull << w) - 1, m2 = (1ull << (2 * w)) - 1, m4 = (1ull << (4 * w)) - 1;
+    u = (u & m4) | ((u >> (4 * w)) << 32);
+    u = (u & (m2 | m2 << 32)) | ((u & ((m4 & ~m2) | (m4 & ~m2) << 32)) << (16 - 2 * w));
+    const uint64_t lo = m1 * 0x0001000100010001ull, hi = (m2 & ~m1) * 0x0001000100010001ull;
+    return (u & lo) | ((u & hi) << (8 - w));
+}
+
+/* Pack n <= BLOCK code bytes into `out`; returns bytes written ((n*w + 7) / 8, the last
+ * byte zero-padded). */
+static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restrict out) {
+    int64_t b = 0, full = n / 8; /* whole groups of 8 codes */
+    if (w == 8) {
+        memcpy(out, c, (size_t)n);
+        return n;
+    } else if (w == 4) {
+        for (b = 0; b < n / 2; b++) {
+            uint16_t u;
+            memcpy(&u, c + 2 * b, 2);
+            out[b] = (uint8_t)(u | (u >> 4));
+        }
+        b = n / 2 * 2;
+    } else if (w == 2) {
+        for (b = 0; b < n / 4; b++) {
+            uint32_t u;
+            memcpy(&u, c + 4 * b, 4);
+            u |= u >> 6;
+            out[b] = (uint8_t)(u | (u >> 12));
+        }
+        b = n / 4 * 4;
+    } else if (w == 1) {
+        for (b = 0; b < full; b++) {
+            uint64_t u;
+            memcpy(&u, c + 8 * b, 8);
+            u |= u >> 7;
+            u |= u >> 14;
+            out[b] = (uint8_t)(u | (u >> 28));
+        }
+        b = full * 8;
+    } else {
+        /* fold all groups first (a vectorized loop), then store 8 bytes per group, of which
+         * w are kept (the next group overwrites the rest); the groups whose 8 bytes would
+         * pass this call's end are stored exactly: another thread may write the next bytes */
+        uint64_t folded[BLOCK / 8];
+        for (int64_t g = 0; g < full; g++) folded[g] = fold8(load_n(c + 8 * g, 8), w);
+        const int64_t spill = full - (8 + w - 1) / w, safe = spill > 0 ? spill : 0;
+        for (int64_t g = 0; g < safe; g++) memcpy(out + g * w, &folded[g], 8);
+        for (int64_t g = safe; g < full; g++) memcpy(out + g * w, &folded[g], (size_t)w);
+        b = full * 8;
+    }
+    if (b < n) { /* the last codes: fewer than one group */
+        uint64_t acc = 0;
+        for (int64_t k = b; k < n; k++) acc |= (uint64_t)c[k] << ((k - b) * w);
+        int64_t at = b * w / 8, tail = ((n - b) * w + 7) / 8;
+        memcpy(out + at, &acc, (size_t)tail);
+    }
+    return (n * w + 7) / 8;
+}
+
+/* Unpack n <= BLOCK codes of w bits from `in` into one byte each; returns bytes consumed. */
+static int64_t unpack8(const uint8_t *restrict in, int64_t n, int w, uint8_t *restrict c) {
+    int64_t b = 0, full = n / 8;
+    if (w == 8) {
+        memcpy(c, in, (size_t)n);
+        return n;
+    } else if (w == 4) {
+        for (b = 0; b < n / 2; b++) {
+            uint16_t u = (uint16_t)((in[b] | (in[b] << 4)) & 0x0F0F);
+            memcpy(c + 2 * b, &u, 2);
+        }
+        b = n / 2 * 2;
+    } else if (w == 2) {
+        for (b = 0; b < n / 4; b++) {
+            uint32_t u = in[b];
+            u |= u << 12;
+            u = (u | (u << 6)) & 0x03030303u;
+            memcpy(c + 4 * b, &u, 4);
+        }
+        b = n / 4 * 4;
+    } else if (w == 1) {
+        for (b = 0; b < full; b++) {
+            uint64_t u = in[b];
+            u |= u << 28;
+            u |= u << 14;
+            u = (u | (u << 7)) & 0x0101010101010101ull;
+            memcpy(c + 8 * b, &u, 8);
+        }
+        b = full * 8;
+    } else {
+        /* 8 bytes read per group, w used (exact reads where 8 would pass the end of the
+         * codes), then all groups unfolded in a vectorized loop */
+        uint64_t packed[BLOCK / 8];
+        const int64_t spill = full - (8 + w - 1) / w, safe = spill > 0 ? spill : 0;
+        for (int64_t g = 0; g < safe; g++) memcpy(&packed[g], in + g * w, 8);
+        for (int64_t g = safe; g < full; g++) packed[g] = load_n(in + g * w, w);
+        for (int64_t g = 0; g < full; g++) {
+            uint64_t u = unfold8(packed[g], w);
+            memcpy(c + 8 * g, &u, 8);
+        }
+        b = full * 8;
+    }
+    if (b < n) {
+        int64_t at = b * w / 8, tail = ((n - b) * w + 7) / 8;
+        uint64_t acc = load_n(in + at, tail);
+        for (int64_t k = b; k < n; k++) c[k] = (uint8_t)((acc >> ((k - b) * w)) & ((1u << w) - 1));
+    }
+    return (n * w + 7) / 8;
+}
+
+#endif

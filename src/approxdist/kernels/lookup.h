@@ -1,0 +1,59 @@
+/* Decoding byte codes through a table of at most 16 fp32 values held in registers
+ * (approxdist.kernels): one AVX-512 permute per 16 values (two AVX2 permutes per 8) where
+ * the CPU has them, a plain indexed load elsewhere. Header-only.
+ */
+#ifndef APPROXDIST_LOOKUP_H
+#define APPROXDIST_LOOKUP_H
+
+#include <stdint.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* y[j] (+)= values[c[j]] for m byte codes, with at most 16 code values: one permute per 16 (or
+ * 8) values where the CPU has one; returns how many it did (the rest go the scalar way). */
+static int64_t lookup_simd(const uint8_t *restrict c, int64_t m, const float *restrict tab,
+                           float *restrict y, int add) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    const __m512 t = _mm512_loadu_ps(tab);
+    for (; j + 16 <= m; j += 16) {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + j)));
+        __m512 v = _mm512_permutexvar_ps(idx, t);
+        if (add) v = _mm512_add_ps(_mm512_loadu_ps(y + j), v);
+        _mm512_storeu_ps(y + j, v);
+    }
+#elif defined(__AVX2__)
+    const __m256 lo = _mm256_loadu_ps(tab), hi = _mm256_loadu_ps(tab + 8);
+    for (; j + 8 <= m; j += 8) {
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j)));
+        __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* bit 3 -> sign */
+        __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx),
+                                    _mm256_permutevar8x32_ps(hi, idx), high);
+        if (add) v = _mm256_add_ps(_mm256_loadu_ps(y + j), v);
+        _mm256_storeu_ps(y + j, v);
+    }
+#else
+    (void)c, (void)m, (void)tab, (void)y, (void)add;
+#endif
+    return j;
+}
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define HAVE_PERMUTE 1
+#else
+#define HAVE_PERMUTE 0
+#endif
+
+/* y[j] (+)= tab[c[j]] for m byte codes < 16 (tab: 16 floats) */
+static void lookup16(const uint8_t *restrict c, int64_t m, const float *restrict tab,
+                     float *restrict y, int add) {
+    int64_t j = lookup_simd(c, m, tab, y, add);
+    if (add)
+        for (; j < m; j++) y[j] += tab[c[j]];
+    else
+        for (; j < m; j++) y[j] = tab[c[j]];
+}
+
+#endif

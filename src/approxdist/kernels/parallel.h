@@ -1,0 +1,61 @@
+/* Split one kernel call over threads (approxdist.kernels): consecutive ranges, one per thread.
+ *
+ * Every range but the last starts and ends on a multiple of SPLIT_ALIGN values (a multiple
+ * of 8), so each range's packed codes start on a whole byte and the bytes are those of one
+ * call over the whole tensor. The calling thread runs the first range; a thread that
+ * cannot be created runs its range on the calling thread instead. Header-only.
+ */
+#ifndef APPROXDIST_PARALLEL_H
+#define APPROXDIST_PARALLEL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define SPLIT_ALIGN 2048
+#define MAX_THREADS 64
+/* fewer values per thread than this: thread start-up would cost more than it saves */
+#define MIN_PER_THREAD (1 << 17)
+
+typedef void (*range_fn)(const void *ctx, int64_t lo, int64_t hi);
+
+typedef struct {
+    range_fn f;
+    const void *ctx;
+    int64_t lo, hi;
+} part_t;
+
+static void *run_part(void *arg) {
+    const part_t *p = (const part_t *)arg;
+    p->f(p->ctx, p->lo, p->hi);
+    return NULL;
+}
+
+/* Call f(ctx, lo, hi) over [0, n) with at most `threads` threads. */
+static void split_run(range_fn f, const void *ctx, int64_t n, int threads) {
+    int64_t most = n / MIN_PER_THREAD;
+    int t = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    if (t > most) t = most < 1 ? 1 : (int)most;
+    if (t == 1) {
+        f(ctx, 0, n);
+        return;
+    }
+    int64_t per = (n + t - 1) / t;
+    per = (per + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+    const int count = (int)((n + per - 1) / per); /* 2..t: n >= 2 * MIN_PER_THREAD here */
+    part_t parts[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 0; i < count; i++) {
+        const int64_t lo = i * per;
+        parts[i] = (part_t){f, ctx, lo, lo + per < n ? lo + per : n};
+    }
+    for (int i = 1; i < count; i++)
+        started[i] = pthread_create(&ids[i], NULL, run_part, &parts[i]) == 0;
+    run_part(&parts[0]);
+    for (int i = 1; i < count; i++) {
+        if (started[i]) pthread_join(ids[i], NULL);
+        else run_part(&parts[i]);
+    }
+}
+
+#endif
