@@ -128,6 +128,23 @@ def test_mnist1d_generated_locally() -> None:
     assert torch.equal(a.train_x, b.train_x)  # fixed seed: the same data everywhere
 
 
+def test_digits_are_read_from_the_store_after_the_first_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from approxdist.data import digits
+
+    monkeypatch.setenv("APPROXDIST_CACHE_DIR", str(tmp_path))
+    first = digits.load_digits_dataset()
+    assert [p.name.startswith("digits-sklearn") for p in (tmp_path / "data").iterdir()] == [True]
+
+    def no_sklearn() -> None:
+        raise AssertionError("built again instead of read from the store")
+
+    monkeypatch.setattr(digits, "_images", no_sklearn)
+    again = digits.load_digits_dataset()
+    for key in ("train_x", "train_y", "test_x", "test_y"):
+        assert torch.equal(getattr(again, key), getattr(first, key)), key
+
+
 def test_mnist1d_is_generated_once_and_a_damaged_cache_is_generated_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from approxdist.data.mnist1d import load_mnist1d
