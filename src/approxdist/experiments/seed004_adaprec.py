@@ -95,13 +95,16 @@ def adaprec_keys(settings: Settings, policy: str = "adaprec") -> dict[str, Any]:
     return {**keys, "choose": "layer"} if policy == "adaprec-layer" else keys
 
 
-def measure_times(out: Path, link: str) -> Path:
-    """All-reduce times of the fixed formats on this world and link (policy:fastest's input)."""
+def measure_times(out: Path, link: str, smoke: bool = False) -> Path:
+    """All-reduce times of the fixed formats on this world and link (policy:fastest's input;
+    at smoke size two sizes and a few repeats: the machinery, not the figure)."""
     path = out / "codec-times.json"
     if path.is_file():
         return path
     combos = (BASELINE, *(("auto", c) for c in FIXED))
-    plan = BenchPlan((4096, 65536, 262144, 1 << 20), combos, link, None, 20, 3, budget_s=2.0)
+    sizes = (4096, 65536) if smoke else (4096, 65536, 262144, 1 << 20)
+    plan = BenchPlan(sizes, combos, link, None, 5 if smoke else 20, 3,
+                     budget_s=0.5 if smoke else 2.0)
     per_rank = run_on_ranks(measure_rank, RANKS, plan, timeout_s=1800, comm_timeout_s=300)
     path.write_text(json.dumps([r.as_json() for r in summarize(per_rank, RANKS, link)]))
     return path
@@ -110,7 +113,8 @@ def measure_times(out: Path, link: str) -> Path:
 def collect(settings: Settings) -> Meta:
     """Measure the codec times, then one run per (policy, seed); write the CSVs."""
     seeds = settings.seed_list()
-    times = measure_times(settings.out, task(settings, 0)["comm"]["link"])
+    times = measure_times(settings.out, task(settings, 0)["comm"]["link"],
+                          smoke=settings.size == "smoke")
     rows: list[Row] = []
     curves: list[Row] = []
     for seed in seeds:
