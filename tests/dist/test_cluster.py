@@ -197,8 +197,8 @@ def test_a_link_preset_runs_on_tc_shaped_hosts(cluster: ClusterLayout, tmp_path:
 def test_the_allreduce_preset_runs_on_tc_shaped_hosts(cluster: ClusterLayout,
                                                       tmp_path: Path) -> None:
     """`experiment seed001-allreduce --smoke --link bw=1gbit --link-shaper kernel`: per world
-    size a fresh cluster, one rank per host, `bench allreduce` run there; rows for every
-    algorithm at N = 2 and 4, and no namespace of it left afterwards."""
+    size (the smoke size has one, 2) a fresh cluster, one rank per host, `bench allreduce`
+    run there; rows for every algorithm, and no namespace of it left afterwards."""
     from approxdist.experiments import Settings, run_experiment
     from approxdist.experiments.csvio import read_csv
     from approxdist.experiments.seed001_allreduce import COLUMNS
@@ -210,11 +210,10 @@ def test_the_allreduce_preset_runs_on_tc_shaped_hosts(cluster: ClusterLayout,
     rows = read_csv(tmp_path / "allreduce.csv", COLUMNS)
     algorithms = {"native", "brb", "brd", "vhd", "ring", "auto"}
     assert {(r["world_size"], r["algorithm"]) for r in rows} == {
-        (w, a) for w in (2, 4) for a in algorithms}
+        (2, a) for a in algorithms}
     assert all(float(r["median_s"]) > 0 and int(r["repeats"]) >= 2 for r in rows)
-    for world in (2, 4):  # the hosts' output; N ranks on N one-rank hosts
-        log = (tmp_path / f"kernel-N{world}-measure.log").read_text()
-        assert f"[host 0] reproduce: approxdist bench allreduce --world-size {world} " in log
+    log = (tmp_path / "kernel-N2-measure.log").read_text()  # the hosts' output, one rank each
+    assert "[host 0] reproduce: approxdist bench allreduce --world-size 2 " in log
     assert "shaped by the kernel (`--link-shaper kernel`)" in report.read_text()
     assert set(namespaces()) == before
     assert not [ns for ns in namespaces() if ns.startswith(f"ad-{cluster_name()}-")]

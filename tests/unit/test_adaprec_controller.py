@@ -369,6 +369,10 @@ def test_the_validation_split_comes_out_of_the_training_set() -> None:
         hold_out(data, 0.02, 0, 4, 32)
     with pytest.raises(DataError, match="fewer than one batch"):
         hold_out(data, 0.5, 0, 4, 64)
+    # the error rule's signal set stays in training: the same samples, nothing removed
+    whole, wx, _ = hold_out(data, 0.5, 0, 4, 64, remove=False)
+    assert whole is data and torch.equal(wx, hold_out(data, 0.5, 0, 4, 32)[1])
+    assert not AdaPrecConfig().holds_out and AdaPrecConfig(decide="curve").holds_out
 
 
 @pytest.mark.parametrize("args, says", [

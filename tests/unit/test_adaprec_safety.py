@@ -9,6 +9,7 @@ import math
 import pytest
 
 from approxdist.adaptive.candidates import candidate_rules, check_candidates
+from approxdist.adaptive.controller import AdaPrecController
 from approxdist.adaptive.per_layer import assign, mix_rules, mix_spec
 from approxdist.cli.main import main
 from approxdist.config.adaprec import AdaPrecConfig
@@ -48,6 +49,43 @@ def test_the_fastest_safe_codec_wins_and_the_budget_is_the_users() -> None:
     tight = AdaPrecConfig(**{**DEFAULTS.__dict__, "error_budget": 0.1})
     ctl, records = _drive(Sim(rates, secs, error=errors), tight, ("fp32", "fp8", "table4"))
     assert [c for _, c in ctl.chosen][1:] == ["fp8"] * 3 and records[1]["decided_by"] == "error"
+    # a phase where every candidate's signal dips a little (noise, within the margin): the
+    # fastest safe one still wins, not the one whose few steps happened to dip least
+    dipping = {"fp32": -0.0001, "fp8": -0.0002, "table4": -0.0003}
+    ctl, records = _drive(Sim(dipping, secs, error=errors), DEFAULTS, ("fp32", "fp8", "table4"))
+    first = records[1]["candidates"]  # every candidate speculated: no step time known yet
+    assert first["fp32"]["gain"] > first["fp8"]["gain"] > first["table4"]["gain"]
+    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
+
+
+def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated() -> None:
+    # the fastest safe codec wins; a candidate measured slower than a safe one cannot
+    rates = {"fp32": 0.002, "fp8": 0.002, "table4": 0.002, "poison": 0.01}
+    secs = {"fp32": 1.0, "fp8": 0.5, "table4": 0.3, "poison": 0.1}
+    errors = {"fp8": 0.05, "table4": 0.3, "poison": 1.4}
+    cands = ("fp32", "fp8", "table4", "poison")
+    sim = Sim(rates, secs, error=errors)
+    ctl, records = _drive(sim, DEFAULTS, cands)
+    assert set(records[1]["candidates"]) == set(cands) and records[1]["skipped"] == []
+    for r in records[2:]:  # the poison (fastest, damaging), then table4: safe, the rest slower
+        assert list(r["candidates"]) == ["poison", "table4"], r["candidates"].keys()
+        assert r["skipped"] == ["fp32", "fp8"] and r["chosen"] == "table4"
+    # the same choices as speculating every candidate (the curve rule's way, always whole)
+    full = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
+    assert [c for _, c in ctl.chosen] == ["fp32", "table4", "table4", "table4"]
+    _, whole = _drive(Sim(rates, secs, error=errors), full, cands)
+    assert all(set(r["candidates"]) == set(cands) for r in whole[1:])
+    # a safe candidate that turned out slower than measured before does not stop the
+    # search: the next one, measured faster, is tried
+    drift = Sim(rates, dict(secs), error=errors)
+    ctl = AdaPrecController(cands, DEFAULTS, drift, None, drift.clock)  # type: ignore[arg-type]
+    ctl.step_s = {"table4": 0.3, "fp8": 0.5, "fp32": 1.0, "poison": 0.1}
+    drift.secs["table4"] = 0.7
+    ctl.before_step(0)
+    drift.advance(10)
+    rec = ctl.before_step(10)
+    assert rec is not None and list(rec["candidates"]) == ["poison", "table4", "fp8"]
+    assert rec["chosen"] == "fp8" and rec["skipped"] == ["fp32"]
 
 
 def _sums(rel: dict[str, float], norm: dict[str, float], size: dict[str, int]

@@ -45,3 +45,16 @@ def test_one_line_exit_2_before_any_worker(argv: list[str], words: str, tmp_path
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and words in err, err
     assert not (out / "workers").exists()
+
+
+def test_bench_labels_keep_a_compressor_whose_name_ends_in_ef() -> None:
+    """`sign+ef` is one compressor, not `sign` with error feedback (the documented
+    `bench dp --codec ...,sign+ef,...` once failed with "unknown codec spec 'sign'")."""
+    from approxdist.benchmarks.dp import codec_label, split_label
+    from approxdist.errors import ConfigError
+
+    assert split_label("sign+ef") == ("sign+ef", False) and codec_label("sign+ef") == "sign+ef"
+    assert split_label("bits:s0e2+2m0+ef") == ("bits:s0e2+2m0", True)
+    assert codec_label("fp8-e5m2+ef") == "fp8-e5m2+ef"
+    with pytest.raises(ConfigError, match="keeps its own residual"):
+        codec_label("topk:0.01+ef")

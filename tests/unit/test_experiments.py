@@ -311,7 +311,8 @@ def _adaprec_rows(acc: float, wall: float, chosen: str, spent: float,
              "wall_time_s": base[p][1], "best_accuracy": base[p][0], "bytes_sent": 1,
              "speculation_s": spent if p in ada else 0.0, "fit_s": 0.0,
              "decision_s": 0.01 if p in ada else 0.0,
-             "chosen": chosen if p in ada else "", "blacklist": ""}
+             "chosen": chosen if p in ada else "", "blacklist": "",
+             "poison_error": 1.4 + 0.1 * s if p in ada else math.nan}
             for s in range(seeds) for p in POLICIES]
 
 
@@ -323,6 +324,8 @@ def test_seed004_adaprec_verdicts_follow_the_measurements() -> None:
     assert [ok for _, _, ok, _ in good] == [True] * 8  # both variants, four figures each
     assert "69.8 % vs 70.0 % (float), -0.2 pts; 0.45x float's time" in good[0][1]
     assert good[1][1] == "none is" and "chosen in 0 phase(s)" in good[2][1]
+    assert "its smallest measured error on the update (at least 1.40) against the error " \
+           "budget (adaprec.error_budget = 0.5)" in good[2][3]
     assert "11.3 % (0.5 s of 4.5 s a run)" in good[3][1]
     # slower than fp8 and less accurate beyond the spread: dominated; the poison chosen
     bad = trend_rows(_adaprec_rows(0.60, 8.0, f"0:fp32;40:{POISON}", 2.0, seeds=2))

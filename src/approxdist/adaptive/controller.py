@@ -9,7 +9,9 @@ snapshots the run, and for each candidate not blacklisted restores the snapshot,
 the gradients' codecs to it and trains `speculate_steps` steps, measuring the signal at
 `points` points, the seconds per step (slowest rank) and what its codec did to the
 update (`SpeculativeRun.update_error`, every rank's gradients; a candidate over
-`error_budget` after its first chunk of steps stops there), and keeps its end. Rank 0 judges
+`error_budget` after its first chunk of steps stops there), and keeps its end (with the
+error rule for one codec, fastest first by the times measured before, stopping at the
+first safe candidate no other can beat: `_speculate_all`). Rank 0 judges
 the candidates (`decide.py`: the curve fits) and every rank takes its decision; the run
 switches to the winner and goes on from the end of the winner's speculation, whose steps
 become the run's own (`reuse`; they trained the winner's codec from the snapshot, exactly
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from approxdist.adaptive.candidates import codec_bits
-from approxdist.adaptive.decide import Decision, Point, Trial, collapsed, decide
+from approxdist.adaptive.decide import Decision, Point, Trial, assess, collapsed, decide
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.comm.update_error import Sums, relative
 from approxdist.config.adaprec import AdaPrecConfig
@@ -122,6 +124,8 @@ class AdaPrecController:
         self.decision_s = 0.0
         self.fit_s = 0.0
         self.reused_steps = 0
+        #: each candidate's seconds a step, as last measured (the speculation's order)
+        self.step_s: dict[str, float] = {}
         self._start = 0.0
 
     def before_step(self, step: int) -> dict[str, Any] | None:
@@ -159,10 +163,10 @@ class AdaPrecController:
             return {**record, "chosen": keep, "reason": "overhead budget spent",
                     "blacklist": list(self.blacklist), "speculation_s": 0.0}
         self.run.snapshot()
-        specs = {c: self._speculate(c, step) for c in self.candidates if c not in self.blacklist}
-        t_judge = self.clock()
         at = self.run.total_steps if self.cfg.horizon == "run" else \
             min(step + self.cfg.phase_steps, self.run.total_steps)
+        specs = self._speculate_all(step, at, current)
+        t_judge = self.clock()
         decision = self.run.agree(self._decide([s.trial for s in specs.values()], at, current)
                                   if self.run.decides else None)
         assert decision is not None, "rank 0 decides"
@@ -194,10 +198,36 @@ class AdaPrecController:
         return {**record, "chosen": winner, "reason": reason, "predict_at": at,
                 "decided_by": decision.decided_by,
                 "candidates": decision.records, "blacklist": list(self.blacklist),
+                "skipped": [c for c in self.candidates
+                            if c not in specs and c not in self.blacklist],
                 "speculation_s": spent, "fit_s": decision.fit_s,
                 "agree_s": t_done - t_judge,
                 "reused_steps": self.cfg.speculate_steps if kept is not None else 0,
                 "reused_s": reused_s}
+
+    def _speculate_all(self, step: int, at: int, current: float) -> dict[str, _Speculation]:
+        """Each candidate's speculation. With the error rule for one codec (the fastest safe
+        candidate wins) they go fastest first by the step times measured before, those
+        never measured first, and stop at the first safe one that every candidate left
+        was measured slower than: none of those could win, and their steps are the
+        speculation's whole cost."""
+        todo = [c for c in self.candidates if c not in self.blacklist]
+        greedy = self.cfg.decide == "error" and self.cfg.choose == "all"
+        if greedy:
+            todo.sort(key=lambda c: self.step_s.get(c, -1.0))  # stable: ties keep the order
+        specs: dict[str, _Speculation] = {}
+        for i, candidate in enumerate(todo):
+            spec = specs[candidate] = self._speculate(candidate, step)
+            self.step_s[candidate] = spec.trial.s_per_step
+            rest = todo[i + 1:]
+            if not greedy or not rest or not all(
+                    self.step_s.get(c, -1.0) >= spec.trial.s_per_step for c in rest):
+                continue
+            safe = assess(spec.trial, self.curve, at, current, self.run.chance, self.cfg,
+                          self.model).eligible if self.run.decides else None
+            if self.run.agree(safe):
+                break
+        return specs
 
     def _decide(self, trials: list[Trial], at: int, current: float) -> Decision:
         return decide(trials, self.curve, at, current, self.run.chance, self.cfg, self.model,

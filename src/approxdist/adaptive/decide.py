@@ -191,7 +191,7 @@ def decide(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: fl
     out = tuple(a.trial.candidate for a in judged if a.blacklisted)
     if judged and all(a.blacklisted for a in judged):
         return Decision(None, "every candidate failed", out, records, fit_s, "blacklist")
-    winner = choose(judged, keep)
+    winner = choose(judged, keep, by_score=cfg.decide == "error")
     by = _decided_by(judged, winner, cfg)
     if cfg.choose == "layer" and any(a.eligible for a in judged):
         winner, by = _per_layer(judged, cfg, bits) or winner, "layer"
@@ -246,11 +246,17 @@ def own_pace(trial: Trial, start: Point, at: int) -> float:
     return v1 + (v1 - v0) / (s1 - s0) * (at - s1)
 
 
-def choose(judged: Sequence[Assessment], keep: str) -> str:
-    """The winner among `judged` (see the module docstring); `keep` when none is eligible."""
+def choose(judged: Sequence[Assessment], keep: str, by_score: bool = False) -> str:
+    """The winner among `judged` (see the module docstring); `keep` when none is eligible.
+    `by_score` (`decide = "error"`): the best score among the eligible, whatever their
+    measured gains (within the budget progress per step is taken as equal, so the few
+    steps' signal changes are noise; a phase where the signal dips must not hand the
+    run to the slowest candidate)."""
     eligible = [a for a in judged if a.eligible]
     if not eligible:
         return keep
+    if by_score:
+        return max(eligible, key=lambda a: a.score).trial.candidate
     gaining = [a for a in eligible if a.gain > 0]
     if gaining:  # ties go to the earlier candidate
         return max(gaining, key=lambda a: a.score).trial.candidate

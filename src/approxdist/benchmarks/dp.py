@@ -110,7 +110,10 @@ def _early_stepper(dp: DataParallel, x: torch.Tensor, y: torch.Tensor, loss: Los
 
 
 def split_label(label: str) -> tuple[str, bool]:
-    """`"bits:s0e2+2m0+ef"` -> (codec, error feedback): `+ef` asks for error feedback."""
+    """`"bits:s0e2+2m0+ef"` -> (codec, error feedback): `+ef` asks for error feedback
+    (a compressor's name is never split: `sign+ef` is one compressor)."""
+    if label.endswith("+ef") and is_compressor(label) and not is_compressor(label[:-3]):
+        return label, False
     return (label[:-3], True) if label.endswith("+ef") else (label, False)
 
 

@@ -235,7 +235,7 @@ def preflight(cfg: Config, plan: str | None = None, make: bool = True) -> None:
                           f"set ({n} samples); use a batch size <= {n}")
     if adaptive_wire(cfg) is not None:
         hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed, cfg.train.world_size,
-                 cfg.data.batch_size)
+                 cfg.data.batch_size, remove=cfg.adaprec.holds_out)
     mode.preflight(cfg, model, data)
 
 
@@ -258,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
         return run_tolerant(cfg, run_dir, resume)
     else:
         summary = launch_local(run_worker, cfg.train.world_size, to_dict(cfg), str(run_dir),
-                               resume, describe=describe_ranks(cfg))[0]
+                               resume, describe=describe_ranks(cfg),
+                               timeout_s=cfg.train.timeout_s)[0]
     return finish(run_dir, summary, cfg.train.trace)
 
 

@@ -30,7 +30,8 @@ class AdaPrecConfig:
     speculate_steps: int = 8     # S < K: steps each candidate trains from the snapshot
     points: int = 4              # signal measurements during each speculation (<= S)
     signal: str = "soft"         # soft: mean probability of the true class; or accuracy
-    val_fraction: float = 0.1    # held-out share of the *training* set the signal uses
+    val_fraction: float = 0.1    # share of the *training* set the signal uses (held out of
+    #                              training under the curve rule only: `holds_out`)
     lcb_z: float = 1.0           # eligible only if mean - z * std >= current signal - margin
     margin: float = 0.01         # the signal's noise a candidate's bound may fall below it by
     overhead_budget: float = 0.5  # most share of the run's time speculation may take
@@ -43,6 +44,13 @@ class AdaPrecConfig:
     error_budget: float = 0.5    # most relative error a candidate may add to the update
     decide: str = "error"        # among safe candidates: fastest (error) or curve's gain/s
     choose: str = "all"          # one codec for all parameters, or per parameter (layer)
+
+    @property
+    def holds_out(self) -> bool:
+        """Whether the signal's samples leave the training set: the curve rule predicts
+        accuracy on unseen data from it; the error rule's signal only guards against a
+        codec that damages training, which training samples show as well."""
+        return self.decide == "curve"
 
     def __post_init__(self) -> None:
         if self.phase_steps < 2:

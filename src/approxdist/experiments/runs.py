@@ -80,9 +80,14 @@ def _tidy(run_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def records_of(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The records of one `kind` (epoch, adaprec, ...) of a run's metrics.jsonl, in order."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == kind]
+
+
 def epochs_of(run_dir: Path) -> list[dict[str, Any]]:
     """The epoch records of a run's metrics.jsonl, in order; each epoch exactly once."""
-    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "epoch"]
+    records = records_of(run_dir, "epoch")
     numbers = [r["epoch"] for r in records]
     if numbers != list(range(1, len(numbers) + 1)):
         raise DataError(f"{run_dir / 'metrics.jsonl'} holds epochs {numbers}, not 1..N once each "

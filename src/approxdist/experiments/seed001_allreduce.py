@@ -65,7 +65,7 @@ def collect(settings: Settings) -> Meta:
     plan = dataclasses.replace(plan_for(settings), link=settings.link or None)
     kernel = settings.link_shaper == "kernel"
     rows = []
-    for world in (2, 4):
+    for world in settings.pick((2,), (2, 4), (2, 4)):  # smoke: the machinery, one world
         print(f"[{NAME}] {world} {'hosts' if kernel else 'ranks'}, sizes "
               f"{', '.join(fmt_size(s) for s in plan.sizes)}, link {settings.link or 'none'}: "
               f"calibrating auto", flush=True)

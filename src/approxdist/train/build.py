@@ -85,9 +85,10 @@ def build_trainer(cfg: Config, ctx: DistContext, run_dir: Path, resume: bool,
     data = load_dataset(cfg.data)
     adaptive = adaptive_wire(cfg)
     candidates = candidates_of(cfg.wire.wire(adaptive).codec) if adaptive else None
-    if candidates is not None:  # AdaPrec: its signal's split leaves the training set
+    if candidates is not None:  # AdaPrec's signal set (held out for the curve rule)
         data, val_x, val_y = hold_out(data, cfg.adaprec.val_fraction, cfg.train.seed,
-                                      cfg.train.world_size, cfg.data.batch_size)
+                                      cfg.train.world_size, cfg.data.batch_size,
+                                      remove=cfg.adaprec.holds_out)
     engine, groups = engine_for(cfg, ctx, data, rec)
     index, count = engine.shard
     batches = ShardedBatches(data, cfg.data.batch_size, index, count, cfg.train.seed,

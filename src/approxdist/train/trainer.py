@@ -21,6 +21,7 @@ turns NaN or infinite is reported with its step and, unless `train.on_divergence
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,10 +49,13 @@ from approxdist.train.sink import MetricsSink
 from approxdist.train.snapshot import Position
 from approxdist.train.straggler import Stragglers
 
-#: how long a rank that fails mid-run waits before it exits: when a peer died, the
-#: launcher (which reports the first rank it sees fail) then sees the dead peer first
-#: and names it as the cause, not this rank that merely lost its connection
+#: under torchrun, how long a rank that fails mid-run waits before it exits: torchrun's
+#: agent reports the first rank it polls as failed, and when a peer died it then sees the
+#: dead peer first and names it as the cause, not this rank that merely lost its
+#: connection (our own launchers see every death in order: `launch/ranks.py`)
 FAIL_LINGER_S = 2.0
+#: set by torchrun's agent in every worker it starts
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"
 
 #: called with the epoch index (0-based) before each epoch trains (e.g. to sample activations)
 EpochHook = Callable[[int], None]
@@ -249,7 +253,7 @@ class Trainer:
                 if self._diverged(epoch):
                     break
         except (ApproxDistError, RuntimeError) as exc:
-            if self.ctx.world_size > 1:
+            if self.ctx.world_size > 1 and TORCHRUN_ENV in os.environ:
                 time.sleep(FAIL_LINGER_S)
             named = name_lost_peer(exc, self.groups.mesh, self.ctx.rank)
             if named is exc:
