@@ -254,55 +254,57 @@ def _replayed(spawned: list[dict[str, Any]], index: int) -> tuple[dict[str, Any]
     return ranks[0], [r for r in ranks[1:] if r["server"] is False]
 
 
+def _replay_of(index: int, server: dict[str, Any], **change: Any) -> dict[str, torch.Tensor]:
+    """Replay case `index`'s recorded order (its setup changed by `change`)."""
+    case = REPLAYS[index]
+    return replay(_replay_model(), partial(_share, case), F.cross_entropy,
+                  pushes_of(server["records"]), dataclasses.replace(case.setup, **change))
+
+
 @pytest.mark.parametrize("index", range(len(REPLAYS)))
 def test_every_parameter_equals_the_replayed_push_order(spawned: list[dict[str, Any]],
                                                         index: int) -> None:
     case = REPLAYS[index]
     server, workers = _replayed(spawned, index)
-    want = replay(_replay_model(), partial(_share, case), F.cross_entropy,
-                  pushes_of(server["records"]), case.setup)
+    want = _replay_of(index, server)
     assert len(workers) == case.workers
-    pull = get_codec(case.pull)
-    for name, p in want.params.items():
+    for name, p in want.items():
         torch.testing.assert_close(server["params"][name], p, atol=1e-5, rtol=0, msg=name)
-        for w in workers:  # each worker pulled the final parameters through the pull codec
-            assert torch.equal(w["params"][name], pull.roundtrip(server["params"][name])), name
+    names = list(want)  # the workers pulled the final parameters, as one vector, in order
+    pulled = get_codec(case.pull).roundtrip(torch.cat([server["params"][n].reshape(-1)
+                                                       for n in names]))
+    for w in workers:
+        assert torch.equal(torch.cat([w["params"][n].reshape(-1) for n in names]), pulled)
 
 
-def test_the_replayed_runs_were_asynchronous(spawned: list[dict[str, Any]]) -> None:
-    """The orders the replay followed are not the trivial one: gradients came late (by 2
-    or more where `staleness_lr` divides by it), SSP's lead reached s and never passed it,
-    N+b dropped the slow worker's gradients and averaged N = W - 1 per update."""
+def test_the_replayed_orders_are_not_trivial(spawned: list[dict[str, Any]]) -> None:
+    """Gradients came late (by 2 or more where `staleness_lr` divides by it), SSP's lead
+    reached s and never passed it, N+b dropped gradients and averaged N = W - 1 fresh
+    ones per update."""
     for index, case in enumerate(REPLAYS):
         records = _replayed(spawned, index)[0]["records"]
         pushes, kind = pushes_of(records), case.setup.kind
         applied = [p for p in pushes if p.at is not None]
         stale = [p.at - p.read for p in applied if p.at is not None]
-        updates = {p.at for p in applied}
         if kind in ("async", "ssp"):
-            assert len(pushes) == len(applied) == len(updates) == case.workers * case.steps
+            assert len(pushes) == len(applied) == case.workers * case.steps
             assert max(stale) >= (2 if case.staleness_lr else 1), (case, stale)
-        if case.staleness_lr:
-            want = replay(_replay_model(), partial(_share, case), F.cross_entropy, pushes,
-                          case.setup)
-            assert want.lrs == [LR / max(1, s) for s in stale] and min(want.lrs) < LR / 1.5
         if kind == "ssp":
-            bound = int(case.mode.partition(":")[2])
             leads = [x for r in records for x in r["lead"]]
-            assert max(leads) == bound, (case, leads)
+            assert max(leads) == int(case.mode.partition(":")[2]), (case, leads)
         if kind == "backup":
-            assert stale == [0] * len(applied) and len(updates) == case.steps
-            assert len(applied) == (case.workers - 1) * case.steps
-            assert {p.worker for p in pushes if p.at is None} == {case.slow}
+            assert stale == [0] * len(applied) == [0] * (case.workers - 1) * case.steps
+            assert len(applied) < len(pushes), case  # the late ones dropped
 
 
-def test_a_lossy_replay_needs_the_codecs(spawned: list[dict[str, Any]]) -> None:
-    """Without the wires' codecs the replay misses the lossy run by far more than 1e-5:
-    the codecs changed the numbers, so the match above is not an accident."""
-    index = next(i for i, c in enumerate(REPLAYS) if c.push != "fp32")
-    case, server = REPLAYS[index], _replayed(spawned, index)[0]
-    exact = dataclasses.replace(case.setup, push="fp32", pull="fp32")
-    other = replay(_replay_model(), partial(_share, case), F.cross_entropy,
-                   pushes_of(server["records"]), exact)
-    gap = max((server["params"][n] - p).abs().max().item() for n, p in other.params.items())
-    assert gap > 1e-4, gap
+@pytest.mark.parametrize("change", [{"staleness_lr": False}, {"push": "fp32", "pull": "fp32"}])
+def test_the_replay_needs_what_the_run_did(spawned: list[dict[str, Any]],
+                                           change: dict[str, Any]) -> None:
+    """Without `staleness_lr`'s lr / staleness, or without the wires' codecs, the replay
+    misses the run by far more than 1e-5: the match above is not an accident."""
+    index = next(i for i, c in enumerate(REPLAYS)
+                 if any(getattr(c, k) != v for k, v in change.items()))
+    server = _replayed(spawned, index)[0]
+    other = _replay_of(index, server, **change)
+    gap = max((server["params"][n] - p).abs().max().item() for n, p in other.items())
+    assert gap > 1e-4, (change, gap)

@@ -87,16 +87,8 @@ def steps_of(pushes: Sequence[Push], kind: str) -> list[int]:
     return out
 
 
-@dataclass
-class Replayed:
-    """The replay's final parameters and, per update, the learning rate it stepped with."""
-
-    params: dict[str, torch.Tensor]
-    lrs: list[float]
-
-
 def replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Push],
-           setup: Setup) -> Replayed:
+           setup: Setup) -> dict[str, torch.Tensor]:
     """`model` (the initial weights, left untouched) trained by the updates of `pushes`;
     `batch(worker, step)` is that worker's share of the step's mini-batch."""
     threads = torch.get_num_threads()
@@ -108,7 +100,7 @@ def replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pus
 
 
 def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Push],
-            setup: Setup) -> Replayed:
+            setup: Setup) -> dict[str, torch.Tensor]:
     server, worker = copy.deepcopy(model), copy.deepcopy(model)
     opt = torch.optim.SGD(server.parameters(), lr=setup.lr, momentum=setup.server_momentum,
                           weight_decay=setup.decay)
@@ -118,7 +110,6 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
     applied = [(p, s) for p, s in zip(pushes, steps) if p.at is not None]
     updates = sorted({p.at for p, _ in applied if p.at is not None})
     assert updates == list(range(len(updates))), f"updates {updates} are not 0, 1, 2, ..."
-    lrs = []
     for a in updates:
         group = sorted(((p, s) for p, s in applied if p.at == a), key=lambda ps: ps[0].worker)
         assert all(p.read <= a for p, _ in group), f"update {a} uses a version not yet made"
@@ -140,9 +131,8 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
             g["lr"] = lr
         _load(server, mean, grads=True)
         opt.step()
-        lrs.append(lr)
         versions.append(_flat(server))
-    return Replayed({n: p.detach().clone() for n, p in server.named_parameters()}, lrs)
+    return {n: p.detach().clone() for n, p in server.named_parameters()}
 
 
 def _flat(module: nn.Module, grads: bool = False) -> torch.Tensor:
