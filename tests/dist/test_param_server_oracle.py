@@ -42,6 +42,7 @@ from approxdist.trace import NULL_RECORDER
 from approxdist.train.engines.param_server import build_param_server
 from approxdist.train.straggler import Stragglers
 from tests.helpers.ps_replay import Setup, pushes_of, replay
+
 FEATURES, CLASSES, BATCH, STEPS, LR = 10, 4, 24, 3, 0.05
 
 

@@ -4,7 +4,8 @@ oracle of `tests/dist/test_param_server_oracle.py`'s async, SSP and N+b cases).
 A server records every push it took as `[worker, version read, version applied to]`
 (None: dropped; `param_server.steplog`). The arrival order is the one thing such a run
 does not fix in advance; the replay takes it and shares nothing else with the server but
-the model's definition and seed, the data and the optimiser's settings. It keeps every
+the model's definition and seed, the data, the optimiser's settings and the wire's flat
+layout of the parameters (`param_server.wire`). It keeps every
 parameter version it makes and, for update a (the one applied to version a, giving
 version a + 1):
 
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from approxdist.comm.codecs import get_codec
+from approxdist.param_server.wire import flat_grads, flat_values, load_flat
 
 Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -105,7 +107,8 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
     opt = torch.optim.SGD(server.parameters(), lr=setup.lr, momentum=setup.server_momentum,
                           weight_decay=setup.decay)
     push_codec, pull_codec = get_codec(setup.push), get_codec(setup.pull)
-    versions = [_flat(server)]  # versions[v]: the parameters after v updates
+    held, computing = list(server.parameters()), list(worker.parameters())
+    versions = [flat_values(held)]  # versions[v]: the parameters after v updates
     steps = steps_of(pushes, setup.kind)
     applied = [(p, s) for p, s in zip(pushes, steps) if p.at is not None]
     updates = sorted({p.at for p, _ in applied if p.at is not None})
@@ -115,11 +118,11 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
         assert all(p.read <= a for p, _ in group), f"update {a} uses a version not yet made"
         grads = []
         for p, s in group:
-            _load(worker, pull_codec.roundtrip(versions[p.read]))
+            load_flat(computing, pull_codec.roundtrip(versions[p.read]))
             x, y = batch(p.worker, s)
             worker.zero_grad(set_to_none=True)
             loss_fn(worker(x), y).backward()
-            grads.append(push_codec.roundtrip(_flat(worker, grads=True)))
+            grads.append(push_codec.roundtrip(flat_grads(computing)))
         mean = grads[0]
         for g in grads[1:]:
             mean.add_(g)
@@ -127,27 +130,9 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
             mean.div_(len(grads))
         stale = max(a - p.read for p, _ in group)
         lr = setup.lr / max(1, stale) if setup.staleness_lr else setup.lr
-        for g in opt.param_groups:
-            g["lr"] = lr
-        _load(server, mean, grads=True)
+        for pg in opt.param_groups:
+            pg["lr"] = lr
+        load_flat(held, mean, into_grad=True)
         opt.step()
-        versions.append(_flat(server))
+        versions.append(flat_values(held))
     return {n: p.detach().clone() for n, p in server.named_parameters()}
-
-
-def _flat(module: nn.Module, grads: bool = False) -> torch.Tensor:
-    """Every parameter (or its gradient) of `module`, in order, as one fp32 vector."""
-    return torch.cat([(p.grad if grads else p).detach().reshape(-1).float()
-                      for p in module.parameters()])
-
-
-@torch.no_grad()
-def _load(module: nn.Module, flat: torch.Tensor, grads: bool = False) -> None:
-    at = 0
-    for p in module.parameters():
-        chunk = flat[at:at + p.numel()].view_as(p).clone()
-        if grads:
-            p.grad = chunk
-        else:
-            p.copy_(chunk)
-        at += p.numel()
