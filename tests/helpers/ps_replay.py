@@ -5,9 +5,8 @@ A server records every push it took as `[worker, version read, version applied t
 (None: dropped; `param_server.steplog`). The arrival order is the one thing such a run
 does not fix in advance; the replay takes it and shares nothing else with the server but
 the model's definition and seed, the data, the optimiser's settings and the wire's flat
-layout of the parameters (`param_server.wire`). It keeps every
-parameter version it makes and, for update a (the one applied to version a, giving
-version a + 1):
+layout of the parameters (`param_server.wire`). It keeps every parameter version it
+makes and, for update a (the one applied to version a, giving version a + 1):
 
 * computes each of its gradients at the version its push read, on the mini-batch of the
   worker's step: a worker's k-th push is its step k (async, SSP: every worker pushes once
