@@ -1,25 +1,39 @@
-"""Parameter server on 4 gloo ranks against single-process training, and its modes.
+"""Parameter server on 4 gloo ranks against one-process oracles, and its modes.
 
-One set of 4 processes runs every case through the engine the trainer uses: sync with
+One set of 4 processes runs every case. Through the engine the trainer uses: sync with
 1 server + 3 workers and 2 servers + 2 workers must give every parameter of single-process
 SGD (momentum, weight decay) on the combined batch within 1e-5; N+b with a persistent
 straggler applies exactly N gradients per step, drops the straggler's and lets it skip
 the steps taken without it; SSP never lets a worker lead the slowest by more than s;
 async records a staleness for every update.
+
+Through `approxdist.ParameterServer` on 3 or 4 of the ranks (1 server, 2 or 3 workers, one
+of them sleeping before each step): async, SSP and N+b against a one-process replay of
+the push order the server recorded (`tests/helpers/ps_replay.py`): every parameter within
+1e-5, with staleness that really happened, `staleness_lr` at its formula, SSP's lead
+reaching s and never passing it, and lossy wires (fp8 pushes, bf16 pulls) applied in the
+replay too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+import approxdist
+from approxdist.comm.codecs import get_codec
 from approxdist.config.loader import build_config
 from approxdist.data import ShardedBatches, TensorDataset
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import new_group
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import build_model
 from approxdist.topology import Mesh
@@ -27,6 +41,7 @@ from approxdist.topology.groups import make_groups
 from approxdist.trace import NULL_RECORDER
 from approxdist.train.engines.param_server import build_param_server
 from approxdist.train.straggler import Stragglers
+from tests.helpers.ps_replay import Setup, pushes_of, replay
 
 FEATURES, CLASSES, BATCH, STEPS, LR = 10, 4, 24, 3, 0.05
 
@@ -104,9 +119,86 @@ def _oracle(case: Case) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
+#: the slow worker's sleep before each of its steps: long against a step of these models
+SLOW_S = 0.04
+REPLAY_BATCH = 12
+
+
+@dataclass(frozen=True)
+class Replay:
+    """1 server (rank 0) and `workers` workers (ranks 1..workers) of the public class; worker
+    `slow` sleeps SLOW_S before each step, so the others run ahead of it."""
+
+    workers: int
+    mode: str
+    slow: int
+    steps: int = 6
+    staleness_lr: bool = False
+    push: str = "fp32"
+    pull: str = "fp32"
+
+    @property
+    def setup(self) -> Setup:
+        return Setup(self.mode.partition(":")[0], self.workers, LR, 0.9, 1e-3,
+                     self.staleness_lr, self.push, self.pull)
+
+
+REPLAYS = [Replay(2, "async", 1), Replay(3, "async", 2, staleness_lr=True),
+           Replay(2, "ssp:1", 1), Replay(3, "ssp:2", 2, 8), Replay(2, "backup:1", 1),
+           Replay(3, "backup:1", 0), Replay(3, "async", 2, push="fp8-e4m3", pull="bf16")]
+
+
+def _replay_model() -> nn.Module:
+    torch.manual_seed(11)
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+
+
+def _share(case: Replay, worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker `worker`'s rows of step `step`'s mini-batch."""
+    gen = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(REPLAY_BATCH, FEATURES, generator=gen)
+    y = torch.randint(0, CLASSES, (REPLAY_BATCH,), generator=gen)
+    return x[worker::case.workers], y[worker::case.workers]
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=1e-3)
+
+
+def _run_replay_case(ctx: DistContext, case: Replay) -> dict[str, Any]:
+    group = new_group(ctx, tuple(range(case.workers + 1)), "replay")
+    if group is None:
+        return {"server": None}
+    ps = approxdist.ParameterServer(_replay_model(), mode=case.mode, steps=case.steps,
+                                    optimizer=_sgd, group=group, push_codec=case.push,
+                                    pull_codec=case.pull, staleness_lr=case.staleness_lr)
+    records: list[dict[str, Any]] = []
+    if ps.is_server:
+        records = ps.serve()
+    else:
+        for step in range(case.steps):  # N+b: ps.step skips the steps taken without it
+            if ps.index == case.slow:
+                time.sleep(SLOW_S)
+            ps.step(*_share(case, ps.index, step))
+    out = {"server": ps.is_server, "records": records,
+           "params": {n: p.detach().clone() for n, p in ps.module.named_parameters()}}
+    ps.close()
+    return out
+
+
+def _ranks(ctx: DistContext) -> dict[str, Any]:
+    return {"engine": _run_cases(ctx, CASES),
+            "replay": [_run_replay_case(ctx, case) for case in REPLAYS]}
+
+
 @pytest.fixture(scope="module")
-def four_ranks() -> list[list[dict[str, Any]]]:
-    return run_on_ranks(_run_cases, 4, CASES, timeout_s=240)
+def spawned() -> list[dict[str, Any]]:
+    return run_on_ranks(_ranks, 4, timeout_s=240)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(spawned: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [r["engine"] for r in spawned]
 
 
 @pytest.mark.parametrize("index", [0, 1])
@@ -154,3 +246,66 @@ def test_async_records_every_update(four_ranks: list[list[dict[str, Any]]]) -> N
     workers = [r[4]["params"] for r in four_ranks if r[4]["worker"]]
     for name in workers[0]:  # every worker pulled the final parameters after the epoch
         assert all(torch.equal(w[name], workers[0][name]) for w in workers)
+
+
+def _replayed(spawned: list[dict[str, Any]], index: int) -> tuple[dict[str, Any], list[Any]]:
+    """The server's result of replay case `index`, and its workers' results."""
+    ranks = [r["replay"][index] for r in spawned]
+    assert ranks[0]["server"] is True
+    return ranks[0], [r for r in ranks[1:] if r["server"] is False]
+
+
+def _replay_of(index: int, server: dict[str, Any], **change: Any) -> dict[str, torch.Tensor]:
+    """Replay case `index`'s recorded order (its setup changed by `change`)."""
+    case = REPLAYS[index]
+    return replay(_replay_model(), partial(_share, case), F.cross_entropy,
+                  pushes_of(server["records"]), dataclasses.replace(case.setup, **change))
+
+
+@pytest.mark.parametrize("index", range(len(REPLAYS)))
+def test_every_parameter_equals_the_replayed_push_order(spawned: list[dict[str, Any]],
+                                                        index: int) -> None:
+    case = REPLAYS[index]
+    server, workers = _replayed(spawned, index)
+    want = _replay_of(index, server)
+    assert len(workers) == case.workers
+    for name, p in want.items():
+        torch.testing.assert_close(server["params"][name], p, atol=1e-5, rtol=0, msg=name)
+    names = list(want)  # the workers pulled the final parameters, as one vector, in order
+    pulled = get_codec(case.pull).roundtrip(torch.cat([server["params"][n].reshape(-1)
+                                                       for n in names]))
+    for w in workers:
+        assert torch.equal(torch.cat([w["params"][n].reshape(-1) for n in names]), pulled)
+
+
+def test_the_replayed_orders_are_not_trivial(spawned: list[dict[str, Any]]) -> None:
+    """Gradients came late (by 2 or more where `staleness_lr` divides by it), SSP's lead
+    reached s and never passed it, N+b dropped gradients and averaged N = W - 1 fresh
+    ones per update."""
+    for index, case in enumerate(REPLAYS):
+        records = _replayed(spawned, index)[0]["records"]
+        pushes, kind = pushes_of(records), case.setup.kind
+        applied = [p for p in pushes if p.at is not None]
+        stale = [p.at - p.read for p in applied if p.at is not None]
+        if kind in ("async", "ssp"):
+            assert len(pushes) == len(applied) == case.workers * case.steps
+            assert max(stale) >= (2 if case.staleness_lr else 1), (case, stale)
+        if kind == "ssp":
+            leads = [x for r in records for x in r["lead"]]
+            assert max(leads) == int(case.mode.partition(":")[2]), (case, leads)
+        if kind == "backup":
+            assert stale == [0] * len(applied) == [0] * (case.workers - 1) * case.steps
+            assert len(applied) < len(pushes), case  # the late ones dropped
+
+
+@pytest.mark.parametrize("change", [{"staleness_lr": False}, {"push": "fp32", "pull": "fp32"}])
+def test_the_replay_needs_what_the_run_did(spawned: list[dict[str, Any]],
+                                           change: dict[str, Any]) -> None:
+    """Without `staleness_lr`'s lr / staleness, or without the wires' codecs, the replay
+    misses the run by far more than 1e-5: the match above is not an accident."""
+    index = next(i for i, c in enumerate(REPLAYS)
+                 if any(getattr(c, k) != v for k, v in change.items()))
+    server = _replayed(spawned, index)[0]
+    other = _replay_of(index, server, **change)
+    gap = max((server["params"][n] - p).abs().max().item() for n, p in other.items())
+    assert gap > 1e-4, (change, gap)

@@ -298,6 +298,7 @@ def test_the_cli_options_are_arguments_and_the_state_round_trips(
         st = r["state"]
         assert st["servers"] == 1 and st["feedback"] == ["0", "1"]
         assert ("sync" in st["phases"]) and (st["server"] or "run_back" in st["phases"])
+        assert ("push" in st["phases"]) == st["server"]  # a marker per push it took
         if not st["server"]:  # the workers pulled the restored servers' parameters back
             for name, p in st["saved"].items():
                 assert torch.equal(st["back"][name], p), name

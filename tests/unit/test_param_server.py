@@ -1,5 +1,6 @@
 """Parameter server's pure parts: byte-balanced sharding, mode strings, the server rules
-(sync, async, SSP bound, N+b drops) with scripted arrivals, roles, and bad input."""
+(sync, async, SSP bound, N+b drops) with scripted arrivals, the push order a step logs,
+roles, and bad input."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from approxdist.errors import ConfigError
 from approxdist.param_server import Roles, ServerRules, parse_mode, shard_by_bytes
 from approxdist.param_server.node import check_backend
 from approxdist.param_server.sharding import shard_bytes
+from approxdist.param_server.steplog import StepLog
 from approxdist.train.check import check_parts
 
 
@@ -134,6 +136,31 @@ def test_backup_owes_one_push_per_worker_behind_the_epochs_last_update() -> None
     assert rules.owed(steps=2) == 0  # worker 2 got version 2: it skips step 1
     rules.end_epoch()
     assert (rules.base, rules.owed(steps=2), rules.clocks) == (2, 3, [2, 2, 1])
+
+
+def _feed(rules: ServerRules, log: StepLog, arrivals: list[tuple[int, int]]) -> None:
+    for worker, read in arrivals:
+        verdict = rules.arrive(worker, read)
+        log.arrived(worker, read, verdict)
+        if verdict.apply:
+            log.updated(verdict)
+
+
+def test_the_step_log_keeps_each_push_with_the_versions_read_and_applied_to() -> None:
+    """N+b (N = 2 of 3: worker 2 kept until worker 0 comes, worker 1 late) and async: the
+    order a replay follows, [worker, read, applied to], None for a dropped gradient."""
+    rules, log = ServerRules(parse_mode("backup:1", 3), 3), StepLog()
+    rules.begin_step()
+    _feed(rules, log, [(2, 0), (0, 0), (1, 0)])
+    assert log.order == [[2, 0, 0], [0, 0, 0], [1, 0, None]] and not log.waiting
+    record = log.record(rules.version)
+    assert (record["applied_from"], record["dropped_from"], record["staleness"]) == \
+        ([0, 2], [1], [0, 0])
+    rules, log = ServerRules(parse_mode("async", 2), 2), StepLog()
+    rules.begin_step()
+    _feed(rules, log, [(0, 0), (1, 0), (0, 1), (1, 2)])
+    assert log.order == [[0, 0, 0], [1, 0, 1], [0, 1, 2], [1, 2, 3]]
+    assert log.record(rules.version)["order"] == log.order and log.staleness == [0, 1, 1, 1]
 
 
 def test_roles_and_their_errors() -> None:

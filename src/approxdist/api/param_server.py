@@ -238,10 +238,14 @@ class ParameterServer:
     def serve_step(self) -> dict[str, object]:
         """On a server: one server step (the round's last also drains the pushes still
         due). Returns what it did: the staleness of each applied gradient, each push's lead
-        over the slowest worker, the workers applied from and dropped, the version after."""
+        over the slowest worker, the workers applied from and dropped, the version after, and
+        `order`: every push in arrival order as [worker, version read, version applied to]
+        (None: dropped), also a `push` marker each in the trace."""
         server = self._server("serve_step()")
         with self.recorder.span(SYNC):
             log = self.node.serve_step()
+        for worker, read, at in log.order:  # the arrival order, a marker each (a replay's input)
+            self.recorder.instant("push", worker=worker, read=read, at=at)
         return log.record(server.rules.version)
 
     def serve(self) -> list[dict[str, object]]:

@@ -5,6 +5,7 @@ pull parameters through the link layer; sync, async, stale-synchronous and N+b m
 * `modes` — the `--ps-mode` string: sync, async, ssp:<s>, backup:<b> (pure);
 * `rules` — what a server does with each arriving gradient under a mode (pure);
 * `roles` — which global rank is which server or worker (pure);
+* `steplog` — what a server step did, push by push: its step record and push order (pure);
 * `server`, `worker` — the two ends, talking only through a `comm.link.Link`.
 """
 

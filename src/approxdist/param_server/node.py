@@ -31,8 +31,9 @@ from approxdist.optim.delay import apply_delay_rule, delay_line
 from approxdist.param_server.modes import PSMode
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules
-from approxdist.param_server.server import Server, StepLog
+from approxdist.param_server.server import Server
 from approxdist.param_server.sharding import shard_by_bytes, shard_bytes
+from approxdist.param_server.steplog import StepLog
 from approxdist.param_server.wire import WireFormats
 from approxdist.param_server.worker import Worker
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -36,6 +35,7 @@ from approxdist.param_server.arrivals import FirstArrival
 from approxdist.param_server.compressed import PushDecoders
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.rules import ServerRules, Verdict
+from approxdist.param_server.steplog import StepLog
 from approxdist.param_server.wire import (
     VERSION_BYTES,
     WireFormats,
@@ -44,22 +44,6 @@ from approxdist.param_server.wire import (
     read_version,
     version_word,
 )
-
-
-@dataclass
-class StepLog:
-    """What one server step did (the step record of metrics.jsonl)."""
-
-    staleness: list[int] = field(default_factory=list)  # per applied gradient
-    lead: list[int] = field(default_factory=list)       # per arrival
-    applied: list[int] = field(default_factory=list)    # worker of each applied gradient
-    dropped: list[int] = field(default_factory=list)    # worker of each dropped gradient
-    lost: list[int] = field(default_factory=list)       # global ranks found dead
-
-    def record(self, version: int) -> dict[str, object]:
-        return {"staleness": self.staleness, "lead": self.lead, "applied_from": self.applied,
-                "dropped_from": self.dropped, "version": version, "lost": self.lost}
-
 
 #: the posted receives of one push: its version word, its gradient
 _Push = tuple[RecvHandle[torch.Tensor], RecvHandle[torch.Tensor]]
@@ -289,10 +273,8 @@ class Server:
         if w in self.rules.lost:  # sent before it died, read after its loss was taken in
             return
         verdict = self.rules.arrive(w, version)
-        log.lead.append(verdict.lead)
-        if not verdict.keep:
-            log.dropped.append(w)
-        else:
+        log.arrived(w, version, verdict)
+        if verdict.keep:
             self._kept[w] = grad
         if verdict.apply:
             self._apply(verdict, log)
@@ -321,5 +303,4 @@ class Server:
             self.optimizer.step()
         for s in verdict.staleness:
             self.histogram[s] = self.histogram.get(s, 0) + 1
-        log.staleness.extend(verdict.staleness)
-        log.applied.extend(verdict.apply)
+        log.updated(verdict)
