@@ -141,10 +141,12 @@ class PipelineExecutor(StepRunner):
         kept = step.item_loss is not None and compute.is_last  # a stream's loss per item
         before = float(compute.loss_sum) if kept else 0.0
         with self._computing(ph.RUN_FOR, m):
-            compute.forward(m, x, step.labels.pop(m), step.weights[m])
-        if kept:
-            assert step.item_loss is not None
-            step.item_loss[m] = float(compute.loss_sum) - before
+            compute.forward(m, x, step.labels[m], step.weights[m])
+        if step.item_loss is not None:  # a stream's state outlives the step: drop m's data
+            step.labels.pop(m)
+            step.inputs.pop(m, None)
+            if kept:
+                step.item_loss[m] = float(compute.loss_sum) - before
 
     def _grad(self, a: Action, step: StepState) -> torch.Tensor | None:
         """The received gradient of `a`'s output (None on the last stage)."""

@@ -124,7 +124,7 @@ class StepRunner:
         activation received from the stage before (waited for)."""
         m = a.microbatch
         if self.chunks[a.stage].transport.is_first:
-            return step.inputs.pop(m)
+            return step.inputs[m]
         return self._wait(a, step.acts.pop((a.stage, m)))
 
     @contextlib.contextmanager

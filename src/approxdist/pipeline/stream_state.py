@@ -89,7 +89,7 @@ class StreamState:
     # -- the pieces ------------------------------------------------------------------------
     def piece(self, minibatch: StepState, batch_size: int) -> Piece:
         """Hand over the stream's next mini-batch (`minibatch`: its inputs and labels cut in
-        micro-batches, `executor.new_step`) and return this rank's piece for it."""
+        micro-batches, `step.new_step`) and return this rank's piece for it."""
         if self.optimizer is None:
             raise PipelineError("the asynchronous stream has no optimiser; call bind() first")
         m, b = self.schedule.stream.microbatches, self._step
@@ -127,7 +127,8 @@ class StreamState:
         if self._step == self.schedule.stream.minibatches:
             self._end()
         st = piece.state
-        return sum(loss / st.weights[n] * st.sizes[n] for n, loss in (st.item_loss or {}).items())
+        return sum((loss / st.weights[n] * st.sizes[n]
+                    for n, loss in (st.item_loss or {}).items()), 0.0)
 
     def _begin(self) -> None:
         self.transport.window = self.program.window
