@@ -155,13 +155,14 @@ def stream_program(schedule: AsyncSchedule, rank: int, cuts: Cuts | None = None
 
 
 def format_programs(schedule: AsyncSchedule, with_comm: bool = False) -> str:
-    """Each rank's list as the executor runs it, with its `V` and `U` (`schedule show`);
-    without `with_comm` the sends and receives are left out."""
+    """Each rank's list as the executor runs it, with its `V` and `U` (`schedule show`),
+    checked; without `with_comm` the sends and receives are left out."""
     lines = ["as executed (V<v>: the next forwards and backwards run on version v; U<v>: the "
              "optimizer step making version v" + ("" if with_comm else "; sends and receives "
                                                   "not shown") + "):"]
     for r in sorted(schedule.order):
-        actions = weave(schedule, r)[0]
+        actions, _, takes = weave(schedule, r)
+        check_program(actions, takes)
         shown = [a for a in actions if with_comm or not (a.is_send or a.is_recv)]
         lines.append(f"rank {r}: {format_actions(shown)}")
     return "\n".join(lines)
