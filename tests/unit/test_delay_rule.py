@@ -19,8 +19,8 @@ from approxdist.optim.delay import (
     stable_rate,
 )
 from approxdist.param_server.modes import parse_mode
-from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.program import stage_delays
+from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.topology.dealing import Dealing
 from approxdist.train.check import check_parts
 

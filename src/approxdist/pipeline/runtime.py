@@ -41,13 +41,13 @@ from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
 from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.exchange import directions, exchange_order
+from approxdist.pipeline.schedule.program import stream_program
 from approxdist.pipeline.schedule.registry import (
     ASYNC_SCHEDULES,
     PLACEMENTS,
     build_async_schedule,
     num_chunks,
 )
-from approxdist.pipeline.schedule.program import stream_program
 from approxdist.pipeline.schedule.replicated import (
     check_dealing,
     replicated_schedule,

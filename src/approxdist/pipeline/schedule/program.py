@@ -7,9 +7,10 @@ switch weights or step:
 
 - `sVv` before a forward or backward that uses version v where the one before used
   another (a backward runs on its forward's version: weight stashing);
-- `sUv`, the optimizer step making version v, right after the backward that completes
-  its gradient, or on a replicated stage right after the `AR` that sums it over the
-  stage's replicas.
+- `sUv`, the optimizer step making version v, after the backward that completes its
+  gradient and the sends and receives that follow it (the stage before need not wait
+  for the step to get its gradient), or on a replicated stage right after the `AR` that
+  sums the gradient over the stage's replicas.
 
 `check_program` holds a list to the version rules on paper, on its actions alone;
 `stream_program` adds the pieces each trainer step runs (`stream_cut`'s, moved onto the
@@ -71,7 +72,11 @@ def weave(schedule: AsyncSchedule, rank: int) -> tuple[list[Action], list[int], 
     takes: dict[int, Update] = {}
     pending: deque[Update] = deque()
     current = -1
+    due: Action | None = None  # a step, made after the sends that follow its backward
     for i, a in enumerate(order):
+        if due is not None and not (a.is_send or a.is_recv):
+            out.append(due)
+            due = None
         start.append(len(out))
         v = schedule.versions.get((rank, i))
         if v is not None and v != current:
@@ -85,7 +90,8 @@ def weave(schedule: AsyncSchedule, rank: int) -> tuple[list[Action], list[int], 
             if reduced:
                 pending.append(after[i])
             else:
-                out.append(Action(a.stage, Kind.UPDATE, after[i].version))
+                due = Action(a.stage, Kind.UPDATE, after[i].version)
+    out += [due] if due is not None else []
     start.append(len(out))
     assert not pending, f"rank {rank}: steps {[u.version for u in pending]} have no AR"
     return out, start, takes
