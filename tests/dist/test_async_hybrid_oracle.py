@@ -37,7 +37,6 @@ from approxdist.pipeline.schedule.action import Kind
 from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.stream_cut import step_cuts
 from approxdist.pipeline.schedule.versions import AsyncSchedule
-from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Mesh
 from approxdist.topology.dealing import Dealing
 from approxdist.topology.groups import make_groups
@@ -83,10 +82,10 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
                                   link=cfg.comm.link, seed=cfg.train.seed,
                                   minibatches=case.minibatches)
         losses = train_streams(rt, case, case.minibatches)
-        out.append({"slot": rt.executor.rank, "stage": rt.stage, "last": rt.transport.is_last,
+        out.append({"slot": rt.executor.stream.rank, "stage": rt.stage, "last": rt.transport.is_last,
                     "params": {n: p.detach().clone() for n, p in rt.module.named_parameters()},
                     "losses": losses, "partition": rt.partition,
-                    "peak": rt.executor.weights.peak_bytes,
+                    "peak": rt.executor.stream.weights.peak_bytes,
                     "stage_bytes": sum(p.nelement() * p.element_size()
                                        for p in rt.module.parameters()),
                     "synced": rt.grad_sync is not None})

@@ -1,6 +1,6 @@
 """Asynchronous schedules (PipeDream, PipeDream-vsync, 2BW) against a single-process replay.
 
-Each rank runs a stream of K mini-batches through `pipeline.stream` (one `train_step` per
+Each rank runs a stream of K mini-batches through the executor (one `train_step` per
 mini-batch, an SGD optimiser with momentum and weight decay stepping where the schedule
 updates), then a second stream (the next epoch: the pipeline drained in between). The
 oracle replays the same schedule's data in one process: micro-batch n's loss is computed
@@ -32,7 +32,7 @@ from approxdist.pipeline.schedule.action import Kind
 from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.stream_cut import step_cuts
 from approxdist.pipeline.schedule.versions import AsyncSchedule
-from approxdist.pipeline.stream import StreamExecutor, loss_weights_by_update
+from approxdist.pipeline.schedule.program import loss_weights_by_update
 from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot, train_streams
 
 
@@ -63,7 +63,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         params = {n: p.detach().clone() for n, p in rt.module.named_parameters()}
         stage_bytes = sum(p.nelement() * p.element_size() for p in rt.module.parameters())
         out.append({"params": params, "losses": losses, "partition": rt.partition,
-                    "peak": rt.executor.weights.peak_bytes, "stage_bytes": stage_bytes})
+                    "peak": rt.executor.stream.weights.peak_bytes, "stage_bytes": stage_bytes})
         rt.close()
     return out
 

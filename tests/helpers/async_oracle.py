@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from approxdist.models.mlp import mlp
-from approxdist.pipeline.stream import StreamExecutor
 
 FEATURES, CLASSES, HIDDEN = 12, 5, 16
 LR, MOMENTUM, DECAY = 0.05, 0.9, 5e-4
@@ -42,10 +41,12 @@ def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2
                   ) -> list[tuple[float, int]]:
-    """Bind SGD to a runtime's stream executor and train `epochs` streams of
-    `minibatches` (each epoch one stream, none left in flight); (loss, samples) per step."""
-    assert isinstance(rt.executor, StreamExecutor)
-    rt.executor.bind(sgd(rt.module))
+    """Bind SGD to a runtime's stream (its schedule's `U` actions step it) and train
+    `epochs` streams of `minibatches` (each epoch one stream, none left in flight);
+    (loss, samples) per step."""
+    stream = rt.executor.stream
+    assert stream is not None
+    stream.bind(sgd(rt.module))
     first, last = rt.transport.is_first, rt.transport.is_last
     losses = []
     for epoch in range(epochs):
@@ -53,5 +54,5 @@ def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2
             x, y = minibatch(case, epoch, b)
             res = rt.executor.train_step(x if first else None, y if last else None, case.batch)
             losses.append((res.loss, res.samples))
-        assert not rt.executor.in_stream
+        assert not stream.in_stream
     return losses

@@ -1,6 +1,6 @@
 """The delay rule's pure core (`optim.delay`): the delayed heavy ball's stable range against
 its closed forms and a simulation, the rule's momentum, its one line, and the delays each
-mode reports (`StreamExecutor.stage_delays`' schedule data, `PSMode.delay`)."""
+mode reports (`schedule.program.stage_delays` of the schedule data, `PSMode.delay`)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from approxdist.optim.delay import (
     stable_rate,
 )
 from approxdist.param_server.modes import parse_mode
+from approxdist.pipeline.schedule.program import stage_delays
 from approxdist.pipeline.schedule.registry import build_async_schedule
-from approxdist.pipeline.stream import stage_delays
 from approxdist.topology.dealing import Dealing
 from approxdist.train.check import check_parts
 

@@ -81,6 +81,18 @@ def test_show_2bw_prints_the_update_rule(capsys: pytest.CaptureFixture[str]) -> 
     assert lines[10].endswith("stage 0: 2 (2), stage 1: 2 (2), stage 2: 2 (2), stage 3: 2 (2)")
 
 
+def test_show_prints_each_rank_as_executed(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _run(["schedule", "show", "2bw", "-p", "2", "-m", "2"], capsys).splitlines()
+    assert lines[-3].startswith("as executed (V<v>: the next forwards and backwards run on "
+                                "version v; U<v>: the optimizer step making version v")
+    assert lines[-2] == ("rank 0: 0V0 0F0 0F1 0B0 0F2 0B1 0U1 0F3 0B2 0V1 0F4 0V0 0B3 0U2 0V1 "
+                         "0F5 0B4 0B5 0U3")
+    assert lines[-1] == "rank 1: 1V0 1F0 1B0 1F1 1B1 1U1 1F2 1B2 1F3 1B3 1U2 1V1 1F4 1B4 1F5 1B5 1U3"
+    out = _run(["schedule", "show", "2bw", "-p", "2", "-m", "2", "--with-comm"], capsys)
+    # a step waits for the sends after its backward: the stage before gets its gradient first
+    assert "rank 1: 1RF0 1V0 1F0 1RF1 1B0 1SB0 1F1 1RF2 1B1 1SB1 1U1 1F2" in out
+
+
 def test_show_async_stream_length_and_comm(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(["schedule", "show", "pipedream-vsync", "-p", "2", "-m", "1", "--minibatches",
                 "3", "--with-comm"], capsys)

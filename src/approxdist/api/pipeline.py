@@ -81,7 +81,6 @@ from approxdist.pipeline.executor import StepResult
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.split_check import check_splittable
 from approxdist.pipeline.stage import LossFn
-from approxdist.pipeline.stream import StreamExecutor
 from approxdist.topology import Mesh
 from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -175,16 +174,16 @@ class Pipeline:
         self.optimizer: torch.optim.Optimizer | None = None
         #: what the delay rule did to the stages' momentum, or why it would (None: nothing)
         self.delay_line: str | None = None
-        executor = self.runtime.executor
-        if isinstance(executor, StreamExecutor):
+        steps = self.runtime.executor.stream  # the schedule's U actions step an optimiser
+        if steps is not None:
             assert optimizer is not None
             self.optimizer = optimizer(self.module.parameters())
-            delays = executor.stage_delays()
+            delays = steps.delays()
             self.delay_line = delay_line(
                 float(self.optimizer.param_groups[0].get("momentum", 0.0)), delays, delay_rule,
                 f"on stages 0-{len(delays) - 1} ({pcfg.schedule})")
-            apply_delay_rule(self.optimizer, delays[executor.stage], delay_rule)
-            executor.bind(self.optimizer)
+            apply_delay_rule(self.optimizer, delays[steps.stage], delay_rule)
+            steps.bind(self.optimizer)
 
     # -- where this rank is --------------------------------------------------------------
     @property
@@ -308,7 +307,8 @@ class Pipeline:
     def state_dict(self) -> dict[str, Any]:
         """The stage's module, the optimiser the pipeline steps (asynchronous schedules) and
         the replicas' reducer state (a collective over the stage's replicas)."""
-        if isinstance(self.runtime.executor, StreamExecutor) and self.runtime.executor.in_stream:
+        stream = self.runtime.executor.stream
+        if stream is not None and stream.in_stream:
             raise PipelineError(f"stage {self.stage} is inside a stream of {self.schedule} with "
                                 f"micro-batches in flight; save at the end of the stream")
         sync = self.runtime.grad_sync
@@ -336,8 +336,8 @@ class Pipeline:
                "replicas": list(rt.transport.dealing.replicas), "schedule": self.schedule,
                "microbatches": self.microbatches, "fwd_codec": self.wire.fwd.codec,
                "bwd_codec": self.wire.bwd.codec}
-        if isinstance(rt.executor, StreamExecutor):
-            out.update(rt.executor.summary())
+        if rt.executor.stream is not None:
+            out.update(rt.executor.stream.summary())
         return out
 
     def close(self) -> None:

@@ -35,7 +35,6 @@ from approxdist.models.bench_inputs import BenchInput
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.schedule import async_schedule_names
-from approxdist.pipeline.stream import StreamExecutor
 from approxdist.trace.times import StepTimes
 
 #: our schedule -> torch's class running the same order (ZB-H1: torch's zero bubble on one
@@ -110,7 +109,7 @@ def our_step(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
     """One mini-batch of our runtime plus its optimiser step; each step's times go to `sink`."""
     opt = torch.optim.SGD(rt.module.parameters(), lr=1e-3)
     first, last = rt.transport.is_first, rt.transport.is_last
-    stream = rt.executor if isinstance(rt.executor, StreamExecutor) else None
+    stream = rt.executor.stream
     if stream is not None:
         stream.bind(opt)  # the asynchronous executor steps the optimiser itself
 

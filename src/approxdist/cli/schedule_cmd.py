@@ -5,7 +5,9 @@ Zero-bubble schedules (zbh1, zbh2) print their split backwards as `I` (input gra
 
 Asynchronous schedules (pipedream, pipedream-vsync, 2bw) print here with the weight version
 of every forward and backward; with `--replicas` (pipedream, 2bw) one row per rank, the
-micro-batches dealt round robin and each stage's lockstep steps closed by `AR`.
+micro-batches dealt round robin and each stage's lockstep steps closed by `AR`; then each
+rank's list as the executor runs it, its weight versions (`V`) and optimizer steps (`U`)
+among the other actions (`schedule.program`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from approxdist.errors import unknown_name
 from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule import build_schedule, format_grid, schedule_names, summary
 from approxdist.pipeline.schedule.async_grid import LEGEND, async_summary, format_async_grid
+from approxdist.pipeline.schedule.program import format_programs
 from approxdist.pipeline.schedule.registry import (
     ASYNC_SCHEDULES,
     PLACEMENTS,
@@ -115,7 +118,8 @@ def render_async(name: str, num_stages: int, num_microbatches: int,
     head = (f"schedule {name} (asynchronous: no flush between mini-batches; train streams "
             f"each epoch): {num_stages} stages ({ranks}), a stream of {k} mini-batches x "
             f"{num_microbatches} micro-batches = {sched.stream.items}; valid, with versions")
-    return "\n".join([head, LEGEND, format_async_grid(sched, with_comm), async_summary(sched)])
+    return "\n".join([head, LEGEND, format_async_grid(sched, with_comm), async_summary(sched),
+                      format_programs(sched, with_comm)])
 
 
 def run_show(args: argparse.Namespace) -> int:

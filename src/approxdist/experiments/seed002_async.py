@@ -7,8 +7,9 @@ Here the accuracy task (MNIST-1D with a narrow 1-D ResNet by default, CIFAR-10 w
 1F1B with a flush (synchronous), PipeDream (an update per micro-batch, weight stashing)
 and 2BW (an update per mini-batch with a gradient one version old), the same epochs and
 seeds each. An asynchronous schedule streams each epoch's mini-batches with no flush
-(`pipeline.stream`). 1F1B and 2BW also run without momentum (`1f1b m=0`, `2bw m=0`; not at smoke size), which
-separates what the delayed gradient costs by itself from what it costs through momentum.
+(`pipeline.stream_state`). 1F1B and 2BW also run without momentum (`1f1b m=0`, `2bw m=0`;
+not at smoke size), which separates what the delayed gradient costs by itself from what it
+costs through momentum.
 CSV `async.csv`, one row per (schedule, seed, epoch): schedule (the label) +
 the accuracy presets' epoch columns + elapsed_s (training time up to the epoch's end),
 samples_per_s, and weight_version_bytes (the peak bytes of weight versions each stage

@@ -10,7 +10,7 @@ only accumulate) and launch buckets during the last one's backward, which contin
 meanwhile; the schedule's `AR` action waits for them before the optimiser step, so the
 stage sends its last input gradient upstream without waiting for the all-reduce.
 
-An asynchronous schedule (pipedream, 2bw; `pipeline.stream`) streams `minibatches`
+An asynchronous schedule (pipedream, 2bw; `pipeline.stream_state`) streams `minibatches`
 mini-batches: each replica steps in lockstep with the others of its stage, once per round
 of its replicas (2bw: once per mini-batch), and the schedule's `AR` sums the step's
 gradient through the same `DataParallel` (`reduce_gradients`) before the optimiser step.

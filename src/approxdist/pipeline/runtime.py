@@ -41,6 +41,7 @@ from approxdist.pipeline.profiler import profile_times
 from approxdist.pipeline.schedule import Action, build_schedule
 from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.exchange import directions, exchange_order
+from approxdist.pipeline.schedule.program import stream_program
 from approxdist.pipeline.schedule.registry import (
     ASYNC_SCHEDULES,
     PLACEMENTS,
@@ -54,7 +55,7 @@ from approxdist.pipeline.schedule.replicated import (
 )
 from approxdist.pipeline.schedule.zero_bubble import check_microbatches
 from approxdist.pipeline.stage import LossFn, StageCompute, output_shape
-from approxdist.pipeline.stream import StreamExecutor
+from approxdist.pipeline.stream_state import StreamState
 from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions, available_bytes, check_version_memory
 from approxdist.topology.dealing import Dealing, check_v
@@ -183,8 +184,8 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
     (`hybrid.build_hybrid_runtime`). Collective over the group (partition broadcast and
     the shape exchange); `rec` records the stage's phases and transfers. An asynchronous
     schedule (pipedream, 2bw) streams `minibatches` mini-batches with no flush between
-    them (`pipeline.stream`; the trainer passes its steps per epoch); on replicated stages
-    its `AR`s sum the step's gradients through the same `grad_sync(module)`.
+    them (`pipeline.stream_state`; the trainer passes its steps per epoch); on replicated
+    stages its `AR`s sum the step's gradients through the same `grad_sync(module)`.
     """
     group = group if group is not None else world_group(ctx)
     if pcfg.schedule in PLACEMENTS:
@@ -225,9 +226,9 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
                             f"schedule (1f1b, gpipe)")
     sync = grad_sync(module) if grad_sync is not None and dealing.replicas[stage] > 1 else None
     if pcfg.schedule in ASYNC_SCHEDULES:
-        compute, stream = stream_executor(pcfg, minibatches, dealing, group.rank, module,
-                                          transport, loss_fn, rec, sync)
-        return PipelineRuntime(plan, module, link, transport, compute, stream, sync)
+        compute, executor = stream_executor(pcfg, minibatches, dealing, group.rank, module,
+                                            transport, loss_fn, rec, sync)
+        return PipelineRuntime(plan, module, link, transport, compute, executor, sync)
     orders = schedule_orders(pcfg.schedule, dealing, group.rank)
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
@@ -241,11 +242,12 @@ def build_runtime(pcfg: PipelineConfig, model: nn.Module, ctx: DistContext,
 def stream_executor(pcfg: PipelineConfig, minibatches: int, dealing: Dealing, slot: int,
                     module: nn.Module, transport: StageTransport, loss_fn: LossFn,
                     rec: Recorder, sync: ReplicaReducer | None = None
-                    ) -> tuple[StageCompute, StreamExecutor]:
-    """The stage's compute on weight versions and the executor of the asynchronous
-    schedule `pcfg.schedule` over a stream of `minibatches` (the trainer's steps per epoch)
-    for the rank at `slot`; `sync` sums a replicated stage's gradients at each `AR`.
-    Evaluation runs GPipe's forward-only pipeline (dealt round robin when replicated)."""
+                    ) -> tuple[StageCompute, PipelineExecutor]:
+    """The stage's compute on weight versions and the executor running the rank at `slot`'s
+    program (`schedule.program`) of the asynchronous schedule `pcfg.schedule` over a stream
+    of `minibatches` (the trainer's steps per epoch); `sync` sums a replicated stage's
+    gradients at each `AR`. Evaluation runs GPipe's forward-only pipeline (dealt round
+    robin when replicated)."""
     replicated = max(dealing.replicas) > 1
     schedule = build_async_schedule(pcfg.schedule, pcfg.stages, pcfg.microbatches, minibatches,
                                     dealing=dealing if replicated else None)
@@ -260,6 +262,7 @@ def stream_executor(pcfg: PipelineConfig, minibatches: int, dealing: Dealing, sl
     compute = StageCompute(module, is_first=transport.is_first, is_last=transport.is_last,
                            loss_fn=loss_fn, recompute=pcfg.recompute,
                            fuse_accumulation=pcfg.fuse_accumulation, call=weights)
-    return compute, StreamExecutor(schedule, slot, schedule_orders("gpipe", dealing, slot),
-                                   compute, transport, weights, rec, sync)
+    stream = StreamState(stream_program(schedule, slot), weights, compute, transport, sync)
+    return compute, PipelineExecutor(schedule_orders("gpipe", dealing, slot), compute, transport,
+                                     schedule.stream.microbatches, rec, stream=stream)
 

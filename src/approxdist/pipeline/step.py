@@ -1,10 +1,10 @@
-"""What one step of a pipeline rank carries: its state between actions, its result, and the
-chunks (stages) the rank runs; pure bookkeeping for `executor`."""
+"""What one step of a pipeline rank carries: its state between actions, the piece of its list
+it runs, its result, and the chunks (stages) the rank runs; pure bookkeeping for `executor`."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,6 +75,20 @@ class StepState:
     grads: dict[tuple[int, int], Receipt] = field(default_factory=dict)
     outbox: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     sync_after: int | None = None  # the micro-batch whose backward starts the all-reduce
+    #: a stream's last stage: each micro-batch's weighted loss, by micro-batch (None: not kept)
+    item_loss: dict[int, float] | None = None
+
+
+@dataclass
+class Piece:
+    """What one trainer step runs on a rank: a flushed step's whole list, or a stream's
+    piece of it (`actions` from position `first` of the rank's list, then a wait for the
+    sends `waits`: (direction, micro-batch), None for every send)."""
+
+    actions: list[Action]
+    state: StepState
+    first: int = 0
+    waits: Collection[tuple[str, int]] | None = None
 
 
 Handler = Callable[[Action, StepState], None]

@@ -14,7 +14,11 @@ all-reduce starts during that micro-batch's backward and `AR` waits for it to fi
 Zero-bubble schedules (Qi et al. ICLR 2024) split a backward `B` into `I`, the input
 gradient (what the previous stage waits for: it consumes the `RB` and feeds the `SB`), and
 `W`, the weight gradient, which never communicates and fills idle slots: `1I0 1SB0 ... 1W0`.
-A micro-batch has either one `B` or one `I` and one `W` on a stage.
+A micro-batch has either one `B` or one `I` and one `W` on a stage. An asynchronous stream
+(PipeDream, 2BW) also carries its weights as actions, whose number is a weight version, not
+a micro-batch: `V` selects the version the stage's next forwards and backwards use (`0V1`:
+"stage 0 runs on version 1 from here"), `U` is the stage's optimizer step (`0U2`: "stage 0
+steps its optimizer, making version 2"); `schedule.program` places them.
 See docs/pipeline.md for what an executor does with each kind.
 """
 
@@ -39,6 +43,8 @@ class Kind(Enum):
     SEND_GRAD = "SB"
     RECV_GRAD = "RB"
     ALL_REDUCE = "AR"
+    VERSION = "V"
+    UPDATE = "U"
 
 
 COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
@@ -48,8 +54,10 @@ GRAD_COMPUTE = (Kind.BACKWARD, Kind.BACKWARD_INPUT)
 RELEASES = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
 SENDS = (Kind.SEND_ACT, Kind.SEND_GRAD)
 RECVS = (Kind.RECV_ACT, Kind.RECV_GRAD)
+#: the actions whose number is a weight version, not a micro-batch
+WEIGHT_KINDS = (Kind.VERSION, Kind.UPDATE)
 
-_PATTERN = re.compile(r"(\d+)(F|B|I|W|SF|RF|SB|RB|AR)(\d+)")
+_PATTERN = re.compile(r"(\d+)(F|B|I|W|SF|RF|SB|RB|AR|V|U)(\d+)")
 
 
 @dataclass(frozen=True)

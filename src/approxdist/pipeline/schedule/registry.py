@@ -6,10 +6,10 @@ and the executor do not change (design principle 5, "schedules are data").
 
 Asynchronous schedules (PipeDream, PipeDream-2BW: no flush between mini-batches, weight
 versions per stage) live in a registry of their own, `ASYNC_SCHEDULES`, built by
-`build_async_schedule` over a stream of mini-batches and run by `pipeline.stream`; the
-flushed executor only knows `SCHEDULES` (a flush after every mini-batch), so an
-asynchronous one cannot reach it by accident: `build_schedule` refuses their names with
-`asynchronous_refusal`.
+`build_async_schedule` over a stream of mini-batches; the executor runs one rank's stream
+as a program (`schedule.program`: its weight versions and optimizer steps as actions)
+a piece per trainer step. `build_schedule` hands out one flushed mini-batch and refuses
+their names with `asynchronous_refusal`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def asynchronous_refusal(name: str) -> str:
     """Why the flushed executor's entry point does not hand out an asynchronous schedule."""
     return (f"{name!r} is an asynchronous schedule (no flush between mini-batches, weight "
             f"versions per stage): build it with build_async_schedule over a stream of "
-            f"mini-batches (the stream executor, pipeline.stream, runs it), or use one of "
+            f"mini-batches (the executor runs it as a stream program, schedule.program), or use one of "
             f"{', '.join(schedule_names())}")
 
 

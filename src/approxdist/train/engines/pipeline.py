@@ -30,8 +30,7 @@ from approxdist.launch.context import DistContext
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
-from approxdist.pipeline.schedule.stream_cut import loss_versions
-from approxdist.pipeline.stream import StreamExecutor
+from approxdist.pipeline.schedule.stream_cut import loss_versions, step_cuts
 from approxdist.topology.groups import MeshGroups
 from approxdist.trace import OPTIMIZER, Recorder
 from approxdist.train import log
@@ -53,10 +52,9 @@ class PipelineEngine:
         self.feeds_inputs, self.feeds_labels = pipe.is_first, pipe.is_last
         self.codec = cfg.wire.grad.codec  # in force on the replicas' gradient wire
         self.shard = (0, 1)  # the executor picks this rank's micro-batches of the mini-batch
-        stream = pipe.runtime.executor
-        self.stream = stream if isinstance(stream, StreamExecutor) else None
-        self.versions = loss_versions(stream.schedule, stream.all_cuts) \
-            if isinstance(stream, StreamExecutor) else []
+        self.stream = stream = pipe.runtime.executor.stream  # an asynchronous schedule's
+        self.versions = loss_versions(stream.schedule, step_cuts(stream.schedule)) \
+            if stream is not None else []
 
     def train_step(self, x: torch.Tensor | None, y: torch.Tensor | None,
                    batch_size: int) -> StepOutcome:
