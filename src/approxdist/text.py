@@ -1,7 +1,8 @@
 """Plain text in and out: the comma lists that flags and config keys take, and JSON files.
 
 Below every layer (with `errors`), so a config section, the topology, the pipeline and
-the command line parse `"2,1,1"` alike, and every file format writes its JSON alike.
+the command line parse `"2,1,1"` alike, every file format writes its JSON alike, and a
+file that is missing, unreadable or not JSON is refused in the same one line.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from approxdist.errors import ApproxDistError, DataError
 
 T = TypeVar("T")
 
@@ -29,3 +32,26 @@ def write_json(path: str | Path, obj: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1) + "\n")
     return path
+
+
+def read_text(path: str | Path, what: str, fix: str,
+              error: type[ApproxDistError] = DataError) -> str:
+    """The text of the file `path`; where it is missing or unreadable, one `error` line
+    naming it as `what` (e.g. "profile file"), why, and `fix`."""
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc})"
+        raise error(f"{what} {str(path)!r} {why}; {fix}") from None
+
+
+def read_json(path: str | Path, what: str, fix: str,
+              error: type[ApproxDistError] = DataError) -> Any:
+    """The JSON value in the file `path`; `read_text`'s errors, and one `error` line where
+    it is not JSON."""
+    text = read_text(path, what, fix, error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); "
+                    f"{fix}") from None

@@ -1,4 +1,4 @@
-"""`approxdist.text`: the one comma-list parser and JSON writer the layers share."""
+"""`approxdist.text`: the one comma-list parser, JSON writer and file reader the layers share."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from approxdist.errors import ConfigError
-from approxdist.text import comma_list, write_json
+from approxdist.errors import ConfigError, DataError
+from approxdist.text import comma_list, read_json, read_text, write_json
 
 
 def test_comma_list_parses_each_part_with_its_kind() -> None:
@@ -30,3 +30,34 @@ def test_write_json_makes_the_folder_and_ends_in_a_newline(tmp_path: Path) -> No
     assert path == tmp_path / "a" / "b.json"
     assert text == json.dumps({"x": [1, 2], "y": None}, indent=1) + "\n"
     assert json.loads(text) == {"x": [1, 2], "y": None}
+
+
+def test_read_json_reads_back_what_write_json_wrote(tmp_path: Path) -> None:
+    path = write_json(tmp_path / "rows.json", [{"a": 1}, {"b": [2.5]}])
+    assert read_json(path, "rows file", "unused") == [{"a": 1}, {"b": [2.5]}]
+    assert read_text(path, "rows file", "unused") == path.read_text()
+
+
+def test_a_missing_file_is_one_line_naming_it_and_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "nope.json"
+    with pytest.raises(DataError) as info:
+        read_json(path, "profile file", "write one with write_profile")
+    assert str(info.value) == f"profile file {str(path)!r} does not exist; write one with write_profile"
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_an_unreadable_file_says_why_in_the_callers_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^plan file '.*' cannot be read \(.*\); pass a plan$"):
+        read_text(tmp_path, "plan file", "pass a plan", ConfigError)  # a folder, not a file
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes([0xff, 0xfe, 0x80]))
+    with pytest.raises(DataError, match=r"^graph '.*weights\.bin' cannot be read \(.*\); fix$"):
+        read_text(binary, "graph", "fix")
+
+
+def test_a_file_that_is_not_json_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"a": 1,\n oops}')
+    with pytest.raises(DataError, match=r"^calibration '.*bad\.json' is not JSON \(.* at line 2\); "
+                                        r"fit one$"):
+        read_json(path, "calibration", "fit one")

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from approxdist.cli import plan_profile, plan_solve, plan_validate
 from approxdist.config.loader import to_dict
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
+from approxdist.planner.plan_file import read_plan_object
 from approxdist.topology import Mesh, from_plan, parse_ints, parse_mesh, parse_replicas, render
 
 
@@ -62,7 +62,7 @@ def mesh_from(args: argparse.Namespace) -> Mesh:
         if args.stages is not None or args.replicas or args.placement or args.mesh:
             raise ConfigError("give a plan file or --mesh/--stages/--replicas/--placement, "
                               "not both")
-        return from_plan(_read_plan(Path(args.file)))
+        return from_plan(read_plan_object(args.file))
     placement = parse_ints(args.placement, "--placement") if args.placement else None
     if args.mesh:
         if args.stages is not None or args.replicas:
@@ -74,17 +74,6 @@ def mesh_from(args: argparse.Namespace) -> Mesh:
     return Mesh.stages(stages, replicas, placement)
 
 
-def _read_plan(path: Path) -> dict[str, Any]:
-    try:
-        plan = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc})"
-        raise ConfigError(f"plan file {str(path)!r} {why}; pass a JSON plan file") from None
-    if not isinstance(plan, dict):
-        raise ConfigError(f"plan file {str(path)!r} must hold one JSON object with 'stages'")
-    return plan
-
-
 def _help(p: argparse.ArgumentParser) -> int:
     p.print_help()
     return 2
@@ -93,7 +82,7 @@ def _help(p: argparse.ArgumentParser) -> int:
 def run_show(args: argparse.Namespace) -> int:
     print(render(mesh_from(args)))
     if args.file:
-        planned = planned_for(_read_plan(Path(args.file)))
+        planned = planned_for(read_plan_object(args.file))
         if planned:
             print(planned)
     return 0

@@ -24,7 +24,7 @@ once"); the tensor-parallel wires offer it as a study variable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from approxdist.config.adaprec import candidates_of
 from approxdist.errors import ConfigError
@@ -75,15 +75,15 @@ EXACT = Wire()
 
 @dataclass(frozen=True)
 class WireConfig:
-    """The `[wire]` section: one `Wire` per traffic class (`TRAFFIC`)."""
+    """The `[wire]` section: one `Wire` per traffic class (`TRAFFIC`), each `EXACT` unless set."""
 
-    grad: Wire = field(default_factory=Wire)
-    fwd: Wire = field(default_factory=Wire)
-    bwd: Wire = field(default_factory=Wire)
-    push: Wire = field(default_factory=Wire)
-    pull: Wire = field(default_factory=Wire)
-    tp_fwd: Wire = field(default_factory=Wire)
-    tp_bwd: Wire = field(default_factory=Wire)
+    grad: Wire = EXACT
+    fwd: Wire = EXACT
+    bwd: Wire = EXACT
+    push: Wire = EXACT
+    pull: Wire = EXACT
+    tp_fwd: Wire = EXACT
+    tp_bwd: Wire = EXACT
 
     def __post_init__(self) -> None:
         for name in ("fwd", "bwd", "pull", "tp_fwd", "tp_bwd"):

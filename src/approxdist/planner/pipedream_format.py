@@ -24,6 +24,7 @@ from pathlib import Path
 
 from approxdist.errors import DataError
 from approxdist.planner.profile import BlockProfile, Profile, looks_like_pipedream, read_profile
+from approxdist.text import read_text
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _NODE = re.compile(
@@ -144,12 +145,7 @@ def parse_graph(text: str, source: str = "graph") -> PipeDreamGraph:
 
 def read_graph(path: str | Path) -> PipeDreamGraph:
     """The graph in the PipeDream graph.txt file `path`."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc})"
-        raise DataError(f"PipeDream graph {str(path)!r} {why}; pass a graph.txt from PipeDream's "
-                        "profiler") from None
+    text = read_text(path, "PipeDream graph", "pass a graph.txt from PipeDream's profiler")
     return parse_graph(text, source=str(path))
 
 

@@ -28,7 +28,6 @@ which samples) and `input_shape` (one sample's, as profiled) say what was planne
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,7 +37,7 @@ from approxdist.comm.collectives.registry import algorithm_names
 from approxdist.config.loader import section_dict
 from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
-from approxdist.text import write_json
+from approxdist.text import read_json, write_json
 from approxdist.topology import TopologyError, from_plan
 
 FORMAT = "approxdist-plan"
@@ -116,24 +115,25 @@ def write_plan(plan: Mapping[str, Any], path: str | Path) -> Path:
 
 def read_plan(path: str | Path) -> PlanFile:
     """The plan in `path`; one `ConfigError` line naming the file, the key and the value."""
-    where = f"plan file {str(path)!r}"
+    data = read_plan_object(path)
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{where} does not exist; write one with approxdist plan --json "
-                          f"FILE") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{where} cannot be read as JSON ({exc})") from None
+        return parse_plan(data)
+    except (ConfigError, TopologyError) as exc:
+        raise ConfigError(f"plan file {str(path)!r}: {exc}") from None
+
+
+def read_plan_object(path: str | Path) -> dict[str, Any]:
+    """The JSON object in the plan file `path`, unparsed (`plan show` prints it as written);
+    one `ConfigError` line where it is missing, not JSON or another format's."""
+    where = f"plan file {str(path)!r}"
+    data = read_json(path, "plan file", "write one with approxdist plan --json FILE", ConfigError)
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must hold one JSON object with 'stages'")
     if "format" in data and (data["format"], data.get("version")) != (FORMAT, VERSION):
         raise ConfigError(f"{where} has format {data['format']!r} version "
                           f"{data.get('version')!r}; this approxdist reads {FORMAT!r} "
                           f"version {VERSION}")
-    try:
-        return parse_plan(data)
-    except (ConfigError, TopologyError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    return data
 
 
 def parse_plan(data: Mapping[str, Any]) -> PlanFile:

@@ -40,6 +40,7 @@ from typing import Any
 from approxdist.errors import ConfigError, DataError
 from approxdist.pipeline.block_profile import BlockProfile
 from approxdist.planner.plan_file import check_table
+from approxdist.text import read_text
 
 FORMAT = "approxdist-profile"
 VERSION = 1
@@ -225,11 +226,7 @@ def write_profile(profile: Profile, path: str | Path) -> None:
 
 def read_profile(path: str | Path) -> Profile:
     """The profile in the JSON file `path`; one `DataError` line if it is missing or foreign."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = "does not exist" if isinstance(exc, FileNotFoundError) else f"cannot be read ({exc})"
-        raise DataError(f"profile file {str(path)!r} {why}; {_HOW_TO_GET_ONE}") from None
+    text = read_text(path, "profile file", _HOW_TO_GET_ONE)
     return from_json(text, source=f"profile file {str(path)!r}")
 
 

@@ -81,7 +81,8 @@ class AllGather(SizedCollective):
                         tuple(x.shape))
         with self.call(sig, segment) as wire:
             wire.itemsize = work.element_size()
-            GATHER_ALGORITHMS.get(name)(wire, blocks)
+            if n > 1 and m > 0:  # else this member's block is the whole result
+                GATHER_ALGORITHMS.get(name)(wire, blocks)
         if out is not None:
             return out if direct_out else out.detach().copy_(work.view(shape))
         return work.view(shape) if x.dtype == kind else work.view(shape).to(x.dtype)

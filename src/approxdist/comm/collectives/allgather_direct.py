@@ -15,11 +15,9 @@ from approxdist.comm.collectives.wire import Wire
 
 
 def direct(wire: Wire, blocks: list[torch.Tensor]) -> None:
-    """Fill every member's block of `blocks` (this member's holds its values)."""
+    """Fill every member's block of `blocks` (this member's holds its values; n > 1, and
+    blocks are not empty: `AllGather` calls no algorithm otherwise)."""
     n, r = wire.world_size, wire.rank
-    numel = blocks[r].numel()
-    if n == 1 or numel == 0:
-        return
     payload = wire.share(blocks[r])
     to, sources = direct_peers(r, n)
     targets = wire.block_targets(blocks, sources)

@@ -19,11 +19,10 @@ from approxdist.comm.collectives.wire import Wire
 
 
 def ring(wire: Wire, blocks: list[torch.Tensor]) -> None:
-    """Fill every member's block of `blocks` (this member's holds its values)."""
+    """Fill every member's block of `blocks` (this member's holds its values; n > 1, and
+    blocks are not empty: `AllGather` calls no algorithm otherwise)."""
     n, r = wire.world_size, wire.rank
     numel = blocks[r].numel()
-    if n == 1 or numel == 0:
-        return
     payload = wire.share(blocks[r])
     # segments are counted in fp32 values (bytes / 4 for an all-gather of bytes)
     cuts = byte_segments(wire.nbytes(numel), -(-numel * wire.itemsize // 4), wire.segment_bytes)

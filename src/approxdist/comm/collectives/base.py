@@ -53,6 +53,22 @@ class PeerComm(Protocol):
         """Sum `x` in place over all ranks with the backend's own all-reduce."""
 
 
+class OnComm:
+    """A part that runs over one `PeerComm` (`Wire`, `Collective`): its members are the comm's."""
+
+    comm: PeerComm
+
+    @property
+    def world_size(self) -> int:
+        """Members taking part (each call runs over all of them)."""
+        return self.comm.world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's index among the members."""
+        return self.comm.rank
+
+
 def bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """`parts` contiguous ranges covering [0, n) whose sizes differ by at most one.
 

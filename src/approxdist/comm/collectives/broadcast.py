@@ -65,7 +65,8 @@ class Broadcast(SizedCollective):
         sig = Signature(work.numel(), x.dtype, "sum", name, self.codec.spec, n, segment,
                         self.kind, tuple(x.shape), root)
         with self.call(sig, segment) as wire:
-            BROADCAST_ALGORITHMS.get(name)(wire, work, root)
+            if n > 1 and work.numel() > 0:  # else every member holds the root's values
+                BROADCAST_ALGORITHMS.get(name)(wire, work, root)
         if not in_place:
             x.detach().copy_(work.view(x.shape))
         return x

@@ -15,10 +15,9 @@ from approxdist.comm.collectives.wire import Wire
 
 
 def direct(wire: Wire, x: torch.Tensor, root: int) -> None:
-    """Member `root`'s values of `x` into every member's `x` (flat, contiguous fp32)."""
+    """Member `root`'s values of `x` into every member's `x` (flat, contiguous fp32; n > 1
+    and `x` not empty: `Broadcast` calls no algorithm otherwise)."""
     n, r = wire.world_size, wire.rank
-    if n == 1 or x.numel() == 0:
-        return
     if r == root:
         payload = wire.share(x)
         wire.start([(p, payload) for p in direct_peers(root, n)[0]], []).finish()

@@ -18,10 +18,9 @@ from approxdist.comm.collectives.wire import Wire
 
 
 def tree(wire: Wire, x: torch.Tensor, root: int) -> None:
-    """Member `root`'s values of `x` into every member's `x` (flat, contiguous fp32)."""
+    """Member `root`'s values of `x` into every member's `x` (flat, contiguous fp32; n > 1
+    and `x` not empty: `Broadcast` calls no algorithm otherwise)."""
     n, r = wire.world_size, wire.rank
-    if n == 1 or x.numel() == 0:
-        return
     up, kids = layout.tree(r, root, n)
     nbytes = wire.nbytes(x.numel())
     cuts = layout.byte_segments(nbytes, x.numel(), wire.segment_bytes)

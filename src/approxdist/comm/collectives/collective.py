@@ -20,7 +20,7 @@ import torch
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
 from approxdist.comm.codecs import Codec, get_codec
-from approxdist.comm.collectives.base import PeerComm
+from approxdist.comm.collectives.base import OnComm, PeerComm
 from approxdist.comm.collectives.check import CheckedComm, Signature, scheme
 from approxdist.comm.collectives.check_head import HeadCheckedComm
 from approxdist.comm.collectives.peers import LinkComm
@@ -30,7 +30,7 @@ from approxdist.errors import CommError, SpecError
 from approxdist.registry import Registry
 
 
-class Collective:
+class Collective(OnComm):
     """One rank's end of a collective over the members of a link's group (or a `PeerComm`)."""
 
     #: how signatures and errors name the collective ("all-gather", ...)
@@ -58,16 +58,6 @@ class Collective:
         self.nonfinite = 0
         self._signatures: dict[Signature, torch.Tensor] = {}
         self._decode_into = decodes_into(self.codec)
-
-    @property
-    def world_size(self) -> int:
-        """Members taking part (the link's group; each call runs over all of them)."""
-        return self.comm.world_size
-
-    @property
-    def rank(self) -> int:
-        """This process's index among the members."""
-        return self.comm.rank
 
     def members(self) -> str:
         """The members as errors name them: `global ranks 3, 1, 2` (or `N members`)."""

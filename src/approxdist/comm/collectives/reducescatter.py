@@ -77,9 +77,12 @@ class ReduceScatter(SizedCollective):
         name, segment = self.pick(flat.numel() * 4), self.segment()
         sig = Signature(flat.numel(), x.dtype, op, name, self.codec.spec, n, segment,
                         self.kind, tuple(x.shape))
+        chunks = [flat[i * k:(i + 1) * k] for i in range(n)]
         with self.call(sig, segment) as wire:
-            SCATTER_ALGORITHMS.get(name)(wire, [flat[i * k:(i + 1) * k] for i in range(n)],
-                                         result)
+            if n > 1 and k > 0:
+                SCATTER_ALGORITHMS.get(name)(wire, chunks, result)
+            else:  # this member's chunk is the whole sum
+                result.copy_(chunks[self.rank])
         if op == "mean" and n > 1:
             result.div_(n)
         shape = (rows // n, *x.shape[1:])

@@ -17,12 +17,11 @@ from approxdist.comm.collectives.wire import Wire
 
 
 def direct(wire: Wire, chunks: list[torch.Tensor], result: torch.Tensor) -> None:
-    """`result` = the sum over all members of their chunk `wire.rank` of `chunks`."""
+    """`result` = the sum over all members of their chunk `wire.rank` of `chunks` (n > 1
+    and chunks not empty: `ReduceScatter` calls no algorithm otherwise)."""
     n, r = wire.world_size, wire.rank
     k = result.numel()
     result.copy_(chunks[r])
-    if n == 1 or k == 0:
-        return
     to, sources = direct_peers(r, n)
     nbytes = wire.nbytes(k)
     buf = wire.scratch.get("scatter", (n - 1) * nbytes, torch.uint8, wire.device)

@@ -21,12 +21,10 @@ from approxdist.comm.collectives.wire import Wire
 
 
 def ring(wire: Wire, chunks: list[torch.Tensor], result: torch.Tensor) -> None:
-    """`result` = the sum over all members of their chunk `wire.rank` of `chunks`."""
+    """`result` = the sum over all members of their chunk `wire.rank` of `chunks` (n > 1
+    and chunks not empty: `ReduceScatter` calls no algorithm otherwise)."""
     n, r = wire.world_size, wire.rank
     k = result.numel()
-    if n == 1 or k == 0:
-        result.copy_(chunks[r])
-        return
     segs = value_segments(k, wire.segment_bytes)
     sizes = [wire.nbytes(b - a) for a, b in segs]
     buf = wire.scratch.get("scatter", (n - 1) * sum(sizes), torch.uint8, wire.device)

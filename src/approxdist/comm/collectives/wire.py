@@ -25,6 +25,7 @@ from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel
 from approxdist.comm.codecs import Codec, Payload
 from approxdist.comm.collectives.base import (
+    OnComm,
     PeerComm,
     Pending,
     Recv,
@@ -54,7 +55,7 @@ def link_segment(bits_per_value: float) -> int:
     return max(SEGMENT_BYTES, wire_equivalent // 4 * 4)
 
 
-class Wire:
+class Wire(OnComm):
     """One rank's codec-aware view of a `PeerComm` for one collective call."""
 
     def __init__(self, comm: PeerComm, codec: Codec, channel: Channel | None,
@@ -74,14 +75,6 @@ class Wire:
     def nonfinite(self) -> int:
         """Decoded values a channel's guard set to 0 (NaN/Inf), this call and sub-wires."""
         return self._nonfinite[0]
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.comm.world_size
 
     def sub(self, comm: PeerComm) -> Wire:
         """The same codec and buffers over another comm (e.g. the folded core group)."""

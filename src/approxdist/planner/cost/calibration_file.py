@@ -27,7 +27,6 @@ naming the file, the key and the value.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from approxdist.planner.cost.links import LinkLevel
 from approxdist.planner.cost.memory import OPTIMIZER_STATES
 from approxdist.planner.cost.overhead import FIELDS as OVERHEAD_FIELDS
 from approxdist.planner.cost.overhead import NONE, RuntimeOverhead
-from approxdist.text import write_json
+from approxdist.text import read_json, write_json
 
 FORMAT = "approxdist-cost-calibration"
 VERSION = 1
@@ -122,17 +121,8 @@ class CostCalibration:
     @staticmethod
     def load(path: str | Path) -> CostCalibration:
         """The calibration in `path`; one `DataError` line naming the file and what is wrong."""
-        where = f"cost calibration file {str(path)!r}"
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise DataError(f"{where} does not exist; {_HOW}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"{where} cannot be read ({exc})") from None
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where} is not JSON ({exc.msg} at line {exc.lineno}); "
-                            f"{_HOW}") from None
-        return from_json(data, where)
+        return from_json(read_json(path, "cost calibration file", _HOW),
+                         f"cost calibration file {str(path)!r}")
 
 
 def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:

@@ -42,16 +42,26 @@ class ModelSpec:
         return str(self.sections["model"]["name"])
 
 
-MODELS = {
-    "mlp-wide": ModelSpec("mlp-wide", {
-        "model": {"name": "mlp", "hidden": 1024, "depth": 6},
-        "data": {"dataset": "synthetic", "synthetic_shape": [784], "synthetic_samples": 512,
-                 "augment": False}}, 32),
-    "resnet20": ModelSpec("resnet20", {
-        "model": {"name": "resnet20"},
-        "data": {"dataset": "synthetic", "synthetic_shape": [3, 32, 32],
-                 "synthetic_samples": 512, "augment": False}}, 16),
-}
+def synthetic(*shape: int) -> dict[str, Any]:
+    """The data section of a model measured on 512 random samples of `shape`."""
+    return {"dataset": "synthetic", "synthetic_shape": list(shape), "synthetic_samples": 512,
+            "augment": False}
+
+
+def text() -> dict[str, Any]:
+    """The data section of a text model (the standard library's text)."""
+    return {"dataset": "stdlib-text", "augment": False}
+
+
+def by_label(*specs: ModelSpec) -> dict[str, ModelSpec]:
+    return {s.label: s for s in specs}
+
+
+MODELS = by_label(
+    ModelSpec("mlp-wide", {"model": {"name": "mlp", "hidden": 1024, "depth": 6},
+                           "data": synthetic(784)}, 32),
+    ModelSpec("resnet20", {"model": {"name": "resnet20"}, "data": synthetic(3, 32, 32)}, 16),
+)
 
 #: (emulated link or "" for none, wire format)
 WIRES = (("", "fp32"), ("bw=1gbit", "fp32"), ("bw=1gbit", "bf16"))
@@ -85,42 +95,27 @@ QUICK = tuple(s for s in FULL if s.key in {
 #: `plan validate --tensor`: tiny models split by their own tp plans (mlp in column-row
 #: pairs, gpt-tiny by heads and MLP pairs) on 2 and 4 ranks, each setting's candidates
 #: every tp x dp mesh of its world and data parallelism (`candidates.tensor_candidates`)
-TENSOR_MODELS = {
-    "mlp": ModelSpec("mlp", {
-        "model": {"name": "mlp", "hidden": 256, "depth": 3},
-        "data": {"dataset": "synthetic", "synthetic_shape": [64], "synthetic_samples": 512,
-                 "augment": False}}, 32),
-    "gpt-tiny": ModelSpec("gpt-tiny", {
-        "model": {"name": "gpt-tiny"},
-        "data": {"dataset": "stdlib-text", "augment": False}}, 8),
-}
+TENSOR_MODELS = by_label(
+    ModelSpec("mlp", {"model": {"name": "mlp", "hidden": 256, "depth": 3},
+                      "data": synthetic(64)}, 32),
+    ModelSpec("gpt-tiny", {"model": {"name": "gpt-tiny"}, "data": text()}, 8),
+)
 TENSOR = (*(Setting(TENSOR_MODELS[m], n, "", "fp32", True)
             for m in TENSOR_MODELS for n in (2, 4)),
           Setting(TENSOR_MODELS["gpt-tiny"], 2, "bw=1gbit", "bf16", True))
 
 
 #: models and sizes no calibration setting (nor the engine-overhead runs) uses
-HELD_OUT_MODELS = {
-    "resnet56": ModelSpec("resnet56", {
-        "model": {"name": "resnet56"},
-        "data": {"dataset": "synthetic", "synthetic_shape": [3, 32, 32],
-                 "synthetic_samples": 512, "augment": False}}, 8),
-    "alexnet-w256": ModelSpec("alexnet-w256", {
-        "model": {"name": "alexnet", "hidden": 256, "dropout": 0.0},
-        "data": {"dataset": "synthetic", "synthetic_shape": [3, 32, 32],
-                 "synthetic_samples": 512, "augment": False}}, 16),
-    "gpt-tiny-b4": ModelSpec("gpt-tiny-b4", {
-        "model": {"name": "gpt-tiny"},
-        "data": {"dataset": "stdlib-text", "augment": False}}, 4),
-    "mlp-d4": ModelSpec("mlp-d4", {
-        "model": {"name": "mlp", "hidden": 768, "depth": 4},
-        "data": {"dataset": "synthetic", "synthetic_shape": [784], "synthetic_samples": 512,
-                 "augment": False}}, 32),
-    "mlp-d8": ModelSpec("mlp-d8", {
-        "model": {"name": "mlp", "hidden": 384, "depth": 8},
-        "data": {"dataset": "synthetic", "synthetic_shape": [784], "synthetic_samples": 512,
-                 "augment": False}}, 32),
-}
+HELD_OUT_MODELS = by_label(
+    ModelSpec("resnet56", {"model": {"name": "resnet56"}, "data": synthetic(3, 32, 32)}, 8),
+    ModelSpec("alexnet-w256", {"model": {"name": "alexnet", "hidden": 256, "dropout": 0.0},
+                               "data": synthetic(3, 32, 32)}, 16),
+    ModelSpec("gpt-tiny-b4", {"model": {"name": "gpt-tiny"}, "data": text()}, 4),
+    ModelSpec("mlp-d4", {"model": {"name": "mlp", "hidden": 768, "depth": 4},
+                         "data": synthetic(784)}, 32),
+    ModelSpec("mlp-d8", {"model": {"name": "mlp", "hidden": 384, "depth": 8},
+                         "data": synthetic(784)}, 32),
+)
 #: two settings per held-out model, spread over 2-4 ranks, both links and both formats
 HELD_OUT = tuple(Setting(HELD_OUT_MODELS[m], n, link, codec) for m, n, link, codec in (
     ("resnet56", 2, "", "fp32"), ("resnet56", 4, "bw=1gbit", "fp32"),

@@ -42,18 +42,14 @@ from approxdist.planner.cost.pipeline import (
     pipeline_time,
 )
 from approxdist.planner.profile import Profile
-from approxdist.planner.validation.configs import ModelSpec
+from approxdist.planner.validation.configs import ModelSpec, synthetic
 
-TINY = ModelSpec("tiny-mlp", {
-    "model": {"name": "mlp", "hidden": 16, "depth": 2},
-    "data": {"dataset": "synthetic", "synthetic_shape": [16], "synthetic_samples": 512,
-             "augment": False}}, 1)
+TINY = ModelSpec("tiny-mlp", {"model": {"name": "mlp", "hidden": 16, "depth": 2},
+                             "data": synthetic(16)}, 1)
 WIDE = ModelSpec("wide-mlp", merge(TINY.sections, {"model": {"hidden": 2048}}), 1)
 MODELS = {"dp": TINY, "dp-wide": WIDE}
-SHARED = ModelSpec("shared-mlp", {
-    "model": {"name": "mlp", "hidden": 512, "depth": 5},
-    "data": {"dataset": "synthetic", "synthetic_shape": [256], "synthetic_samples": 512,
-             "augment": False}}, 32)
+SHARED = ModelSpec("shared-mlp", {"model": {"name": "mlp", "hidden": 512, "depth": 5},
+                                 "data": synthetic(256)}, 32)
 #: the validation's largest world: the shared runs cover the sizes above the cores up to it
 LARGEST = 4
 WORLD = 2
