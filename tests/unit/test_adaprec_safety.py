@@ -58,6 +58,23 @@ def test_the_fastest_safe_codec_wins_and_the_budget_is_the_users() -> None:
     assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
 
 
+def test_a_fall_every_candidate_shares_is_the_runs_and_one_its_own_is_the_codecs() -> None:
+    secs = {"fp32": 1.0, "fp8": 0.5, "table4": 0.3}
+    errors = {"fp8": 0.05, "table4": 0.3}
+    cands = ("fp32", "fp8", "table4")
+    # every candidate's signal falls 0.016 in its 4 steps (the margin is 0.01), the exact
+    # one too: the learning rate or the batches, not a codec; the fastest safe one wins
+    falls = {"fp32": -0.004, "fp8": -0.004, "table4": -0.004}
+    ctl, records = _drive(Sim(falls, secs, error=errors, value=0.9), DEFAULTS, cands)
+    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
+    assert {v["verdict"] for v in records[1]["candidates"].values()} == {"eligible"}
+    # Table-4 alone falls while fp32 and fp8 hold: its own fall, not the run's
+    own = {"fp32": 0.002, "fp8": 0.002, "table4": -0.004}
+    ctl, records = _drive(Sim(own, secs, error=errors, value=0.9), DEFAULTS, cands)
+    assert [c for _, c in ctl.chosen][1:] == ["fp8"] * 3
+    assert all(r["candidates"]["table4"]["verdict"] == "falling" for r in records[1:])
+
+
 def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated() -> None:
     # the fastest safe codec wins; a candidate measured slower than a safe one cannot
     rates = {"fp32": 0.002, "fp8": 0.002, "table4": 0.002, "poison": 0.01}

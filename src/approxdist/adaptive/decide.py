@@ -18,7 +18,9 @@ get there is its measured seconds per step times the phase length. The guards th
 * a candidate whose lower confidence bound `mean - lcb_z * std` falls below the current
   signal minus `margin` is not eligible (validation noise on short phases), nor one whose
   last speculative point did (`falling`: a fit over the run's rising curve may not see
-  a decline that started at the snapshot);
+  a decline that started at the snapshot; under the error rule relative to the others:
+  when every safe candidate fell, the run fell, and those ending within `margin` of the
+  best end stay eligible, `fell_alike`);
 * the prediction is at most the candidate's own pace (`own_pace`): the run's curve so far
   dominates the fit, and a candidate that stalls must not inherit its rise;
 * optionally (`gain_share` > 0) a candidate predicted to gain less than that share of the
@@ -109,14 +111,29 @@ def assess_all(trials: Sequence[Trial], curve: Sequence[Point], at: int, current
     share the run's curve and, when whole, their steps: the fits share their arrays)."""
     screened = [_screen(t, current, chance, cfg) for t in trials]
     if cfg.decide == "error":  # no curve: the safe candidates compared by their step time
-        return [a if a is not None else _by_time(t, current, cfg)
-                for t, a in zip(trials, screened)]
+        return fell_alike([a if a is not None else _by_time(t, current, cfg)
+                           for t, a in zip(trials, screened)], cfg.margin, cfg.first)
     fitted = [t for t, a in zip(trials, screened) if a is None]
     curves = [[*curve, *t.points] for t in fitted]
     preds = iter(model.predict_many([([s for s, _ in c], [v for _, v in c]) for c in curves], at))
     judged = [a if a is not None else _judge(t, next(preds), curve, at, current, cfg)
               for t, a in zip(trials, screened)]
     return outgained(judged, cfg.gain_share)
+
+
+def fell_alike(judged: Sequence[Assessment], margin: float, exact: str) -> list[Assessment]:
+    """The error rule's `falling` guard made relative: when no candidate held the signal
+    (every safe one fell below the boundary's signal minus `margin`) and the `exact`
+    codec was among them, the run fell, not a codec (the learning rate, the batches), and
+    those that ended within `margin` of the best end are eligible again; one that fell
+    further than the others stays `falling`, as does any when the exact codec was not
+    tried (nothing then says the fall is the run's)."""
+    safe = [a for a in judged if a.verdict in ("eligible", "falling")]
+    if any(a.eligible for a in safe) or exact not in {a.trial.candidate for a in safe}:
+        return list(judged)
+    best = max(a.trial.points[-1][1] for a in safe)
+    return [replace(a, verdict="eligible") if a.verdict == "falling"
+            and a.trial.points[-1][1] >= best - margin else a for a in judged]
 
 
 def outgained(judged: Sequence[Assessment], share: float) -> list[Assessment]:
