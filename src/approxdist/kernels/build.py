@@ -25,9 +25,9 @@ from pathlib import Path
 from approxdist.cache import cache_dir as approxdist_cache
 
 #: compiled together into one library (public: the tests build variants of it)
-SOURCES = ("bitfield.c", "table.c")
+SOURCES = ("bitfield.c", "table.c", "quantize.c")
 #: included by the sources: part of the cache key, not compiled on their own
-_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "parallel.h")
+_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "parallel.h", "stream.h")
 #: tried in order; -march=native is safe because the build runs on the machine that uses it
 _FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
 BASE_FLAGS = ("-shared", "-fPIC", "-std=c99", "-pthread")

@@ -88,24 +88,25 @@ class Compressor(ABC):
         raise NotImplementedError(f"{self.spec} has no single message to unpack")
 
     def aggregate(self, decoded: list[torch.Tensor]) -> torch.Tensor:
-        """The workers' mean, summed in worker order (votes override this)."""
-        return in_order(decoded).div_(len(decoded))
+        """The workers' aggregate of their decoded tensors, summed in worker order."""
+        return self.finish(in_order(decoded), len(decoded))
+
+    def finish(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        """The aggregate of `count` workers from their sum: the mean (votes override this;
+        a sum of one is its own mean)."""
+        return total.div_(count) if count > 1 else total
 
     def _flat(self, grad: torch.Tensor) -> torch.Tensor:
-        """A fp32 flat copy of `grad`, plus the residual where error feedback is on."""
+        """`grad` as flat fp32 (a copy plus the residual where error feedback is on)."""
         if grad.numel() != self.numel:
             raise ConfigError(f"{self.spec} was built for a tensor of shape {tuple(self.shape)} "
                               f"but got one of shape {tuple(grad.shape)}; build one compressor "
                               f"per tensor")
-        x = grad.detach().reshape(-1).to(device=self.device, dtype=torch.float32, copy=True)
+        x = grad.detach().reshape(-1).to(device=self.device, dtype=torch.float32,
+                                         copy=self.feedback)  # encoders never write to x
         if self.feedback:
             x.add_(self.state["residual"])
         return x
-
-    def _uniform(self, n: int) -> torch.Tensor:
-        """n uniform [0, 1) numbers from this compressor's own stream, on its device."""
-        assert self.generator is not None
-        return torch.rand(n, generator=self.generator).to(self.device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the residual, factors and random stream (bitwise resume)."""
@@ -157,19 +158,35 @@ class Gathered(Compressor):
     def decode(self, payload: Payload) -> torch.Tensor:
         """The flat fp32 tensor a payload stands for."""
 
-    def unpack(self, data: torch.Tensor) -> torch.Tensor:
-        return self.decode(Payload(data, self.shape))
+    def decode_add(self, payload: Payload, dest: torch.Tensor) -> None:
+        """`dest += decode(payload)` (flat fp32 `dest`; fused where a subclass can)."""
+        dest.add_(self.decode(payload))
 
-    def exchange(self, grad: torch.Tensor, world: int) -> GatherExchange:
-        x = self._flat(grad)
+    def encode_feedback(self, x: torch.Tensor) -> Payload:
+        """`encode(x)`, and with error feedback the residual `x - decode(payload)`."""
         payload = self.encode(x)
         if self.feedback:
             torch.sub(x, self.decode(payload), out=self.state["residual"])
+        return payload
+
+    def unpack(self, data: torch.Tensor) -> torch.Tensor:
+        return self.decode(Payload(data, self.shape))
+
+    def combine(self, payloads: list[Payload]) -> torch.Tensor:
+        """The aggregate of every worker's payload: the first decoded, the others added in
+        worker order (the sums `aggregate` of their decoded tensors makes)."""
+        total = self.decode(payloads[0])
+        for payload in payloads[1:]:
+            self.decode_add(payload, total)
+        return self.finish(total, len(payloads))
+
+    def exchange(self, grad: torch.Tensor, world: int) -> GatherExchange:
+        payload = self.encode_feedback(self._flat(grad))
         gathered = yield payload
         if len(gathered) != world:
             raise ConfigError(f"{self.spec}: gathered {len(gathered)} payloads for a world of "
                               f"{world}")
-        return self.aggregate([self.decode(p) for p in gathered]).view(self.shape)
+        return self.combine(gathered).view(self.shape)
 
 
 def in_order(tensors: list[torch.Tensor]) -> torch.Tensor:
