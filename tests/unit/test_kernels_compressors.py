@@ -55,8 +55,8 @@ def run_workers(spec: str, n: int, fused: bool, lib: ctypes.CDLL | None = None,
         if fused and lib is not None:
             use_library(comp, lib)
         return comp
-    senders, workers, receiver = [make(w) for w in range(world)], [make(w) for w in range(world)], \
-        make(0)
+    senders, workers = [make(w) for w in range(world)], [make(w) for w in range(world)]
+    receiver = make(0)
     out: list[torch.Tensor] = []
     for step in range(steps):
         xs = [values(n, 10 * step + w) for w in range(world)]

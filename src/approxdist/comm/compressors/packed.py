@@ -73,16 +73,13 @@ class ScaledCodes:
         return self._decoder.get(lambda: TableKernel.create(self.width))
 
     def lookup(self, kernel: TableKernel, payload: Payload, values: torch.Tensor,
-               dest: torch.Tensor | None = None) -> torch.Tensor:
-        """`values[code]` of each code (fp32 `values`, 2**width of them): a new tensor, or
-        added to the contiguous fp32 `dest` (then returned)."""
+               out: torch.Tensor | None = None, add: bool = False) -> torch.Tensor:
+        """`values[code]` of each code (fp32 `values`, 2**width of them), flat: a new tensor,
+        or written (`add`: added) into the contiguous fp32 `out`."""
         region = payload.data[self.head:]
-        if dest is None:
-            out = torch.empty(self.numel, dtype=torch.float32, device=region.device)
-            kernel.decode(region, values, None, out)
-            return out
-        kernel.decode(region, values, None, dest.view(-1), add=True)
-        return dest
+        y = torch.empty(self.numel, device=region.device) if out is None else out.view(-1)
+        kernel.decode(region, values, None, y, add=add)
+        return y
 
 
 class Packed(Gathered):
@@ -108,9 +105,15 @@ class Packed(Gathered):
             return self.from_codes(*self.codes.unpack(payload))
         return self.codes.lookup(kernel, payload, self.values(self.codes.scale(payload)))
 
+    def decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+        kernel = None if out is None else self.codes.decoder(payload, out)
+        if kernel is None:
+            return super().decode_into(payload, out)
+        return self.codes.lookup(kernel, payload, self.values(self.codes.scale(payload)), out)
+
     def decode_add(self, payload: Payload, dest: torch.Tensor) -> None:
         kernel = self.codes.decoder(payload, dest) if dest.dtype == torch.float32 else None
         if kernel is None:
             super().decode_add(payload, dest)
             return
-        self.codes.lookup(kernel, payload, self.values(self.codes.scale(payload)), dest)
+        self.codes.lookup(kernel, payload, self.values(self.codes.scale(payload)), dest, add=True)

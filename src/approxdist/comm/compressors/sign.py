@@ -39,7 +39,7 @@ class ScaledSign(Packed):
 
     def _encode(self, x: torch.Tensor, residual: torch.Tensor | None) -> Payload:
         """The payload of `x`; with `residual`, also `residual = x - decode(payload)` (kernel)."""
-        scale = x.abs().sum() / max(x.numel(), 1)
+        scale = torch.linalg.vector_norm(x, 1) / max(x.numel(), 1)  # no |x| tensor made
         kernel = self.codes.encoder(x)
         if kernel is None:
             return self.codes.pack(x < 0, scale, self.shape)
