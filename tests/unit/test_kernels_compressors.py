@@ -1,5 +1,5 @@
-"""Fused kernels of QSGD, TernGrad and the sign methods: the torch reference's bytes, decoded
-values, sums and residuals bit for bit, and the counter-based stream both draw from."""
+"""Fused kernels of QSGD, TernGrad, the sign methods and top-k: the torch reference's bytes,
+decoded values, sums and residuals bit for bit, and the counter-based stream both draw from."""
 
 from __future__ import annotations
 
@@ -10,20 +10,21 @@ import pytest
 import torch
 
 from approxdist.comm.codecs.base import Payload
-from approxdist.comm.compressors import Where, get_compressor
+from approxdist.comm.compressors import Compressor, Where, get_compressor
 from approxdist.comm.compressors.packed import Packed
+from approxdist.comm.compressors.topk import TopK
 from approxdist.comm.compressors.stream import GOLDEN, MASK, mix32, step_key, uniform
 from approxdist.kernels import kernel_status
-from approxdist.kernels.quantize import QuantKernel
+from approxdist.kernels.compress import CompressKernel
 from approxdist.kernels.table import TableKernel
 from tests.helpers.lockstep import lockstep
 
 needs_kernels = pytest.mark.skipif(not kernel_status().available,
                                    reason=f"C kernels unavailable: {kernel_status().detail}")
 
-#: code widths 3, 4, 6, 9, 17 (QSGD), 2 (TernGrad), 1 (signs)
+#: code widths 3, 4, 6, 9, 17 (QSGD), 2 (TernGrad), 1 (signs); top-k
 SPECS = ["qsgd:2", "qsgd:7", "qsgd:16", "qsgd:200", "qsgd:32768", "terngrad", "sign+ef",
-         "signsgd"]
+         "signsgd", "topk:0.01", "topk:0.3"]
 #: lengths around the kernels' 2048-value blocks and every sub-byte group size
 LENGTHS = [0, 1, 3, 7, 8, 9, 2047, 2048, 2049, 5003]
 WORLD = 3
@@ -37,23 +38,29 @@ def values(n: int, seed: int) -> torch.Tensor:
     return x
 
 
-def use_library(comp: Packed, lib: ctypes.CDLL) -> None:
-    """Make `comp` call the library `lib` instead of the cached build."""
-    encoder, decoder = QuantKernel(lib), TableKernel(lib, comp.codes.width)
-    comp.codes._encoder.get(lambda: encoder)
-    comp.codes._decoder.get(lambda: decoder)
+def use_kernels(comp: Compressor, fused: bool, lib: ctypes.CDLL | None = None) -> None:
+    """Make `comp` use its kernels or its torch ops; `lib` instead of the cached build."""
+    encoder = None if lib is None else CompressKernel(lib)
+    if isinstance(comp, TopK):
+        comp.use_kernels = fused
+        if fused and encoder is not None:
+            comp._kernels.get(lambda: encoder)
+        return
+    assert isinstance(comp, Packed)
+    comp.codes.use_kernels = fused
+    if fused and lib is not None:
+        decoder = TableKernel(lib, comp.codes.width)
+        comp.codes._encoder.get(lambda: encoder)
+        comp.codes._decoder.get(lambda: decoder)
 
 
 def run_workers(spec: str, n: int, fused: bool, lib: ctypes.CDLL | None = None,
                 world: int = WORLD, steps: int = 2) -> list[torch.Tensor]:
     """Each worker's message bytes, their decodings by a receiver, the exchange results and
     the compressors' states, over `steps` steps of `world` workers."""
-    def make(worker: int) -> Packed:
+    def make(worker: int) -> Compressor:
         comp = get_compressor(spec, Where((n,), seed=7, worker=worker))
-        assert isinstance(comp, Packed)
-        comp.codes.use_kernels = fused
-        if fused and lib is not None:
-            use_library(comp, lib)
+        use_kernels(comp, fused, lib)
         return comp
     senders, workers = [make(w) for w in range(world)], [make(w) for w in range(world)]
     receiver = make(0)
@@ -77,7 +84,7 @@ def assert_same(got: list[torch.Tensor], expected: list[torch.Tensor], what: str
 @needs_kernels
 @pytest.mark.parametrize("spec", SPECS)
 def test_kernels_equal_the_torch_reference_bit_for_bit(spec: str) -> None:
-    for n in LENGTHS:
+    for n in LENGTHS[spec.startswith("topk"):]:  # top-k keeps at least one value
         assert_same(run_workers(spec, n, True), run_workers(spec, n, False), f"{spec} n={n}")
 
 
@@ -88,6 +95,31 @@ def test_the_kernels_do_run() -> None:
     x = values(64, 1)
     assert comp.codes.encoder(x) is not None
     assert comp.codes.decoder(comp.encode(x)) is not None
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_topk_ties_go_to_the_lower_index_on_any_thread_count(threads: int) -> None:
+    """Integer values: many equal magnitudes of both signs, split over the threads' ranges;
+    the oracle is a stable descending sort of the magnitudes."""
+    n = 4 * (1 << 17) + 77
+    x = torch.randint(-20, 21, (n,), generator=torch.Generator().manual_seed(threads)).float()
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for ratio in ("0.001", "0.2", "1"):
+            fused, ops = get_compressor(f"topk:{ratio}", Where((n,))), \
+                get_compressor(f"topk:{ratio}", Where((n,)))
+            assert isinstance(fused, TopK) and isinstance(ops, TopK)
+            ops.use_kernels = False
+            k = fused.k
+            oracle = torch.sort(x.abs(), descending=True, stable=True).indices[:k].sort().values
+            sent = fused.encode(x).data
+            assert torch.equal(sent, ops.encode(x).data), ratio
+            assert torch.equal(sent[4 * k:].view(torch.int32).long(), oracle), ratio
+            assert torch.equal(sent[: 4 * k].view(torch.float32), x[oracle]), ratio
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_a_zero_or_non_finite_gradient_sends_level_zero() -> None:

@@ -33,8 +33,8 @@ needs_kernels = pytest.mark.skipif(not kernel_status().available,
 SPECS = ["bits:s0e1m0", "bits:s1e1m0", "bits:s1e2m0", "bits:s0e2+2m0", "bits:s1e3m2",
          "bits:s0e8m0", "bits:s1e0m7", "bits:s1e1+2m9", "bits:s1e5m10", "table1", "table2",
          "table3", "table4", "table5", "table8"]
-#: QSGD of code widths 6 and 9, TernGrad, sign with and without error feedback
-COMPRESSORS = ["qsgd:16", "qsgd:200", "terngrad", "sign+ef", "signsgd"]
+#: QSGD of code widths 6 and 9, TernGrad, sign with and without error feedback, top-k
+COMPRESSORS = ["qsgd:16", "qsgd:200", "terngrad", "sign+ef", "signsgd", "topk:0.01"]
 #: 4 threads get >= 2^17 values each (parallel.h's MIN_PER_THREAD); an odd tail
 N = 4 * (1 << 17) + 3001
 

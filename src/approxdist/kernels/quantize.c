@@ -12,8 +12,9 @@
  *   al. 2017);
  * - ad_sign_encode: code 1 where x < 0; with `values` (the decoded value of codes 0 and 1)
  *   also residual = x - values[code] (EF-SignSGD's error feedback, one pass).
- * The callers pass finite positive scales only (so QSGD's a is in [0, s], and truncation is floor). Decoding is a lookup of each code's value:
- * ad_table_decode (table.c). Every encoder splits over `threads` threads (parallel.h).
+ * The callers pass finite positive scales only (so QSGD's a is in [0, s] and truncation is
+ * floor). Decoding is a lookup of each code's value: ad_table_decode (table.c). Every
+ * encoder splits over `threads` threads (parallel.h).
  */
 #include <math.h>
 #include <stdint.h>

@@ -16,7 +16,7 @@ from approxdist.comm.codecs.base import Payload
 from approxdist.comm.codecs.bitpack import code_dtype, pack_codes, packed_nbytes, unpack_codes
 from approxdist.comm.codecs.framed import typed
 from approxdist.comm.compressors.base import Gathered
-from approxdist.kernels.quantize import QuantKernel
+from approxdist.kernels.compress import CompressKernel, fused
 from approxdist.kernels.slot import KernelSlot
 from approxdist.kernels.table import TableKernel
 
@@ -30,18 +30,15 @@ class ScaledCodes:
         self.head = 4 if scaled else 0
         self.work = BufferPool()
         self.use_kernels = True  # False: always the torch ops (the reference)
-        self._encoder: KernelSlot[QuantKernel] = KernelSlot()
+        self._encoder: KernelSlot[CompressKernel] = KernelSlot()
         self._decoder: KernelSlot[TableKernel] = KernelSlot()
 
     def nbytes(self) -> int:
         return self.head + packed_nbytes(self.numel, self.width)
 
-    def encoder(self, *tensors: torch.Tensor) -> QuantKernel | None:
+    def encoder(self, *tensors: torch.Tensor) -> CompressKernel | None:
         """The fused encoder if it can take these tensors (fp32 values on CPU), else None."""
-        if not self.use_kernels or not QuantKernel.usable(*tensors) \
-                or any(t.dtype != torch.float32 for t in tensors):
-            return None
-        return self._encoder.get(QuantKernel.create)
+        return fused(self._encoder, self.use_kernels, *tensors)
 
     def blank(self, scale: torch.Tensor | None, shape: torch.Size,
               device: torch.device) -> tuple[Payload, torch.Tensor]:
