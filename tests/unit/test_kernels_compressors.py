@@ -12,8 +12,8 @@ import torch
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors import Compressor, Where, get_compressor
 from approxdist.comm.compressors.packed import Packed
-from approxdist.comm.compressors.topk import TopK
 from approxdist.comm.compressors.stream import GOLDEN, MASK, mix32, step_key, uniform
+from approxdist.comm.compressors.topk import TopK
 from approxdist.kernels import kernel_status
 from approxdist.kernels.compress import CompressKernel
 from approxdist.kernels.table import TableKernel

@@ -1,4 +1,4 @@
-"""Typed entry points of the compressor kernels: QSGD, TernGrad, sign codes (quantize.c), top-k (topk.c).
+"""Typed entry points of the compressor kernels: QSGD, TernGrad and sign codes (quantize.c), top-k (topk.c).
 
 `CompressKernel.create` returns None where the kernels cannot run (no compiler, disabled);
 `usable` says per call whether the tensors qualify (CPU, contiguous). The compressors
@@ -67,7 +67,7 @@ class CompressKernel:
         value of codes 0 and 1) also write `residual = x - values[code]`."""
         need(x, torch.float32, x.numel(), "quantize")
         need(codes, torch.uint8, (x.numel() + 7) // 8, "quantize")
-        pointers = (None, None)
+        pointers: tuple[int | None, int | None] = (None, None)
         if values is not None and residual is not None:
             need(values, torch.float32, 2, "quantize")
             need(residual, torch.float32, x.numel(), "quantize")
