@@ -1,8 +1,9 @@
 """Payloads of one fp32 scale followed by bit-packed codes (QSGD, TernGrad, the sign methods).
 
-On CPU the codes are made by fused C kernels (`kernels/quantize.c`) and decoded by looking
-each code's value up (`TableKernel.decode`, also decode-and-add); the torch ops are the
-fallback elsewhere and the reference, bit for bit (`use_kernels = False` forces them).
+On CPU the codes are made by fused C kernels (`kernels/quantize.c`) and codes of at most 8
+bits decoded by looking each code's value up (`TableKernel.decode`, also decode-and-add);
+the torch ops are the fallback elsewhere and the reference, bit for bit (`use_kernels =
+False` forces them).
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ class ScaledCodes:
         return codes, self.scale(payload)
 
     def decoder(self, payload: Payload, *tensors: torch.Tensor) -> TableKernel | None:
-        """The fused decoder if it can take the payload and these fp32 tensors, else None."""
-        if not self.use_kernels or not TableKernel.usable(payload.data, *tensors):
+        """The fused decoder if it can take the payload and these fp32 tensors, else None
+        (also for codes of more than 8 bits: a table of their values would cost more to
+        build than the torch decoder's few passes)."""
+        if not self.use_kernels or self.width > 8 \
+                or not TableKernel.usable(payload.data, *tensors):
             return None
         return self._decoder.get(lambda: TableKernel.create(self.width))
 
