@@ -44,10 +44,10 @@ static void qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restric
     const float *restrict x = q->x + k;
     const float scale = q->scale, top = (float)q->levels;
     const int32_t s = q->levels;
-    const uint32_t key = q->key, first = (uint32_t)k;
-    for (int64_t j = 0; j < m; j++) {
+    uint32_t w = weyl(q->key, (uint32_t)k);
+    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
         const float a = fabsf(x[j]) * scale, low = (float)(int32_t)a; /* floor: 0 <= a <= ~s */
-        float level = low + (float)(draw(key, first + (uint32_t)j) < a - low);
+        float level = low + (float)(uniform(w) < a - low);
         level = level > top ? top : level;
         const int32_t l = (int32_t)level;
         c[j] = (uint32_t)(x[j] < 0.0f ? s - l : s + l);
@@ -57,11 +57,11 @@ static void qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restric
 static void terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
     const float *restrict x = q->x + k;
     const float scale = q->scale;
-    const uint32_t key = q->key, first = (uint32_t)k;
-    for (int64_t j = 0; j < m; j++) {
+    uint32_t w = weyl(q->key, (uint32_t)k);
+    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
         const float p = fabsf(x[j]) / scale;
         const uint32_t sign = x[j] < 0.0f ? 2u : 1u;
-        c[j] = draw(key, first + (uint32_t)j) < p ? sign : 0u;
+        c[j] = uniform(w) < p ? sign : 0u;
     }
 }
 

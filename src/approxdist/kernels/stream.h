@@ -21,9 +21,13 @@ static inline uint32_t mix32(uint32_t h) {
     return h;
 }
 
-/* draw `i` of the step keyed `key`: a multiple of 2^-24 in [0, 1) (exact in fp32) */
-static inline float draw(uint32_t key, uint32_t i) {
-    return (float)(int32_t)(mix32(key + i * STREAM_GOLDEN) >> 8) * 0x1p-24f;
+/* the word draw `i` of the step keyed `key` hashes; draw i + 1's is this + STREAM_GOLDEN (a
+ * loop adds it instead of multiplying) */
+static inline uint32_t weyl(uint32_t key, uint32_t i) { return key + i * STREAM_GOLDEN; }
+
+/* the draw of Weyl word `w`: a multiple of 2^-24 in [0, 1) (exact in fp32) */
+static inline float uniform(uint32_t w) {
+    return (float)(int32_t)(mix32(w) >> 8) * 0x1p-24f;
 }
 
 #endif

@@ -31,6 +31,11 @@ class ScaledSign(Packed):
     def encode(self, x: torch.Tensor) -> Payload:
         return self._encode(x, None)
 
+    def mean_magnitude(self, x: torch.Tensor, work: torch.Tensor | None = None) -> torch.Tensor:
+        """||x||_1 / d, |x| made in `work` where given (the residual, before it is written)."""
+        magnitudes = x.abs() if work is None else torch.abs(x, out=work)
+        return magnitudes.sum() / max(x.numel(), 1)
+
     def encode_feedback(self, x: torch.Tensor) -> Payload:
         residual = self.state["residual"]
         if self.codes.encoder(x, residual) is None:
@@ -39,7 +44,7 @@ class ScaledSign(Packed):
 
     def _encode(self, x: torch.Tensor, residual: torch.Tensor | None) -> Payload:
         """The payload of `x`; with `residual`, also `residual = x - decode(payload)` (kernel)."""
-        scale = torch.linalg.vector_norm(x, 1) / max(x.numel(), 1)  # no |x| tensor made
+        scale = self.mean_magnitude(x, residual)
         kernel = self.codes.encoder(x)
         if kernel is None:
             return self.codes.pack(x < 0, scale, self.shape)
@@ -79,7 +84,7 @@ class MajorityVote(Packed):
         return signs(codes)
 
     def finish(self, total: torch.Tensor, count: int) -> torch.Tensor:
-        return total.sign_()
+        return total.sign_() if count > 1 else total  # one worker's signs are +-1 already
 
 
 def signs(codes: torch.Tensor) -> torch.Tensor:
