@@ -84,12 +84,7 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; k += BLOCK) {
         const int64_t m = block_len(hi - k);
         q->codes(q, k, m, c32);
-        if (w <= 8 && BYTEPACK_LE) {
-            for (int64_t j = 0; j < m; j++) c8[j] = (uint8_t)c32[j];
-            out += pack8(c8, m, w, out);
-        } else {
-            out += pack(c32, m, w, out);
-        }
+        out += pack_words(c32, m, w, c8, out);
     }
 }
 
