@@ -282,3 +282,6 @@ const char *ad_kernels_isa(void) {
     return "no SIMD intrinsics";
 #endif
 }
+
+/* The threads calls split over (parallel.h). */
+const char *ad_kernels_threads(void) { return split_threads(); }
