@@ -116,9 +116,10 @@ def test_signsgd_is_the_majority_vote() -> None:
 
 
 def terngrad_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Wen et al. (2017), eq. 2: s * sign(g) * b, b ~ Bernoulli(|g| / s), s = max |g|."""
+    """Wen et al. (2017), eq. 2: s * sign(g) * b, b ~ Bernoulli(|g| / s), s = max |g|
+    (b = 1 where u s < |g|)."""
     s = g.abs().max()
-    return s * torch.sign(g) * (u < g.abs() / s)
+    return s * torch.sign(g) * (u * s < g.abs())
 
 
 def qsgd_ref(v: torch.Tensor, u: torch.Tensor, s: int) -> torch.Tensor:

@@ -8,8 +8,8 @@
  *
  * - ad_qsgd_encode: a = |x| * scale (scale = s / ||x||), low = floor(a), level = low + (u < a -
  *   low) at most s, code = s - level for x < 0 else s + level (Alistarh et al. 2017);
- * - ad_terngrad_encode: code 1 (x >= 0) or 2 (x < 0) where u < |x| / scale, else 0 (Wen et
- *   al. 2017);
+ * - ad_terngrad_encode: code 1 (x >= 0) or 2 (x < 0) where u * scale < |x|, else 0 (Wen et
+ *   al. 2017: kept with probability |x| / scale);
  * - ad_sign_encode: code 1 where x < 0; with `values` (the decoded value of codes 0 and 1)
  *   also residual = x - values[code] (EF-SignSGD's error feedback, one pass).
  * The callers pass finite positive scales only (so QSGD's a is in [0, s] and truncation is
@@ -59,9 +59,8 @@ static void terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *res
     const float scale = q->scale;
     uint32_t w = weyl(q->key, (uint32_t)k);
     for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
-        const float p = fabsf(x[j]) / scale;
         const uint32_t sign = x[j] < 0.0f ? 2u : 1u;
-        c[j] = uniform(w) < p ? sign : 0u;
+        c[j] = uniform(w) * scale < fabsf(x[j]) ? sign : 0u; /* u < |x| / scale, no divide */
     }
 }
 

@@ -37,9 +37,12 @@ class TernGrad(Packed):
         return payload
 
     def reference_codes(self, x: torch.Tensor, scale: torch.Tensor, key: int) -> torch.Tensor:
-        """The codes by torch ops (`scale` = max |x|; none kept unless it is positive)."""
-        p = x.abs().div_(scale) if scale > 0 else torch.zeros_like(x)
-        keep = uniform(key, x.numel(), x.device) < p
+        """The codes by torch ops (`scale` = max |x|; none kept unless it is positive): kept
+        where u * scale < |x|, with probability |x| / scale (no division per value)."""
+        if scale > 0:
+            keep = uniform(key, x.numel(), x.device).mul_(scale) < x.abs()
+        else:
+            keep = torch.zeros_like(x, dtype=torch.bool)
         return keep.to(torch.uint8) * torch.where(x < 0, 2, 1).to(torch.uint8)
 
     def values(self, scale: torch.Tensor | None) -> torch.Tensor:
