@@ -15,6 +15,10 @@
 
 #include "parallel.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #define ABS_BITS 0x7FFFFFFFu
 #define HIGH_BINS (1 << 16)
 #define LOW_BINS (1 << 15)
@@ -47,8 +51,22 @@ static void low_range(const void *arg, int64_t lo, int64_t hi) {
     const int p = part_of(j, lo);
     uint32_t *h = j->low + (size_t)p * LOW_BINS;
     const uint32_t bin = j->bin;
-    int64_t above = 0;
-    for (int64_t i = lo; i < hi; i++) {
+    int64_t above = 0, i = lo;
+#if defined(__AVX512F__)
+    /* 16 values a step: the count above the bin by compare and popcount; the few values in
+     * the bin (a k-th largest's bin is a sliver of them) one by one */
+    const __m512i abs_bits = _mm512_set1_epi32((int)ABS_BITS), b = _mm512_set1_epi32((int)bin);
+    for (; i + 16 <= hi; i += 16) {
+        const __m512i top = _mm512_srli_epi32(
+            _mm512_and_si512(_mm512_loadu_si512((const void *)(j->x + i)), abs_bits), 15);
+        above += __builtin_popcount(_mm512_cmpgt_epu32_mask(top, b));
+        for (__mmask16 in = _mm512_cmpeq_epu32_mask(top, b); in; in &= in - 1) {
+            const uint32_t a = j->x[i + __builtin_ctz(in)] & ABS_BITS;
+            h[a & (LOW_BINS - 1)]++;
+        }
+    }
+#endif
+    for (; i < hi; i++) {
         const uint32_t a = j->x[i] & ABS_BITS, top = a >> 15;
         above += top > bin;
         if (top == bin) h[a & (LOW_BINS - 1)]++;
@@ -56,17 +74,17 @@ static void low_range(const void *arg, int64_t lo, int64_t hi) {
     j->above[p] = above;
 }
 
-static void select_range(const void *arg, int64_t lo, int64_t hi) {
-    const topk_t *j = (const topk_t *)arg;
-    const int p = part_of(j, lo);
+/* the scalar selection over [i, hi): values above t, and ties at t while fewer than `take`
+ * were kept; *out and *seen (ties met so far) carry on from one call to the next */
+static void select_scalar(const topk_t *j, int64_t i, int64_t hi, int64_t take, int64_t *out,
+                          int64_t *seen) {
     const uint32_t t = j->t;
     const float *xf = (const float *)j->x;
-    int64_t o = j->offset[p], seen = 0;
-    const int64_t take = j->take[p];
-    for (int64_t i = lo; i < hi; i++) {
+    int64_t o = *out, met = *seen;
+    for (; i < hi; i++) {
         const uint32_t a = j->x[i] & ABS_BITS;
         int sel = a > t;
-        if (a == t) sel = seen++ < take;
+        if (a == t) sel = met++ < take;
         if (sel) {
             j->idx[o] = (int32_t)i;
             j->val[o] = xf[i];
@@ -74,6 +92,40 @@ static void select_range(const void *arg, int64_t lo, int64_t hi) {
         }
         if (j->residual != NULL) j->residual[i] = xf[i] - (sel ? xf[i] : 0.0f);
     }
+    *out = o;
+    *seen = met;
+}
+
+static void select_range(const void *arg, int64_t lo, int64_t hi) {
+    const topk_t *j = (const topk_t *)arg;
+    const int p = part_of(j, lo);
+    const int64_t take = j->take[p];
+    int64_t o = j->offset[p], seen = 0, i = lo;
+#if defined(__AVX512F__)
+    /* 16 values a step: the kept ones compress-stored in index order, the residual masked; a
+     * step holding a value at t goes the scalar way (ties are taken in index order) */
+    const __m512i abs_bits = _mm512_set1_epi32((int)ABS_BITS), tv = _mm512_set1_epi32((int)j->t);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= hi; i += 16) {
+        const __m512i v = _mm512_loadu_si512((const void *)(j->x + i));
+        const __m512i a = _mm512_and_si512(v, abs_bits);
+        if (_mm512_cmpeq_epu32_mask(a, tv)) {
+            select_scalar(j, i, i + 16, take, &o, &seen);
+            continue;
+        }
+        const __mmask16 sel = _mm512_cmpgt_epu32_mask(a, tv);
+        const __m512 xs = _mm512_castsi512_ps(v);
+        if (sel) {
+            const __m512i index = _mm512_add_epi32(_mm512_set1_epi32((int32_t)i), lanes);
+            _mm512_mask_compressstoreu_epi32((void *)(j->idx + o), sel, index);
+            _mm512_mask_compressstoreu_ps((void *)(j->val + o), sel, xs);
+            o += __builtin_popcount(sel);
+        }
+        if (j->residual != NULL)
+            _mm512_storeu_ps(j->residual + i, _mm512_sub_ps(xs, _mm512_maskz_mov_ps(sel, xs)));
+    }
+#endif
+    select_scalar(j, i, hi, take, &o, &seen);
 }
 
 /* The first bin (from the top) at which the counts, summed from the top, reach k; `before`
