@@ -4,7 +4,7 @@ Each reference below is the paper's formula applied to N simulated workers' grad
 over a few steps (error feedback kept per worker); the compressors are driven through
 `lockstep`, which combines their messages as the collective would (sum in worker order,
 or gather + decode + mean / vote). Deterministic compressors match bit for bit; the
-stochastic ones draw from the same seeded stream as their reference.
+stochastic ones draw from the same counter-based stream as their reference.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from approxdist.comm.compressors import (
     run_alone,
 )
 from approxdist.comm.compressors.spec import WORKER_STRIDE
+from approxdist.comm.compressors.stream import step_key, uniform
 from approxdist.errors import ConfigError, SpecError
 from tests.helpers.lockstep import lockstep
 
@@ -115,9 +116,10 @@ def test_signsgd_is_the_majority_vote() -> None:
 
 
 def terngrad_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Wen et al. (2017), eq. 2: s * sign(g) * b, b ~ Bernoulli(|g| / s), s = max |g|."""
+    """Wen et al. (2017), eq. 2: s * sign(g) * b, b ~ Bernoulli(|g| / s), s = max |g|
+    (b = 1 where u s < |g|)."""
     s = g.abs().max()
-    return s * torch.sign(g) * (u < g.abs() / s)
+    return s * torch.sign(g) * (u * s < g.abs())
 
 
 def qsgd_ref(v: torch.Tensor, u: torch.Tensor, s: int) -> torch.Tensor:
@@ -129,11 +131,11 @@ def qsgd_ref(v: torch.Tensor, u: torch.Tensor, s: int) -> torch.Tensor:
 
 
 def stochastic_ref(quantise) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    """Each worker draws from its own stream (seed * stride + worker)."""
-    gens = [torch.Generator().manual_seed(SEED * WORKER_STRIDE + w) for w in range(N)]
+    """Each worker draws from its own stream (seed * stride + worker), step s's draws keyed
+    by (seed, s)."""
     out = []
     for s in range(STEPS):
-        parts = [quantise(g.reshape(-1), torch.rand(g.numel(), generator=gens[w]))
+        parts = [quantise(g.reshape(-1), uniform(step_key(SEED * WORKER_STRIDE + w, s), g.numel()))
                  for w, g in enumerate(grads(s))]
         out.append(mean_in_order(parts).view(SHAPE))
     return out
@@ -223,7 +225,7 @@ def test_state_resumes_bit_for_bit(spec: str) -> None:
 
 def test_a_state_of_another_compressor_is_one_line() -> None:
     state = get_compressor("topk:0.1", Where(SHAPE)).state_dict()
-    with pytest.raises(ConfigError, match=r"qsgd:16 state has entries \['residual'\].*'rng'"):
+    with pytest.raises(ConfigError, match=r"qsgd:16 state has entries \['residual'\].*'steps'"):
         get_compressor("qsgd:16", Where(SHAPE)).load_state_dict(state)
     with pytest.raises(ConfigError, match=r"shape \(960,\), expected \(10,\)"):
         get_compressor("topk:0.1", Where((10,))).load_state_dict(state)

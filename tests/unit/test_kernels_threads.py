@@ -1,5 +1,6 @@
 """The C kernels split over threads: the same bytes, values and sums with 1, 2 and 4 threads,
-and every SIMD variant of the build equal to the torch ops (the oracle)."""
+and every SIMD variant of the build equal to the torch ops (the oracle); the codecs' kernels
+and the compressors' (QSGD, TernGrad, signs: their residuals and streams too)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from approxdist.comm.codecs.table import TableCodec
 from approxdist.kernels import kernel_status
 from approxdist.kernels.bitfield import BitKernel
 from approxdist.kernels.table import TableKernel
+from tests.unit.test_kernels_compressors import assert_same, run_workers
 
 needs_kernels = pytest.mark.skipif(not kernel_status().available,
                                    reason=f"C kernels unavailable: {kernel_status().detail}")
@@ -31,6 +33,8 @@ needs_kernels = pytest.mark.skipif(not kernel_status().available,
 SPECS = ["bits:s0e1m0", "bits:s1e1m0", "bits:s1e2m0", "bits:s0e2+2m0", "bits:s1e3m2",
          "bits:s0e8m0", "bits:s1e0m7", "bits:s1e1+2m9", "bits:s1e5m10", "table1", "table2",
          "table3", "table4", "table5", "table8"]
+#: QSGD of code widths 6 and 9, TernGrad, sign with and without error feedback, top-k
+COMPRESSORS = ["qsgd:16", "qsgd:200", "terngrad", "sign+ef", "signsgd", "topk:0.01"]
 #: 4 threads get >= 2^17 values each (parallel.h's MIN_PER_THREAD); an odd tail
 N = 4 * (1 << 17) + 3001
 
@@ -79,6 +83,14 @@ def test_one_two_and_four_threads_give_the_torch_ops_bytes_values_and_sums() -> 
                 got = outputs(get_codec(spec), x, dest)
             for what, a, b in zip(("bytes", "values", "sums"), got, expected):
                 assert torch.equal(a, b), f"{spec} with {count} threads: {what} differ"
+    # compressors: their scales are torch reductions, so the reference runs on the same threads;
+    # one worker (decode-and-add splits as the codecs' above do)
+    for spec in COMPRESSORS:
+        for count in (1, 2, 4):
+            with threads(count):
+                assert_same(run_workers(spec, N, True, world=1, steps=1),
+                            run_workers(spec, N, False, world=1, steps=1),
+                            f"{spec} with {count} threads")
 
 
 def _variants() -> list[tuple[str, ...]]:
@@ -122,3 +134,7 @@ def test_every_simd_variant_gives_the_same_bits(flags: tuple[str, ...], tmp_path
             got = outputs(fused, x, dest)
         for what, a, b in zip(("bytes", "values", "sums"), got, expected):
             assert torch.equal(a, b), f"{spec} built with {flags}: {what} differ"
+    for spec in COMPRESSORS:
+        with threads(2):
+            assert_same(run_workers(spec, N, True, lib, world=1, steps=1),
+                        run_workers(spec, N, False, world=1, steps=1), f"{spec} built with {flags}")

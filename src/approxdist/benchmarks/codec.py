@@ -8,8 +8,9 @@ state of a link that reuses its buffers); `alloc=True` makes baselines and codec
 their results instead.
 Compressors (docs/compressors.md) are timed as one worker's exchange in a world of one on
 the values viewed as a near-square matrix: `encode` up to the first message, `decode` the
-rest (for PowerSGD its second round too); they always allocate, and their wire bytes are
-their messages'.
+rest (for PowerSGD its second round too), the result written into a preallocated tensor
+(as the data-parallel engine has it written into its bucket) or, with `alloc=True`, a new
+one; their messages are new tensors either way, and their wire bytes are the messages'.
 GB/s are of fp32 input (4 bytes per value). `break_even_gbit` is the link speed below
 which sending the codec's bytes plus its round trip beats sending fp32:
 L < 8 * (4n - wire_bytes) / t_roundtrip (no overlap of coding and transfer assumed).
@@ -108,16 +109,17 @@ def _ops_codec(codec: Codec, x: torch.Tensor, alloc: bool) -> tuple[Op, Op, int]
             codec.payload_nbytes(n))
 
 
-def _ops_compressor(comp: Compressor, x: torch.Tensor) -> tuple[Op, Op, int]:
+def _ops_compressor(comp: Compressor, x: torch.Tensor, alloc: bool) -> tuple[Op, Op, int]:
     grad = x.view(comp.shape)
-    state = {"started": start_alone(comp, grad)}
-    return (lambda: state.update(started=start_alone(comp, grad)),
+    out = None if alloc else torch.empty_like(x)
+    state = {"started": start_alone(comp, grad, out)}
+    return (lambda: state.update(started=start_alone(comp, grad, out)),
             lambda: finish_alone(*state["started"]), comp.wire_bytes())
 
 
 def _ops(fmt: Format, x: torch.Tensor, alloc: bool) -> tuple[Op, Op, int]:
     if isinstance(fmt, Compressor):
-        return _ops_compressor(fmt, x)
+        return _ops_compressor(fmt, x, alloc)
     return _ops_codec(fmt, x, alloc)
 
 

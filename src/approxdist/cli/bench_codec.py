@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"codec throughput: {n} fp32 values on {device}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats}, {mode}; baseline fp16-cast round trip")
     kernels = kernel_status()
-    print(f"C kernels (bits:, table<N> on CPU): "
+    print(f"C kernels (bits:, table<N>, bit-packed compressors, top-k on CPU): "
           f"{'on, ' + str(torch.get_num_threads()) + ' threads' if kernels.available else 'off'}"
           f" ({kernels.detail})")
     print(table(rows))

@@ -34,7 +34,8 @@ def reduce_compressed(comp: Compressor, x: torch.Tensor, allreduce: AllReduce,
     for `op="sum"`): each message summed in place by `allreduce`, or each payload
     gathered by `gather` (an all-gather of bytes)."""
     world = allreduce.world_size
-    exchange = comp.exchange(x, world)
+    in_place = x.is_contiguous() and x.dtype == torch.float32 and x.device == comp.device
+    exchange = comp.exchange(x, world, x if in_place else None)  # the result written into x
     message = next(exchange)
     while True:
         try:
@@ -42,7 +43,8 @@ def reduce_compressed(comp: Compressor, x: torch.Tensor, allreduce: AllReduce,
         except StopIteration as stop:
             out: torch.Tensor = stop.value
             break
-    x.copy_(out.view(x.shape))
+    if not in_place:
+        x.copy_(out.view(x.shape))
     if op == "sum":
         x.mul_(world)
 

@@ -25,11 +25,12 @@ from pathlib import Path
 from approxdist.cache import cache_dir as approxdist_cache
 
 #: compiled together into one library (public: the tests build variants of it)
-SOURCES = ("bitfield.c", "table.c")
+SOURCES = ("bitfield.c", "table.c", "quantize.c", "topk.c")
 #: included by the sources: part of the cache key, not compiled on their own
-_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "parallel.h")
-#: tried in order; -march=native is safe because the build runs on the machine that uses it
-_FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
+_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "parallel.h", "stream.h")
+#: tried in order; -march=native is safe because the build runs on the machine that uses it;
+#: -fopenmp puts the threads of a call on torch's OpenMP team (parallel.h), pthreads without
+_FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3",))
 BASE_FLAGS = ("-shared", "-fPIC", "-std=c99", "-pthread")
 
 
@@ -99,8 +100,9 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, KernelStatus]:
             if not path.exists():
                 _compile(compiler, flags, path)
             lib = ctypes.CDLL(str(path))
-            lib.ad_kernels_isa.restype = ctypes.c_char_p
-            return lib, KernelStatus(True, f"{path}, {lib.ad_kernels_isa().decode()}")
+            lib.ad_kernels_isa.restype = lib.ad_kernels_threads.restype = ctypes.c_char_p
+            return lib, KernelStatus(True, f"{path}, {lib.ad_kernels_isa().decode()}, "
+                                           f"{lib.ad_kernels_threads().decode()}")
         except (OSError, subprocess.SubprocessError) as exc:
             errors.append(f"{compiler} {' '.join(flags)}: {str(exc).strip()[:300]}")
     return None, KernelStatus(False, "kernel build failed; using torch ops. " + " | ".join(errors))

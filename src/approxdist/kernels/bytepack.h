@@ -91,6 +91,15 @@ static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restr
     return (n * w + 7) / 8;
 }
 
+/* Pack n <= BLOCK codes of w bits held as 32-bit words (narrowed into `c8` first where
+ * w <= 8 and the host is little-endian); returns bytes written. */
+static int64_t pack_words(const uint32_t *restrict c, int64_t n, int w, uint8_t *restrict c8,
+                          uint8_t *restrict out) {
+    if (w > 8 || !BYTEPACK_LE) return pack(c, n, w, out);
+    for (int64_t k = 0; k < n; k++) c8[k] = (uint8_t)c[k];
+    return pack8(c8, n, w, out);
+}
+
 /* Unpack n <= BLOCK codes of w bits from `in` into one byte each; returns bytes consumed. */
 static int64_t unpack8(const uint8_t *restrict in, int64_t n, int w, uint8_t *restrict c) {
     int64_t b = 0, full = n / 8;

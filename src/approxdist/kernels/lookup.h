@@ -46,6 +46,34 @@ static int64_t lookup_simd(const uint8_t *restrict c, int64_t m, const float *re
 #define HAVE_PERMUTE 0
 #endif
 
+/* y[j] (+)= tab[c[j]] for m byte codes < 64 (tab: 64 floats), AVX-512 only: two two-register
+ * permutes (code bits 0-4) and a blend on code bit 5 per 16 values; returns how many it did. */
+static int64_t lookup64_simd(const uint8_t *restrict c, int64_t m, const float *restrict tab,
+                             float *restrict y, int add) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    const __m512 t0 = _mm512_loadu_ps(tab), t1 = _mm512_loadu_ps(tab + 16);
+    const __m512 t2 = _mm512_loadu_ps(tab + 32), t3 = _mm512_loadu_ps(tab + 48);
+    const __m512i bit5 = _mm512_set1_epi32(32);
+    for (; j + 16 <= m; j += 16) {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + j)));
+        __m512 lo = _mm512_permutex2var_ps(t0, idx, t1), hi = _mm512_permutex2var_ps(t2, idx, t3);
+        __m512 v = _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), lo, hi);
+        if (add) v = _mm512_add_ps(_mm512_loadu_ps(y + j), v);
+        _mm512_storeu_ps(y + j, v);
+    }
+#else
+    (void)c, (void)m, (void)tab, (void)y, (void)add;
+#endif
+    return j;
+}
+
+#if defined(__AVX512F__)
+#define HAVE_PERMUTE64 1
+#else
+#define HAVE_PERMUTE64 0
+#endif
+
 /* y[j] (+)= tab[c[j]] for m byte codes < 16 (tab: 16 floats) */
 static void lookup16(const uint8_t *restrict c, int64_t m, const float *restrict tab,
                      float *restrict y, int add) {

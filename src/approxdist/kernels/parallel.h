@@ -2,7 +2,10 @@
  *
  * Every range but the last starts and ends on a multiple of SPLIT_ALIGN values (a multiple
  * of 8), so each range's packed codes start on a whole byte and the bytes are those of one
- * call over the whole tensor. The calling thread runs the first range; a thread that
+ * call over the whole tensor. Built with OpenMP (-fopenmp), the ranges run on an OpenMP
+ * team: the library needs libgomp.so.1, which the loader finds already loaded by torch, so
+ * the team is torch's own intra-op threads (awake, nothing created per call). Without it,
+ * pthreads started per call: the calling thread runs the first range, and a thread that
  * cannot be created runs its range on the calling thread instead. Header-only.
  */
 #ifndef APPROXDIST_PARALLEL_H
@@ -30,25 +33,40 @@ static void *run_part(void *arg) {
     return NULL;
 }
 
-/* Call f(ctx, lo, hi) over [0, n) with at most `threads` threads. */
-static void split_run(range_fn f, const void *ctx, int64_t n, int threads) {
+/* The ranges a split of [0, n) over at most `threads` threads makes: range i is
+ * [b[i], b[i + 1]) (b: MAX_THREADS + 1 entries); returns their count (>= 1). */
+static int split_bounds(int64_t n, int threads, int64_t *b) {
     int64_t most = n / MIN_PER_THREAD;
     int t = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     if (t > most) t = most < 1 ? 1 : (int)most;
     if (t == 1) {
-        f(ctx, 0, n);
-        return;
+        b[0] = 0;
+        b[1] = n;
+        return 1;
     }
     int64_t per = (n + t - 1) / t;
     per = (per + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
     const int count = (int)((n + per - 1) / per); /* 2..t: n >= 2 * MIN_PER_THREAD here */
+    for (int i = 0; i <= count; i++) b[i] = i * per < n ? i * per : n;
+    return count;
+}
+
+/* Call f(ctx, lo, hi) over [0, n) with at most `threads` threads (the ranges of split_bounds). */
+static void split_run(range_fn f, const void *ctx, int64_t n, int threads) {
+    int64_t b[MAX_THREADS + 1];
+    const int count = split_bounds(n, threads, b);
+    if (count == 1) {
+        f(ctx, 0, n);
+        return;
+    }
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(count) schedule(static, 1)
+    for (int i = 0; i < count; i++) f(ctx, b[i], b[i + 1]);
+#else
     part_t parts[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started[MAX_THREADS] = {0};
-    for (int i = 0; i < count; i++) {
-        const int64_t lo = i * per;
-        parts[i] = (part_t){f, ctx, lo, lo + per < n ? lo + per : n};
-    }
+    for (int i = 0; i < count; i++) parts[i] = (part_t){f, ctx, b[i], b[i + 1]};
     for (int i = 1; i < count; i++)
         started[i] = pthread_create(&ids[i], NULL, run_part, &parts[i]) == 0;
     run_part(&parts[0]);
@@ -56,6 +74,16 @@ static void split_run(range_fn f, const void *ctx, int64_t n, int threads) {
         if (started[i]) pthread_join(ids[i], NULL);
         else run_part(&parts[i]);
     }
+#endif
+}
+
+/* Which threads split_run uses (the bench's header prints it). */
+static const char *split_threads(void) {
+#if defined(_OPENMP)
+    return "OpenMP threads";
+#else
+    return "pthreads per call";
+#endif
 }
 
 #endif

@@ -14,8 +14,9 @@
  *   N <= 8, packed by bytepack.h (bitpack.h above);
  * - ad_table_decode (decode-add with `add`): codes are unpacked and looked up in `values`
  *   (2T entries: +table then -table), with one AVX-512 / AVX2 permute per 16 / 8 values
- *   for N <= 4 where the CPU has it; without, widths dividing 8 copy one row of 8/N
- *   decoded values per packed byte (the `rows` table the torch path gathers from too).
+ *   for N <= 4 where the CPU has it (two two-register AVX-512 permutes per 16 for N = 5, 6);
+ *   without, widths dividing 8 copy one row of 8/N decoded values per packed byte (the
+ *   `rows` table the torch path gathers from too).
  * Encode and decode split over `threads` threads (parallel.h).
  * No -ffast-math: decode-add is the same IEEE fp32 addition as torch's, bit for bit.
  */
@@ -207,17 +208,22 @@ static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
     const float *restrict values = j->values;
     uint8_t c8[BLOCK];
     uint32_t c32[BLOCK];
-    float tab[16] = {0};
+    float tab[64] = {0};
     const int small = bits <= 4 && bytes; /* 2T <= 16 code values fit one permute */
-    if (small) memcpy(tab, values, sizeof(float) << bits);
+    const int mid = bits <= 6 && bytes && HAVE_PERMUTE64; /* <= 64: four registers */
+    if (small || mid) memcpy(tab, values, sizeof(float) << bits);
     for (int64_t k = lo; k < hi; k += BLOCK) {
         const int64_t m = block_len(hi - k);
         float *restrict y = j->y + k;
         if (bytes) {
             in += unpack8(in, m, bits, c8);
-            if (small) lookup16(c8, m, tab, y, add);
-            else if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c8[i]];
-            else for (int64_t i = 0; i < m; i++) y[i] = values[c8[i]];
+            if (small) {
+                lookup16(c8, m, tab, y, add);
+                continue;
+            }
+            int64_t i = mid ? lookup64_simd(c8, m, tab, y, add) : 0;
+            if (add) for (; i < m; i++) y[i] += values[c8[i]];
+            else for (; i < m; i++) y[i] = values[c8[i]];
         } else {
             in += unpack(in, m, bits, c32);
             if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c32[i]];
@@ -276,3 +282,6 @@ const char *ad_kernels_isa(void) {
     return "no SIMD intrinsics";
 #endif
 }
+
+/* The threads calls split over (parallel.h). */
+const char *ad_kernels_threads(void) { return split_threads(); }

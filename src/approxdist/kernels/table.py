@@ -44,7 +44,7 @@ class TableKernel:
 
     def sorted_sample(self, x: torch.Tensor, step: int) -> torch.Tensor:
         """The finite |x[::step]| in increasing order (fp32), as torch's sort would give."""
-        _need(x, torch.float32, x.numel())
+        need(x, torch.float32, x.numel())
         room = -(-x.numel() // step) if x.numel() else 0
         buf = torch.empty(2 * room, dtype=torch.int32)
         count = self._sample(x.data_ptr(), x.numel(), step, buf.data_ptr(),
@@ -53,9 +53,9 @@ class TableKernel:
 
     def encode(self, x: torch.Tensor, mids: torch.Tensor, codes: torch.Tensor) -> None:
         """Pack the codes of fp32 `x` against the int32 threshold patterns `mids`."""
-        _need(x, torch.float32, x.numel())
-        _need(mids, torch.int32, mids.numel())
-        _need(codes, torch.uint8, self._nbytes(x.numel()))
+        need(x, torch.float32, x.numel())
+        need(mids, torch.int32, mids.numel())
+        need(codes, torch.uint8, self._nbytes(x.numel()))
         self._encode(x.data_ptr(), x.numel(), mids.data_ptr(), mids.numel(), self.bits,
                      codes.data_ptr(), torch.get_num_threads())
 
@@ -63,12 +63,12 @@ class TableKernel:
                y: torch.Tensor, add: bool = False) -> None:
         """`y = ` (or `+=` with `add`) the values of the packed `codes`: `values` holds the
         2T code values, `rows` (256 x 8/bits, for widths dividing 8) the per-byte rows."""
-        _need(y, torch.float32, y.numel())
-        _need(codes, torch.uint8, self._nbytes(y.numel()))
-        _need(values, torch.float32, 1 << self.bits)
+        need(y, torch.float32, y.numel())
+        need(codes, torch.uint8, self._nbytes(y.numel()))
+        need(values, torch.float32, 1 << self.bits)
         rows_ptr = None
         if rows is not None and 8 % self.bits == 0:
-            _need(rows, torch.float32, 256 * (8 // self.bits))
+            need(rows, torch.float32, 256 * (8 // self.bits))
             rows_ptr = rows.data_ptr()
         self._decode(codes.data_ptr(), y.numel(), values.data_ptr(), rows_ptr, self.bits,
                      y.data_ptr(), int(add), torch.get_num_threads())
@@ -77,8 +77,8 @@ class TableKernel:
         return (n * self.bits + 7) // 8
 
 
-def _need(t: torch.Tensor, dtype: torch.dtype, numel: int) -> None:
-    """Internal invariants: a wrong pointer here would corrupt memory, not raise."""
-    if t.dtype != dtype or t.numel() < numel or not TableKernel.usable(t):
-        raise ValueError(f"table kernel needs a contiguous CPU {dtype} tensor of >= {numel} "
+def need(t: torch.Tensor, dtype: torch.dtype, numel: int, kernel: str = "table") -> None:
+    """Internal invariants of a kernel call: a wrong pointer would corrupt memory, not raise."""
+    if t.dtype != dtype or t.numel() < numel or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"{kernel} kernel needs a contiguous CPU {dtype} tensor of >= {numel} "
                          f"values; got {t.dtype} {tuple(t.shape)} on {t.device}")

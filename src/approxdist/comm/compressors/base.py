@@ -59,15 +59,20 @@ class Compressor(ABC):
         if self.feedback:
             self.state["residual"] = torch.zeros(self.numel, device=self.device)
         self.generator: torch.Generator | None = None
+        #: gradient plus residual of the step under way (error feedback), reused every step
+        self._sum: torch.Tensor | None = None
 
     @abstractmethod
     def wire_bytes(self) -> int:
         """Bytes this worker contributes per step (every round's message together)."""
 
     @abstractmethod
-    def exchange(self, grad: torch.Tensor, world: int) -> Generator[Any, Any, torch.Tensor]:
+    def exchange(self, grad: torch.Tensor, world: int,
+                 out: torch.Tensor | None = None) -> Generator[Any, Any, torch.Tensor]:
         """Yield this worker's messages, receive what the collective made of them (a sum, or
-        every worker's payload); return what every worker applies."""
+        every worker's payload); return what every worker applies: in `out` (a contiguous
+        fp32 tensor of `numel` values on the compressor's device, written once every message
+        is sent, so it may be `grad` itself) viewed as `grad`'s shape, or a new tensor."""
 
     def bytes_per_value(self) -> float:
         return self.wire_bytes() / max(self.numel, 1)
@@ -88,24 +93,26 @@ class Compressor(ABC):
         raise NotImplementedError(f"{self.spec} has no single message to unpack")
 
     def aggregate(self, decoded: list[torch.Tensor]) -> torch.Tensor:
-        """The workers' mean, summed in worker order (votes override this)."""
-        return in_order(decoded).div_(len(decoded))
+        """The workers' aggregate of their decoded tensors, summed in worker order."""
+        return self.finish(in_order(decoded), len(decoded))
+
+    def finish(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        """The aggregate of `count` workers from their sum: the mean (votes override this;
+        a sum of one is its own mean)."""
+        return total.div_(count) if count > 1 else total
 
     def _flat(self, grad: torch.Tensor) -> torch.Tensor:
-        """A fp32 flat copy of `grad`, plus the residual where error feedback is on."""
+        """`grad` as flat fp32 (a copy plus the residual where error feedback is on)."""
         if grad.numel() != self.numel:
             raise ConfigError(f"{self.spec} was built for a tensor of shape {tuple(self.shape)} "
                               f"but got one of shape {tuple(grad.shape)}; build one compressor "
                               f"per tensor")
-        x = grad.detach().reshape(-1).to(device=self.device, dtype=torch.float32, copy=True)
-        if self.feedback:
-            x.add_(self.state["residual"])
-        return x
-
-    def _uniform(self, n: int) -> torch.Tensor:
-        """n uniform [0, 1) numbers from this compressor's own stream, on its device."""
-        assert self.generator is not None
-        return torch.rand(n, generator=self.generator).to(self.device)
+        x = grad.detach().reshape(-1).to(device=self.device, dtype=torch.float32)
+        if not self.feedback:
+            return x  # encoders never write to x
+        if self._sum is None:
+            self._sum = torch.empty(self.numel, device=self.device)
+        return torch.add(x, self.state["residual"], out=self._sum)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the residual, factors and random stream (bitwise resume)."""
@@ -130,6 +137,9 @@ class Compressor(ABC):
                                   f"another tensor?")
             self.state[key].copy_(value)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_sum": None}  # a work buffer: not worth a copy
+
     def __repr__(self) -> str:
         return f"<compressor {self.spec} {tuple(self.shape)}>"
 
@@ -140,8 +150,10 @@ class Summed(Compressor):
     collective = "all-reduce"
 
     @abstractmethod
-    def exchange(self, grad: torch.Tensor, world: int) -> SumExchange:
-        """Yield each round's message, receive its sum over `world` workers; return the average."""
+    def exchange(self, grad: torch.Tensor, world: int,
+                 out: torch.Tensor | None = None) -> SumExchange:
+        """Yield each round's message, receive its sum over `world` workers; return the average
+        (in `out` where given)."""
 
 
 class Gathered(Compressor):
@@ -157,19 +169,41 @@ class Gathered(Compressor):
     def decode(self, payload: Payload) -> torch.Tensor:
         """The flat fp32 tensor a payload stands for."""
 
-    def unpack(self, data: torch.Tensor) -> torch.Tensor:
-        return self.decode(Payload(data, self.shape))
+    def decode_add(self, payload: Payload, dest: torch.Tensor) -> None:
+        """`dest += decode(payload)` (flat fp32 `dest`; fused where a subclass can)."""
+        dest.add_(self.decode(payload))
 
-    def exchange(self, grad: torch.Tensor, world: int) -> GatherExchange:
-        x = self._flat(grad)
+    def decode_into(self, payload: Payload, out: torch.Tensor | None) -> torch.Tensor:
+        """`decode(payload)`, written into the contiguous fp32 `out` where one is given."""
+        decoded = self.decode(payload)
+        return decoded if out is None else out.view(-1).copy_(decoded)
+
+    def encode_feedback(self, x: torch.Tensor) -> Payload:
+        """`encode(x)`, and with error feedback the residual `x - decode(payload)`."""
         payload = self.encode(x)
         if self.feedback:
             torch.sub(x, self.decode(payload), out=self.state["residual"])
+        return payload
+
+    def unpack(self, data: torch.Tensor) -> torch.Tensor:
+        return self.decode(Payload(data, self.shape))
+
+    def combine(self, payloads: list[Payload], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The aggregate of every worker's payload (in `out` where given): the first decoded,
+        the others added in worker order (the sums `aggregate` of their decoded tensors makes)."""
+        total = self.decode_into(payloads[0], out)
+        for payload in payloads[1:]:
+            self.decode_add(payload, total)
+        return self.finish(total, len(payloads))
+
+    def exchange(self, grad: torch.Tensor, world: int,
+                 out: torch.Tensor | None = None) -> GatherExchange:
+        payload = self.encode_feedback(self._flat(grad))
         gathered = yield payload
         if len(gathered) != world:
             raise ConfigError(f"{self.spec}: gathered {len(gathered)} payloads for a world of "
                               f"{world}")
-        return self.aggregate([self.decode(p) for p in gathered]).view(self.shape)
+        return self.combine(gathered, out).view(self.shape)
 
 
 def in_order(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -185,10 +219,11 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def start_alone(compressor: Compressor,
-                grad: torch.Tensor) -> tuple[Generator[Any, Any, torch.Tensor], Any]:
-    """Begin one exchange in a world of one: (the exchange, its first message)."""
-    exchange = compressor.exchange(grad, 1)
+def start_alone(compressor: Compressor, grad: torch.Tensor, out: torch.Tensor | None = None,
+                ) -> tuple[Generator[Any, Any, torch.Tensor], Any]:
+    """Begin one exchange in a world of one (its result into `out` where given): (the
+    exchange, its first message)."""
+    exchange = compressor.exchange(grad, 1, out)
     return exchange, next(exchange)
 
 

@@ -67,7 +67,8 @@ class PowerSGD(Summed):
     def wire_bytes(self) -> int:
         return 4 * (self.rows + self.cols) * self.rank
 
-    def exchange(self, grad: torch.Tensor, world: int) -> SumExchange:
+    def exchange(self, grad: torch.Tensor, world: int,
+                 out: torch.Tensor | None = None) -> SumExchange:
         m = self._flat(grad).view(self.rows, self.cols)
         q = self.state["q"]
         orthogonalise(q)
@@ -76,9 +77,11 @@ class PowerSGD(Summed):
         orthogonalise(p)
         q_sum = yield m.t() @ p
         q.copy_(q_sum).div_(world)
-        out = p @ q.t()
-        torch.sub(m.view(-1), out.view(-1), out=self.state["residual"])
-        return out.view(self.shape)
+        approx = p @ q.t()
+        torch.sub(m.view(-1), approx.view(-1), out=self.state["residual"])
+        if out is not None:
+            return out.view(-1).copy_(approx.view(-1)).view(self.shape)
+        return approx.view(self.shape)
 
 
 def parse_rank(text: str | None) -> int:

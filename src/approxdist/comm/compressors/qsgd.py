@@ -3,7 +3,9 @@
 Q_s(v)_i = ||v||_2 * sign(v_i) * (l_i + b_i) / s, with a_i = s |v_i| / ||v||_2,
 l_i = floor(a_i) and b_i = 1 with probability a_i - l_i (else 0): E[Q_s(v)] = v. A worker
 sends the norm (fp32) and one code per value, sign * level + s in [0, 2s], bit-packed in
-ceil(log2(2s + 1)) bits. The norm differs between workers, so payloads are gathered.
+ceil(log2(2s + 1)) bits. The norm differs between workers, so payloads are gathered. The
+draws come from the compressor's counter-based stream (`stream.py`); a zero or non-finite
+norm sends level 0 everywhere.
 """
 
 from __future__ import annotations
@@ -11,14 +13,14 @@ from __future__ import annotations
 import torch
 
 from approxdist.comm.codecs.base import Payload
-from approxdist.comm.compressors.base import Gathered, seeded
-from approxdist.comm.compressors.packed import ScaledCodes
+from approxdist.comm.compressors.packed import Packed, ScaledCodes
+from approxdist.comm.compressors.stream import Stream, uniform
 from approxdist.errors import SpecError
 
 MAX_LEVELS = 1 << 15
 
 
-class QSGD(Gathered):
+class QSGD(Packed):
     """s-level QSGD with its own random stream (seeded per worker), no error feedback."""
 
     def __init__(self, levels: int, shape: torch.Size | tuple[int, ...], *, seed: int = 0,
@@ -26,25 +28,45 @@ class QSGD(Gathered):
         super().__init__(f"qsgd:{levels}", shape, device)
         self.levels = levels
         self.codes = ScaledCodes((2 * levels).bit_length(), self.numel)
-        self.generator = seeded(seed)
-
-    def wire_bytes(self) -> int:
-        return self.codes.nbytes()
+        self.stream = Stream(seed, self.state)
 
     def encode(self, x: torch.Tensor) -> Payload:
-        s = self.levels
         norm = torch.linalg.vector_norm(x)
-        a = x.abs().mul_(s / norm) if norm > 0 else torch.zeros_like(x)
-        low = a.floor()
-        level = low + (self._uniform(x.numel()) < a - low)
-        level.clamp_(max=s)
-        codes = torch.where(x < 0, -level, level).add_(s)
-        return self.codes.pack(codes, norm, self.shape)
+        key = self.stream.next_key()
+        kernel = self.codes.encoder(x)
+        scale = self.levels / norm
+        if kernel is None or not _positive(norm) or not _positive(scale):
+            return self.codes.pack(self.reference_codes(x, norm, key), norm, self.shape)
+        payload, region = self.codes.blank(norm, self.shape, x.device)
+        kernel.qsgd(x, float(scale), self.levels, key, self.codes.width, region)
+        return payload
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        codes, norm = self.codes.unpack(payload)
-        assert norm is not None
-        return codes.sub_(self.levels).to(torch.float32).mul_(norm / self.levels)
+    def reference_codes(self, x: torch.Tensor, norm: torch.Tensor, key: int) -> torch.Tensor:
+        """The codes by torch ops: a = |x| * (s / norm) (|x| / norm * s where s / norm
+        overflows; 0 where the norm is zero or not finite)."""
+        s = self.levels
+        if not _positive(norm):
+            a = torch.zeros_like(x)
+        else:
+            scale = s / norm
+            a = x.abs().mul_(scale) if _positive(scale) else x.abs().div_(norm).mul_(s)
+        low = a.floor()
+        level = low + (uniform(key, x.numel(), x.device) < a - low)
+        level.clamp_(max=s)
+        return torch.where(x < 0, -level, level).add_(s)
+
+    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
+        codes = torch.arange(1 << self.codes.width, dtype=torch.int32)
+        return self.from_codes(codes, scale)
+
+    def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        assert scale is not None
+        return codes.sub_(self.levels).to(torch.float32).mul_(scale / self.levels)
+
+
+def _positive(value: torch.Tensor) -> bool:
+    """Whether a 0-d tensor is finite and above zero."""
+    return bool(torch.isfinite(value)) and bool(value > 0)
 
 
 def parse_levels(text: str | None) -> int:

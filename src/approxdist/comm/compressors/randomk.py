@@ -31,7 +31,8 @@ class RandomK(Summed):
         """The next step's k indices (the first k of a random permutation)."""
         return torch.randperm(self.numel, generator=self.generator)[: self.k].to(self.device)
 
-    def exchange(self, grad: torch.Tensor, world: int) -> SumExchange:
+    def exchange(self, grad: torch.Tensor, world: int,
+                 out: torch.Tensor | None = None) -> SumExchange:
         x = self._flat(grad)
         idx = self.indices()
         values = x[idx]
@@ -39,9 +40,9 @@ class RandomK(Summed):
         residual.copy_(x)
         residual[idx] = 0.0
         total = yield values
-        out = torch.zeros(self.numel, device=self.device)
-        out[idx] = total / world
-        return out.view(self.shape)
+        result = torch.zeros(self.numel, device=self.device) if out is None else out.view(-1).zero_()
+        result[idx] = total / world
+        return result.view(self.shape)
 
     def unpack(self, data: torch.Tensor) -> torch.Tensor:
         """One worker's values at the next indices of the shared stream (a receiver keeps a

@@ -6,7 +6,8 @@
 * `signsgd` (Bernstein et al., ICML 2018 / ICLR 2019, majority vote): a worker sends only
   sign(g), d bits; the result is the sign of the sum of the workers' signs (0 on a tie).
   Signum is this with momentum, which belongs to the optimiser.
-Bit i of the stream is 1 for a negative value (sign(0) is sent as +1).
+Bit i of the stream is 1 for a negative value (sign(0) is sent as +1). On CPU one kernel
+pass packs the bits and, for `sign+ef`, writes the new residual (`kernels/quantize.c`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from __future__ import annotations
 import torch
 
 from approxdist.comm.codecs.base import Payload
-from approxdist.comm.compressors.base import Gathered, in_order
-from approxdist.comm.compressors.packed import ScaledCodes
+from approxdist.comm.compressors.packed import Packed, ScaledCodes
 
 
-class ScaledSign(Gathered):
+class ScaledSign(Packed):
     """EF-SignSGD: the sign of gradient plus residual, times its mean magnitude."""
 
     feedback = True
@@ -28,20 +28,40 @@ class ScaledSign(Gathered):
         super().__init__("sign+ef", shape, device)
         self.codes = ScaledCodes(1, self.numel)
 
-    def wire_bytes(self) -> int:
-        return self.codes.nbytes()
-
     def encode(self, x: torch.Tensor) -> Payload:
-        scale = x.abs().sum() / max(x.numel(), 1)
-        return self.codes.pack(x < 0, scale, self.shape)
+        return self._encode(x, None)
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        codes, scale = self.codes.unpack(payload)
+    def mean_magnitude(self, x: torch.Tensor, work: torch.Tensor | None = None) -> torch.Tensor:
+        """||x||_1 / d, |x| made in `work` where given (the residual, before it is written)."""
+        magnitudes = x.abs() if work is None else torch.abs(x, out=work)
+        return magnitudes.sum() / max(x.numel(), 1)
+
+    def encode_feedback(self, x: torch.Tensor) -> Payload:
+        residual = self.state["residual"]
+        if self.codes.encoder(x, residual) is None:
+            return super().encode_feedback(x)
+        return self._encode(x, residual)
+
+    def _encode(self, x: torch.Tensor, residual: torch.Tensor | None) -> Payload:
+        """The payload of `x`; with `residual`, also `residual = x - decode(payload)` (kernel)."""
+        scale = self.mean_magnitude(x, residual)
+        kernel = self.codes.encoder(x)
+        if kernel is None:
+            return self.codes.pack(x < 0, scale, self.shape)
+        payload, region = self.codes.blank(scale, self.shape, x.device)
+        values = None if residual is None else self.values(scale)
+        kernel.sign(x, region, values, residual)
+        return payload
+
+    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
+        return self.from_codes(torch.arange(2, dtype=torch.int32), scale)
+
+    def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         assert scale is not None
         return signs(codes).mul_(scale)
 
 
-class MajorityVote(Gathered):
+class MajorityVote(Packed):
     """signSGD with majority vote: d bits a worker, the sign of the vote back."""
 
     def __init__(self, shape: torch.Size | tuple[int, ...],
@@ -49,18 +69,22 @@ class MajorityVote(Gathered):
         super().__init__("signsgd", shape, device)
         self.codes = ScaledCodes(1, self.numel, scaled=False)
 
-    def wire_bytes(self) -> int:
-        return self.codes.nbytes()
-
     def encode(self, x: torch.Tensor) -> Payload:
-        return self.codes.pack(x < 0, None, self.shape)
+        kernel = self.codes.encoder(x)
+        if kernel is None:
+            return self.codes.pack(x < 0, None, self.shape)
+        payload, region = self.codes.blank(None, self.shape, x.device)
+        kernel.sign(x, region)
+        return payload
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        codes, _ = self.codes.unpack(payload)
+    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
+        return signs(torch.arange(2, dtype=torch.int32))
+
+    def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         return signs(codes)
 
-    def aggregate(self, decoded: list[torch.Tensor]) -> torch.Tensor:
-        return in_order(decoded).sign_()
+    def finish(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        return total.sign_() if count > 1 else total  # one worker's signs are +-1 already
 
 
 def signs(codes: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,104 @@
+"""Typed entry points of the compressor kernels: QSGD, TernGrad and sign codes (quantize.c), top-k (topk.c).
+
+`CompressKernel.create` returns None where the kernels cannot run (no compiler, disabled);
+`usable` says per call whether the tensors qualify (CPU, contiguous). The compressors
+(`comm.compressors`) keep their torch path for everything else and as the reference;
+their decoders look each code's value up with `TableKernel.decode`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from approxdist.kernels.build import load_kernels
+from approxdist.kernels.slot import KernelSlot
+from approxdist.kernels.table import need
+
+_VOID, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_F32, _I32, _U32 = ctypes.c_float, ctypes.c_int32, ctypes.c_uint32
+
+
+class CompressKernel:
+    """The fused encoders of the bit-packed compressors and top-k's selection, on torch's
+    thread count."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._qsgd = lib.ad_qsgd_encode
+        self._qsgd.argtypes = [_VOID, _I64, _F32, _I32, _U32, _INT, _VOID, _INT]
+        self._terngrad = lib.ad_terngrad_encode
+        self._terngrad.argtypes = [_VOID, _I64, _F32, _U32, _VOID, _INT]
+        self._sign = lib.ad_sign_encode
+        self._sign.argtypes = [_VOID, _I64, _VOID, _VOID, _VOID, _INT]
+        self._topk = lib.ad_topk_select
+        self._topk.argtypes = [_VOID, _I64, _I64, _VOID, _VOID, _VOID, _INT]
+        self._topk.restype = _INT
+        for f in (self._qsgd, self._terngrad, self._sign):
+            f.restype = None
+
+    @staticmethod
+    def create() -> CompressKernel | None:
+        lib = load_kernels()
+        return None if lib is None else CompressKernel(lib)
+
+    @staticmethod
+    def usable(*tensors: torch.Tensor) -> bool:
+        return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+    def qsgd(self, x: torch.Tensor, scale: float, levels: int, key: int, width: int,
+             codes: torch.Tensor) -> None:
+        """Pack QSGD's `width`-bit codes of fp32 `x` (scale = levels / norm, finite, > 0)."""
+        need(x, torch.float32, x.numel(), "quantize")
+        need(codes, torch.uint8, (x.numel() * width + 7) // 8, "quantize")
+        self._qsgd(x.data_ptr(), x.numel(), scale, levels, key, width, codes.data_ptr(),
+                   torch.get_num_threads())
+
+    def terngrad(self, x: torch.Tensor, scale: float, key: int, codes: torch.Tensor) -> None:
+        """Pack TernGrad's 2-bit codes of fp32 `x` (scale = max |x|, finite, > 0)."""
+        need(x, torch.float32, x.numel(), "quantize")
+        need(codes, torch.uint8, (x.numel() * 2 + 7) // 8, "quantize")
+        self._terngrad(x.data_ptr(), x.numel(), scale, key, codes.data_ptr(),
+                       torch.get_num_threads())
+
+    def sign(self, x: torch.Tensor, codes: torch.Tensor, values: torch.Tensor | None = None,
+             residual: torch.Tensor | None = None) -> None:
+        """Pack one bit per value of fp32 `x` (1: x < 0); with `values` (fp32, the decoded
+        value of codes 0 and 1) also write `residual = x - values[code]`."""
+        need(x, torch.float32, x.numel(), "quantize")
+        need(codes, torch.uint8, (x.numel() + 7) // 8, "quantize")
+        pointers: tuple[int | None, int | None] = (None, None)
+        if values is not None and residual is not None:
+            need(values, torch.float32, 2, "quantize")
+            need(residual, torch.float32, x.numel(), "quantize")
+            pointers = (values.data_ptr(), residual.data_ptr())
+        self._sign(x.data_ptr(), x.numel(), *pointers, codes.data_ptr(), torch.get_num_threads())
+
+    def topk(self, x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
+             residual: torch.Tensor | None = None) -> bool:
+        """Write the k (1 <= k <= n < 2**31) values of largest magnitude of fp32 `x` and their
+        int32 indices, in increasing index order (ties: the lower index), and where given
+        `residual = x - (selected ? x : 0)`; False if the kernel could not allocate its
+        histograms (nothing written)."""
+        n = x.numel()
+        if not 1 <= k <= n < 1 << 31:
+            raise ValueError(f"top-k kernel needs 1 <= k <= n < 2**31; got k={k}, n={n}")
+        need(x, torch.float32, n, "top-k")
+        need(values, torch.float32, k, "top-k")
+        need(indices, torch.int32, k, "top-k")
+        rest = None
+        if residual is not None:
+            need(residual, torch.float32, n, "top-k")
+            rest = residual.data_ptr()
+        return self._topk(x.data_ptr(), n, k, values.data_ptr(), indices.data_ptr(), rest,
+                          torch.get_num_threads()) == 0
+
+
+def fused(slot: KernelSlot[CompressKernel], use: bool,
+          *tensors: torch.Tensor) -> CompressKernel | None:
+    """The kernel `slot` holds (made on first use) if `use` and it can take these fp32
+    tensors, else None (the caller's torch ops)."""
+    if not use or not CompressKernel.usable(*tensors) \
+            or any(t.dtype != torch.float32 for t in tensors):
+        return None
+    return slot.get(CompressKernel.create)

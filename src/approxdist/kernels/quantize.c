@@ -1,0 +1,106 @@
+/* Fused encoders of the bit-packed gradient compressors: QSGD, TernGrad, signs (approxdist.kernels).
+ *
+ * Each computes one code per fp32 value and packs the codes LSB-first (code i at stream bits
+ * [i*w, (i+1)*w): bytepack.h for w <= 8, bitpack.h above), the payload codes that the torch
+ * reference of approxdist.comm.compressors writes, bit for bit: the same fp32 operations in
+ * the same order (no -ffast-math; -std=c99 turns off fused multiply-add contraction), and
+ * for the stochastic ones the same draws (stream.h, a counter-based stream).
+ *
+ * - ad_qsgd_encode: a = |x| * scale (scale = s / ||x||), low = floor(a), level = low + (u < a -
+ *   low) at most s, code = s - level for x < 0 else s + level (Alistarh et al. 2017);
+ * - ad_terngrad_encode: code 1 (x >= 0) or 2 (x < 0) where u * scale < |x|, else 0 (Wen et
+ *   al. 2017: kept with probability |x| / scale);
+ * - ad_sign_encode: code 1 where x < 0; with `values` (the decoded value of codes 0 and 1)
+ *   also residual = x - values[code] (EF-SignSGD's error feedback, one pass).
+ * The callers pass finite positive scales only (so QSGD's a is in [0, s] and truncation is
+ * floor). Decoding is a lookup of each code's value: ad_table_decode (table.c). Every
+ * encoder splits over `threads` threads (parallel.h).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "bitpack.h"
+#include "bytepack.h"
+#include "parallel.h"
+#include "stream.h"
+
+typedef struct quant quant_t;
+/* codes of values [k, k + m) into c */
+typedef void (*codes_fn)(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c);
+
+struct quant {
+    codes_fn codes;
+    const float *x;
+    const float *values; /* sign: the value of codes 0 and 1, or NULL (no residual) */
+    float *residual;
+    uint8_t *out;
+    float scale;
+    int32_t levels;
+    uint32_t key;
+    int width;
+};
+
+static void qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+    const float *restrict x = q->x + k;
+    const float scale = q->scale, top = (float)q->levels;
+    const int32_t s = q->levels;
+    uint32_t w = weyl(q->key, (uint32_t)k);
+    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
+        const float a = fabsf(x[j]) * scale, low = (float)(int32_t)a; /* floor: 0 <= a <= ~s */
+        float level = low + (float)(uniform(w) < a - low);
+        level = level > top ? top : level;
+        const int32_t l = (int32_t)level;
+        c[j] = (uint32_t)(x[j] < 0.0f ? s - l : s + l);
+    }
+}
+
+static void terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+    const float *restrict x = q->x + k;
+    const float scale = q->scale;
+    uint32_t w = weyl(q->key, (uint32_t)k);
+    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
+        const uint32_t sign = x[j] < 0.0f ? 2u : 1u;
+        c[j] = uniform(w) * scale < fabsf(x[j]) ? sign : 0u; /* u < |x| / scale, no divide */
+    }
+}
+
+static void sign_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+    const float *restrict x = q->x + k;
+    for (int64_t j = 0; j < m; j++) c[j] = x[j] < 0.0f;
+    if (q->values != NULL) {
+        const float plus = q->values[0], minus = q->values[1];
+        float *restrict r = q->residual + k;
+        for (int64_t j = 0; j < m; j++) r[j] = x[j] - (c[j] ? minus : plus);
+    }
+}
+
+static void encode_range(const void *arg, int64_t lo, int64_t hi) {
+    const quant_t *q = (const quant_t *)arg;
+    const int w = q->width;
+    uint8_t *out = q->out + lo * w / 8;
+    uint32_t c32[BLOCK];
+    uint8_t c8[BLOCK];
+    for (int64_t k = lo; k < hi; k += BLOCK) {
+        const int64_t m = block_len(hi - k);
+        q->codes(q, k, m, c32);
+        out += pack_words(c32, m, w, c8, out);
+    }
+}
+
+void ad_qsgd_encode(const float *x, int64_t n, float scale, int32_t levels, uint32_t key,
+                    int width, uint8_t *out, int threads) {
+    quant_t q = {qsgd_codes, x, NULL, NULL, out, scale, levels, key, width};
+    split_run(encode_range, &q, n, threads);
+}
+
+void ad_terngrad_encode(const float *x, int64_t n, float scale, uint32_t key, uint8_t *out,
+                        int threads) {
+    quant_t q = {terngrad_codes, x, NULL, NULL, out, scale, 0, key, 2};
+    split_run(encode_range, &q, n, threads);
+}
+
+void ad_sign_encode(const float *x, int64_t n, const float *values, float *residual,
+                    uint8_t *out, int threads) {
+    quant_t q = {sign_codes, x, values, residual, out, 0.0f, 0, 0, 1};
+    split_run(encode_range, &q, n, threads);
+}

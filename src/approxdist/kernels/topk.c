@@ -1,0 +1,188 @@
+/* Top-k selection by magnitude for the top-k compressor (approxdist.kernels).
+ *
+ * The k values of largest magnitude, compared as 31-bit patterns (bits & 0x7FFFFFFF: the
+ * value order of finite values, NaN patterns above infinity), ties broken by the lower
+ * index, written in increasing index order with their values: the selection the torch path
+ * of comm/compressors/topk.py makes. A radix select: a histogram of the top 16 pattern bits
+ * finds the bin of the k-th largest, a histogram of that bin's low 15 bits its exact pattern
+ * T; a last pass writes every value above T and the first ties at T, and, given a residual,
+ * residual = x - (selected ? x : 0) (error feedback, the torch path's x - decode). Each pass
+ * splits over `threads` threads (parallel.h); each range keeps its own histograms and counts,
+ * from which the ranges' output offsets follow.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "parallel.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define ABS_BITS 0x7FFFFFFFu
+#define HIGH_BINS (1 << 16)
+#define LOW_BINS (1 << 15)
+
+typedef struct {
+    const uint32_t *x;
+    int64_t bounds[MAX_THREADS + 1];
+    uint32_t *high, *low; /* per range: HIGH_BINS / LOW_BINS counts */
+    uint32_t bin, t;      /* the k-th largest's top 16 bits; its whole pattern */
+    int64_t above[MAX_THREADS], take[MAX_THREADS], offset[MAX_THREADS];
+    int parts;
+    int32_t *idx;
+    float *val, *residual;
+} topk_t;
+
+static int part_of(const topk_t *j, int64_t lo) {
+    int p = 0;
+    while (p + 1 < j->parts && j->bounds[p + 1] <= lo) p++;
+    return p;
+}
+
+static void high_range(const void *arg, int64_t lo, int64_t hi) {
+    const topk_t *j = (const topk_t *)arg;
+    uint32_t *h = j->high + (size_t)part_of(j, lo) * HIGH_BINS;
+    for (int64_t i = lo; i < hi; i++) h[(j->x[i] & ABS_BITS) >> 15]++;
+}
+
+static void low_range(const void *arg, int64_t lo, int64_t hi) {
+    topk_t *j = (topk_t *)arg; /* each range writes its own slots only */
+    const int p = part_of(j, lo);
+    uint32_t *h = j->low + (size_t)p * LOW_BINS;
+    const uint32_t bin = j->bin;
+    int64_t above = 0, i = lo;
+#if defined(__AVX512F__)
+    /* 16 values a step: the count above the bin by compare and popcount; the few values in
+     * the bin (a k-th largest's bin is a sliver of them) one by one */
+    const __m512i abs_bits = _mm512_set1_epi32((int)ABS_BITS), b = _mm512_set1_epi32((int)bin);
+    for (; i + 16 <= hi; i += 16) {
+        const __m512i top = _mm512_srli_epi32(
+            _mm512_and_si512(_mm512_loadu_si512((const void *)(j->x + i)), abs_bits), 15);
+        above += __builtin_popcount(_mm512_cmpgt_epu32_mask(top, b));
+        for (__mmask16 in = _mm512_cmpeq_epu32_mask(top, b); in; in &= in - 1) {
+            const uint32_t a = j->x[i + __builtin_ctz(in)] & ABS_BITS;
+            h[a & (LOW_BINS - 1)]++;
+        }
+    }
+#endif
+    for (; i < hi; i++) {
+        const uint32_t a = j->x[i] & ABS_BITS, top = a >> 15;
+        above += top > bin;
+        if (top == bin) h[a & (LOW_BINS - 1)]++;
+    }
+    j->above[p] = above;
+}
+
+/* the scalar selection over [i, hi): values above t, and ties at t while fewer than `take`
+ * were kept; *out and *seen (ties met so far) carry on from one call to the next */
+static void select_scalar(const topk_t *j, int64_t i, int64_t hi, int64_t take, int64_t *out,
+                          int64_t *seen) {
+    const uint32_t t = j->t;
+    const float *xf = (const float *)j->x;
+    int64_t o = *out, met = *seen;
+    for (; i < hi; i++) {
+        const uint32_t a = j->x[i] & ABS_BITS;
+        int sel = a > t;
+        if (a == t) sel = met++ < take;
+        if (sel) {
+            j->idx[o] = (int32_t)i;
+            j->val[o] = xf[i];
+            o++;
+        }
+        if (j->residual != NULL) j->residual[i] = xf[i] - (sel ? xf[i] : 0.0f);
+    }
+    *out = o;
+    *seen = met;
+}
+
+static void select_range(const void *arg, int64_t lo, int64_t hi) {
+    const topk_t *j = (const topk_t *)arg;
+    const int p = part_of(j, lo);
+    const int64_t take = j->take[p];
+    int64_t o = j->offset[p], seen = 0, i = lo;
+#if defined(__AVX512F__)
+    /* 16 values a step: the kept ones compress-stored in index order, the residual masked; a
+     * step holding a value at t goes the scalar way (ties are taken in index order) */
+    const __m512i abs_bits = _mm512_set1_epi32((int)ABS_BITS), tv = _mm512_set1_epi32((int)j->t);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= hi; i += 16) {
+        const __m512i v = _mm512_loadu_si512((const void *)(j->x + i));
+        const __m512i a = _mm512_and_si512(v, abs_bits);
+        if (_mm512_cmpeq_epu32_mask(a, tv)) {
+            select_scalar(j, i, i + 16, take, &o, &seen);
+            continue;
+        }
+        const __mmask16 sel = _mm512_cmpgt_epu32_mask(a, tv);
+        const __m512 xs = _mm512_castsi512_ps(v);
+        if (sel) {
+            const __m512i index = _mm512_add_epi32(_mm512_set1_epi32((int32_t)i), lanes);
+            _mm512_mask_compressstoreu_epi32((void *)(j->idx + o), sel, index);
+            _mm512_mask_compressstoreu_ps((void *)(j->val + o), sel, xs);
+            o += __builtin_popcount(sel);
+        }
+        if (j->residual != NULL)
+            _mm512_storeu_ps(j->residual + i, _mm512_sub_ps(xs, _mm512_maskz_mov_ps(sel, xs)));
+    }
+#endif
+    select_scalar(j, i, hi, take, &o, &seen);
+}
+
+/* The first bin (from the top) at which the counts, summed from the top, reach k; `before`
+ * gets the sum above it. */
+static uint32_t kth_bin(const uint32_t *h, int parts, int bins, int64_t k, int64_t *before) {
+    int64_t sum = *before;
+    for (int b = bins - 1; b > 0; b--) {
+        int64_t count = 0;
+        for (int p = 0; p < parts; p++) count += h[(size_t)p * bins + b];
+        if (sum + count >= k) {
+            *before = sum;
+            return (uint32_t)b;
+        }
+        sum += count;
+    }
+    *before = sum;
+    return 0;
+}
+
+/* Select the k (1 <= k <= n) values of largest magnitude of x: their values and indices in
+ * increasing index order; residual (may be NULL) = x - (selected ? x : 0). Returns 0, or -1
+ * if the histograms could not be allocated (nothing written). */
+int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *idx,
+                   float *residual, int threads) {
+    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
+    if (j == NULL) return -1;
+    j->x = (const uint32_t *)x;
+    j->parts = split_bounds(n, threads, j->bounds);
+    j->high = (uint32_t *)calloc((size_t)j->parts * HIGH_BINS, sizeof(uint32_t));
+    j->low = (uint32_t *)calloc((size_t)j->parts * LOW_BINS, sizeof(uint32_t));
+    if (j->high == NULL || j->low == NULL) {
+        free(j->high);
+        free(j->low);
+        free(j);
+        return -1;
+    }
+    j->idx = idx, j->val = val, j->residual = residual;
+    split_run(high_range, j, n, threads);
+    int64_t above = 0;
+    j->bin = kth_bin(j->high, j->parts, HIGH_BINS, k, &above);
+    split_run(low_range, j, n, threads);
+    int64_t greater = above;
+    const uint32_t low = kth_bin(j->low, j->parts, LOW_BINS, k, &greater);
+    j->t = j->bin << 15 | low;
+    int64_t ties = k - greater, offset = 0;
+    for (int p = 0; p < j->parts; p++) { /* range p: its values above t, then its first ties */
+        const uint32_t *h = j->low + (size_t)p * LOW_BINS;
+        int64_t gt = j->above[p];
+        for (uint32_t b = low + 1; b < LOW_BINS; b++) gt += h[b];
+        j->take[p] = ties < (int64_t)h[low] ? ties : (int64_t)h[low];
+        ties -= j->take[p];
+        j->offset[p] = offset;
+        offset += gt + j->take[p];
+    }
+    split_run(select_range, j, n, threads);
+    free(j->high);
+    free(j->low);
+    free(j);
+    return 0;
+}
