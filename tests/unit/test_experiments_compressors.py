@@ -57,6 +57,18 @@ def test_each_claim_gets_a_computed_verdict() -> None:
     assert ok is True and ours.startswith("fastest: powersgd:2, 0.27x")
 
 
+def test_a_diverged_run_is_named_not_reported_as_an_accuracy() -> None:
+    rows, curves = _table()
+    row, curve = _runs("terngrad", [0.1, 0.0, 0.0], [5, 10, 15])
+    rows.append({**row, "final_loss": float("nan")})
+    cs = cells(rows, [*curves, *curve])
+    assert cs[("mnist1d", SLOW, "terngrad")].accuracy() == "0.0 % (n=1) (1 of 1 diverged)"
+    (claim,) = [t for t in trend_rows(cs) if "ternary" in t[0]]
+    assert claim[2] is False and claim[3] == ("diverged in 1 of 1 run(s): the loss became "
+                                              "non-finite")
+    assert cs[("mnist1d", SLOW, "fp32")].accuracy() == "80.0 % (n=1)"
+
+
 def test_the_report_is_built_from_the_rows_alone(tmp_path: Path) -> None:
     rows, curves = _table()
     meta = {"seeds": [0], "sign_lr": 0.01, "tasks": {"mnist1d": {

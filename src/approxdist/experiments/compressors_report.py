@@ -38,6 +38,14 @@ class Cell:
     time: float
     wall: float
     nbytes: float
+    #: seeds whose run diverged (a non-finite final loss), of `runs`
+    diverged: int = 0
+    runs: int = 1
+
+    def accuracy(self) -> str:
+        """The final accuracy over seeds, saying how many runs diverged."""
+        text = md.pct_spread(self.acc)
+        return f"{text} ({self.diverged} of {self.runs} diverged)" if self.diverged else text
 
 
 def cells(rows: list[Row], curves: list[Row]) -> dict[tuple[str, str, str], Cell]:
@@ -53,7 +61,8 @@ def cells(rows: list[Row], curves: list[Row]) -> dict[tuple[str, str, str], Cell
                 spread([float(r["final_accuracy"]) for r in runs]),
                 time_to(curve, target) if curve and math.isfinite(target) else math.nan,
                 spread([float(r["wall_time_s"]) for r in runs])["mean"],
-                spread([float(r["bytes_sent"]) for r in runs])["mean"])
+                spread([float(r["bytes_sent"]) for r in runs])["mean"],
+                sum(not math.isfinite(float(r["final_loss"])) for r in runs), len(runs))
     return out
 
 
@@ -64,7 +73,7 @@ def result_table(cs: dict[tuple[str, str, str], Cell], order: Sequence[str]) -> 
         vs = f"{c.time / ref.time:.2f}x" if ref and math.isfinite(c.time) and \
             math.isfinite(ref.time) and ref.time > 0 else "-"
         share = f"{c.nbytes / ref.nbytes:.3f}" if ref and ref.nbytes else "-"
-        body.append((task, link.removeprefix("bw="), f"`{wire}`", md.pct_spread(c.acc),
+        body.append((task, link.removeprefix("bw="), f"`{wire}`", c.accuracy(),
                      seconds(c.time), vs, f"{c.wall:.1f}", share))
     return md.table(("task", "link", "wire", "final test accuracy", "time to target (s)",
                      "vs fp32", "training time (s)", "bytes vs fp32"), body)
@@ -91,7 +100,9 @@ def _accuracy(wire: str) -> Callable[..., tuple[str, bool | None, str]]:
             return "-", None, "not run at this size"
         delta = c.acc["mean"] - ref.acc["mean"]
         return (f"{md.pct(c.acc['mean'])} vs fp32 {md.pct(ref.acc['mean'])} "
-                f"({md.points(delta)})", delta >= -TOLERANCE - EPS, noise(c.acc, ref.acc))
+                f"({md.points(delta)})", delta >= -TOLERANCE - EPS,
+                f"diverged in {c.diverged} of {c.runs} run(s): the loss became non-finite"
+                if c.diverged else noise(c.acc, ref.acc))
     return check
 
 
