@@ -73,7 +73,7 @@ def collect(settings: Settings) -> Meta:
     """Train every (place, format) and its fp32 reference per seed; write wire.csv."""
     seeds = settings.seed_list()
     epochs = settings.pick(1, 1, 2)
-    seq_len, batch = settings.pick(1024, 64, 64), settings.pick(64, 32, 32)
+    seq_len, batch = settings.pick(128, 64, 64), settings.pick(64, 32, 32)
     rows: list[Row] = []
     for run in runs(settings):
         for seed in seeds:
