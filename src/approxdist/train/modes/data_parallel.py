@@ -34,7 +34,7 @@ def _check_single(cfg: Config) -> None:
 SINGLE = register(Mode(
     name="single", help="one process, no communication", axes=frozenset({"dp"}),
     mesh=lambda cfg: Mesh.single(), engine=build_data_parallel,
-    implied=_single_implied, check=_check_single))
+    implied=_single_implied, check=_check_single, runs_plan=lambda mesh: not mesh.used))
 
 
 def _dp_mesh(cfg: Config) -> Mesh:
@@ -82,4 +82,4 @@ DP = register(Mode(
                     "(docs/data_parallel.md)",
     axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_data_parallel,
     options=("comm.*", "dp.*", "adaprec.*", "wire.grad.*"), implied=_dp_implied,
-    check=_check_dp, preflight=_preflight))
+    check=_check_dp, preflight=_preflight, runs_plan=lambda mesh: mesh.used == {"dp"}))
