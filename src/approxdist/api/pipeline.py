@@ -49,6 +49,7 @@ from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.wire import WireConfig
 from approxdist.data_parallel.checks import context_of
+from approxdist.data_parallel.replicas import ReplicaReducer
 from approxdist.errors import ConfigError
 from approxdist.hybrid.runtime import build_hybrid_runtime, mean_loss
 from approxdist.launch.context import DistContext
@@ -113,23 +114,21 @@ class Pipeline:
     @classmethod
     def from_config(cls, model: nn.Sequential, *, sample: torch.Tensor, pipeline: PipelineConfig,
                     dp: DPConfig, wire: WireConfig, groups: MeshGroups, link: str = "",
-                    seed: int = 0,
-                    loss_fn: LossFn = F.cross_entropy, optimizer: OptimizerFactory | None = None,
-                    stream: int = 0, recorder: Recorder = NULL_RECORDER,
-                    delay_rule: str = "auto") -> Pipeline:
+                    seed: int = 0, loss_fn: LossFn = F.cross_entropy,
+                    optimizer: OptimizerFactory | None = None, stream: int = 0,
+                    recorder: Recorder = NULL_RECORDER, delay_rule: str = "auto") -> Pipeline:
         """The pipeline a checked config describes on the mesh's `groups` (the trainer's
         engine builds it so; `approxdist.train.check.check_parts` checked the sections)."""
         pipe = cls.__new__(cls)
         pipe._assemble(model, context_of(model), sample, pipeline, dp, wire, groups=groups,
-                       group=None,
-                       link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
+                       group=None, link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
                        stream=stream, recorder=recorder, delay_rule=delay_rule)
         return pipe
 
     def _assemble(self, blocks: nn.Sequential, ctx: DistContext, sample: torch.Tensor,
                   pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig, *,
-                  groups: MeshGroups | None,
-                  group: Group | None, link: str, seed: int, loss_fn: LossFn,
+                  groups: MeshGroups | None, group: Group | None, link: str, seed: int,
+                  loss_fn: LossFn,
                   optimizer: OptimizerFactory | None, stream: int, recorder: Recorder,
                   delay_rule: str) -> None:
         """This rank's stage (collective over the pipeline): replicated on `groups` when a
@@ -178,6 +177,17 @@ class Pipeline:
     def steps_optimizer(self) -> bool:
         """Whether the pipeline steps its optimiser itself (an asynchronous schedule)."""
         return self.optimizer is not None
+
+    @property
+    def reducer(self) -> ReplicaReducer | None:
+        """The replicas' gradient reducer of a replicated stage (None: a stage alone)."""
+        return self.runtime.grad_sync
+
+    def set_grad_codec(self, codec: str, rules: tuple[str, ...] = ()) -> None:
+        """Send the replicas' next gradients in `codec` (`rules`: per parameter), their
+        residuals kept (AdaPrec); a stage alone on its rank sends none."""
+        if self.reducer is not None:
+            self.reducer.set_codecs(rules, codec)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """This rank's stage's parameters (for the user's optimiser)."""
@@ -253,13 +263,13 @@ class Pipeline:
     # -- between epochs, state, figures ------------------------------------------------------
     def sync_buffers(self) -> None:
         """A replicated stage's replicas average their batch-norm statistics."""
-        if self.runtime.grad_sync is not None:
-            self.runtime.grad_sync.sync_buffers()
+        if self.reducer is not None:
+            self.reducer.sync_buffers()
 
     def link_bytes(self) -> dict[str, int]:
         """Bytes this rank sent so far per directed link `"i->j"` (activations, gradients
         and the replicas' all-reduce)."""
-        link, sync = self.runtime.link, self.runtime.grad_sync
+        link, sync = self.runtime.link, self.reducer
         out = {f"{link.me}->{peer}": n for peer, n in sorted(link.stats.sent.items())}
         for key, n in (sync.link_bytes() if sync is not None else {}).items():
             out[key] = out.get(key, 0) + n
