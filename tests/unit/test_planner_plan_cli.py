@@ -24,6 +24,8 @@ from approxdist.planner.cost import (
     pipeline_time,
 )
 from approxdist.planner.plan_file import parse_plan, read_plan, write_plan
+from approxdist.topology import Mesh
+from approxdist.train.mode import modes, plan_mode
 from approxdist.train.plan_layer import plan_sections
 from tests.helpers.pipedream import PROFILES
 
@@ -120,6 +122,26 @@ def test_plan_file_becomes_train_config() -> None:
     pipe = parse_plan({"stages": [{"blocks": [0, 2], "replicas": 1, "ranks": [1]},
                                   {"blocks": [2, 5], "replicas": 1, "ranks": [0]}]})
     assert plan_sections(pipe)["pipeline"] == {"stages": 2, "split": "2", "placement": [1, 0]}
+
+
+@pytest.mark.parametrize(("stages", "mode"), [
+    ([{"replicas": 1}], "single"), ([{"replicas": 3}], "dp"),
+    ([{"replicas": 1}, {"replicas": 1}], "pipeline"),
+    ([{"replicas": 1}, {"replicas": 1, "tp": 1}], "pipeline"),
+    ([{"replicas": 2}, {"replicas": 1}], "hybrid"), ([{"replicas": 1, "tp": 2}], "tensor"),
+    ([{"replicas": 2, "tp": 2}], "tensor")])
+def test_the_mode_record_that_runs_a_plan_says_so(stages: list, mode: str) -> None:
+    """Exactly one record's `runs_plan` takes each plan's mesh (so a new mode adds its own
+    rule, and none of the others changes)."""
+    mesh = parse_plan({"stages": stages}).mesh
+    takers = [m for m in modes().names() if modes().get(m).runs_plan(mesh)]
+    assert takers == [mode] and plan_mode(mesh).name == mode
+
+
+def test_a_mesh_no_mode_plans_for_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"a plan of mesh role=2,dp=1/2 \(parameter server\) "
+                                          r"is run by no mode"):
+        plan_mode(Mesh.roles(1, 2))
 
 
 def test_train_reads_the_plan_under_its_flags(tmp_path: Path) -> None:

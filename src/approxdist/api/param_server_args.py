@@ -17,7 +17,13 @@ from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError, SpecError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, check_ranks
-from approxdist.param_server.node import OptimizerFactory, Scheduler, SchedulerFactory
+from approxdist.param_server.modes import PSMode, parse_mode
+from approxdist.param_server.node import (
+    OptimizerFactory,
+    Scheduler,
+    SchedulerFactory,
+    check_backend,
+)
 from approxdist.param_server.roles import Roles
 from approxdist.param_server.wire import WireFormats
 
@@ -59,6 +65,28 @@ def check_arguments(ctx: DistContext, model: nn.Module, optimizer: object, steps
     if not any(True for _ in model.parameters()):
         raise ConfigError(f"the model ({type(model).__name__}) has no parameters for the "
                           f"servers to hold")
+
+
+def placed(ctx: DistContext, group: Group, servers: int | Sequence[int],
+           workers: int | Sequence[int] | None, mode: str) -> tuple[Roles, PSMode]:
+    """The roles on `group` and the mode over them (one the backend can run)."""
+    roles = roles_of(servers, workers, group, ctx.world_size)
+    ps_mode = parse_mode(mode, roles.workers, name="mode")
+    check_backend(ps_mode.spec, ps_mode.any_source, ctx.backend, name="mode")
+    return roles, ps_mode
+
+
+def check_mode_options(mode: PSMode, spec: str, *, staleness_lr: bool,
+                       tolerate_worker_loss: bool) -> None:
+    """The options `mode` (`spec` as given) cannot take, refused in one line."""
+    if staleness_lr and mode.kind in ("sync", "backup"):
+        raise ConfigError(f"staleness_lr=True divides the learning rate by a gradient's "
+                          f"staleness, which mode={spec!r} keeps at 0; drop it or use "
+                          f"mode='async' or 'ssp:<s>'")
+    if tolerate_worker_loss and mode.kind == "sync":
+        raise ConfigError("tolerate_worker_loss=True with mode='sync': every step waits "
+                          "for a gradient from every worker, so a dead worker must end "
+                          "the run; use mode='async', 'ssp:<s>' or 'backup:<b>'")
 
 
 def roles_of(servers: int | Sequence[int], workers: int | Sequence[int] | None, group: Group,

@@ -15,34 +15,13 @@ tracing apply. The user's loop calls `step` once per mini-batch:
         loss = pipe.step(x, y)           # the mean loss on the last stage, None elsewhere
         opt.step(); opt.zero_grad()
 
-Stage 0 reads the inputs, the last stage the targets (the others may pass None). The
-loss of a micro-batch is `loss_fn(output, targets)`, any differentiable scalar. An
-asynchronous schedule (pipedream, pipedream-vsync, 2bw) steps the optimiser itself where
-the schedule updates: give `optimizer=` (a function of the stage's parameters) and the
-stream's length `stream=K` (mini-batches between two flushes); `step` then returns the
-loss of the micro-batches the last stage finished during the call. A stage whose
-gradients arrive d steps late (2BW: 1; PipeDream: P - s - 1) runs its optimiser with the
-momentum lowered by d / (d + 1), down to 0 (`delay_rule="auto"`, the default; "off" keeps
-the optimiser as made; `pipe.delay_line` says what it did; `optim.delay`). With
-`dynamic_shapes=True` the per-sample shapes may change from one mini-batch to the next
-(sequence lengths, say): the stages agree on each mini-batch's shapes before its
-transfers (one small message per boundary); off (the default) costs nothing and a
-changed shape is refused with a message saying so.
-
-Hybrid (seed 002's replicated stages): `replicas=(2, 1)` puts stage 0 on two ranks and
-stage 1 on one (one count for every stage, or one per stage, adding up to the world;
-ranks are placed stage-major). Every rank still passes the whole mini-batch; the
-micro-batches are dealt round robin to a stage's replicas (PipeDream's 1F1B-RR with a
-flush), and the replicas sum their gradients through `DataParallel` on their group
-(`grad_codec`, `algorithm`, `calibration`, the link), so after `step` every replica holds
-the mini-batch's gradient of its stage: single-process training on the same batch. A
-replicated last stage returns the mini-batch's mean loss on each of its replicas.
-pipedream and 2bw run on replicated stages too (micro-batches a multiple of every replica
-count; the replicas of a stage step in lockstep on their summed gradient, docs/pipeline.md);
-pipedream-vsync does not. `placement=` puts the stages on any ranks (the ranks in
-stage-major order, stage 0's replicas first), `recorder=` records every phase and
-transfer (docs/tracing.md), and `state_dict()` / `load_state_dict()` save and restore the
-stage (its module, the optimiser it steps, the replicas' error-feedback residuals).
+Stage 0 reads the inputs, the last stage the targets (the others may pass None). An
+asynchronous schedule (pipedream, pipedream-vsync, 2bw) steps the optimiser itself: give
+`optimizer=` and `stream=K`, and its momentum is lowered for the stage's gradient delay
+(`delay_rule=`). `replicas=(2, 1)` replicates stages (hybrid, seed 002: the replicas sum
+their gradients through `DataParallel`, so `step` leaves the mini-batch's gradient on
+every replica), `placement=` puts the stages on any ranks. These options, `dynamic_shapes=`,
+`recorder=` and the saved state are in docs/api.md; `pipeline_args` checks the arguments.
 
 `approxdist train --parallel pipeline|hybrid` runs this class: its engine
 (`train/engines/pipeline.py`) builds it with `Pipeline.from_config` on the mesh's groups
@@ -59,7 +38,6 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from approxdist.api.pipeline_args import (
-    OptimizerFactory,
     check_async_replicas,
     check_schedule,
     dp_section,
@@ -71,16 +49,18 @@ from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.wire import WireConfig
 from approxdist.data_parallel.checks import context_of
+from approxdist.data_parallel.replicas import ReplicaReducer
 from approxdist.errors import ConfigError
-from approxdist.hybrid import build_hybrid_runtime
+from approxdist.hybrid.runtime import build_hybrid_runtime, mean_loss
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group
-from approxdist.optim.delay import apply_delay_rule, check_rule, delay_line
-from approxdist.pipeline.errors import PipelineError
+from approxdist.optim.delay import check_rule
 from approxdist.pipeline.executor import StepResult
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
+from approxdist.pipeline.runtime_state import load_stage_state, stage_state
 from approxdist.pipeline.split_check import check_splittable
 from approxdist.pipeline.stage import LossFn
+from approxdist.pipeline.stream_state import OptimizerFactory, stream_optimizer
 from approxdist.topology import Mesh
 from approxdist.topology.groups import MeshGroups, make_groups
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -134,23 +114,21 @@ class Pipeline:
     @classmethod
     def from_config(cls, model: nn.Sequential, *, sample: torch.Tensor, pipeline: PipelineConfig,
                     dp: DPConfig, wire: WireConfig, groups: MeshGroups, link: str = "",
-                    seed: int = 0,
-                    loss_fn: LossFn = F.cross_entropy, optimizer: OptimizerFactory | None = None,
-                    stream: int = 0, recorder: Recorder = NULL_RECORDER,
-                    delay_rule: str = "auto") -> Pipeline:
+                    seed: int = 0, loss_fn: LossFn = F.cross_entropy,
+                    optimizer: OptimizerFactory | None = None, stream: int = 0,
+                    recorder: Recorder = NULL_RECORDER, delay_rule: str = "auto") -> Pipeline:
         """The pipeline a checked config describes on the mesh's `groups` (the trainer's
         engine builds it so; `approxdist.train.check.check_parts` checked the sections)."""
         pipe = cls.__new__(cls)
         pipe._assemble(model, context_of(model), sample, pipeline, dp, wire, groups=groups,
-                       group=None,
-                       link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
+                       group=None, link=link, seed=seed, loss_fn=loss_fn, optimizer=optimizer,
                        stream=stream, recorder=recorder, delay_rule=delay_rule)
         return pipe
 
     def _assemble(self, blocks: nn.Sequential, ctx: DistContext, sample: torch.Tensor,
                   pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig, *,
-                  groups: MeshGroups | None,
-                  group: Group | None, link: str, seed: int, loss_fn: LossFn,
+                  groups: MeshGroups | None, group: Group | None, link: str, seed: int,
+                  loss_fn: LossFn,
                   optimizer: OptimizerFactory | None, stream: int, recorder: Recorder,
                   delay_rule: str) -> None:
         """This rank's stage (collective over the pipeline): replicated on `groups` when a
@@ -174,16 +152,11 @@ class Pipeline:
         self.optimizer: torch.optim.Optimizer | None = None
         #: what the delay rule did to the stages' momentum, or why it would (None: nothing)
         self.delay_line: str | None = None
-        steps = self.runtime.executor.stream  # the schedule's U actions step an optimiser
-        if steps is not None:
+        state = self.runtime.executor.stream  # the schedule's U actions step an optimiser
+        if state is not None:
             assert optimizer is not None
-            self.optimizer = optimizer(self.module.parameters())
-            delays = steps.delays()
-            self.delay_line = delay_line(
-                float(self.optimizer.param_groups[0].get("momentum", 0.0)), delays, delay_rule,
-                f"on stages 0-{len(delays) - 1} ({pcfg.schedule})")
-            apply_delay_rule(self.optimizer, delays[steps.stage], delay_rule)
-            steps.bind(self.optimizer)
+            self.optimizer, self.delay_line = stream_optimizer(
+                state, optimizer, self.module.parameters(), delay_rule, pcfg.schedule)
 
     # -- where this rank is --------------------------------------------------------------
     @property
@@ -204,6 +177,17 @@ class Pipeline:
     def steps_optimizer(self) -> bool:
         """Whether the pipeline steps its optimiser itself (an asynchronous schedule)."""
         return self.optimizer is not None
+
+    @property
+    def reducer(self) -> ReplicaReducer | None:
+        """The replicas' gradient reducer of a replicated stage (None: a stage alone)."""
+        return self.runtime.grad_sync
+
+    def set_grad_codec(self, codec: str, rules: tuple[str, ...] = ()) -> None:
+        """Send the replicas' next gradients in `codec` (`rules`: per parameter), their
+        residuals kept (AdaPrec); a stage alone on its rank sends none."""
+        if self.reducer is not None:
+            self.reducer.set_codecs(rules, codec)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """This rank's stage's parameters (for the user's optimiser)."""
@@ -228,20 +212,7 @@ class Pipeline:
         res = self.train_step(inputs, targets, batch_size)
         if not self.is_last:
             return None
-        replicas = self.replica_group if (self.replica_group is not None
-                                          and self.replica_group.size > 1) else None
-        if self.steps_optimizer:
-            loss, samples = res.loss, float(res.samples)
-            if replicas is not None:  # the samples every replica of the last stage finished
-                both = replicas.all_reduce(torch.tensor([loss, samples], dtype=torch.float64))
-                loss, samples = float(both[0]), float(both[1])
-            return loss / samples if samples else None
-        if replicas is not None:
-            # each replica's micro-batches weighted by their share: the sum is the mean
-            total = replicas.all_reduce(torch.tensor([float(res.loss or 0.0)],
-                                                     dtype=torch.float64))
-            return float(total.item())
-        return res.loss  # the micro-batches' losses weighted by their share: the mean
+        return mean_loss(res, self.replica_group, streamed=self.steps_optimizer)
 
     @torch.no_grad()
     def eval_step(self, inputs: Any, targets: torch.Tensor | None,
@@ -292,13 +263,13 @@ class Pipeline:
     # -- between epochs, state, figures ------------------------------------------------------
     def sync_buffers(self) -> None:
         """A replicated stage's replicas average their batch-norm statistics."""
-        if self.runtime.grad_sync is not None:
-            self.runtime.grad_sync.sync_buffers()
+        if self.reducer is not None:
+            self.reducer.sync_buffers()
 
     def link_bytes(self) -> dict[str, int]:
         """Bytes this rank sent so far per directed link `"i->j"` (activations, gradients
         and the replicas' all-reduce)."""
-        link, sync = self.runtime.link, self.runtime.grad_sync
+        link, sync = self.runtime.link, self.reducer
         out = {f"{link.me}->{peer}": n for peer, n in sorted(link.stats.sent.items())}
         for key, n in (sync.link_bytes() if sync is not None else {}).items():
             out[key] = out.get(key, 0) + n
@@ -307,27 +278,10 @@ class Pipeline:
     def state_dict(self) -> dict[str, Any]:
         """The stage's module, the optimiser the pipeline steps (asynchronous schedules) and
         the replicas' reducer state (a collective over the stage's replicas)."""
-        stream = self.runtime.executor.stream
-        if stream is not None and stream.in_stream:
-            raise PipelineError(f"stage {self.stage} is inside a stream of {self.schedule} with "
-                                f"micro-batches in flight; save at the end of the stream")
-        sync = self.runtime.grad_sync
-        return {"model": self.module.state_dict(),
-                "boundaries": list(self.runtime.partition.boundaries),
-                **({"optimizer": self.optimizer.state_dict()} if self.optimizer else {}),
-                "dp": sync.checkpoint_state() if sync is not None else {}}
+        return stage_state(self.runtime, self.optimizer, self.schedule)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        cut = tuple(state["boundaries"])
-        if cut != self.runtime.partition.boundaries:
-            raise PipelineError(f"the state of stage {self.stage} was cut at {cut}, this "
-                                f"pipeline at {self.runtime.partition.boundaries}; load it into "
-                                f"a pipeline of the original split")
-        self.module.load_state_dict(state["model"])
-        if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.runtime.grad_sync is not None:
-            self.runtime.grad_sync.load_checkpoint_state(state.get("dp", {}))
+        load_stage_state(self.runtime, self.optimizer, state)
 
     def summary(self) -> dict[str, Any]:
         """The partition, replicas and schedule; an asynchronous one's weight versions."""

@@ -3,11 +3,8 @@ pipeline and data-parallel layers take (one `ConfigError` line each)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import torch
-from torch import nn
 
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
@@ -16,9 +13,8 @@ from approxdist.errors import ConfigError
 from approxdist.pipeline.errors import ScheduleError
 from approxdist.pipeline.schedule import async_schedule_names, schedule_names
 from approxdist.pipeline.schedule.registry import build_async_schedule
+from approxdist.pipeline.stream_state import OptimizerFactory
 from approxdist.topology.dealing import Dealing
-
-OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
 
 def check_schedule(schedule: str, optimizer: OptimizerFactory | None, stream: int) -> bool:

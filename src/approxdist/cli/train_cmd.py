@@ -43,8 +43,7 @@ from approxdist.planner.plan_file import read_plan
 from approxdist.trace.gather import TRACE_FILE
 from approxdist.train.build import adaptive_wire
 from approxdist.train.check import check_parts
-from approxdist.train.mode import Mode, mesh_of, modes
-from approxdist.train.parts import check_rules_match
+from approxdist.train.mode import Mode, mesh_of, modes, plan_mode
 from approxdist.train.plan_layer import check_agrees, check_input_shape, plan_sections
 from approxdist.train.resumable import check_checkpoints, check_unchanged
 from approxdist.train.run_dir import check_can_make, check_writable, make_run_dir
@@ -122,7 +121,7 @@ def plan_layer(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
     if not path:
         return []
     plan = read_plan(path)
-    mode = modes().get(args.parallel or plan.mode)
+    mode = modes().get(args.parallel) if args.parallel else plan_mode(plan.mesh)
     check_agrees(plan, path, flag_layer(args, mode), parse_overrides(args.set))
     return [plan_sections(plan)]
 
@@ -228,7 +227,6 @@ def preflight(cfg: Config, plan: str | None = None, make: bool = True) -> None:
         check_input_shape(read_plan(plan), plan, cfg.data.dataset, data.input_shape)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     check_fits(model, data, cfg.model.name)
-    check_rules_match(cfg, model)
     n = data.train_x.shape[0]
     if cfg.data.batch_size > n:
         raise ConfigError(f"data.batch_size ({cfg.data.batch_size}) is larger than the training "

@@ -27,6 +27,8 @@ from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.wire import WireConfig
 from approxdist.data_parallel.replicas import ReplicaReducer, build_reducer
 from approxdist.launch.context import DistContext
+from approxdist.launch.group import Group
+from approxdist.pipeline.executor import StepResult
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.stage import LossFn
 from approxdist.topology.dealing import Dealing
@@ -54,3 +56,22 @@ def build_hybrid_runtime(pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig,
                          dealing=Dealing.of(groups.mesh), grad_sync=reducer,
                          link_spec=link, seed=seed, rec=rec, loss_fn=loss_fn,
                          minibatches=minibatches, fwd=wire.fwd, bwd=wire.bwd)
+
+
+def mean_loss(res: StepResult, replicas: Group | None, *, streamed: bool) -> float | None:
+    """The mean loss of a step on the last stage, over its replicas when it has several: a
+    flushed step weighs each replica's micro-batches by their share (the sum is the mean);
+    a stream's is the loss summed over the samples every replica finished, divided by
+    their number (None: none finished)."""
+    if replicas is not None and replicas.size < 2:
+        replicas = None
+    if streamed:
+        loss, samples = res.loss, float(res.samples)
+        if replicas is not None:
+            both = replicas.all_reduce(torch.tensor([loss, samples], dtype=torch.float64))
+            loss, samples = float(both[0]), float(both[1])
+        return loss / samples if samples else None
+    if replicas is not None:
+        total = replicas.all_reduce(torch.tensor([float(res.loss or 0.0)], dtype=torch.float64))
+        return float(total.item())
+    return res.loss

@@ -6,7 +6,10 @@ pull parameters through the link layer; sync, async, stale-synchronous and N+b m
 * `rules` — what a server does with each arriving gradient under a mode (pure);
 * `roles` — which global rank is which server or worker (pure);
 * `steplog` — what a server step did, push by push: its step record and push order (pure);
-* `server`, `worker` — the two ends, talking only through a `comm.link.Link`.
+* `server`, `worker` — the two ends, talking only through a `comm.link.Link`;
+* `node` — this rank's end (server or worker) of a run, and its rounds;
+* `steps` — one server step and one worker step of a node, traced and timed;
+* `state` — a node's state saved and restored (checkpoints) or snapshot (AdaPrec).
 """
 
 from approxdist.param_server.modes import PSMode, parse_mode

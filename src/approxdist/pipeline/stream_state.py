@@ -23,11 +23,14 @@ forward in it (they may belong to the previous mini-batch).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from approxdist.data_parallel.replicas import ReplicaReducer
+from approxdist.optim.delay import apply_delay_rule, delay_line
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.microbatch import microbatch_sizes
 from approxdist.pipeline.schedule.action import Kind
@@ -44,6 +47,8 @@ from approxdist.pipeline.transport import StageTransport
 from approxdist.pipeline.weights import WeightVersions
 
 Gradient = list[torch.Tensor | None]
+#: the optimiser of a stage, from its parameters
+OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
 
 class StreamState:
@@ -191,3 +196,18 @@ class StreamState:
     def summary(self) -> dict[str, Any]:
         return {"buffer_window": self.program.window,
                 "peak_weight_version_bytes": self.weights.peak_bytes}
+
+
+def stream_optimizer(stream: StreamState, factory: OptimizerFactory,
+                     params: Iterator[nn.Parameter], delay_rule: str,
+                     schedule: str) -> tuple[torch.optim.Optimizer, str | None]:
+    """The optimiser `factory` makes over `params`, bound to `stream` and run with the
+    momentum the delay rule gives the stage's gradient delay (`optim.delay`); and the
+    rule's line on the stages of `schedule` (None: nothing to say)."""
+    optimizer = factory(params)
+    delays = stream.delays()
+    line = delay_line(float(optimizer.param_groups[0].get("momentum", 0.0)), delays, delay_rule,
+                      f"on stages 0-{len(delays) - 1} ({schedule})")
+    apply_delay_rule(optimizer, delays[stream.stage], delay_rule)
+    stream.bind(optimizer)
+    return optimizer, line

@@ -38,7 +38,7 @@ from approxdist.config.loader import section_dict
 from approxdist.config.schema import DataConfig, ModelConfig
 from approxdist.errors import ConfigError
 from approxdist.text import read_json, write_json
-from approxdist.topology import TopologyError, from_plan
+from approxdist.topology import Mesh, TopologyError, from_plan
 
 FORMAT = "approxdist-plan"
 VERSION = 1
@@ -74,10 +74,11 @@ def check_table(key: str, table: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PlanFile:
-    """A plan as `train` needs it: stages (block range, replicas), schedule and wire formats
-    (None where the file does not say)."""
+    """A plan as `train` needs it: its mesh (stages, replicas, tp shards), block ranges,
+    schedule and wire formats (None where the file does not say). Which mode runs it is the
+    mode registry's to say (`train.mode.plan_mode`), from the mesh."""
 
-    replicas: tuple[int, ...]
+    mesh: Mesh
     blocks: tuple[tuple[int, int], ...] | None
     ranks: tuple[int, ...] | None  # stage-major placement, when the file gives one
     model: str | None = None
@@ -91,21 +92,21 @@ class PlanFile:
     model_options: dict[str, Any] | None = None
     data: dict[str, Any] | None = None
     input_shape: tuple[int, ...] | None = None
-    tp: int = 1  # tensor-parallel shards of every replica
     tp_plan: str | None = None
 
     @property
-    def world_size(self) -> int:
-        return sum(self.replicas) * self.tp
+    def replicas(self) -> tuple[int, ...]:
+        """Replica count of each stage."""
+        return self.mesh.replicas
 
     @property
-    def mode(self) -> str:
-        """single, dp, pipeline, hybrid or tensor: the `train --parallel` that runs it."""
-        if self.tp > 1:
-            return "tensor"
-        if len(self.replicas) == 1:
-            return "single" if self.replicas[0] == 1 else "dp"
-        return "pipeline" if all(r == 1 for r in self.replicas) else "hybrid"
+    def tp(self) -> int:
+        """Tensor-parallel shards of every replica."""
+        return self.mesh.extent("tp")
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
 
 
 def write_plan(plan: Mapping[str, Any], path: str | Path) -> Path:
@@ -172,7 +173,7 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
     if "tp_plan" in data and tp == 1:
         raise ConfigError(f"tp_plan = {data['tp_plan']!r} but no stage has tp > 1; give the "
                           f"stage its \"tp\" shards, or drop tp_plan")
-    return PlanFile(mesh.replicas, ranges,
+    return PlanFile(mesh, ranges,
                     mesh.ranks if given else None,
                     **{k: data.get(k) for k in ("model", "micro_batch_size", "microbatches",
                                                 "schedule", "fwd_codec", "bwd_codec",
@@ -180,7 +181,7 @@ def parse_plan(data: Mapping[str, Any]) -> PlanFile:
                     model_options=_table(data, "model_options"),
                     data=_table(data, "data"),
                     input_shape=None if shape is None else _shape(shape),
-                    tp=tp, tp_plan=data.get("tp_plan"))
+                    tp_plan=data.get("tp_plan"))
 
 
 def _table(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:

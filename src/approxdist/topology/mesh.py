@@ -238,15 +238,20 @@ class Mesh:
         return len(set(self.replicas)) == 1
 
     @property
+    def used(self) -> frozenset[str]:
+        """The names of the axes of size > 1 (an axis of size 1 places nothing)."""
+        return frozenset(a.name for a in self.axes if a.extent > 1)
+
+    @property
     def kind(self) -> str:
         """"single", "data-parallel", "pipeline", "hybrid", "tensor-parallel",
         "parameter server", or the axes of size > 1 joined by " x "."""
         if "role" in self.names:
             return "parameter server"
-        used = [a.name for a in self.axes if a.extent > 1]
+        used = tuple(a.name for a in self.axes if a.name in self.used)
         named = {(): "single", ("dp",): "data-parallel", ("pp",): "pipeline",
                  ("pp", "dp"): "hybrid", ("tp",): "tensor-parallel"}
-        return named.get(tuple(used), " x ".join(used))
+        return named.get(used, " x ".join(used))
 
 
 def replica_counts(stages: int, replicas: Sizes) -> tuple[int, ...]:

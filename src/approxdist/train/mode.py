@@ -6,7 +6,8 @@ A `Mode` says which mesh axes the mode runs on and how its mesh comes from the c
 stages, `--stages` from `--world-size`, ...), which config keys it reads (`options`:
 any other key set away from its default is refused, naming the key, so nothing is
 silently ignored), its cross-section checks (`check`), its preflight with the model and
-data in hand, and the engine that runs it. Rank names come from the mesh. Nothing
+data in hand, the engine that runs it, and which plan files' meshes it runs
+(`runs_plan`, so `train --plan` picks the mode). Rank names come from the mesh. Nothing
 outside the records compares `train.parallel` with a mode's name: adding a mode is one
 record and one engine (docs/architecture.md).
 """
@@ -80,6 +81,9 @@ class Mode:
     flag_keys: Mapping[str, str] = field(default_factory=dict)
     #: the process groups its engine needs, from its mesh
     spans: Callable[[Mesh], list[Span]] = default_spans
+    #: whether it runs a plan file's mesh (`train --plan`; the records' rules are
+    #: disjoint); by default no plan describes the mode
+    runs_plan: Callable[[Mesh], bool] = lambda mesh: False
 
     def reads(self, key: str) -> bool:
         """Whether this mode reads config key `section.name`."""
@@ -107,6 +111,17 @@ def modes() -> Registry[Mode]:
 def mode_of(cfg: Config) -> Mode:
     """The record of `cfg`'s `train.parallel` (an unknown name lists the valid ones)."""
     return modes().get(cfg.train.parallel)
+
+
+def plan_mode(mesh: Mesh) -> Mode:
+    """The record of the mode that runs a plan file's `mesh` (one `ConfigError` line if
+    none does)."""
+    found = [m for m in map(modes().get, modes().names()) if m.runs_plan(mesh)]
+    if len(found) != 1:
+        runs = " and ".join(m.name for m in found) or "no mode"
+        raise ConfigError(f"a plan of mesh {mesh.spec} ({mesh.kind}) is run by {runs}; "
+                          f"give a plan of stages with replicas (and tp), or pass --parallel")
+    return found[0]
 
 
 def mesh_of(cfg: Config) -> Mesh:

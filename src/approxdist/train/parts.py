@@ -85,9 +85,11 @@ def check_dp(cfg: Config) -> None:
                           f"{', '.join(algorithm_names())}")
 
 
-def check_wire(cfg: Config, name: str) -> None:
-    """Wire `name`'s codec (or AdaPrec's candidates), channel and, on the data-parallel
-    gradient wire, its per-parameter rules against the times file."""
+def check_wire(cfg: Config, name: str, per_parameter: bool = False) -> None:
+    """Wire `name`'s codec (or AdaPrec's candidates), channel and, on a gradient wire, its
+    per-parameter rules against the times file; `per_parameter`: the mode's gradient wire
+    names a codec per parameter of the whole model (data parallelism's record says so), so
+    AdaPrec may choose one per layer."""
     wire, key = cfg.wire.wire(name), f"wire.{name}"
     if wire.has_channel:
         named(f"{key}.channel", wire.channel, partial(get_channel, wire.channel))
@@ -119,7 +121,7 @@ def check_wire(cfg: Config, name: str) -> None:
     candidates = candidates_of(wire.codec)
     if candidates is not None:
         per_layer = cfg.adaprec.choose == "layer"
-        if per_layer and cfg.train.parallel != "dp":
+        if per_layer and not per_parameter:
             raise ConfigError(f"adaprec.choose = 'layer' names a codec per parameter of a "
                               f"data-parallel run; a {cfg.train.parallel} run's stages name "
                               f"their own: use adaprec.choose = 'all'")
@@ -135,9 +137,7 @@ def check_wire(cfg: Config, name: str) -> None:
 
 def check_rules_match(cfg: Config, model: nn.Module) -> None:
     """Each per-parameter rule of a data-parallel run's gradient wire names a parameter of
-    `model` (the whole model: a pipeline stage's are its own)."""
-    if cfg.train.parallel != "dp":
-        return
+    `model` (the dp record's preflight: a pipeline stage's parameters are its own)."""
     for rule in unmatched(cfg.wire.grad.rules, model):
         names = list(param_owners(model))
         shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")

@@ -1,11 +1,12 @@
 """`train --plan FILE`: a plan file (DESIGN.md "Plan file") as a layer of config values.
 
-The plan says which mode runs (one stage of one rank: single; one stage of N: dp; stages
-of one rank each: pipeline; a stage with tp shards: tensor; otherwise hybrid), the world
-size, where stages start (`pipeline.split`), their replicas and placement, the tp size and
-plan (`tp.size`, `tp.plan`), the schedule, micro-batches and the codecs of the three wires
-its mode has (`fwd_codec` and `bwd_codec` as the mode's `--fwd-codec` / `--bwd-codec` set
-them: `wire.fwd.codec` in a pipeline, `wire.tp_fwd.codec` in tensor parallelism;
+The plan says which mode runs (the mode record whose `runs_plan` takes its mesh: one
+stage of one rank: single; one stage of N: dp; stages of one rank each: pipeline; a stage
+with tp shards: tensor; otherwise hybrid), the world size, where stages start
+(`pipeline.split`), their replicas and placement, the tp size and plan (`tp.size`,
+`tp.plan`), the schedule, micro-batches and the codecs of the three wires its mode has
+(`fwd_codec` and `bwd_codec` as the mode's `--fwd-codec` / `--bwd-codec` set them:
+`wire.fwd.codec` in a pipeline, `wire.tp_fwd.codec` in tensor parallelism;
 `wire.grad.codec` with `dp.algorithm` for the replicas' all-reduce). With
 `micro_batch_size` the mini-batch is M micro-batches of it (data and tensor parallel: one
 per replica). The layer sits above the config
@@ -23,7 +24,7 @@ from typing import Any
 
 from approxdist.errors import ConfigError
 from approxdist.planner.plan_file import PlanFile
-from approxdist.train.mode import modes
+from approxdist.train.mode import plan_mode
 
 #: the flags that set a binding key (others are named as `--set section.key=value`)
 FLAGS = {("model", "name"): "--model", ("data", "dataset"): "--dataset",
@@ -32,11 +33,11 @@ FLAGS = {("model", "name"): "--model", ("data", "dataset"): "--dataset",
 
 def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
     """The config sections `plan` sets (only what it says)."""
-    mode = plan.mode
+    mode = plan_mode(plan.mesh)
     out: dict[str, dict[str, Any]] = {
-        "train": {"parallel": mode, "world_size": plan.world_size}, "model": {},
+        "train": {"parallel": mode.name, "world_size": plan.world_size}, "model": {},
         "pipeline": {}, "dp": {}, "data": {}, "wire": {}}
-    reads = modes().get(mode).reads
+    reads = mode.reads
     out["model"].update(binding(plan)["model"])
     out["data"].update(binding(plan)["data"])
     staged = reads("pipeline.stages")
@@ -54,7 +55,7 @@ def plan_sections(plan: PlanFile) -> dict[str, dict[str, Any]]:
                 pipe[key] = getattr(plan, key)
     if reads("tp.size") and plan.tp > 1:
         out["tp"] = {"size": plan.tp, **({"plan": plan.tp_plan} if plan.tp_plan else {})}
-    flag_keys = modes().get(mode).flag_keys
+    flag_keys = mode.flag_keys
     for name, codec in (("fwd", plan.fwd_codec), ("bwd", plan.bwd_codec),
                         ("grad", plan.grad_codec)):
         key = flag_keys.get(f"{name}_codec", f"wire.{name}.codec")

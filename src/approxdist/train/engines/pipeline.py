@@ -104,33 +104,30 @@ class PipelineEngine:
             raise PipelineError(f"{self.cfg.pipeline.schedule} streams mini-batches across "
                                 f"steps: its state at a step is not this rank's alone; "
                                 f"AdaPrec needs a flushed schedule (gpipe, 1f1b)")
-        sync = self.pipe.runtime.grad_sync
+        sync = self.pipe.reducer
         return {**trained_state(self.module, self.optimizer,
                                 sync.local_state() if sync is not None else {}),
                 **(self.split.local_state() if self.split else {})}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         reducer = load_trained(self.module, self.optimizer, state)
-        if self.pipe.runtime.grad_sync is not None:
-            self.pipe.runtime.grad_sync.load_local_state(reducer)
+        if self.pipe.reducer is not None:
+            self.pipe.reducer.load_local_state(reducer)
         if self.split:
             self.split.load_state_dict(state, local=True)
 
     def set_wire(self, name: str, codec: str, rules: tuple[str, ...] = ()) -> None:
         """Switch the replicas' gradient wire (AdaPrec), its residuals kept."""
-        sync = self.pipe.runtime.grad_sync
-        if name != "grad" or sync is None:
-            if name == "grad":  # a stage alone on its rank: nothing to reduce, nothing sent
-                return
+        if name != "grad":
             raise ConfigError(f"wire {name!r} of a pipeline cannot be switched during "
                               f"training; AdaPrec chooses the replicas' gradient wire (grad)")
-        sync.set_codecs(rules, codec)
+        self.pipe.set_grad_codec(codec, rules)
         self.codec = codec
 
     def update_error(self, measure: bool) -> Sums:
         """The replicas' gradient codec's error on this stage's gradients, its parameters
         named `stage<k>.<name>` (the stages' own names may repeat); nothing on a stage alone."""
-        sync = self.pipe.runtime.grad_sync
+        sync = self.pipe.reducer
         sums = sync.update_error(measure) if sync is not None else {}
         return {f"stage{self.pipe.stage}.{name}": v for name, v in sums.items()}
 
@@ -160,7 +157,7 @@ class PipelineEngine:
         """The wires this stage sends on and their codecs."""
         w = self.cfg.wire
         return {"fwd": w.fwd.codec, "bwd": w.bwd.codec,
-                **({"grad": self.codec} if self.pipe.runtime.grad_sync is not None else {}),
+                **({"grad": self.codec} if self.pipe.reducer is not None else {}),
                 **(self.split.wires() if self.split else {})}
 
     def summary(self) -> dict[str, Any]:

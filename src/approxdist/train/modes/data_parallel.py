@@ -16,7 +16,7 @@ from approxdist.errors import ConfigError
 from approxdist.topology import Mesh
 from approxdist.train.engines.data_parallel import build_data_parallel
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, register
-from approxdist.train.parts import check_dp, check_wire
+from approxdist.train.parts import check_dp, check_rules_match, check_wire
 
 
 def _single_implied(sections: Sections) -> Sections:
@@ -34,7 +34,7 @@ def _check_single(cfg: Config) -> None:
 SINGLE = register(Mode(
     name="single", help="one process, no communication", axes=frozenset({"dp"}),
     mesh=lambda cfg: Mesh.single(), engine=build_data_parallel,
-    implied=_single_implied, check=_check_single))
+    implied=_single_implied, check=_check_single, runs_plan=lambda mesh: not mesh.used))
 
 
 def _dp_mesh(cfg: Config) -> Mesh:
@@ -54,7 +54,7 @@ def _check_dp(cfg: Config) -> None:
                           f"data-parallel run's buckets; use --parallel dp with --world-size "
                           f"2 or more, the approxdist engine and no --early-forward")
     check_dp(cfg)
-    check_wire(cfg, "grad")
+    check_wire(cfg, "grad", per_parameter=True)
 
 
 def _check_plain(cfg: Config) -> None:
@@ -72,6 +72,9 @@ def _check_plain(cfg: Config) -> None:
 
 
 def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
+    """Every per-parameter rule names a parameter of the model, which a compressor on the
+    gradient wire can take."""
+    check_rules_match(cfg, model)
     grad = cfg.wire.grad
     if not grad.adaptive:
         check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
@@ -82,4 +85,4 @@ DP = register(Mode(
                     "(docs/data_parallel.md)",
     axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_data_parallel,
     options=("comm.*", "dp.*", "adaprec.*", "wire.grad.*"), implied=_dp_implied,
-    check=_check_dp, preflight=_preflight))
+    check=_check_dp, preflight=_preflight, runs_plan=lambda mesh: mesh.used == {"dp"}))

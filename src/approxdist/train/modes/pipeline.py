@@ -87,7 +87,8 @@ PIPELINE = register(Mode(
     engine=build_pipeline,
     options=("comm.*", "pipeline.*", "-pipeline.replicas", "wire.fwd.*", "wire.bwd.*", *TP_KEYS),
     implied=_pipeline_implied, check=_check_pipeline, preflight=_preflight,
-    batch_share=lambda cfg: None, fixed_steps=_streamed))
+    batch_share=lambda cfg: None, fixed_steps=_streamed,
+    runs_plan=lambda mesh: "pp" in mesh.used and "dp" not in mesh.used))
 
 
 def _hybrid_implied(sections: Sections) -> Sections:
@@ -129,4 +130,4 @@ HYBRID = register(Mode(
     options=("comm.*", "pipeline.*", "dp.*", "adaprec.*", "wire.grad.*", "wire.fwd.*",
              "wire.bwd.*", *TP_KEYS),
     check=_check_hybrid, preflight=_hybrid_preflight, batch_share=lambda cfg: None,
-    fixed_steps=_streamed))
+    fixed_steps=_streamed, runs_plan=lambda mesh: {"pp", "dp"} <= mesh.used))

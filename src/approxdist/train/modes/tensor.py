@@ -90,4 +90,5 @@ TENSOR = register(Mode(
     batch_share=lambda cfg: max(1, cfg.train.world_size // cfg.tp.size),
     share_name="number of replicas (world / tp)",
     flag_keys={"fwd_codec": "wire.tp_fwd.codec", "bwd_codec": "wire.tp_bwd.codec",
-               "fwd_channel": "wire.tp_fwd.channel", "bwd_channel": "wire.tp_bwd.channel"}))
+               "fwd_channel": "wire.tp_fwd.channel", "bwd_channel": "wire.tp_bwd.channel"},
+    runs_plan=lambda mesh: "tp" in mesh.used and "pp" not in mesh.used))
