@@ -19,7 +19,7 @@ from approxdist.experiments import Settings, run_experiment, runner, shaping
 from approxdist.experiments import seed001_allreduce as ar
 from approxdist.experiments.csvio import read_csv
 
-K = 1 << 10
+K, M = 1 << 10, 1 << 20
 #: seconds per all-reduce of `size` bytes: brd fastest small, ring fastest large
 COST = {"native": (2e-4, 3e-8), "brb": (3e-4, 4e-8), "brd": (1e-4, 2e-8),
         "vhd": (3e-4, 1.2e-8), "ring": (4e-4, 1e-8), "auto": (1.2e-4, 1.1e-8)}
@@ -95,7 +95,8 @@ def test_the_kernel_shaper_measures_on_a_fresh_cluster_per_world(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeCluster(monkeypatch)
     monkeypatch.setattr(runner, "check_shaper", lambda shaper: None)  # no root needed here
-    report = run_experiment("seed001-allreduce", Settings(tmp_path, size="smoke",
+    # the quick size: two worlds (the smoke size measures one)
+    report = run_experiment("seed001-allreduce", Settings(tmp_path, size="quick",
                                                           link="bw=1gbit", link_shaper="kernel"))
     assert [c[0] for c in fake.calls] == ["up", "run", "run", "down"] * 2
     assert [c[1:] for c in fake.calls if c[0] == "up"] == [(2, "bw=1gbit"), (4, "bw=1gbit")]
@@ -105,7 +106,8 @@ def test_the_kernel_shaper_measures_on_a_fresh_cluster_per_world(
         assert "--calibration" not in first and "--link" not in first  # tc shapes the link
         cal = second[second.index("--calibration") + 1]
         expected = fit(measurements(_rows(["native", "brb", "brd", "ring", "vhd"],
-                                          (4 * K, 64 * K), world), "fp32"), world, "bw=1gbit")
+                                          (4 * K, 64 * K, M, 16 * M), world), "fp32"), world,
+                           "bw=1gbit")
         assert Calibration.load(cal).thresholds == expected.thresholds
         assert "auto" in second[second.index("--algorithms") + 1]
     rows = read_csv(tmp_path / "allreduce.csv", ar.COLUMNS)
