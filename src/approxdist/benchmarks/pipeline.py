@@ -173,7 +173,7 @@ def torch_step(sched: Any, module: nn.Module, first: bool, last: bool, x: torch.
             sched.step(*args, return_outputs=False)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(torch.stack(losses).mean()) if last else None
+        return float(torch.stack(losses).detach().mean()) if last else None
 
     return step
 
