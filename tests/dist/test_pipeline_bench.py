@@ -20,19 +20,24 @@ KEYS = {"engine", "schedule", "stages", "microbatches", "samples_per_s", "ratio_
 
 
 def test_both_engines_run_the_same_case_and_rows_have_the_json_keys(tmp_path: Path) -> None:
-    cases = [BenchCase("mlp", (16,), 2, m, s, batch_size=8, hidden=16, depth=2)
-             for s, m in (("gpipe", 4), ("1f1b", 2), ("zbh1", 2))]
-    per_rank = run_on_ranks(measure_rank, 2, cases, Timing(rounds=1, steps=1, warmup=1))
+    """Every schedule torch has, ZB-V's two stages per rank included: the same warm-up losses
+    (the forward of step 1, the gradients and SGD step through step 2's)."""
+    cases = [BenchCase("mlp", (16,), 2, m, s, batch_size=8, hidden=16, depth=3)
+             for s, m in (("gpipe", 4), ("1f1b", 2), ("zbh1", 2), ("zbv", 4))]
+    per_rank = run_on_ranks(measure_rank, 2, cases, Timing(rounds=1, steps=1, warmup=2))
     rows = bench_pipeline.summarize(cases, per_rank, steps=1)
-    assert len(rows) == 6 and all(KEYS <= set(r) for r in rows)
+    assert len(rows) == 8 and all(KEYS <= set(r) for r in rows)
     for case, (ours, torch_row) in zip(cases, zip(rows[::2], rows[1::2])):
+        assert len(ours["warmup_losses"]) == 2
+        assert ours["warmup_losses"] == pytest.approx(torch_row["warmup_losses"], rel=1e-5)
+        assert ours["warmup_losses"][1] != ours["warmup_losses"][0]  # the SGD step moved it
         assert (ours["engine"], torch_row["engine"]) == ("approxdist", "torch")
         assert ours["ratio_vs_torch"] == pytest.approx(
             ours["samples_per_s"] / torch_row["samples_per_s"])
         assert torch_row["ratio_vs_torch"] == 1.0 and torch_row["bubble_measured"] is None
         assert torch_row["paired_ratio"] == 1.0 and ours["paired_ratio"] > 0
         assert 0.0 <= ours["bubble_measured"] < 1.0
-        slots = 3 * case.microbatches if case.schedule == "zbh1" else case.microbatches
+        slots = {"zbh1": 3, "zbv": 6}.get(case.schedule, 1) * case.microbatches
         assert ours["bubble_theory"] == pytest.approx(1 / (slots + 1))  # (P-1)/(M+P-1), ZB's
     out = tmp_path / "rows.json"
     out.write_text(json.dumps(rows))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ from approxdist.bench.stats import median
 from approxdist.bench.timing import Timing, interleave, repeat, timed
 from approxdist.benchmarks.pipeline import (
     BenchCase,
+    Step,
     case_data,
     case_model,
     our_step,
@@ -59,7 +59,7 @@ def dp_config(case: BenchCase) -> DPConfig:
 
 
 def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: MeshGroups,
-           row: Group, ctx: DistContext, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+           row: Group, ctx: DistContext, x: torch.Tensor, y: torch.Tensor) -> Step:
     """One rank of torch.distributed.pipelining + DDP on the replicas; row j's share of x, y."""
     from torch.distributed import pipelining
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -70,9 +70,9 @@ def _torch(case: BenchCase, model: nn.Module, plan: Partition, groups: MeshGroup
     mesh = DeviceMesh.from_group(groups.replicas.pg, ctx.device.type)
     replicate(module, mesh=mesh)  # in place: the module's class becomes a ReplicateModule
     pstage = pipelining.PipelineStage(module, stage, case.stages, ctx.device, group=row.pg)
-    sched = torch_schedule(case, pstage)
+    sched = torch_schedule(case, [pstage])
     share = slice(groups.place.replica * case.batch_size, (groups.place.replica + 1) * case.batch_size)
-    return torch_step(sched, module, stage, case.stages, x[share], y[share])
+    return torch_step(sched, module, stage == 0, stage == case.stages - 1, x[share], y[share])
 
 
 def _rows(mesh: Mesh, ctx: DistContext) -> Group:

@@ -3,8 +3,10 @@
 `measure_rank` runs on every rank (through `launch.spawn.run_on_ranks`): for each case it
 builds one model from a seed, cuts it with our partitioner, and gives one copy to our
 executor and one to torch's `PipelineStage` with `ScheduleGPipe` / `Schedule1F1B` /
-`ScheduleInterleavedZeroBubble` on one chunk per rank for ZB-H1 (same blocks, same
-micro-batches, same data, gloo). Cases that differ only in their schedule
+`ScheduleInterleavedZeroBubble` on one chunk per rank for ZB-H1 / `ScheduleZBVZeroBubble`
+on the two chunks of ZB-V's V (same blocks, same micro-batches, same data, gloo). Every
+engine's warm-up losses are kept: torch's must equal ours (`loss_mismatch`), else the two
+train different things and their times do not compare. Cases that differ only in their schedule
 are measured together: every engine of every schedule takes its turn in each round
 (interleaved, alternating order). Each round is `steps` mini-batches plus an optimiser
 step each, between barriers; an asynchronous schedule (pipedream, 2bw; torch has none)
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from approxdist.bench.timing import Timing, interleave, repeat, timed
+from approxdist.bench.timing import Timing, interleave, repeat
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
 from approxdist.config.wire import Wire, WireConfig
@@ -35,14 +37,20 @@ from approxdist.models.bench_inputs import BenchInput
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import PipelineRuntime, build_runtime
 from approxdist.pipeline.schedule import async_schedule_names
+from approxdist.pipeline.schedule.registry import placement_of
 from approxdist.trace.times import StepTimes
 
 #: our schedule -> torch's class running the same order (ZB-H1: torch's zero bubble on one
 #: chunk per rank defers s weight gradients on stage s, as ours does)
 TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                   "zbh1": "ScheduleInterleavedZeroBubble"}
+                   "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
 #: torch's schedules that take a list of stages (several chunks per rank)
-TORCH_MULTI = {"ScheduleInterleavedZeroBubble"}
+TORCH_MULTI = {"ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"}
+#: warm-up losses of torch and ours may differ by this much, relative (fp32 rounding: the
+#: same sums, gradients accumulated in another order)
+LOSS_RTOL = 1e-5
+#: one step of an engine on every rank; its loss on the rank holding the last stage, else None
+Step = Callable[[], float | None]
 
 
 @dataclass(frozen=True)
@@ -105,62 +113,73 @@ def case_data(case: BenchCase) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def our_step(rt: PipelineRuntime, x: torch.Tensor, y: torch.Tensor,
-             sink: list[StepTimes]) -> Callable[[], None]:
+             sink: list[StepTimes]) -> Step:
     """One mini-batch of our runtime plus its optimiser step; each step's times go to `sink`."""
     opt = torch.optim.SGD(rt.module.parameters(), lr=1e-3)
-    first, last = rt.transport.is_first, rt.transport.is_last
+    first, last = rt.executor.is_first, rt.executor.is_last  # zbv: rank 0 is both
     stream = rt.executor.stream
     if stream is not None:
         stream.bind(opt)  # the asynchronous executor steps the optimiser itself
 
-    def step() -> None:
+    def step() -> float | None:
         res = rt.executor.train_step(x if first else None, y if last else None, x.shape[0])
         if stream is None:
             opt.step()
             opt.zero_grad(set_to_none=True)
         sink.append(res.times)
+        return res.loss if last else None
 
     return step
 
 
 def _torch(case: BenchCase, model: nn.Module, plan: Partition, ctx: DistContext,
-           x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+           x: torch.Tensor, y: torch.Tensor) -> Step:
+    """This rank's `PipelineStage`s (ZB-V: the two chunks of its V) under torch's schedule."""
     from torch.distributed import pipelining
 
-    module = stage_module(model, plan, ctx.rank)
-    stage = pipelining.PipelineStage(module, ctx.rank, case.stages, ctx.device)
-    return torch_step(torch_schedule(case, stage), module, ctx.rank, case.stages, x, y)
+    mine = placement_of(case.schedule, case.stages).stages_of(ctx.rank)
+    modules = [stage_module(model, plan, c) for c in mine]
+    stages = [pipelining.PipelineStage(m, c, plan.num_stages, ctx.device)
+              for c, m in zip(mine, modules)]
+    return torch_step(torch_schedule(case, stages), nn.ModuleList(modules), 0 in mine,
+                      plan.num_stages - 1 in mine, x, y)
 
 
-def torch_schedule(case: BenchCase, stage: Any) -> Any:
-    """torch's schedule for `case.schedule` over one `PipelineStage` of this rank."""
+def torch_schedule(case: BenchCase, stages: list[Any]) -> Any:
+    """torch's schedule for `case.schedule` over this rank's `PipelineStage`s (one, or ZB-V's
+    two)."""
     from torch.distributed import pipelining
 
     name = TORCH_SCHEDULES[case.schedule]
-    return getattr(pipelining, name)([stage] if name in TORCH_MULTI else stage,
+    if name not in TORCH_MULTI and len(stages) != 1:
+        raise ValueError(f"torch's {name} takes one stage per rank, got {len(stages)}; "
+                         f"use a schedule of {sorted(TORCH_MULTI)}")
+    return getattr(pipelining, name)(stages if name in TORCH_MULTI else stages[0],
                                      case.microbatches, loss_fn=case.inputs.loss)
 
 
-def torch_step(sched: Any, module: nn.Module, stage: int, stages: int, x: torch.Tensor,
-               y: torch.Tensor) -> Callable[[], None]:
-    """One mini-batch of a torch.distributed.pipelining schedule plus an SGD step."""
+def torch_step(sched: Any, module: nn.Module, first: bool, last: bool, x: torch.Tensor,
+               y: torch.Tensor) -> Step:
+    """One mini-batch of a torch.distributed.pipelining schedule plus an SGD step; `first`
+    and `last`: this rank holds the first / last stage (ZB-V's rank 0 both)."""
     opt = torch.optim.SGD(module.parameters(), lr=1e-3)
 
-    def step() -> None:
-        if stage == 0:
-            sched.step(x, return_outputs=False)
-        elif stage == stages - 1:
-            sched.step(target=y, losses=[], return_outputs=False)
+    def step() -> float | None:
+        losses: list[torch.Tensor] = []
+        args = (x,) if first else ()
+        if last:
+            sched.step(*args, target=y, losses=losses, return_outputs=False)
         else:
-            sched.step(return_outputs=False)
+            sched.step(*args, return_outputs=False)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return float(torch.stack(losses).detach().mean()) if last else None
 
     return step
 
 
 def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module,
-             sink: list[StepTimes]) -> tuple[PipelineRuntime, dict[str, Callable[[], None]]]:
+             sink: list[StepTimes]) -> tuple[PipelineRuntime, dict[str, Step]]:
     """Our runtime and the steps of both engines for `case` (torch's where it has the
     schedule); an asynchronous schedule streams `timing.steps` mini-batches per round."""
     x, y = case_data(case)
@@ -177,17 +196,21 @@ def _engines(ctx: DistContext, case: BenchCase, timing: Timing, model: nn.Module
 
 def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> list[dict[str, Any]]:
     """Every case's engines interleaved in the same rounds (cases that differ only in their
-    schedule): round times per engine and our measured bubble, per case."""
+    schedule): round times and warm-up losses per engine and our measured bubble, per case."""
     model = case_model(cases[0])
     sinks: list[list[StepTimes]] = [[] for _ in cases]
-    runtimes, steps = [], {}
+    runtimes: list[PipelineRuntime] = []
+    steps: dict[str, Step] = {}
     for i, case in enumerate(cases):
         rt, engines = _engines(ctx, case, timing, model, sinks[i])
         runtimes.append(rt)
         steps.update({f"{i}:{name}": step for name, step in engines.items()})
+    losses: dict[str, list[float | None]] = {}
     for key, step in steps.items():  # warm-up; an asynchronous schedule: a whole stream
         streams = cases[int(key.split(":")[0])].schedule in async_schedule_names()
-        timed(repeat(step, timing.steps if streams else timing.warmup), dist.barrier)
+        dist.barrier()
+        losses[key] = [step() for _ in range(timing.steps if streams else timing.warmup)]
+        dist.barrier()
     for sink in sinks:
         sink.clear()
     rounds = interleave({key: repeat(step, timing.steps) for key, step in steps.items()},
@@ -202,8 +225,33 @@ def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> l
         mine = f"{i}:"
         out.append({"rounds": {key[len(mine):]: ts for key, ts in rounds.items()
                                if key.startswith(mine)},
+                    "losses": {key[len(mine):]: ls for key, ls in losses.items()
+                               if key.startswith(mine)},
                     "bubble": total.bubble})
     return out
+
+
+def last_losses(results: list[dict[str, Any]], engine: str) -> list[float] | None:
+    """`engine`'s warm-up losses from the rank that holds the last stage (every rank's result)."""
+    for res in results:
+        ls = res.get("losses", {}).get(engine)
+        if ls and ls[0] is not None:
+            return list(ls)
+    return None
+
+
+def loss_mismatch(case: BenchCase, results: list[dict[str, Any]]) -> str | None:
+    """Why torch's times do not compare with ours on `case`: a warm-up loss differs beyond
+    fp32 rounding (`LOSS_RTOL`); None: they agree, or torch has no such schedule."""
+    ours, theirs = last_losses(results, "approxdist"), last_losses(results, "torch")
+    for i, (a, b) in enumerate(zip(ours or [], theirs or [])):
+        if abs(a - b) > LOSS_RTOL * max(1.0, abs(b)):
+            return (f"bench pipeline: {case.schedule} at {case.microbatches} micro-batches: "
+                    f"warm-up step {i + 1}'s loss differs, torch {b:.7g}, approxdist {a:.7g} "
+                    f"(beyond fp32 rounding, {LOSS_RTOL:g} relative), so the two do not train "
+                    f"the same model and their times would not compare; torch's stages must "
+                    f"hold the same chunks as ours and scale gradients as ours does")
+    return None
 
 
 def measure_case(ctx: DistContext, case: BenchCase, timing: Timing) -> dict[str, Any]:

@@ -5,9 +5,11 @@
 
 Both engines run the same model, cut at the same blocks, with the same schedule
 (GPipe = ScheduleGPipe, 1F1B = Schedule1F1B, ZB-H1 = ScheduleInterleavedZeroBubble on one
-chunk per rank; ZB-H2 is ours only), micro-batches and data, on P local gloo
+chunk per rank, ZB-V = ScheduleZBVZeroBubble on the two chunks of each rank's V; ZB-H2
+is ours only), micro-batches and data, on P local gloo
 ranks started by `run_on_ranks`, one torch thread each; every schedule's engines take
-turns in each round (method: `approxdist.benchmarks.pipeline`). The table gives the
+turns in each round (method: `approxdist.benchmarks.pipeline`); torch's warm-up losses
+must equal ours, or the run stops before its table. The table gives the
 median samples/s, the ratio to torch, the ratio to our 1F1B-flush (`--schedule
 1f1b,2bw,pipedream`: the asynchronous schedules, which torch does not have, each round
 one stream of `--steps` mini-batches) and our measured bubble next to theory. `--link`
@@ -28,7 +30,8 @@ from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing
-from approxdist.benchmarks.pipeline import BenchCase, measure_rank
+from approxdist.benchmarks.pipeline import BenchCase, last_losses, loss_mismatch, measure_rank
+from approxdist.benchmarks.tp import BaselineMismatch
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -37,7 +40,7 @@ from approxdist.models.gpt import SIZES as GPT_SIZES
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.grid import split_bubble, theoretical_bubble
-from approxdist.pipeline.schedule.registry import build_schedule
+from approxdist.pipeline.schedule.registry import build_schedule, num_chunks
 from approxdist.text import comma_list
 from approxdist.train.parts import check_pipeline
 
@@ -64,9 +67,10 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     p.add_argument("--microbatches", default=microbatches,
                    help="comma list, per pipeline row (default %(default)s)")
     p.add_argument("--schedule", default="gpipe,1f1b",
-                   help="comma list of gpipe, 1f1b, the zero-bubble zbh1, zbh2 (split "
-                        "backward) and the asynchronous 2bw, pipedream, pipedream-vsync (ours "
-                        "only; one stream of --steps mini-batches per round)")
+                   help="comma list of gpipe, 1f1b, the zero-bubble zbh1, zbh2, zbv (split "
+                        "backward; zbv: two chunks per rank in a V) and the asynchronous "
+                        "2bw, pipedream, pipedream-vsync (ours only; one stream of --steps "
+                        "mini-batches per round)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="mini-batch per pipeline row (default 64)")
     p.add_argument("--split", default="", help="explicit cut, e.g. 4 (default: by parameters)")
@@ -121,9 +125,14 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
     that drifts during the run does not bias; torch has no asynchronous schedules, so their
     rows have neither. `vs_1f1b` is the same paired ratio against our 1F1B-flush when the
     run measured it with the same micro-batches (the schedules of a run are interleaved).
+    `warmup_losses`: the engine's losses of its warm-up steps (`BaselineMismatch` if torch's
+    differ from ours: the two would not train the same model).
     """
     rows = []
     for i, case in enumerate(cases):
+        mismatch = loss_mismatch(case, [r[i] for r in per_rank])
+        if mismatch is not None:
+            raise BaselineMismatch(mismatch)
         rounds = per_rank[0][i]["rounds"]
         flush = _ours_1f1b(cases, per_rank, case)
         samples = steps * case.batch_size * case.replicas
@@ -144,6 +153,7 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
                                      if flush is not None and engine == "approxdist" else None),
                          "bubble_measured": bubble if engine == "approxdist" else None,
                          "bubble_theory": _bubble_theory(case, steps),
+                         "warmup_losses": last_losses([r[i] for r in per_rank], engine),
                          **(extra(case, [r[i] for r in per_rank])
                             if extra is not None and engine == "approxdist" else {})})
     return rows
@@ -160,11 +170,13 @@ def _ours_1f1b(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
 
 def _bubble_theory(case: BenchCase, steps: int) -> float:
     """(P-1)/(M+P-1) for a flushed schedule; over a stream of `steps` mini-batches
-    (P-1)/(steps*M+P-1) for an asynchronous one; (P-1)/(3M+P-1) for a split backward."""
+    (P-1)/(steps*M+P-1) for an asynchronous one; (P-1)/(3cM+P-1) for a split backward on
+    c chunks per rank (zbv: 2)."""
     streamed = case.schedule in async_schedule_names()
     if not streamed and is_split(build_schedule(case.schedule, case.stages,
                                                 case.microbatches)[0]):
-        return split_bubble(case.stages, case.microbatches)
+        chunks = num_chunks(case.schedule, case.stages) // case.stages
+        return split_bubble(case.stages, case.microbatches, chunks)
     return theoretical_bubble(case.stages, case.microbatches * (steps if streamed else 1))
 
 

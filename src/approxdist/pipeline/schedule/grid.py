@@ -67,10 +67,11 @@ def peak_in_flight(order: Order) -> dict[int, int]:
     return peaks
 
 
-def split_bubble(num_stages: int, num_microbatches: int) -> float:
-    """(P-1)/(3M+P-1): idle share of a zero-bubble schedule's step when F, I and W take equal
-    time (the pipeline's fill and drain, Qi et al. 2024); 1F1B's stays (P-1)/(M+P-1)."""
-    return (num_stages - 1) / (3 * num_microbatches + num_stages - 1)
+def split_bubble(num_stages: int, num_microbatches: int, chunks: int = 1) -> float:
+    """(P-1)/(3cM+P-1): idle share of a zero-bubble schedule's step on c chunks per rank when
+    F, I and W of a chunk take equal time (the pipeline's fill and drain, Qi et al. 2024; ZB-V:
+    c = 2); 1F1B's stays (P-1)/(M+P-1)."""
+    return (num_stages - 1) / (3 * chunks * num_microbatches + num_stages - 1)
 
 
 def idle_within(timeline: Timeline) -> dict[int, float]:
@@ -103,7 +104,7 @@ def summary(order: Order, num_stages: int, num_microbatches: int,
     theory = (f"(P-1)/(3M+P-1) = {p - 1}/{3 * m + p - 1} = {split_bubble(p, m):.3f} (1F1B: "
               f"{theoretical_bubble(p, m):.3f})" if ranks == p else
               f"(P-1)/(6M+P-1) with two chunks per rank = {ranks - 1}/{6 * m + ranks - 1} = "
-              f"{(ranks - 1) / (6 * m + ranks - 1):.3f} (1F1B: "
+              f"{split_bubble(ranks, m, 2):.3f} (1F1B: "
               f"{theoretical_bubble(ranks, m):.3f})")
     return "\n".join([
         f"bubble fraction: theory {theory}; simulated (F = I = W = 1 step per chunk) = "
