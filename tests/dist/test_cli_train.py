@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from approxdist.cli.main import main
 from approxdist.train.metrics import read_jsonl
 from tests.helpers.tensorboard import epoch_figures, read_events
+from tests.helpers.waiting import alive, wait_for_file, wait_until
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
@@ -157,29 +157,14 @@ def test_tensorboard_into_a_folder_that_cannot_be_made_is_one_line_exit_2(
     assert not (tmp_path / "run").exists()  # before any worker started
 
 
-def _wait_for(path: Path, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not path.is_file():
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_killed_worker_ends_the_run(tmp_path: Path) -> None:
     out = tmp_path / "fault"
     proc = subprocess.Popen([sys.executable, "-m", "approxdist", "train", "--epochs", "500",
                              "--out", str(out), *FAST], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(out / "workers" / "rank1.json", 60)
-        _wait_for(out / "checkpoint.pt", 60)  # mid-run: at least one epoch done
+        wait_for_file(out / "workers" / "rank1.json", 60, proc)
+        wait_for_file(out / "checkpoint.pt", 60, proc)  # mid-run: at least one epoch done
         pids = {r: json.loads((out / "workers" / f"rank{r}.json").read_text())["pid"] for r in (0, 1)}
         os.kill(pids[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
@@ -188,10 +173,7 @@ def test_killed_worker_ends_the_run(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode != 0
     assert "rank 1 (stage 0, replica 1) failed" in err and "SIGKILL" in err, err
-    end = time.monotonic() + 10
-    while _alive(pids[0]) and time.monotonic() < end:
-        time.sleep(0.2)
-    assert not _alive(pids[0]), "rank 0 was left running"
+    wait_until(lambda: not alive(pids[0]), "rank 0 was left running", 30)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")

@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
+from tests.helpers.waiting import wait_for_file
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
@@ -88,13 +88,6 @@ def test_a_persistent_straggler_applies_to_data_parallelism(tmp_path: Path) -> N
     assert 'stragglers = [\n    "1:1ms",\n]' in cfg or 'stragglers = ["1:1ms"]' in cfg
 
 
-def _wait_for(path: Path, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not path.is_file():
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.2)
-
-
 @pytest.mark.parametrize(("mode", "victim", "name"), [
     ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)"),
     ("backup:1", 2, "worker 1 (rank 2)")])
@@ -106,8 +99,8 @@ def test_a_killed_rank_ends_the_run_naming_it(tmp_path: Path, mode: str, victim:
                              "--out", str(out), *FAST], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(out / "workers" / f"rank{victim}.json", 60)
-        _wait_for(out / "checkpoint.pt", 60)
+        wait_for_file(out / "workers" / f"rank{victim}.json", 60, proc)
+        wait_for_file(out / "checkpoint.pt", 60, proc)
         pid = json.loads((out / "workers" / f"rank{victim}.json").read_text())["pid"]
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=90)

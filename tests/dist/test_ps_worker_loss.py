@@ -9,22 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
+from tests.helpers.waiting import wait_for_file
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
-
-
-def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not path.is_file():
-        assert proc.poll() is None, f"the run ended before {path} appeared"
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.1)
 
 
 def _kill_during_run(out: Path, victim: int, *args: str) -> tuple[int, str]:
@@ -34,7 +26,7 @@ def _kill_during_run(out: Path, victim: int, *args: str) -> tuple[int, str]:
                              "--out", str(out), "--straggler", f"{victim}:20ms", *args, *FAST],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(out / "checkpoint.pt", proc, 120)
+        wait_for_file(out / "checkpoint.pt", 120, proc)
         pid = json.loads((out / "workers" / f"rank{victim}.json").read_text())["pid"]
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)

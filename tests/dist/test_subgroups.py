@@ -183,9 +183,19 @@ def _every_case(ctx: DistContext) -> dict[str, Any]:
         assert solo[1] is not None
         out["own job"] = _alone(ctx, solo[1], 98)
     groups = make_groups(Mesh.stages(2, 2), ctx)
+    lanes = [made["three"], made["three"].fork()] if made["three"] is not None else []
+    lanes += [groups.replicas, groups.pipeline.fork() if groups.pipeline else None]
+    out["timeouts"] = [_timeout_s(g) for g in lanes]
     out["grid"] = {"replicas": groups.replicas.ranks, "row": groups.pipeline.ranks
                    if groups.pipeline else None, "place": (groups.place.stage, groups.place.replica)}
     return out
+
+
+def _timeout_s(group: Group | None) -> float | None:
+    """The collective timeout of `group`'s lane (torch keeps it in the backend's options)."""
+    if group is None:
+        return None
+    return group.pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +267,18 @@ def test_make_groups_hands_each_rank_its_replicas_and_row(four_ranks: list[dict[
     assert [g["place"] for g in grid] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [g["replicas"] for g in grid] == [(0, 1), (0, 1), (2, 3), (2, 3)]
     assert [g["row"] for g in grid] == [(0, 1, 2, 3)] * 4  # the pipeline group, stage-major
+
+
+def test_sub_groups_and_forked_lanes_take_the_jobs_timeout(four_ranks: list[dict[str, Any]]
+                                                           ) -> None:
+    """A sub-group, a lane forked from it, a mesh's replica group and a new lane of the
+    world all wait as long as the job's own collective timeout (the spawn's 30 s), not
+    torch's 30-minute default for a new group: a peer that vanishes without a reset is
+    reported after the job's timeout."""
+    for rank, r in enumerate(four_ranks):
+        expected = [30.0] * len(r["timeouts"])
+        assert r["timeouts"] == expected, (rank, r["timeouts"])
+    assert len(four_ranks[1]["timeouts"]) == 4  # rank 1 is in the group of three
 
 
 def _dies_in_subgroup(ctx: DistContext) -> None:

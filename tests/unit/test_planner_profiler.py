@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -78,48 +77,69 @@ def test_each_timed_pass_starts_without_gradients_or_adds_into_them() -> None:
     assert torch.allclose(seq[0].weight.grad, 2 * once.weight.grad)
 
 
+class _LogicalClock:
+    """The profiler's clock in these tests: it moves only when a block says it works
+    (`advance`), so each block's share is exact whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _LogicalClock:
+        return self  # the profiler times a deep copy of the model: one clock for both
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class _Slow(torch.autograd.Function):
-    """Identity whose forward / backward sleep (the backward only while `owner` already
-    holds a gradient, when `only_accumulating`)."""
+    """Identity whose forward / backward advance `clock` (the backward only while `owner`
+    already holds a gradient, when `only_accumulating`)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, owner: nn.Module, fwd_s: float, bwd_s: float,
-                only_accumulating: bool) -> torch.Tensor:
-        ctx.owner, ctx.bwd_s, ctx.only = owner, bwd_s, only_accumulating
-        time.sleep(fwd_s)
+    def forward(ctx: Any, x: torch.Tensor, owner: nn.Module, clock: _LogicalClock,
+                fwd_s: float, bwd_s: float, only_accumulating: bool) -> torch.Tensor:
+        ctx.owner, ctx.clock, ctx.bwd_s, ctx.only = owner, clock, bwd_s, only_accumulating
+        clock.advance(fwd_s)
         return x.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         if not ctx.only or ctx.owner.weight.grad is not None:
-            time.sleep(ctx.bwd_s)
-        return grad, None, None, None, None
+            ctx.clock.advance(ctx.bwd_s)
+        return grad, None, None, None, None, None
 
 
 class _SlowLinear(nn.Linear):
-    def __init__(self, fwd_s: float = 0.0, bwd_s: float = 0.0,
+    def __init__(self, clock: _LogicalClock, fwd_s: float = 0.0, bwd_s: float = 0.0,
                  only_accumulating: bool = False) -> None:
         super().__init__(4, 4)
-        self.times = (fwd_s, bwd_s, only_accumulating)
+        self.clock, self.times = clock, (fwd_s, bwd_s, only_accumulating)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Slow.apply(super().forward(x), self, *self.times)
+        return _Slow.apply(super().forward(x), self, self.clock, *self.times)
 
 
-def test_blocks_are_timed_in_context_each_with_its_own_share() -> None:
+def test_blocks_are_timed_in_context_each_with_its_own_share(monkeypatch) -> None:
     """The clock marks at the blocks' boundaries give each block what it did: a block
-    that sleeps in its forward, one that sleeps in its backward and one that sleeps only
+    that works in its forward, one that works in its backward and one that works only
     when accumulating are told apart (the backward of block i runs from its output's
-    gradient to its input's, which the hooks mark)."""
-    from approxdist.pipeline.profiler import measure_blocks
+    gradient to its input's, which the hooks mark). The clock is logical and moves by
+    powers of two, so every share is exact."""
+    from approxdist.pipeline import profiler
 
-    model = nn.Sequential(_SlowLinear(fwd_s=0.03), _SlowLinear(bwd_s=0.03), nn.Tanh(),
-                          _SlowLinear(bwd_s=0.03, only_accumulating=True), _SlowLinear())
-    blocks = measure_blocks(model, torch.randn(2, 4), repeat=3, warmup=0)  # medians of 3
-    fwd, bwd, acc = ([getattr(b, k) for b in blocks] for k in ("fwd_s", "bwd_s", "acc_s"))
-    assert fwd.index(max(fwd)) == 0 and fwd[0] >= 0.03
-    assert bwd.index(max(bwd)) == 1 and bwd[1] >= 0.03
-    assert acc.index(max(acc)) == 3 and acc[3] >= 0.03 > bwd[3]
+    clock = _LogicalClock()
+    monkeypatch.setattr(profiler, "time", clock)
+    t = 2.0 ** -5
+    model = nn.Sequential(_SlowLinear(clock, fwd_s=t), _SlowLinear(clock, bwd_s=t), nn.Tanh(),
+                          _SlowLinear(clock, bwd_s=t, only_accumulating=True),
+                          _SlowLinear(clock))
+    blocks = profiler.measure_blocks(model, torch.randn(2, 4), repeat=3, warmup=0)
+    assert [b.fwd_s for b in blocks] == [t, 0, 0, 0, 0]
+    assert [b.bwd_s for b in blocks] == [0, t, 0, 0, 0]
+    assert [b.acc_s for b in blocks] == [0, 0, 0, t, 0]
 
 
 def test_a_block_no_gradient_reaches_has_no_backward() -> None:

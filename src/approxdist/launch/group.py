@@ -24,6 +24,7 @@ members in sorted order whatever order they were given in; `Group` keeps that ma
 from __future__ import annotations
 
 import collections
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,7 +57,10 @@ class Group:
 
     def __init__(self, ranks: Sequence[int], me: int, pg: Any = None, *, name: str = "world",
                  backend_ranks: Sequence[int] | None = None,
-                 spares: collections.deque[Any] | None = None) -> None:
+                 spares: collections.deque[Any] | None = None,
+                 timeout_s: float | None = None) -> None:
+        """`timeout_s`: the collective timeout of the lanes `fork()` makes (None: torch's
+        default); a new lane must not wait longer on a lost peer than the job's own."""
         self.ranks = tuple(int(r) for r in ranks)
         if me not in self.ranks:
             raise CommError(f"rank {me} is not a member of {name} (ranks {list(self.ranks)})")
@@ -67,6 +71,7 @@ class Group:
         #: lanes over the same members not in use, shared by every fork of this group
         self._spares: collections.deque[Any] = spares if spares is not None else collections.deque()
         self._forked = False
+        self._lane_timeout_s = timeout_s
 
     # -- who is who -------------------------------------------------------------------
     @property
@@ -130,17 +135,18 @@ class Group:
         label = name or self.name
         if not self.distributed:
             return Group(self.ranks, self.me, self._pg, name=label, backend_ranks=self._backend,
-                         spares=self._spares)
+                         spares=self._spares, timeout_s=self._lane_timeout_s)
         if self._spares:
             pg = self._spares.popleft()
         elif sorted(self.ranks) == list(range(dist.get_world_size())):
-            pg = dist.new_group(list(self.ranks))  # every rank is a member and forks with us
+            # every rank is a member and forks with us
+            pg = dist.new_group(list(self.ranks), timeout=_timeout(self._lane_timeout_s))
         else:
             raise CommError(f"{self.describe()} has no spare lane left; create it with more "
                             f"(new_group(ctx, ranks, lanes=N) gives N - 1 to fork; DataParallel "
                             f"with T communication threads forks T + 1)")
         forked = Group(self.ranks, self.me, pg, name=label, backend_ranks=self._backend,
-                       spares=self._spares)
+                       spares=self._spares, timeout_s=self._lane_timeout_s)
         forked._forked = True
         return forked
 
@@ -190,7 +196,7 @@ def _backend_ranks(pg: Any, ranks: Sequence[int]) -> tuple[int, ...]:
 
 def world_group(ctx: DistContext) -> Group:
     """Every rank of the job, in rank order, on torch.distributed's default lane."""
-    return Group(range(ctx.world_size), ctx.rank, name="world")
+    return Group(range(ctx.world_size), ctx.rank, name="world", timeout_s=ctx.timeout_s)
 
 
 def new_group(ctx: DistContext, ranks: Sequence[int], name: str = "group",
@@ -206,8 +212,14 @@ def new_group(ctx: DistContext, ranks: Sequence[int], name: str = "group",
         raise ConfigError(f"{name}: lanes = {lanes} must be >= 1")
     if not (ctx.distributed and dist.is_initialized()):
         return Group(members, ctx.rank, name=name) if ctx.rank in members else None
-    pgs = [dist.new_group(sorted(members)) for _ in range(lanes)]
+    # torch gives a new group its default timeout (30 min), not the world's: pass the job's
+    pgs = [dist.new_group(sorted(members), timeout=_timeout(ctx.timeout_s)) for _ in range(lanes)]
     if ctx.rank not in members:
         return None
     return Group(members, ctx.rank, pgs[0], name=name,
-                 backend_ranks=_backend_ranks(pgs[0], members), spares=collections.deque(pgs[1:]))
+                 backend_ranks=_backend_ranks(pgs[0], members), spares=collections.deque(pgs[1:]),
+                 timeout_s=ctx.timeout_s)
+
+
+def _timeout(seconds: float | None) -> datetime.timedelta | None:
+    return None if seconds is None else datetime.timedelta(seconds=seconds)

@@ -91,7 +91,8 @@ def make_groups(mesh: Mesh, ctx: DistContext, spans: Sequence[Span] | None = Non
                 continue
             name = _name(mesh, mesh.place(ranks[0]), span)
             if ranks == world.ranks:
-                group: Group | None = Group(world.ranks, ctx.rank, name=name)
+                group: Group | None = Group(world.ranks, ctx.rank, name=name,
+                                            timeout_s=ctx.timeout_s)
             else:
                 group = new_group(ctx, ranks, name, (lanes or {}).get(span, 1))
             if group is not None:
