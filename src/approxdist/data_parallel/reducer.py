@@ -50,6 +50,7 @@ class BucketState:
         self.solo = len(self.params) == 1 and self.params[0].dtype == torch.float32
         #: the bucket's one parameter's compressor (which keeps its own residual), or None
         self.compressor = _compressor(plan, self.params, device, worker)
+        self._worker = worker
         self.residuals = ErrorFeedback(list(zip(plan.names, plan.offsets, plan.numels)),
                                        plan.numel, device) \
             if error_feedback and self.compressor is None else None
@@ -82,6 +83,10 @@ class BucketState:
         elif grad.data_ptr() != view.data_ptr():
             view.copy_(grad)
         return view
+
+    def fresh_compressor(self) -> None:
+        """The bucket's compressor rebuilt with its first state (a restore that holds none)."""
+        self.compressor = _compressor(self.plan, self.params, self._own.device, self._worker)
 
     def wait(self) -> None:
         """Block until this bucket's reduction (and its update) finished; re-raise its error."""
@@ -178,7 +183,8 @@ class Reducer:
             if b.compressor is not None:  # a whole bucket of one parameter
                 gather = thread.gatherer(GATHERS[thread.algorithm]) \
                     if b.compressor.collective == "all-gather" else None
-                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), gather, self.op)
+                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), gather, self.op,
+                                  b.probe)
             else:
                 reducer = thread.reducer(b.plan.codec)
                 x = b.flat[start:stop]
