@@ -91,7 +91,9 @@ def _bucket(codec: str, ef: bool = True) -> BucketState:
 def test_a_compressors_state_is_parked_across_a_switch_and_a_restore_leaves_no_trace() -> None:
     topk = _bucket("topk:0.1")
     assert topk.compressor is not None
+    assert collect([topk], Parked())["compressors"] == {}  # unused: its first state, no state
     lockstep([topk.compressor], [_grads(0)[0]])  # a residual now
+    topk.compressor_used = True  # as the reducer marks it
     kept = topk.compressor.state_dict()["residual"]
     assert kept.abs().sum() > 0
     codec = _bucket("fp8-e5m2")  # switch: the residual parked, the codec's own comes back
@@ -106,6 +108,7 @@ def test_a_compressors_state_is_parked_across_a_switch_and_a_restore_leaves_no_t
     assert torch.equal(again.residuals["w"], torch.ones(120)) and not again.compressors
     # a state from before top-k ever ran (a snapshot) puts the compressor back to new
     lockstep([back.compressor], [_grads(1)[0]])  # type: ignore[list-item]
+    back.compressor_used = True
     gone = spread([back], {"residuals": {}, "compressors": {}})
     assert not back.compressor.state["residual"].any() and not gone.residuals  # type: ignore[union-attr]
     # a checkpoint of the older form (compressors by parameter) loads into the current one

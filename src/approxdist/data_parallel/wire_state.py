@@ -8,7 +8,9 @@ dropped, and comes back when the wire does: top-k's residual survives a phase in
 One dict holds all of it, active and parked alike, so a snapshot (`train/snapshot.py`)
 or a checkpoint carries everything, and loading it puts every piece back where the
 current buckets use it; an active piece it does not hold starts fresh (a compressor
-rebuilt, a residual zero), so restoring a snapshot leaves no trace of what ran since:
+rebuilt, a residual zero), so restoring a snapshot leaves no trace of what ran since. A
+compressor that has not run since it was built holds its first state, which is no state:
+it is left out, so a switch to it and back leaves the state as it was:
 
     {"residuals": {name: tensor}, "compressors": {spec: {name: {key: tensor}}}}
 
@@ -46,7 +48,7 @@ def collect(buckets: Sequence[BucketState], parked: Parked) -> dict[str, Any]:
     for b in buckets:
         if b.residuals is not None:
             residuals.update(b.residuals.state_dict())
-        if b.compressor is not None:
+        if b.compressor is not None and b.compressor_used:
             comps.setdefault(b.compressor.spec, {})[b.plan.names[0]] = b.compressor.state_dict()
     return {"residuals": residuals, "compressors": comps}
 
@@ -67,6 +69,7 @@ def spread(buckets: Sequence[BucketState], state: Mapping[str, Any]) -> Parked:
                 b.fresh_compressor()
             else:
                 b.compressor.load_state_dict(saved)
+                b.compressor_used = True
     return Parked(residuals, {spec: states for spec, states in comps.items() if states})
 
 
