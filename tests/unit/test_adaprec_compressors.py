@@ -11,7 +11,9 @@ from torch import nn
 
 from approxdist.adaptive.candidates import check_candidate_shapes, check_candidates, codec_bits
 from approxdist.comm.compressors import DEFAULT_COMPRESSORS, Compressor, Where, get_compressor
+from approxdist.comm.update_error import UpdateError
 from approxdist.data_parallel.buckets import BucketPlan
+from approxdist.data_parallel.compressed import reduce_compressed
 from approxdist.data_parallel.reducer import BucketState
 from approxdist.data_parallel.wire_state import Parked, collect, spread
 from approxdist.errors import ConfigError
@@ -114,3 +116,29 @@ def test_a_compressors_state_is_parked_across_a_switch_and_a_restore_leaves_no_t
     # a checkpoint of the older form (compressors by parameter) loads into the current one
     spread([back], {"residuals": {}, "compressors": {"w": {"residual": kept}}})
     assert torch.equal(back.compressor.state["residual"], kept)  # type: ignore[union-attr]
+
+
+class _Alone:
+    """The collectives of a group of one: a sum is the message, a gather its bytes."""
+
+    world_size = 1
+
+    def __call__(self, message: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return message
+
+
+@pytest.mark.parametrize("spec", DEFAULT_COMPRESSORS)
+def test_the_reducer_probe_sees_each_compressors_share(spec: str) -> None:
+    probe = UpdateError([("w", 0, 120)], 120, torch.device("cpu"))
+    comp, twin = (get_compressor(spec, Where(SHAPE, "w", seed=3)) for _ in range(2))
+    want_e, want_g = torch.zeros(120, dtype=torch.float64), torch.zeros(120, dtype=torch.float64)
+    for step in range(3):
+        g = _grads(step)[0]
+        share = torch.empty(120)
+        lockstep([twin], [g.clone()], shares=[share])
+        reduce_compressed(comp, g.clone(), _Alone(), _Alone(), "mean", probe)  # type: ignore[arg-type]
+        want_e += share.double() - g.view(-1).double()
+        want_g += g.view(-1).double()
+    e, s, n = probe.sums()["w"]
+    assert n == 120 and s == pytest.approx(float(want_g.square().sum()))
+    assert e == pytest.approx(float(want_e.square().sum())) and e > 0, spec

@@ -44,14 +44,14 @@ def reduce_compressed(comp: Compressor, x: torch.Tensor, allreduce: AllReduce,
     sent = torch.empty(comp.numel, device=comp.device) if probe is not None else None
     exchange = comp.exchange(x, world, x if in_place else None, sent)  # the result into x
     message = next(exchange)
-    if probe is not None and exact is not None:
-        probe.observe(0, exact, sent)
     while True:
         try:
             message = exchange.send(_combine(message, allreduce, gather))
         except StopIteration as stop:
             out: torch.Tensor = stop.value
             break
+    if probe is not None and exact is not None:  # `sent` is written once the last message went
+        probe.observe(0, exact, sent)
     if not in_place:
         x.copy_(out.view(x.shape))
     if op == "sum":

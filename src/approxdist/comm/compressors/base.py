@@ -74,7 +74,7 @@ class Compressor(ABC):
         fp32 tensor of `numel` values on the compressor's device, written once every message
         is sent, so it may be `grad` itself) viewed as `grad`'s shape, or a new tensor.
         `sent` (flat fp32, `numel`; AdaPrec's measurement, `comm.update_error`): where given,
-        this worker's contribution is written there before its first message goes: the
+        this worker's contribution is written there before its last message goes: the
         values whose mean over the workers is the result (a vote's are its signs), error
         feedback's old residual included (top-k, sign+ef, random-k: gradient plus old
         residual minus new residual, as `comm.error_feedback` counts a codec's)."""
