@@ -1,8 +1,12 @@
 """AdaPrec on 2 ranks: snapshot/restore is exact, the controller never corrupts training.
 
 * a run that snapshots mid-epoch, speculates k steps in another codec, restores and goes
-  on equals, bit for bit, a run that never speculated (fp32; and a lossy codec with
-  error-feedback residuals), on every rank — weights and optimiser state;
+  on equals, bit for bit, a run that never speculated (fp32; a lossy codec with
+  error-feedback residuals, speculating in top-k, whose phase parks the residuals; top-k,
+  speculating in QSGD: the compressor's residual survives the undone speculation), on
+  every rank — weights, optimiser state, residuals and compressor states;
+* `adaprec:fp32,signsgd` (a compressor candidate, fp32's steps slowed as below) keeps fp32
+  at every boundary, decided by signSGD's measured error, and equals plain fp32;
 * `--codec adaprec:fp32,<poison>` (digits, mlp) with DEFAULT settings and fp32's steps
   made slow on purpose (`--straggler 0:60ms@fp32`), so that speed alone would pick the
   poison: its measured error on the update keeps it out at every boundary (`damaging`,
@@ -41,6 +45,8 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "dp": {"bucket_mb": 0.002},
 }
 POISON = "bits:s0e8m7"  # the sign dropped: every gradient value turns positive
+#: a compressor candidate: 1 bit a value, the gradient's signs where its values are small
+COMPRESSOR = "signsgd"
 
 
 def _sections(**grad: Any) -> dict[str, dict[str, Any]]:
@@ -55,13 +61,19 @@ def _state(trainer: Any) -> dict[str, torch.Tensor]:
     out = {f"model.{k}": v.clone() for k, v in engine.module.state_dict().items()}
     for i, st in engine.optimizer.state_dict()["state"].items():
         out[f"momentum.{i}"] = st["momentum_buffer"].clone()
-    for k, v in engine.sync.get_extra_state()["residuals"].items():
+    extra = engine.sync.get_extra_state()
+    for k, v in extra["residuals"].items():
         out[f"residual.{k}"] = v.clone()
+    for spec, states in extra["compressors"].items():
+        for name, state in states.items():
+            for key, v in state.items():
+                out[f"{spec}.{name}.{key}"] = v.clone()
     return out
 
 
-def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int) -> dict[str, Any]:
-    """Train; before step `at` snapshot, train 4 steps in table1, restore and go on."""
+def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int,
+                 other: str = "table1") -> dict[str, Any]:
+    """Train; before step `at` snapshot, train 4 steps in `other`, restore and go on."""
     trainer = build_trainer(build_config(_sections(**dp)), ctx, root, False)
     engine = trainer.engine
     assert isinstance(engine, DataParallelEngine)
@@ -72,7 +84,7 @@ def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int) -> d
             return
         snap = RunSnapshot.take(engine, pos)
         before = {k: v.clone() for k, v in engine.module.state_dict().items()}
-        engine.set_wire("grad", "table1")
+        engine.set_wire("grad", other)
         trainer.train_steps(pos, 4)
         moved.append(any(not torch.equal(v, before[k])
                          for k, v in engine.module.state_dict().items()))
@@ -86,12 +98,13 @@ def _speculating(ctx: DistContext, root: Path, dp: dict[str, Any], at: int) -> d
 
 def _exactness(ctx: DistContext, root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, dp in (("fp32", {"codec": "fp32"}),
-                     ("ef", {"codec": "bits:s1e8m3", "error_feedback": True})):
+    ef = {"codec": "bits:s1e8m3", "error_feedback": True}
+    for name, dp, other in (("fp32", {"codec": "fp32"}, "table1"), ("ef", ef, "topk:0.1"),
+                            ("topk", {"codec": "topk:0.1"}, "qsgd:7")):
         plain = build_trainer(build_config(_sections(**dp)), ctx, Path(root) / f"{name}-p", False)
         plain.run()
         # step 4 of 6 per epoch is mid-epoch; 4 steps run into the next epoch
-        spec = _speculating(ctx, Path(root) / f"{name}-s", dp, at=4)
+        spec = _speculating(ctx, Path(root) / f"{name}-s", dp, at=4, other=other)
         out[name] = {"plain": _state(plain), **spec}
     return out
 
@@ -135,7 +148,8 @@ def _adaprec(ctx: DistContext, root: str) -> dict[str, Any]:
                 "weights": {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}}
 
     return {"plain": train("plain", "fp32"), "a": train("a", f"adaprec:fp32,{POISON}"),
-            "b": train("b", f"adaprec:fp32,{POISON}")}
+            "b": train("b", f"adaprec:fp32,{POISON}"),
+            "c": train("c", f"adaprec:fp32,{COMPRESSOR}")}
 
 
 def _both(ctx: DistContext, root: str) -> dict[str, Any]:
@@ -145,13 +159,16 @@ def _both(ctx: DistContext, root: str) -> dict[str, Any]:
 def test_snapshot_and_controller(tmp_path: Path) -> None:
     ranks = run_on_ranks(_both, 2, str(tmp_path), timeout_s=300)
     for rank in ranks:
-        for name in ("fp32", "ef"):
+        for name in ("fp32", "ef", "topk"):
             case = rank["exact"][name]
             assert case["moved"] == [True]  # the speculation did change the model
             assert case["plain"].keys() == case["state"].keys()
             for k, v in case["plain"].items():
                 assert torch.equal(case["state"][k], v), (name, k)
         assert any(k.startswith("residual.") for k in rank["exact"]["ef"]["state"])
+        residuals = [v for k, v in rank["exact"]["topk"]["state"].items()
+                     if k.startswith("topk:0.1.") and k.endswith(".residual")]
+        assert residuals and all(v.any() for v in residuals)  # compressor state compared
 
     runs = ranks[0]["adaprec"]
     a, b, plain = runs["a"]["summary"]["adaprec"], runs["b"]["summary"]["adaprec"], \
@@ -162,6 +179,18 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
     for rank in ranks:  # never corrupted: the same weights as plain fp32, on every rank
         for k, v in runs["plain"]["weights"].items():
             assert torch.equal(rank["adaprec"]["a"]["weights"][k], v), k
+            assert torch.equal(rank["adaprec"]["c"]["weights"][k], v), k
+    c = runs["c"]["summary"]["adaprec"]  # the compressor: measured, kept out by its error
+    assert [x for _, x in c["chosen"]] == ["fp32"] * len(c["chosen"]) and len(c["chosen"]) > 2
+    c_bounds = [r for r in (json.loads(s) for s in (tmp_path / "c" / "metrics.jsonl")
+                            .read_text().splitlines())
+                if r.get("kind") == "adaprec" and r["step"] > 0]
+    assert c_bounds and c_bounds[0]["decided_by"] == "error", c_bounds  # not its speed
+    for r in c_bounds:  # its signs are no update of the gradient's size: no better than none
+        if COMPRESSOR in r["candidates"]:  # until its collapse blacklists it
+            measured = r["candidates"][COMPRESSOR]
+            assert measured["verdict"] in ("damaging", "collapsed"), r
+            assert measured["error"] > 1.0 and measured["s_per_step"] > 0, r
 
     records = [json.loads(s) for s in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     decisions = [r for r in records if r.get("kind") == "adaprec"]

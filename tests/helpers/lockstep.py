@@ -23,10 +23,13 @@ def _nbytes(message: Any) -> int:
 
 
 def lockstep(compressors: Sequence[Compressor], grads: Sequence[torch.Tensor],
-             sent: list[int] | None = None) -> list[torch.Tensor]:
-    """Each worker's result of one exchange; `sent` gets each worker's message bytes."""
+             sent: list[int] | None = None,
+             shares: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Each worker's result of one exchange; `sent` gets each worker's message bytes,
+    `shares` (one flat fp32 tensor a worker) each worker's contribution."""
     world = len(compressors)
-    gens = [c.exchange(g, world) for c, g in zip(compressors, grads, strict=True)]
+    into = list(shares) if shares is not None else [None] * world
+    gens = [c.exchange(g, world, None, s) for c, g, s in zip(compressors, grads, into, strict=True)]
     messages: list[Any] = [next(g) for g in gens]
     totals = [0] * world
     results: list[torch.Tensor | None] = [None] * world

@@ -160,14 +160,17 @@ def test_bad_options_are_one_clear_error() -> None:
                              ("choose", "bucket", "adaprec.choose = 'bucket' is not one of")):
         with pytest.raises(ConfigError, match=says):
             AdaPrecConfig(**{key: value})
-    with pytest.raises(ConfigError, match="'powersgd:2', a compressor whose error"):
-        check_candidates(("fp32", "powersgd:2"), (), None)
+    with pytest.raises(ConfigError, match="'powersgd:2', whose bits per value depend"):
+        check_candidates(("fp32", "powersgd:2"), (), None, per_layer=True)
     with pytest.raises(ConfigError, match="'policy:seed004' is a policy"):
         check_candidates(("fp32", "policy:seed004"), (), None, per_layer=True)
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--codec", "adaprec:fp32,powersgd:2"], "cannot measure"),
+    (["--codec", "adaprec:fp32,powersgd:2"],
+     "AdaPrec candidate 'powersgd:2': powersgd:2 cannot compress '0.1.bias'"),
+    (["--codec", "adaprec:fp32,topk:0.01", "--algorithm", "native"],
+     "AdaPrec candidate 'topk:0.01': topk:0.01 needs all-gather"),
     (["--codec", "adaprec:fp32,policy:seed004", "--set", "adaprec.choose=layer"],
      "is a policy"),
     (["--codec", "adaprec:fp32,bf16", "--codec-rule", "conv*.weight=fp32"],

@@ -6,7 +6,9 @@ values and indices, QSGD's norm and codes, ...) is gathered byte for byte by the
 all-gather, the counterpart of the run's all-reduce algorithm (`GATHERS`). Either way the
 link counts the real bytes, and what the compressor returns (the replicas' average, or
 signSGD's vote) replaces the bucket. A compressed bucket holds one parameter
-(`buckets.plan_buckets`): PowerSGD needs its matrix shape.
+(`buckets.plan_buckets`): PowerSGD needs its matrix shape. While AdaPrec watches the
+bucket (`probe`), this rank's contribution is measured against its exact gradient
+(`comm.update_error`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from approxdist.comm.codecs import Payload
 from approxdist.comm.collectives import AllGather, AllReduce
 from approxdist.comm.compressors import Compressor, Where, check_compressor, get_compressor, is_compressor
 from approxdist.comm.compressors.spec import summed_names
+from approxdist.comm.update_error import UpdateError
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.errors import ConfigError
 
@@ -29,13 +32,17 @@ GATHERS = {"ring": "ring", "auto": "auto"}
 
 
 def reduce_compressed(comp: Compressor, x: torch.Tensor, allreduce: AllReduce,
-                      gather: AllGather | None, op: str) -> None:
+                      gather: AllGather | None, op: str,
+                      probe: UpdateError | None = None) -> None:
     """`x` <- the average over the group of every member's `x` as `comp` sends it (the sum
     for `op="sum"`): each message summed in place by `allreduce`, or each payload
-    gathered by `gather` (an all-gather of bytes)."""
+    gathered by `gather` (an all-gather of bytes); `probe` observes what this member
+    contributed against its exact `x`."""
     world = allreduce.world_size
     in_place = x.is_contiguous() and x.dtype == torch.float32 and x.device == comp.device
-    exchange = comp.exchange(x, world, x if in_place else None)  # the result written into x
+    exact = x.detach().reshape(-1).clone() if probe is not None else None
+    sent = torch.empty(comp.numel, device=comp.device) if probe is not None else None
+    exchange = comp.exchange(x, world, x if in_place else None, sent)  # the result into x
     message = next(exchange)
     while True:
         try:
@@ -43,6 +50,8 @@ def reduce_compressed(comp: Compressor, x: torch.Tensor, allreduce: AllReduce,
         except StopIteration as stop:
             out: torch.Tensor = stop.value
             break
+    if probe is not None and exact is not None:  # `sent` is written once the last message went
+        probe.observe(0, exact, sent)
     if not in_place:
         x.copy_(out.view(x.shape))
     if op == "sum":

@@ -27,7 +27,8 @@ What happens (docs/data_parallel.md has the whole story):
   only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
 * lossy codecs may keep error-feedback residuals (`comm.error_feedback`), which travel
   in `state_dict()` as extra state; so do the states of compressors (`codec="powersgd:2"`,
-  `"topk:0.01"`, docs/compressors.md), one parameter per bucket;
+  `"topk:0.01"`, docs/compressors.md), one parameter per bucket; a codec switch keeps
+  them all, parked while unused (`wire_state.py`);
 * `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
   transfers, and the caller's thread a `wait` span wherever it blocks on them;
 * `hold_freed_memory` (default True) keeps freed heap memory in the process
@@ -69,6 +70,7 @@ from approxdist.data_parallel.hooks import BackwardHooks, ForwardGate
 from approxdist.data_parallel.reducer import BucketState, Reducer
 from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
 from approxdist.data_parallel.usage import UsageFlags
+from approxdist.data_parallel.wire_state import Parked, collect, spread
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
@@ -121,6 +123,7 @@ class DataParallel(nn.Module):
         self._byte_offset = 0
         self._sizes = (bucket_mb, first_bucket_mb, solo_mb, error_feedback)
         self._buckets = self._make_buckets(*self._sizes)
+        self._parked = Parked()  # wire state no bucket uses now (`wire_state.py`)
         self._pool = CommPool(self.ctx, self.group, link, threads, algorithm, calibration,
                               rec=recorder, gil_switch_ms=gil_switch_ms)
         self._find_unused, self._overlap, self._op = find_unused_parameters, overlap, op
@@ -158,7 +161,8 @@ class DataParallel(nn.Module):
         """Switch the wire formats between steps (AdaPrec, docs/adaprec.md): new rules over
         the same `codec_times`, the buckets re-planned for them, the communication threads
         kept. Every member must switch to the same rules before its next backward; the
-        error-feedback residuals follow their parameters into the new buckets."""
+        error-feedback residuals and compressor states follow their parameters into the
+        new buckets, or are parked until a switch back (`wire_state.py`)."""
         if self.early_forward:
             raise ConfigError("DataParallel.set_codecs: early forward applies the optimizer "
                               "step per bucket and cannot re-plan its buckets; drop "
@@ -175,12 +179,12 @@ class DataParallel(nn.Module):
     def update_error(self, measure: bool) -> Sums:
         """What the codecs did to this member's gradients while watched (AdaPrec's signal,
         `comm.update_error`): per parameter (||sent - exact||^2, ||exact||^2, size) summed
-        over the steps, none where a compressor sends it. `measure`: go on watching (from
+        over the steps (a compressor's: what this member contributed). `measure`: go on watching (from
         now, if not watching); False stops and forgets. A codec switch ends the watch."""
         self.wait()
         out = merge([b.probe.sums() for b in self._buckets if b.probe is not None])
         for b in self._buckets:
-            if not measure or b.compressor is not None:
+            if not measure:
                 b.probe = None
             elif b.probe is None:
                 b.probe = UpdateError(list(zip(b.plan.names, b.plan.offsets, b.plan.numels)),
@@ -335,24 +339,13 @@ class DataParallel(nn.Module):
 
     # -- error-feedback state -----------------------------------------------------------
     def get_extra_state(self) -> dict[str, Any]:
+        """Every residual and compressor state, in use or parked (`wire_state.collect`)."""
         self.wait()
-        res: dict[str, torch.Tensor] = {}
-        comps: dict[str, dict[str, torch.Tensor]] = {}
-        for b in self._buckets:
-            if b.residuals is not None:
-                res.update(b.residuals.state_dict())
-            if b.compressor is not None:
-                comps[b.plan.names[0]] = b.compressor.state_dict()
-        return {"residuals": res, "compressors": comps}
+        return collect(self._buckets, self._parked)
 
     def set_extra_state(self, state: Any) -> None:
         self.wait()
-        comps = state.get("compressors", {})
-        for b in self._buckets:
-            if b.residuals is not None:
-                b.residuals.load_state_dict(state.get("residuals", {}))
-            if b.compressor is not None and b.plan.names[0] in comps:
-                b.compressor.load_state_dict(comps[b.plan.names[0]])
+        self._parked = spread(self._buckets, state)
 
     def local_state(self) -> dict[str, Any]:
         """This member's residuals without collectives (`ReplicaReducer`)."""

@@ -50,6 +50,9 @@ class BucketState:
         self.solo = len(self.params) == 1 and self.params[0].dtype == torch.float32
         #: the bucket's one parameter's compressor (which keeps its own residual), or None
         self.compressor = _compressor(plan, self.params, device, worker)
+        #: whether the compressor's state is more than its first (it ran, or was loaded)
+        self.compressor_used = False
+        self._worker = worker
         self.residuals = ErrorFeedback(list(zip(plan.names, plan.offsets, plan.numels)),
                                        plan.numel, device) \
             if error_feedback and self.compressor is None else None
@@ -82,6 +85,11 @@ class BucketState:
         elif grad.data_ptr() != view.data_ptr():
             view.copy_(grad)
         return view
+
+    def fresh_compressor(self) -> None:
+        """The bucket's compressor rebuilt with its first state (a restore that holds none)."""
+        self.compressor = _compressor(self.plan, self.params, self._own.device, self._worker)
+        self.compressor_used = False
 
     def wait(self) -> None:
         """Block until this bucket's reduction (and its update) finished; re-raise its error."""
@@ -176,9 +184,11 @@ class Reducer:
     def _reduce(self, b: BucketState, start: int, stop: int, thread: CommThread) -> None:
         try:
             if b.compressor is not None:  # a whole bucket of one parameter
+                b.compressor_used = True
                 gather = thread.gatherer(GATHERS[thread.algorithm]) \
                     if b.compressor.collective == "all-gather" else None
-                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), gather, self.op)
+                reduce_compressed(b.compressor, b.flat, thread.reducer("fp32"), gather, self.op,
+                                  b.probe)
             else:
                 reducer = thread.reducer(b.plan.codec)
                 x = b.flat[start:stop]

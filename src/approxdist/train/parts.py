@@ -110,7 +110,8 @@ def check_wire(cfg: Config, name: str, per_parameter: bool = False) -> None:
                               f"{TRAFFIC[name].split(',')[0]} take a codec, e.g. bf16 or "
                               f"bits:s0e2+2m0 (docs/compressors.md)")
         if wire.adaptive:
-            check_candidates((*(candidates_of(wire.codec) or ()), cfg.adaprec.first), (), None)
+            check_candidates((*(candidates_of(wire.codec) or ()), cfg.adaprec.first), (), None,
+                             compressors=False)
         else:
             named(f"{key}.codec", wire.codec, partial(get_codec, wire.codec))
         return
@@ -125,7 +126,8 @@ def check_wire(cfg: Config, name: str, per_parameter: bool = False) -> None:
             raise ConfigError(f"adaprec.choose = 'layer' names a codec per parameter of a "
                               f"data-parallel run; a {cfg.train.parallel} run's stages name "
                               f"their own: use adaprec.choose = 'all'")
-        check_candidates((*candidates, cfg.adaprec.first), wire.rules, times, per_layer)
+        check_candidates((*candidates, cfg.adaprec.first), wire.rules, times, per_layer,
+                         cfg.dp.algorithm)
     else:
         named(f"{key}.codec", wire.codec,
               partial(_check_rules, [], wire.codec, times, cfg.dp.algorithm))

@@ -67,12 +67,17 @@ class Compressor(ABC):
         """Bytes this worker contributes per step (every round's message together)."""
 
     @abstractmethod
-    def exchange(self, grad: torch.Tensor, world: int,
-                 out: torch.Tensor | None = None) -> Generator[Any, Any, torch.Tensor]:
+    def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
+                 sent: torch.Tensor | None = None) -> Generator[Any, Any, torch.Tensor]:
         """Yield this worker's messages, receive what the collective made of them (a sum, or
         every worker's payload); return what every worker applies: in `out` (a contiguous
         fp32 tensor of `numel` values on the compressor's device, written once every message
-        is sent, so it may be `grad` itself) viewed as `grad`'s shape, or a new tensor."""
+        is sent, so it may be `grad` itself) viewed as `grad`'s shape, or a new tensor.
+        `sent` (flat fp32, `numel`; AdaPrec's measurement, `comm.update_error`): where given,
+        this worker's contribution is written there before its last message goes: the
+        values whose mean over the workers is the result (a vote's are its signs), error
+        feedback's old residual included (top-k, sign+ef, random-k: gradient plus old
+        residual minus new residual, as `comm.error_feedback` counts a codec's)."""
 
     def bytes_per_value(self) -> float:
         return self.wire_bytes() / max(self.numel, 1)
@@ -150,8 +155,8 @@ class Summed(Compressor):
     collective = "all-reduce"
 
     @abstractmethod
-    def exchange(self, grad: torch.Tensor, world: int,
-                 out: torch.Tensor | None = None) -> SumExchange:
+    def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
+                 sent: torch.Tensor | None = None) -> SumExchange:
         """Yield each round's message, receive its sum over `world` workers; return the average
         (in `out` where given)."""
 
@@ -196,9 +201,12 @@ class Gathered(Compressor):
             self.decode_add(payload, total)
         return self.finish(total, len(payloads))
 
-    def exchange(self, grad: torch.Tensor, world: int,
-                 out: torch.Tensor | None = None) -> GatherExchange:
-        payload = self.encode_feedback(self._flat(grad))
+    def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
+                 sent: torch.Tensor | None = None) -> GatherExchange:
+        x = self._flat(grad)
+        payload = self.encode_feedback(x)
+        if sent is not None:  # with feedback x - (x - Q(x)), as `comm.update_error` counts it
+            sent.copy_(x - self.state["residual"] if self.feedback else self.decode(payload))
         gathered = yield payload
         if len(gathered) != world:
             raise ConfigError(f"{self.spec}: gathered {len(gathered)} payloads for a world of "

@@ -67,15 +67,18 @@ class PowerSGD(Summed):
     def wire_bytes(self) -> int:
         return 4 * (self.rows + self.cols) * self.rank
 
-    def exchange(self, grad: torch.Tensor, world: int,
-                 out: torch.Tensor | None = None) -> SumExchange:
+    def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
+                 sent: torch.Tensor | None = None) -> SumExchange:
         m = self._flat(grad).view(self.rows, self.cols)
         q = self.state["q"]
         orthogonalise(q)
         p = yield m @ q
         p = p.clone()
         orthogonalise(p)
-        q_sum = yield m.t() @ p
+        q_own = m.t() @ p
+        if sent is not None:  # this worker's share of P Q^T: M projected on the shared P
+            torch.mm(p, q_own.t(), out=sent.view(self.rows, self.cols))
+        q_sum = yield q_own
         q.copy_(q_sum).div_(world)
         approx = p @ q.t()
         torch.sub(m.view(-1), approx.view(-1), out=self.state["residual"])

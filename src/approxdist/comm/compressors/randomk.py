@@ -31,14 +31,16 @@ class RandomK(Summed):
         """The next step's k indices (the first k of a random permutation)."""
         return torch.randperm(self.numel, generator=self.generator)[: self.k].to(self.device)
 
-    def exchange(self, grad: torch.Tensor, world: int,
-                 out: torch.Tensor | None = None) -> SumExchange:
+    def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
+                 sent: torch.Tensor | None = None) -> SumExchange:
         x = self._flat(grad)
         idx = self.indices()
         values = x[idx]
         residual = self.state["residual"]
         residual.copy_(x)
         residual[idx] = 0.0
+        if sent is not None:
+            sent.zero_()[idx] = values
         total = yield values
         result = torch.zeros(self.numel, device=self.device) if out is None else out.view(-1).zero_()
         result[idx] = total / world

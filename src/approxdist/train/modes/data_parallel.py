@@ -7,6 +7,8 @@ from dataclasses import fields
 
 from torch import nn
 
+from approxdist.adaptive.candidates import check_candidate_shapes
+from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.config.wire import Wire
 from approxdist.data import TensorDataset
@@ -78,6 +80,9 @@ def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
     grad = cfg.wire.grad
     if not grad.adaptive:
         check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
+    else:
+        check_candidate_shapes(model, (*(candidates_of(grad.codec) or ()), cfg.adaprec.first),
+                               grad.rules)
 
 
 DP = register(Mode(

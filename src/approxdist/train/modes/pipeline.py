@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from approxdist.adaptive.candidates import check_candidate_shapes
+from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.data_parallel.codec_rules import CodecRules
@@ -37,6 +39,9 @@ def _hybrid_preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> Non
     grad = cfg.wire.grad
     if not grad.adaptive:
         check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
+    else:
+        check_candidate_shapes(model, (*(candidates_of(grad.codec) or ()), cfg.adaprec.first),
+                               grad.rules)
 
 
 def _streamed(cfg: Config) -> str | None:
