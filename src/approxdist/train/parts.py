@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from torch import nn
 
-from approxdist.adaptive.candidates import check_candidates
+from approxdist.adaptive.candidates import check_candidate_shapes, check_candidates
 from approxdist.comm.channel import get_channel
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import algorithm_names
@@ -26,6 +26,7 @@ from approxdist.config.schema import Config
 from approxdist.config.wire import TRAFFIC
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners, unmatched
 from approxdist.data_parallel.codec_times import CodecTimes
+from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ApproxDistError, ConfigError
 from approxdist.param_server.compressed import check_push_compressor
 from approxdist.param_server.modes import parse_mode
@@ -180,3 +181,14 @@ def named(key: str, value: str, build: Callable[[], T]) -> T:
         lines = str(exc).splitlines()
         rest = "; ".join(" ".join(line.split()) for line in lines[1:])
         raise ConfigError(f"{key} = {value!r}: {lines[0]}" + (f" {rest}" if rest else "")) from None
+
+
+def check_grad_shapes(cfg: Config, model: nn.Module) -> None:
+    """Every parameter a compressor on the gradient wire (or among AdaPrec's candidates)
+    cannot take (PowerSGD on a bias), named with the rule that would exclude it."""
+    grad = cfg.wire.grad
+    if not grad.adaptive:
+        check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
+    else:
+        check_candidate_shapes(model, (*(candidates_of(grad.codec) or ()), cfg.adaprec.first),
+                               grad.rules)

@@ -7,18 +7,14 @@ from dataclasses import fields
 
 from torch import nn
 
-from approxdist.adaptive.candidates import check_candidate_shapes
-from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.config.wire import Wire
 from approxdist.data import TensorDataset
-from approxdist.data_parallel.codec_rules import CodecRules
-from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ConfigError
 from approxdist.topology import Mesh
 from approxdist.train.engines.data_parallel import build_data_parallel
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, register
-from approxdist.train.parts import check_dp, check_rules_match, check_wire
+from approxdist.train.parts import check_dp, check_grad_shapes, check_rules_match, check_wire
 
 
 def _single_implied(sections: Sections) -> Sections:
@@ -77,12 +73,7 @@ def _preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> None:
     """Every per-parameter rule names a parameter of the model, which a compressor on the
     gradient wire can take."""
     check_rules_match(cfg, model)
-    grad = cfg.wire.grad
-    if not grad.adaptive:
-        check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
-    else:
-        check_candidate_shapes(model, (*(candidates_of(grad.codec) or ()), cfg.adaprec.first),
-                               grad.rules)
+    check_grad_shapes(cfg, model)
 
 
 DP = register(Mode(

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from approxdist.adaptive.candidates import check_candidate_shapes
-from approxdist.config.adaprec import candidates_of
 from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
-from approxdist.data_parallel.codec_rules import CodecRules
-from approxdist.data_parallel.compressed import check_shapes
 from approxdist.errors import ConfigError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
@@ -19,7 +15,7 @@ from approxdist.topology import Mesh
 from approxdist.train.engines.pipeline import build_pipeline
 from approxdist.train.engines.tp_split import check_split
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, modes, register
-from approxdist.train.parts import check_dp, check_pipeline, check_tp, check_wire
+from approxdist.train.parts import check_dp, check_grad_shapes, check_pipeline, check_tp, check_wire
 
 #: a stage split over `tp` ranks (`--tp`, `--mesh pp=2,tp=2`): the split's keys
 TP_KEYS = ("tp.*", "wire.tp_fwd.*", "wire.tp_bwd.*")
@@ -36,12 +32,7 @@ def _hybrid_preflight(cfg: Config, model: nn.Module, data: TensorDataset) -> Non
     cannot take (PowerSGD on a bias), named with the rule that would exclude it; a stage
     keeps the model's parameter names, so the whole model is checked."""
     _preflight(cfg, model, data)
-    grad = cfg.wire.grad
-    if not grad.adaptive:
-        check_shapes(model, CodecRules.parse(grad.rules, grad.codec))
-    else:
-        check_candidate_shapes(model, (*(candidates_of(grad.codec) or ()), cfg.adaprec.first),
-                               grad.rules)
+    check_grad_shapes(cfg, model)
 
 
 def _streamed(cfg: Config) -> str | None:
