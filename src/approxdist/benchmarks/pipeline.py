@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from approxdist.bench.baseline import LOSS_RTOL, beyond_rounding
 from approxdist.bench.timing import Timing, interleave, repeat
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.schema import ModelConfig
@@ -46,9 +47,6 @@ TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                    "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
 #: torch's schedules that take a list of stages (several chunks per rank)
 TORCH_MULTI = {"ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"}
-#: warm-up losses of torch and ours may differ by this much, relative (fp32 rounding: the
-#: same sums, gradients accumulated in another order)
-LOSS_RTOL = 1e-5
 #: one step of an engine on every rank; its loss on the rank holding the last stage, else None
 Step = Callable[[], float | None]
 
@@ -245,7 +243,7 @@ def loss_mismatch(case: BenchCase, results: list[dict[str, Any]]) -> str | None:
     fp32 rounding (`LOSS_RTOL`); None: they agree, or torch has no such schedule."""
     ours, theirs = last_losses(results, "approxdist"), last_losses(results, "torch")
     for i, (a, b) in enumerate(zip(ours or [], theirs or [])):
-        if abs(a - b) > LOSS_RTOL * max(1.0, abs(b)):
+        if beyond_rounding(a, b):
             return (f"bench pipeline: {case.schedule} at {case.microbatches} micro-batches: "
                     f"warm-up step {i + 1}'s loss differs, torch {b:.7g}, approxdist {a:.7g} "
                     f"(beyond fp32 rounding, {LOSS_RTOL:g} relative), so the two do not train "

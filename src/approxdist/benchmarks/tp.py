@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from approxdist.api.tensor_parallel import TensorParallel
+from approxdist.bench.baseline import LOSS_RTOL, BaselineMismatch, beyond_rounding
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing, interleave, repeat, timed
 from approxdist.benchmarks.tp_torch import missing_styles, torch_tp
 from approxdist.config.schema import ModelConfig
-from approxdist.errors import ApproxDistError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group
 from approxdist.models import build_model
@@ -38,15 +38,8 @@ from approxdist.models.bench_inputs import BenchInput
 from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
 
-#: first-step losses of torch and our fp32 wire may differ by this much, relative (fp32
-#: rounding: the same sums, the all-reduced partial sums added in another order)
-LOSS_RTOL = 1e-5
 WIRES = ("fwd", "bwd", "both")
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class BaselineMismatch(ApproxDistError):
-    """Torch and our fp32 wire computed different losses on the same first step."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +136,7 @@ def first_step_mismatch(first: Sequence[Mapping[str, float]]) -> str | None:
         ours, theirs = losses.get(f"approxdist:{FP32.label}"), losses.get("torch")
         if ours is None or theirs is None:
             continue
-        if abs(ours - theirs) > LOSS_RTOL * max(1.0, abs(theirs)):
+        if beyond_rounding(ours, theirs):
             return (f"bench tp: the first step's loss on the same batch differs: torch "
                     f"{theirs:.7g}, approxdist (fp32 wire) {ours:.7g} on rank {rank} "
                     f"(beyond fp32 rounding, {LOSS_RTOL:g} relative), so the two do not "

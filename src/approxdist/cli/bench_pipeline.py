@@ -26,12 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from approxdist.bench.baseline import BaselineMismatch
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.pipeline import BenchCase, last_losses, loss_mismatch, measure_rank
-from approxdist.benchmarks.tp import BaselineMismatch
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
