@@ -325,7 +325,7 @@ def test_seed004_adaprec_verdicts_follow_the_measurements() -> None:
     assert "69.8 % vs 70.0 % (float), -0.2 pts; 0.45x float's time" in good[0][1]
     assert good[1][1] == "none is" and "chosen in 0 phase(s)" in good[2][1]
     assert "its smallest measured error on the update (at least 1.40) against the error " \
-           "budget (adaprec.error_budget = 0.5)" in good[2][3]
+           "budget (adaprec.error_budget = 0.25)" in good[2][3]
     assert "11.3 % (0.5 s of 4.5 s a run)" in good[3][1]
     # slower than fp8 and less accurate beyond the spread: dominated; the poison chosen
     bad = trend_rows(_adaprec_rows(0.60, 8.0, f"0:fp32;40:{POISON}", 2.0, seeds=2))
