@@ -27,7 +27,9 @@ def test_a_damaging_codec_is_never_chosen_however_fast_and_however_it_seems_to_g
               {"fp32": 1.0, "poison": 0.1, "fp8": 0.5}, error={"poison": 1.4, "fp8": 0.05})
     ctl, records = _drive(sim, DEFAULTS, ("fp32", "poison", "fp8"))
     assert [c for _, c in ctl.chosen] == ["fp32", "fp8", "fp8", "fp8"]
-    for r in records[1:]:
+    tested = [r for r in records[1:] if "poison" in r["candidates"]]
+    assert len(tested) == 2 and records[2]["resting"] == {"poison": 30}  # rests a boundary
+    for r in tested:
         assert r["candidates"]["poison"]["verdict"] == "damaging"
         assert r["candidates"]["poison"]["error"] == pytest.approx(1.4)
         assert r["decided_by"] == "error" and r["reason"] == "fastest within the error budget"
@@ -89,8 +91,9 @@ def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated
     sim = Sim(rates, secs, error=errors)
     ctl, records = _drive(sim, DEFAULTS, cands)
     assert set(records[1]["candidates"]) == set(cands) and records[1]["skipped"] == []
-    for r in records[2:]:  # the poison (fastest, damaging), then table4: safe, the rest slower
-        assert list(r["candidates"]) == ["poison", "table4"], r["candidates"].keys()
+    # the poison (fastest, damaging; resting at boundary 2), then table4: safe, the rest slower
+    for r, tried in zip(records[2:], (["table4"], ["poison", "table4"]), strict=True):
+        assert list(r["candidates"]) == tried, r["candidates"].keys()
         assert r["skipped"] == ["fp32", "fp8"] and r["chosen"] == "table4"
     # the same choices as speculating every candidate (the curve rule's way, always whole)
     full = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
@@ -190,3 +193,31 @@ def test_the_cli_says_one_line_and_exits_2(args: list[str], says: str,
                  "--epochs", "1", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
+
+
+def test_a_damaging_candidate_rests_for_one_three_seven_boundaries() -> None:
+    from approxdist.adaptive.resting import Resting
+
+    # Table-1 over the budget at every boundary: speculated at boundaries 1, 3, 7 and 15
+    # of 16 (not at all 16), and the choice is the same fp8 at every one
+    rates = {"fp32": 0.002, "fp8": 0.002, "table1": 0.002}
+    secs = {"fp32": 1.0, "fp8": 0.5, "table1": 0.2}
+    sim = Sim(rates, secs, total_steps=170, error={"fp8": 0.05, "table1": 4.0})
+    ctl, records = _drive(sim, DEFAULTS, ("fp32", "fp8", "table1"))
+    bounds = records[1:]
+    assert len(bounds) == 16 and [c for _, c in ctl.chosen][1:] == ["fp8"] * 16
+    assert [b for b, r in enumerate(bounds, 1) if "table1" in r["candidates"]] == [1, 3, 7, 15]
+    assert bounds[0]["resting"] == {"table1": 30}  # boundary 3 is step 30
+    assert bounds[2]["resting"] == {"table1": 70} and "table1" not in bounds[3]["skipped"]
+    # a verdict other than damaging ends the streak: tested again at the next boundary
+    rest = Resting()
+    rest.note(1, {"t": {"verdict": "damaging"}})
+    rest.note(3, {"t": {"verdict": "damaging"}})
+    assert rest.resting(4) == {"t": 7} and rest.resting(7) == {}
+    rest.note(7, {"t": {"verdict": "eligible"}})
+    assert rest.resting(8) == {} and rest.streak == {}
+    # per parameter a damaging codec may still suit one layer: it never rests there
+    layer = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
+    sim = Sim(rates, secs, total_steps=50, error={"fp8": 0.05, "table1": 4.0})
+    _, records = _drive(sim, layer, ("fp32", "fp8", "table1"))
+    assert all("table1" in r["candidates"] and r["resting"] == {} for r in records[1:])

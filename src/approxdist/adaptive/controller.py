@@ -5,26 +5,22 @@
 
 The first phase runs `cfg.first`. At each boundary (every `phase_steps` steps, while a
 whole speculation still fits in the run) the controller measures the run's signal,
-snapshots the run, and for each candidate not blacklisted restores the snapshot, switches
-the gradients' codecs to it and trains `speculate_steps` steps, measuring the signal at
-`points` points, the seconds per step (slowest rank) and what its codec did to the
-update (`SpeculativeRun.update_error`, every rank's gradients; a candidate over
-`error_budget` after its first chunk of steps stops there), and keeps its end (with the
-error rule for one codec, fastest first by the times measured before, stopping at the
-first safe candidate no other can beat: `_speculate_all`). Rank 0 judges
-the candidates (`decide.py`: the curve fits) and every rank takes its decision; the run
-switches to the winner and goes on from the end of the winner's speculation, whose steps
-become the run's own (`reuse`; they trained the winner's codec from the snapshot, exactly
-what the run would have computed); otherwise, or where the speculation ran past the
-epoch, it restores the snapshot and trains those steps again. Training itself only ever
-continues from the snapshot or the winner's own steps from it: a speculation that
-diverged leaves no trace. A chosen codec can still turn bad after the speculation's few steps: when the
-signal at a boundary has collapsed since the last one (`decide.collapsed`), the phase is
-undone (the model, optimiser and residuals of the last boundary's snapshot, the data
-position and learning rate where they are: the phase's steps are lost time) and its
-codec blacklisted. When speculation has taken more than `overhead_budget` of the run's
-time so far (on rank 0's clock, which every rank follows), the boundary keeps the
-current codec without speculating.
+snapshots the run, and for each candidate neither blacklisted nor resting (found damaging
+at the last boundaries: `resting.py`) restores the snapshot, switches the gradients' codecs
+to it and trains `speculate_steps` steps, measuring the signal at `points` points, the
+seconds per step (slowest rank) and what its codec did to the update
+(`SpeculativeRun.update_error`; over `error_budget` after its first chunk it stops), and
+keeps its end (the error rule for one codec goes fastest first by the times measured
+before and stops at the first safe candidate no other can beat: `_speculate_all`). Rank
+0 judges (`decide.py`) and every rank takes its decision; the run switches to the winner
+and goes on from the end of its speculation, whose steps become the run's own (`reuse`:
+exactly what the run would have computed); otherwise, or where the speculation ran past
+the epoch, it restores the snapshot and trains those steps again: a speculation that
+diverged leaves no trace. When the signal at a boundary has collapsed since the last one
+(`decide.collapsed`), the phase is undone (model, optimiser and residuals of the last
+boundary's snapshot; data position and learning rate go on) and its codec blacklisted.
+When speculation has taken more than `overhead_budget` of the run's time so far (rank 0's
+clock, which every rank follows), the boundary keeps the current codec.
 
 The controller drives a `SpeculativeRun` (the trainer's, `train/speculation.py`); every
 rank calls it in step, so every collective inside matches; only rank 0 fits the curves.
@@ -42,6 +38,7 @@ from typing import Any, Protocol, TypeVar
 from approxdist.adaptive.candidates import codec_bits
 from approxdist.adaptive.decide import Decision, Point, Trial, assess, collapsed, decide
 from approxdist.adaptive.learning_curve import LearningCurveModel
+from approxdist.adaptive.resting import Resting
 from approxdist.comm.update_error import Sums, relative
 from approxdist.config.adaprec import AdaPrecConfig
 
@@ -126,11 +123,12 @@ class AdaPrecController:
         self.reused_steps = 0
         #: each candidate's seconds a step, as last measured (the speculation's order)
         self.step_s: dict[str, float] = {}
+        self.resting, self.boundaries = Resting(), 0
         self._start = 0.0
 
     def before_step(self, step: int) -> dict[str, Any] | None:
-        """Before step `step` (0-based): the first phase's codec, or a boundary's decision.
-        The first call starts the first phase (at step 0, or where a resumed run goes on)."""
+        """Before step `step` (0-based): the first phase's codec (the first call, at step 0
+        or where a resumed run goes on), or a boundary's decision."""
         if not self.chosen:
             self._start = self.clock()
             self.run.use(self.current)
@@ -145,6 +143,7 @@ class AdaPrecController:
 
     def _boundary(self, step: int) -> dict[str, Any]:
         t0 = self.clock()
+        self.boundaries += 1
         current = self.run.signal()
         record: dict[str, Any] = {"kind": "adaprec", "step": step, "signal": current}
         if self.curve and collapsed(self.curve[-1][1], current, self.run.chance,
@@ -187,6 +186,10 @@ class AdaPrecController:
         else:
             self.blacklist += [c for c in decision.blacklisted if c not in self.blacklist]
             winner, reason = decision.winner, decision.reason
+        if self.cfg.choose == "all":  # per parameter, a damaging codec may suit one layer
+            self.resting.note(self.boundaries, decision.records)
+        back = {c: step + (b - self.boundaries) * self.cfg.phase_steps
+                for c, b in self.resting.resting(self.boundaries).items()}
         self._switch(step, winner, kept)
         # the winner's steps, when kept, are the run's own: not speculation
         reused_s = won.train_s if kept is not None and won is not None else 0.0
@@ -199,19 +202,19 @@ class AdaPrecController:
                 "decided_by": decision.decided_by,
                 "candidates": decision.records, "blacklist": list(self.blacklist),
                 "skipped": [c for c in self.candidates
-                            if c not in specs and c not in self.blacklist],
+                            if c not in specs and c not in self.blacklist and c not in back],
+                "resting": back,
                 "speculation_s": spent, "fit_s": decision.fit_s,
                 "agree_s": t_done - t_judge,
                 "reused_steps": self.cfg.speculate_steps if kept is not None else 0,
                 "reused_s": reused_s}
 
     def _speculate_all(self, step: int, at: int, current: float) -> dict[str, _Speculation]:
-        """Each candidate's speculation. With the error rule for one codec (the fastest safe
-        candidate wins) they go fastest first by the step times measured before, those
-        never measured first, and stop at the first safe one that every candidate left
-        was measured slower than: none of those could win, and their steps are the
-        speculation's whole cost."""
-        todo = [c for c in self.candidates if c not in self.blacklist]
+        """Each candidate's speculation (not the resting ones). Under the error rule for one
+        codec, fastest first by the step times measured before (those never measured
+        first), stopping at the first safe one all the rest were measured slower than."""
+        resting = self.resting.resting(self.boundaries)
+        todo = [c for c in self.candidates if c not in self.blacklist and c not in resting]
         greedy = self.cfg.decide == "error" and self.cfg.choose == "all"
         if greedy:
             todo.sort(key=lambda c: self.step_s.get(c, -1.0))  # stable: ties keep the order
@@ -251,7 +254,8 @@ class AdaPrecController:
         seconds: list[float] = []
         finite, whole = True, True
         train_s = 0.0
-        chunks = _chunks(self.cfg.speculate_steps, self.cfg.points)
+        n, k = self.cfg.speculate_steps, self.cfg.points  # k nearly equal chunks
+        chunks = [n * (i + 1) // k - n * i // k for i in range(k)]
         for i, n in enumerate(chunks):
             t = self.clock()
             walls, finite = self.run.train(n)
@@ -292,8 +296,3 @@ class AdaPrecController:
                 "blacklist": list(self.blacklist), "speculation_s": self.speculation_s,
                 "fit_s": self.fit_s, "decision_s": self.decision_s,
                 "reused_steps": self.reused_steps}
-
-
-def _chunks(steps: int, parts: int) -> list[int]:
-    """`steps` cut into `parts` nearly equal positive pieces."""
-    return [steps * (i + 1) // parts - steps * i // parts for i in range(parts)]

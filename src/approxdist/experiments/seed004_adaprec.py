@@ -210,7 +210,8 @@ def trend_rows(rows: list[Row]) -> list[md.Trend]:
                     f"a run)", share <= 0.15,
                     "the first boundary trains every candidate S steps (a damaging one "
                     "S / points); later ones only the candidates measured faster than the "
-                    "first safe one (the winner's steps are kept); each speculation also "
+                    "first safe one (the winner's steps are kept), a damaging one resting "
+                    "1, 3, 7, ... boundaries; each speculation also "
                     "measures the signal; decisions compare measured figures, no curve fits"))
     return out
 
