@@ -14,6 +14,7 @@ each rank's positions: the error is the codec's as the algorithm applies it, not
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +48,12 @@ class Case:
     task: str = "classify"
     width: int = 8
     sequence: bool = False  # the family's sequence-parallel plan
+    dropout: float = 0.0
 
     @property
     def name(self) -> str:
-        return f"{self.model}-sp" if self.sequence else self.model
+        return self.model + ("-sp" if self.sequence else "") + \
+            (f"-drop{self.dropout}" if self.dropout else "")
 
     def plan(self, model: nn.Module) -> dict[str, str]:
         family = sequence_plan_of(self.model) if self.sequence else tp_plan_of(self.model)
@@ -59,7 +62,8 @@ class Case:
 
     def build(self) -> nn.Sequential:
         torch.manual_seed(3)
-        cfg = ModelConfig(name=self.model, width=self.width, hidden=16, depth=3)
+        cfg = ModelConfig(name=self.model, width=self.width, hidden=16, depth=3,
+                          dropout=self.dropout)
         return build_model(cfg, self.shape, self.classes)
 
     def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -76,7 +80,11 @@ class Case:
 
 
 CASES = [Case("mlp", (1, 4, 4), 5), Case("gpt-tiny", (8,), 16, "next-token"),
-         Case("resnet20", (2, 6, 6), 4), Case("gpt-tiny", (8,), 16, "next-token", sequence=True)]
+         Case("resnet20", (2, 6, 6), 4), Case("gpt-tiny", (8,), 16, "next-token", sequence=True),
+         # dropout on: attention's, after attention, the MLP's; split by heads and along
+         # the sequence, each rank draws one process's masks and keeps its part
+         Case("gpt-tiny", (8,), 16, "next-token", dropout=0.2),
+         Case("gpt-tiny", (8,), 16, "next-token", sequence=True, dropout=0.2)]
 
 
 def _train(model: nn.Module, case: Case) -> tuple[list[float], dict[str, torch.Tensor],
@@ -84,6 +92,7 @@ def _train(model: nn.Module, case: Case) -> tuple[list[float], dict[str, torch.T
     """Losses, the first step's gradients and the parameters after `STEPS` SGD steps."""
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     task, losses, first = task_named(case.task), [], {}
+    torch.manual_seed(13)  # dropout's masks: the same stream on every rank and in the oracle
     for step, (x, y) in enumerate(case.batches()):
         opt.zero_grad()
         loss = task(model(x), y)
@@ -155,6 +164,9 @@ def _part(full: torch.Tensor, where: tuple[int, Any] | None) -> torch.Tensor:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_every_shard_equals_one_process(two_ranks: list[dict[str, Any]], case: Case) -> None:
     losses, grads, params = _train(case.build(), case)
+    if case.dropout:  # the masks act: the same run without dropout ends elsewhere
+        plain = dataclasses.replace(case, dropout=0.0)
+        assert _train(plain.build(), plain)[0][1:] != pytest.approx(losses[1:], rel=1e-3)
     for rank in two_ranks:
         got = rank[case.name]
         assert got["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)

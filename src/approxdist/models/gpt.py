@@ -49,6 +49,24 @@ class Embed(nn.Module):
         return self.drop(self.tokens(ids) + self.positions(pos))
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
+                     heads: int, part: slice = slice(None)) -> torch.Tensor:
+    """Causal attention of (B, h, T, d) queries, keys and values: `F.scaled_dot_product_
+    attention` without dropout; with it (`dropout` > 0), the probabilities' mask is drawn
+    for all `heads` heads (B, heads, T, T) from the default generator, as `nn.Dropout`
+    draws, and heads `part` of it used (the q/k/v heads). A tensor-parallel rank holding
+    some of the heads so draws what one process would for them: the same masks, not a
+    rank's own stream correlated with the others' (tensor_parallel/attention.py)."""
+    if not dropout:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    b, _, t, d = q.shape
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    keep = torch.empty(b, heads, t, t, dtype=q.dtype, device=q.device).bernoulli_(1 - dropout)
+    return (probs * keep[:, part].div_(1 - dropout)) @ v
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention where position t sees positions <= t."""
 
@@ -62,8 +80,7 @@ class CausalSelfAttention(nn.Module):
         b, t, d = x.shape
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
                    for z in self.qkv(x).split(d, dim=2))
-        drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        y = causal_attention(q, k, v, self.dropout if self.training else 0.0, self.heads)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -131,8 +148,9 @@ def sequence_plan(model: nn.Module) -> dict[str, str]:
             plan[f"{i}"] = "split_seq"
         elif isinstance(block, TransformerBlock):
             plan.update({f"{i}.ln1": "norm_seq", f"{i}.attn": "heads_seq",
-                         f"{i}.ln2": "norm_seq", f"{i}.mlp.0": "colwise_seq",
-                         f"{i}.mlp.2": "rowwise_seq"})
+                         f"{i}.drop": "dropout_seq", f"{i}.ln2": "norm_seq",
+                         f"{i}.mlp.0": "colwise_seq", f"{i}.mlp.2": "rowwise_seq",
+                         f"{i}.mlp.3": "dropout_seq"})
         elif isinstance(block, LMHead):
             plan.update({f"{i}.0": "norm_seq", f"{i}.1": "gather_seq"})
     return plan

@@ -6,6 +6,8 @@ runs on the local heads alone, and the output projection is row-parallel on thei
 columns (`reduce_from` sums the partial outputs). One all-reduce forward, one backward.
 With `sequence` (sequence parallelism) the input holds this rank's positions: the
 projection gathers every position first and the output is reduce-scattered back to them.
+Attention dropout draws every head's mask and keeps this rank's (`causal_attention`): the
+masks one process would draw, so the split model equals it with dropout too.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
 
+from approxdist.models.gpt import causal_attention
 from approxdist.tensor_parallel.comm import TPComm
 from approxdist.tensor_parallel.layers import ColumnLinear, RowLinear
 from approxdist.tensor_parallel.shard import head_rows, piece
@@ -33,6 +35,7 @@ class HeadParallelAttention(nn.Module):
         self.dropout = full.dropout
         rows = head_rows(dim, full.heads, comm.rank, comm.size)
         cols = piece(full.heads, comm.rank, comm.size, "attention heads")
+        self.total, self.part = full.heads, slice(cols.start, cols.stop)
         self.qkv = ColumnLinear(full.qkv, rows, comm, f"{site}.qkv", sequence)
         self.proj = RowLinear(full.proj, slice(cols.start * self.width, cols.stop * self.width),
                               comm, f"{site}.proj", sequence)
@@ -43,6 +46,6 @@ class HeadParallelAttention(nn.Module):
         local = self.heads * self.width
         q, k, v = (z.view(b, t, self.heads, self.width).transpose(1, 2)
                    for z in qkv.split(local, dim=2))
-        drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        y = causal_attention(q, k, v, self.dropout if self.training else 0.0,
+                             self.total, self.part)
         return self.proj(y.transpose(1, 2).reshape(b, t, local))

@@ -14,6 +14,7 @@ A plan maps a layer's path in the model (`"1.attn"`, `"2.mlp.0"`) to a style:
 | `rowwise_seq` | `nn.Linear` | as `rowwise`, partial outputs reduce-scattered along the sequence |
 | `norm_seq` | `nn.LayerNorm` | on this rank's positions, its gradients summed (`SequenceNorm`) |
 | `gather_seq` | any layer | its input's positions gathered from every rank |
+| `dropout_seq` | `nn.Dropout` | on this rank's positions, one process's mask (`SequenceDropout`) |
 The `_seq` styles are sequence parallelism (`sequence.py`; Megatron-LM's, Korthikanti et
 al. 2022): between a `split_seq` and a `gather_seq` layer, activations (batch, sequence,
 features) hold 1/n of the positions, and whole layers there (dropout, residual adds) run
@@ -42,7 +43,11 @@ from approxdist.tensor_parallel.layers import (
     SequenceNorm,
     channel_norm,
 )
-from approxdist.tensor_parallel.sequence import gather_from_sequence, scatter_to_sequence
+from approxdist.tensor_parallel.sequence import (
+    SequenceDropout,
+    gather_from_sequence,
+    scatter_to_sequence,
+)
 from approxdist.tensor_parallel.shard import piece
 
 Plan = Mapping[str, str]
@@ -113,6 +118,11 @@ def _gather_seq(m: nn.Module, c: TPComm, site: str) -> nn.Module:
     return m
 
 
+def _dropout_seq(m: nn.Module, c: TPComm, site: str) -> nn.Module:
+    assert isinstance(m, nn.Dropout)
+    return SequenceDropout(m.p, c, site)
+
+
 def _linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear)
 
@@ -136,6 +146,7 @@ STYLES: dict[str, tuple[Callable[[nn.Module], bool], str, Make]] = {
     "heads_seq": (_attention, ATTENTION, _heads(True)),
     "norm_seq": (lambda m: isinstance(m, nn.LayerNorm), "an nn.LayerNorm", _norm_seq),
     "gather_seq": (lambda m: True, "a layer", _gather_seq),
+    "dropout_seq": (lambda m: isinstance(m, nn.Dropout), "an nn.Dropout", _dropout_seq),
 }
 
 
@@ -191,7 +202,7 @@ def _check_sequence(plan: Plan) -> None:
 def _split_sizes(m: nn.Module, style: str, site: str) -> list[tuple[int, str]]:
     """The sizes a style splits on layer `m` (for the divisibility check)."""
     style = style.removesuffix("_seq")
-    if style in ("split", "gather", "norm"):
+    if style in ("split", "gather", "norm", "dropout"):
         return []  # the sequence length is the data's (checked when it arrives)
     if style == "colwise":
         return [(int(m.out_features), f"output features of {site}")]  # type: ignore[arg-type]

@@ -16,6 +16,10 @@ split and the layers that need every position; each collective is the link layer
   forward, all-gather backward.
 
 A sequence length the tp size does not divide is refused (`ConfigError`, one line).
+Dropout inside the region (`SequenceDropout`) draws the mask of every position and keeps
+this rank's: the masks one process draws, not a per-rank stream (Megatron-LM forks one
+per rank, whose masks no single process reproduces), so the split model equals the whole
+one with dropout on, at the cost of drawing n times the positions it applies.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from approxdist.errors import ConfigError
 from approxdist.tensor_parallel.shard import piece
@@ -104,3 +109,21 @@ def reduce_scatter_to_sequence(x: torch.Tensor, comm: TPComm, site: str) -> torc
     if comm.size == 1:
         return x
     return _ReduceScatter.apply(x, comm, site)
+
+
+class SequenceDropout(nn.Module):
+    """`nn.Dropout(p)` on this rank's positions of (batch, sequence, ...) activations: the
+    mask drawn for every rank's positions (the default generator, as `nn.Dropout` draws
+    on the whole tensor; the same on every `tp` rank) and this rank's part applied."""
+
+    def __init__(self, p: float, comm: TPComm, site: str) -> None:
+        super().__init__()
+        self.p, self.comm, self.site = p, comm, site
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not self.p:
+            return x
+        whole = list(x.shape)
+        whole[SEQ_DIM] *= self.comm.size  # the sequence length, which `_mine` checks divides
+        keep = torch.empty(whole, dtype=x.dtype, device=x.device).bernoulli_(1 - self.p)
+        return x * _mine(keep, self.comm, self.site).div_(1 - self.p)
