@@ -95,11 +95,12 @@ def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated
     for r, tried in zip(records[2:], (["table4"], ["poison", "table4"]), strict=True):
         assert list(r["candidates"]) == tried, r["candidates"].keys()
         assert r["skipped"] == ["fp32", "fp8"] and r["chosen"] == "table4"
-    # the same choices as speculating every candidate (the curve rule's way, always whole)
+    # the same choices as speculating every candidate (per parameter: all but the resting
+    # poison, over the budget on its one parameter)
     full = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
     assert [c for _, c in ctl.chosen] == ["fp32", "table4", "table4", "table4"]
     _, whole = _drive(Sim(rates, secs, error=errors), full, cands)
-    assert all(set(r["candidates"]) == set(cands) for r in whole[1:])
+    assert [set(r["candidates"]) | set(r["resting"]) for r in whole[1:]] == [set(cands)] * 3
     # a safe candidate that turned out slower than measured before does not stop the
     # search: the next one, measured faster, is tried
     drift = Sim(rates, dict(secs), error=errors)
@@ -196,7 +197,7 @@ def test_the_cli_says_one_line_and_exits_2(args: list[str], says: str,
 
 
 def test_a_damaging_candidate_rests_for_one_three_seven_boundaries() -> None:
-    from approxdist.adaptive.resting import Resting
+    from approxdist.adaptive.resting import Resting, damaging
 
     # Table-1 over the budget at every boundary: speculated at boundaries 1, 3, 7 and 15
     # of 16 (not at all 16), and the choice is the same fp8 at every one
@@ -211,13 +212,19 @@ def test_a_damaging_candidate_rests_for_one_three_seven_boundaries() -> None:
     assert bounds[2]["resting"] == {"table1": 70} and "table1" not in bounds[3]["skipped"]
     # a verdict other than damaging ends the streak: tested again at the next boundary
     rest = Resting()
-    rest.note(1, {"t": {"verdict": "damaging"}})
-    rest.note(3, {"t": {"verdict": "damaging"}})
+    rest.note(1, ["t"], {"t"})
+    rest.note(3, ["t", "u"], {"t"})
     assert rest.resting(4) == {"t": 7} and rest.resting(7) == {}
-    rest.note(7, {"t": {"verdict": "eligible"}})
+    rest.note(7, ["t"], set())
     assert rest.resting(8) == {} and rest.streak == {}
-    # per parameter a damaging codec may still suit one layer: it never rests there
+    # per parameter, a codec over the budget on the whole update may suit one layer: only
+    # one over it on every parameter alone rests (per_layer.assign can use it nowhere)
     layer = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
+    errors = {"table4": {"a": (0.3 ** 2, 1.0, 5), "b": (0.1 ** 2, 1.0, 5)},
+              "table1": {"a": (16.0, 1.0, 5), "b": (16.0, 1.0, 5)}}
+    verdicts = {"table4": {"verdict": "damaging"}, "table1": {"verdict": "damaging"}}
+    assert damaging(layer, verdicts, errors) == {"table1"}
+    assert damaging(DEFAULTS, verdicts, errors) == {"table1", "table4"}
     sim = Sim(rates, secs, total_steps=50, error={"fp8": 0.05, "table1": 4.0})
     _, records = _drive(sim, layer, ("fp32", "fp8", "table1"))
-    assert all("table1" in r["candidates"] and r["resting"] == {} for r in records[1:])
+    assert [b for b, r in enumerate(records[1:], 1) if "table1" in r["candidates"]] == [1, 3]

@@ -38,7 +38,7 @@ from typing import Any, Protocol, TypeVar
 from approxdist.adaptive.candidates import codec_bits
 from approxdist.adaptive.decide import Decision, Point, Trial, assess, collapsed, decide
 from approxdist.adaptive.learning_curve import LearningCurveModel
-from approxdist.adaptive.resting import Resting
+from approxdist.adaptive.resting import Resting, damaging
 from approxdist.comm.update_error import Sums, relative
 from approxdist.config.adaprec import AdaPrecConfig
 
@@ -186,8 +186,8 @@ class AdaPrecController:
         else:
             self.blacklist += [c for c in decision.blacklisted if c not in self.blacklist]
             winner, reason = decision.winner, decision.reason
-        if self.cfg.choose == "all":  # per parameter, a damaging codec may suit one layer
-            self.resting.note(self.boundaries, decision.records)
+        self.resting.note(self.boundaries, specs, damaging(
+            self.cfg, decision.records, {c: s.trial.errors for c, s in specs.items()}))
         back = {c: step + (b - self.boundaries) * self.cfg.phase_steps
                 for c, b in self.resting.resting(self.boundaries).items()}
         self._switch(step, winner, kept)

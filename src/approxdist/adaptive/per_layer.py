@@ -38,9 +38,7 @@ def assign(errors: Mapping[str, Sums], bits: Mapping[str, float], budget: float,
     for n in names:
         options = [(exact, 0, 32.0 * size[n])]
         for cand, sums in errors.items():
-            if cand == exact or n not in sums or not sums[n][1] > 0:
-                continue
-            if sums[n][0] > budget ** 2 * sums[n][1]:
+            if cand == exact or n not in sums or not option(sums[n], budget):
                 continue  # over the budget on this parameter alone: never where it damages
             err = sums[n][0] / sums[n][1] * norm[n]
             w = 0 if err == 0 else math.ceil(err / cap * levels) if cap > 0 else levels + 1
@@ -55,6 +53,12 @@ def assign(errors: Mapping[str, Sums], bits: Mapping[str, float], budget: float,
         best = nxt
     cost, picks = min(best.values(), key=lambda v: v[0])
     return dict(zip(names, picks))
+
+
+def option(sums: tuple[float, float, int], budget: float) -> bool:
+    """Whether a codec measured `sums` (||E||^2, ||G||^2, size) on a parameter may send it:
+    a gradient there, and the codec's error on it alone within `budget`."""
+    return sums[1] > 0 and sums[0] <= budget ** 2 * sums[1]
 
 
 def mix_spec(choice: Mapping[str, str]) -> str:

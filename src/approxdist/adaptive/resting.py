@@ -9,14 +9,19 @@ boundaries 1, 3, 7, 15, ... after the first), so over `B` boundaries it costs ab
 `log2(B)` speculations instead of `B`, and a codec that becomes safe is seen again
 within twice the boundaries since its last verdict. A verdict other than `damaging`
 (safe, diverged, collapsed) ends its streak: only the error, a measured and slowly
-moving figure, earns the rest.
+moving figure, earns the rest. Per parameter (`choose = layer`) a candidate rests only
+when it is over the budget on every parameter alone, where `per_layer.assign` can use it
+nowhere; one over it on the whole update may still suit some layers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from approxdist.adaptive.per_layer import Sums, option
+from approxdist.config.adaprec import AdaPrecConfig
 
 
 @dataclass
@@ -31,13 +36,22 @@ class Resting:
         each with the boundary number it is tested again at."""
         return {c: u for c, u in self.until.items() if u > boundary}
 
-    def note(self, boundary: int, verdicts: Mapping[str, Mapping[str, Any]]) -> None:
-        """The verdicts of the candidates speculated at boundary number `boundary`
-        (`Decision.records`: candidate -> its record with a `verdict`)."""
-        for candidate, record in verdicts.items():
-            if record.get("verdict") == "damaging":
+    def note(self, boundary: int, tested: Iterable[str], damaging: set[str]) -> None:
+        """The candidates speculated at boundary number `boundary`, `damaging` of them."""
+        for candidate in tested:
+            if candidate in damaging:
                 k = self.streak[candidate] = self.streak.get(candidate, 0) + 1
                 self.until[candidate] = boundary + 2 ** k
             else:
                 self.streak.pop(candidate, None)
                 self.until.pop(candidate, None)
+
+
+def damaging(cfg: AdaPrecConfig, verdicts: Mapping[str, Mapping[str, Any]],
+             errors: Mapping[str, Sums]) -> set[str]:
+    """The candidates that earn a rest: `damaging` (`Decision.records`' verdicts) for one
+    codec for all; per parameter, those no parameter may take (`per_layer.option`)."""
+    if cfg.choose == "all":
+        return {c for c, r in verdicts.items() if r.get("verdict") == "damaging"}
+    return {c for c, sums in errors.items()
+            if sums and not any(option(s, cfg.error_budget) for s in sums.values())}
