@@ -30,7 +30,7 @@ from approxdist.config.schema import DataConfig
 from approxdist.data.registry import load_dataset
 from approxdist.errors import ConfigError
 from approxdist.pipeline.profiler import REPEAT
-from approxdist.planner.choice import explain, parts_text
+from approxdist.planner.choice import explain, label, parts_text
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.overhead import NONE
@@ -267,7 +267,7 @@ def _header(profile: Profile, cluster: ClusterSpec, s: SolverSettings, objective
 
 def _stages(plan: RankedPlan) -> str:
     ranges = stage_ranges(plan.plan)
-    return f"{ranges} {plan.label}" if "tp" in plan.used else ranges
+    return f"{ranges} {label(plan)}" if plan.tp > 1 else ranges
 
 
 def _describe(p: RankedPlan, title: str) -> str:

@@ -14,6 +14,12 @@ from collections.abc import Sequence
 from approxdist.planner.search import RankedPlan
 
 
+def label(p: RankedPlan) -> str:
+    """A plan in a few words: `tp=2,dp=2`, `dp=4`, `1f1b M=8 [0,3)x1 [3,7)x2` (its kind's
+    label, `planner.kinds`)."""
+    return p.kind.label(p.plan, p.tp)
+
+
 def parts_text(p: RankedPlan) -> str:
     """Its step's parts: seconds in ms, shares as fractions, counts and bytes as such."""
     out = []
@@ -36,15 +42,15 @@ def explain(ranked: Sequence[RankedPlan], not_priced: Sequence[str] = ()) -> lis
     for p in ranked:
         best.setdefault(p.mode, p)
     lines = ["why: the best plan of each mode, per sample, and where its step goes"]
-    width = max(len(p.label) for p in best.values())
+    width = max(len(label(p)) for p in best.values())
     for mode, p in best.items():
-        lines.append(f"  {mode:8s} {p.label:{width}s} {p.per_sample_s * 1e6:10.1f} us/sample"
+        lines.append(f"  {mode:8s} {label(p):{width}s} {p.per_sample_s * 1e6:10.1f} us/sample"
                      f"  {parts_text(p)}")
     lines += [f"  not priced: {why}" for why in not_priced]
     chosen = ranked[0]
     margins = [f"{p.per_sample_s / chosen.per_sample_s:.2f}x {mode}"
                for mode, p in best.items() if mode != chosen.mode]
-    lines.append(f"chosen: {chosen.mode} {chosen.label}"
+    lines.append(f"chosen: {chosen.mode} {label(chosen)}"
                  + (f", faster per sample than the best of each other mode by "
                     f"{', '.join(margins)}" if margins else ", the only mode priced"))
     return lines

@@ -51,14 +51,9 @@ class RankedPlan:
     tp_plan: str = ""  # the layers they split, `layer.path=style,...` (kind tensor)
 
     @property
-    def used(self) -> frozenset[str]:
-        """The mesh axes of size > 1 the plan uses (`pp`, `dp`, `tp`)."""
-        return used_axes(self.plan, self.tp)
-
-    @property
     def kind(self) -> PlanKind:
         """Its kind (`planner.kinds`): the axes it uses decide."""
-        kind = kind_of(self.used)
+        kind = kind_of(used_axes(self.plan, self.tp))
         assert kind is not None  # the planner prices only plans of the kinds
         return kind
 
@@ -66,11 +61,6 @@ class RankedPlan:
     def mode(self) -> str:
         """The parallel mode that runs it (its kind's name: single, dp, pipeline, ...)."""
         return self.kind.name
-
-    @property
-    def label(self) -> str:
-        """The plan in a few words (`PlanKind.label`)."""
-        return self.kind.label(self.plan, self.tp)
 
     @property
     def key(self) -> tuple[object, ...]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from approxdist.errors import ConfigError
 from approxdist.pipeline.partition import balance_costs
+from approxdist.planner.choice import label
 from approxdist.planner.cost.pipeline import PipelinePlan, Stage
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level, PipeDreamSettings
@@ -49,7 +50,7 @@ class Candidate:
         return self.ranked.key
 
     def describe(self) -> str:
-        return self.ranked.label
+        return label(self.ranked)
 
 
 def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, ...],
@@ -60,7 +61,7 @@ def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, 
     ranked = search(profile, base, SCHEDULES, microbatches)
     picks: list[tuple[str, RankedPlan]] = [
         ("ours" if i == 0 else f"ours-{i + 1}", r) for i, r in enumerate(ranked[:keep])]
-    picks += [("dp", r) for r in ranked if r.used <= {"dp"}][:1]
+    picks += [("dp", r) for r in ranked if r.kind.axes <= {"dp"}][:1]
     gpipe = torchgpipe(profile, base, microbatches)
     if gpipe is not None:
         picks.append(("torchgpipe", gpipe))
