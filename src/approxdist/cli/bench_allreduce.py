@@ -42,6 +42,7 @@ from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.context import init_from_env, shutdown
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.text import name_list
 
 _SIZE = re.compile(r"(\d+)([KMG]?)(I?B?)", re.IGNORECASE)
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -92,10 +93,10 @@ def parse_algorithms(text: str) -> list[str]:
     """`all` or a comma list; every name is checked against the registry."""
     if text.strip() == "all":
         return algorithm_names()
-    names = [a.strip() for a in text.split(",") if a.strip()]
-    for name in names:
+    chosen = list(name_list(text))
+    for name in chosen:
         get_algorithm(name)
-    return names
+    return chosen
 
 
 def combos_for(algorithms: list[str], codecs: list[str]) -> tuple[Combo, ...]:

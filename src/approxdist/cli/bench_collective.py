@@ -28,6 +28,7 @@ from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.registry import Registry
+from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
@@ -53,7 +54,7 @@ def register(sub: Any) -> None:
 
 def parse_algorithms(op: str, text: str) -> tuple[str, ...]:
     """Our algorithms to run, each checked against the op's registry (`auto` too)."""
-    names = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+    names = tuple(dict.fromkeys(name_list(text)))
     registries: dict[str, Registry[Any]] = {
         "allgather": GATHER_ALGORITHMS, "reducescatter": SCATTER_ALGORITHMS,
         "broadcast": BROADCAST_ALGORITHMS}

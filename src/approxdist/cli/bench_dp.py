@@ -32,6 +32,7 @@ from approxdist.data_parallel.compressed import check_carried
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import MODELS
+from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
@@ -71,7 +72,7 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
         raise ConfigError(f"--world-size {args.world_size}: data parallelism needs >= 2 ranks")
     check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     MODELS.get(args.model)
-    codecs = tuple(codec_label(c.strip()) for c in args.codec.split(",") if c.strip())
+    codecs = tuple(map(codec_label, name_list(args.codec)))
     link = parse_link(args.link)
     options: dict[str, Any] = {"algorithm": args.algorithm, "early_forward": args.early_forward}
     for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
@@ -82,7 +83,7 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
             raise ConfigError(f"--gil-switch-ms {args.gil_switch_ms} must be >= 0 (0 leaves "
                               f"Python's 5 ms); e.g. 0.5")
         options["gil_switch_ms"] = args.gil_switch_ms or None
-    ddp = [ddp_label(c) for c in args.ddp_codec.split(",") if c.strip()] or ["fp32"]
+    ddp = [ddp_label(c) for c in name_list(args.ddp_codec)] or ["fp32"]
     for codec in codecs:  # an all-gather compressor needs an algorithm with an all-gather
         check_carried(codec, args.algorithm)
     return DPBenchPlan(args.model, args.hidden, 3, args.batch_size, codecs, args.error_feedback,

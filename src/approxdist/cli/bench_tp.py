@@ -38,7 +38,7 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import tp_plan_of
 from approxdist.models.bench_inputs import bench_input
 from approxdist.tensor_parallel import check_plan, default_plan, tp_plan_from
-from approxdist.text import comma_list
+from approxdist.text import comma_list, name_list
 
 
 def register(sub: Any) -> None:
@@ -86,7 +86,7 @@ def plan_cases(args: argparse.Namespace) -> list[TPBenchCase]:
     plan = tp_plan_from(args.tp_plan) if args.tp_plan else \
         default_plan(model, tp_plan_of(args.model), args.model)
     check_plan(model, plan, args.tp)
-    codecs = [split_label(codec_label(c.strip())) for c in args.codecs.split(",") if c.strip()]
+    codecs = [split_label(codec_label(c)) for c in name_list(args.codecs)]
     wires = comma_list(args.wire, _wire, ConfigError(
         f"--wire {args.wire!r}: each entry must be one of {', '.join(WIRES)}; e.g. fwd,both"))
     links = [_link(text) for text in (args.link or ["none"])]
