@@ -99,7 +99,7 @@ class DataParallel(nn.Module):
         self._chunk_numel = int(chunk_kb * 1024) // 4
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None
-        self._pass = self._wire_buckets()
+        self._pass = self._backward_pass()
         self._gate = ForwardGate(module, self._buckets, recorder) if early_forward else None
         if broadcast:
             self.broadcast_parameters()
@@ -116,7 +116,7 @@ class DataParallel(nn.Module):
         return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef,
                             worker=self.group.rank) for plan in plans]
 
-    def _wire_buckets(self) -> BackwardPass:
+    def _backward_pass(self) -> BackwardPass:
         """The backward pass (reducer, usage flags, gradient hooks) of the current buckets."""
         return BackwardPass(self._buckets, self._pool, self._waits, overlap=self._overlap,
                             chunk_numel=self._chunk_numel, op=self._op,
@@ -140,7 +140,7 @@ class DataParallel(nn.Module):
         self._pass.hooks.remove()
         self.rules = rules
         self._buckets = self._make_buckets(*self._sizes)
-        self._pass = self._wire_buckets()
+        self._pass = self._backward_pass()
         self.set_extra_state(residuals)
 
     def update_error(self, measure: bool) -> Sums:
