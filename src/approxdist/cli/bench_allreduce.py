@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import finish
+from approxdist.bench.report import add_json_flag, finish
 from approxdist.benchmarks.allreduce import (
     BASELINE,
     BenchPlan,
@@ -64,7 +64,7 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", type=float, default=6.0,
                    help="seconds per size that set the rounds between --min-repeats and "
                         "--repeats")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.add_argument("--calibrate", action="store_true",
                    help="fit auto's thresholds and write them to --calibration")
     p.add_argument("--calibration", type=Path, default=None,

@@ -11,11 +11,10 @@ the ratios to `native` (method: `approxdist.benchmarks.collective`).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import check_counts, finish
+from approxdist.bench.report import add_json_flag, check_counts, finish
 from approxdist.benchmarks.collective import OPS, CollectivePlan, measure_rank, rows, table
 from approxdist.cli.bench_allreduce import parse_sizes
 from approxdist.comm.codecs import get_codec
@@ -48,7 +47,7 @@ def register(sub: Any) -> None:
                    help="emulated link for ours only (native cannot be shaped), e.g. bw=1gbit")
     p.add_argument("--rounds", type=int, default=40,
                    help="timed calls per engine and size (default %(default)s)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 

@@ -20,11 +20,10 @@ interference_s, bytes_per_step_rank0, model, world_size).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.ddp_baselines import ddp_label
 from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
 from approxdist.comm.netem import parse_link
@@ -63,7 +62,7 @@ def register(sub: Any) -> None:
                    help="auto's thresholds from approxdist bench allreduce --calibrate")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=4, help="timed steps per variant per round")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.dp import codec_label, split_label
 from approxdist.benchmarks.tp import WIRES, TPBenchCase, case_model, measure_rank, summarize
@@ -68,7 +67,7 @@ def register(sub: Any) -> None:
                         "several (none: no emulation, the default)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=5, help="mini-batches per round (default 5)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 
