@@ -26,6 +26,12 @@ def comma_list(text: str, kind: Callable[[str], T], error: Exception) -> tuple[T
         raise error from None
 
 
+def name_list(text: str) -> tuple[str, ...]:
+    """`"ring, brd,,auto"` -> ("ring", "brd", "auto"): the items of a comma list of names
+    (codecs, algorithms, keys), each stripped of spaces, empty items dropped."""
+    return tuple(part.strip() for part in str(text).split(",") if part.strip())
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write `obj` to `path` as indented JSON ending in a newline, making its folder."""
     path = Path(path)

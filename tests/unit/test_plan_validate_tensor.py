@@ -42,7 +42,7 @@ def test_every_mesh_and_data_parallelism_is_a_candidate_and_repriced() -> None:
     profile, tensor = mlp()
     base = SolverSettings(4, Network(LinkLevel.from_link("inter", "bw=1gbit,lat=50us")))
     found = tensor_candidates(profile, base, tensor)
-    assert sorted(c.describe() for c in found) == ["dp x4", "tp=2,dp=2", "tp=4,dp=1"]
+    assert sorted(c.describe() for c in found) == ["dp=4", "tp=2,dp=2", "tp=4,dp=1"]
     assert found[0].choosers == ("ours",)
     assert found[0].ranked.per_sample_s == min(c.ranked.per_sample_s for c in found)
     slower, _ = mlp(1.5)

@@ -23,6 +23,7 @@ from approxdist.planner.cost import (
     dp_time,
     pipeline_time,
 )
+from approxdist.planner.kinds import kind_of
 from approxdist.planner.plan_file import parse_plan, read_plan, write_plan
 from approxdist.topology import Mesh
 from approxdist.train.mode import modes, plan_mode
@@ -131,10 +132,12 @@ def test_plan_file_becomes_train_config() -> None:
     ([{"replicas": 2}, {"replicas": 1}], "hybrid"), ([{"replicas": 1, "tp": 2}], "tensor"),
     ([{"replicas": 2, "tp": 2}], "tensor")])
 def test_the_mode_record_that_runs_a_plan_says_so(stages: list, mode: str) -> None:
-    """Exactly one record's `runs_plan` takes each plan's mesh (so a new mode adds its own
-    rule, and none of the others changes)."""
+    """Each plan's mesh is of one kind of the planner's table, and exactly one record runs
+    that kind (so a new mode adds its own row and record, and none of the others changes)."""
     mesh = parse_plan({"stages": stages}).mesh
-    takers = [m for m in modes().names() if modes().get(m).runs_plan(mesh)]
+    kind = kind_of(mesh.used)
+    assert kind is not None and kind.name == mode
+    takers = [m for m in modes().names() if modes().get(m).plan == kind]
     assert takers == [mode] and plan_mode(mesh).name == mode
 
 

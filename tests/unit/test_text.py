@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from approxdist.errors import ConfigError, DataError
-from approxdist.text import comma_list, read_json, read_text, write_json
+from approxdist.text import comma_list, name_list, read_json, read_text, write_json
 
 
 def test_comma_list_parses_each_part_with_its_kind() -> None:
@@ -22,6 +22,12 @@ def test_comma_list_raises_the_callers_error_on_a_bad_part(text: str) -> None:
     with pytest.raises(ConfigError, match=r"^--replicas .* e\.g\. 2,1,1$") as info:
         comma_list(text, int, ConfigError(f"--replicas {text!r}: e.g. 2,1,1"))
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_name_list_strips_each_name_and_drops_empty_items() -> None:
+    assert name_list("ring, brd,,auto ") == ("ring", "brd", "auto")
+    assert name_list("fp32") == ("fp32",)
+    assert name_list(" , ") == ()
 
 
 def test_write_json_makes_the_folder_and_ends_in_a_newline(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ the hypervisor took during its run.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,11 @@ def render(columns: Sequence[Column], rows: Sequence[Row], *, sep: str = " ",
 def with_steal(rows: Sequence[Row], host: HostWatch) -> list[dict[str, Any]]:
     """The rows as JSON objects with `host_steal_fraction` added."""
     return [{**r, "host_steal_fraction": host.steal} for r in rows]
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    """`--json FILE`: where `finish` writes the rows (every benchmark command takes it)."""
+    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
 
 
 def finish(host: HostWatch, rows: Sequence[Row], json_path: Path | None = None,

@@ -38,6 +38,7 @@ from approxdist.comm.compressors import (
 )
 from approxdist.comm.compressors.base import finish_alone, start_alone
 from approxdist.errors import SpecError
+from approxdist.text import name_list
 
 Op = Callable[[], object]
 
@@ -62,8 +63,7 @@ def parse_codecs(text: str, numel: int) -> list[Format]:
     """A comma list of codec and compressor specs and the words `all` (every default codec
     and compressor) and `compressors` -> codecs and compressors for `numel` values."""
     words = {"all": DEFAULT_SPECS + DEFAULT_COMPRESSORS, "compressors": DEFAULT_COMPRESSORS}
-    specs = [w for item in text.split(",") if item.strip()
-             for w in words.get(item.strip(), (item.strip(),))]
+    specs = [w for item in name_list(text) for w in words.get(item, (item,))]
     shape = bench_shape(numel)
     return [get_compressor(s, Where(shape)) if is_compressor(s) else _codec(s) for s in specs]
 

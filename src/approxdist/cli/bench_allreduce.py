@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import finish
+from approxdist.bench.report import add_json_flag, finish
 from approxdist.benchmarks.allreduce import (
     BASELINE,
     BenchPlan,
@@ -42,6 +42,7 @@ from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.context import init_from_env, shutdown
 from approxdist.launch.spawn import run_on_ranks
+from approxdist.text import name_list
 
 _SIZE = re.compile(r"(\d+)([KMG]?)(I?B?)", re.IGNORECASE)
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -63,7 +64,7 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", type=float, default=6.0,
                    help="seconds per size that set the rounds between --min-repeats and "
                         "--repeats")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.add_argument("--calibrate", action="store_true",
                    help="fit auto's thresholds and write them to --calibration")
     p.add_argument("--calibration", type=Path, default=None,
@@ -92,10 +93,10 @@ def parse_algorithms(text: str) -> list[str]:
     """`all` or a comma list; every name is checked against the registry."""
     if text.strip() == "all":
         return algorithm_names()
-    names = [a.strip() for a in text.split(",") if a.strip()]
-    for name in names:
+    chosen = list(name_list(text))
+    for name in chosen:
         get_algorithm(name)
-    return names
+    return chosen
 
 
 def combos_for(algorithms: list[str], codecs: list[str]) -> tuple[Combo, ...]:

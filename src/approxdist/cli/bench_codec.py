@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import finish
+from approxdist.bench.report import add_json_flag, finish
 from approxdist.benchmarks.codec import measure, parse_codecs, table
 from approxdist.errors import ConfigError
 from approxdist.kernels import kernel_status
@@ -43,7 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--alloc", action="store_true",
                    help="let baselines and codecs allocate their outputs each call")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 

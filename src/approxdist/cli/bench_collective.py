@@ -11,11 +11,10 @@ the ratios to `native` (method: `approxdist.benchmarks.collective`).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import check_counts, finish
+from approxdist.bench.report import add_json_flag, check_counts, finish
 from approxdist.benchmarks.collective import OPS, CollectivePlan, measure_rank, rows, table
 from approxdist.cli.bench_allreduce import parse_sizes
 from approxdist.comm.codecs import get_codec
@@ -28,6 +27,7 @@ from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.registry import Registry
+from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
@@ -47,13 +47,13 @@ def register(sub: Any) -> None:
                    help="emulated link for ours only (native cannot be shaped), e.g. bw=1gbit")
     p.add_argument("--rounds", type=int, default=40,
                    help="timed calls per engine and size (default %(default)s)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def parse_algorithms(op: str, text: str) -> tuple[str, ...]:
     """Our algorithms to run, each checked against the op's registry (`auto` too)."""
-    names = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+    names = tuple(dict.fromkeys(name_list(text)))
     registries: dict[str, Registry[Any]] = {
         "allgather": GATHER_ALGORITHMS, "reducescatter": SCATTER_ALGORITHMS,
         "broadcast": BROADCAST_ALGORITHMS}

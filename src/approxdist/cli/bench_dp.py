@@ -20,11 +20,10 @@ interference_s, bytes_per_step_rank0, model, world_size).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.ddp_baselines import ddp_label
 from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
 from approxdist.comm.netem import parse_link
@@ -32,6 +31,7 @@ from approxdist.data_parallel.compressed import check_carried
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import MODELS
+from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
                    help="auto's thresholds from approxdist bench allreduce --calibrate")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=4, help="timed steps per variant per round")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 
@@ -71,7 +71,7 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
         raise ConfigError(f"--world-size {args.world_size}: data parallelism needs >= 2 ranks")
     check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     MODELS.get(args.model)
-    codecs = tuple(codec_label(c.strip()) for c in args.codec.split(",") if c.strip())
+    codecs = tuple(map(codec_label, name_list(args.codec)))
     link = parse_link(args.link)
     options: dict[str, Any] = {"algorithm": args.algorithm, "early_forward": args.early_forward}
     for key in ("bucket_mb", "threads", "chunk_kb", "calibration"):
@@ -82,7 +82,7 @@ def plan_from(args: argparse.Namespace) -> DPBenchPlan:
             raise ConfigError(f"--gil-switch-ms {args.gil_switch_ms} must be >= 0 (0 leaves "
                               f"Python's 5 ms); e.g. 0.5")
         options["gil_switch_ms"] = args.gil_switch_ms or None
-    ddp = [ddp_label(c) for c in args.ddp_codec.split(",") if c.strip()] or ["fp32"]
+    ddp = [ddp_label(c) for c in name_list(args.ddp_codec)] or ["fp32"]
     for codec in codecs:  # an all-gather compressor needs an algorithm with an all-gather
         check_carried(codec, args.algorithm)
     return DPBenchPlan(args.model, args.hidden, 3, args.batch_size, codecs, args.error_feedback,

@@ -12,11 +12,10 @@ rows of engine `approxdist` are the p2p table the cost model's calibration takes
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, render
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, render
 from approxdist.benchmarks.p2p import P2PPlan, measure_rank, rows
 from approxdist.cli.bench_allreduce import parse_sizes
 from approxdist.comm.codecs import get_codec
@@ -40,7 +39,7 @@ def register(sub: Any) -> None:
     p.add_argument("--codec", default="fp32", help="our wire format (default fp32: raw)")
     p.add_argument("--link", default=None, help="emulated link of ours, e.g. bw=1gbit,lat=100us")
     p.add_argument("--rounds", type=int, default=20, help="ping-pongs per size and engine")
-    p.add_argument("--json", help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     with HostWatch() as host:
         out = rows(run_on_ranks(measure_rank, 2, plan, timeout_s=3600)[0], plan)
     print(render(COLUMNS, out))
-    finish(host, out, Path(args.json) if args.json else None,
+    finish(host, out, args.json,
            f"approxdist bench p2p --sizes {args.sizes} --codec {args.codec} --rounds "
            f"{args.rounds}" + (f" --link {args.link}" if args.link else ""))
     return 0

@@ -23,12 +23,11 @@ import argparse
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.baseline import BaselineMismatch
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, render
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.pipeline import BenchCase, last_losses, loss_mismatch, measure_rank
@@ -83,7 +82,7 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
                    help="our stages' fused Linear weight-gradient accumulation (default auto)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
 
 
 def _ints(text: str, what: str) -> list[int]:

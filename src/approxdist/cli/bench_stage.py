@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.stage import StageCase, measure
 from approxdist.errors import ConfigError
 
@@ -39,7 +38,7 @@ def register(sub: Any) -> None:
         p.add_argument(f"--{flag}", type=int, default=default,
                        help=f"{what} (default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.dp import codec_label, split_label
 from approxdist.benchmarks.tp import WIRES, TPBenchCase, case_model, measure_rank, summarize
@@ -38,7 +37,7 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import tp_plan_of
 from approxdist.models.bench_inputs import bench_input
 from approxdist.tensor_parallel import check_plan, default_plan, tp_plan_from
-from approxdist.text import comma_list
+from approxdist.text import comma_list, name_list
 
 
 def register(sub: Any) -> None:
@@ -68,7 +67,7 @@ def register(sub: Any) -> None:
                         "several (none: no emulation, the default)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
     p.add_argument("--steps", type=int, default=5, help="mini-batches per round (default 5)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 
@@ -86,7 +85,7 @@ def plan_cases(args: argparse.Namespace) -> list[TPBenchCase]:
     plan = tp_plan_from(args.tp_plan) if args.tp_plan else \
         default_plan(model, tp_plan_of(args.model), args.model)
     check_plan(model, plan, args.tp)
-    codecs = [split_label(codec_label(c.strip())) for c in args.codecs.split(",") if c.strip()]
+    codecs = [split_label(codec_label(c)) for c in name_list(args.codecs)]
     wires = comma_list(args.wire, _wire, ConfigError(
         f"--wire {args.wire!r}: each entry must be one of {', '.join(WIRES)}; e.g. fwd,both"))
     links = [_link(text) for text in (args.link or ["none"])]

@@ -13,11 +13,10 @@ best of 5 loops of `--calls` spans (the loop's own overhead included; method:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import finish, render
+from approxdist.bench.report import add_json_flag, finish, render
 from approxdist.benchmarks.trace import COLUMNS, measure
 from approxdist.errors import ConfigError
 
@@ -26,7 +25,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("trace", help="cost of a timeline span, disabled and enabled",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--calls", type=int, default=100_000, help="spans per loop (default 100000)")
-    p.add_argument("--json", type=Path, help="write the rows to this JSON file")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 

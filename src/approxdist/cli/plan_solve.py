@@ -34,6 +34,7 @@ from approxdist.planner.choice import explain, label, parts_text
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.overhead import NONE
+from approxdist.planner.kinds import stage_ranges
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
@@ -265,19 +266,14 @@ def _header(profile: Profile, cluster: ClusterSpec, s: SolverSettings, objective
 
 
 def _stages(plan: RankedPlan) -> str:
-    if plan.tp > 1:
-        return f"{_stage_ranges(plan)} {label(plan)}"
-    return _stage_ranges(plan)
-
-
-def _stage_ranges(plan: RankedPlan) -> str:
-    return " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in plan.plan.stages)
+    ranges = stage_ranges(plan.plan)
+    return f"{ranges} {label(plan)}" if plan.tp > 1 else ranges
 
 
 def _describe(p: RankedPlan, title: str) -> str:
     parts = parts_text(p)
     memory = ", ".join(f"stage {m.stage} {_size(m.total_bytes)}" for m in p.memory)
-    schedule = f"{p.plan.schedule}, " if p.mode in ("pipeline", "hybrid") else ""
+    schedule = f"{p.plan.schedule}, " if p.kind.scheduled else ""
     return (f"{title}: {p.mode}, {schedule}{p.plan.microbatches} micro-batch(es), stages "
             f"{_stages(p)}\n"
             f"  predicted {p.step_s * 1e3:.2f} ms per step of {p.samples_per_step} samples, "
@@ -287,8 +283,9 @@ def _describe(p: RankedPlan, title: str) -> str:
 
 
 def _table(plans: list[RankedPlan]) -> str:
-    rows = [{"rank": i + 1, "mode": p.mode, "sched": p.plan.schedule if p.mode in
-             ("pipeline", "hybrid") else "-", "m": p.plan.microbatches, "stages": _stages(p),
+    rows = [{"rank": i + 1, "mode": p.mode,
+             "sched": p.plan.schedule if p.kind.scheduled else "-",
+             "m": p.plan.microbatches, "stages": _stages(p),
              "step": p.step_s * 1e3, "sample": p.per_sample_s * 1e6,
              "est": "-" if p.estimate_s is None else f"{p.estimate_s * 1e3:.2f}",
              "mem": _size(max(m.total_bytes for m in p.memory))} for i, p in enumerate(plans)]

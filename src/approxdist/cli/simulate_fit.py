@@ -29,7 +29,7 @@ from approxdist.planner.simfit.points import (
     read_points,
     read_reached,
 )
-from approxdist.text import comma_list
+from approxdist.text import comma_list, name_list
 
 
 def register(p: Any) -> None:
@@ -62,7 +62,7 @@ FIT_COLUMNS = (Column("role", 9, "role", left=True), Column("nodes", 6, "nodes")
 def fitted(model: ScalingModel, args: argparse.Namespace) -> ScalingModel:
     """The model with `--fit`'s inputs fitted; prints the fit and predicted points."""
     table, points = read_points(args.points)
-    free = tuple(n.strip() for n in args.fit.split(",") if n.strip())
+    free = name_list(args.fit)
     bad = ConfigError(f"--predict {args.predict!r} must be N:b pairs, e.g. 64:64,64:32")
     predict = comma_list(args.predict, _pair, bad) if args.predict else ()
     got = fit(model, points, free, args.fit_max_nodes, predict)

@@ -4,53 +4,23 @@
     loss = F.cross_entropy(dp(x), y)
     optimizer.zero_grad(); loss.backward(); optimizer.step()   # grads are averaged
 
-The engine averages over `group` (a `launch.group.Group`; the whole world by default), so
-several engines can train independent replicas side by side on sub-groups, or a
-hybrid run can average each pipeline stage over its own replicas.
-
-What happens (docs/data_parallel.md has the whole story):
-* `op="sum"` sums instead of averaging (for replicas whose losses are already weighted by
-  their share of the whole batch: a hybrid pipeline's stage); `wait_in_backward=False`
-  lets backward return as soon as every bucket is launched and `finish()` waits for
-  them and writes the result into `.grad` (a pipeline stage sends its input gradient
-  upstream meanwhile);
-* construction: the members check they hold the same model (`checks.py`), the group's
-  first rank's weights are broadcast, gradients are planned into buckets (`buckets.py`), each bucket's codec
-  comes from `codec_rules` (`codec_rules.py`, seed 004's per-layer precision and named
-  policies such as `policy:seed004`); a bucket whose codec is `fastest` gets the fastest
-  codec for its size in `codec_times` (`codec_times.py`, seed 004's Fastest);
-* backward: each parameter's hook copies its gradient into its bucket; full buckets go
-  to the communication threads in order, fragmented (`reducer.py`, `threads.py`), while
-  backward continues (seed 001's overlap); `loss.backward()` returns once every mean has
-  been written back into `.grad` — unless `early_forward`, where each bucket's optimizer
-  step runs on the thread that finished it and the next forward of each layer waits
-  only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
-* lossy codecs may keep error-feedback residuals (`comm.error_feedback`), which travel
-  in `state_dict()` as extra state; so do the states of compressors (`codec="powersgd:2"`,
-  `"topk:0.01"`, docs/compressors.md), one parameter per bucket; a codec switch keeps
-  them all, parked while unused (`wire_state.py`);
-* `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
-  transfers, and the caller's thread a `wait` span wherever it blocks on them;
-* `hold_freed_memory` (default True) keeps freed heap memory in the process
-  (`launch.malloc`; process-wide): the engine frees autograd's gradient tensors into its
-  buckets during backward, after which glibc trimmed the heap every step and each
-  forward page-faulted its activations back in (~4 % of a ResNet-56 step);
-* `gil_switch_ms` (default 0.5) lowers the interpreter's GIL switch interval so that the
-  comm threads' Python never holds the training thread up for Python's default 5 ms
-  (`threads.shorten_gil_switch`; process-wide; None leaves it).
-Unused parameters: a parameter with no gradient on a rank contributes zeros (or its
-existing `.grad`); with `find_unused_parameters=True` one small exact all-reduce per step
-finds parameters no rank used, whose `.grad` then stays None (no weight decay, no
-momentum step), exactly as single-process training. Frozen parameters
-(`requires_grad=False` at construction) are never reduced.
+The wrapper averages over `group` (a `launch.group.Group`; the whole world by default),
+or sums with `op="sum"` (replicas whose losses already carry their share of the batch: a
+hybrid pipeline's stage). Construction checks the members hold the same model
+(`checks.py`), broadcasts the first member's weights, plans the gradients into buckets
+(`buckets.py`) with a codec each from `codec_rules` (`codec_rules.py`; `fastest` from
+`codec_times`, `codec_times.py`) and starts the communication threads (`threads.py`);
+backward is `backward.py`'s (overlap, early forward, unused parameters). Error-feedback
+residuals and compressor states travel in `state_dict()` as extra state and survive a
+codec switch (`set_codecs`, parked while unused: `wire_state.py`). `hold_freed_memory`
+and `gil_switch_ms` are process-wide (`launch.malloc`, `threads.shorten_gil_switch`);
+docs/data_parallel.md has the whole story.
 """
-
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,22 +30,21 @@ from torch import nn
 from approxdist.comm.collectives import Calibration
 from approxdist.comm.update_error import Sums, UpdateError, merge
 from approxdist.config.dp import check_sizes
+from approxdist.data_parallel.backward import BackwardPass, Waits
 from approxdist.data_parallel.buckets import ParamInfo, plan_buckets
 from approxdist.data_parallel.buffer_stats import average_float_buffers
 from approxdist.data_parallel.checks import check_same_model, context_of
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
 from approxdist.data_parallel.codec_times import CodecTimes, load_times
 from approxdist.data_parallel.early_forward import StepApplier
-from approxdist.data_parallel.hooks import BackwardHooks, ForwardGate
-from approxdist.data_parallel.reducer import BucketState, Reducer
-from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool, CommThread
-from approxdist.data_parallel.usage import UsageFlags
+from approxdist.data_parallel.hooks import ForwardGate
+from approxdist.data_parallel.reducer import BucketState
+from approxdist.data_parallel.threads import GIL_SWITCH_MS, CommPool
 from approxdist.data_parallel.wire_state import Parked, collect, spread
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.group import Group, world_group
 from approxdist.launch.malloc import hold_freed_memory as keep_heap
-from approxdist.trace.phases import OPTIMIZER, WAIT
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
 
 MB = 1 << 20
@@ -119,7 +88,7 @@ class DataParallel(nn.Module):
         self.early_forward = early_forward
         self.wait_in_backward = wait_in_backward
         self.recorder = recorder
-        self._waited = 0.0  # time the caller's thread waited for communication (hooks, wait())
+        self._waits = Waits(recorder)  # the caller's thread waiting for communication
         self._byte_offset = 0
         self._sizes = (bucket_mb, first_bucket_mb, solo_mb, error_feedback)
         self._buckets = self._make_buckets(*self._sizes)
@@ -130,7 +99,7 @@ class DataParallel(nn.Module):
         self._chunk_numel = int(chunk_kb * 1024) // 4
         self._applier = StepApplier(optimizer, self._buckets) \
             if early_forward and optimizer is not None else None
-        self._wire_buckets()
+        self._pass = self._backward_pass()
         self._gate = ForwardGate(module, self._buckets, recorder) if early_forward else None
         if broadcast:
             self.broadcast_parameters()
@@ -147,14 +116,12 @@ class DataParallel(nn.Module):
         return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef,
                             worker=self.group.rank) for plan in plans]
 
-    def _wire_buckets(self) -> None:
-        """The reducer, usage flags and gradient hooks of the current buckets."""
-        self._usage = UsageFlags(self._buckets, self._pool) if self._find_unused else None
-        self._reducer = Reducer(self._buckets, self._pool, overlap=self._overlap,
-                                chunk_numel=self._chunk_numel, on_reduced=self._on_reduced,
-                                op=self._op)
-        slots = [(p, b.plan.index, s) for b in self._buckets for s, p in enumerate(b.params)]
-        self._hooks = BackwardHooks(slots, self._on_start, self._on_grad, self._on_end)
+    def _backward_pass(self) -> BackwardPass:
+        """The backward pass (reducer, usage flags, gradient hooks) of the current buckets."""
+        return BackwardPass(self._buckets, self._pool, self._waits, overlap=self._overlap,
+                            chunk_numel=self._chunk_numel, op=self._op,
+                            find_unused=self._find_unused, applier=self._applier,
+                            wait_in_backward=self.wait_in_backward)
 
     def set_codecs(self, codec_rules: Sequence[str] | Mapping[str, str] | None = None,
                    codec: str = "fp32") -> None:
@@ -170,10 +137,10 @@ class DataParallel(nn.Module):
         rules = CodecRules.parse(codec_rules, codec, self.rules.times)
         rules.validate(self._algorithm)
         residuals = self.get_extra_state()  # also waits for every pending reduction
-        self._hooks.remove()
+        self._pass.hooks.remove()
         self.rules = rules
         self._buckets = self._make_buckets(*self._sizes)
-        self._wire_buckets()
+        self._pass = self._backward_pass()
         self.set_extra_state(residuals)
 
     def update_error(self, measure: bool) -> Sums:
@@ -192,71 +159,20 @@ class DataParallel(nn.Module):
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._hooks.in_backward = False  # a backward that raised never reached its end callback
+        # a backward that raised never reached its end callback
+        self._pass.hooks.in_backward = False
         return self.module(*args, **kwargs)
-
-    # -- the hooks ----------------------------------------------------------------------
-    def _blocked(self, wait: Callable[[], None]) -> None:
-        """Run `wait` on the caller's thread as a `wait` span, counted in `comm_seconds`."""
-        t0 = time.perf_counter()
-        with self.recorder.span(WAIT):
-            wait()
-        self._waited += time.perf_counter() - t0
-
-    def _on_start(self) -> None:
-        self._blocked(self._reducer.start)  # waits for the previous step's buckets
-        if self._applier is not None:
-            self._applier.snapshot()
-        if self._usage is not None:
-            self._usage.reset()
-
-    def _on_grad(self, bucket: int, slot: int, param: nn.Parameter) -> None:
-        assert param.grad is not None
-        held = self._reducer.add(bucket, slot, param.grad)
-        if self.early_forward:
-            param.grad = None  # the engine owns the gradient; the update uses the bucket
-        elif held.dtype == param.dtype:
-            param.grad = held  # the mean lands in .grad in place: nothing to copy back
-
-    def _on_end(self) -> None:
-        used = self._reducer.finish()
-        if self._usage is not None:
-            self._usage.reduce(used, [[p.grad is not None for p in b.params]
-                                      for b in self._buckets])
-        if self.early_forward or not self.wait_in_backward:
-            return
-        self.finish()
 
     def finish(self) -> None:
         """Wait for this backward's reductions and put the results in `.grad` (what the end
         of backward does unless `wait_in_backward=False`)."""
-        self._blocked(self._reducer.wait_all)
-        for b in self._buckets:
-            self._write_back(b)
-
-    def _on_reduced(self, bucket: BucketState, thread: CommThread) -> None:
-        used = self._usage.wait(bucket) if self._usage is not None else None
-        if self._applier is not None:
-            with self.recorder.span(OPTIMIZER, bucket=bucket.plan.index):
-                self._applier.apply(bucket, used)
-
-    def _write_back(self, b: BucketState) -> None:
-        used = self._usage.wait(b) if self._usage is not None else None
-        for slot, (p, view) in enumerate(zip(b.params, b.views)):
-            if used is not None and not used[slot]:
-                continue
-            if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
-                continue  # .grad is the bucket's view or the reduced tensor itself
-            if p.grad is None:
-                p.grad = view.to(p.dtype, copy=True)
-            else:
-                p.grad.copy_(view)
+        self._pass.finish()
 
     # -- what DDP users expect ----------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside the block only accumulate local gradients."""
-        with self._hooks.disabled():
+        with self._pass.hooks.disabled():
             yield
 
     def reduce_gradients(self) -> None:
@@ -265,22 +181,17 @@ class DataParallel(nn.Module):
         Also how benchmarks time communication alone. With early forward this applies
         the optimizer step too; `wait()` for it to finish.
         """
-        self._on_start()
-        for b in self._buckets:
-            for slot, p in enumerate(b.params):
-                if p.grad is not None:
-                    self._on_grad(b.plan.index, slot, p)
-        self._on_end()
+        self._pass.reduce_now()
 
     def wait(self) -> None:
         """Block until every launched reduction (and early-forward update) has finished."""
-        self._blocked(self._reducer.wait_all)
+        self._pass.wait()
 
     # -- the Trainer's interface (same as plain.PlainAllReduce) -------------------------
     @property
     def comm_seconds(self) -> float:
         """Seconds the training thread waited for communication (early forward included)."""
-        return self._waited + (self._gate.wait_s if self._gate is not None else 0.0)
+        return self._waits.seconds + (self._gate.wait_s if self._gate is not None else 0.0)
 
     @property
     def owns_step(self) -> bool:
@@ -367,7 +278,7 @@ class DataParallel(nn.Module):
     def close(self) -> None:
         """Finish, remove every hook and stop the communication threads."""
         self.wait()
-        self._hooks.remove()
+        self._pass.hooks.remove()
         if self._gate is not None:
             self._gate.remove()
         if self._applier is not None:

@@ -15,13 +15,9 @@ from approxdist.planner.search import RankedPlan
 
 
 def label(p: RankedPlan) -> str:
-    """A plan in a few words: `tp=2,dp=2`, `dp=4`, `1f1b M=8 [0,3)x1 [3,7)x2`."""
-    if p.mode == "tensor":
-        return f"tp={p.tp},dp={p.plan.stages[0].replicas}"
-    if p.mode in ("dp", "single"):
-        return f"dp={p.plan.world_size}"
-    stages = " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in p.plan.stages)
-    return f"{p.plan.schedule} M={p.plan.microbatches} {stages}"
+    """A plan in a few words: `tp=2,dp=2`, `dp=4`, `1f1b M=8 [0,3)x1 [3,7)x2` (its kind's
+    label, `planner.kinds`)."""
+    return p.kind.label(p.plan, p.tp)
 
 
 def parts_text(p: RankedPlan) -> str:

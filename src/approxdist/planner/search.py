@@ -30,6 +30,7 @@ from approxdist.planner.cost.pipeline import (
     pipeline_time,
 )
 from approxdist.planner.cost.tensor import TPLayout, TPOptions, shard_profile, tp_time
+from approxdist.planner.kinds import PlanKind, kind_of, used_axes
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import PipeDreamPlan, PipeDreamSettings, optimize
 from approxdist.planner.profile import Profile
@@ -41,14 +42,32 @@ class RankedPlan:
     """One plan, its predicted step (simulated), memory per stage and where the time goes."""
 
     plan: PipelinePlan
-    mode: str  # single, dp, pipeline or hybrid
     step_s: float
     samples_per_step: int
     memory: tuple[StageMemory, ...]
     parts: dict[str, float] = field(default_factory=dict)
     estimate_s: float | None = None  # the solver's objective (None where it did not rank it)
-    tp: int = 1  # tensor-parallel shards of every replica (mode tensor)
-    tp_plan: str = ""  # the layers they split, `layer.path=style,...` (mode tensor)
+    tp: int = 1  # tensor-parallel shards of every replica (kind tensor)
+    tp_plan: str = ""  # the layers they split, `layer.path=style,...` (kind tensor)
+
+    @property
+    def kind(self) -> PlanKind:
+        """Its kind (`planner.kinds`): the axes it uses decide."""
+        kind = kind_of(used_axes(self.plan, self.tp))
+        assert kind is not None  # the planner prices only plans of the kinds
+        return kind
+
+    @property
+    def mode(self) -> str:
+        """The parallel mode that runs it (its kind's name: single, dp, pipeline, ...)."""
+        return self.kind.name
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What tells two plans apart: kind, schedule (where one runs), micro-batches,
+        stages and tp."""
+        return (self.mode, self.plan.schedule if self.kind.scheduled else "-",
+                self.plan.microbatches, self.plan.stages, self.tp)
 
     @property
     def per_sample_s(self) -> float:
@@ -107,8 +126,7 @@ def search(profile: Profile, base: SolverSettings, schedules: tuple[str, ...],
         raise ConfigError(errors[0] if errors else
                           f"no plan of {profile.model} fits {base.memory_bytes} bytes per rank "
                           f"on {base.world_size} rank(s); give more memory")
-    unique = {(p.mode, p.plan.schedule, p.plan.microbatches, p.plan.stages, p.tp): p
-              for p in found}
+    unique = {p.key: p for p in found}
     return sorted(unique.values(), key=lambda p: (p.per_sample_s, len(p.plan.stages)))
 
 
@@ -118,11 +136,10 @@ def simulated(profile: Profile, settings: SolverSettings, stages: tuple[Stage, .
     plan = settings.plan(stages)
     t = pipeline_time(profile, plan, settings.network, optimizer_s(profile, settings, stages),
                       settings.overhead)
-    mode = "pipeline" if all(st.replicas == 1 for st in stages) else "hybrid"
     busy = sum(b.compute_s for b in profile.blocks) * settings.microbatches
     parts = {"compute_s": busy / settings.world_size, "bubble_fraction": t.bubble_fraction,
              "exposed_allreduce_s": t.exposed_allreduce_s}
-    return RankedPlan(plan, mode, t.step_s, t.samples_per_step,
+    return RankedPlan(plan, t.step_s, t.samples_per_step,
                       stage_memory(profile, plan, settings.optimizer), parts, estimate_s)
 
 
@@ -147,8 +164,7 @@ def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | No
                           byte_overhead_s=settings.overhead.dp_byte_s))
     parts = {"forward_s": t.forward_s, "backward_s": t.backward_s, "allreduce_s": t.comm_s,
              "exposed_allreduce_s": t.exposed_comm_s}
-    return RankedPlan(plan, "single" if n == 1 else "dp", t.step_s, t.samples_per_step,
-                      memory, parts)
+    return RankedPlan(plan, t.step_s, t.samples_per_step, memory, parts)
 
 
 def tensor_plan(profile: Profile, tensor: TensorSpace, settings: SolverSettings,
@@ -174,7 +190,7 @@ def tensor_plan(profile: Profile, tensor: TensorSpace, settings: SolverSettings,
     parts = {"compute_s": t.compute_s, "tp_allreduce_s": sum(t.collective_s.values()),
              "tp_allreduce_count": t.collectives, "tp_sent_bytes": sum(t.wire_bytes.values()),
              "exposed_allreduce_s": t.dp.exposed_comm_s}
-    return RankedPlan(plan, "tensor", t.step_s, t.samples_per_step, memory, parts, tp=tp,
+    return RankedPlan(plan, t.step_s, t.samples_per_step, memory, parts, tp=tp,
                       tp_plan=",".join(f"{k}={v}" for k, v in tensor.layout.plan))
 
 

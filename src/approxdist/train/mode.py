@@ -6,10 +6,10 @@ A `Mode` says which mesh axes the mode runs on and how its mesh comes from the c
 stages, `--stages` from `--world-size`, ...), which config keys it reads (`options`:
 any other key set away from its default is refused, naming the key, so nothing is
 silently ignored), its cross-section checks (`check`), its preflight with the model and
-data in hand, the engine that runs it, and which plan files' meshes it runs
-(`runs_plan`, so `train --plan` picks the mode). Rank names come from the mesh. Nothing
-outside the records compares `train.parallel` with a mode's name: adding a mode is one
-record and one engine (docs/architecture.md).
+data in hand, the engine that runs it, and the kind of plan file it runs (`plan`, a row
+of the planner's `planner.kinds`, so `train --plan` picks the mode). Rank names come
+from the mesh. Nothing outside the records compares `train.parallel` with a mode's
+name: adding a mode is one record and one engine (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
+from approxdist.planner.kinds import PlanKind, kind_of
 from approxdist.registry import Registry
 from approxdist.topology import Mesh, TopologyError, parse_mesh
 from approxdist.topology.groups import Span, default_spans
@@ -81,9 +82,9 @@ class Mode:
     flag_keys: Mapping[str, str] = field(default_factory=dict)
     #: the process groups its engine needs, from its mesh
     spans: Callable[[Mesh], list[Span]] = default_spans
-    #: whether it runs a plan file's mesh (`train --plan`; the records' rules are
-    #: disjoint); by default no plan describes the mode
-    runs_plan: Callable[[Mesh], bool] = lambda mesh: False
+    #: the kind of plan file it runs (`train --plan`; the planner's table, whose kinds
+    #: are disjoint by the axes of size > 1 they use); None: no plan describes the mode
+    plan: PlanKind | None = None
 
     def reads(self, key: str) -> bool:
         """Whether this mode reads config key `section.name`."""
@@ -116,7 +117,8 @@ def mode_of(cfg: Config) -> Mode:
 def plan_mode(mesh: Mesh) -> Mode:
     """The record of the mode that runs a plan file's `mesh` (one `ConfigError` line if
     none does)."""
-    found = [m for m in map(modes().get, modes().names()) if m.runs_plan(mesh)]
+    kind = kind_of(mesh.used)
+    found = [m for m in map(modes().get, modes().names()) if kind is not None and m.plan == kind]
     if len(found) != 1:
         runs = " and ".join(m.name for m in found) or "no mode"
         raise ConfigError(f"a plan of mesh {mesh.spec} ({mesh.kind}) is run by {runs}; "

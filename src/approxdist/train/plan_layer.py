@@ -1,10 +1,10 @@
 """`train --plan FILE`: a plan file (DESIGN.md "Plan file") as a layer of config values.
 
-The plan says which mode runs (the mode record whose `runs_plan` takes its mesh: one
-stage of one rank: single; one stage of N: dp; stages of one rank each: pipeline; a stage
-with tp shards: tensor; otherwise hybrid), the world size, where stages start
-(`pipeline.split`), their replicas and placement, the tp size and plan (`tp.size`,
-`tp.plan`), the schedule, micro-batches and the codecs of the three wires its mode has
+The plan says which mode runs (the record whose `plan` is the kind of its mesh,
+`planner.kinds`: one stage of one rank: single; one stage of N: dp; stages of one rank
+each: pipeline; a stage with tp shards: tensor; otherwise hybrid), the world size,
+where stages start (`pipeline.split`), their replicas and placement, the tp size and
+plan (`tp.size`, `tp.plan`), the schedule, micro-batches and the codecs of the three wires its mode has
 (`fwd_codec` and `bwd_codec` as the mode's `--fwd-codec` / `--bwd-codec` set them:
 `wire.fwd.codec` in a pipeline, `wire.tp_fwd.codec` in tensor parallelism;
 `wire.grad.codec` with `dp.algorithm` for the replicas' all-reduce). With

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from approxdist.errors import ConfigError
 from approxdist.pipeline.partition import balance_costs
+from approxdist.planner.choice import label
 from approxdist.planner.cost.pipeline import PipelinePlan, Stage
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level, PipeDreamSettings
@@ -46,22 +47,10 @@ class Candidate:
 
     @property
     def key(self) -> tuple[object, ...]:
-        return plan_key(self.ranked)
+        return self.ranked.key
 
     def describe(self) -> str:
-        p = self.ranked.plan
-        stages = " ".join(f"[{st.first},{st.end})x{st.replicas}" for st in p.stages)
-        if self.ranked.mode in ("dp", "single"):
-            return f"dp x{p.world_size}"
-        if self.ranked.tp > 1:
-            return f"tp={self.ranked.tp},dp={p.stages[0].replicas}"
-        return f"{p.schedule} M={p.microbatches} {stages}"
-
-
-def plan_key(r: RankedPlan) -> tuple[object, ...]:
-    p = r.plan
-    return (r.mode, p.schedule if r.mode not in ("dp", "single", "tensor") else "-",
-            p.microbatches, p.stages, r.tp)
+        return label(self.ranked)
 
 
 def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, ...],
@@ -72,7 +61,7 @@ def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, 
     ranked = search(profile, base, SCHEDULES, microbatches)
     picks: list[tuple[str, RankedPlan]] = [
         ("ours" if i == 0 else f"ours-{i + 1}", r) for i, r in enumerate(ranked[:keep])]
-    picks += [("dp", r) for r in ranked if r.mode in ("dp", "single")][:1]
+    picks += [("dp", r) for r in ranked if r.kind.axes <= {"dp"}][:1]
     gpipe = torchgpipe(profile, base, microbatches)
     if gpipe is not None:
         picks.append(("torchgpipe", gpipe))
@@ -80,7 +69,7 @@ def candidates(profile: Profile, base: SolverSettings, microbatches: tuple[int, 
     picks.append(("pipedream", pipedream(profile, base, settings, SCHEDULES, microbatches)[1][0]))
     merged: dict[tuple[object, ...], Candidate] = {}
     for who, r in picks:
-        k = plan_key(r)
+        k = r.key
         merged[k] = Candidate(r, (*merged[k].choosers, who)) if k in merged \
             else Candidate(r, (who,))
     return list(merged.values())
@@ -105,7 +94,7 @@ def repriced(c: Candidate, profile: Profile, base: SolverSettings,
                               f"TensorSpace")
         again = tensor_plan(profile, tensor, replace(base, memory_bytes=None), r.tp)
         assert again is not None  # without a memory limit every shard fits
-    elif r.mode in ("dp", "single"):
+    elif not r.kind.scheduled:
         again = data_parallel(profile, replace(base, memory_bytes=None))
         assert again is not None  # without a memory limit data parallelism always fits
     else:

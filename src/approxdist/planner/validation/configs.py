@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from approxdist.errors import ConfigError
+from approxdist.text import name_list
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def select(settings: tuple[Setting, ...], only: str | None) -> tuple[Setting, ..
     """The settings whose key contains every comma-separated part of `only`."""
     if not only:
         return settings
-    parts = [p.strip() for p in only.split(",") if p.strip()]
+    parts = name_list(only)
     chosen = tuple(s for s in settings if all(p in s.key for p in parts))
     if not chosen:
         raise ConfigError(f"--only {only!r} matches no configuration; keys look like "

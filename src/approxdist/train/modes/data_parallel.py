@@ -11,6 +11,7 @@ from approxdist.config.schema import Config
 from approxdist.config.wire import Wire
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
+from approxdist.planner.kinds import plan_kind
 from approxdist.topology import Mesh
 from approxdist.train.engines.data_parallel import build_data_parallel
 from approxdist.train.mode import Mode, Sections, given_mesh, implied_by_mesh, register
@@ -32,7 +33,7 @@ def _check_single(cfg: Config) -> None:
 SINGLE = register(Mode(
     name="single", help="one process, no communication", axes=frozenset({"dp"}),
     mesh=lambda cfg: Mesh.single(), engine=build_data_parallel,
-    implied=_single_implied, check=_check_single, runs_plan=lambda mesh: not mesh.used))
+    implied=_single_implied, check=_check_single, plan=plan_kind("single")))
 
 
 def _dp_mesh(cfg: Config) -> Mesh:
@@ -81,4 +82,4 @@ DP = register(Mode(
                     "(docs/data_parallel.md)",
     axes=frozenset({"dp"}), mesh=_dp_mesh, engine=build_data_parallel,
     options=("comm.*", "dp.*", "adaprec.*", "wire.grad.*"), implied=_dp_implied,
-    check=_check_dp, preflight=_preflight, runs_plan=lambda mesh: mesh.used == {"dp"}))
+    check=_check_dp, preflight=_preflight, plan=plan_kind("dp")))

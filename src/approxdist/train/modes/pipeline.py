@@ -11,6 +11,7 @@ from approxdist.errors import ConfigError
 from approxdist.pipeline.runtime import check_run
 from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.split_check import check_splittable
+from approxdist.planner.kinds import plan_kind
 from approxdist.topology import Mesh
 from approxdist.train.engines.pipeline import build_pipeline
 from approxdist.train.engines.tp_split import check_split
@@ -84,7 +85,7 @@ PIPELINE = register(Mode(
     options=("comm.*", "pipeline.*", "-pipeline.replicas", "wire.fwd.*", "wire.bwd.*", *TP_KEYS),
     implied=_pipeline_implied, check=_check_pipeline, preflight=_preflight,
     batch_share=lambda cfg: None, fixed_steps=_streamed,
-    runs_plan=lambda mesh: "pp" in mesh.used and "dp" not in mesh.used))
+    plan=plan_kind("pipeline")))
 
 
 def _hybrid_implied(sections: Sections) -> Sections:
@@ -126,4 +127,4 @@ HYBRID = register(Mode(
     options=("comm.*", "pipeline.*", "dp.*", "adaprec.*", "wire.grad.*", "wire.fwd.*",
              "wire.bwd.*", *TP_KEYS),
     check=_check_hybrid, preflight=_hybrid_preflight, batch_share=lambda cfg: None,
-    fixed_steps=_streamed, runs_plan=lambda mesh: {"pp", "dp"} <= mesh.used))
+    fixed_steps=_streamed, plan=plan_kind("hybrid")))

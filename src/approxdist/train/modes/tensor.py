@@ -10,6 +10,7 @@ from approxdist.config.schema import Config
 from approxdist.data import TensorDataset
 from approxdist.errors import ConfigError
 from approxdist.models import sequence_plan_of
+from approxdist.planner.kinds import plan_kind
 from approxdist.topology import Mesh
 from approxdist.train.engines.tensor import build_tensor
 from approxdist.train.engines.tp_split import check_split
@@ -91,4 +92,4 @@ TENSOR = register(Mode(
     share_name="number of replicas (world / tp)",
     flag_keys={"fwd_codec": "wire.tp_fwd.codec", "bwd_codec": "wire.tp_bwd.codec",
                "fwd_channel": "wire.tp_fwd.channel", "bwd_channel": "wire.tp_bwd.channel"},
-    runs_plan=lambda mesh: "tp" in mesh.used and "pp" not in mesh.used))
+    plan=plan_kind("tensor")))
