@@ -5,7 +5,8 @@ One set of 4 processes runs every case. Through the engine the trainer uses: syn
 SGD (momentum, weight decay) on the combined batch within 1e-5; N+b with a persistent
 straggler applies exactly N gradients per step, drops the straggler's and lets it skip
 the steps taken without it; SSP never lets a worker lead the slowest by more than s;
-async records a staleness for every update.
+async records a staleness for every update; and in these three modes every parameter
+equals the one-process replay of the push order the server recorded (1e-5, below).
 
 Through `approxdist.ParameterServer` on 3 or 4 of the ranks (1 server, 2 or 3 workers, one
 of them sleeping before each step): async, SSP and N+b against a one-process replay of
@@ -107,10 +108,16 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     return out
 
 
-def _oracle(case: Case) -> dict[str, torch.Tensor]:
+def _model(case: Case) -> nn.Module:
+    """The engine's initial model: `train.seed`, then the model section."""
     cfg, data = case.config(), _data(case.steps)
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    return build_model(cfg.model, data.input_shape, data.num_classes)
+
+
+def _oracle(case: Case) -> dict[str, torch.Tensor]:
+    data = _data(case.steps)
+    model = _model(case)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=1e-3)
     for x, y in ShardedBatches(data, BATCH, 0, 1, seed=0, augment=False).epoch(0):
         opt.zero_grad()
@@ -246,6 +253,28 @@ def test_async_records_every_update(four_ranks: list[list[dict[str, Any]]]) -> N
     workers = [r[4]["params"] for r in four_ranks if r[4]["worker"]]
     for name in workers[0]:  # every worker pulled the final parameters after the epoch
         assert all(torch.equal(w[name], workers[0][name]) for w in workers)
+
+
+def _engine_share(case: Case, worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker `worker`'s batch of step `step`, as the engine's loop above deals it."""
+    batches = ShardedBatches(_data(case.steps), BATCH, worker, case.workers, seed=0,
+                             augment=False)
+    return next(batches.epoch(0, step))
+
+
+@pytest.mark.parametrize("index", [i for i, c in enumerate(CASES) if c.mode != "sync"])
+def test_the_trainers_engine_equals_the_replayed_push_order(
+        four_ranks: list[list[dict[str, Any]]], index: int) -> None:
+    """N+b with its straggler, SSP and async through the trainer's engine: the server's
+    parameters equal the one-process replay of the push order it recorded (1e-5), as the
+    public class's runs below do; the bookkeeping checks above make the orders non-trivial."""
+    case, server = CASES[index], four_ranks[0][index]
+    setup = Setup(case.mode.partition(":")[0], case.workers, LR, 0.9, 1e-3)
+    want = replay(_model(case), partial(_engine_share, case), F.cross_entropy,
+                  pushes_of(server["records"]), setup)
+    assert not server["worker"] and len(pushes_of(server["records"])) >= case.steps
+    for name, p in want.items():
+        torch.testing.assert_close(server["params"][name], p, atol=1e-5, rtol=0, msg=name)
 
 
 def _replayed(spawned: list[dict[str, Any]], index: int) -> tuple[dict[str, Any], list[Any]]:
