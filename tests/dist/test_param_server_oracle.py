@@ -14,6 +14,15 @@ the push order the server recorded (`tests/helpers/ps_replay.py`): every paramet
 1e-5, with staleness that really happened, `staleness_lr` at its formula, SSP's lead
 reaching s and never passing it, and lossy wires (fp8 pushes, bf16 pulls) applied in the
 replay too.
+
+No verdict depends on how fast a process runs. The replay holds for any order; what the
+orders must show is forced by the rules or by handshakes (`tests/helpers/waiting.Marks`):
+every worker starts at version 0, so the W-th gradient of step 0 is at least W - 1
+updates stale (async) or dropped (N+b); the engine's N+b straggler pushes step k only once
+the other workers have finished step k + 1 (the last step: k), so it is always the one
+dropped and it skips the step taken without it; an SSP straggler
+starts only once the server has served j steps with W j > (W - 1) s, arrivals of the
+others alone, so one of them pushed s + 1 times: a lead of s (`_served_first`).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +51,8 @@ from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
 from approxdist.trace import NULL_RECORDER
 from approxdist.train.engines.param_server import build_param_server
-from approxdist.train.straggler import Stragglers
 from tests.helpers.ps_replay import Setup, pushes_of, replay
+from tests.helpers.waiting import Marks
 
 FEATURES, CLASSES, BATCH, STEPS, LR = 10, 4, 24, 3, 0.05
 
@@ -51,7 +61,7 @@ FEATURES, CLASSES, BATCH, STEPS, LR = 10, 4, 24, 3, 0.05
 class Case:
     servers: int
     mode: str = "sync"
-    straggler: str = ""
+    held_back: bool = False  # rank 3 is the straggler, held back by handshakes (`_hold`)
     steps: int = STEPS
 
     @property
@@ -67,8 +77,9 @@ class Case:
             "ps": {"servers": self.servers, "workers": self.workers, "mode": self.mode}})
 
 
-CASES = [Case(1), Case(2), Case(1, "backup:1", "3:150ms"), Case(1, "ssp:1", "3:20ms", 8),
-         Case(1, "async", "", 6)]
+CASES = [Case(1), Case(2), Case(1, "backup:1", True), Case(1, "ssp:1", True, 8),
+         Case(1, "async", False, 6)]
+SLOW_RANK = 3
 
 
 def _data(steps: int) -> TensorDataset:
@@ -80,25 +91,51 @@ def _data(steps: int) -> TensorDataset:
                          torch.randint(0, CLASSES, (8,), generator=gen), CLASSES)
 
 
-def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
+def _served_first(workers: int, bound: int) -> int:
+    """The server steps an SSP straggler waits for before its first step: j steps are
+    W j arrivals of the W - 1 others, who can push s + 1 times each before the bound holds
+    them (so W j <= (W - 1)(s + 1), or it would wait for ever) and who, with W j > (W - 1) s,
+    cannot all have pushed only s times: one pushed s + 1, the last with a lead of s."""
+    j = (workers - 1) * (bound + 1) // workers
+    assert workers * j > (workers - 1) * bound, (workers, bound)
+    return j
+
+
+def _hold(case: Case, marks: Marks, step: int) -> None:
+    """Before rank 3's step `step`: N+b, until the other workers have finished the next step
+    (the last: this one), so its gradient arrives after its step's update (dropped) and the
+    newest parameters it then gets are a step ahead (it skips); SSP, before its first step,
+    until the server has served `_served_first` steps."""
+    kind, _, bound = case.mode.partition(":")
+    if kind == "backup":
+        for rank in range(case.servers, SLOW_RANK):
+            marks.wait(f"worker{rank}-{min(step + 1, case.steps - 1)}")
+    elif kind == "ssp" and step == 0:
+        marks.wait(f"served-{_served_first(case.workers, int(bound))}")
+
+
+def _run_cases(ctx: DistContext, cases: list[Case], folder: str) -> list[dict[str, Any]]:
     out = []
-    for case in cases:
+    for i, case in enumerate(cases):
         cfg, data = case.config(), _data(case.steps)
         groups = make_groups(Mesh.roles(cfg.ps.servers, cfg.ps.workers), ctx)
         engine = build_param_server(cfg, ctx, groups, data, NULL_RECORDER)
-        slow = Stragglers.parse([case.straggler] if case.straggler else [], 4)
+        marks = Marks(Path(folder) / f"engine{i}")
         batches = ShardedBatches(data, BATCH, *engine.shard, seed=0, augment=False)
         engine.start()
         records, step = [], 0
         while step < case.steps:  # an N+b worker skips the steps taken without it
             x, y = next(batches.epoch(0, step))
-            slow.pause(ctx.rank, step)
+            if case.held_back and ctx.rank == SLOW_RANK:
+                _hold(case, marks, step)
             for opt in engine.optimizers:
                 for g in opt.param_groups:
                     g["lr"] = LR
             res = engine.train_step(x if engine.feeds_inputs else None,
                                     y if engine.feeds_labels else None, batches.local_batch)
             records.append(dict(res.record))
+            marks.mark(f"served-{len(records)}" if engine.ps.is_server
+                       else f"worker{ctx.rank}-{step}")
             step += 1 + res.skip
         engine.end_epoch()
         out.append({"params": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
@@ -126,7 +163,8 @@ def _oracle(case: Case) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-#: the slow worker's sleep before each of its steps: long against a step of these models
+#: the slow worker's sleep before each of its steps: it varies the orders the replay
+#: meets; no verdict depends on it (the module's docstring)
 SLOW_S = 0.04
 REPLAY_BATCH = 12
 
@@ -134,7 +172,8 @@ REPLAY_BATCH = 12
 @dataclass(frozen=True)
 class Replay:
     """1 server (rank 0) and `workers` workers (ranks 1..workers) of the public class; worker
-    `slow` sleeps SLOW_S before each step, so the others run ahead of it."""
+    `slow` sleeps SLOW_S before each step, so the others run ahead of it (in SSP it also
+    waits for the server's `_served_first` steps before its first)."""
 
     workers: int
     mode: str
@@ -172,19 +211,27 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=1e-3)
 
 
-def _run_replay_case(ctx: DistContext, case: Replay) -> dict[str, Any]:
+def _run_replay_case(ctx: DistContext, case: Replay, marks: Marks) -> dict[str, Any]:
     group = new_group(ctx, tuple(range(case.workers + 1)), "replay")
     if group is None:
         return {"server": None}
     ps = approxdist.ParameterServer(_replay_model(), mode=case.mode, steps=case.steps,
                                     optimizer=_sgd, group=group, push_codec=case.push,
                                     pull_codec=case.pull, staleness_lr=case.staleness_lr)
+    kind, _, bound = case.mode.partition(":")
     records: list[dict[str, Any]] = []
-    if ps.is_server:
+    if ps.is_server and kind == "ssp":  # serve(), announcing every step served
+        for _ in range(case.steps):
+            records.append(ps.serve_step())
+            marks.mark(f"served-{len(records)}")
+        ps.end_round()
+    elif ps.is_server:
         records = ps.serve()
     else:
         for step in range(case.steps):  # N+b: ps.step skips the steps taken without it
             if ps.index == case.slow:
+                if kind == "ssp" and step == 0:
+                    marks.wait(f"served-{_served_first(case.workers, int(bound))}")
                 time.sleep(SLOW_S)
             ps.step(*_share(case, ps.index, step))
     out = {"server": ps.is_server, "records": records,
@@ -193,14 +240,15 @@ def _run_replay_case(ctx: DistContext, case: Replay) -> dict[str, Any]:
     return out
 
 
-def _ranks(ctx: DistContext) -> dict[str, Any]:
-    return {"engine": _run_cases(ctx, CASES),
-            "replay": [_run_replay_case(ctx, case) for case in REPLAYS]}
+def _ranks(ctx: DistContext, folder: str) -> dict[str, Any]:
+    return {"engine": _run_cases(ctx, CASES, folder),
+            "replay": [_run_replay_case(ctx, case, Marks(Path(folder) / f"replay{i}"))
+                       for i, case in enumerate(REPLAYS)]}
 
 
 @pytest.fixture(scope="module")
-def spawned() -> list[dict[str, Any]]:
-    return run_on_ranks(_ranks, 4, timeout_s=240)
+def spawned(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_on_ranks(_ranks, 4, str(tmp_path_factory.mktemp("ps_marks")), timeout_s=240)
 
 
 @pytest.fixture(scope="module")
