@@ -199,8 +199,9 @@ def _replay_model() -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
 
 
-def _share(case: Replay, worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worker `worker`'s rows of step `step`'s mini-batch."""
+def _share(case: Replay, worker: int, step: int, epoch: int = 0
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker `worker`'s rows of step `step`'s mini-batch (one round: `epoch` is 0)."""
     gen = torch.Generator().manual_seed(100 + step)
     x = torch.randn(REPLAY_BATCH, FEATURES, generator=gen)
     y = torch.randint(0, CLASSES, (REPLAY_BATCH,), generator=gen)
@@ -303,8 +304,10 @@ def test_async_records_every_update(four_ranks: list[list[dict[str, Any]]]) -> N
         assert all(torch.equal(w[name], workers[0][name]) for w in workers)
 
 
-def _engine_share(case: Case, worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worker `worker`'s batch of step `step`, as the engine's loop above deals it."""
+def _engine_share(case: Case, worker: int, step: int, epoch: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker `worker`'s batch of step `step`, as the engine's loop above deals it (one
+    round: `epoch` is 0)."""
     batches = ShardedBatches(_data(case.steps), BATCH, worker, case.workers, seed=0,
                              augment=False)
     return next(batches.epoch(0, step))
