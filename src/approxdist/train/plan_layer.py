@@ -1,4 +1,4 @@
-"""`train --plan FILE`: a plan file (DESIGN.md "Plan file") as a layer of config values.
+"""`train --plan FILE`: a plan file (docs/planner.md, "Planning") as a layer of config values.
 
 The plan says which mode runs (the mode record whose `runs_plan` takes its mesh: one
 stage of one rank: single; one stage of N: dp; stages of one rank each: pipeline; a stage
