@@ -1,8 +1,9 @@
 """Plain data parallelism vs the single-process oracle, and bit-exact resume (single and dp)
-that trains only the epochs left (`tests/helpers/runs.py`)."""
+that trains only the epochs left (`tests/helpers/runs.py`), from the weights it was given."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,21 @@ def test_resume_is_bit_exact_dp(tmp_path: Path) -> None:
         for name, ref in ranks[0][0].items():
             assert torch.equal(full[name], ref), name
             assert torch.equal(resumed[name], ref), name
+
+
+def test_a_resume_starts_from_the_saved_weights(tmp_path: Path) -> None:
+    """The same saved run resumed twice, once with its checkpoint's weights moved by 0.01:
+    the two resumed runs differ, so a resume reads the weights it was given (the checks
+    above: from the saved epoch on, nothing retrained)."""
+    ctx = DistContext()
+    _train(ctx, str(tmp_path / "saved"), 1, False)
+    shutil.copytree(tmp_path / "saved", tmp_path / "moved")
+    path = tmp_path / "moved" / "checkpoint.pt"
+    state = torch.load(path, weights_only=False)
+    state["model"] = {k: v + 0.01 if v.is_floating_point() else v
+                      for k, v in state["model"].items()}
+    torch.save(state, path)
+    saved = _train(ctx, str(tmp_path / "saved"), 2, True)
+    moved = _train(ctx, str(tmp_path / "moved"), 2, True)
+    assert saved.keys() == moved.keys()
+    assert all(not torch.equal(saved[k], moved[k]) for k in saved if saved[k].is_floating_point())

@@ -10,11 +10,15 @@ The oracle accumulates `weight_m * loss_m` over the same micro-batches in one pr
 lossy wires encoding and decoding each micro-batch's values at every cut and their
 gradients on the way back with the same codecs; the loss and every parameter gradient must
 agree within 1e-5. The same runs check the byte accounting: each link carries exactly the
-codec's payload for every micro-batch.
+codec's payload for every micro-batch. With seed 000's approximate channel (bit flips on
+the unprotected bits of every code) the oracle flips the same bits: each cut's channels
+seeded as the transport seeds them (stage s sends forward on 2 s and backward on 2 s + 1,
+the run's seed 0), drawn in the order the stage sends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from approxdist.comm.channel import Channel, get_channel, guard_nonfinite
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.codecs.base import Codec
 from approxdist.comm.transfer import SHAPE_WORDS
@@ -50,6 +55,7 @@ class Case:
     fuse: str = "all"  # fused weight-gradient accumulation on every layer (this MLP is small)
     threads: str = "inline"  # seed 002's communication-thread strategy
     depth: int = 4  # the MLP's hidden layers: depth + 1 blocks (ZB-V cuts 2 per rank)
+    channel: str = ""  # both wires' channel (seed 000's bit errors)
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
@@ -71,8 +77,9 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         x, y = _data(case.batch)
-        rt = build_runtime(case.config(), _model(case.depth), ctx, x[:2], fwd=Wire(codec=case.fwd_codec),
-                           bwd=Wire(codec=case.bwd_codec))
+        rt = build_runtime(case.config(), _model(case.depth), ctx, x[:2],
+                           fwd=Wire(codec=case.fwd_codec, channel=case.channel),
+                           bwd=Wire(codec=case.bwd_codec, channel=case.channel))
         first, last = rt.executor.is_first, rt.executor.is_last
         res = rt.executor.train_step(x if first else None, y if last else None, case.batch)
         grads = {n: p.grad.clone() for n, p in rt.module.named_parameters()}
@@ -90,47 +97,77 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     return out
 
 
+def _cross(x: torch.Tensor, codec: Codec, channel: Channel | None) -> torch.Tensor:
+    """What the receiver holds of `x` sent with `codec` over `channel` (None: no bit
+    errors): encoded, its payload corrupted, decoded, non-finite values set to 0."""
+    x = x.detach().contiguous()
+    if channel is None:
+        return codec.roundtrip(x).view(x.shape)
+    out = codec.decode(channel.corrupt(codec.encode(x.reshape(-1)), codec))
+    return guard_nonfinite(out)[0].view(x.shape)
+
+
 class _Cut(torch.autograd.Function):
     """A stage boundary with its wires: forward values as `fwd` decodes them, their
-    gradients as `bwd` decodes them (what the next stage receives, what this one gets back)."""
+    gradients as `bwd` decodes them (what the next stage receives, what this one gets back),
+    each through its channel."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fwd: Codec, bwd: Codec) -> torch.Tensor:
-        ctx.bwd = bwd
-        return fwd.roundtrip(x.detach().contiguous()).view(x.shape)
+    def forward(ctx: Any, x: torch.Tensor, fwd: Codec, bwd: Codec, fwd_channel: Channel | None,
+                bwd_channel: Channel | None) -> torch.Tensor:
+        ctx.bwd, ctx.bwd_channel = bwd, bwd_channel
+        return _cross(x, fwd, fwd_channel)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.bwd.roundtrip(grad.contiguous()).view(grad.shape), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        return _cross(grad, ctx.bwd, ctx.bwd_channel), None, None, None, None
+
+
+#: per cut: the channel of its forward values and of their gradients (None: none)
+Channels = list[tuple[Channel | None, Channel | None]]
+
+
+def _channels(case: Case) -> Channels:
+    """Each cut's channels as the transport seeds them: the sender's stage s draws its
+    forward flips from seed 2 s, its backward ones from 2 s + 1 (the run's seed 0)."""
+    def one(seed: int) -> Channel | None:
+        channel = get_channel(case.channel, seed)
+        return None if channel.is_identity else channel
+
+    return [(one(2 * s), one(2 * (s + 1) + 1)) for s in range(case.stages - 1)]
 
 
 def _forward(case: Case, model: nn.Sequential, partition: Partition | None,
-             x: torch.Tensor) -> torch.Tensor:
+             x: torch.Tensor, channels: Channels) -> torch.Tensor:
     """The model's output, each micro-batch's values crossing the case's wires at every cut
     of `partition` (the whole model at once when the wires are exact fp32)."""
-    if partition is None or (case.fwd_codec, case.bwd_codec) == ("fp32", "fp32"):
+    if partition is None or ((case.fwd_codec, case.bwd_codec) == ("fp32", "fp32")
+                             and not case.channel):
         return model(x)
     fwd, bwd = get_codec(case.fwd_codec), get_codec(case.bwd_codec)
     for s in range(partition.num_stages):
         x = stage_module(model, partition, s)(x)
         if s < partition.num_stages - 1:
-            x = _Cut.apply(x, fwd, bwd)
+            x = _Cut.apply(x, fwd, bwd, *channels[s])
     return x
 
 
 def _oracle(case: Case, partition: Partition | None = None
             ) -> tuple[float, int, dict[str, torch.Tensor], tuple[float, int]]:
+    """The first step's loss, hits and gradients, then the evaluation (micro-batches in
+    order: each channel draws its flips in the order its stage sends them)."""
     model, (x, y) = _model(case.depth), _data(case.batch)
+    channels = _channels(case)
     loss_total, correct = 0.0, 0
     for mb in split_microbatches(x, y, case.microbatches):
-        out = _forward(case, model, partition, mb.inputs)
+        out = _forward(case, model, partition, mb.inputs, channels)
         loss = F.cross_entropy(out, mb.labels) * mb.weight
         loss.backward()
         loss_total += float(loss.detach())
         correct += int((out.argmax(1) == mb.labels).sum())
     xt, yt = _data(7, seed=2)
     with torch.no_grad():
-        out = _forward(case, model, partition, xt)
+        out = _forward(case, model, partition, xt, channels)
         ev = (float(F.cross_entropy(out, yt, reduction="sum")), int((out.argmax(1) == yt).sum()))
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return loss_total, correct, grads, ev
@@ -237,3 +274,26 @@ def test_lossy_wires_equal_one_process_applying_the_codecs_at_the_cut() -> None:
     _, _, lossy_grads, _ = _oracle(lossy, ranks[0][1]["partition"])
     assert all(not torch.allclose(lossy_grads[n], g, atol=1e-3) for n, g in exact_grads.items()
                if n.startswith("0.")), "the codecs changed no gradient of stage 0"
+
+
+def test_a_noisy_channel_equals_one_process_flipping_the_same_bits() -> None:
+    """Bit flips at 5 % on the mantissa bits of bf16 values (`ber:0.05@9`) on both wires of
+    2 stages, GPipe and 1F1B: the first step's loss, hits and every gradient equal one
+    process that corrupts each micro-batch's payload with the same seeded channels, in
+    the order each stage sends (1e-5: the same bits; only fp32 sums differ), and the flips
+    did change the gradients (the evaluation and the second step draw other flips)."""
+    cases = [Case(2, 4, schedule, batch=32, fwd_codec="bf16", bwd_codec="bf16",
+                  channel="ber:0.05@9") for schedule in ("gpipe", "1f1b")]
+    ranks = run_on_ranks(_run_cases, 2, cases, timeout_s=120)
+    _, _, quiet, _ = _oracle(dataclasses.replace(cases[0], channel=""),
+                             ranks[0][0]["partition"])
+    for i, case in enumerate(cases):
+        loss, correct, grads, _ = _oracle(case, ranks[0][i]["partition"])
+        (last,) = [r[i] for r in ranks if r[i]["last"]]
+        assert last["loss"] == pytest.approx(loss, abs=1e-5) and last["correct"] == correct
+        for r in ranks:
+            for name, g in r[i]["grads"].items():
+                torch.testing.assert_close(g, grads[name], atol=1e-5, rtol=0,
+                                           msg=f"{case} {name}")
+        assert any(not torch.allclose(grads[n], g, atol=1e-3) for n, g in quiet.items()), \
+            f"{case}: the channel flipped nothing that mattered"

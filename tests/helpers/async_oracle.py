@@ -1,6 +1,7 @@
 """What the asynchronous-schedule oracles share (`tests/dist/test_async_oracle.py` and
 `test_async_hybrid_oracle.py`): the model, the data of each mini-batch, the optimizer
-and a parameter snapshot the replays differentiate through."""
+(also one that records every step it takes) and a parameter snapshot the replays
+differentiate through."""
 
 from __future__ import annotations
 
@@ -35,18 +36,34 @@ def sgd(module: nn.Module) -> torch.optim.SGD:
     return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
 
 
+class RecordingSGD(torch.optim.SGD):
+    """`sgd(module)` that keeps, for every step, the gradients it applied and the
+    parameters after it (by name), so a test can check a run step by step."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
+        self.named = list(module.named_parameters())
+        self.steps: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+
+    def step(self, closure: Any = None) -> Any:
+        grads = {n: p.grad.detach().clone() for n, p in self.named if p.grad is not None}
+        out = super().step(closure)
+        self.steps.append((grads, {n: p.detach().clone() for n, p in self.named}))
+        return out
+
+
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
 
 
-def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2
-                  ) -> list[tuple[float, int]]:
-    """Bind SGD to a runtime's stream (its schedule's `U` actions step it) and train
-    `epochs` streams of `minibatches` (each epoch one stream, none left in flight);
-    (loss, samples) per step."""
+def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2,
+                  optimizer: torch.optim.Optimizer | None = None) -> list[tuple[float, int]]:
+    """Bind `optimizer` (default `sgd`) to a runtime's stream (its schedule's `U` actions
+    step it) and train `epochs` streams of `minibatches` (each epoch one stream, none left
+    in flight); (loss, samples) per step."""
     stream = rt.executor.stream
     assert stream is not None
-    stream.bind(sgd(rt.module))
+    stream.bind(optimizer if optimizer is not None else sgd(rt.module))
     first, last = rt.transport.is_first, rt.transport.is_last
     losses = []
     for epoch in range(epochs):

@@ -24,8 +24,14 @@ U32 = 2.0 ** -24
 #: per codec: (u, f) with |dec(enc(v)) - v| <= u |v| + f max|v| over the encoded piece.
 #: bf16: round to nearest with 8 significant bits; fp8-e5m2 (scaled so that max|v| * 2^-k
 #: lies in (28672, 57344]): 3 significant bits, and below its smallest normal (2^-14 in
-#: scaled units) an absolute 2^-17 * 2^k < max|v| 2^-31 (docs/codecs.md)
-RELATIVE = {"fp32": (0.0, 0.0), "bf16": (2.0 ** -8, 0.0), "fp8-e5m2": (2.0 ** -3, 2.0 ** -31)}
+#: scaled units) an absolute 2^-17 * 2^k < max|v| 2^-31; fp8-e4m3 (max|v| * 2^-k in
+#: (224, 448]): 4 significant bits, and among its subnormals (spaced 2^-9 in scaled units)
+#: an absolute 2^-10 * 2^k < max|v| 2^-17 (docs/codecs.md)
+RELATIVE = {"fp32": (0.0, 0.0), "bf16": (2.0 ** -8, 0.0), "fp8-e5m2": (2.0 ** -3, 2.0 ** -31),
+            "fp8-e4m3": (2.0 ** -4, 2.0 ** -17)}
+#: fp16 (not scaled): 11 significant bits, and below its smallest normal an absolute half
+#: of its smallest subnormal, 2^-25: |dec(enc(v)) - v| <= FP16[0] |v| + FP16[1]
+FP16 = (2.0 ** -11, 2.0 ** -25)
 
 
 def coded(x: torch.Tensor, codec: str, world: int) -> torch.Tensor:

@@ -19,7 +19,10 @@ makes and, for update a (the one applied to version a, giving version a + 1):
 * on lossy wires, applies the push codec's round trip to each flat gradient a worker
   sends and the pull codec's to the flat parameters a worker computes at.
 
-One round (epoch) of one server: the versions a worker reads count from 0.
+One server, over one round (epoch) or several: versions count on across rounds (a round
+starts from the version the last one ended at), a worker's steps count from 0 in each,
+and an update steps at the learning rate its server step recorded (`lr`, the trainer's
+rule), where one is recorded.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from torch import nn
 from approxdist.comm.codecs import get_codec
 from approxdist.param_server.wire import flat_grads, flat_values, load_flat
 
-Batch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+Batch = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -46,6 +49,8 @@ class Push:
     worker: int
     read: int
     at: int | None  # the version its update was applied to; None: dropped
+    epoch: int = 0  # the round it arrived in
+    lr: float | None = None  # the learning rate of its server step, where recorded
 
 
 @dataclass(frozen=True)
@@ -71,27 +76,32 @@ class Setup:
 
 
 def pushes_of(records: Sequence[dict[str, Any]]) -> list[Push]:
-    """Every push of a round's step records, in arrival order."""
-    return [Push(int(w), int(r), None if a is None else int(a))
+    """Every push of the step records (a round's, or a run's from metrics.jsonl: their
+    `epoch` counts from 1, their `lr` is the step's), in arrival order."""
+    return [Push(int(w), int(r), None if a is None else int(a), int(rec.get("epoch", 1)) - 1,
+                 rec.get("lr"))
             for rec in records for w, r, a in rec["order"]]
 
 
 def steps_of(pushes: Sequence[Push], kind: str) -> list[int]:
-    """The step (mini-batch index) each push's gradient was computed on."""
-    if kind == "backup":
-        return [p.read for p in pushes]
-    seen: dict[int, int] = {}
+    """The step (mini-batch index in its round) each push's gradient was computed on."""
+    if kind == "backup":  # the version read, counted from the round's first
+        first: dict[int, int] = {}
+        for p in pushes:
+            first[p.epoch] = min(first.get(p.epoch, p.read), p.read)
+        return [p.read - first[p.epoch] for p in pushes]
+    seen: dict[tuple[int, int], int] = {}
     out = []
     for p in pushes:
-        out.append(seen.get(p.worker, 0))
-        seen[p.worker] = out[-1] + 1
+        out.append(seen.get((p.worker, p.epoch), 0))
+        seen[p.worker, p.epoch] = out[-1] + 1
     return out
 
 
 def replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Push],
            setup: Setup) -> dict[str, torch.Tensor]:
     """`model` (the initial weights, left untouched) trained by the updates of `pushes`;
-    `batch(worker, step)` is that worker's share of the step's mini-batch."""
+    `batch(worker, step, epoch)` is that worker's share of the step's mini-batch."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks compute: the same sums in the same order
     try:
@@ -118,7 +128,7 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
         grads = []
         for p, s in group:
             load_flat(computing, pull_codec.roundtrip(versions[p.read]))
-            x, y = batch(p.worker, s)
+            x, y = batch(p.worker, s, p.epoch)
             worker.zero_grad(set_to_none=True)
             loss_fn(worker(x), y).backward()
             grads.append(push_codec.roundtrip(flat_grads(computing)))
@@ -128,7 +138,8 @@ def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Pu
         if len(grads) > 1:
             mean.div_(len(grads))
         stale = max(a - p.read for p, _ in group)
-        lr = setup.lr / max(1, stale) if setup.staleness_lr else setup.lr
+        base = setup.lr if group[0][0].lr is None else float(group[0][0].lr)
+        lr = base / max(1, stale) if setup.staleness_lr else base
         for pg in opt.param_groups:
             pg["lr"] = lr
         load_flat(held, mean, into_grad=True)

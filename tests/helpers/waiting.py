@@ -1,4 +1,5 @@
-"""Waiting for an event another process makes (a file, a process ending), with a timeout.
+"""Waiting for an event another process makes (a file, a process ending, a `Marks`
+handshake), with a timeout.
 
 The timeout only turns a hang into a failure, as `run_on_ranks(timeout_s=...)` does: it
 is generous against any machine's speed and never the property a test checks. This is
@@ -45,3 +46,18 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+class Marks:
+    """Events that ranks announce and others wait for, one empty file each in a folder every
+    rank sees: a test orders what its processes do by these handshakes, never by sleeps."""
+
+    def __init__(self, folder: str | Path, timeout_s: float = 120.0) -> None:
+        self.folder, self.timeout_s = Path(folder), timeout_s
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def mark(self, name: str) -> None:
+        (self.folder / name).touch()
+
+    def wait(self, name: str) -> None:
+        wait_for_file(self.folder / name, self.timeout_s)

@@ -18,7 +18,7 @@ from approxdist.cluster.commands import (
     wants_gso_off,
 )
 from approxdist.cluster.layout import ClusterLayout
-from approxdist.cluster.run import _report, run_on_cluster, torchrun_argv
+from approxdist.cluster.run import _report, _wait, run_on_cluster, torchrun_argv
 from approxdist.cluster.system import _has_cap
 from approxdist.comm.netem import LinkSpec
 from approxdist.errors import ClusterError, SpecError
@@ -142,11 +142,37 @@ def test_torchrun_command_binds_gloo_and_names_the_store_host() -> None:
 def test_report_names_the_host_that_failed_first(capsys: pytest.CaptureFixture[str]) -> None:
     layout = ClusterLayout("ad", 3, 0)
     assert _report(layout, [0, 0, 0], [2, 0, 1]) == 0
-    assert _report(layout, [None, -9, 1], [1, 2]) == 1
+    assert _report(layout, [None, -9, 1], [1, 2], grace_s=60.0) == 1
     err = capsys.readouterr().err
     assert "host 1 (ad-ad-h1, 198.18.0.2) was killed by signal SIGKILL (first to fail)" in err
-    assert "host 0 (ad-ad-h0, 198.18.0.1) was stopped after the others failed" in err
     assert "host 2 (ad-ad-h2, 198.18.0.3) exited with status 1\n" in err
+    # host 0 still waited for host 1 (a vanished host resets no connection): the line names
+    # the lost host, where it was, and why its peers had not ended by themselves
+    (stopped,) = [line for line in err.splitlines() if "host 0 " in line]
+    assert stopped.startswith("approxdist cluster: host 0 (ad-ad-h0, 198.18.0.1) was stopped "
+                              "60 s after host 1 (ad-ad-h1, 198.18.0.2) failed"), stopped
+    assert "host 1 is lost" in stopped and "train.timeout_s" in stopped and "--grace" in stopped
+
+
+def test_a_host_still_running_after_the_grace_period_is_stopped_naming_the_lost_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`_wait` on real processes: host 1 ends with status 3, host 0 would wait for ever (as
+    a rank whose peer vanished without a reset waits for its collective timeout); with no
+    grace it is stopped, and the report names host 1 as the first to fail and the lost one."""
+    layout = ClusterLayout("ad", 2, 0)
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, text=True, start_new_session=True)
+             for argv in (["cat"], ["sh", "-c", "exit 3"])]
+    try:
+        codes, order = _wait(procs, grace_s=0.0)
+    finally:
+        for p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+    assert codes == [None, 3] and order == [1] and procs[0].poll() is not None
+    assert _report(layout, codes, order, grace_s=0.0) == 3
+    err = capsys.readouterr().err
+    assert "host 1 (ad-ad-h1, 198.18.0.2) exited with status 3 (first to fail)" in err
+    assert "host 0 (ad-ad-h0, 198.18.0.1) was stopped 0 s after host 1 " in err
 
 
 def test_capability_is_read_from_proc_status(tmp_path: Path) -> None:

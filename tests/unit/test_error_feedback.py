@@ -17,14 +17,18 @@ LAYOUT = [("w", 0, 1500), ("b", 1500, 500)]
 
 
 def test_sum_of_sent_plus_residual_is_sum_of_inputs() -> None:
+    """Exactly, but for fp32's rounding: each step rounds g + r, x - Q(x) and the running
+    sum once each, by at most 2^-24 of the rounded value."""
     codec = get_codec("table2")
     ef = ErrorFeedback(LAYOUT)
     sent = torch.zeros_like(G)
+    bound = torch.zeros_like(G)
     for _ in range(20):
         x = G.clone()
         ef.compensate(x, 0, codec)  # x now holds g + r: what the wire encodes
         sent += codec.decode(codec.encode(x))
-    assert torch.allclose(sent + ef.flat, 20 * G, atol=1e-3)
+        bound += 2.0 ** -24 * (x.abs() + ef.flat.abs() + sent.abs())
+    assert bool(((sent + ef.flat - 20 * G).abs() <= bound).all())
     plain_err = (codec.decode(codec.encode(G)) - G).abs().mean()
     assert float((sent / 20 - G).abs().mean()) < 0.2 * float(plain_err)
 

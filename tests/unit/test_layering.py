@@ -184,7 +184,7 @@ PLANNER_READS_BELOW = {
 def test_the_planner_is_pure_and_sits_below_training() -> None:
     """planner/ (cost/ included) may use topology, pipeline and config, and the pure
     descriptions in `PLANNER_READS_BELOW`; never train, cli or experiments, and no process
-    group (DESIGN.md: the solver is pure)."""
+    group (docs/architecture.md: the planner is pure)."""
     allowed = {"planner", "errors", "registry", "text", "topology", "pipeline", "config"}
     #: the profiler measures a real model on real inputs: it builds them (still no group),
     #: and holds freed memory as the training ranks do (`launch.malloc`, a process setting);

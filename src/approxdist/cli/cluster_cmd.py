@@ -50,7 +50,9 @@ def register(sub: Any) -> None:
     run.add_argument("--nproc-per-host", type=int, default=1, help="processes per host")
     run.add_argument("--port", type=int, default=DEFAULT_PORT, help="rendezvous port on host 0")
     run.add_argument("--grace", type=float, default=GRACE_S,
-                     help="seconds the other hosts get to end after one fails")
+                     help="seconds the other hosts get to end after one fails (its peers "
+                          "notice a host that vanishes only at train.timeout_s, 120 s by "
+                          "default; a host stopped before names the lost one)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- <approxdist command>")
     run.set_defaults(func=run_run)
 

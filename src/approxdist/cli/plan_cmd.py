@@ -8,8 +8,8 @@
     approxdist plan validate --quick --json validate.json
 
 `plan show` prints a mesh of named axes (ranks -> stage, replica, shard, or a parameter
-server's roles) and each rank's groups, no processes; from a plan file (DESIGN.md "Plan
-file") it reads `world_size` and `stages` (replicas and optional ranks per stage) and
+server's roles) and each rank's groups, no processes; from a plan file (docs/planner.md,
+"Planning") it reads `world_size` and `stages` (replicas and optional ranks per stage) and
 says what the plan was made for (`model`, `model_options`, `data`, `input_shape`,
 `micro_batch_size`) where the file says it.
 """

@@ -13,7 +13,10 @@ machine's cores, not one host's. `is_host` and
 so torchrun cannot tell from it which agent serves the store or which address the
 workers reach it on. Each host's output is prefixed `[host h]`; when a host fails, the
 others get `grace_s` to end on their own (a dead peer is an error there too), then are
-stopped, and the exit status names the host that failed first.
+stopped, and the exit status names the host that failed first. A host that vanishes
+resets no connection, so its peers learn of it only at the run's collective timeout
+(`train.timeout_s`, 120 s by default, above the default grace): a host stopped at the end
+of the grace period is reported as waiting for the lost one, which it names.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def run_on_cluster(name: str, argv: list[str], nproc_per_host: int = 1,
         raise
     for t in pumps:
         t.join(timeout=5.0)
-    return _report(layout, codes, order)
+    return _report(layout, codes, order, grace_s)
 
 
 def _pump(stream: IO[str] | None, prefix: str, out: TextIO, lock: threading.Lock) -> None:
@@ -132,18 +135,32 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
                 p.wait(timeout=wait_s)
 
 
-def _report(layout: ClusterLayout, codes: list[int | None], order: list[int]) -> int:
+def _report(layout: ClusterLayout, codes: list[int | None], order: list[int],
+            grace_s: float = GRACE_S) -> int:
+    """One line per host that did not succeed; the exit status of the first to fail."""
     failed = [h for h in order if codes[h] != 0]
     for h, code in enumerate(codes):
         if code != 0:
-            how = "was stopped after the others failed" if code is None else _exit(code)
+            how = _exit(code) if code is not None else \
+                _stopped(layout, failed[0], grace_s) if failed else "was stopped"
             first = " (first to fail)" if failed and h == failed[0] else ""
-            print(f"approxdist cluster: host {h} ({layout.host_ns(h)}, {layout.address(h)}) "
-                  f"{how}{first}", file=sys.stderr)
+            print(f"approxdist cluster: host {_where(layout, h)} {how}{first}", file=sys.stderr)
     if not failed:
         return 0 if all(c == 0 for c in codes) else 1
     code = codes[failed[0]]
     return code if code is not None and code > 0 else 1
+
+
+def _where(layout: ClusterLayout, host: int) -> str:
+    return f"{host} ({layout.host_ns(host)}, {layout.address(host)})"
+
+
+def _stopped(layout: ClusterLayout, lost: int, grace_s: float) -> str:
+    """Why a host still running at the end of the grace period was stopped."""
+    return (f"was stopped {grace_s:g} s after host {_where(layout, lost)} failed, its ranks "
+            f"still waiting for host {lost}'s: host {lost} is lost (a host that vanishes "
+            f"resets no connection, so they would fail only at the run's train.timeout_s; "
+            f"a --grace above it lets them end with their own error)")
 
 
 def _exit(code: int) -> str:

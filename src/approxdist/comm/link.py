@@ -1,7 +1,7 @@
 """The link layer: tensors between two ranks through codec -> channel -> netem -> torch.distributed.
 
-Every byte that crosses the network in approxdist goes through a `Link` (DESIGN.md
-principle 2): pipeline activations and gradients, and every all-reduce of seed 001 except
+Every byte that crosses the network in approxdist goes through a `Link` (docs/architecture.md,
+the wires): pipeline activations and gradients, and every all-reduce of seed 001 except
 `native`. One `Link` belongs to one rank (built from its `DistContext`) and carries:
 
 * the emulated link (`netem.Shaper`, when a link spec is given): sends are released on a

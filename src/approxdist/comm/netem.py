@@ -1,7 +1,7 @@
 """Network emulation: a `bw=<rate>[,lat=<time>]` link model and sender-side shaping (seed 000).
 
 Seed 000 studies pipeline transfers over slow links; seed 001's all-reduce costs are
-`alpha + M * beta` per message. This module turns a DESIGN.md "Link spec" into that
+`alpha + M * beta` per message. This module turns a link spec (docs/collectives.md) into that
 model and enforces it on real sends:
 
 * `parse_link("bw=100mbit,lat=1ms")` -> `LinkSpec(bandwidth_bps=1e8, latency_s=1e-3)`.

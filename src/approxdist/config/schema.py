@@ -178,7 +178,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class CommConfig:
-    """What every transfer of the run goes through: the emulated link (DESIGN.md "Link spec";
+    """What every transfer of the run goes through: the emulated link (a link spec, docs/collectives.md;
     the spec is parsed where the links are built, `approxdist.train.check`)."""
 
     link: str = ""

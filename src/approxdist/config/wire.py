@@ -1,7 +1,7 @@
 """The one wire type and the `[wire]` section: how each traffic class crosses the network.
 
-Every traffic class of every mode is a `Wire`: its codec (DESIGN.md "Codec spec
-strings"; on gradient wires also per-parameter `rules` and the `times` file the
+Every traffic class of every mode is a `Wire`: its codec (a codec spec,
+docs/codecs.md; on gradient wires also per-parameter `rules` and the `times` file the
 `fastest` codec picks from, seed 004), the bit errors its link may add (`channel`,
 "Channel spec"), and whether what a lossy codec dropped is kept and sent with the next
 step (`error_feedback`). The `[wire]` section holds one per traffic class:

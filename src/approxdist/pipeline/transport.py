@@ -4,7 +4,7 @@ Each direction is a wire of its own (`config.wire.Wire`: the `fwd` wire's codec 
 channel for the activations, `--fwd-codec`/`--fwd-channel`; the `bwd` wire's for the
 gradients), so seed 000's experiment
 (lossy forward, exact backward) and its future work (lossy backward too) are both one
-flag away. Every byte goes through `comm.link.Link` (DESIGN.md principle 2): codecs,
+flag away. Every byte goes through `comm.link.Link` (docs/architecture.md, the wires): codecs,
 bit-error channels, bandwidth emulation and byte accounting apply as for all-reduce.
 
 Receives are *sized*: at start-up the stages pass the per-sample shape of each boundary

@@ -1,4 +1,4 @@
-"""The planner: from a model's profile to a partition plan (DESIGN.md "planner"; docs/planner.md).
+"""The planner: from a model's profile to a partition plan (docs/planner.md).
 
 From a model's profile to a plan file (docs/planner.md); no module touches
 torch.distributed. Validation against measured runs is not built yet.

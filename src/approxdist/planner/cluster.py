@@ -4,7 +4,7 @@
     ClusterSpec(nodes=2, per_node=4, intra="bw=100gbit", inter="bw=10gbit,lat=5us")
     ClusterSpec(world_size=2, calibration=cal)                       # this machine's loopback
 
-`network()` gives the cost model's `Network` (DESIGN.md "Link spec" per level; with a
+`network()` gives the cost model's `Network` (a link spec per level, docs/collectives.md; with a
 cost calibration that holds `loopback`, a `--link` is added to the machine's own costs,
 as `bench allreduce --link` measures them); `pipedream_levels()` the bandwidths
 PipeDream's optimizer takes (`-n g n -b B_intra B_inter`); `to_json()` the plan file's

@@ -1,4 +1,4 @@
-"""The plan file (DESIGN.md "Plan file"): what `approxdist plan` writes and `train --plan` runs.
+"""The plan file (docs/planner.md, "Planning"): what `approxdist plan` writes and `train --plan` runs.
 
     {
      "format": "approxdist-plan", "version": 1,

@@ -1,4 +1,4 @@
-"""The profile file (DESIGN.md "Profile file"): per-block times and sizes of one model.
+"""The profile file (docs/planner.md, "The profile file"): per-block times and sizes of one model.
 
 A `Profile` is what a partitioner sees of a model: for each block of its `nn.Sequential`
 (or each layer of a linearised graph), forward and backward seconds at the stated

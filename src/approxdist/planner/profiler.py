@@ -1,4 +1,4 @@
-"""Measure a model into a profile file (DESIGN.md "Profile file"): the planner's profiler.
+"""Measure a model into a profile file (docs/planner.md, "The profile file"): the planner's profiler.
 
 Builds the model and one micro-batch of real inputs from the run's config, sets torch's
 thread count to the one the run will use, and measures every block with

@@ -1,4 +1,4 @@
-"""The mesh's part of the plan file (DESIGN.md "Plan file"): `world_size` and `stages`.
+"""The mesh's part of the plan file (docs/planner.md, "Planning"): `world_size` and `stages`.
 
     {"world_size": 4, "stages": [{"blocks": [0, 5], "replicas": 3, "ranks": [0, 1, 2]},
                                  {"blocks": [5, 9], "replicas": 1, "ranks": [3]}]}

@@ -1,4 +1,4 @@
-"""`train --plan FILE`: a plan file (DESIGN.md "Plan file") as a layer of config values.
+"""`train --plan FILE`: a plan file (docs/planner.md, "Planning") as a layer of config values.
 
 The plan says which mode runs (the record whose `plan` is the kind of its mesh,
 `planner.kinds`: one stage of one rank: single; one stage of N: dp; stages of one rank

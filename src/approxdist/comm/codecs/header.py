@@ -1,4 +1,4 @@
-"""The 16-byte payload header every codec writes (DESIGN.md "Codec spec strings", seed 000).
+"""The 16-byte payload header every codec writes (docs/codecs.md "Payload layout", seed 000).
 
 Layout (little-endian):
 

@@ -1,4 +1,4 @@
-"""Codec spec strings -> codec instances (DESIGN.md "Codec spec strings", seeds 000 and 004)."""
+"""Codec spec strings -> codec instances (docs/codecs.md "Formats", seeds 000 and 004)."""
 
 from __future__ import annotations
 
