@@ -31,10 +31,12 @@ class CompressKernel:
         self._terngrad.argtypes = [_VOID, _I64, _F32, _U32, _VOID, _INT]
         self._sign = lib.ad_sign_encode
         self._sign.argtypes = [_VOID, _I64, _VOID, _VOID, _VOID, _INT]
+        self._sum = lib.ad_feedback_sum
+        self._sum.argtypes = [_VOID, _VOID, _VOID, _I64, _INT]
         self._topk = lib.ad_topk_select
         self._topk.argtypes = [_VOID, _I64, _I64, _VOID, _VOID, _VOID, _INT]
         self._topk.restype = _INT
-        for f in (self._qsgd, self._terngrad, self._sign):
+        for f in (self._qsgd, self._terngrad, self._sign, self._sum):
             f.restype = None
 
     @staticmethod
@@ -64,7 +66,8 @@ class CompressKernel:
     def sign(self, x: torch.Tensor, codes: torch.Tensor, values: torch.Tensor | None = None,
              residual: torch.Tensor | None = None) -> None:
         """Pack one bit per value of fp32 `x` (1: x < 0); with `values` (fp32, the decoded
-        value of codes 0 and 1) also write `residual = x - values[code]`."""
+        value of codes 0 and 1) also write `residual = x - values[code]` (`residual` may be `x`
+        itself: in place)."""
         need(x, torch.float32, x.numel(), "quantize")
         need(codes, torch.uint8, (x.numel() + 7) // 8, "quantize")
         pointers: tuple[int | None, int | None] = (None, None)
@@ -73,6 +76,16 @@ class CompressKernel:
             need(residual, torch.float32, x.numel(), "quantize")
             pointers = (values.data_ptr(), residual.data_ptr())
         self._sign(x.data_ptr(), x.numel(), *pointers, codes.data_ptr(), torch.get_num_threads())
+
+    def feedback_sum(self, grad: torch.Tensor, residual: torch.Tensor,
+                     magnitudes: torch.Tensor) -> None:
+        """In one pass: `residual = grad + residual` (torch.add's fp32 sums) and `magnitudes =
+        |residual|` (fp32, as many values each)."""
+        n = grad.numel()
+        for t in (grad, residual, magnitudes):
+            need(t, torch.float32, n, "feedback")
+        self._sum(grad.data_ptr(), residual.data_ptr(), magnitudes.data_ptr(), n,
+                  torch.get_num_threads())
 
     def topk(self, x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
              residual: torch.Tensor | None = None) -> bool:

@@ -1,0 +1,74 @@
+/* Writing decoded fp32 values past the caches: non-temporal stores (approxdist.kernels).
+ *
+ * A decoder's output of many megabytes is not read again before it leaves the caches, so a
+ * plain store first reads each line it writes (read-for-ownership): 4 bytes read per value
+ * on top of the 4 written. A non-temporal store (`movntps`) writes whole lines without
+ * reading them. The values are the same; only where they wait changes. Used for outputs of
+ * at least STREAM_MIN values, never for decode-and-add (which reads its destination anyway).
+ * Header-only; without AVX-512 or AVX2 the stores are plain ones.
+ */
+#ifndef APPROXDIST_STORE_H
+#define APPROXDIST_STORE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* outputs of this many values or more are streamed (64 MiB of fp32: twice a large L2's worth
+ * per core, far above what a step reuses before the next bucket) */
+#define STREAM_MIN (1 << 24)
+
+#if defined(__AVX512F__)
+#define STREAM_LANES 16
+#elif defined(__AVX2__)
+#define STREAM_LANES 8
+#else
+#define STREAM_LANES 1
+#endif
+
+/* whether a decode of n values into a fresh destination streams its stores: `want` 1 or 0
+ * forces it (the tests), -1 decides by size */
+static int stream_output(int64_t n, int add, int want) {
+    if (add || STREAM_LANES == 1) return 0;
+    return want < 0 ? n >= STREAM_MIN : want != 0;
+}
+
+/* values before y[j] is aligned for a vector non-temporal store (0 when not streaming) */
+static int64_t stream_peel(const float *y, int64_t m, int stream) {
+    if (!stream) return 0;
+    const int64_t bytes = (int64_t)(sizeof(float) * STREAM_LANES);
+    const int64_t off = (int64_t)((uintptr_t)y % (uintptr_t)bytes);
+    int64_t peel = off ? (bytes - off) / (int64_t)sizeof(float) : 0;
+    if (off % (int64_t)sizeof(float)) peel = m; /* not even float-aligned: plain stores */
+    return peel < m ? peel : m;
+}
+
+/* y[0..m) = src[0..m): streamed where `stream` (after a peel to alignment), else memcpy */
+static void store_values(float *restrict y, const float *restrict src, int64_t m, int stream) {
+    if (!stream) {
+        memcpy(y, src, sizeof(float) * (size_t)m);
+        return;
+    }
+    int64_t j = stream_peel(y, m, stream);
+    memcpy(y, src, sizeof(float) * (size_t)j);
+#if defined(__AVX512F__)
+    for (; j + 16 <= m; j += 16) _mm512_stream_ps(y + j, _mm512_loadu_ps(src + j));
+#elif defined(__AVX2__)
+    for (; j + 8 <= m; j += 8) _mm256_stream_ps(y + j, _mm256_loadu_ps(src + j));
+#endif
+    memcpy(y + j, src + j, sizeof(float) * (size_t)(m - j));
+}
+
+/* after a range's streamed stores: order them before whatever the caller does next */
+static void stream_done(int stream) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+    if (stream) _mm_sfence();
+#else
+    (void)stream;
+#endif
+}
+
+#endif
