@@ -1,5 +1,6 @@
-"""Streamed (non-temporal) decoder stores and EF-sign's fused first pass: the same bits as the
-plain stores and the torch reference, at any alignment of the destination and on 1 or 2 threads."""
+"""Streamed (non-temporal) decoder stores, and error feedback fused into the first kernel pass
+(EF-sign, top-k): the same bits as the plain stores and the torch reference, at any alignment
+of the destination and on 1 or 2 threads."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import torch
 
 from approxdist.comm.codecs.bitfield import BitFieldCodec, BitLayout
 from approxdist.comm.compressors import Where, get_compressor
-from approxdist.comm.compressors.sign import ScaledSign
 from approxdist.kernels import kernel_status
 from approxdist.kernels.bitfield import BitKernel
 from approxdist.kernels.table import TableKernel
+from tests.unit.test_kernels_compressors import use_kernels
 from tests.unit.test_kernels_compressors import values as finite_values
 from tests.unit.test_kernels_threads import threads, values
 
@@ -76,21 +77,22 @@ def test_bit_field_decode_streams_the_torch_ops_bits(layout: tuple[int, int, int
 
 
 @needs_kernels
-def test_ef_sign_fused_pass_equals_the_unfused_one_and_the_torch_ops() -> None:
-    """`outgoing` without `sent` takes the two-pass kernel path; with `sent` the one before;
-    the torch ops are the reference. Payload and residual, bit for bit, over three steps."""
-    n = 5003
-    comps = [get_compressor("sign+ef", Where((n,))) for _ in range(3)]
-    assert all(isinstance(c, ScaledSign) for c in comps)
-    comps[2].codes.use_kernels = False  # type: ignore[attr-defined]
-    for step in range(3):
-        grad = finite_values(n, 40 + step)
-        sent = torch.empty(n)
-        outs = [comps[0].outgoing(grad), comps[1].outgoing(grad, sent),
-                comps[2].outgoing(grad)]
-        for i, (comp, out) in enumerate(zip(comps[1:], outs[1:])):
-            assert torch.equal(out.data, outs[0].data), f"step {step}: payload {i + 1} differs"
-            assert torch.equal(comp.state["residual"].view(torch.int32),
-                               comps[0].state["residual"].view(torch.int32)), \
-                f"step {step}: residual {i + 1} differs"
-        assert torch.equal(grad, finite_values(n, 40 + step)), "the gradient was written to"
+@pytest.mark.parametrize("spec", ["sign+ef", "topk:0.01"])
+def test_fused_feedback_pass_equals_the_unfused_one_and_the_torch_ops(spec: str) -> None:
+    """`outgoing` without `sent` makes gradient plus residual inside the kernel's first pass;
+    with `sent` it goes the way before; the torch ops are the reference. Payload and residual,
+    bit for bit, over three steps, on 1 and 2 threads."""
+    for n, count in ((5003, 1), (TWO_THREADS, 2)):
+        comps = [get_compressor(spec, Where((n,))) for _ in range(3)]
+        use_kernels(comps[2], False)
+        with threads(count):
+            for step in range(3):
+                grad = finite_values(n, 40 + step)
+                outs = [comps[0].outgoing(grad), comps[1].outgoing(grad, torch.empty(n)),
+                        comps[2].outgoing(grad)]
+                for i, (comp, out) in enumerate(zip(comps[1:], outs[1:])):
+                    assert torch.equal(out.data, outs[0].data), f"{n} {step}: payload {i + 1}"
+                    assert torch.equal(comp.state["residual"].view(torch.int32),
+                                       comps[0].state["residual"].view(torch.int32)), \
+                        f"{n} {step}: residual {i + 1}"
+                assert torch.equal(grad, finite_values(n, 40 + step)), "the gradient was written"

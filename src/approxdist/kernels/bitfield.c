@@ -22,7 +22,7 @@
 #include "bytepack.h"
 #include "lookup.h"
 #include "parallel.h"
-#include "store.h"
+#include "traffic.h"
 
 typedef struct {
     uint32_t shift[4];
@@ -109,14 +109,14 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     const uint32_t *x = j->x + lo;
     uint8_t *out = j->out + lo * j->width / 8;
     const int w = j->width;
-    if (w == 8) { /* the codes are the payload */
-        codes8(x, out, hi - lo, j->l);
-        return;
-    }
     uint8_t c8[BLOCK];
     uint32_t c32[BLOCK];
-    for (int64_t k = 0; k < hi - lo; k += BLOCK) {
-        int64_t m = block_len(hi - lo - k);
+    for (int64_t k = 0, m; k < hi - lo; k += m) {
+        m = ahead_block(x + k, hi - lo - k);
+        if (w == 8) { /* the codes are the payload */
+            codes8(x + k, out + k, m, j->l);
+            continue;
+        }
         if (w < 8 && BYTEPACK_LE) {
             codes8(x + k, c8, m, j->l);
             out += pack8(c8, m, w, out);

@@ -36,6 +36,9 @@ class CompressKernel:
         self._topk = lib.ad_topk_select
         self._topk.argtypes = [_VOID, _I64, _I64, _VOID, _VOID, _VOID, _INT]
         self._topk.restype = _INT
+        self._topk_feedback = lib.ad_topk_feedback
+        self._topk_feedback.argtypes = [_VOID, _VOID, _I64, _I64, _VOID, _VOID, _INT]
+        self._topk_feedback.restype = _INT
         for f in (self._qsgd, self._terngrad, self._sign, self._sum):
             f.restype = None
 
@@ -93,18 +96,18 @@ class CompressKernel:
         int32 indices, in increasing index order (ties: the lower index), and where given
         `residual = x - (selected ? x : 0)`; False if the kernel could not allocate its
         histograms (nothing written)."""
-        n = x.numel()
-        if not 1 <= k <= n < 1 << 31:
-            raise ValueError(f"top-k kernel needs 1 <= k <= n < 2**31; got k={k}, n={n}")
-        need(x, torch.float32, n, "top-k")
-        need(values, torch.float32, k, "top-k")
-        need(indices, torch.int32, k, "top-k")
-        rest = None
-        if residual is not None:
-            need(residual, torch.float32, n, "top-k")
-            rest = residual.data_ptr()
+        n = _topk_args(k, values, indices, x, *(() if residual is None else (residual,)))
+        rest = None if residual is None else residual.data_ptr()
         return self._topk(x.data_ptr(), n, k, values.data_ptr(), indices.data_ptr(), rest,
                           torch.get_num_threads()) == 0
+
+    def topk_feedback(self, grad: torch.Tensor, k: int, values: torch.Tensor,
+                      indices: torch.Tensor, residual: torch.Tensor) -> bool:
+        """`topk` of x = grad + residual (torch.add's fp32 sums) with the new residual written
+        over the old in the same passes; False (nothing written) as `topk`."""
+        n = _topk_args(k, values, indices, grad, residual)
+        return self._topk_feedback(grad.data_ptr(), residual.data_ptr(), n, k, values.data_ptr(),
+                                   indices.data_ptr(), torch.get_num_threads()) == 0
 
 
 def fused(slot: KernelSlot[CompressKernel], use: bool,
@@ -115,3 +118,16 @@ def fused(slot: KernelSlot[CompressKernel], use: bool,
             or any(t.dtype != torch.float32 for t in tensors):
         return None
     return slot.get(CompressKernel.create)
+
+
+def _topk_args(k: int, values: torch.Tensor, indices: torch.Tensor,
+               *full: torch.Tensor) -> int:
+    """Check a top-k call's tensors (`full`: fp32, n values each); returns n."""
+    n = full[0].numel()
+    if not 1 <= k <= n < 1 << 31:
+        raise ValueError(f"top-k kernel needs 1 <= k <= n < 2**31; got k={k}, n={n}")
+    for t in full:
+        need(t, torch.float32, n, "top-k")
+    need(values, torch.float32, k, "top-k")
+    need(indices, torch.int32, k, "top-k")
+    return n

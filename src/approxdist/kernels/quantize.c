@@ -22,7 +22,7 @@
 #include "bitpack.h"
 #include "bytepack.h"
 #include "parallel.h"
-#include "store.h"
+#include "traffic.h"
 #include "stream.h"
 
 typedef struct quant quant_t;
@@ -85,8 +85,8 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     uint8_t *out = q->out + lo * w / 8;
     uint32_t c32[BLOCK];
     uint8_t c8[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
+    for (int64_t k = lo, m; k < hi; k += m) {
+        m = ahead_block(q->x + k, hi - k);
         q->codes(q, k, m, c32);
         out += pack_words(c32, m, w, c8, out);
     }

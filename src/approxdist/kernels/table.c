@@ -27,7 +27,7 @@
 #include "bytepack.h"
 #include "lookup.h"
 #include "parallel.h"
-#include "store.h"
+#include "traffic.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -147,8 +147,8 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     uint8_t *out = j->out + lo * bits / 8;
     uint8_t c8[BLOCK];
     uint32_t c32[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
+    for (int64_t k = lo, m; k < hi; k += m) {
+        m = ahead_block(j->x + k, hi - k);
         if (bits > 8 || !BYTEPACK_LE) {
             if (!count_codes(j->x + k, c32, m, j->mids, j->nm, bits))
                 table_codes(j->x + k, c32, m, j->mids, j->nm, bits);

@@ -22,9 +22,11 @@
 #define ABS_BITS 0x7FFFFFFFu
 #define HIGH_BINS (1 << 16)
 #define LOW_BINS (1 << 15)
+#define SUM_BLOCK 2048
 
 typedef struct {
     const uint32_t *x;
+    const float *g; /* error feedback: the gradient, x = g + residual (NULL: x as given) */
     int64_t bounds[MAX_THREADS + 1];
     uint32_t *high, *low; /* per range: HIGH_BINS / LOW_BINS counts */
     uint32_t bin, t;      /* the k-th largest's top 16 bits; its whole pattern */
@@ -43,6 +45,17 @@ static int part_of(const topk_t *j, int64_t lo) {
 static void high_range(const void *arg, int64_t lo, int64_t hi) {
     const topk_t *j = (const topk_t *)arg;
     uint32_t *h = j->high + (size_t)part_of(j, lo) * HIGH_BINS;
+    if (j->g != NULL) { /* x = g + residual, written over the residual a block at a time */
+        const float *restrict g = j->g;
+        float *e = j->residual; /* the memory j->x reads */
+        const uint32_t *x = j->x;
+        for (int64_t k = lo; k < hi; k += SUM_BLOCK) {
+            const int64_t end = hi - k < SUM_BLOCK ? hi : k + SUM_BLOCK;
+            for (int64_t i = k; i < end; i++) e[i] = g[i] + e[i];
+            for (int64_t i = k; i < end; i++) h[(x[i] & ABS_BITS) >> 15]++;
+        }
+        return;
+    }
     for (int64_t i = lo; i < hi; i++) h[(j->x[i] & ABS_BITS) >> 15]++;
 }
 
@@ -145,14 +158,10 @@ static uint32_t kth_bin(const uint32_t *h, int parts, int bins, int64_t k, int64
     return 0;
 }
 
-/* Select the k (1 <= k <= n) values of largest magnitude of x: their values and indices in
- * increasing index order; residual (may be NULL) = x - (selected ? x : 0). Returns 0, or -1
- * if the histograms could not be allocated (nothing written). */
-int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *idx,
-                   float *residual, int threads) {
-    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
-    if (j == NULL) return -1;
-    j->x = (const uint32_t *)x;
+/* The selection of j->x's k largest magnitudes (j->g: of g + residual, made by the first pass)
+ * into j->val and j->idx. Returns 0, or -1 if the histograms could not be allocated (nothing
+ * written). Frees j. */
+static int select_top(topk_t *j, int64_t n, int64_t k, int threads) {
     j->parts = split_bounds(n, threads, j->bounds);
     j->high = (uint32_t *)calloc((size_t)j->parts * HIGH_BINS, sizeof(uint32_t));
     j->low = (uint32_t *)calloc((size_t)j->parts * LOW_BINS, sizeof(uint32_t));
@@ -162,7 +171,6 @@ int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *id
         free(j);
         return -1;
     }
-    j->idx = idx, j->val = val, j->residual = residual;
     split_run(high_range, j, n, threads);
     int64_t above = 0;
     j->bin = kth_bin(j->high, j->parts, HIGH_BINS, k, &above);
@@ -185,4 +193,28 @@ int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *id
     free(j->low);
     free(j);
     return 0;
+}
+
+/* Select the k (1 <= k <= n) values of largest magnitude of x: their values and indices in
+ * increasing index order; residual (may be NULL) = x - (selected ? x : 0). Returns 0, or -1
+ * if the histograms could not be allocated (nothing written). */
+int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *idx,
+                   float *residual, int threads) {
+    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
+    if (j == NULL) return -1;
+    j->x = (const uint32_t *)x;
+    j->idx = idx, j->val = val, j->residual = residual;
+    return select_top(j, n, k, threads);
+}
+
+/* ad_topk_select of x = g + residual (torch.add's fp32 sums), with error feedback in place:
+ * the first pass writes x over the residual, the last x - (selected ? x : 0). */
+int ad_topk_feedback(const float *g, float *residual, int64_t n, int64_t k, float *val,
+                     int32_t *idx, int threads) {
+    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
+    if (j == NULL) return -1;
+    j->g = g;
+    j->x = (const uint32_t *)residual;
+    j->idx = idx, j->val = val, j->residual = residual;
+    return select_top(j, n, k, threads);
 }
