@@ -176,6 +176,7 @@ def test_topk_floor_from_a_misleading_sample_falls_back_to_every_value() -> None
     for ratio in ("0.1", "0.01"):
         fused, ops = get_compressor(f"topk:{ratio}", Where((n,))), \
             get_compressor(f"topk:{ratio}", Where((n,)))
+        assert isinstance(fused, TopK) and isinstance(ops, TopK)
         use_kernels(ops, False)
         assert torch.equal(fused.encode(x).data, ops.encode(x).data), ratio
         for step in range(2):  # error feedback: gradient plus residual in the first pass

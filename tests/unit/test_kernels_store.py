@@ -4,11 +4,15 @@ of the destination and on 1 or 2 threads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 import torch
 
 from approxdist.comm.codecs.bitfield import BitFieldCodec, BitLayout
 from approxdist.comm.compressors import Where, get_compressor
+from approxdist.comm.compressors.base import Gathered
 from approxdist.kernels import kernel_status
 from approxdist.kernels.bitfield import BitKernel
 from approxdist.kernels.table import TableKernel
@@ -25,15 +29,24 @@ SMALL, TWO_THREADS = 3 * 1024 + 5, 2 * (1 << 17) + 2048 + 77
 OFFSETS = [0, 1, 2, 3]
 
 
-def decoded(decode: object, n: int, offset: int, stream: bool) -> torch.Tensor:
+def decoded(decode: Callable[[torch.Tensor, bool], None], n: int, offset: int,
+            stream: bool) -> torch.Tensor:
     """What `decode(y, stream)` writes into n floats starting `offset` floats into a buffer."""
     buf = torch.full((n + 16,), 7.0)
     y = buf[offset: offset + n]
-    decode(y, stream)  # type: ignore[operator]
+    decode(y, stream)
     assert bool((buf[:offset] == 7.0).all()) and bool((buf[offset + n:] == 7.0).all()), \
         "a streamed decode wrote outside its destination"
     return y.clone()
 
+
+def _table_decode(kernel: TableKernel, codes: torch.Tensor, values_: torch.Tensor, y: torch.Tensor,
+                  stream: bool) -> None:
+    kernel.decode(codes, values_, None, y, stream=stream)
+
+
+def _bits_decode(kernel: BitKernel, codes: torch.Tensor, y: torch.Tensor, stream: bool) -> None:
+    kernel.decode(codes, y, stream=stream)
 
 @needs_kernels
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 6, 8, 12])
@@ -49,8 +62,7 @@ def test_table_decode_streams_the_plain_stores_bits(bits: int) -> None:
         kernel.encode(x, mids, codes)
         with threads(count):
             for offset in OFFSETS:
-                def decode(y: torch.Tensor, stream: bool) -> None:
-                    kernel.decode(codes, values_, None, y, stream=stream)
+                decode = partial(_table_decode, kernel, codes, values_)
                 plain, streamed = decoded(decode, n, offset, False), decoded(decode, n, offset, True)
                 assert torch.equal(plain.view(torch.int32), streamed.view(torch.int32)), \
                     (bits, n, offset)
@@ -72,7 +84,7 @@ def test_bit_field_decode_streams_the_torch_ops_bits(layout: tuple[int, int, int
         with threads(count):
             for offset in OFFSETS:
                 for stream in (False, True):
-                    got = decoded(lambda y, s: kernel.decode(codes, y, stream=s), n, offset, stream)
+                    got = decoded(partial(_bits_decode, kernel, codes), n, offset, stream)
                     assert torch.equal(got.view(torch.int32), expected), (layout, n, offset, stream)
 
 
@@ -83,7 +95,7 @@ def test_fused_feedback_pass_equals_the_unfused_one_and_the_torch_ops(spec: str)
     with `sent` it goes the way before; the torch ops are the reference. Payload and residual,
     bit for bit, over three steps, on 1 and 2 threads."""
     for n, count in ((5003, 1), (TWO_THREADS, 2)):
-        comps = [get_compressor(spec, Where((n,))) for _ in range(3)]
+        comps = [gathered(spec, n) for _ in range(3)]
         use_kernels(comps[2], False)
         with threads(count):
             for step in range(3):
@@ -96,3 +108,9 @@ def test_fused_feedback_pass_equals_the_unfused_one_and_the_torch_ops(spec: str)
                                        comps[0].state["residual"].view(torch.int32)), \
                         f"{n} {step}: residual {i + 1}"
                 assert torch.equal(grad, finite_values(n, 40 + step)), "the gradient was written"
+
+
+def gathered(spec: str, n: int) -> Gathered:
+    comp = get_compressor(spec, Where((n,)))
+    assert isinstance(comp, Gathered)
+    return comp

@@ -25,8 +25,9 @@
 #include <immintrin.h>
 #endif
 
-/* outputs of this many values or more are streamed (64 MiB of fp32: twice a large L2's worth
- * per core, far above what a step reuses before the next bucket) */
+/* outputs of this many values or more are streamed: 64 MiB of fp32, 16 times a 2-core
+ * host's L2 (measured a win there at this size; smaller outputs, a data-parallel bucket of
+ * 25 MB say, may still be read from cache by what follows, and keep plain stores) */
 #define STREAM_MIN (1 << 24)
 
 /* values an encoder block holds, and how far ahead it prefetches */
