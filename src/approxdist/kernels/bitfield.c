@@ -128,7 +128,9 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
 }
 
 /* the values [lo, hi) into y (y[0]: value lo) */
-static void decode_part(const job_t *j, int64_t lo, int64_t hi, uint32_t *y) {
+static void decode_part(const void *arg, int64_t lo, int64_t hi, void *out) {
+    const job_t *j = (const job_t *)arg;
+    uint32_t *y = (uint32_t *)out;
     const uint8_t *in = j->in + lo * j->width / 8;
     const int w = j->width;
     if (w == 8) {
@@ -162,20 +164,9 @@ static void decode_part(const job_t *j, int64_t lo, int64_t hi, uint32_t *y) {
     }
 }
 
-/* a streamed output goes block by block through a buffer in L1, then past the caches */
 static void decode_range(const void *arg, int64_t lo, int64_t hi) {
     const job_t *j = (const job_t *)arg;
-    if (!j->stream) {
-        decode_part(j, lo, hi, j->y + lo);
-        return;
-    }
-    float tmp[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
-        decode_part(j, k, k + m, (uint32_t *)tmp);
-        store_values((float *)j->y + k, tmp, m, 1);
-    }
-    stream_done(1);
+    decode_through(decode_part, j, lo, hi, (float *)j->y, j->stream);
 }
 
 void ad_bits_encode(const uint32_t *x, int64_t n, const layout_t *l, int width, uint8_t *out,

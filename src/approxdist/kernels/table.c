@@ -235,7 +235,9 @@ static void codes_range(const job_t *j, int64_t lo, int64_t hi, float *y0) {
 }
 
 /* the values [lo, hi) into y (y[0]: value lo) */
-static void decode_part(const job_t *j, int64_t lo, int64_t hi, float *y) {
+static void decode_part(const void *arg, int64_t lo, int64_t hi, void *out) {
+    const job_t *j = (const job_t *)arg;
+    float *y = (float *)out;
     const int bits = j->bits;
     if (j->rows != NULL && 8 % bits == 0 && !(HAVE_PERMUTE && bits <= 4))
         rows_decode(j->in + lo * bits / 8, hi - lo, j->rows, 8 / bits, y, j->add);
@@ -243,20 +245,9 @@ static void decode_part(const job_t *j, int64_t lo, int64_t hi, float *y) {
         codes_range(j, lo, hi, y);
 }
 
-/* a streamed output goes block by block through a buffer in L1, then past the caches */
 static void decode_range(const void *arg, int64_t lo, int64_t hi) {
     const job_t *j = (const job_t *)arg;
-    if (!j->stream) {
-        decode_part(j, lo, hi, j->y + lo);
-        return;
-    }
-    float tmp[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
-        decode_part(j, k, k + m, tmp);
-        store_values(j->y + k, tmp, m, 1);
-    }
-    stream_done(1);
+    decode_through(decode_part, j, lo, hi, j->y, j->stream);
 }
 
 void ad_table_decode(const uint8_t *in, int64_t n, const float *values, const float *rows,

@@ -92,4 +92,26 @@ static void stream_done(int stream) {
 #endif
 }
 
+/* decodes the values [lo, hi) of a job into y (y[0]: value lo; fp32 or their bit patterns) */
+typedef void (*part_fn)(const void *job, int64_t lo, int64_t hi, void *y);
+
+#define STREAM_BLOCK 2048
+
+/* part(job, lo, hi, y + lo), or, where `stream`, the same a block at a time through a buffer
+ * in L1 and on past the caches */
+static void decode_through(part_fn part, const void *job, int64_t lo, int64_t hi, float *y,
+                           int stream) {
+    if (!stream) {
+        part(job, lo, hi, y + lo);
+        return;
+    }
+    float tmp[STREAM_BLOCK];
+    for (int64_t k = lo; k < hi; k += STREAM_BLOCK) {
+        const int64_t m = hi - k < STREAM_BLOCK ? hi - k : STREAM_BLOCK;
+        part(job, k, k + m, tmp);
+        store_values(y + k, tmp, m, 1);
+    }
+    stream_done(1);
+}
+
 #endif
