@@ -31,6 +31,9 @@ class CompressKernel:
         self._terngrad.argtypes = [_VOID, _I64, _F32, _U32, _VOID, _INT]
         self._sign = lib.ad_sign_encode
         self._sign.argtypes = [_VOID, _I64, _VOID, _VOID, _VOID, _INT]
+        self._most = lib.ad_max_magnitude
+        self._most.argtypes = [_VOID, _I64, _INT]
+        self._most.restype = _U32
         self._sum = lib.ad_feedback_sum
         self._sum.argtypes = [_VOID, _VOID, _VOID, _I64, _INT]
         self._topk = lib.ad_topk_select
@@ -79,6 +82,15 @@ class CompressKernel:
             need(residual, torch.float32, x.numel(), "quantize")
             pointers = (values.data_ptr(), residual.data_ptr())
         self._sign(x.data_ptr(), x.numel(), *pointers, codes.data_ptr(), torch.get_num_threads())
+
+    def max_magnitude(self, x: torch.Tensor) -> torch.Tensor | None:
+        """max |x| of fp32 `x` as a 0-d fp32 tensor (one of the values, so the same bits as
+        any other exact reduction); None where it is zero or not finite (left to the caller)."""
+        need(x, torch.float32, x.numel(), "quantize")
+        most = self._most(x.data_ptr(), x.numel(), torch.get_num_threads())
+        if most == 0 or most >= 0x7F800000:
+            return None
+        return torch.tensor([most], dtype=torch.int32).view(torch.float32)[0]
 
     def feedback_sum(self, grad: torch.Tensor, residual: torch.Tensor,
                      magnitudes: torch.Tensor) -> None:

@@ -138,3 +138,35 @@ void ad_feedback_sum(const float *g, float *e, float *mag, int64_t n, int thread
     sum_t s = {g, e, mag, stream_output(n, 0, -1)};
     split_run(sum_range, &s, n, threads);
 }
+
+typedef struct {
+    const uint32_t *x;
+    int64_t bounds[MAX_THREADS + 1];
+    uint32_t most[MAX_THREADS];
+    int parts;
+} most_t;
+
+static void most_range(const void *arg, int64_t lo, int64_t hi) {
+    most_t *j = (most_t *)arg; /* each range writes its own slot only */
+    const uint32_t *restrict x = j->x;
+    uint32_t most = 0;
+    for (int64_t k = lo, m; k < hi; k += m) {
+        m = ahead_block(x + k, hi - k);
+        for (int64_t i = k; i < k + m; i++) {
+            const uint32_t a = x[i] & 0x7FFFFFFFu;
+            most = a > most ? a : most;
+        }
+    }
+    j->most[split_part(j->bounds, j->parts, lo)] = most;
+}
+
+/* The largest |x| as its bit pattern (TernGrad's scale): exact in any order, since it is one
+ * of the values; a NaN pattern (above +inf) where x holds a NaN. */
+uint32_t ad_max_magnitude(const float *x, int64_t n, int threads) {
+    most_t j = {(const uint32_t *)x, {0}, {0}, 0};
+    j.parts = split_bounds(n, threads, j.bounds);
+    split_run(most_range, &j, n, threads);
+    uint32_t most = 0;
+    for (int p = 0; p < j.parts; p++) most = j.most[p] > most ? j.most[p] : most;
+    return most;
+}

@@ -40,11 +40,7 @@ typedef struct {
     float *val, *residual;
 } topk_t;
 
-static int part_of(const topk_t *j, int64_t lo) {
-    int p = 0;
-    while (p + 1 < j->parts && j->bounds[p + 1] <= lo) p++;
-    return p;
-}
+static int part_of(const topk_t *j, int64_t lo) { return split_part(j->bounds, j->parts, lo); }
 
 /* h[bin]++ for the values of [lo, hi) whose bin (top 16 bits) is at least j->floor (all of them
  * where 0: the scalar loop); returns how many were counted */
