@@ -1,4 +1,4 @@
-"""Typed entry points of the compressor kernels: codes, scales and error feedback (quantize.c), top-k (topk.c).
+"""Typed entry points of the compressor kernels: codes, scales, error feedback; top-k (topk.c).
 
 `CompressKernel.create` returns None where the kernels cannot run (no compiler, disabled);
 `usable` says per call whether the tensors qualify (CPU, contiguous). The compressors
