@@ -164,3 +164,21 @@ def test_a_compressor_with_kernels_pickles_and_still_encodes() -> None:
     assert isinstance(ops, Packed)
     ops.codes.use_kernels = False
     assert torch.equal(again.message(x), ops.message(x))
+
+
+@needs_kernels
+def test_topk_floor_from_a_misleading_sample_falls_back_to_every_value() -> None:
+    """topk.c counts only values at or above a floor estimated from a strided sample; here the
+    sample holds only the large values (every 16th), too few for k, so it must count all."""
+    n = 1 << 18
+    x = values(n, 5) * 1e-3
+    x[::16] = 100.0 + values(n // 16, 6).abs()
+    for ratio in ("0.1", "0.01"):
+        fused, ops = get_compressor(f"topk:{ratio}", Where((n,))), \
+            get_compressor(f"topk:{ratio}", Where((n,)))
+        assert isinstance(fused, TopK) and isinstance(ops, TopK)
+        use_kernels(ops, False)
+        assert torch.equal(fused.encode(x).data, ops.encode(x).data), ratio
+        for step in range(2):  # error feedback: gradient plus residual in the first pass
+            assert torch.equal(fused.outgoing(x).data, ops.outgoing(x).data), (ratio, step)
+            assert torch.equal(fused.state["residual"], ops.state["residual"]), (ratio, step)

@@ -101,15 +101,31 @@ def _variants() -> list[tuple[str, ...]]:
     return out
 
 
-def _use(codec: object, lib: ctypes.CDLL) -> None:
-    """Make `codec` call the library `lib` instead of the cached build."""
+class _StreamedTable(TableKernel):
+    """Decodes with streamed stores whatever the size."""
+
+    def decode(self, codes: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None,
+               y: torch.Tensor, add: bool = False, stream: bool | None = None) -> None:
+        super().decode(codes, values, rows, y, add, stream=True)
+
+
+class _StreamedBits(BitKernel):
+    """Decodes with streamed stores whatever the size."""
+
+    def decode(self, codes: torch.Tensor, y: torch.Tensor, stream: bool | None = None) -> None:
+        super().decode(codes, y, stream=True)
+
+
+def _use(codec: object, lib: ctypes.CDLL, streamed: bool = False) -> None:
+    """Make `codec` call the library `lib` instead of the cached build (`streamed`: its decoder
+    always with streamed stores, store.h)."""
     if isinstance(codec, TableCodec):
-        table = TableKernel(lib, codec.bits)
+        table = (_StreamedTable if streamed else TableKernel)(lib, codec.bits)
         codec._kernels.get(lambda: table)
     else:
         assert isinstance(codec, BitFieldCodec)
         runs = [(r.lo, r.length, r.pos) for r in codec.runs]
-        bits = BitKernel(lib, runs, codec.layout.width)
+        bits = (_StreamedBits if streamed else BitKernel)(lib, runs, codec.layout.width)
         codec._kernels.get(lambda: bits)
 
 
@@ -125,15 +141,16 @@ def test_every_simd_variant_gives_the_same_bits(flags: tuple[str, ...], tmp_path
                    check=True, capture_output=True, timeout=120)
     lib = ctypes.CDLL(str(lib_path))
     x, dest = values(N, 3), values(N, 4)
-    for spec in SPECS:
+    streamed = ("bits:s0e1m0", "bits:s0e2+2m0", "bits:s1e3m2", "bits:s0e8m0", "table2", "table5")
+    for spec, stream in [(s, False) for s in SPECS] + [(s, True) for s in streamed]:
         fused = get_codec(spec)
-        _use(fused, lib)
+        _use(fused, lib, stream)
         with threads(1):
             expected = outputs(reference(spec), x, dest)
         with threads(2):
             got = outputs(fused, x, dest)
         for what, a, b in zip(("bytes", "values", "sums"), got, expected):
-            assert torch.equal(a, b), f"{spec} built with {flags}: {what} differ"
+            assert torch.equal(a, b), f"{spec} built with {flags} (streamed {stream}): {what} differ"
     for spec in COMPRESSORS:
         with threads(2):
             assert_same(run_workers(spec, N, True, lib, world=1, steps=1),

@@ -22,6 +22,7 @@
 #include "bytepack.h"
 #include "lookup.h"
 #include "parallel.h"
+#include "traffic.h"
 
 typedef struct {
     uint32_t shift[4];
@@ -100,7 +101,7 @@ typedef struct {
     const uint32_t *x;
     uint32_t *y;
     const layout_t *l;
-    int width, add;
+    int width, add, stream;
 } job_t;
 
 static void encode_range(const void *arg, int64_t lo, int64_t hi) {
@@ -108,14 +109,14 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     const uint32_t *x = j->x + lo;
     uint8_t *out = j->out + lo * j->width / 8;
     const int w = j->width;
-    if (w == 8) { /* the codes are the payload */
-        codes8(x, out, hi - lo, j->l);
-        return;
-    }
     uint8_t c8[BLOCK];
     uint32_t c32[BLOCK];
-    for (int64_t k = 0; k < hi - lo; k += BLOCK) {
-        int64_t m = block_len(hi - lo - k);
+    for (int64_t k = 0, m; k < hi - lo; k += m) {
+        m = ahead_block(x + k, hi - lo - k);
+        if (w == 8) { /* the codes are the payload */
+            codes8(x + k, out + k, m, j->l);
+            continue;
+        }
         if (w < 8 && BYTEPACK_LE) {
             codes8(x + k, c8, m, j->l);
             out += pack8(c8, m, w, out);
@@ -126,12 +127,14 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-static void decode_range(const void *arg, int64_t lo, int64_t hi) {
+/* the values [lo, hi) into y (y[0]: value lo) */
+static void decode_part(const void *arg, int64_t lo, int64_t hi, void *out) {
     const job_t *j = (const job_t *)arg;
+    uint32_t *y = (uint32_t *)out;
     const uint8_t *in = j->in + lo * j->width / 8;
     const int w = j->width;
     if (w == 8) {
-        values8(in, j->y + lo, hi - lo, j->l, j->add);
+        values8(in, y, hi - lo, j->l, j->add);
         return;
     }
     uint8_t c8[BLOCK];
@@ -142,39 +145,44 @@ static void decode_range(const void *arg, int64_t lo, int64_t hi) {
             const uint32_t p = pattern_of(c, j->l->shift, j->l->mask, 4);
             memcpy(&tab[c], &p, sizeof p);
         }
-        for (int64_t k = lo; k < hi; k += BLOCK) {
-            const int64_t m = block_len(hi - k);
+        for (int64_t k = 0; k < hi - lo; k += BLOCK) {
+            const int64_t m = block_len(hi - lo - k);
             in += unpack8(in, m, w, c8);
-            lookup16(c8, m, tab, (float *)j->y + k, j->add);
+            lookup16(c8, m, tab, (float *)y + k, j->add);
         }
         return;
     }
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        int64_t m = block_len(hi - k);
+    for (int64_t k = 0; k < hi - lo; k += BLOCK) {
+        int64_t m = block_len(hi - lo - k);
         if (w < 8 && BYTEPACK_LE) {
             in += unpack8(in, m, w, c8);
-            values8(c8, j->y + k, m, j->l, j->add);
+            values8(c8, y + k, m, j->l, j->add);
         } else {
             in += unpack(in, m, w, c32);
-            values32(c32, j->y + k, m, j->l, j->add);
+            values32(c32, y + k, m, j->l, j->add);
         }
     }
+}
+
+static void decode_range(const void *arg, int64_t lo, int64_t hi) {
+    const job_t *j = (const job_t *)arg;
+    decode_through(decode_part, j, lo, hi, (float *)j->y, j->stream);
 }
 
 void ad_bits_encode(const uint32_t *x, int64_t n, const layout_t *l, int width, uint8_t *out,
                     int threads) {
-    job_t j = {NULL, out, x, NULL, l, width, 0};
+    job_t j = {NULL, out, x, NULL, l, width, 0, 0};
     split_run(encode_range, &j, n, threads);
 }
 
 void ad_bits_decode(const uint8_t *in, int64_t n, const layout_t *l, int width, uint32_t *y,
-                    int threads) {
-    job_t j = {in, NULL, NULL, y, l, width, 0};
+                    int threads, int stream) {
+    job_t j = {in, NULL, NULL, y, l, width, 0, stream_output(n, 0, stream)};
     split_run(decode_range, &j, n, threads);
 }
 
 void ad_bits_decode_add(const uint8_t *in, int64_t n, const layout_t *l, int width, float *y,
                         int threads) {
-    job_t j = {in, NULL, NULL, (uint32_t *)y, l, width, 1};
+    job_t j = {in, NULL, NULL, (uint32_t *)y, l, width, 1, 0};
     split_run(decode_range, &j, n, threads);
 }

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from approxdist.kernels.build import load_kernels
+from approxdist.kernels.table import stream_flag
 
 _MAX_RUNS = 4
 _VOID, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -28,7 +29,7 @@ class BitKernel:
         self._layout = struct.pack("=8I", *shifts, *masks)
         self.width = width
         self._encode = _fn(lib.ad_bits_encode)
-        self._decode = _fn(lib.ad_bits_decode)
+        self._decode = _fn(lib.ad_bits_decode, stream=True)
         self._decode_add = _fn(lib.ad_bits_decode_add)
 
     @staticmethod
@@ -48,11 +49,12 @@ class BitKernel:
         self._encode(x.data_ptr(), x.numel(), self._layout, self.width, codes.data_ptr(),
                      torch.get_num_threads())
 
-    def decode(self, codes: torch.Tensor, y: torch.Tensor) -> None:
-        """Fill fp32 `y` with the values of packed `codes`."""
+    def decode(self, codes: torch.Tensor, y: torch.Tensor, stream: bool | None = None) -> None:
+        """Fill fp32 `y` with the values of packed `codes`; `stream`: with non-temporal
+        stores (store.h; None: for large outputs)."""
         _check(y, torch.float32, codes, self._nbytes(y.numel()))
         self._decode(codes.data_ptr(), y.numel(), self._layout, self.width, y.data_ptr(),
-                     torch.get_num_threads())
+                     torch.get_num_threads(), stream_flag(stream))
 
     def decode_add(self, codes: torch.Tensor, y: torch.Tensor) -> None:
         """`y += values of packed codes`, one pass, the same fp32 sums as torch's add."""
@@ -64,8 +66,8 @@ class BitKernel:
         return (n * self.width + 7) // 8
 
 
-def _fn(f: ctypes._CFuncPtr) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    f.argtypes = [_VOID, _I64, ctypes.c_char_p, _INT, _VOID, _INT]
+def _fn(f: ctypes._CFuncPtr, stream: bool = False) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    f.argtypes = [_VOID, _I64, ctypes.c_char_p, _INT, _VOID, _INT] + [_INT] * stream
     f.restype = None
     return f
 

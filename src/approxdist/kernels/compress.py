@@ -1,4 +1,4 @@
-"""Typed entry points of the compressor kernels: QSGD, TernGrad and sign codes (quantize.c), top-k (topk.c).
+"""Typed entry points of the compressor kernels: codes, scales, error feedback; top-k (topk.c).
 
 `CompressKernel.create` returns None where the kernels cannot run (no compiler, disabled);
 `usable` says per call whether the tensors qualify (CPU, contiguous). The compressors
@@ -31,10 +31,18 @@ class CompressKernel:
         self._terngrad.argtypes = [_VOID, _I64, _F32, _U32, _VOID, _INT]
         self._sign = lib.ad_sign_encode
         self._sign.argtypes = [_VOID, _I64, _VOID, _VOID, _VOID, _INT]
+        self._most = lib.ad_max_magnitude
+        self._most.argtypes = [_VOID, _I64, _INT]
+        self._most.restype = _U32
+        self._sum = lib.ad_feedback_sum
+        self._sum.argtypes = [_VOID, _VOID, _VOID, _I64, _INT]
         self._topk = lib.ad_topk_select
         self._topk.argtypes = [_VOID, _I64, _I64, _VOID, _VOID, _VOID, _INT]
         self._topk.restype = _INT
-        for f in (self._qsgd, self._terngrad, self._sign):
+        self._topk_feedback = lib.ad_topk_feedback
+        self._topk_feedback.argtypes = [_VOID, _VOID, _I64, _I64, _VOID, _VOID, _INT]
+        self._topk_feedback.restype = _INT
+        for f in (self._qsgd, self._terngrad, self._sign, self._sum):
             f.restype = None
 
     @staticmethod
@@ -64,7 +72,8 @@ class CompressKernel:
     def sign(self, x: torch.Tensor, codes: torch.Tensor, values: torch.Tensor | None = None,
              residual: torch.Tensor | None = None) -> None:
         """Pack one bit per value of fp32 `x` (1: x < 0); with `values` (fp32, the decoded
-        value of codes 0 and 1) also write `residual = x - values[code]`."""
+        value of codes 0 and 1) also write `residual = x - values[code]` (`residual` may be `x`
+        itself: in place)."""
         need(x, torch.float32, x.numel(), "quantize")
         need(codes, torch.uint8, (x.numel() + 7) // 8, "quantize")
         pointers: tuple[int | None, int | None] = (None, None)
@@ -74,24 +83,43 @@ class CompressKernel:
             pointers = (values.data_ptr(), residual.data_ptr())
         self._sign(x.data_ptr(), x.numel(), *pointers, codes.data_ptr(), torch.get_num_threads())
 
+    def max_magnitude(self, x: torch.Tensor) -> torch.Tensor | None:
+        """max |x| of fp32 `x` as a 0-d fp32 tensor (one of the values, so the same bits as
+        any other exact reduction); None where it is zero or not finite (left to the caller)."""
+        need(x, torch.float32, x.numel(), "quantize")
+        most = self._most(x.data_ptr(), x.numel(), torch.get_num_threads())
+        if most == 0 or most >= 0x7F800000:
+            return None
+        return torch.tensor([most], dtype=torch.int32).view(torch.float32)[0]
+
+    def feedback_sum(self, grad: torch.Tensor, residual: torch.Tensor,
+                     magnitudes: torch.Tensor) -> None:
+        """In one pass: `residual = grad + residual` (torch.add's fp32 sums) and `magnitudes =
+        |residual|` (fp32, as many values each)."""
+        n = grad.numel()
+        for t in (grad, residual, magnitudes):
+            need(t, torch.float32, n, "feedback")
+        self._sum(grad.data_ptr(), residual.data_ptr(), magnitudes.data_ptr(), n,
+                  torch.get_num_threads())
+
     def topk(self, x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
              residual: torch.Tensor | None = None) -> bool:
         """Write the k (1 <= k <= n < 2**31) values of largest magnitude of fp32 `x` and their
         int32 indices, in increasing index order (ties: the lower index), and where given
         `residual = x - (selected ? x : 0)`; False if the kernel could not allocate its
         histograms (nothing written)."""
-        n = x.numel()
-        if not 1 <= k <= n < 1 << 31:
-            raise ValueError(f"top-k kernel needs 1 <= k <= n < 2**31; got k={k}, n={n}")
-        need(x, torch.float32, n, "top-k")
-        need(values, torch.float32, k, "top-k")
-        need(indices, torch.int32, k, "top-k")
-        rest = None
-        if residual is not None:
-            need(residual, torch.float32, n, "top-k")
-            rest = residual.data_ptr()
+        n = _topk_args(k, values, indices, x, *(() if residual is None else (residual,)))
+        rest = None if residual is None else residual.data_ptr()
         return self._topk(x.data_ptr(), n, k, values.data_ptr(), indices.data_ptr(), rest,
                           torch.get_num_threads()) == 0
+
+    def topk_feedback(self, grad: torch.Tensor, k: int, values: torch.Tensor,
+                      indices: torch.Tensor, residual: torch.Tensor) -> bool:
+        """`topk` of x = grad + residual (torch.add's fp32 sums) with the new residual written
+        over the old in the same passes; False (nothing written) as `topk`."""
+        n = _topk_args(k, values, indices, grad, residual)
+        return self._topk_feedback(grad.data_ptr(), residual.data_ptr(), n, k, values.data_ptr(),
+                                   indices.data_ptr(), torch.get_num_threads()) == 0
 
 
 def fused(slot: KernelSlot[CompressKernel], use: bool,
@@ -102,3 +130,16 @@ def fused(slot: KernelSlot[CompressKernel], use: bool,
             or any(t.dtype != torch.float32 for t in tensors):
         return None
     return slot.get(CompressKernel.create)
+
+
+def _topk_args(k: int, values: torch.Tensor, indices: torch.Tensor,
+               *full: torch.Tensor) -> int:
+    """Check a top-k call's tensors (`full`: fp32, n values each); returns n."""
+    n = full[0].numel()
+    if not 1 <= k <= n < 1 << 31:
+        raise ValueError(f"top-k kernel needs 1 <= k <= n < 2**31; got k={k}, n={n}")
+    for t in full:
+        need(t, torch.float32, n, "top-k")
+    need(values, torch.float32, k, "top-k")
+    need(indices, torch.int32, k, "top-k")
+    return n

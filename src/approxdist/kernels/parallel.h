@@ -51,6 +51,13 @@ static int split_bounds(int64_t n, int threads, int64_t *b) {
     return count;
 }
 
+/* which of the `count` ranges of split_bounds `b` starts at `lo` */
+static int split_part(const int64_t *b, int count, int64_t lo) {
+    int p = 0;
+    while (p + 1 < count && b[p + 1] <= lo) p++;
+    return p;
+}
+
 /* Call f(ctx, lo, hi) over [0, n) with at most `threads` threads (the ranges of split_bounds). */
 static void split_run(range_fn f, const void *ctx, int64_t n, int threads) {
     int64_t b[MAX_THREADS + 1];

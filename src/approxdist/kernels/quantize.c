@@ -22,6 +22,7 @@
 #include "bitpack.h"
 #include "bytepack.h"
 #include "parallel.h"
+#include "traffic.h"
 #include "stream.h"
 
 typedef struct quant quant_t;
@@ -67,11 +68,15 @@ static void terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *res
 static void sign_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
     const float *restrict x = q->x + k;
     for (int64_t j = 0; j < m; j++) c[j] = x[j] < 0.0f;
-    if (q->values != NULL) {
-        const float plus = q->values[0], minus = q->values[1];
+    if (q->values == NULL) return;
+    const float plus = q->values[0], minus = q->values[1];
+    if (q->residual == q->x) { /* in place: the residual replaces the values it came from */
         float *restrict r = q->residual + k;
-        for (int64_t j = 0; j < m; j++) r[j] = x[j] - (c[j] ? minus : plus);
+        for (int64_t j = 0; j < m; j++) r[j] = r[j] - (c[j] ? minus : plus);
+        return;
     }
+    float *restrict r = q->residual + k;
+    for (int64_t j = 0; j < m; j++) r[j] = x[j] - (c[j] ? minus : plus);
 }
 
 static void encode_range(const void *arg, int64_t lo, int64_t hi) {
@@ -80,8 +85,8 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     uint8_t *out = q->out + lo * w / 8;
     uint32_t c32[BLOCK];
     uint8_t c8[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
+    for (int64_t k = lo, m; k < hi; k += m) {
+        m = ahead_block(q->x + k, hi - k);
         q->codes(q, k, m, c32);
         out += pack_words(c32, m, w, c8, out);
     }
@@ -103,4 +108,65 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
                     uint8_t *out, int threads) {
     quant_t q = {sign_codes, x, values, residual, out, 0.0f, 0, 0, 1};
     split_run(encode_range, &q, n, threads);
+}
+
+typedef struct {
+    const float *g;
+    float *e, *mag;
+    int stream;
+} sum_t;
+
+static void sum_range(const void *arg, int64_t lo, int64_t hi) {
+    const sum_t *s = (const sum_t *)arg;
+    const float *restrict g = s->g;
+    float *restrict e = s->e;
+    float tmp[BLOCK];
+    for (int64_t k = lo; k < hi; k += BLOCK) {
+        const int64_t m = block_len(hi - k);
+        for (int64_t j = 0; j < m; j++) {
+            e[k + j] = g[k + j] + e[k + j];
+            tmp[j] = fabsf(e[k + j]);
+        }
+        store_values(s->mag + k, tmp, m, s->stream);
+    }
+    stream_done(s->stream);
+}
+
+/* Error feedback's first pass, in place: e = g + e (torch.add's fp32 sum) and mag = |e| (the
+ * magnitudes a scale is summed from), one read of g and e. */
+void ad_feedback_sum(const float *g, float *e, float *mag, int64_t n, int threads) {
+    sum_t s = {g, e, mag, stream_output(n, 0, -1)};
+    split_run(sum_range, &s, n, threads);
+}
+
+typedef struct {
+    const uint32_t *x;
+    int64_t bounds[MAX_THREADS + 1];
+    uint32_t most[MAX_THREADS];
+    int parts;
+} most_t;
+
+static void most_range(const void *arg, int64_t lo, int64_t hi) {
+    most_t *j = (most_t *)arg; /* each range writes its own slot only */
+    const uint32_t *restrict x = j->x;
+    uint32_t most = 0;
+    for (int64_t k = lo, m; k < hi; k += m) {
+        m = ahead_block(x + k, hi - k);
+        for (int64_t i = k; i < k + m; i++) {
+            const uint32_t a = x[i] & 0x7FFFFFFFu;
+            most = a > most ? a : most;
+        }
+    }
+    j->most[split_part(j->bounds, j->parts, lo)] = most;
+}
+
+/* The largest |x| as its bit pattern (TernGrad's scale): exact in any order, since it is one
+ * of the values; a NaN pattern (above +inf) where x holds a NaN. */
+uint32_t ad_max_magnitude(const float *x, int64_t n, int threads) {
+    most_t j = {(const uint32_t *)x, {0}, {0}, 0};
+    j.parts = split_bounds(n, threads, j.bounds);
+    split_run(most_range, &j, n, threads);
+    uint32_t most = 0;
+    for (int p = 0; p < j.parts; p++) most = j.most[p] > most ? j.most[p] : most;
+    return most;
 }

@@ -27,6 +27,7 @@
 #include "bytepack.h"
 #include "lookup.h"
 #include "parallel.h"
+#include "traffic.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -137,7 +138,7 @@ typedef struct {
     const float *values, *rows;
     float *y;
     int64_t nm;
-    int bits, add;
+    int bits, add, stream;
 } job_t;
 
 static void encode_range(const void *arg, int64_t lo, int64_t hi) {
@@ -146,8 +147,8 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     uint8_t *out = j->out + lo * bits / 8;
     uint8_t c8[BLOCK];
     uint32_t c32[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
+    for (int64_t k = lo, m; k < hi; k += m) {
+        m = ahead_block(j->x + k, hi - k);
         if (bits > 8 || !BYTEPACK_LE) {
             if (!count_codes(j->x + k, c32, m, j->mids, j->nm, bits))
                 table_codes(j->x + k, c32, m, j->mids, j->nm, bits);
@@ -164,7 +165,7 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
 
 void ad_table_encode(const int32_t *x, int64_t n, const int32_t *mids, int64_t nm, int bits,
                      uint8_t *out, int threads) {
-    job_t j = {x, mids, NULL, out, NULL, NULL, NULL, nm, bits, 0};
+    job_t j = {x, mids, NULL, out, NULL, NULL, NULL, nm, bits, 0, 0};
     split_run(encode_range, &j, n, threads);
 }
 
@@ -201,8 +202,9 @@ static void rows_decode(const uint8_t *restrict in, int64_t n, const float *rest
     }
 }
 
-/* y (+)= values[code] over [lo, hi) (bits <= 8: byte codes, a permute for bits <= 4) */
-static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
+/* y (+)= values[code] over [lo, hi), y[0] the slot of value lo (bits <= 8: byte codes, a
+ * permute for bits <= 4) */
+static void codes_range(const job_t *j, int64_t lo, int64_t hi, float *y0) {
     const int bits = j->bits, add = j->add, bytes = bits <= 8 && BYTEPACK_LE;
     const uint8_t *in = j->in + lo * bits / 8;
     const float *restrict values = j->values;
@@ -214,7 +216,7 @@ static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
     if (small || mid) memcpy(tab, values, sizeof(float) << bits);
     for (int64_t k = lo; k < hi; k += BLOCK) {
         const int64_t m = block_len(hi - k);
-        float *restrict y = j->y + k;
+        float *restrict y = y0 + (k - lo);
         if (bytes) {
             in += unpack8(in, m, bits, c8);
             if (small) {
@@ -232,18 +234,25 @@ static void codes_range(const job_t *j, int64_t lo, int64_t hi) {
     }
 }
 
-static void decode_range(const void *arg, int64_t lo, int64_t hi) {
+/* the values [lo, hi) into y (y[0]: value lo) */
+static void decode_part(const void *arg, int64_t lo, int64_t hi, void *out) {
     const job_t *j = (const job_t *)arg;
+    float *y = (float *)out;
     const int bits = j->bits;
     if (j->rows != NULL && 8 % bits == 0 && !(HAVE_PERMUTE && bits <= 4))
-        rows_decode(j->in + lo * bits / 8, hi - lo, j->rows, 8 / bits, j->y + lo, j->add);
+        rows_decode(j->in + lo * bits / 8, hi - lo, j->rows, 8 / bits, y, j->add);
     else
-        codes_range(j, lo, hi);
+        codes_range(j, lo, hi, y);
+}
+
+static void decode_range(const void *arg, int64_t lo, int64_t hi) {
+    const job_t *j = (const job_t *)arg;
+    decode_through(decode_part, j, lo, hi, j->y, j->stream);
 }
 
 void ad_table_decode(const uint8_t *in, int64_t n, const float *values, const float *rows,
-                     int bits, float *y, int add, int threads) {
-    job_t j = {NULL, NULL, in, NULL, values, rows, y, 0, bits, add};
+                     int bits, float *y, int add, int threads, int stream) {
+    job_t j = {NULL, NULL, in, NULL, values, rows, y, 0, bits, add, stream_output(n, add, stream)};
     split_run(decode_range, &j, n, threads);
 }
 

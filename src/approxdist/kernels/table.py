@@ -24,7 +24,7 @@ class TableKernel:
         self._encode = lib.ad_table_encode
         self._encode.argtypes = [_VOID, _I64, _VOID, _I64, _INT, _VOID, _INT]
         self._decode = lib.ad_table_decode
-        self._decode.argtypes = [_VOID, _I64, _VOID, _VOID, _INT, _VOID, _INT, _INT]
+        self._decode.argtypes = [_VOID, _I64, _VOID, _VOID, _INT, _VOID, _INT, _INT, _INT]
         self._sample = lib.ad_table_sample
         self._sample.argtypes = [_VOID, _I64, _I64, _VOID, _VOID]
         self._sample.restype = _I64
@@ -60,9 +60,10 @@ class TableKernel:
                      codes.data_ptr(), torch.get_num_threads())
 
     def decode(self, codes: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None,
-               y: torch.Tensor, add: bool = False) -> None:
+               y: torch.Tensor, add: bool = False, stream: bool | None = None) -> None:
         """`y = ` (or `+=` with `add`) the values of the packed `codes`: `values` holds the
-        2T code values, `rows` (256 x 8/bits, for widths dividing 8) the per-byte rows."""
+        2T code values, `rows` (256 x 8/bits, for widths dividing 8) the per-byte rows.
+        `stream`: write `y` with non-temporal stores (store.h; None: for large outputs)."""
         need(y, torch.float32, y.numel())
         need(codes, torch.uint8, self._nbytes(y.numel()))
         need(values, torch.float32, 1 << self.bits)
@@ -71,7 +72,7 @@ class TableKernel:
             need(rows, torch.float32, 256 * (8 // self.bits))
             rows_ptr = rows.data_ptr()
         self._decode(codes.data_ptr(), y.numel(), values.data_ptr(), rows_ptr, self.bits,
-                     y.data_ptr(), int(add), torch.get_num_threads())
+                     y.data_ptr(), int(add), torch.get_num_threads(), stream_flag(stream))
 
     def _nbytes(self, n: int) -> int:
         return (n * self.bits + 7) // 8
@@ -82,3 +83,8 @@ def need(t: torch.Tensor, dtype: torch.dtype, numel: int, kernel: str = "table")
     if t.dtype != dtype or t.numel() < numel or t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"{kernel} kernel needs a contiguous CPU {dtype} tensor of >= {numel} "
                          f"values; got {t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def stream_flag(stream: bool | None) -> int:
+    """A decode kernel's `stream` argument: -1 lets it decide by size, 1 or 0 forces it."""
+    return -1 if stream is None else int(stream)

@@ -12,6 +12,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "parallel.h"
 
@@ -22,28 +23,88 @@
 #define ABS_BITS 0x7FFFFFFFu
 #define HIGH_BINS (1 << 16)
 #define LOW_BINS (1 << 15)
+#define SUM_BLOCK 2048
+/* values of the sample the first histogram's floor is estimated from */
+#define SAMPLE (1 << 14)
 
 typedef struct {
     const uint32_t *x;
+    const float *g; /* error feedback: the gradient, x = g + residual (NULL: x as given) */
     int64_t bounds[MAX_THREADS + 1];
     uint32_t *high, *low; /* per range: HIGH_BINS / LOW_BINS counts */
     uint32_t bin, t;      /* the k-th largest's top 16 bits; its whole pattern */
-    int64_t above[MAX_THREADS], take[MAX_THREADS], offset[MAX_THREADS];
+    uint32_t floor;       /* the first histogram counts bins >= floor only (0: all) */
+    int64_t above[MAX_THREADS], take[MAX_THREADS], offset[MAX_THREADS], counted[MAX_THREADS];
     int parts;
     int32_t *idx;
     float *val, *residual;
 } topk_t;
 
-static int part_of(const topk_t *j, int64_t lo) {
-    int p = 0;
-    while (p + 1 < j->parts && j->bounds[p + 1] <= lo) p++;
-    return p;
+static int part_of(const topk_t *j, int64_t lo) { return split_part(j->bounds, j->parts, lo); }
+
+/* h[bin]++ for the values of [lo, hi) whose bin (top 16 bits) is at least j->floor (all of them
+ * where 0: the scalar loop); returns how many were counted */
+static int64_t count_high(const topk_t *j, int64_t lo, int64_t hi, uint32_t *h) {
+    const uint32_t *x = j->x, floor = j->floor;
+    int64_t counted = 0, i = lo;
+    if (floor == 0) {
+        for (; i < hi; i++) h[(x[i] & ABS_BITS) >> 15]++;
+        return hi - lo;
+    }
+#if defined(__AVX512F__)
+    const __m512i abs_bits = _mm512_set1_epi32((int)ABS_BITS), f = _mm512_set1_epi32((int)floor);
+    for (; i + 16 <= hi; i += 16) { /* the few values at or above the floor one by one */
+        const __m512i top = _mm512_srli_epi32(
+            _mm512_and_si512(_mm512_loadu_si512((const void *)(x + i)), abs_bits), 15);
+        for (__mmask16 in = _mm512_cmpge_epu32_mask(top, f); in; in &= in - 1, counted++)
+            h[(x[i + __builtin_ctz(in)] & ABS_BITS) >> 15]++;
+    }
+#endif
+    for (; i < hi; i++) {
+        const uint32_t top = (x[i] & ABS_BITS) >> 15;
+        if (top >= floor) h[top]++, counted++;
+    }
+    return counted;
 }
 
 static void high_range(const void *arg, int64_t lo, int64_t hi) {
-    const topk_t *j = (const topk_t *)arg;
-    uint32_t *h = j->high + (size_t)part_of(j, lo) * HIGH_BINS;
-    for (int64_t i = lo; i < hi; i++) h[(j->x[i] & ABS_BITS) >> 15]++;
+    topk_t *j = (topk_t *)arg; /* each range writes its own slots only */
+    const int p = part_of(j, lo);
+    uint32_t *h = j->high + (size_t)p * HIGH_BINS;
+    int64_t counted = 0;
+    if (j->g != NULL) { /* x = g + residual, written over the residual a block at a time */
+        const float *restrict g = j->g;
+        float *e = j->residual; /* the memory j->x reads */
+        for (int64_t k = lo; k < hi; k += SUM_BLOCK) {
+            const int64_t end = hi - k < SUM_BLOCK ? hi : k + SUM_BLOCK;
+            for (int64_t i = k; i < end; i++) e[i] = g[i] + e[i];
+            counted += count_high(j, k, end, h);
+        }
+    } else {
+        counted = count_high(j, lo, hi, h);
+    }
+    j->counted[p] = counted;
+}
+
+/* A bin at or below the k-th largest's, from a strided sample of SAMPLE values: the highest
+ * bin at or above which 2 k / n of the sample and 64 values more lie; 0 (count every value)
+ * for small tensors or large k. Uses and clears h (HIGH_BINS zeros). */
+static uint32_t floor_bin(const topk_t *j, int64_t n, int64_t k, uint32_t *h) {
+    const int64_t step = n / SAMPLE, want = 2 * k * SAMPLE / n + 64;
+    if (step < 8 || want >= SAMPLE / 4) return 0;
+    const float *e = (const float *)j->x;
+    for (int64_t i = 0; i < SAMPLE; i++) {
+        float v = e[i * step];
+        if (j->g != NULL) v = j->g[i * step] + v; /* x to be: g + residual */
+        uint32_t a;
+        memcpy(&a, &v, sizeof a);
+        h[(a & ABS_BITS) >> 15]++;
+    }
+    int64_t sum = 0;
+    uint32_t bin = HIGH_BINS - 1;
+    for (; bin > 0 && sum < want; bin--) sum += h[bin];
+    memset(h, 0, sizeof(uint32_t) * HIGH_BINS);
+    return sum >= want ? bin + 1 : 0;
 }
 
 static void low_range(const void *arg, int64_t lo, int64_t hi) {
@@ -145,14 +206,10 @@ static uint32_t kth_bin(const uint32_t *h, int parts, int bins, int64_t k, int64
     return 0;
 }
 
-/* Select the k (1 <= k <= n) values of largest magnitude of x: their values and indices in
- * increasing index order; residual (may be NULL) = x - (selected ? x : 0). Returns 0, or -1
- * if the histograms could not be allocated (nothing written). */
-int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *idx,
-                   float *residual, int threads) {
-    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
-    if (j == NULL) return -1;
-    j->x = (const uint32_t *)x;
+/* The selection of j->x's k largest magnitudes (j->g: of g + residual, made by the first pass)
+ * into j->val and j->idx. Returns 0, or -1 if the histograms could not be allocated (nothing
+ * written). Frees j. */
+static int select_top(topk_t *j, int64_t n, int64_t k, int threads) {
     j->parts = split_bounds(n, threads, j->bounds);
     j->high = (uint32_t *)calloc((size_t)j->parts * HIGH_BINS, sizeof(uint32_t));
     j->low = (uint32_t *)calloc((size_t)j->parts * LOW_BINS, sizeof(uint32_t));
@@ -162,8 +219,16 @@ int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *id
         free(j);
         return -1;
     }
-    j->idx = idx, j->val = val, j->residual = residual;
+    j->floor = floor_bin(j, n, k, j->high);
     split_run(high_range, j, n, threads);
+    int64_t counted = 0;
+    for (int p = 0; p < j->parts; p++) counted += j->counted[p];
+    if (counted < k) { /* fewer than k at or above the floor: count every value */
+        memset(j->high, 0, sizeof(uint32_t) * HIGH_BINS * (size_t)j->parts);
+        j->floor = 0;
+        j->g = NULL; /* x holds g + residual now */
+        split_run(high_range, j, n, threads);
+    }
     int64_t above = 0;
     j->bin = kth_bin(j->high, j->parts, HIGH_BINS, k, &above);
     split_run(low_range, j, n, threads);
@@ -185,4 +250,28 @@ int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *id
     free(j->low);
     free(j);
     return 0;
+}
+
+/* Select the k (1 <= k <= n) values of largest magnitude of x: their values and indices in
+ * increasing index order; residual (may be NULL) = x - (selected ? x : 0). Returns 0, or -1
+ * if the histograms could not be allocated (nothing written). */
+int ad_topk_select(const float *x, int64_t n, int64_t k, float *val, int32_t *idx,
+                   float *residual, int threads) {
+    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
+    if (j == NULL) return -1;
+    j->x = (const uint32_t *)x;
+    j->idx = idx, j->val = val, j->residual = residual;
+    return select_top(j, n, k, threads);
+}
+
+/* ad_topk_select of x = g + residual (torch.add's fp32 sums), with error feedback in place:
+ * the first pass writes x over the residual, the last x - (selected ? x : 0). */
+int ad_topk_feedback(const float *g, float *residual, int64_t n, int64_t k, float *val,
+                     int32_t *idx, int threads) {
+    topk_t *j = (topk_t *)calloc(1, sizeof(topk_t));
+    if (j == NULL) return -1;
+    j->g = g;
+    j->x = (const uint32_t *)residual;
+    j->idx = idx, j->val = val, j->residual = residual;
+    return select_top(j, n, k, threads);
 }

@@ -203,15 +203,21 @@ class Gathered(Compressor):
 
     def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
                  sent: torch.Tensor | None = None) -> GatherExchange:
-        x = self._flat(grad)
-        payload = self.encode_feedback(x)
-        if sent is not None:  # with feedback x - (x - Q(x)), as `comm.update_error` counts it
-            sent.copy_(x - self.state["residual"] if self.feedback else self.decode(payload))
+        payload = self.outgoing(grad, sent)
         gathered = yield payload
         if len(gathered) != world:
             raise ConfigError(f"{self.spec}: gathered {len(gathered)} payloads for a world of "
                               f"{world}")
         return self.combine(gathered, out).view(self.shape)
+
+    def outgoing(self, grad: torch.Tensor, sent: torch.Tensor | None = None) -> Payload:
+        """This worker's payload of `grad` (with error feedback: plus the residual, which is
+        updated); `sent` as in `exchange`."""
+        x = self._flat(grad)
+        payload = self.encode_feedback(x)
+        if sent is not None:  # with feedback x - (x - Q(x)), as `comm.update_error` counts it
+            sent.copy_(x - self.state["residual"] if self.feedback else self.decode(payload))
+        return payload
 
 
 def in_order(tensors: list[torch.Tensor]) -> torch.Tensor:

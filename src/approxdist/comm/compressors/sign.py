@@ -34,7 +34,7 @@ class ScaledSign(Packed):
     def mean_magnitude(self, x: torch.Tensor, work: torch.Tensor | None = None) -> torch.Tensor:
         """||x||_1 / d, |x| made in `work` where given (the residual, before it is written)."""
         magnitudes = x.abs() if work is None else torch.abs(x, out=work)
-        return magnitudes.sum() / max(x.numel(), 1)
+        return mean_of(magnitudes)
 
     def encode_feedback(self, x: torch.Tensor) -> Payload:
         residual = self.state["residual"]
@@ -42,9 +42,25 @@ class ScaledSign(Packed):
             return super().encode_feedback(x)
         return self._encode(x, residual)
 
-    def _encode(self, x: torch.Tensor, residual: torch.Tensor | None) -> Payload:
-        """The payload of `x`; with `residual`, also `residual = x - decode(payload)` (kernel)."""
-        scale = self.mean_magnitude(x, residual)
+    def outgoing(self, grad: torch.Tensor, sent: torch.Tensor | None = None) -> Payload:
+        """On CPU (and no `sent`), two kernel passes instead of five: gradient plus residual
+        and their magnitudes in one, then the codes and the new residual in place."""
+        x, residual = grad.detach().reshape(-1), self.state["residual"]
+        kernel = None if sent is not None or x.numel() != self.numel \
+            else self.codes.encoder(x, residual)
+        if kernel is None:
+            return super().outgoing(grad, sent)
+        if self._sum is None:
+            self._sum = torch.empty(self.numel, device=self.device)
+        kernel.feedback_sum(x, residual, self._sum)  # residual = x + residual, _sum = |that|
+        return self._encode(residual, residual, mean_of(self._sum))
+
+    def _encode(self, x: torch.Tensor, residual: torch.Tensor | None,
+                scale: torch.Tensor | None = None) -> Payload:
+        """The payload of `x`; with `residual`, also `residual = x - decode(payload)` (kernel;
+        `residual` may be `x`). `scale`: the mean magnitude of `x` where known."""
+        if scale is None:
+            scale = self.mean_magnitude(x, residual)
         kernel = self.codes.encoder(x)
         if kernel is None:
             return self.codes.pack(x < 0, scale, self.shape)
@@ -90,3 +106,8 @@ class MajorityVote(Packed):
 def signs(codes: torch.Tensor) -> torch.Tensor:
     """1 - 2 * code: +1 for a 0 bit, -1 for a 1 bit (fp32)."""
     return codes.to(torch.float32).mul_(-2.0).add_(1.0)
+
+
+def mean_of(magnitudes: torch.Tensor) -> torch.Tensor:
+    """The mean of the flat magnitudes (torch's sum over them, divided by their count)."""
+    return magnitudes.sum() / max(magnitudes.numel(), 1)

@@ -27,10 +27,11 @@ class TernGrad(Packed):
         self.stream = Stream(seed, self.state)
 
     def encode(self, x: torch.Tensor) -> Payload:
-        scale = max_magnitude(x)
-        key = self.stream.next_key()
         kernel = self.codes.encoder(x)
-        if kernel is None or not bool(torch.isfinite(scale)) or not scale > 0:
+        found = None if kernel is None else kernel.max_magnitude(x)  # finite and > 0 only
+        scale = max_magnitude(x) if found is None else found
+        key = self.stream.next_key()
+        if kernel is None or found is None:
             return self.codes.pack(self.reference_codes(x, scale, key), scale, self.shape)
         payload, region = self.codes.blank(scale, self.shape, x.device)
         kernel.terngrad(x, float(scale), key, region)

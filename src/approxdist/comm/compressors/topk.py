@@ -71,6 +71,18 @@ class TopK(Gathered):
                 return payload
         return super().encode_feedback(x)
 
+    def outgoing(self, grad: torch.Tensor, sent: torch.Tensor | None = None) -> Payload:
+        """On CPU (and no `sent`), gradient plus residual is made inside the selection's first
+        pass and the new residual written over the old: no separate sum pass."""
+        x, residual = grad.detach().reshape(-1), self.state["residual"]
+        kernel = None if sent is not None or x.numel() != self.numel \
+            else self._kernel(x, residual)
+        if kernel is not None:
+            payload, values, indices = self._payload(x.device)
+            if kernel.topk_feedback(x, self.k, values, indices, residual):
+                return payload
+        return super().outgoing(grad, sent)
+
     def _parts(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor]:
         split = 4 * self.k
         return typed(payload.data[:split], torch.float32), \
