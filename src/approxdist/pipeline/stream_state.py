@@ -137,7 +137,8 @@ class StreamState:
 
     def _begin(self) -> None:
         self.transport.window = self.program.window
-        self.weights.reset(keep_initial=0 in self.program.used)
+        assert self.optimizer is not None
+        self.weights.begin(self.optimizer, keep_initial=0 in self.program.used)
         if 0 in self.weights.versions:
             self.compute.memory.exclude(self.weights.tensors(0))
         self._state = StepState(sizes={}, weights={}, inputs={}, labels={})
@@ -148,7 +149,7 @@ class StreamState:
         assert self._pos == len(self.program.actions), "the last step runs the rest"
         assert not self._pending, "every step of the stream met its U"
         self._scale.clear()
-        self.weights.reset(keep_initial=False)
+        self.weights.end()
         self.transport.window = 0
         self._state = None
         self._step = 0
