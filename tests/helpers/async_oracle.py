@@ -35,18 +35,26 @@ def sgd(module: nn.Module) -> torch.optim.SGD:
     return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
 
 
+def hooked_sgd(module: nn.Module) -> torch.optim.SGD:
+    """`sgd` with a step hook: the same steps, taken in place (`optim.step_into` does not
+    stand in for a hooked optimiser), so a stage copies each version it keeps."""
+    opt = sgd(module)
+    opt.register_step_pre_hook(lambda *_: None)
+    return opt
+
+
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
 
 
-def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2
-                  ) -> list[tuple[float, int]]:
-    """Bind SGD to a runtime's stream (its schedule's `U` actions step it) and train
-    `epochs` streams of `minibatches` (each epoch one stream, none left in flight);
-    (loss, samples) per step."""
+def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2,
+                  in_place: bool = False) -> list[tuple[float, int]]:
+    """Bind SGD to a runtime's stream (its schedule's `U` actions step it; `in_place`: a
+    hooked one, `hooked_sgd`) and train `epochs` streams of `minibatches` (each epoch one
+    stream, none left in flight); (loss, samples) per step."""
     stream = rt.executor.stream
     assert stream is not None
-    stream.bind(sgd(rt.module))
+    stream.bind((hooked_sgd if in_place else sgd)(rt.module))
     first, last = rt.transport.is_first, rt.transport.is_last
     losses = []
     for epoch in range(epochs):

@@ -131,9 +131,10 @@ class WeightVersions:
         self.copied_bytes += self._nbytes
         self._hold(v, slot)
 
-    def _account(self) -> None:
-        """Bytes of the slots held beyond the module's own weights, and their peak."""
-        held = {id(s): s for s in self._slot_of.values()}
+    def _account(self, *writing: Slot) -> None:
+        """Bytes of the slots held (and being `writing`) beyond the module's own weights,
+        and their peak."""
+        held = {id(s): s for s in (*self._slot_of.values(), *writing)}
         held.pop(id(self._module_slot), None)
         self.live_bytes = len(held) * self._nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -192,6 +193,7 @@ class WeightVersions:
             p.grad = g
         if self.out_of_place:
             before, slot = self._module_slot, self._slot()
+            self._account(slot)  # both are alive while the step writes
             step_into(optimizer, self._params, slot)  # type: ignore[arg-type]
             self._module_slot = slot
             self._release(before)
