@@ -196,7 +196,9 @@ class StreamState:
 
     def summary(self) -> dict[str, Any]:
         return {"buffer_window": self.program.window,
-                "peak_weight_version_bytes": self.weights.peak_bytes}
+                "peak_weight_version_bytes": self.weights.peak_bytes,
+                "weight_steps_out_of_place": self.weights.out_of_place,
+                "weight_copy_bytes": self.weights.copied_bytes}
 
 
 def stream_optimizer(stream: StreamState, factory: OptimizerFactory,
