@@ -8,8 +8,9 @@ runs `torch.optim.SGD`'s own arithmetic (weight decay, momentum with dampening, 
 the momentum buffers live in `optimizer.state` as SGD keeps them, so `state_dict` and a
 later in-place `step()` continue from them) but writes each parameter's new value into
 `targets[i]` and points the parameter there (`p.data = target`): the storage it held
-before keeps the old weights, untouched. The values are SGD's to the bit: the same
-operations in the same order, only the last one writes elsewhere.
+before keeps the old weights, untouched. The values are SGD's: the same operations in
+the same order (bit for bit against its single-tensor path, `tests/unit/test_step_into.py`),
+only the last one writes elsewhere.
 
 `steps_into(optimizer)` says whether an optimizer can: a plain `torch.optim.SGD` whose
 `step` is neither wrapped (a learning-rate scheduler's counter) nor hooked, without
