@@ -9,7 +9,9 @@ through every stage with the weight version the schedule names for that stage
 gradients of their micro-batches, computed at `computed_at`, to the stage's newest
 weights: 2BW's W(t+1) = W(t) - lr * grad f(W(t-1)), PipeDream's stashed gradient per
 micro-batch. Every parameter after both streams and the loss of every step must agree
-within 1e-5; a stage never holds more versions than the schedule's limit.
+within 1e-5; a stage never holds more versions than the schedule's limit. The SGD steps
+out of place into a free slot (`optim.step_into`: no weight copy at all) except in the
+`in_place` cases, whose hooked SGD steps in place and each kept version is a copy.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Case:
     recompute: bool = False
     threads: str = "inline"
     fuse: str = "auto"  # "all": fused Linear accumulation into each version's .grad
+    in_place: bool = False  # the optimiser steps in place and versions are copies
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
@@ -59,7 +62,10 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         x0, _ = minibatch(case, 0, 0)
         rt = build_runtime(case.config(), oracle_model(), ctx, x0[:2], minibatches=case.minibatches)
-        losses = train_streams(rt, case, case.minibatches)
+        losses = train_streams(rt, case, case.minibatches, in_place=case.in_place)
+        weights = rt.executor.stream.weights
+        assert weights.out_of_place != case.in_place
+        assert (weights.copies > 0) == case.in_place, f"{case}: {weights.copies} copies"
         params = {n: p.detach().clone() for n, p in rt.module.named_parameters()}
         stage_bytes = sum(p.nelement() * p.element_size() for p in rt.module.parameters())
         out.append({"params": params, "losses": losses, "partition": rt.partition,
@@ -145,7 +151,7 @@ def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
 CASES_2 = [
     Case(2, "2bw", 2, 4),
     Case(2, "2bw", 3, 3, recompute=True),
-    Case(2, "pipedream", 2, 3),
+    Case(2, "pipedream", 2, 3, in_place=True),
     Case(2, "pipedream", 1, 5, fuse="all"),
     Case(2, "2bw", 2, 3, fuse="all"),
     Case(2, "pipedream-vsync", 2, 3, threads="sa"),
@@ -153,7 +159,7 @@ CASES_2 = [
 CASES_4 = [
     Case(4, "2bw", 4, 3, fuse="all"),
     Case(4, "pipedream", 2, 3, threads="per-message"),
-    Case(4, "pipedream-vsync", 3, 2),
+    Case(4, "pipedream-vsync", 3, 2, in_place=True),
 ]
 
 

@@ -52,18 +52,28 @@ class RecordingSGD(torch.optim.SGD):
         return out
 
 
+def hooked_sgd(module: nn.Module) -> torch.optim.SGD:
+    """`sgd` with a step hook: the same steps, taken in place (`optim.step_into` does not
+    stand in for a hooked optimiser), so a stage copies each version it keeps."""
+    opt = sgd(module)
+    opt.register_step_pre_hook(lambda *_: None)
+    return opt
+
+
 def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone().requires_grad_(True) for n, t in module.named_parameters()}
 
 
 def train_streams(rt: Any, case: HasBatch, minibatches: int, epochs: int = 2,
-                  optimizer: torch.optim.Optimizer | None = None) -> list[tuple[float, int]]:
-    """Bind `optimizer` (default `sgd`) to a runtime's stream (its schedule's `U` actions
-    step it) and train `epochs` streams of `minibatches` (each epoch one stream, none left
-    in flight); (loss, samples) per step."""
+                  optimizer: torch.optim.Optimizer | None = None,
+                  in_place: bool = False) -> list[tuple[float, int]]:
+    """Bind `optimizer` (default `sgd`; `in_place`: a hooked one, `hooked_sgd`) to a
+    runtime's stream (its schedule's `U` actions step it) and train `epochs` streams of
+    `minibatches` (each epoch one stream, none left in flight); (loss, samples) per step."""
     stream = rt.executor.stream
     assert stream is not None
-    stream.bind(optimizer if optimizer is not None else sgd(rt.module))
+    stream.bind(optimizer if optimizer is not None else
+                (hooked_sgd if in_place else sgd)(rt.module))
     first, last = rt.transport.is_first, rt.transport.is_last
     losses = []
     for epoch in range(epochs):

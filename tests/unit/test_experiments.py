@@ -180,10 +180,15 @@ def test_histogram_preset_smoke_writes_csvs_plot_and_report(tmp_path: Path) -> N
 def _async_rows() -> list[dict[str, object]]:
     from approxdist.experiments.seed002_async import SCHEDULES
 
-    rate = {"gpipe": 900.0, "1f1b": 1000.0, "pipedream": 800.0, "2bw": 1200.0}
-    acc = {"gpipe": 0.80, "1f1b": 0.80, "pipedream": 0.83, "2bw": 0.70}
-    loss = {"gpipe": 1.0, "1f1b": 1.0, "pipedream": 0.9, "2bw": 1.2}
-    versions = {"gpipe": "0;0", "1f1b": "0;0", "pipedream": "200;100", "2bw": "200;200"}
+    rate = {"gpipe": 900.0, "1f1b": 1000.0, "zbh1": 1100.0, "zbh2": 1050.0, "zbv": 950.0,
+            "pipedream": 800.0, "2bw": 1200.0}
+    acc = {"gpipe": 0.80, "1f1b": 0.80, "zbh1": 0.80, "zbh2": 0.78, "zbv": 0.80,
+           "pipedream": 0.83, "2bw": 0.70}
+    loss = {"gpipe": 1.0, "1f1b": 1.0, "zbh1": 1.0, "zbh2": 1.0, "zbv": 1.0, "pipedream": 0.9,
+            "2bw": 1.2}
+    versions = {"pipedream": "200;100", "2bw": "200;200"}
+    compute = {"1f1b": 0.020, "zbh1": 0.021, "pipedream": 0.030}
+    bubble = {"1f1b": 0.30, "zbh1": 0.20}
     rows = []
     for name in SCHEDULES:
         for epoch in (1, 2):
@@ -191,13 +196,16 @@ def _async_rows() -> list[dict[str, object]]:
                          "test_accuracy": acc[name] - 0.1 * (2 - epoch),
                          "train_loss": loss[name] + (2 - epoch) * 0.5, "test_loss": 1.0,
                          "epoch_time_s": 1.0, "bytes_fwd": 0, "elapsed_s": float(epoch),
-                         "samples_per_s": rate[name], "weight_version_bytes": versions[name]})
+                         "samples_per_s": rate[name],
+                         "weight_version_bytes": versions.get(name, "0;0"), "step_s": 0.05,
+                         "compute_s": compute.get(name, 0.02), "bubble": bubble.get(name, 0.25)})
     return rows
 
 
 def test_seed002_async_verdicts_follow_the_measurements() -> None:
-    from approxdist.experiments.seed002_async import result_table
+    from approxdist.experiments.seed002_async import SCHEDULES, _rate, result_table
     from approxdist.experiments.seed002_async import trend_rows as async_trends
+    from approxdist.experiments.seed002_async_time import time_table
 
     rows = _async_rows()
     meta = {"cores": 2, "ranks": 2, "steps_per_epoch": 10, "stage_param_bytes": [100, 100],
@@ -214,8 +222,15 @@ def test_seed002_async_verdicts_follow_the_measurements() -> None:
     assert "+0.200 after epoch 1, +0.200 after epoch 2" in by_start["2bw acc"][2]
     assert by_start["2bw mem"][1] is True and "2 / 2" in by_start["2bw mem"][0]
     assert by_start["pipedream mem"][1] is True and "2 / 1" in by_start["pipedream mem"][0]
+    assert by_start["zbh1 rate"][1] is True and "1.100x" in by_start["zbh1 rate"][0]
+    assert "bubble 20.0 % vs 30.0 % (1F1B); compute per step 1.050x" in by_start["zbh1 rate"][2]
+    assert by_start["zbv rate"][1] is False and by_start["zbv acc"][1] is True
+    assert by_start["zbh2 acc"][1] is False and "-2.0 pts" in by_start["zbh2 acc"][0]
+    assert "compute per step 1.500x 1F1B's" in by_start["pipedream rate"][2]
     table = result_table(rows, 0.7)
     assert "| 2bw | 70.0 % (n=1) | 1200 | 1.200x |" in table
+    times = time_table(rows, SCHEDULES, "1f1b", _rate)
+    assert "| zbh1 | 50.00 | 21.00 | 1.050x | 20.0 % | 1.100x |" in times
 
 
 def test_largebatch_refuses_a_data_dir_before_any_run(tmp_path: Path) -> None:

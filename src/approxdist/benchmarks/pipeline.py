@@ -13,7 +13,8 @@ step each, between barriers; an asynchronous schedule (pipedream, 2bw; torch has
 runs the round as one stream of `steps` mini-batches, its fill and drain included, and
 steps its optimiser where the schedule says.
 Our engine also reports its measured bubble: the share of each rank's step time spent
-not computing, averaged over ranks, to compare with (P-1)/(M+P-1).
+not computing, averaged over ranks, to compare with (P-1)/(M+P-1); and the bytes of
+weights its asynchronous streams copied in the timed rounds (`pipeline.weights`).
 """
 
 from __future__ import annotations
@@ -211,6 +212,7 @@ def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> l
         dist.barrier()
     for sink in sinks:
         sink.clear()
+    copied = [_copied(rt) for rt in runtimes]
     rounds = interleave({key: repeat(step, timing.steps) for key, step in steps.items()},
                         timing.rounds, alternate=True, sync=dist.barrier)
     for rt in runtimes:
@@ -225,8 +227,15 @@ def measure_group(ctx: DistContext, cases: list[BenchCase], timing: Timing) -> l
                                if key.startswith(mine)},
                     "losses": {key[len(mine):]: ls for key, ls in losses.items()
                                if key.startswith(mine)},
-                    "bubble": total.bubble})
+                    "bubble": total.bubble,
+                    "weight_copy_bytes": _copied(runtimes[i]) - copied[i]})
     return out
+
+
+def _copied(rt: PipelineRuntime) -> int:
+    """Bytes of weights an asynchronous stream's versions copied so far (0: none, or flushed)."""
+    stream = rt.executor.stream
+    return stream.weights.copied_bytes if stream is not None else 0
 
 
 def last_losses(results: list[dict[str, Any]], engine: str) -> list[float] | None:

@@ -124,7 +124,9 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
     that drifts during the run does not bias; torch has no asynchronous schedules, so their
     rows have neither. `vs_1f1b` is the same paired ratio against our 1F1B-flush when the
     run measured it with the same micro-batches (the schedules of a run are interleaved).
-    `warmup_losses`: the engine's losses of its warm-up steps (`BaselineMismatch` if torch's
+    `weight_copy_bytes_per_step`: weights our asynchronous streams copied, all ranks, per
+    step (0 when the optimiser steps out of place). `warmup_losses`: the engine's losses of
+    its warm-up steps (`BaselineMismatch` if torch's
     differ from ours: the two would not train the same model).
     """
     rows = []
@@ -152,10 +154,20 @@ def summarize(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],
                                      if flush is not None and engine == "approxdist" else None),
                          "bubble_measured": bubble if engine == "approxdist" else None,
                          "bubble_theory": _bubble_theory(case, steps),
+                         "weight_copy_bytes_per_step": (
+                             _copies([r[i] for r in per_rank], len(ts) * steps)
+                             if engine == "approxdist" else None),
                          "warmup_losses": last_losses([r[i] for r in per_rank], engine),
                          **(extra(case, [r[i] for r in per_rank])
                             if extra is not None and engine == "approxdist" else {})})
     return rows
+
+
+def _copies(results: list[dict[str, Any]], steps: int) -> float | None:
+    """Bytes of weights our engine's streams copied per step, over the ranks' `results`
+    (None: not counted, e.g. by `bench hybrid`)."""
+    counts = [r.get("weight_copy_bytes") for r in results]
+    return None if None in counts else sum(int(c or 0) for c in counts) / steps
 
 
 def _ours_1f1b(cases: list[BenchCase], per_rank: list[list[dict[str, Any]]],

@@ -52,7 +52,9 @@ from approxdist.planner.tp_layout import layout_of, profiled_config
 from approxdist.text import comma_list
 from approxdist.topology import Mesh, parse_mesh
 
-SCHEDULES = ("1f1b", "gpipe")
+#: the schedules `plan` compares by default: every one whose stages are one block range per
+#: rank (the zero-bubble ones priced from the profile's split backward, `I` and `W`)
+SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2")
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -86,8 +88,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--grad-codec", help="the replicas' gradient all-reduce (default fp32)")
     w.add_argument("--algorithm", default="auto", help="the replicas' all-reduce (default auto)")
     w.add_argument("--schedule", default=",".join(SCHEDULES),
-                   help="schedules to compare (default 1f1b,gpipe; zbh1 and zbh2 are priced "
-                        "from the profile's split backward)")
+                   help="schedules to compare (default 1f1b,gpipe,zbh1,zbh2; the zero-bubble "
+                        "ones are priced from the profile's split backward)")
     w.add_argument("--microbatches", default="auto",
                    help="micro-batches per step, a comma list, or auto (N, 2N, 4N on N ranks)")
     w.add_argument("--stages", type=int, help="a fixed number of stages (default: any)")

@@ -1,20 +1,19 @@
-"""`seed002-async`: what asynchronous pipeline schedules buy and cost (PipeDream, PipeDream-2BW).
+"""`seed002-async`: what asynchronous and zero-bubble pipeline schedules buy and cost (PipeDream, 2BW, ZB).
 
 Seed 002 describes PipeDream's asynchronous 1F1B with weight stashing and PipeDream-2BW
-(micro-batches, two weight versions, double-buffered updates) beside the flushed GPipe.
-Here the accuracy task (MNIST-1D with a narrow 1-D ResNet by default, CIFAR-10 with
-`--data-dir`; `experiments.task`) trains on 2 stages with 4 micro-batches under GPipe,
-1F1B with a flush (synchronous), PipeDream (an update per micro-batch, weight stashing)
-and 2BW (an update per mini-batch with a gradient one version old), the same epochs and
-seeds each. An asynchronous schedule streams each epoch's mini-batches with no flush
+(micro-batches, two weight versions, double-buffered updates) beside the flushed GPipe;
+zero-bubble schedules (Qi et al. ICLR 2024) split each backward into I and W instead. The
+accuracy task (MNIST-1D with a narrow 1-D ResNet by default, CIFAR-10 with `--data-dir`;
+`experiments.task`) trains on 2 stages with 4 micro-batches under GPipe, 1F1B with a flush,
+ZB-H1, ZB-H2, ZB-V (4 chunks cut by the partitioner), PipeDream and 2BW, the same epochs and
+seeds each; an asynchronous schedule streams each epoch with no flush
 (`pipeline.stream_state`). 1F1B and 2BW also run without momentum (`1f1b m=0`, `2bw m=0`;
-not at smoke size), which separates what the delayed gradient costs by itself from what it
-costs through momentum.
-CSV `async.csv`, one row per (schedule, seed, epoch): schedule (the label) +
-the accuracy presets' epoch columns + elapsed_s (training time up to the epoch's end),
-samples_per_s, and weight_version_bytes (the peak bytes of weight versions each stage
-held, ";"-separated by stage). The report compares throughput, accuracy at the same
-epochs, time to a target accuracy every schedule reached, and weight memory.
+not at smoke size, which runs only ZB-H1 of the zero-bubble ones).
+CSV `async.csv`, one row per (schedule, seed, epoch): schedule (the label) + the accuracy
+presets' epoch columns + elapsed_s, samples_per_s, weight_version_bytes (peak per stage,
+";"-separated), step_s, compute_s and bubble (`seed002_async_time`). The report compares
+throughput, accuracy at the same epochs, time to a target accuracy every schedule reached,
+where each step went and weight memory.
 """
 
 from __future__ import annotations
@@ -42,6 +41,14 @@ from approxdist.experiments.accuracy import (
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
+from approxdist.experiments.seed002_async_time import (
+    ZERO_BUBBLE,
+    memory_trends,
+    step_split,
+    time_table,
+    versions_why,
+    zero_bubble_trends,
+)
 from approxdist.experiments.task import task_for
 from approxdist.models import build_model
 from approxdist.pipeline.partition import parse_split, stage_module
@@ -49,14 +56,15 @@ from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.versions import gradient_delays
 
 NAME = "seed002-async"
-SCHEDULES = ("gpipe", "1f1b", "pipedream", "2bw")
+SCHEDULES = ("gpipe", "1f1b", *ZERO_BUBBLE, "pipedream", "2bw")
 ASYNC = ("pipedream", "2bw")
 SYNC = "1f1b"
 MICROBATCHES = 4
 #: run again without momentum (label "<schedule> m=0"): does a delayed gradient cost accuracy
 #: by itself or through momentum?
 NO_MOMENTUM = ("1f1b", "2bw")
-COLUMNS = ("schedule", *EPOCH_COLUMNS, "elapsed_s", "samples_per_s", "weight_version_bytes")
+COLUMNS = ("schedule", *EPOCH_COLUMNS, "elapsed_s", "samples_per_s", "weight_version_bytes",
+           "step_s", "compute_s", "bubble")
 
 
 def collect(settings: Settings) -> Meta:
@@ -65,7 +73,9 @@ def collect(settings: Settings) -> Meta:
     rows: list[Row] = []
     seeds = settings.seed_list()
     plain = NO_MOMENTUM if settings.size != "smoke" else ()
-    runs = [(name, None) for name in SCHEDULES] + [(name, 0.0) for name in plain]
+    schedules = SCHEDULES if settings.size != "smoke" else tuple(
+        s for s in SCHEDULES if s not in ZERO_BUBBLE[1:])  # the smoke test: zbh1 only
+    runs = [(name, None) for name in schedules] + [(name, 0.0) for name in plain]
     for seed in seeds:
         for schedule, momentum in runs:  # schedules interleaved within each seed
             label = schedule if momentum is None else f"{schedule} m=0"
@@ -74,6 +84,8 @@ def collect(settings: Settings) -> Meta:
             sections["pipeline"].update({"schedule": schedule, "microbatches": MICROBATCHES})
             if momentum is not None:
                 sections["optim"]["momentum"] = momentum
+            if schedule == "zbv":  # 2 ranks hold 4 chunks: the partitioner cuts them
+                sections["pipeline"]["split"] = ""
             run_dir = settings.out / "runs" / f"{label.replace(' m=0', '-m0')}-s{seed}"
             train_run(sections, run_dir)
             rows += _rows(run_dir, label, seed)
@@ -106,7 +118,9 @@ def _rows(run_dir: Path, schedule: str, seed: int) -> list[Row]:
     for row, rec in zip(rows, epochs_of(run_dir)):
         elapsed += float(rec["epoch_time_s"])
         stages = sorted(rec["ranks"], key=lambda r: r["stage"])
+        compute, bubble = step_split(rec)
         row.update({"elapsed_s": elapsed, "samples_per_s": rec["samples_per_s"],
+                    "step_s": rec["step_time_s"], "compute_s": compute, "bubble": bubble,
                     "weight_version_bytes": ";".join(
                         str(int(r.get("peak_weight_version_bytes", 0))) for r in stages)})
     return rows
@@ -156,15 +170,16 @@ def trend_rows(rows: list[Row], meta: Meta) -> list[md.Trend]:
         if name == "pipedream":
             why += (f"; PipeDream steps the optimiser after every micro-batch "
                     f"({len(sched.updates[0])} steps per epoch on each stage, {MICROBATCHES}x "
-                    f"1F1B's) and copies the stage's weights at each (a new version)")
+                    f"1F1B's), each a pass over the stage's weights and their gradient")
+        why += versions_why(rows, name, SYNC)
         if ratio <= 1.0:
             per_mb = median([float(r["epoch_time_s"]) / (k * MICROBATCHES)
                              for r in rows if r["schedule"] == SYNC]) if k else math.nan
             why += (f"; a hypothesis for the missing gain: a micro-batch takes "
                     f"{1e3 * per_mb:.2f} ms through the whole pipeline under 1F1B (epoch time / "
                     f"micro-batches), so the stream's fixed costs per action (each forward and "
-                    f"backward through a weight version, the copies at each update) weigh as "
-                    f"much as the bubble it removes; a larger model would test it")
+                    f"backward through a weight version, its optimiser steps) weigh as much as "
+                    f"the bubble it removes; a larger model would test it")
             if cores and cores < ranks:
                 why += (f"; also, {ranks} ranks share {cores} core(s): a rank idle in the "
                         f"bubble gives its core to another rank rather than wasting it")
@@ -199,23 +214,10 @@ def trend_rows(rows: list[Row], meta: Meta) -> list[md.Trend]:
                     f"of epochs (at most 1 point below)",
                     f"{md.pct(a['mean'])} vs {md.pct(s['mean'])} (1F1B): {md.points(diff)}",
                     diff >= -0.01, why))
+    out += zero_bubble_trends(rows, fin, SYNC, _rate)
     stage_bytes = [int(b) for b in meta.get("stage_param_bytes", [])]
-    for name in ASYNC:
-        peak = _versions(rows, name)
-        if not peak or len(stage_bytes) != len(peak) or min(stage_bytes) <= 0:
-            continue
-        limit = build_async_schedule(name, 2, MICROBATCHES, 2).version_limit
-        held = [b / w for b, w in zip(peak, stage_bytes)]
-        claim = ("two weight versions per stage" if name == "2bw" else
-                 "P - s weight versions on stage s (weight stashing)")
-        out.append((f"{name} keeps at most {claim}",
-                    "versions held at peak per stage: " + " / ".join(f"{v:.0f}" for v in held),
-                    all(v <= limit[s] + 1e-9 for s, v in enumerate(held)),
-                    f"peak bytes of the copies divided by the stage's parameter bytes "
-                    f"({' / '.join(map(str, stage_bytes))}); the schedule's limits "
-                    f"{' / '.join(str(limit[s]) for s in sorted(limit))}; the module's own "
-                    f"newest weights come on top of these copies"))
-    return out
+    return out + memory_trends({name: _versions(rows, name) for name in ASYNC}, stage_bytes,
+                               MICROBATCHES)
 
 
 def _early_gap(rows: list[Row], name: str, meta: Meta) -> str:
@@ -271,7 +273,10 @@ def render(out: Path, meta: Meta) -> str:
          f"{task.get('batch_size', '?')}, {task.get('epochs', '?')} epochs, cut at block "
          f"{task.get('split', '?')}; {meta.get('steps_per_epoch', '?')} mini-batches per epoch "
          f"(one stream per epoch for the asynchronous schedules). Target accuracy: the highest "
-         f"every schedule reached.", result_table(rows, target)],
+         f"every schedule reached.", result_table(rows, target),
+         "Where each schedule's step went (median epoch; compute includes a stream's optimiser "
+         "steps, which a flushed schedule runs after its step):",
+         time_table(rows, SCHEDULES, SYNC, _rate)],
         [md.image(png, "test accuracy vs epoch and vs training time")],
         trend_rows(rows, meta),
         "Seed 002 discusses PipeDream and PipeDream-2BW on GPUs with large models; here two "
@@ -281,10 +286,12 @@ def render(out: Path, meta: Meta) -> str:
 
 
 PRESET = Preset(
-    name=NAME, title="Asynchronous pipeline schedules: PipeDream, 2BW vs GPipe and 1F1B",
+    name=NAME, title="Asynchronous and zero-bubble pipeline schedules: PipeDream, 2BW, ZB-H1, "
+                     "ZB-H2, ZB-V vs GPipe and 1F1B",
     study="seed002", reproduces="section 7, the related schedules (PipeDream, PipeDream-2BW, GPipe)",
-    summary="samples/s, accuracy at the same epochs, time to accuracy and weight memory of "
-            "GPipe, 1F1B-flush, PipeDream and 2BW",
+    summary="samples/s, accuracy at the same epochs, time to accuracy, where the step goes "
+            "(bubble, extra compute) and weight memory of GPipe, 1F1B-flush, ZB-H1, ZB-H2, "
+            "ZB-V, PipeDream and 2BW",
     csv_columns={"async.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1 min (6 runs x 1 seed x 4 epochs, MNIST-1D)",
-              "full": "~8 min (6 runs x 3 seeds x 10 epochs, MNIST-1D)"})
+    run_time={"quick": "~1.5 min (9 runs x 1 seed x 4 epochs, MNIST-1D)",
+              "full": "~12 min (9 runs x 3 seeds x 10 epochs, MNIST-1D)"})

@@ -137,7 +137,8 @@ class StreamState:
 
     def _begin(self) -> None:
         self.transport.window = self.program.window
-        self.weights.reset(keep_initial=0 in self.program.used)
+        assert self.optimizer is not None
+        self.weights.begin(self.optimizer, keep_initial=0 in self.program.used)
         if 0 in self.weights.versions:
             self.compute.memory.exclude(self.weights.tensors(0))
         self._state = StepState(sizes={}, weights={}, inputs={}, labels={})
@@ -148,7 +149,7 @@ class StreamState:
         assert self._pos == len(self.program.actions), "the last step runs the rest"
         assert not self._pending, "every step of the stream met its U"
         self._scale.clear()
-        self.weights.reset(keep_initial=False)
+        self.weights.end()
         self.transport.window = 0
         self._state = None
         self._step = 0
@@ -195,7 +196,9 @@ class StreamState:
 
     def summary(self) -> dict[str, Any]:
         return {"buffer_window": self.program.window,
-                "peak_weight_version_bytes": self.weights.peak_bytes}
+                "peak_weight_version_bytes": self.weights.peak_bytes,
+                "weight_steps_out_of_place": self.weights.out_of_place,
+                "weight_copy_bytes": self.weights.copied_bytes}
 
 
 def stream_optimizer(stream: StreamState, factory: OptimizerFactory,

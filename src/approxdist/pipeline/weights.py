@@ -1,21 +1,25 @@
 """A stage's weight versions for asynchronous schedules (PipeDream weight stashing, 2BW).
 
-The module's own parameters are the newest weights, W(t); the optimiser updates them in
-place. Every version a forward or backward uses is a separate set of leaf tensors
-(`snapshot`), copied from the module's parameters when the update that makes it
-happens, so an in-place update never touches the weights a stashed micro-batch's
-backward needs. A forward runs the module with a version's tensors through
-`torch.func.functional_call` (buffers such as batch-norm statistics stay the module's);
-its backward accumulates into that version's `.grad`. An update (`Update`, as data in
-the schedule) hands the gradient of the version it was computed at to the module's
-parameters, steps the optimiser, and snapshots the result if a later action uses it:
+The module's own parameters are the newest weights, W(t), the ones the optimiser steps.
+Every version a forward or backward uses is its own set of leaf tensors, so a step never
+touches the weights a stashed micro-batch's backward needs. A forward runs the module with
+a version's tensors through `torch.func.functional_call` (buffers such as batch-norm
+statistics stay the module's); its backward accumulates into that version's `.grad`. An
+update (`Update`, as data in the schedule) hands the gradient of the version it was
+computed at to the module's parameters and steps the optimiser:
 
     PipeDream:  W(t+1) = W(t) - lr * grad f(W(t - d))   (d = stage's delay, 0 on the last)
     2BW:        W(t+1) = W(t) - lr * grad f(W(t - 1))
 
-A version is dropped after the last action that uses it, so a stage holds what the
-schedule's `version_limit` allows (plus the module's own parameters); `peak_bytes`
-reports the versions' memory.
+Versions live in *slots*, storage for one copy of the stage's weights that is reused once
+the version in it is dropped (after the last action that uses it), so a stream allocates
+its weights' storage once, not at every step. With a plain SGD (`optim.step_into`) the
+step itself writes W(t+1) into a free slot and points the module's parameters there: the
+slot of W(t) keeps W(t) for the micro-batches stashed on it, and nothing is copied; the
+newest version is the module's own storage (version 0 too, when a stream starts). With any
+other optimiser the step runs in place and a version later actions use is copied into a
+slot (`copies` / `copied_bytes` count them). A stage holds what the schedule's
+`version_limit` allows on top of the module's own weights; `peak_bytes` reports that.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from approxdist.optim.step_into import step_into, steps_into
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.schedule.versions import Update
 
 Version = dict[str, torch.Tensor]
+#: storage for one copy of a stage's parameters, in parameter order
+Slot = list[torch.Tensor]
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -59,35 +66,85 @@ def check_version_memory(module: nn.Module, versions: int, stage: int, schedule:
 
 
 class WeightVersions:
-    """Versions of `module`'s parameters, by version number; `current` selects the one
-    `__call__` runs with."""
+    """Versions of `module`'s parameters, by version number, in reused slots; `current`
+    selects the one `__call__` runs with."""
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.names = [n for n, p in module.named_parameters()]
         self._params = [p for _, p in module.named_parameters()]
+        self._nbytes = sum(p.nelement() * p.element_size() for p in self._params)
         self.versions: dict[int, Version] = {}
+        self._slot_of: dict[int, Slot] = {}  # version -> the slot holding it
+        self._free: list[Slot] = []
+        #: the slot the module's parameters point at (`step_into`); None: their own storage
+        self._module_slot: Slot | None = None
+        self.out_of_place = False
         self.current = 0
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.copies = 0  # versions copied from the module's weights (in-place optimisers)
+        self.copied_bytes = 0
         #: micro-batches whose backward added into each version's `.grad` since its last update
         self.accumulated: dict[int, list[int]] = {}
 
-    def reset(self, keep_initial: bool = True) -> None:
-        """Drop every version; with `keep_initial`, the module's weights become version 0 (a
-        stream begins), without, nothing is kept (a stream drained)."""
-        self.versions.clear()
-        self.accumulated.clear()
-        self.live_bytes, self.current = 0, 0
-        if keep_initial:
-            self._snapshot(0)
+    def begin(self, optimizer: torch.optim.Optimizer, keep_initial: bool = True) -> None:
+        """A stream begins, stepped by `optimizer`; with `keep_initial`, the module's weights
+        are version 0 for its first actions."""
+        self.end()
+        self.out_of_place = steps_into(optimizer)
+        if self.out_of_place:  # no copy: steps write elsewhere
+            self._module_slot = [p.data for p in self._params]
+            if keep_initial:
+                self._hold(0, self._module_slot)
+        elif keep_initial:
+            self._copy_module(0)
 
-    def _snapshot(self, v: int) -> None:
+    def end(self) -> None:
+        """The stream drained: every version and slot dropped (the module keeps its weights)."""
+        self.versions.clear()
+        self._slot_of.clear()
+        self.accumulated.clear()
+        self._free.clear()
+        self._module_slot = None
+        self.current = 0
+        self._account()
+
+    def _slot(self) -> Slot:
+        if self._free:
+            return self._free.pop()
+        return [torch.empty_like(p, memory_format=torch.preserve_format) for p in self._params]
+
+    def _hold(self, v: int, slot: Slot) -> None:
+        """Version `v` is `slot`'s values, seen through fresh leaf tensors (no graph yet)."""
+        self._slot_of[v] = slot
+        self.versions[v] = {n: t.detach().requires_grad_(p.requires_grad)
+                            for n, t, p in zip(self.names, slot, self._params)}
+        self._account()
+
+    def _copy_module(self, v: int) -> None:
+        slot = self._slot()
         with torch.no_grad():
-            self.versions[v] = {n: p.detach().clone().requires_grad_(p.requires_grad)
-                                for n, p in zip(self.names, self._params)}
-        self.live_bytes += sum(t.nelement() * t.element_size() for t in self.versions[v].values())
+            for t, p in zip(slot, self._params):
+                t.copy_(p)
+        self.copies += 1
+        self.copied_bytes += self._nbytes
+        self._hold(v, slot)
+
+    def _account(self, *writing: Slot) -> None:
+        """Bytes of the slots held (and being `writing`) beyond the module's own weights,
+        and their peak."""
+        held = {id(s): s for s in (*self._slot_of.values(), *writing)}
+        held.pop(id(self._module_slot), None)
+        self.live_bytes = len(held) * self._nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def _release(self, slot: Slot | None) -> None:
+        """Give `slot` back for reuse unless a version or the module still holds it."""
+        if slot is None or slot is self._module_slot or \
+                any(s is slot for s in self._slot_of.values()):
+            return
+        self._free.append(slot)
 
     def tensors(self, v: int) -> list[torch.Tensor]:
         """The leaf tensors of version `v` (their data pointers: not activations)."""
@@ -131,16 +188,27 @@ class WeightVersions:
     def update(self, step: Update, grads: list[torch.Tensor | None],
                optimizer: torch.optim.Optimizer, keep: bool) -> None:
         """Apply `step` with `grads` (from `take_gradient`) to the module's (newest) weights;
-        `keep` snapshots the result as version `step.version`."""
+        `keep` holds the result as version `step.version` for later actions."""
         for p, g in zip(self._params, grads):
             p.grad = g
-        optimizer.step()
+        if self.out_of_place:
+            before, slot = self._module_slot, self._slot()
+            self._account(slot)  # both are alive while the step writes
+            step_into(optimizer, self._params, slot)  # type: ignore[arg-type]
+            self._module_slot = slot
+            self._release(before)
+            if keep:
+                self._hold(step.version, slot)
+        else:
+            optimizer.step()
+            if keep:
+                self._copy_module(step.version)
         optimizer.zero_grad(set_to_none=True)
-        if keep:
-            self._snapshot(step.version)
+        self._account()
 
     def drop(self, v: int) -> None:
-        """Forget version `v` (no later action uses it)."""
-        gone = self.versions.pop(v, None)
-        if gone is not None:
-            self.live_bytes -= sum(t.nelement() * t.element_size() for t in gone.values())
+        """Forget version `v` (no later action uses it): its slot is free for the next."""
+        self.versions.pop(v, None)
+        slot = self._slot_of.pop(v, None)
+        self._release(slot)
+        self._account()

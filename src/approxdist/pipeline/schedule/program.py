@@ -181,6 +181,8 @@ def stage_weights(schedule: AsyncSchedule, stage: int, sizes: dict[int, int]) ->
     stage's replicas are one step of the stage."""
     weights: dict[int, float] = {}
     for steps in zip(*(schedule.updates[r] for r in schedule.slots_of(stage))):
+        if steps[0].items[0] not in sizes:  # another mini-batch's: skip it cheaply (a piece
+            continue                        # asks once per trainer step, K steps a stream)
         items = [n for u in steps for n in u.items]
         if all(n in sizes for n in items):
             total = sum(sizes[n] for n in items)

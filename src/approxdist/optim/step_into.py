@@ -1,0 +1,74 @@
+"""SGD's step written into other storage than the parameters' own (out of place).
+
+`torch.optim.SGD` updates its parameters in place, so a pipeline stage that must keep the
+weights from before a step (PipeDream's weight stashing, 2BW's second version) copies
+them first: one more pass over the stage's weights per step, which on PipeDream, with a
+step per micro-batch, costs about what the step does. `step_into(optimizer, targets)`
+runs `torch.optim.SGD`'s own arithmetic (weight decay, momentum with dampening, Nesterov;
+the momentum buffers live in `optimizer.state` as SGD keeps them, so `state_dict` and a
+later in-place `step()` continue from them) but writes each parameter's new value into
+`targets[i]` and points the parameter there (`p.data = target`): the storage it held
+before keeps the old weights, untouched. The values are SGD's: the same operations in
+the same order (bit for bit against its single-tensor path, `tests/unit/test_step_into.py`),
+only the last one writes elsewhere.
+
+`steps_into(optimizer)` says whether an optimizer can: a plain `torch.optim.SGD` whose
+`step` is neither wrapped (a learning-rate scheduler's counter) nor hooked, without
+`maximize`, `differentiable`, `fused` or tensor-valued rates. Any other keeps stepping in
+place after a copy (`pipeline.weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.optim import optimizer as torch_optimizer
+
+_OFF = ("maximize", "differentiable", "fused")
+
+
+def steps_into(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `step_into` computes exactly what `optimizer.step()` would (module docstring)."""
+    if type(optimizer) is not torch.optim.SGD or "step" in vars(optimizer):
+        return False
+    hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks,
+             torch_optimizer._global_optimizer_pre_hooks,
+             torch_optimizer._global_optimizer_post_hooks)
+    if any(hooks):
+        return False
+    return all(not group.get(key) for group in optimizer.param_groups for key in _OFF) and \
+        all(not isinstance(group[key], torch.Tensor) for group in optimizer.param_groups
+            for key in ("lr", "weight_decay", "momentum", "dampening"))
+
+
+@torch.no_grad()
+def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
+              targets: Sequence[torch.Tensor]) -> None:
+    """One SGD step of `params` written into `targets` (same shapes), each parameter then
+    pointing at its target. A parameter without a gradient, or one `optimizer` does not
+    hold, keeps its value (copied into its target); `optimizer` holds no other tensors."""
+    where = {id(p): (p, t) for p, t in zip(params, targets, strict=True)}
+    for group in optimizer.param_groups:
+        decay, momentum, dampening = group["weight_decay"], group["momentum"], group["dampening"]
+        for p in group["params"]:
+            if id(p) not in where:
+                raise ValueError(f"the optimizer holds a parameter of shape {tuple(p.shape)} "
+                                 f"that step_into was not given; pass all of its parameters")
+            if p.grad is None:
+                continue
+            _, target = where.pop(id(p))
+            grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
+            if momentum != 0:
+                state = optimizer.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = grad.detach().clone()
+                else:
+                    buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+                grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+            torch.add(p, grad, alpha=-group["lr"], out=target)
+            p.data = target
+    for p, target in where.values():  # SGD leaves it as it is
+        target.copy_(p)
+        p.data = target
