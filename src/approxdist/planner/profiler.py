@@ -9,9 +9,12 @@ asked for, never scaled from another one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -116,21 +119,9 @@ def optimizer_s_per_byte(name: str, threads: int | None = None, numel: int = 1 <
     hold_freed_memory()
     if name not in _OPTIMIZERS:
         raise ConfigError(f"optimizer {name!r} is not one of {', '.join(_OPTIMIZERS)}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        param = nn.Parameter(torch.zeros(numel))
-        param.grad = torch.full_like(param, 1e-3)
-        opt = _OPTIMIZERS[name]([param])
-        opt.step()  # creates the state
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            opt.step()
-            times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(before)
-    return sorted(times)[len(times) // 2] / (4 * numel)
+    with _torch_threads(threads):
+        step = _median_step(_OPTIMIZERS[name], [nn.Parameter(torch.zeros(numel))], repeat)
+    return step / (4 * numel)
 
 
 def optimizer_s_per_tensor(name: str, threads: int | None = None, few: int = 8,
@@ -148,19 +139,26 @@ def optimizer_s_per_tensor(name: str, threads: int | None = None, few: int = 8,
         raise ConfigError(f"tensor counts few = {few!r} and many = {many!r} must satisfy "
                           f"1 <= few < many, e.g. 8 and 256")
     hold_freed_memory()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        steps = [_median_step(_OPTIMIZERS[name], count, repeat) for count in (few, many)]
-    finally:
-        torch.set_num_threads(before)
+    with _torch_threads(threads):
+        steps = [_median_step(_OPTIMIZERS[name], [nn.Parameter(torch.zeros(16))
+                                                  for _ in range(count)], repeat)
+                 for count in (few, many)]
     return max(0.0, (steps[1] - steps[0]) / (many - few))
 
 
-def _median_step(make: Any, count: int, repeat: int) -> float:
-    """Median seconds of one step of the optimizer `make` builds over `count` tensors of
-    16 values."""
-    params = [nn.Parameter(torch.zeros(16)) for _ in range(count)]
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch set to `threads` threads (None: as set now), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _median_step(make: Any, params: list[nn.Parameter], repeat: int) -> float:
+    """Median seconds of one step of the optimizer `make` builds over `params`."""
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     opt = make(params)
@@ -170,7 +168,7 @@ def _median_step(make: Any, count: int, repeat: int) -> float:
         t0 = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def loss_s_per_value(loss_fn: Criterion, threads: int | None = None, classes: int = 64,
@@ -187,12 +185,8 @@ def loss_s_per_value(loss_fn: Criterion, threads: int | None = None, classes: in
     if not 1 <= rows[0] < rows[1] or classes < 2:
         raise ConfigError(f"rows = {rows!r} must be two increasing counts >= 1 and classes = "
                           f"{classes!r} >= 2, e.g. (64, 2048) and 64")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
+    with _torch_threads(threads):
         extra = [_median_loss(loss_fn, n, classes, repeat) for n in rows]
-    finally:
-        torch.set_num_threads(before)
     return max(0.0, (extra[1] - extra[0]) / ((rows[1] - rows[0]) * classes))
 
 
@@ -221,11 +215,7 @@ def _median_loss(loss_fn: Criterion, rows: int, classes: int, repeat: int) -> fl
             t0 = time.perf_counter()
             run()
             times[key].append(time.perf_counter() - t0)
-    return _median_of(times["scored"][1:]) - _median_of(times["plain"][1:])
-
-
-def _median_of(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    return statistics.median(times["scored"][1:]) - statistics.median(times["plain"][1:])
 
 
 def machine(device: Any = "cpu") -> str:
