@@ -33,7 +33,6 @@ from approxdist.pipeline.profiler import REPEAT
 from approxdist.planner.choice import explain, label, parts_text
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
-from approxdist.planner.cost.overhead import NONE
 from approxdist.planner.kinds import stage_ranges
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_format import read_any_profile
@@ -120,14 +119,13 @@ def run(args: argparse.Namespace) -> int:
     profile = _profile(args, cluster)
     tensor, not_priced = _tensor(args, profile, cluster.ranks, mesh)
     fwd, bwd, grad = (cluster.codec(spec) for spec in _codecs(args))
+    cal = cluster.calibration or CostCalibration()  # none: the optimizer and engines unpriced
     base = SolverSettings(cluster.ranks, cluster.network(), fwd_codec=fwd, bwd_codec=bwd,
                           grad_codec=grad, algorithm=args.algorithm,
                           memory_bytes=_bytes(args.memory), optimizer=args.optimizer,
-                          optimizer_s_per_byte=cluster.calibration.optimizer_s_per_byte(
-                              args.optimizer) if cluster.calibration else 0.0,
-                          stages=1 if mesh else args.stages,
-                          overhead=cluster.calibration.overhead
-                          if cluster.calibration else NONE)
+                          optimizer_s_per_byte=cal.optimizer_s_per_byte(args.optimizer),
+                          optimizer_s_per_tensor=cal.optimizer_s_per_tensor(args.optimizer),
+                          stages=1 if mesh else args.stages, overhead=cal.overhead)
     schedules = tuple(s.strip() for s in args.schedule.split(","))
     counts = auto_microbatches(cluster.ranks) if args.microbatches == "auto" \
         else _ints(args.microbatches)

@@ -163,6 +163,7 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     base = SolverSettings(n, cluster.network(), fwd_codec=codec, bwd_codec=codec,
                           grad_codec=codec, algorithm="auto", optimizer=OPTIMIZER,
                           optimizer_s_per_byte=cal.optimizer_s_per_byte(OPTIMIZER),
+                          optimizer_s_per_tensor=cal.optimizer_s_per_tensor(OPTIMIZER),
                           overhead=cal.overhead)
     tensor = _tensor_space(setting, profile) if setting.tensor else None
     found = tensor_candidates(profile, base, tensor) if tensor is not None else \

@@ -22,10 +22,16 @@ from approxdist.planner.cost.calibration import fit_level
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.overhead import RuntimeOverhead
 from approxdist.planner.profile import Profile
-from approxdist.planner.profiler import optimizer_s_per_byte, profile_run
+from approxdist.planner.profiler import (
+    loss_s_per_value,
+    optimizer_s_per_byte,
+    optimizer_s_per_tensor,
+    profile_run,
+)
 from approxdist.planner.validation import engine_runs
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans, time_plans
 from approxdist.train.profile_probe import ProfileProbe, under_load
+from approxdist.train.task import task_named
 
 #: what the loopback fit measures: sizes x algorithms on 2 and 4 ranks (fp32)
 CALIBRATION_SIZES = (256 << 10, 1 << 20, 4 << 20)
@@ -50,15 +56,19 @@ def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
            if r["engine"] == "approxdist"]
     fit = fit_level("loopback", rows, p2p, cores=cores, source="approxdist plan validate")
     step = optimizer_s_per_byte(OPTIMIZER, threads=1)
+    per_tensor = optimizer_s_per_tensor(OPTIMIZER, threads=1)
+    loss = loss_s_per_value(task_named("classify"), threads=1)
     lv = fit.level
     print(f"calibrated loopback ({fit.rows} all-reduces of 2 and 4 ranks and messages "
           f"between 2): alpha "
           f"{lv.alpha_s * 1e6:.0f} us, beta {lv.beta_s_per_byte * 1e9:.3f} ns/B, gamma "
           f"{lv.gamma_s_per_byte * 1e9:.3f} ns/B, rms error {fit.rms_rel_error:.0%}; "
-          f"{OPTIMIZER} step {step * 1e12:.0f} ps/B")
-    overhead = engine_overhead(CostCalibration.of((fit,), optimizers={OPTIMIZER: step}), timing,
-                               cores)
-    return CostCalibration.of((fit,), optimizers={OPTIMIZER: step}, overhead=overhead)
+          f"{OPTIMIZER} step {step * 1e12:.0f} ps/B and {per_tensor * 1e6:.1f} us per tensor; "
+          f"loss {loss * 1e9:.2f} ns per output value")
+    optimizer = CostCalibration.of((fit,), optimizers={OPTIMIZER: step},
+                                   optimizer_tensors={OPTIMIZER: per_tensor})
+    overhead = engine_overhead(optimizer, timing, cores)
+    return replace(optimizer, overhead=replace(overhead, loss_value_s=loss))
 
 
 def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> RuntimeOverhead:
@@ -77,8 +87,8 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Run
     times = run_on_ranks(time_plans, engine_runs.WORLD, runs, timing, timeout_s=300)[0]
     measured = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     network = ClusterSpec(world_size=engine_runs.WORLD, calibration=cal).network()
-    step = cal.optimizer_s_per_byte(OPTIMIZER)
-    overhead, rms, found = engine_runs.fit(profiles, network, measured, step)
+    step, per_tensor = cal.optimizer_s_per_byte(OPTIMIZER), cal.optimizer_s_per_tensor(OPTIMIZER)
+    overhead, rms, found = engine_runs.fit(profiles, network, measured, step, per_tensor)
     print(f"engine overhead ({len(found)} steps of MLPs of width 16 and 2048 on 2 ranks): "
           f"{overhead.action_s * 1e6:.0f} us per pipeline action, "
           f"{overhead.pipeline_step_s * 1e6:.0f} us per pipeline step (rms error "
@@ -101,7 +111,7 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Run
         loaded[n], factors[n] = under_load(probed)
     networks = {n: ClusterSpec(world_size=n, calibration=cal).network() for n in worlds}
     value, shared_rms, rows_ = engine_runs.fit_shared(loaded, networks, on_shared, step,
-                                                      overhead)
+                                                      overhead, per_tensor)
     print(f"shared cores ({len(rows_)} steps of an MLP of width 512 on "
           f"{' and '.join(map(str, worlds))} ranks, {cores} cores; its compute under their "
           f"load x{' and x'.join(f'{factors[n]:.3f}' for n in worlds)}): "

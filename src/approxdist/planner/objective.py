@@ -3,7 +3,8 @@
 Stage s of a plan holds blocks [first, end) on r_s replicas (placed stage-major, replicas
 consecutive) and runs M micro-batches of the profile, replica m mod r_s taking
 micro-batch m (PipeDream's 1F1B-RR). Per micro-batch it is busy t_s seconds: the
-blocks' forward and backward and the engine's work for both (2 x `action_s`), plus the
+blocks' forward and backward and the engine's work for both (2 x `action_s`; the last
+stage also the loss over the model's output, `RuntimeOverhead.loss_s`), plus the
 coding of what crosses its two cuts (encoding the activation it sends and the gradient
 it sends back, decoding what it receives;
 `cost.pipeline.boundary`, fwd codec for activations, bwd codec for gradients). Then
@@ -68,8 +69,10 @@ class SolverSettings:
     algorithm: str = "auto"
     memory_bytes: int | None = None
     optimizer: str = "momentum"
-    #: seconds of the optimizer's step per parameter byte (0: not priced)
+    #: seconds of the optimizer's step per parameter byte and per parameter tensor (0: not
+    #: priced; `cost.optimizer_step`)
     optimizer_s_per_byte: float = 0.0
+    optimizer_s_per_tensor: float = 0.0
     stages: int | None = None  # a fixed stage count; None: any
     #: the engines' own CPU work per action and per step (`cost.overhead`; zeros: unpriced)
     overhead: RuntimeOverhead = NONE
@@ -90,11 +93,11 @@ class SolverSettings:
                               f"(--schedule {self.schedule})")
         if self.optimizer not in OPTIMIZER_STATES:
             raise ConfigError(unknown_name("optimizer", self.optimizer, list(OPTIMIZER_STATES)))
-        if isinstance(self.optimizer_s_per_byte, bool) or \
-                not isinstance(self.optimizer_s_per_byte, (int, float)) or \
-                not 0 <= self.optimizer_s_per_byte < float("inf"):
-            raise ConfigError(f"optimizer_s_per_byte = {self.optimizer_s_per_byte!r} must be a "
-                              f"finite number of seconds >= 0")
+        for key in ("optimizer_s_per_byte", "optimizer_s_per_tensor"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0 <= value < float("inf"):
+                raise ConfigError(f"{key} = {value!r} must be a finite number of seconds >= 0")
         if self.memory_bytes is not None and (isinstance(self.memory_bytes, bool) or
                                               not isinstance(self.memory_bytes, int) or
                                               self.memory_bytes < 1):
@@ -187,6 +190,7 @@ def estimate(profile: Profile, stages: tuple[Stage, ...],
     t = [sum(b.compute_s for b in profile.blocks[st.first:st.end]) + 2 * settings.overhead.action_s
          + accumulate_s(sum(b.acc_s for b in profile.blocks[st.first:st.end]), st.replicas, m)
          for st in stages]
+    t[-1] += settings.overhead.loss_s(profile.blocks[-1].out_bytes)  # each micro-batch's loss
     steady = fill = 0.0
     links = []
     for s in range(p - 1):

@@ -9,9 +9,12 @@ asked for, never scaled from another one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +27,7 @@ from approxdist.errors import ConfigError
 from approxdist.launch.malloc import hold_freed_memory
 from approxdist.models import build_model
 from approxdist.pipeline.profiler import REPEAT, measure_blocks
+from approxdist.pipeline.stage import Criterion
 from approxdist.planner.plan_file import planned_for
 from approxdist.planner.profile import Profile
 
@@ -115,21 +119,103 @@ def optimizer_s_per_byte(name: str, threads: int | None = None, numel: int = 1 <
     hold_freed_memory()
     if name not in _OPTIMIZERS:
         raise ConfigError(f"optimizer {name!r} is not one of {', '.join(_OPTIMIZERS)}")
+    with _torch_threads(threads):
+        step = _median_step(_OPTIMIZERS[name], [nn.Parameter(torch.zeros(numel))], repeat)
+    return step / (4 * numel)
+
+
+def optimizer_s_per_tensor(name: str, threads: int | None = None, few: int = 8,
+                           many: int = 256, repeat: int = 31) -> float:
+    """Seconds one step of optimizer `name` spends per parameter tensor beyond its bytes:
+    the slope of the median step over `many` and over `few` tensors of 16 values each
+    (their bytes cost nothing next to it). `torch.optim.SGD` on CPU loops over the tensors
+    in Python, a few small operations each (weight decay, momentum, update), so a model of
+    many small tensors pays per tensor what `optimizer_s_per_byte`, timed on one large
+    tensor, does not see: about 10 us a tensor here, 0.6 ms a step for resnet20's 59
+    tensors against 0.4 ms for its 1.1 MB (2026-11-28, docs/planner.md)."""
+    if name not in _OPTIMIZERS:
+        raise ConfigError(f"optimizer {name!r} is not one of {', '.join(_OPTIMIZERS)}")
+    if not 1 <= few < many:
+        raise ConfigError(f"tensor counts few = {few!r} and many = {many!r} must satisfy "
+                          f"1 <= few < many, e.g. 8 and 256")
+    hold_freed_memory()
+    with _torch_threads(threads):
+        steps = [_median_step(_OPTIMIZERS[name], [nn.Parameter(torch.zeros(16))
+                                                  for _ in range(count)], repeat)
+                 for count in (few, many)]
+    return max(0.0, (steps[1] - steps[0]) / (many - few))
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch set to `threads` threads (None: as set now), restored afterwards."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
-        param = nn.Parameter(torch.zeros(numel))
-        param.grad = torch.full_like(param, 1e-3)
-        opt = _OPTIMIZERS[name]([param])
-        opt.step()  # creates the state
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            opt.step()
-            times.append(time.perf_counter() - t0)
+        yield
     finally:
         torch.set_num_threads(before)
-    return sorted(times)[len(times) // 2] / (4 * numel)
+
+
+def _median_step(make: Any, params: list[nn.Parameter], repeat: int) -> float:
+    """Median seconds of one step of the optimizer `make` builds over `params`."""
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = make(params)
+    opt.step()  # creates the state
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def loss_s_per_value(loss_fn: Criterion, threads: int | None = None, classes: int = 64,
+                     rows: tuple[int, int] = (64, 2048), repeat: int = 31) -> float:
+    """Seconds a step's loss adds per output value: `loss_fn`'s forward, its hit count and
+    its backward on logits of (rows, `classes`), against the backward from a gradient of
+    ones that a profile runs (`pipeline.profiler`), as the slope between the two row
+    counts (the fixed part, tens of microseconds, is in the engines' per-action and
+    per-step work). A profile times the model's blocks, not its loss; the last stage of a
+    pipeline and every data-parallel replica compute the loss of each micro-batch over its
+    whole output, a pass over (samples x classes) values, or (samples x tokens x
+    vocabulary) for a language model: about 5 ns a value here, 0.7 ms per micro-batch of
+    gpt-tiny's 8 x 64 x 256 logits (2026-11-28, docs/planner.md)."""
+    if not 1 <= rows[0] < rows[1] or classes < 2:
+        raise ConfigError(f"rows = {rows!r} must be two increasing counts >= 1 and classes = "
+                          f"{classes!r} >= 2, e.g. (64, 2048) and 64")
+    with _torch_threads(threads):
+        extra = [_median_loss(loss_fn, n, classes, repeat) for n in rows]
+    return max(0.0, (extra[1] - extra[0]) / ((rows[1] - rows[0]) * classes))
+
+
+def _median_loss(loss_fn: Criterion, rows: int, classes: int, repeat: int) -> float:
+    """Median seconds the loss and hits add to a backward on logits of (rows, classes)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, classes, generator=gen).requires_grad_(True)
+    labels = torch.randint(classes, (rows,), generator=gen)
+    total, hits = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.int64)
+
+    def plain() -> None:
+        out = logits * 1.0
+        out.backward(torch.ones_like(out))
+
+    def scored() -> None:
+        nonlocal total, hits
+        out = logits * 1.0
+        loss = loss_fn(out, labels) * 0.5
+        total = total + loss.detach().double()
+        hits = hits + loss_fn.hits(out.detach(), labels)
+        loss.backward()
+
+    times: dict[str, list[float]] = {"plain": [], "scored": []}
+    for _ in range(repeat + 1):
+        for key, run in (("plain", plain), ("scored", scored)):
+            t0 = time.perf_counter()
+            run()
+            times[key].append(time.perf_counter() - t0)
+    return statistics.median(times["scored"][1:]) - statistics.median(times["plain"][1:])
 
 
 def machine(device: Any = "cpu") -> str:

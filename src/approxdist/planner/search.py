@@ -23,10 +23,10 @@ from approxdist.errors import ConfigError
 from approxdist.planner.antichains import chain_states
 from approxdist.planner.cost.dp import DPOptions, dp_time
 from approxdist.planner.cost.memory import StageMemory, stage_memory
+from approxdist.planner.cost.optimizer_step import optimizer_step_s
 from approxdist.planner.cost.pipeline import (
     PipelinePlan,
     Stage,
-    optimizer_step_s,
     pipeline_time,
 )
 from approxdist.planner.cost.tensor import TPLayout, TPOptions, shard_profile, tp_time
@@ -144,9 +144,16 @@ def simulated(profile: Profile, settings: SolverSettings, stages: tuple[Stage, .
 
 
 def optimizer_s(profile: Profile, settings: SolverSettings, stages: tuple[Stage, ...]) -> float:
-    """The optimizer's step after the flush at `settings`' seconds per byte
-    (`cost.pipeline.optimizer_step_s`)."""
-    return optimizer_step_s(profile, stages, settings.optimizer_s_per_byte)
+    """The optimizer's step after the flush at `settings`' seconds per byte and per tensor
+    (`cost.optimizer_step.optimizer_step_s`)."""
+    return optimizer_step_s(profile, stages, settings.optimizer_s_per_byte,
+                            settings.optimizer_s_per_tensor)
+
+
+def replica_step_overhead_s(profile: Profile, settings: SolverSettings) -> float:
+    """A replica's own work per step beyond its blocks: the data-parallel engine's
+    (`dp_step_s`) and its micro-batch's loss over the model's output (`loss_s`)."""
+    return settings.overhead.dp_step_s + settings.overhead.loss_s(profile.blocks[-1].out_bytes)
 
 
 def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | None:
@@ -160,7 +167,7 @@ def data_parallel(profile: Profile, settings: SolverSettings) -> RankedPlan | No
     t = dp_time(profile, n, settings.network,
                 DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
                           optimizer_s=optimizer_s(profile, settings, plan.stages),
-                          step_overhead_s=settings.overhead.dp_step_s,
+                          step_overhead_s=replica_step_overhead_s(profile, settings),
                           byte_overhead_s=settings.overhead.dp_byte_s))
     parts = {"forward_s": t.forward_s, "backward_s": t.backward_s, "allreduce_s": t.comm_s,
              "exposed_allreduce_s": t.exposed_comm_s}
@@ -185,7 +192,7 @@ def tensor_plan(profile: Profile, tensor: TensorSpace, settings: SolverSettings,
                 TPOptions(tp, settings.fwd_codec, settings.bwd_codec, tensor.algorithm),
                 DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
                           optimizer_s=optimizer_s(shard, settings, plan.stages),
-                          step_overhead_s=settings.overhead.dp_step_s,
+                          step_overhead_s=replica_step_overhead_s(profile, settings),
                           byte_overhead_s=settings.overhead.dp_byte_s if replicas > 1 else 0.0))
     parts = {"compute_s": t.compute_s, "tp_allreduce_s": sum(t.collective_s.values()),
              "tp_allreduce_count": t.collectives, "tp_sent_bytes": sum(t.wire_bytes.values()),

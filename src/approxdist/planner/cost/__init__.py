@@ -8,6 +8,7 @@
 - `dp`: data-parallel step time (buckets overlapped with backward).
 - `pipeline`: GPipe / 1F1B / hybrid step time through the pipeline package's `simulate`.
 - `memory`: parameters, gradients, optimizer state and activations in flight per stage.
+- `optimizer_step`: the optimizer's step after a flush, per parameter byte and per tensor.
 
 docs/planner.md ("Cost model") has the equations and a worked example.
 """

@@ -11,6 +11,7 @@
      },
      "codecs": {"bf16": {"encode_s_per_byte": 2.1e-10, "decode_s_per_byte": 1.4e-10}},
      "optimizers": {"momentum": 1.2e-9},
+     "optimizer_tensors": {"momentum": 1.1e-5},
      "engine": {"action_s": 0.00025, "pipeline_step_s": 0.0004, "dp_step_s": 0.0009}
     }
 
@@ -18,9 +19,11 @@
 for loopback only) and, when fitted, how (`fit`, for the reader; a hand-written level
 needs none); `codecs` maps a codec spec to its seconds per fp32 byte; `optimizers`
 (optional) maps an optimizer (`sgd`, `momentum`, `adam`) to the seconds its step takes
-per byte of parameters (`optimizer_step_s` measures it); `engine` (optional) the engines'
-own CPU work per pipeline action and per step (`overhead.RuntimeOverhead`, fitted on a tiny
-model's runs by `approxdist plan validate`). A file that is
+per byte of parameters and `optimizer_tensors` (optional) per parameter tensor
+(`cost.optimizer_step`; `planner.profiler` measures both); `engine` (optional) the
+engines' own CPU work per pipeline action and per step (`overhead.RuntimeOverhead`,
+fitted on a tiny model's runs by `approxdist plan validate`) and the loss's per output
+value (measured). A file that is
 missing, not JSON, someone else's JSON or holds a bad value gives one `DataError` line
 naming the file, the key and the value.
 """
@@ -61,22 +64,30 @@ class CostCalibration:
     optimizers: Mapping[str, float] = field(default_factory=dict)
     #: the engines' CPU work per action and per step (zeros: not measured, not priced)
     overhead: RuntimeOverhead = NONE
+    #: seconds of one optimizer step per parameter tensor, by optimizer name
+    optimizer_tensors: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, fits: tuple[Fit, ...] = (), levels: tuple[LinkLevel, ...] = (),
            codecs: Mapping[str, CodecCost] | None = None,
            optimizers: Mapping[str, float] | None = None,
-           overhead: RuntimeOverhead = NONE) -> CostCalibration:
+           overhead: RuntimeOverhead = NONE,
+           optimizer_tensors: Mapping[str, float] | None = None) -> CostCalibration:
         """From fitted and hand-given levels (a name given twice: the last wins)."""
         all_levels = {f.level.name: f.level for f in fits} | {lv.name: lv for lv in levels}
         return cls(all_levels, dict(codecs or {}),
                    {f.level.name: f for f in fits if all_levels[f.level.name] is f.level},
-                   _optimizers("optimizers", dict(optimizers or {})), overhead)
+                   _optimizers("optimizers", dict(optimizers or {})), overhead,
+                   _optimizers("optimizer_tensors", dict(optimizer_tensors or {}), "tensor"))
 
     def optimizer_s_per_byte(self, name: str) -> float:
         """Seconds of `name`'s step per parameter byte (0 where not measured: the step is
         then not priced)."""
         return float(self.optimizers.get(name, 0.0))
+
+    def optimizer_s_per_tensor(self, name: str) -> float:
+        """Seconds of `name`'s step per parameter tensor (0 where not measured)."""
+        return float(self.optimizer_tensors.get(name, 0.0))
 
     def level(self, name: str) -> LinkLevel:
         if name not in self.levels:
@@ -111,6 +122,8 @@ class CostCalibration:
         out = {"format": FORMAT, "version": VERSION, "levels": levels, "codecs": codecs}
         if self.optimizers:
             out["optimizers"] = dict(self.optimizers)
+        if self.optimizer_tensors:
+            out["optimizer_tensors"] = dict(self.optimizer_tensors)
         if self.overhead != NONE:
             out["engine"] = self.overhead.to_json()
         return out
@@ -134,7 +147,8 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
     if data.get("version") != VERSION:
         raise DataError(f"{where} has version {data.get('version')!r}; this approxdist reads "
                         f"version {VERSION}; fit it again")
-    _keys(where, data, ("format", "version", "levels", "codecs", "optimizers", "engine"))
+    _keys(where, data, ("format", "version", "levels", "codecs", "optimizers",
+                        "optimizer_tensors", "engine"))
     levels, codecs = data.get("levels", {}), data.get("codecs", {})
     if not isinstance(levels, dict) or not isinstance(codecs, dict):
         raise DataError(f"{where}: 'levels' and 'codecs' must be objects, got "
@@ -152,7 +166,9 @@ def from_json(data: Any, where: str = "cost calibration") -> CostCalibration:
     return CostCalibration({n: lv for n, (lv, _) in parsed.items()}, costs,
                            {n: f for n, (_, f) in parsed.items() if f is not None},
                            _optimizers(f"{where} optimizers", data.get("optimizers", {})),
-                           _engine(f"{where} engine", data.get("engine")))
+                           _engine(f"{where} engine", data.get("engine")),
+                           _optimizers(f"{where} optimizer_tensors",
+                                       data.get("optimizer_tensors", {}), "tensor"))
 
 
 def _engine(where: str, entry: Any) -> RuntimeOverhead:
@@ -166,8 +182,8 @@ def _engine(where: str, entry: Any) -> RuntimeOverhead:
         raise DataError(f"{where}: {exc}") from None
 
 
-def _optimizers(where: str, entry: Any) -> dict[str, float]:
-    """Optimizer name -> seconds per parameter byte, each a finite number >= 0."""
+def _optimizers(where: str, entry: Any, per: str = "byte") -> dict[str, float]:
+    """Optimizer name -> seconds per parameter byte (or tensor), each a finite number >= 0."""
     if not isinstance(entry, dict):
         raise DataError(f"{where} = {entry!r} must be an object like {{\"momentum\": 1e-9}}")
     for name, value in entry.items():
@@ -177,7 +193,7 @@ def _optimizers(where: str, entry: Any) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not 0 <= value < float("inf"):
             raise DataError(f"{where}[{name!r}] = {value!r} must be a finite number of seconds "
-                            f"per byte >= 0")
+                            f"per {per} >= 0")
     return {k: float(v) for k, v in entry.items()}
 
 

@@ -7,7 +7,7 @@ link layer, the loss of the last stage) and each engine's per-step work (zero_gr
 the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). On this
 2-core machine these are not small: a 2-stage pipeline of a 3-block MLP of width 16
 (0.2 ms of forward + backward for the whole model) takes about 0.6 ms per micro-batch.
-`RuntimeOverhead` holds five numbers, all CPU seconds on one rank:
+`RuntimeOverhead` holds six numbers, all CPU seconds on one rank:
 
 - `action_s`: one forward or one backward of one micro-batch on one pipeline stage
   (charged to every such action of a pipeline or hybrid schedule);
@@ -21,7 +21,12 @@ the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). 
 - `shared_action_s`: what each forward or backward of a pipeline or hybrid rank adds
   where more ranks than cores share a machine: the switching between them (each action
   waits for a message, sleeps and is woken on a core another rank's work just left,
-  its data cold), CPU work shared like the rest.
+  its data cold), CPU work shared like the rest;
+- `loss_value_s`: per value of the model's output, what the loss, its hit count and its
+  backward add to each micro-batch where the loss is computed (a pipeline's last stage,
+  every data-parallel replica): a profile times the blocks from a gradient of ones, not
+  the loss (`planner.profiler.loss_s_per_value` measures it directly, not fitted; its
+  fixed part, tens of microseconds, stays in `action_s` and `dp_step_s`).
 
 They are measured, not fitted to the configurations a model is judged on: `fit_linear`
 takes step times of a *tiny* pipeline (any model whose compute is small next to its
@@ -45,7 +50,8 @@ import numpy as np
 from approxdist.errors import ConfigError, DataError
 from approxdist.planner.cost.nnls import nonnegative_lstsq
 
-FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s", "shared_action_s")
+FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s", "shared_action_s",
+          "loss_value_s")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class RuntimeOverhead:
     dp_step_s: float = 0.0
     dp_byte_s: float = 0.0
     shared_action_s: float = 0.0
+    loss_value_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in FIELDS:
@@ -68,6 +75,10 @@ class RuntimeOverhead:
 
     def to_json(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in FIELDS}
+
+    def loss_s(self, out_bytes: int) -> float:
+        """Seconds the loss adds to one micro-batch whose output (fp32) is `out_bytes`."""
+        return self.loss_value_s * out_bytes / 4
 
 
 NONE = RuntimeOverhead()

@@ -25,8 +25,9 @@ a schedule does). Per stage s of blocks [first, end), per micro-batch of the pro
 
 Every coding and link term is multiplied by the level's load (loopback: busy ranks /
 cores). The engines' own work (`overhead.RuntimeOverhead`, measured on a tiny model) adds
-`action_s` to every forward and every backward of a micro-batch, `pipeline_step_s` once
-per step and `dp_byte_s` per gradient byte to a replicated stage's all-reduce, all CPU
+`action_s` to every forward and every backward of a micro-batch, the loss's
+`loss_value_s` x the model's output values to every forward of the last stage,
+`pipeline_step_s` once per step and `dp_byte_s` per gradient byte to a replicated stage's all-reduce, all CPU
 work like the compute. Compute is the profile's, except where more ranks than cores
 share a loopback machine (`Network.shared_cores`): there the schedule is simulated on
 those cores, the forwards and backwards running at each moment sharing them equally
@@ -183,13 +184,6 @@ def accumulate_s(acc_s: float, replicas: int, microbatches: int) -> float:
     return acc_s * (mine - 1) / mine
 
 
-def optimizer_step_s(profile: Profile, stages: tuple[Stage, ...], s_per_byte: float) -> float:
-    """The optimizer's step after the flush: every stage steps its own parameters at once,
-    so the largest stage's (seconds per byte x its parameter bytes) is on the step's path."""
-    return s_per_byte * max(sum(b.param_bytes for b in profile.blocks[st.first:st.end])
-                            for st in stages)
-
-
 def replica_allreduce_s(profile: Profile, stage: Stage, level: LinkLevel, algorithm: str,
                         codec: CodecCost, busy: int) -> float:
     """The all-reduce of the stage's parameters over its replicas (0 for one replica)."""
@@ -213,6 +207,8 @@ def stage_durations(profile: Profile, plan: PipelinePlan, network: Network,
     for s, st in enumerate(plan.stages):
         blocks = profile.blocks[st.first:st.end]
         fwd = compute_scale * (sum(b.fwd_s for b in blocks) + overhead.action_s)
+        if s == p - 1:  # the loss of each micro-batch, over the model's output
+            fwd += compute_scale * overhead.loss_s(blocks[-1].out_bytes)
         acc = compute_scale * accumulate_s(sum(b.acc_s for b in blocks), st.replicas,
                                            plan.microbatches)
         bwd = compute_scale * (sum(b.bwd_s for b in blocks) + overhead.action_s) + acc

@@ -30,6 +30,7 @@ from approxdist.config.loader import merge
 from approxdist.errors import DataError
 from approxdist.planner.cost.dp import DPOptions, dp_time
 from approxdist.planner.cost.links import Network
+from approxdist.planner.cost.optimizer_step import optimizer_step_s
 from approxdist.planner.cost.overhead import (
     OverheadRow,
     RuntimeOverhead,
@@ -38,7 +39,6 @@ from approxdist.planner.cost.overhead import (
 from approxdist.planner.cost.pipeline import (
     PipelinePlan,
     Stage,
-    optimizer_step_s,
     pipeline_time,
 )
 from approxdist.planner.profile import Profile
@@ -111,8 +111,8 @@ def _stages(profile: Profile) -> tuple[Stage, ...]:
 
 
 def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
-         optimizer_s_per_byte: float = 0.0, probe: RuntimeOverhead | None = None
-         ) -> list[OverheadRow]:
+         optimizer_s_per_byte: float = 0.0, probe: RuntimeOverhead | None = None,
+         optimizer_s_per_tensor: float = 0.0) -> list[OverheadRow]:
     """Every timed run of `plans` as an `OverheadRow`: measured seconds per step, the cost
     model's at zero overhead, and its slope in `action_s` (pipelines) or `dp_byte_s` (data
     parallelism) between 0 and `probe`'s value. `profiles`: `TINY` and `WIDE` by label."""
@@ -123,7 +123,8 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
             continue
         if key in MODELS:
             profile = profiles[MODELS[key].label]
-            opt = optimizer_s_per_byte * sum(b.param_bytes for b in profile.blocks)
+            opt = optimizer_step_s(profile, (Stage(0, len(profile.blocks)),),
+                                   optimizer_s_per_byte, optimizer_s_per_tensor)
             zero = dp_time(profile, WORLD, network, DPOptions(optimizer_s=opt)).step_s
             grown = dp_time(profile, WORLD, network,
                             DPOptions(optimizer_s=opt, byte_overhead_s=at.dp_byte_s)).step_s
@@ -133,7 +134,7 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
         cut = _stages(profile)
         _, schedule, m = key.split("/")
         plan = PipelinePlan(cut, schedule, int(m[1:]))
-        opt = optimizer_step_s(profile, cut, optimizer_s_per_byte)
+        opt = optimizer_step_s(profile, cut, optimizer_s_per_byte, optimizer_s_per_tensor)
         zero = pipeline_time(profile, plan, network, opt).step_s
         grown = pipeline_time(profile, plan, network, opt,
                               RuntimeOverhead(action_s=at.action_s)).step_s
@@ -143,7 +144,8 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
 
 def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
                 measured: dict[str, float], optimizer_s_per_byte: float,
-                overhead: RuntimeOverhead, probe: float = PROBE_S) -> list[OverheadRow]:
+                overhead: RuntimeOverhead, probe: float = PROBE_S,
+                optimizer_s_per_tensor: float = 0.0) -> list[OverheadRow]:
     """Every shared run as an `OverheadRow`: measured, the cost model's prediction with
     `overhead` and no `shared_action_s`, and its growth per second of it (secant to
     `probe`). `profiles` and `networks`: `SHARED`'s profile (as its compute costs under
@@ -158,7 +160,8 @@ def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network]
         bounds = (0, *shared_cuts(len(profile.blocks), n), len(profile.blocks))
         plan = PipelinePlan(tuple(Stage(a, b) for a, b in zip(bounds, bounds[1:])), schedule,
                             int(m[1:]))
-        opt = optimizer_step_s(profile, plan.stages, optimizer_s_per_byte)
+        opt = optimizer_step_s(profile, plan.stages, optimizer_s_per_byte,
+                               optimizer_s_per_tensor)
         zero = pipeline_time(profile, plan, networks[n], opt,
                              replace(overhead, shared_action_s=0.0)).step_s
         grown = pipeline_time(profile, plan, networks[n], opt,
@@ -169,14 +172,15 @@ def shared_rows(profiles: Mapping[int, Profile], networks: Mapping[int, Network]
 
 def fit_shared(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
                measured: dict[str, float], optimizer_s_per_byte: float,
-               overhead: RuntimeOverhead) -> tuple[float, float, list[OverheadRow]]:
+               overhead: RuntimeOverhead, optimizer_s_per_tensor: float = 0.0
+               ) -> tuple[float, float, list[OverheadRow]]:
     """(`shared_action_s`, rms relative error, the rows of the last round): the one
     unknown >= 0 by least squares on the relative error, its slopes refined by secants."""
     probe, found = PROBE_S, 0.0
     rows_: list[OverheadRow] = []
     for _ in range(1 + REFINE):
         rows_ = shared_rows(profiles, networks, measured, optimizer_s_per_byte, overhead,
-                            probe)
+                            probe, optimizer_s_per_tensor)
         if not rows_:
             raise DataError("no shared run was measured: time shared_plans on the world "
                             "sizes above the cores before fitting shared_action_s")
@@ -192,14 +196,15 @@ def fit_shared(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
 
 
 def fit(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
-        optimizer_s_per_byte: float = 0.0
+        optimizer_s_per_byte: float = 0.0, optimizer_s_per_tensor: float = 0.0
         ) -> tuple[RuntimeOverhead, dict[str, float], list[OverheadRow]]:
     """The engines' overhead from the timed 2-rank runs, each fit's rms relative error
     (`pipeline`, `dp`) and the rows of the last round (slopes refined by secants, `REFINE`
     times); `shared_action_s` is `fit_shared`'s."""
     probe = RuntimeOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     for _ in range(1 + REFINE):
-        found = rows(profiles, network, measured, optimizer_s_per_byte, probe)
+        found = rows(profiles, network, measured, optimizer_s_per_byte, probe,
+                     optimizer_s_per_tensor)
         action, step, pipe_rms = fit_linear([r for r in found if r.key not in MODELS])
         per_byte, dp_step, dp_rms = fit_linear([r for r in found if r.key in MODELS])
         got = RuntimeOverhead(action, step, dp_step, per_byte)
