@@ -1,0 +1,106 @@
+"""Several tensors' all-reduce compatible compressors as one exchange: one all-reduce a round.
+
+torch's `powerSGD_hook` sends the P factors of all of a DDP bucket's matrices in one
+all-reduce and their Q factors in a second (torch 2.x, powerSGD_hook.py l.585, l.607),
+and the bucket's uncompressed tensors in one more, whatever the number of matrices. One
+collective per matrix and round pays each collective's fixed cost (posting, the ring's
+steps, the link's latency, the communication thread's Python) once per matrix: ResNet-20
+has 20 matrices. `Together` runs the exchanges of a bucket's members side by side:
+
+* a member is a `Summed` compressor (PowerSGD, random-k) of one tensor, or *exact*: fp32
+  values that ride along (a rule's `*.bias=fp32` beside PowerSGD), sent as they are and
+  averaged;
+* round k's message is the concatenation of round k's message of every member still
+  running; its sum over the workers is split back and handed to each member; a member
+  with fewer rounds (exact: one) drops out after its last.
+
+Each member's maths is its own, unchanged; only the sums are made in one collective. With
+2 workers a sum is a + b = b + a whichever collective adds it, so the result is bit for bit
+that of one exchange per member; with more, a ring may add the workers in another order
+for a value that moved to another chunk (float rounding). Pure: no torch.distributed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from approxdist.comm.compressors.base import Summed, SumExchange
+from approxdist.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Member:
+    """One tensor of a bucket: where its values lie and what sends them (None: exact fp32)."""
+
+    name: str
+    offset: int
+    shape: torch.Size
+    compressor: Summed | None
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+
+class Together(Summed):
+    """The members' exchanges as one, over a flat tensor holding every member's values."""
+
+    def __init__(self, members: Sequence[Member], device: torch.device | None = None) -> None:
+        specs = {m.compressor.spec for m in members if m.compressor is not None}
+        if len(specs) != 1:
+            raise ConfigError(f"Together needs one compressor spec among its members, got "
+                              f"{sorted(specs) or 'none'}; plan one bucket per compressor")
+        total = sum(m.numel for m in members)
+        super().__init__(specs.pop(), (total,), device)
+        self.members = list(members)
+
+    def wire_bytes(self) -> int:
+        return sum(m.compressor.wire_bytes() if m.compressor is not None else 4 * m.numel
+                   for m in self.members)
+
+    def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
+                 sent: torch.Tensor | None = None) -> SumExchange:
+        flat = grad.detach().reshape(-1)
+        running = [self._start(m, flat, world, out, sent) for m in self.members]
+        messages = [next(ex) for ex in running]
+        results: list[torch.Tensor | None] = [None] * len(running)
+        active = list(range(len(running)))
+        while active:
+            shapes = [messages[i].shape for i in active]
+            total = yield torch.cat([messages[i].reshape(-1) for i in active])
+            still = []
+            for i, shape, part in zip(active, shapes, total.split([s.numel() for s in shapes]),
+                                      strict=True):
+                try:
+                    messages[i] = running[i].send(part.view(shape))
+                    still.append(i)
+                except StopIteration as stop:
+                    results[i] = stop.value
+            active = still
+        if out is not None:
+            return out.view(-1)
+        return torch.cat([r.reshape(-1) for r in results if r is not None])
+
+    @staticmethod
+    def _start(m: Member, flat: torch.Tensor, world: int, out: torch.Tensor | None,
+               sent: torch.Tensor | None) -> SumExchange:
+        span = slice(m.offset, m.offset + m.numel)
+        own = out.view(-1)[span] if out is not None else None
+        share = sent[span] if sent is not None else None
+        if m.compressor is None:
+            return _exact(flat[span], world, own, share)
+        return m.compressor.exchange(flat[span].view(m.shape), world, own, share)
+
+
+def _exact(x: torch.Tensor, world: int, out: torch.Tensor | None,
+           sent: torch.Tensor | None) -> Generator[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact fp32 values: sent as they are, their sum divided by the workers (as the fp32
+    all-reduce's mean: sum, then divide)."""
+    if sent is not None:
+        sent.copy_(x)
+    total = yield x.to(torch.float32)
+    mean = total.div_(world) if world > 1 else total
+    return mean if out is None else out.copy_(mean)
