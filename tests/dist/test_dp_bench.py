@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
@@ -37,12 +38,18 @@ TINY_BUCKET_MB = 1e-4
 BASELINE_STEPS = 5
 
 
-def _serial_powersgd(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+def _serial_powersgd(state, bucket):  # type: ignore[no-untyped-def]  # annotated below
     """torch's hook on the default group, each bucket finished before backward goes on:
     no two collectives are ever in flight, so no order can differ between the ranks."""
     fut = powersgd.powerSGD_hook(state, bucket)
     fut.wait()
     return fut
+
+
+# DDP checks a hook's annotations at run time, which `from __future__ import annotations`
+# turns into strings
+_serial_powersgd.__annotations__ = {"state": Any, "bucket": dist.GradBucket,
+                                    "return": torch.futures.Future[torch.Tensor]}
 
 
 def _baseline(ctx: DistContext) -> dict[str, Any]:
