@@ -27,7 +27,7 @@ What happens (docs/data_parallel.md has the whole story):
   only for its own bucket (`early_forward.py`, `hooks.ForwardGate`);
 * lossy codecs may keep error-feedback residuals (`comm.error_feedback`), which travel
   in `state_dict()` as extra state; so do the states of compressors (`codec="powersgd:2"`,
-  `"topk:0.01"`, docs/compressors.md), one parameter per bucket; a codec switch keeps
+  `"topk:0.01"`, docs/compressors.md), per parameter; a codec switch keeps
   them all, parked while unused (`wire_state.py`);
 * `recorder=` (docs/tracing.md): the threads record `sync` spans, the links their
   transfers, and the caller's thread a `wait` span wherever it blocks on them;
