@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from approxdist.comm.compressors.base import Summed, SumExchange
+from approxdist.comm.compressors.base import SumExchange, Summed
 from approxdist.errors import ConfigError
 
 
