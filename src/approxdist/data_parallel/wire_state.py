@@ -69,8 +69,9 @@ def spread(buckets: Sequence[BucketState], state: Mapping[str, Any]) -> Parked:
                      for name, comp in b.named_compressors()}
             b.fresh_compressor()  # a member the state does not hold starts anew
             for name, comp in b.named_compressors():
-                if saved[name] is not None:
-                    comp.load_state_dict(saved[name])
+                held = saved[name]
+                if held is not None:
+                    comp.load_state_dict(held)
                     b.compressor_used = True
     return Parked(residuals, {spec: states for spec, states in comps.items() if states})
 
