@@ -72,3 +72,18 @@ def test_a_summed_compressor_shares_its_bucket_with_exact_fp32() -> None:
     # the cap still closes it (4 bytes a value): 110 values, then 110
     capped = plan_buckets(infos[:4], bucket_bytes=440)
     assert [p.names for p in capped] == [("1.weight", "1.bias"), ("0.weight", "0.bias")]
+
+
+def test_resnet20_under_powersgd_is_two_buckets_as_under_torchs_hook() -> None:
+    """`bench dp --model resnet20 --codec powersgd:2` (vectors in fp32, DataParallel's
+    default caps: first 0.25 MB, then 1 MB): 2 buckets, so 4 all-reduces a step (P, Q
+    each), where a bucket per compressed parameter made 40 buckets and 60 all-reduces."""
+    from approxdist.config.schema import ModelConfig
+    from approxdist.models import build_model
+
+    model = build_model(ModelConfig(name="resnet20"), (3, 32, 32), 10)
+    infos = [ParamInfo(n, p.numel(), "powersgd:2" if p.dim() > 1 else "fp32", i)
+             for i, (n, p) in enumerate(model.named_parameters())]
+    plans = plan_buckets(infos, 1 << 20, 1 << 18, 1 << 20)
+    assert [p.codec for p in plans] == ["powersgd:2", "powersgd:2"]
+    assert sum(len(p.names) for p in plans) == len(infos) == 59
