@@ -35,17 +35,23 @@ def test_together_equals_each_member_alone_bit_for_bit() -> None:
         for _ in range(STEPS):
             grads = [[torch.randn(s, generator=gen) for s in SHAPES] for _ in range(WORKERS)]
             sent = [0] * WORKERS
+            shares = [torch.full((together[0].numel,), float("nan")) for _ in range(WORKERS)]
             got = lockstep(together, [torch.cat([g.reshape(-1) for g in gs]) for gs in grads],
-                           sent)
+                           sent, shares)
             for i, shape in enumerate(SHAPES):
                 pair = [grads[w][i] for w in range(WORKERS)]
                 comps = [alone[w][i] for w in range(WORKERS)]
-                want = lockstep(comps, pair) if comps[0] is not None \
+                n = torch.Size(shape).numel()
+                own = [torch.empty(n) for _ in range(WORKERS)]
+                want = lockstep(comps, pair, shares=own) if comps[0] is not None \
                     else [sum(pair[1:], pair[0].clone()).div_(WORKERS)] * WORKERS
                 at = sum(torch.Size(s).numel() for s in SHAPES[:i])
                 for w in range(WORKERS):
-                    part = got[w][at:at + torch.Size(shape).numel()].view(shape)
+                    part = got[w][at:at + n].view(shape)
                     assert torch.equal(part, want[w]), (spec, i, w)
+                    # what AdaPrec measures: each member's contribution; exact: the values
+                    share = own[w] if comps[0] is not None else pair[w].reshape(-1)
+                    assert torch.equal(shares[w][at:at + n], share), (spec, i, w)
             assert sent == [together[0].wire_bytes()] * WORKERS
 
 

@@ -22,7 +22,7 @@ for a value that moved to another chunk (float rounding). Pure: no torch.distrib
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +56,11 @@ class Together(Summed):
         total = sum(m.numel for m in members)
         super().__init__(specs.pop(), (total,), device)
         self.members = list(members)
+        #: the exact members' positions, gathered into one block of the first message (a
+        #: bucket's biases and norms: one copy in and one out, not a step per vector)
+        spans = [torch.arange(m.offset, m.offset + m.numel) for m in members
+                 if m.compressor is None]
+        self.exact = torch.cat(spans).to(self.device) if spans else None
 
     def wire_bytes(self) -> int:
         return sum(m.compressor.wire_bytes() if m.compressor is not None else 4 * m.numel
@@ -64,43 +69,31 @@ class Together(Summed):
     def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
                  sent: torch.Tensor | None = None) -> SumExchange:
         flat = grad.detach().reshape(-1)
-        running = [self._start(m, flat, world, out, sent) for m in self.members]
+        exact = flat.index_select(0, self.exact) if self.exact is not None else None
+        result = out.view(-1) if out is not None else flat.clone()  # read before written
+        if sent is not None and exact is not None:
+            sent.index_copy_(0, self.exact, exact)
+        running = [m.compressor.exchange(
+            flat[m.offset:m.offset + m.numel].view(m.shape), world,
+            result[m.offset:m.offset + m.numel], None if sent is None
+            else sent[m.offset:m.offset + m.numel]) for m in self.members if m.compressor]
         messages = [next(ex) for ex in running]
-        results: list[torch.Tensor | None] = [None] * len(running)
         active = list(range(len(running)))
         while active:
             shapes = [messages[i].shape for i in active]
-            total = yield torch.cat([messages[i].reshape(-1) for i in active])
+            head = [exact] if exact is not None else []
+            total = yield torch.cat(head + [messages[i].reshape(-1) for i in active])
+            if exact is not None:  # the exact values' sum, then their mean: the fp32 all-reduce's
+                mean = total[:exact.numel()]
+                result.index_copy_(0, self.exact, mean.div_(world) if world > 1 else mean)
+                total, exact = total[exact.numel():], None
             still = []
             for i, shape, part in zip(active, shapes, total.split([s.numel() for s in shapes]),
                                       strict=True):
                 try:
                     messages[i] = running[i].send(part.view(shape))
                     still.append(i)
-                except StopIteration as stop:
-                    results[i] = stop.value
+                except StopIteration:
+                    pass
             active = still
-        if out is not None:
-            return out.view(-1)
-        return torch.cat([r.reshape(-1) for r in results if r is not None])
-
-    @staticmethod
-    def _start(m: Member, flat: torch.Tensor, world: int, out: torch.Tensor | None,
-               sent: torch.Tensor | None) -> SumExchange:
-        span = slice(m.offset, m.offset + m.numel)
-        own = out.view(-1)[span] if out is not None else None
-        share = sent[span] if sent is not None else None
-        if m.compressor is None:
-            return _exact(flat[span], world, own, share)
-        return m.compressor.exchange(flat[span].view(m.shape), world, own, share)
-
-
-def _exact(x: torch.Tensor, world: int, out: torch.Tensor | None,
-           sent: torch.Tensor | None) -> Generator[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact fp32 values: sent as they are, their sum divided by the workers (as the fp32
-    all-reduce's mean: sum, then divide)."""
-    if sent is not None:
-        sent.copy_(x)
-    total = yield x.to(torch.float32)
-    mean = total.div_(world) if world > 1 else total
-    return mean if out is None else out.copy_(mean)
+        return result
