@@ -69,10 +69,11 @@ class Together(Summed):
     def exchange(self, grad: torch.Tensor, world: int, out: torch.Tensor | None = None,
                  sent: torch.Tensor | None = None) -> SumExchange:
         flat = grad.detach().reshape(-1)
-        exact = flat.index_select(0, self.exact) if self.exact is not None else None
+        where = self.exact
+        exact = flat.index_select(0, where) if where is not None else None
         result = out.view(-1) if out is not None else flat.clone()  # read before written
-        if sent is not None and exact is not None:
-            sent.index_copy_(0, self.exact, exact)
+        if sent is not None and where is not None and exact is not None:
+            sent.index_copy_(0, where, exact)
         running = [m.compressor.exchange(
             flat[m.offset:m.offset + m.numel].view(m.shape), world,
             result[m.offset:m.offset + m.numel], None if sent is None
@@ -83,9 +84,9 @@ class Together(Summed):
             shapes = [messages[i].shape for i in active]
             head = [exact] if exact is not None else []
             total = yield torch.cat(head + [messages[i].reshape(-1) for i in active])
-            if exact is not None:  # the exact values' sum, then their mean: the fp32 all-reduce's
+            if where is not None and exact is not None:  # their sum, then the mean (as fp32's)
                 mean = total[:exact.numel()]
-                result.index_copy_(0, self.exact, mean.div_(world) if world > 1 else mean)
+                result.index_copy_(0, where, mean.div_(world) if world > 1 else mean)
                 total, exact = total[exact.numel():], None
             still = []
             for i, shape, part in zip(active, shapes, total.split([s.numel() for s in shapes]),
