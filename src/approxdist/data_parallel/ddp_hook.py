@@ -36,7 +36,7 @@ them under those names.
 # no `from __future__ import annotations`: DDP checks the hook's annotations at run time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,14 +44,8 @@ from torch import nn
 
 from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives import Calibration
-from approxdist.comm.compressors import (
-    Compressor,
-    Summed,
-    Where,
-    check_compressor,
-    get_compressor,
-    is_compressor,
-)
+from approxdist.comm.compressors import Compressor, Where, get_compressor, is_compressor
+from approxdist.comm.compressors.spec import check_compressor
 from approxdist.comm.compressors.together import Member, Together
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.data_parallel.checks import context_of
@@ -152,8 +146,7 @@ class HookState:
             return None
         members = [Member(self.names[id(starts[a])] if c == spec else f"fp32@{a}", a,
                           torch.Size((b - a,)) if c != spec else starts[a].shape,
-                          cast(Summed, self._compressor(c, starts[a], device))
-                          if c == spec else None)
+                          self._compressor(c, starts[a], device) if c == spec else None)
                    for a, b, c in runs if _rides(c, spec)]
         return Together(members, device)
 

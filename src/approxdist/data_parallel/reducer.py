@@ -24,19 +24,11 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import torch
 from torch import nn
 
-from approxdist.comm.compressors import (
-    Compressor,
-    Summed,
-    Where,
-    check_compressor,
-    get_compressor,
-    is_compressor,
-)
+from approxdist.comm.compressors import Compressor, Where, check_compressor, get_compressor, is_compressor
 from approxdist.comm.compressors.together import Member, Together
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.comm.update_error import UpdateError, sent_values
@@ -133,7 +125,7 @@ def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.devi
         comp = get_compressor(plan.codec, Where(tuple(p.shape), name, worker=worker,
                                                 device=device)) \
             if is_compressor(plan.codec_of(slot)) else None
-        members.append(Member(name, offset, p.shape, cast("Summed | None", comp)))
+        members.append(Member(name, offset, p.shape, comp))
     return Together(members, device)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from approxdist.comm.compressors.base import SumExchange, Summed
+from approxdist.comm.compressors.base import Compressor, SumExchange, Summed
 from approxdist.errors import ConfigError
 
 
@@ -38,7 +38,7 @@ class Member:
     name: str
     offset: int
     shape: torch.Size
-    compressor: Summed | None
+    compressor: Compressor | None
 
     @property
     def numel(self) -> int:
@@ -50,6 +50,12 @@ class Together(Summed):
 
     def __init__(self, members: Sequence[Member], device: torch.device | None = None) -> None:
         specs = {m.compressor.spec for m in members if m.compressor is not None}
+        gathered = [m.name for m in members
+                    if m.compressor is not None and m.compressor.collective != "all-reduce"]
+        if gathered:
+            raise ConfigError(f"Together sums its members' messages, but {', '.join(specs)} "
+                              f"needs all-gather ({gathered[0]!r}); give such a parameter a "
+                              f"bucket of its own")
         if len(specs) != 1:
             raise ConfigError(f"Together needs one compressor spec among its members, got "
                               f"{sorted(specs) or 'none'}; plan one bucket per compressor")
