@@ -194,8 +194,8 @@ def test_a_resumed_engine_continues_bit_for_bit(two_ranks: list[dict[str, Any]],
 
 
 def test_powersgd_on_a_bias_names_it_and_the_rule(two_ranks: list[dict[str, Any]]) -> None:
-    assert "'2.bias' of shape (4,)" in two_ranks[0]["vector"]
-    assert "'0.bias' of shape (32,)" in two_ranks[0]["hook vector"]  # checked in model order
+    for key in ("vector", "hook vector"):  # the first in model order (one bucket holds all)
+        assert "'0.bias' of shape (32,)" in two_ranks[0][key]
     for key in ("vector", "hook vector"):
         assert "--codec-rule '*.bias=fp32'" in two_ranks[0][key]
 

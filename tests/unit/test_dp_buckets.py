@@ -49,10 +49,41 @@ def test_bad_sizes_are_named(args: tuple[float, float, float, int], message: str
         check_sizes(*args)
 
 
-def test_a_compressed_parameter_gets_a_bucket_of_its_own() -> None:
-    infos = [ParamInfo("0.weight", 100, "powersgd:2", 0), ParamInfo("0.bias", 10, "fp32", 1),
-             ParamInfo("1.weight", 100, "powersgd:2", 2), ParamInfo("1.bias", 10, "fp32", 3)]
+def test_an_all_gather_compressor_gets_a_bucket_of_its_own() -> None:
+    infos = [ParamInfo("0.weight", 100, "topk:0.1", 0), ParamInfo("0.bias", 10, "fp32", 1),
+             ParamInfo("1.weight", 100, "topk:0.1", 2), ParamInfo("1.bias", 10, "fp32", 3)]
     plans = plan_buckets(infos, bucket_bytes=1 << 20)
     by_codec = {p.names: p.codec for p in plans}
-    assert by_codec[("0.weight",)] == by_codec[("1.weight",)] == "powersgd:2"
+    assert by_codec[("0.weight",)] == by_codec[("1.weight",)] == "topk:0.1"
     assert sorted(n for p in plans if p.codec == "fp32" for n in p.names) == ["0.bias", "1.bias"]
+
+
+def test_a_summed_compressor_shares_its_bucket_with_exact_fp32() -> None:
+    """PowerSGD's matrices and the fp32 vectors between them: one bucket, as a DDP bucket
+    under torch's powerSGD_hook; each member keeps its codec; bf16 closes the bucket."""
+    infos = [ParamInfo("0.weight", 100, "powersgd:2", 0), ParamInfo("0.bias", 10, "fp32", 1),
+             ParamInfo("1.weight", 100, "powersgd:2", 2), ParamInfo("1.bias", 10, "fp32", 3),
+             ParamInfo("2.weight", 100, "bf16", 4)]
+    plans = plan_buckets(infos, bucket_bytes=1 << 20)
+    assert [(p.names, p.codec) for p in plans] == [
+        (("2.weight",), "bf16"), (("0.weight", "0.bias", "1.weight", "1.bias"), "powersgd:2")]
+    assert [plans[1].codec_of(i) for i in range(4)] == ["powersgd:2", "fp32", "powersgd:2", "fp32"]
+    assert plans[0].codec_of(0) == "bf16"
+    # the cap still closes it (4 bytes a value): 110 values, then 110
+    capped = plan_buckets(infos[:4], bucket_bytes=440)
+    assert [p.names for p in capped] == [("1.weight", "1.bias"), ("0.weight", "0.bias")]
+
+
+def test_resnet20_under_powersgd_is_two_buckets_as_under_torchs_hook() -> None:
+    """`bench dp --model resnet20 --codec powersgd:2` (vectors in fp32, DataParallel's
+    default caps: first 0.25 MB, then 1 MB): 2 buckets, so 4 all-reduces a step (P, Q
+    each), where a bucket per compressed parameter made 40 buckets and 60 all-reduces."""
+    from approxdist.config.schema import ModelConfig
+    from approxdist.models import build_model
+
+    model = build_model(ModelConfig(name="resnet20"), (3, 32, 32), 10)
+    infos = [ParamInfo(n, p.numel(), "powersgd:2" if p.dim() > 1 else "fp32", i)
+             for i, (n, p) in enumerate(model.named_parameters())]
+    plans = plan_buckets(infos, 1 << 20, 1 << 18, 1 << 20)
+    assert [p.codec for p in plans] == ["powersgd:2", "powersgd:2"]
+    assert sum(len(p.names) for p in plans) == len(infos) == 59

@@ -11,10 +11,14 @@ plan for both (no torch.distributed, testable in one process):
   message). The first bucket is capped at `first_bucket_bytes` so communication starts
   early. A parameter of at least `solo_bytes` gets a bucket of its own: its gradient is
   big enough to be a good message alone and is then reduced in place, with no copy
-  (`reducer.BucketState.hold`). So does a parameter whose codec is a compressor
-  (docs/compressors.md: PowerSGD compresses one matrix). Inside a bucket the parameters
-  are laid out in *forward* order, so the values the next forward reads first lead the
-  message and its first fragments.
+  (`reducer.BucketState.hold`). So does a parameter whose compressor needs all-gather
+  (docs/compressors.md: top-k's payload is one tensor's). An all-reduce compatible
+  compressor (PowerSGD, random-k) shares its bucket with parameters of the same
+  compressor and with exact fp32 ones (a rule's `*.bias=fp32`), as a DDP bucket under
+  torch's `powerSGD_hook` holds matrices and vectors alike: the bucket's exchange sends
+  every member's round in one all-reduce (`comm.compressors.together`). Inside a bucket
+  the parameters are laid out in *forward* order, so the values the next forward reads
+  first lead the message and its first fragments.
 * `fragments(numel, chunk_numel)` cuts a bucket into contiguous fragments.
 * `forward_order(n)` is the launch order used when every bucket starts at the end of
   backward (no overlap): the bucket the next forward needs first goes first.
@@ -25,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from approxdist.comm.compressors import is_compressor
+from approxdist.comm.compressors import check_compressor, is_compressor
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,17 @@ class BucketPlan:
     offsets: tuple[int, ...]
     numels: tuple[int, ...]
     codec: str
+    #: each member's codec where they differ (exact `fp32` beside an all-reduce compatible
+    #: compressor, which is then `codec`); empty: all `codec`
+    codecs: tuple[str, ...] = ()
 
     @property
     def numel(self) -> int:
         return self.offsets[-1] + self.numels[-1] if self.numels else 0
+
+    def codec_of(self, slot: int) -> str:
+        """The codec of member `slot`."""
+        return self.codecs[slot] if self.codecs else self.codec
 
 
 def plan_buckets(params: Sequence[ParamInfo], bucket_bytes: int,
@@ -70,8 +81,8 @@ def plan_buckets(params: Sequence[ParamInfo], bucket_bytes: int,
     for info in sorted(params, key=lambda p: -p.position):
         cap = first if len(groups) <= 1 else bucket_bytes
         nbytes = info.numel * bytes_per_value
-        alone = (solo is not None and nbytes >= solo) or is_compressor(info.codec)
-        fits = open_ and not alone and groups[-1][0].codec == info.codec and size + nbytes <= cap
+        alone = (solo is not None and nbytes >= solo) or _gathered(info.codec)
+        fits = open_ and not alone and _mixes(groups[-1], info.codec) and size + nbytes <= cap
         if not fits:
             groups.append([])
             size = 0
@@ -81,14 +92,31 @@ def plan_buckets(params: Sequence[ParamInfo], bucket_bytes: int,
     return [_bucket(i, g) for i, g in enumerate(groups)]
 
 
+def _gathered(codec: str) -> bool:
+    return is_compressor(codec) and check_compressor(codec) == "all-gather"
+
+
+def _mixes(group: list[ParamInfo], codec: str) -> bool:
+    """Whether a parameter sent in `codec` may join `group`: the same codec, or exact fp32
+    and one all-reduce compatible compressor together."""
+    codecs = {p.codec for p in group} | {codec}
+    if len(codecs) == 1:
+        return True
+    other = codecs - {"fp32"}
+    return len(codecs) == 2 and len(other) == 1 and is_compressor(next(iter(other)))
+
+
 def _bucket(index: int, members: list[ParamInfo]) -> BucketPlan:
     members = sorted(members, key=lambda p: p.position)
     offsets, at = [], 0
     for m in members:
         offsets.append(at)
         at += m.numel
+    codecs = tuple(m.codec for m in members)
+    codec = next((c for c in codecs if is_compressor(c)), codecs[0])
     return BucketPlan(index, tuple(m.name for m in members), tuple(m.position for m in members),
-                      tuple(offsets), tuple(m.numel for m in members), members[0].codec)
+                      tuple(offsets), tuple(m.numel for m in members), codec,
+                      codecs if len(set(codecs)) > 1 else ())
 
 
 def fragments(numel: int, chunk_numel: int) -> list[tuple[int, int]]:

@@ -20,8 +20,11 @@ Compressors (docs/compressors.md): a parameter whose codec is a compressor is a 
 its own, reduced by `compressed.reduce_compressed` exactly as `DataParallel` reduces it
 (its messages through the thread's all-reduce or all-gather), with one compressor per
 parameter name, so its residual, warm-start factor and random stream survive DDP's
-bucket rebuild. `start_step` sends every bucket in exact fp32 for the first steps, as
-torch's `powerSGD_hook` does before `start_powerSGD_iter`.
+bucket rebuild. The runs of the bucket's (first) all-reduce compatible compressor and
+its fp32 runs form one exchange (`comm.compressors.together`): one all-reduce a round
+for all of them, as torch's `powerSGD_hook` sends a bucket's P and Q. `start_step` sends
+every bucket in exact fp32 for the first steps, as torch's `powerSGD_hook` does before
+`start_powerSGD_iter`.
 
 Error feedback (`comm.error_feedback`, the one `DataParallel` uses) keeps its residuals
 per *parameter* (found through `GradBucket.parameters()`): each bucket layout gets its
@@ -42,6 +45,8 @@ from torch import nn
 from approxdist.comm.codecs import Codec
 from approxdist.comm.collectives import Calibration
 from approxdist.comm.compressors import Compressor, Where, get_compressor, is_compressor
+from approxdist.comm.compressors.spec import check_compressor
+from approxdist.comm.compressors.together import Member, Together
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.data_parallel.checks import context_of
 from approxdist.data_parallel.codec_rules import CodecRules, param_owners
@@ -112,7 +117,13 @@ class HookState:
             thread.reducer("fp32")(flat, op="mean")
             return
         starts = dict(zip(_offsets(params), params))
-        for start, stop, codec in self.runs(flat.numel(), params):
+        runs = self.runs(flat.numel(), params)
+        together = self._together(runs, starts, flat.device)
+        if together is not None:  # the bucket's summed compressors and fp32 values at once
+            reduce_compressed(together, flat, thread.reducer("fp32"), None, "mean")
+        for start, stop, codec in runs:
+            if together is not None and _rides(codec, together.spec):
+                continue
             part = flat[start:stop]
             if is_compressor(codec):
                 comp = self._compressor(codec, starts[start], flat.device)
@@ -124,6 +135,20 @@ class HookState:
             if self.error_feedback and not reducer.codec.lossless:
                 self._compensate(flat, params, reducer.codec, start, stop)
             reducer(part, op="mean")
+
+    def _together(self, runs: list[tuple[int, int, str]], starts: Mapping[int, torch.Tensor],
+                  device: torch.device) -> Together | None:
+        """The runs of the bucket's first all-reduce compatible compressor and its fp32 runs
+        as one exchange (`comm.compressors.together`), or None if it has no such compressor."""
+        spec = next((c for _, _, c in runs if is_compressor(c)
+                     and check_compressor(c) == "all-reduce"), None)
+        if spec is None:
+            return None
+        members = [Member(self.names[id(starts[a])] if c == spec else f"fp32@{a}", a,
+                          torch.Size((b - a,)) if c != spec else starts[a].shape,
+                          self._compressor(c, starts[a], device) if c == spec else None)
+                   for a, b, c in runs if _rides(c, spec)]
+        return Together(members, device)
 
     def _compensate(self, flat: torch.Tensor, params: list[torch.Tensor], codec: Codec,
                     start: int = 0, stop: int | None = None) -> None:
@@ -241,6 +266,11 @@ def register_hook(ddp: nn.parallel.DistributedDataParallel, ctx: DistContext,
     state, hook = ddp_hook(options.pop("codec", "fp32"), ddp, ctx=ctx, **options)
     ddp.register_comm_hook(state, hook)
     return state
+
+
+def _rides(codec: str, spec: str) -> bool:
+    """Whether a run in `codec` travels in the exchange of the summed compressor `spec`."""
+    return codec in (spec, "fp32")
 
 
 def _offsets(params: list[torch.Tensor]) -> list[int]:

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from approxdist.comm.compressors import Compressor, Where, get_compressor, is_compressor
+from approxdist.comm.compressors import Compressor, Where, check_compressor, get_compressor, is_compressor
+from approxdist.comm.compressors.together import Member, Together
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.comm.update_error import UpdateError, sent_values
 from approxdist.data_parallel.buckets import BucketPlan, forward_order, fragments
@@ -48,7 +49,9 @@ class BucketState:
                            for o, n, p in zip(plan.offsets, plan.numels, self.params)]
         self.flat, self.views = self._own, list(self._own_views)
         self.solo = len(self.params) == 1 and self.params[0].dtype == torch.float32
-        #: the bucket's one parameter's compressor (which keeps its own residual), or None
+        #: the bucket's compressor (its members keep their own residuals), or None: one
+        #: parameter's that needs all-gather, or several parameters' all-reduce compatible
+        #: ones and exact fp32 values as one exchange (`comm.compressors.together`)
         self.compressor = _compressor(plan, self.params, device, worker)
         #: whether the compressor's state is more than its first (it ran, or was loaded)
         self.compressor_used = False
@@ -91,6 +94,13 @@ class BucketState:
         self.compressor = _compressor(self.plan, self.params, self._own.device, self._worker)
         self.compressor_used = False
 
+    def named_compressors(self) -> list[tuple[str, Compressor]]:
+        """Each compressed parameter's name and compressor (what `wire_state` keeps)."""
+        if isinstance(self.compressor, Together):
+            return [(m.name, m.compressor) for m in self.compressor.members
+                    if m.compressor is not None]
+        return [(self.plan.names[0], self.compressor)] if self.compressor is not None else []
+
     def wait(self) -> None:
         """Block until this bucket's reduction (and its update) finished; re-raise its error."""
         self.done.wait()
@@ -106,9 +116,17 @@ def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.devi
                 worker: int) -> Compressor | None:
     if not is_compressor(plan.codec):
         return None
-    assert len(params) == 1
-    return get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
-                                            worker=worker, device=device))
+    if check_compressor(plan.codec) == "all-gather":
+        assert len(params) == 1
+        return get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
+                                                worker=worker, device=device))
+    members = []
+    for slot, (name, offset, p) in enumerate(zip(plan.names, plan.offsets, params)):
+        comp = get_compressor(plan.codec, Where(tuple(p.shape), name, worker=worker,
+                                                device=device)) \
+            if is_compressor(plan.codec_of(slot)) else None
+        members.append(Member(name, offset, p.shape, comp))
+    return Together(members, device)
 
 
 class Reducer:
@@ -183,7 +201,7 @@ class Reducer:
 
     def _reduce(self, b: BucketState, start: int, stop: int, thread: CommThread) -> None:
         try:
-            if b.compressor is not None:  # a whole bucket of one parameter
+            if b.compressor is not None:  # the whole bucket in one exchange
                 b.compressor_used = True
                 gather = thread.gatherer(GATHERS[thread.algorithm]) \
                     if b.compressor.collective == "all-gather" else None

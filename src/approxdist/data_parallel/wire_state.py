@@ -48,8 +48,9 @@ def collect(buckets: Sequence[BucketState], parked: Parked) -> dict[str, Any]:
     for b in buckets:
         if b.residuals is not None:
             residuals.update(b.residuals.state_dict())
-        if b.compressor is not None and b.compressor_used:
-            comps.setdefault(b.compressor.spec, {})[b.plan.names[0]] = b.compressor.state_dict()
+        if b.compressor_used:
+            for name, comp in b.named_compressors():
+                comps.setdefault(comp.spec, {})[name] = comp.state_dict()
     return {"residuals": residuals, "compressors": comps}
 
 
@@ -64,12 +65,14 @@ def spread(buckets: Sequence[BucketState], state: Mapping[str, Any]) -> Parked:
             for name in b.residuals.names:
                 residuals.pop(name, None)
         if b.compressor is not None:
-            saved = comps.get(b.compressor.spec, {}).pop(b.plan.names[0], None)
-            if saved is None:
-                b.fresh_compressor()
-            else:
-                b.compressor.load_state_dict(saved)
-                b.compressor_used = True
+            saved = {name: comps.get(comp.spec, {}).pop(name, None)
+                     for name, comp in b.named_compressors()}
+            b.fresh_compressor()  # a member the state does not hold starts anew
+            for name, comp in b.named_compressors():
+                held = saved[name]
+                if held is not None:
+                    comp.load_state_dict(held)
+                    b.compressor_used = True
     return Parked(residuals, {spec: states for spec, states in comps.items() if states})
 
 
@@ -80,6 +83,7 @@ def _by_spec(buckets: Sequence[BucketState], comps: Mapping[str, Any]) -> Compre
         return {spec: dict(states) for spec, states in comps.items()}
     out: CompressorStates = {}
     for b in buckets:
-        if b.compressor is not None and b.plan.names[0] in comps:
-            out.setdefault(b.compressor.spec, {})[b.plan.names[0]] = comps[b.plan.names[0]]
+        for name, comp in b.named_compressors():
+            if name in comps:
+                out.setdefault(comp.spec, {})[name] = comps[name]
     return out
