@@ -74,8 +74,12 @@ def _stepped(schedule: str, m: int, recompute: bool) -> dict[str, Any]:
         opt.step()
         opt.zero_grad()
     params = {n: p.detach().clone() for n, p in pipe.module.named_parameters()}
+    # evaluated after the steps: summed loss, hits, and the samples this rank ran (each
+    # micro-batch once, though ZB-V's rank 0 forwards it through two chunks)
+    scored = pipe.eval_step(x if pipe.is_first else None, y if pipe.is_last else None,
+                            batch_size=12)
     pipe.close()
-    return {"losses": losses, "params": params}
+    return {"losses": losses, "params": params, "eval": scored}
 LOSSES = {"regression": F.mse_loss, "classification": F.cross_entropy}
 OUTS = {"regression": 2, "classification": 3}
 
@@ -180,6 +184,13 @@ def test_the_public_pipeline_matches_single_process_and_runs_the_example() -> No
             losses.append(float(loss.detach()))
         last = 0 if case[0] == "zbv" else 1
         assert ranks[last]["stepped"][i]["losses"] == pytest.approx(losses, rel=1e-5), case
+        with torch.no_grad():
+            out = model(x)
+        summed, hits, ran = ranks[last]["stepped"][i]["eval"]
+        assert summed == pytest.approx(float(F.cross_entropy(out, y, reduction="sum")),
+                                       rel=1e-5) and ran == x.shape[0], case
+        assert hits == int((out.argmax(1) == y).sum()) and ranks[1 - last]["stepped"][i][
+            "eval"][2] == x.shape[0], case
         got = {**ranks[0]["stepped"][i]["params"], **ranks[1]["stepped"][i]["params"]}
         for name, p in model.named_parameters():
             torch.testing.assert_close(got[name], p.detach(), atol=1e-5, rtol=1e-5,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -106,7 +106,7 @@ class PipelineExecutor(StepRunner):
             else self._flushed(step)
         times = self._execute(piece.actions, self._train, piece.state, piece.waits, piece.first)
         c, sizes = self.compute, piece.state.sizes
-        ran = sum(sizes[a.microbatch] for a in piece.actions if a.kind is Kind.FORWARD)
+        ran = self._ran(piece.actions, sizes)
         loss = self.stream.finish(piece) if self.stream is not None else float(c.loss_sum)
         return StepResult(loss, int(c.correct), ran, c.memory.peak, times)
 
@@ -133,7 +133,14 @@ class PipelineExecutor(StepRunner):
         actions = self.actions(m, train=False)
         self.transport.courier.begin(m, train=False)
         self._execute(actions, self._eval, step)
-        return sum(step.sizes[a.microbatch] for a in actions if a.kind is Kind.FORWARD)
+        return self._ran(actions, step.sizes)
+
+    def _ran(self, actions: Sequence[Action], sizes: Mapping[int, int]) -> int:
+        """The samples this rank ran in `actions`: each micro-batch once, through the first
+        of its chunks (ZB-V's rank 0 forwards every micro-batch twice, chunks 0 and 2P-1)."""
+        first = min(self.chunks)
+        return sum(sizes[a.microbatch] for a in actions
+                   if a.kind is Kind.FORWARD and a.stage == first)
 
     def _forward(self, a: Action, step: StepState) -> None:
         m, compute = a.microbatch, self.chunks[a.stage].compute
