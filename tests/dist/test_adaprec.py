@@ -184,8 +184,9 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
     assert [x for _, x in c["chosen"]] == ["fp32"] * len(c["chosen"]) and len(c["chosen"]) > 2
     c_bounds = [r for r in (json.loads(s) for s in (tmp_path / "c" / "metrics.jsonl")
                             .read_text().splitlines())
-                if r.get("kind") == "adaprec" and r["step"] > 0]
-    assert c_bounds and c_bounds[0]["decided_by"] == "error", c_bounds  # not its speed
+                if r.get("kind") == "adaprec" and "candidates" in r]  # the boundaries
+    assert c_bounds[0]["step"] == 0  # the error rule decides from the first step
+    assert c_bounds[0]["decided_by"] == "error", c_bounds  # not its speed
     for r in c_bounds:  # its signs are no update of the gradient's size: no better than none
         if COMPRESSOR in r["candidates"]:  # until its collapse blacklists it
             measured = r["candidates"][COMPRESSOR]
@@ -201,7 +202,7 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
         == [(r["step"], codec_bits(r["chosen"])) for r in decisions]
     assert scalars["adaprec/signal"] == [(r["step"], float(np.float32(r["signal"])))
                                          for r in decisions if "signal" in r]
-    bounds = [r for r in records if r.get("kind") == "adaprec" and r["step"] > 0]
+    bounds = [r for r in records if r.get("kind") == "adaprec" and "candidates" in r]
     assert bounds and all(set(r["candidates"]) <= {"fp32", POISON} for r in bounds)
     assert POISON in bounds[0]["candidates"]
     for r in bounds:  # speed alone would pick the poison; its error on the update did not

@@ -19,7 +19,7 @@ from approxdist.adaptive.decide import Trial, assess, assess_all, choose, outgai
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.cli.main import main
 from approxdist.config.adaprec import AdaPrecConfig, candidates_of
-from approxdist.config.loader import build_config
+from approxdist.config.loader import build_config, section_dict
 from approxdist.data.base import TensorDataset
 from approxdist.data.holdout import hold_out
 from approxdist.errors import ConfigError, DataError
@@ -162,6 +162,32 @@ def test_first_phase_runs_the_first_codec_and_boundaries_come_every_k_steps() ->
         [11 + i, pytest.approx(0.144 + 0.004 * i)] for i in range(4)]
 
 
+def test_the_first_boundary_is_the_rules_own_or_the_users() -> None:
+    rates, secs = {"fp32": 0.004, "fast": 0.004}, {"fp32": 1.0, "fast": 0.5}
+    # the error rule needs no curve: it decides at step 0, no phase spent in the reference
+    error = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=1.0)
+    assert (CFG.first_boundary, error.first_boundary) == (10, 0)
+    ctl, records = _drive(Sim(rates, secs), error)
+    assert [r["step"] for r in records] == [0, 10, 20, 30] and "candidates" in records[0]
+    assert ctl.chosen == [(0, "fast"), (10, "fast"), (20, "fast"), (30, "fast")]
+    # a first phase of the user's length, then every K steps, under either rule
+    for rule in ("error", "curve"):
+        cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=1.0,
+                            decide=rule, first_steps=5)
+        ctl, records = _drive(Sim(rates, secs), cfg)
+        assert [r["step"] for r in records] == [0, 5, 15, 25, 35]
+        assert records[0]["reason"] == "first phase" and ctl.chosen[0] == (0, "fp32")
+    # unset, it stays out of the saved config (TOML has no null) and reads back unset
+    saved = section_dict(error)
+    assert "first_steps" not in saved
+    assert build_config({"adaprec": saved}).adaprec == error
+    assert build_config({"adaprec": {"first_steps": 3}}).adaprec.first_boundary == 3
+    with pytest.raises(ConfigError, match="adaprec.first_steps = -1 must be >= 0"):
+        AdaPrecConfig(first_steps=-1)
+    with pytest.raises(ConfigError, match="adaprec.first_steps = 'x' must be an integer"):
+        build_config({"adaprec": {"first_steps": "x"}})
+
+
 def test_decisions_are_deterministic_and_speculation_leaves_no_trace() -> None:
     rates, secs = {"fp32": 0.006, "fast": 0.002}, {"fp32": 1.0, "fast": 0.9}
     a, _ = _drive(Sim(rates, secs))
@@ -203,8 +229,9 @@ def test_speculation_seconds_leave_out_the_winners_steps() -> None:
               sleep=0.05)
     cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=4, overhead_budget=1.0)
     ctl, records = _drive(sim, cfg)
-    rec = records[1]
-    assert rec["chosen"] == "fast" and rec["reused_s"] == pytest.approx(4 * 0.05)
+    rec = records[0]  # the error rule decides at step 0: both candidates new, both trained
+    assert rec["step"] == 0 and rec["chosen"] == "fast"
+    assert rec["reused_s"] == pytest.approx(4 * 0.05)
     # the loser's 4 x 0.05 s, not the winner's 4 x 0.05 s
     assert rec["speculation_s"] == pytest.approx(4 * 0.05)
     assert ctl.summary()["speculation_s"] == rec["speculation_s"]
@@ -274,8 +301,8 @@ def test_an_exhausted_overhead_budget_skips_speculation() -> None:
               sleep=0.01)
     cfg = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=0.05)
     ctl, records = _drive(sim, cfg)
-    assert "candidates" in records[1]
-    assert records[2]["reason"] == "overhead budget spent" and "candidates" not in records[2]
+    assert "candidates" in records[0]
+    assert records[1]["reason"] == "overhead budget spent" and "candidates" not in records[1]
     assert ctl.summary()["speculation_s"] > 0
 
 

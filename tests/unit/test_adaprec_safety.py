@@ -17,6 +17,7 @@ from approxdist.errors import ConfigError
 from approxdist.train.straggler import Stragglers
 from tests.unit.test_adaprec_controller import Sim, _drive
 
+#: the default rule; its first boundary is at step 0 (`first_boundary`), then every 10 steps
 DEFAULTS = AdaPrecConfig(phase_steps=10, speculate_steps=4, points=2, overhead_budget=1.0)
 
 
@@ -26,9 +27,10 @@ def test_a_damaging_codec_is_never_chosen_however_fast_and_however_it_seems_to_g
     sim = Sim({"fp32": 0.002, "poison": 0.01, "fp8": 0.002},
               {"fp32": 1.0, "poison": 0.1, "fp8": 0.5}, error={"poison": 1.4, "fp8": 0.05})
     ctl, records = _drive(sim, DEFAULTS, ("fp32", "poison", "fp8"))
-    assert [c for _, c in ctl.chosen] == ["fp32", "fp8", "fp8", "fp8"]
-    tested = [r for r in records[1:] if "poison" in r["candidates"]]
-    assert len(tested) == 2 and records[2]["resting"] == {"poison": 30}  # rests a boundary
+    assert [r["step"] for r in records] == [0, 10, 20, 30]  # decided from step 0 on
+    assert [c for _, c in ctl.chosen] == ["fp8"] * 4
+    tested = [r for r in records if "poison" in r["candidates"]]
+    assert len(tested) == 2 and records[0]["resting"] == {"poison": 20}  # rests a boundary
     for r in tested:
         assert r["candidates"]["poison"]["verdict"] == "damaging"
         assert r["candidates"]["poison"]["error"] == pytest.approx(1.4)
@@ -46,23 +48,23 @@ def test_the_fastest_safe_codec_wins_and_the_budget_is_the_users() -> None:
     secs = {"fp32": 1.0, "fp8": 0.5, "table4": 0.3}
     errors = {"fp8": 0.05, "table4": 0.2}
     ctl, records = _drive(Sim(rates, secs, error=errors), DEFAULTS, ("fp32", "fp8", "table4"))
-    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
-    assert records[1]["decided_by"] == "time"
+    assert [c for _, c in ctl.chosen] == ["table4"] * 4
+    assert records[0]["decided_by"] == "time"
     # Table-4's error late in the preset's run (0.35) is over the default budget: fp8 kept
     late = {"fp8": 0.05, "table4": 0.35}
     ctl, records = _drive(Sim(rates, secs, error=late), DEFAULTS, ("fp32", "fp8", "table4"))
-    assert [c for _, c in ctl.chosen][1:] == ["fp8"] * 3
-    assert records[1]["candidates"]["table4"]["verdict"] == "damaging"
+    assert [c for _, c in ctl.chosen] == ["fp8"] * 4
+    assert records[0]["candidates"]["table4"]["verdict"] == "damaging"
     tight = AdaPrecConfig(**{**DEFAULTS.__dict__, "error_budget": 0.1})
     ctl, records = _drive(Sim(rates, secs, error=errors), tight, ("fp32", "fp8", "table4"))
-    assert [c for _, c in ctl.chosen][1:] == ["fp8"] * 3 and records[1]["decided_by"] == "error"
+    assert [c for _, c in ctl.chosen] == ["fp8"] * 4 and records[0]["decided_by"] == "error"
     # a phase where every candidate's signal dips a little (noise, within the margin): the
     # fastest safe one still wins, not the one whose few steps happened to dip least
     dipping = {"fp32": -0.0001, "fp8": -0.0002, "table4": -0.0003}
     ctl, records = _drive(Sim(dipping, secs, error=errors), DEFAULTS, ("fp32", "fp8", "table4"))
-    first = records[1]["candidates"]  # every candidate speculated: no step time known yet
+    first = records[0]["candidates"]  # every candidate speculated: no step time known yet
     assert first["fp32"]["gain"] > first["fp8"]["gain"] > first["table4"]["gain"]
-    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
+    assert [c for _, c in ctl.chosen] == ["table4"] * 4
 
 
 def test_a_fall_every_candidate_shares_is_the_runs_and_one_its_own_is_the_codecs() -> None:
@@ -73,13 +75,13 @@ def test_a_fall_every_candidate_shares_is_the_runs_and_one_its_own_is_the_codecs
     # one too: the learning rate or the batches, not a codec; the fastest safe one wins
     falls = {"fp32": -0.004, "fp8": -0.004, "table4": -0.004}
     ctl, records = _drive(Sim(falls, secs, error=errors, value=0.9), DEFAULTS, cands)
-    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
-    assert {v["verdict"] for v in records[1]["candidates"].values()} == {"eligible"}
+    assert [c for _, c in ctl.chosen] == ["table4"] * 4
+    assert {v["verdict"] for v in records[0]["candidates"].values()} == {"eligible"}
     # Table-4 alone falls while fp32 and fp8 hold: its own fall, not the run's
     own = {"fp32": 0.002, "fp8": 0.002, "table4": -0.004}
     ctl, records = _drive(Sim(own, secs, error=errors, value=0.9), DEFAULTS, cands)
-    assert [c for _, c in ctl.chosen][1:] == ["fp8"] * 3
-    assert all(r["candidates"]["table4"]["verdict"] == "falling" for r in records[1:])
+    assert [c for _, c in ctl.chosen] == ["fp8"] * 4
+    assert all(r["candidates"]["table4"]["verdict"] == "falling" for r in records)
 
 
 def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated() -> None:
@@ -90,21 +92,25 @@ def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated
     cands = ("fp32", "fp8", "table4", "poison")
     sim = Sim(rates, secs, error=errors)
     ctl, records = _drive(sim, DEFAULTS, cands)
-    assert set(records[1]["candidates"]) == set(cands) and records[1]["skipped"] == []
-    # the poison (fastest, damaging; resting at boundary 2), then table4: safe, the rest slower
-    for r, tried in zip(records[2:], (["table4"], ["poison", "table4"]), strict=True):
+    assert set(records[0]["candidates"]) == set(cands) and records[0]["skipped"] == []
+    # the poison (fastest, damaging; resting at boundaries 2, 4-6), then table4: safe, the
+    # rest slower
+    for r, tried in zip(records[1:], (["table4"], ["poison", "table4"], ["table4"]),
+                        strict=True):
         assert list(r["candidates"]) == tried, r["candidates"].keys()
         assert r["skipped"] == ["fp32", "fp8"] and r["chosen"] == "table4"
     # the same choices as speculating every candidate (per parameter: all but the resting
     # poison, over the budget on its one parameter)
     full = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
-    assert [c for _, c in ctl.chosen] == ["fp32", "table4", "table4", "table4"]
+    assert [c for _, c in ctl.chosen] == ["table4"] * 4
     _, whole = _drive(Sim(rates, secs, error=errors), full, cands)
-    assert [set(r["candidates"]) | set(r["resting"]) for r in whole[1:]] == [set(cands)] * 3
+    assert [set(r["candidates"]) | set(r["resting"]) for r in whole] == [set(cands)] * 4
     # a safe candidate that turned out slower than measured before does not stop the
     # search: the next one, measured faster, is tried
+    # (a first phase of 10 steps, so that the times set here are the ones measured before)
+    later = AdaPrecConfig(**{**DEFAULTS.__dict__, "first_steps": 10})
     drift = Sim(rates, dict(secs), error=errors)
-    ctl = AdaPrecController(cands, DEFAULTS, drift, None, drift.clock)  # type: ignore[arg-type]
+    ctl = AdaPrecController(cands, later, drift, None, drift.clock)  # type: ignore[arg-type]
     ctl.step_s = {"table4": 0.3, "fp8": 0.5, "fp32": 1.0, "poison": 0.1}
     drift.secs["table4"] = 0.7
     ctl.before_step(0)
@@ -149,8 +155,8 @@ def test_the_controller_chooses_per_layer_from_the_measured_errors() -> None:
               error={"fp8-e5m2": 0.05, "table4": 0.2, "bits:s0e8m7": 1.4})
     ctl, records = _drive(sim, cfg, ("fp32", "fp8-e5m2", "table4", "bits:s0e8m7"))
     # the simulated run has one parameter: the cheapest safe codec for it, never the poison
-    assert [c for _, c in ctl.chosen][1:] == ["table4"] * 3
-    assert all(r["decided_by"] == "layer" for r in records[1:])
+    assert [c for _, c in ctl.chosen] == ["table4"] * 4
+    assert all(r["decided_by"] == "layer" for r in records)
 
 
 def test_a_codec_bound_straggler_slows_only_the_steps_that_send_it() -> None:
@@ -203,13 +209,12 @@ def test_a_damaging_candidate_rests_for_one_three_seven_boundaries() -> None:
     # of 16 (not at all 16), and the choice is the same fp8 at every one
     rates = {"fp32": 0.002, "fp8": 0.002, "table1": 0.002}
     secs = {"fp32": 1.0, "fp8": 0.5, "table1": 0.2}
-    sim = Sim(rates, secs, total_steps=170, error={"fp8": 0.05, "table1": 4.0})
-    ctl, records = _drive(sim, DEFAULTS, ("fp32", "fp8", "table1"))
-    bounds = records[1:]
-    assert len(bounds) == 16 and [c for _, c in ctl.chosen][1:] == ["fp8"] * 16
+    sim = Sim(rates, secs, total_steps=160, error={"fp8": 0.05, "table1": 4.0})
+    ctl, bounds = _drive(sim, DEFAULTS, ("fp32", "fp8", "table1"))
+    assert len(bounds) == 16 and [c for _, c in ctl.chosen] == ["fp8"] * 16
     assert [b for b, r in enumerate(bounds, 1) if "table1" in r["candidates"]] == [1, 3, 7, 15]
-    assert bounds[0]["resting"] == {"table1": 30}  # boundary 3 is step 30
-    assert bounds[2]["resting"] == {"table1": 70} and "table1" not in bounds[3]["skipped"]
+    assert bounds[0]["resting"] == {"table1": 20}  # boundary 3 is step 20
+    assert bounds[2]["resting"] == {"table1": 60} and "table1" not in bounds[3]["skipped"]
     # a verdict other than damaging ends the streak: tested again at the next boundary
     rest = Resting()
     rest.note(1, ["t"], {"t"})
@@ -227,4 +232,4 @@ def test_a_damaging_candidate_rests_for_one_three_seven_boundaries() -> None:
     assert damaging(DEFAULTS, verdicts, errors) == {"table1", "table4"}
     sim = Sim(rates, secs, total_steps=50, error={"fp8": 0.05, "table1": 4.0})
     _, records = _drive(sim, layer, ("fp32", "fp8", "table1"))
-    assert [b for b, r in enumerate(records[1:], 1) if "table1" in r["candidates"]] == [1, 3]
+    assert [b for b, r in enumerate(records, 1) if "table1" in r["candidates"]] == [1, 3]

@@ -3,7 +3,8 @@
     controller = AdaPrecController(("fp32", "fp8-e5m2", "table4", "table1"), cfg, run)
     record = controller.before_step(step)     # the trainer calls it before every step
 
-The first phase runs `cfg.first`. At each boundary (every `phase_steps` steps, while a
+The first phase runs `cfg.first` (none when the first boundary is at the run's first step:
+`AdaPrecConfig.first_boundary`). At each boundary (every `phase_steps` steps, while a
 whole speculation still fits in the run) the controller measures the run's signal,
 snapshots the run, and for each candidate neither blacklisted nor resting (found damaging
 at the last boundaries: `resting.py`) restores the snapshot, switches the gradients' codecs
@@ -129,17 +130,17 @@ class AdaPrecController:
     def before_step(self, step: int) -> dict[str, Any] | None:
         """Before step `step` (0-based): the first phase's codec (the first call, at step 0
         or where a resumed run goes on), or a boundary's decision."""
+        cfg = self.cfg
+        boundary = cfg.is_boundary(step) and step + cfg.speculate_steps <= self.run.total_steps
         if not self.chosen:
             self._start = self.clock()
             self.run.use(self.current)
             self.run.snapshot()
-            self.chosen.append((step, self.current))
-            return {"kind": "adaprec", "step": step, "chosen": self.current,
-                    "reason": "first phase"}
-        cfg = self.cfg
-        if step % cfg.phase_steps or step + cfg.speculate_steps > self.run.total_steps:
-            return None
-        return self._boundary(step)
+            if not boundary:  # a boundary here decides the first phase itself
+                self.chosen.append((step, self.current))
+                return {"kind": "adaprec", "step": step, "chosen": self.current,
+                        "reason": "first phase"}
+        return self._boundary(step) if boundary else None
 
     def _boundary(self, step: int) -> dict[str, Any]:
         t0 = self.clock()

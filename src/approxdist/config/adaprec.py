@@ -37,6 +37,8 @@ class AdaPrecConfig:
     overhead_budget: float = 0.5  # most share of the run's time speculation may take
     collapse: float = 0.5        # a speculation losing this share of the signal above chance
     first: str = "fp32"          # the first phase's codec
+    first_steps: int | None = None  # steps before the first boundary; None: the rule's own
+    #                              (`first_boundary`: K under the curve rule, 0 under error)
     horizon: str = "phase"       # predict at the next boundary (phase) or the run's end (run)
     gain_share: float = 0.0      # eligible only if gaining >= this share of the best gain
     reuse: bool = True           # go on from the winner's speculation (one state copy per
@@ -54,6 +56,21 @@ class AdaPrecConfig:
         codec that damages training, which training samples show as well."""
         return self.decide == "curve"
 
+    @property
+    def first_boundary(self) -> int:
+        """The step of the first boundary (then every `phase_steps`). The curve rule fits
+        the run's own curve, so it first trains a phase in `first`; the error rule judges a
+        codec by its error on the update, measurable from the first step, so by default it
+        decides at step 0 instead of spending a whole phase in the reference."""
+        if self.first_steps is not None:
+            return self.first_steps
+        return self.phase_steps if self.decide == "curve" else 0
+
+    def is_boundary(self, step: int) -> bool:
+        """Whether a phase boundary falls before step `step` (0-based)."""
+        first = self.first_boundary
+        return step >= first and (step - first) % self.phase_steps == 0
+
     def __post_init__(self) -> None:
         if self.phase_steps < 2:
             raise ConfigError(f"adaprec.phase_steps = {self.phase_steps} must be >= 2; e.g. 40")
@@ -62,6 +79,9 @@ class AdaPrecConfig:
                 f"adaprec.speculate_steps = {self.speculate_steps} must be >= 1 and shorter than "
                 f"the phase (adaprec.phase_steps = {self.phase_steps}); e.g. "
                 f"--speculate-steps {max(1, self.phase_steps // 5)}")
+        if self.first_steps is not None and self.first_steps < 0:
+            raise ConfigError(f"adaprec.first_steps = {self.first_steps} must be >= 0 (0: "
+                              f"decide before the first step); or leave it unset")
         if not 1 <= self.points <= self.speculate_steps:
             raise ConfigError(f"adaprec.points = {self.points} must be between 1 and "
                               f"adaprec.speculate_steps ({self.speculate_steps})")

@@ -8,7 +8,7 @@ import sys
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, UnionType
 from typing import Any
 
 import tomli_w
@@ -45,6 +45,9 @@ def _coerce(where: str, value: Any, typ: Any) -> Any:
                               f"--set {where}.{dataclasses.fields(typ)[0].name}=...")
         return _build(where, typ, value)
     origin = typing.get_origin(typ)
+    if origin is UnionType:  # `int | None`: unset is the default, a value its type
+        (inner,) = (a for a in typing.get_args(typ) if a is not type(None))
+        return _coerce(where, value, inner)
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where} = {value!r} must be a table of key = value, "
@@ -170,8 +173,10 @@ def to_dict(cfg: Config) -> Sections:
 
 
 def section_dict(section: Any) -> dict[str, Any]:
-    """One config section as a plain dict (tuples become lists, nested sections dicts)."""
-    return {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+    """One config section as a plain dict (tuples become lists, nested sections dicts; an
+    unset optional key is left out, as TOML has no null: reading it back leaves it unset)."""
+    return {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)
+            if getattr(section, f.name) is not None}
 
 
 def _plain(value: Any) -> Any:

@@ -230,9 +230,10 @@ def _why(acc_ok: bool, ratio: float) -> str:
                 "as equally good and the fastest wins; a lower adaprec.error_budget trades "
                 "time for accuracy")
     if ratio > 0.5:
-        out += ("; the time misses: the first phase runs fp32 (`adaprec.first`) on the "
-                "slow link and the first boundary trains every candidate; longer phases "
-                "amortise the boundaries")
+        out += ("; the time misses: the first boundary (at step 0 under the error rule) "
+                "trains every candidate S steps, fp32 on the slow link among them, and each "
+                "later one measures the signal and tries the damaging candidates that are "
+                "not resting; longer phases amortise the boundaries")
     return out
 
 
