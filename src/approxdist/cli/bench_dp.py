@@ -26,6 +26,7 @@ from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.ddp_baselines import ddp_label
 from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
+from approxdist.cli.groups import command
 from approxdist.comm.netem import parse_link
 from approxdist.data_parallel.compressed import check_carried
 from approxdist.errors import ConfigError
@@ -35,8 +36,7 @@ from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("dp", help="data-parallel engine vs torch DDP (step time)",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "dp", help="data-parallel engine vs torch DDP (step time)", doc=__doc__)
     p.add_argument("--world-size", type=int, default=2, help="local ranks (default 2)")
     p.add_argument("--model", default="resnet20", help=f"{', '.join(MODELS.names())}")
     p.add_argument("--hidden", type=int, default=1536,

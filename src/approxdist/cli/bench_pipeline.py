@@ -31,6 +31,7 @@ from approxdist.bench.report import Column, add_json_flag, check_counts, finish,
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.pipeline import BenchCase, last_losses, loss_mismatch, measure_rank
+from approxdist.cli.groups import command
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -51,8 +52,7 @@ INPUTS = {"mlp": (1024,), "resnet20": (3, 32, 32), "resnet56": (3, 32, 32)}
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("pipeline", help="pipeline engine vs torch.distributed.pipelining",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "pipeline", help="pipeline engine vs torch.distributed.pipelining", doc=__doc__)
     add_case_arguments(p, "4,8")
     p.set_defaults(func=run)
 

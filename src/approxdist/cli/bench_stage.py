@@ -17,6 +17,7 @@ import torch
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.stage import StageCase, measure
+from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 
 COLUMNS = (Column("schedule", 8, "schedule", left=True), Column("fusion", 6, "fusion", left=True),
@@ -25,8 +26,7 @@ COLUMNS = (Column("schedule", 8, "schedule", left=True), Column("fusion", 6, "fu
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("stage", help="one stage's compute: whole vs split backward, fused or not",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "stage", help="one stage's compute: whole vs split backward, fused or not", doc=__doc__)
     for flag, default, what in (("width", 1024, "features of every linear layer"),
                                 ("layers", 4, "linear + ReLU blocks in the stage"),
                                 ("rows", 8, "rows per micro-batch"),

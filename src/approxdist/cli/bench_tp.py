@@ -31,6 +31,7 @@ from approxdist.benchmarks.tp import WIRES, TPBenchCase, case_model, measure_ran
 from approxdist.benchmarks.tp import variants as wire_variants
 from approxdist.benchmarks.tp_torch import missing_styles
 from approxdist.cli.bench_pipeline import INPUTS
+from approxdist.cli.groups import command
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -41,8 +42,7 @@ from approxdist.text import comma_list, name_list
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("tp", help="tensor parallelism vs torch.distributed.tensor.parallel",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "tp", help="tensor parallelism vs torch.distributed.tensor.parallel", doc=__doc__)
     p.add_argument("--model", default="gpt-tiny",
                    help="a model with a tensor-parallel plan: gpt-tiny (the default; byte "
                         "tokens, 64 positions, next-token loss), gpt-mini, gpt-small, mlp "

@@ -33,6 +33,7 @@ from typing import Any
 
 from approxdist.bench.report import Column, render
 from approxdist.cli import simulate_fit
+from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.codecs import CodecCost
@@ -48,8 +49,7 @@ NODES = "1,2,4,8,16,32,64,128,256"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("simulate", help="predict seed 001's data-parallel speed-up at scale",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "simulate", help="predict seed 001's data-parallel speed-up at scale", doc=__doc__)
     p.add_argument("--model", help="the profile's model, checked against it (e.g. alexnet)")
     p.add_argument("--profile", type=Path, required=True,
                    help="profile file: ours, or a PipeDream graph.txt such as "
