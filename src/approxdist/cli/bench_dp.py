@@ -23,7 +23,7 @@ import argparse
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.ddp_baselines import ddp_label
 from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
 from approxdist.cli.groups import command
@@ -60,9 +60,7 @@ def register(sub: Any) -> None:
                         "(default 0.5; 0 leaves Python's 5 ms)")
     p.add_argument("--calibration", default=None,
                    help="auto's thresholds from approxdist bench allreduce --calibrate")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per variant per round")
-    add_json_flag(p)
+    add_round_flags(p, rounds=5, steps=4)
     p.set_defaults(func=run)
 
 

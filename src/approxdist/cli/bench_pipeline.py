@@ -27,7 +27,7 @@ from typing import Any
 
 from approxdist.bench.baseline import BaselineMismatch
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, render
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.pipeline import BenchCase, last_losses, loss_mismatch, measure_rank
@@ -80,9 +80,7 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     p.add_argument("--bwd-codec", default="fp32", help="our gradients' wire format")
     p.add_argument("--fuse-accumulation", default="auto", choices=FUSE_CHOICES,
                    help="our stages' fused Linear weight-gradient accumulation (default auto)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
-    p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
-    add_json_flag(p)
+    add_round_flags(p, rounds=5, steps=10)
 
 
 def _ints(text: str, what: str) -> list[int]:

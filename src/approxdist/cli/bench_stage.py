@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.stage import StageCase, measure
 from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
@@ -28,11 +28,9 @@ COLUMNS = (Column("schedule", 8, "schedule", left=True), Column("fusion", 6, "fu
 def register(sub: Any) -> None:
     p = command(sub, "stage", help="one stage's compute: whole vs split backward, fused or not", doc=__doc__)
     case = [(f.name, f.default, f.metadata["help"]) for f in fields(StageCase)]
-    timing = [("rounds", 15, "interleaved rounds"), ("steps", 4, "steps per variant and round"),
-              ("threads", 1, "torch threads")]
-    for flag, default, what in case + timing:
+    for flag, default, what in case + [("threads", 1, "torch threads")]:
         p.add_argument(f"--{flag}", type=int, default=default, help=f"{what} (default %(default)s)")
-    add_json_flag(p)
+    add_round_flags(p, rounds=15, steps=4)
     p.set_defaults(func=run)
 
 

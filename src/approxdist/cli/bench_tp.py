@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, ratio, render, scaled
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.dp import codec_label, split_label
 from approxdist.benchmarks.tp import WIRES, TPBenchCase, case_model, measure_rank, summarize
@@ -65,9 +65,7 @@ def register(sub: Any) -> None:
     p.add_argument("--link", action="append", default=None,
                    help="emulated link of our wires, e.g. bw=1gbit,lat=100us; repeat it for "
                         "several (none: no emulation, the default)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
-    p.add_argument("--steps", type=int, default=5, help="mini-batches per round (default 5)")
-    add_json_flag(p)
+    add_round_flags(p, rounds=5, steps=5)
     p.set_defaults(func=run)
 
 
