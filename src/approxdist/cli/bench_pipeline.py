@@ -41,7 +41,7 @@ from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.grid import split_bubble, theoretical_bubble
 from approxdist.pipeline.schedule.registry import build_schedule, num_chunks
-from approxdist.text import comma_list
+from approxdist.text import positive_ints
 from approxdist.train.parts import check_pipeline
 
 #: figures of our engine beyond the common ones: (case, every rank's measurement) -> keys
@@ -83,14 +83,6 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     add_round_flags(p, rounds=5, steps=10)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    values = list(comma_list(text, int, ConfigError(f"--{what} {text!r} is not a comma list "
-                                                    f"of integers, e.g. 4,8")))
-    if any(v < 1 for v in values):
-        raise ConfigError(f"--{what} {text!r}: every value must be >= 1")
-    return values
-
-
 def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
     """One case per (schedule, micro-batch count); each is validated before any rank starts."""
     check_counts(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size,
@@ -102,7 +94,7 @@ def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
                        fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec,
                        fuse_accumulation=args.fuse_accumulation, replicas=replicas,
                        classes=inputs.classes, tokens=inputs.tokens)
-             for s in args.schedule.split(",") for m in _ints(args.microbatches, "microbatches")]
+             for s in args.schedule.split(",") for m in positive_ints(args.microbatches, "--microbatches")]
     for case in cases:
         if case.microbatches > case.batch_size:
             raise ConfigError(f"--microbatches {case.microbatches} exceeds --batch-size "
