@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from approxdist.errors import ApproxDistError, DataError
+from approxdist.errors import ApproxDistError, ConfigError, DataError
 
 T = TypeVar("T")
 
@@ -24,6 +24,17 @@ def comma_list(text: str, kind: Callable[[str], T], error: Exception) -> tuple[T
         return tuple(kind(part) for part in str(text).split(","))
     except ValueError:
         raise error from None
+
+
+def positive_ints(text: str, flag: str, example: str = "4,8", word: str = "") -> tuple[int, ...]:
+    """A flag's comma list of integers >= 1 (`"4,8"` -> (4, 8)); one `ConfigError` line
+    naming the flag and an example otherwise (`word`: what else the flag takes, e.g. auto)."""
+    bad = ConfigError(f"{flag} {text!r} is not {word + ' or ' if word else ''}a comma list "
+                      f"of integers >= 1; e.g. {example}")
+    values = comma_list(text, int, bad)
+    if any(v < 1 for v in values):
+        raise bad
+    return values
 
 
 def name_list(text: str) -> tuple[str, ...]:

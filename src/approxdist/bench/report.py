@@ -73,6 +73,16 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="write the rows to this JSON file")
 
 
+def add_round_flags(p: argparse.ArgumentParser, rounds: int, steps: int) -> None:
+    """`--rounds` and `--steps` (each round times every variant in turn, `steps` steps each)
+    and `--json`: what every benchmark of training steps takes; `check_counts` checks them."""
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help="timed rounds, interleaving the variants (default %(default)s)")
+    p.add_argument("--steps", type=int, default=steps,
+                   help="timed steps per variant and round (default %(default)s)")
+    add_json_flag(p)
+
+
 def finish(host: HostWatch, rows: Sequence[Row], json_path: Path | None = None,
            reproduce: str = "") -> None:
     """Print the host line (and the command to reproduce); write `--json` rows if asked."""

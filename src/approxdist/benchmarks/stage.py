@@ -14,7 +14,7 @@ nothing in compute when `zbh1 fused` is at 1.0x).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -30,14 +30,15 @@ VARIANTS = (("1f1b", "all"), ("1f1b", "off"), ("zbh1", "all"), ("zbh1", "off"))
 
 @dataclass(frozen=True)
 class StageCase:
-    """The stage measured: its blocks, the micro-batches and where it sits."""
+    """The stage measured: its blocks, the micro-batches and where it sits (each field's
+    `help` is its `bench stage` flag's)."""
 
-    width: int = 1024
-    layers: int = 4
-    rows: int = 8
-    microbatches: int = 4
-    stages: int = 2
-    stage: int = 1
+    width: int = field(default=1024, metadata={"help": "features of every linear layer"})
+    layers: int = field(default=4, metadata={"help": "linear + ReLU blocks in the stage"})
+    rows: int = field(default=8, metadata={"help": "rows per micro-batch"})
+    microbatches: int = field(default=4, metadata={"help": "micro-batches per step"})
+    stages: int = field(default=2, metadata={"help": "pipeline stages (the order's shape)"})
+    stage: int = field(default=1, metadata={"help": "whose schedule order the stage runs"})
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from approxdist.benchmarks.allreduce import (
     summarize,
     table,
 )
+from approxdist.cli.groups import command
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import DEFAULT_PATH, algorithm_names, fit, get_algorithm
 from approxdist.comm.netem import parse_link
@@ -49,8 +50,7 @@ _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("allreduce", help="all-reduce algorithms vs dist.all_reduce",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "allreduce", help="all-reduce algorithms vs dist.all_reduce", doc=__doc__)
     p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
     p.add_argument("--sizes", default="4K,64K,1M,16M,64M",
                    help="message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default %(default)s)")

@@ -21,6 +21,7 @@ import torch
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import add_json_flag, finish
 from approxdist.benchmarks.codec import measure, parse_codecs, table
+from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 from approxdist.kernels import kernel_status
 
@@ -29,8 +30,7 @@ _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("codec", help="codec throughput vs memory copy and the fp16 cast",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "codec", help="codec throughput vs memory copy and the fp16 cast", doc=__doc__)
     p.add_argument("--size", default="16M",
                    help="values per tensor, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
     p.add_argument("--codecs", default="all",

@@ -17,6 +17,7 @@ from approxdist.bench.host import HostWatch
 from approxdist.bench.report import add_json_flag, check_counts, finish
 from approxdist.benchmarks.collective import OPS, CollectivePlan, measure_rank, rows, table
 from approxdist.cli.bench_allreduce import parse_sizes
+from approxdist.cli.groups import command
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import (
     BROADCAST_ALGORITHMS,
@@ -31,9 +32,8 @@ from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("collective", help="all-gather, reduce-scatter, broadcast vs "
-                                          "torch.distributed's",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "collective", help="all-gather, reduce-scatter, broadcast vs torch.distributed's",
+                doc=__doc__)
     p.add_argument("--op", required=True, choices=OPS, help="the collective to measure")
     p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
     p.add_argument("--sizes", default="4K,64K,1M,16M",

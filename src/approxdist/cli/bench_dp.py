@@ -23,9 +23,10 @@ import argparse
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, ratio, render, scaled
 from approxdist.benchmarks.ddp_baselines import ddp_label
 from approxdist.benchmarks.dp import DPBenchPlan, codec_label, measure_rank, summarize
+from approxdist.cli.groups import command
 from approxdist.comm.netem import parse_link
 from approxdist.data_parallel.compressed import check_carried
 from approxdist.errors import ConfigError
@@ -35,8 +36,7 @@ from approxdist.text import name_list
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("dp", help="data-parallel engine vs torch DDP (step time)",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "dp", help="data-parallel engine vs torch DDP (step time)", doc=__doc__)
     p.add_argument("--world-size", type=int, default=2, help="local ranks (default 2)")
     p.add_argument("--model", default="resnet20", help=f"{', '.join(MODELS.names())}")
     p.add_argument("--hidden", type=int, default=1536,
@@ -60,9 +60,7 @@ def register(sub: Any) -> None:
                         "(default 0.5; 0 leaves Python's 5 ms)")
     p.add_argument("--calibration", default=None,
                    help="auto's thresholds from approxdist bench allreduce --calibrate")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per variant per round")
-    add_json_flag(p)
+    add_round_flags(p, rounds=5, steps=4)
     p.set_defaults(func=run)
 
 

@@ -25,6 +25,7 @@ from approxdist.benchmarks.hybrid import measure_rank
 from approxdist.benchmarks.pipeline import BenchCase
 from approxdist.cli.bench_pipeline import COLUMNS as PIPELINE_COLUMNS
 from approxdist.cli.bench_pipeline import add_case_arguments, plan_cases, run_bench
+from approxdist.cli.groups import command
 from approxdist.config.dp import DPConfig, check_sizes
 from approxdist.config.schema import BIND_POLICIES
 from approxdist.errors import ConfigError
@@ -41,8 +42,7 @@ HYBRID_SCHEDULES = ("gpipe", "1f1b")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("hybrid", help="hybrid PP x DP vs torch pipelining + replicate",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "hybrid", help="hybrid PP x DP vs torch pipelining + replicate", doc=__doc__)
     add_case_arguments(p, "4")
     p.add_argument("--replicas", type=int, default=2, help="ranks per stage (default 2)")
     p.add_argument("--bucket-mb", type=float, default=None,

@@ -18,6 +18,7 @@ from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, add_json_flag, check_counts, finish, render
 from approxdist.benchmarks.p2p import P2PPlan, measure_rank, rows
 from approxdist.cli.bench_allreduce import parse_sizes
+from approxdist.cli.groups import command
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
 from approxdist.launch.spawn import run_on_ranks
@@ -32,8 +33,7 @@ COLUMNS = (Column("engine", 11, "engine", left=True), Column("codec", 6, "codec"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("p2p", help="one message: our link layer vs gloo send/recv",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "p2p", help="one message: our link layer vs gloo send/recv", doc=__doc__)
     p.add_argument("--sizes", default="4K,64K,1M,4M,16M",
                    help="message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
     p.add_argument("--codec", default="fp32", help="our wire format (default fp32: raw)")

@@ -27,10 +27,11 @@ from typing import Any
 
 from approxdist.bench.baseline import BaselineMismatch
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, render
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, render
 from approxdist.bench.stats import median, paired_ratio
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.pipeline import BenchCase, last_losses, loss_mismatch, measure_rank
+from approxdist.cli.groups import command
 from approxdist.config.pipeline import FUSE_CHOICES
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -40,7 +41,7 @@ from approxdist.pipeline.schedule import async_schedule_names
 from approxdist.pipeline.schedule.action import is_split
 from approxdist.pipeline.schedule.grid import split_bubble, theoretical_bubble
 from approxdist.pipeline.schedule.registry import build_schedule, num_chunks
-from approxdist.text import comma_list
+from approxdist.text import positive_ints
 from approxdist.train.parts import check_pipeline
 
 #: figures of our engine beyond the common ones: (case, every rank's measurement) -> keys
@@ -51,8 +52,7 @@ INPUTS = {"mlp": (1024,), "resnet20": (3, 32, 32), "resnet56": (3, 32, 32)}
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("pipeline", help="pipeline engine vs torch.distributed.pipelining",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "pipeline", help="pipeline engine vs torch.distributed.pipelining", doc=__doc__)
     add_case_arguments(p, "4,8")
     p.set_defaults(func=run)
 
@@ -80,17 +80,7 @@ def add_case_arguments(p: argparse.ArgumentParser, microbatches: str) -> None:
     p.add_argument("--bwd-codec", default="fp32", help="our gradients' wire format")
     p.add_argument("--fuse-accumulation", default="auto", choices=FUSE_CHOICES,
                    help="our stages' fused Linear weight-gradient accumulation (default auto)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
-    p.add_argument("--steps", type=int, default=10, help="mini-batches per round (default 10)")
-    add_json_flag(p)
-
-
-def _ints(text: str, what: str) -> list[int]:
-    values = list(comma_list(text, int, ConfigError(f"--{what} {text!r} is not a comma list "
-                                                    f"of integers, e.g. 4,8")))
-    if any(v < 1 for v in values):
-        raise ConfigError(f"--{what} {text!r}: every value must be >= 1")
-    return values
+    add_round_flags(p, rounds=5, steps=10)
 
 
 def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
@@ -104,7 +94,7 @@ def plan_cases(args: argparse.Namespace, replicas: int = 1) -> list[BenchCase]:
                        fwd_codec=args.fwd_codec, bwd_codec=args.bwd_codec,
                        fuse_accumulation=args.fuse_accumulation, replicas=replicas,
                        classes=inputs.classes, tokens=inputs.tokens)
-             for s in args.schedule.split(",") for m in _ints(args.microbatches, "microbatches")]
+             for s in args.schedule.split(",") for m in positive_ints(args.microbatches, "--microbatches")]
     for case in cases:
         if case.microbatches > case.batch_size:
             raise ConfigError(f"--microbatches {case.microbatches} exceeds --batch-size "

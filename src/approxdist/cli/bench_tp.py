@@ -24,13 +24,14 @@ from dataclasses import replace
 from typing import Any
 
 from approxdist.bench.host import HostWatch
-from approxdist.bench.report import Column, add_json_flag, check_counts, finish, ratio, render, scaled
+from approxdist.bench.report import Column, add_round_flags, check_counts, finish, ratio, render, scaled
 from approxdist.bench.timing import Timing
 from approxdist.benchmarks.dp import codec_label, split_label
 from approxdist.benchmarks.tp import WIRES, TPBenchCase, case_model, measure_rank, summarize
 from approxdist.benchmarks.tp import variants as wire_variants
 from approxdist.benchmarks.tp_torch import missing_styles
 from approxdist.cli.bench_pipeline import INPUTS
+from approxdist.cli.groups import command
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
@@ -41,8 +42,7 @@ from approxdist.text import comma_list, name_list
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("tp", help="tensor parallelism vs torch.distributed.tensor.parallel",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "tp", help="tensor parallelism vs torch.distributed.tensor.parallel", doc=__doc__)
     p.add_argument("--model", default="gpt-tiny",
                    help="a model with a tensor-parallel plan: gpt-tiny (the default; byte "
                         "tokens, 64 positions, next-token loss), gpt-mini, gpt-small, mlp "
@@ -65,9 +65,7 @@ def register(sub: Any) -> None:
     p.add_argument("--link", action="append", default=None,
                    help="emulated link of our wires, e.g. bw=1gbit,lat=100us; repeat it for "
                         "several (none: no emulation, the default)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (default 5)")
-    p.add_argument("--steps", type=int, default=5, help="mini-batches per round (default 5)")
-    add_json_flag(p)
+    add_round_flags(p, rounds=5, steps=5)
     p.set_defaults(func=run)
 
 

@@ -18,12 +18,12 @@ from typing import Any
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import add_json_flag, finish, render
 from approxdist.benchmarks.trace import COLUMNS, measure
+from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("trace", help="cost of a timeline span, disabled and enabled",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "trace", help="cost of a timeline span, disabled and enabled", doc=__doc__)
     p.add_argument("--calls", type=int, default=100_000, help="spans per loop (default 100000)")
     add_json_flag(p)
     p.set_defaults(func=run)

@@ -14,12 +14,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.groups import command
 from approxdist.train.evaluate import evaluate_run
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("evaluate", help="score a run's checkpoint on its test set at any tp size",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "evaluate", help="score a run's checkpoint on its test set at any tp size", doc=__doc__)
     p.add_argument("run", type=Path, metavar="RUN",
                    help="the --out directory of a data- or tensor-parallel `approxdist train` run")
     p.add_argument("--tp", type=int, default=1, metavar="N",

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 from approxdist.experiments import Settings, get_preset, preset_names, run_experiment
 from approxdist.experiments.base import expected_s
@@ -27,8 +28,8 @@ ALL = "all"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("experiment", help="run a preset reproducing a seed study (CSV, PNG, report)",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "experiment", help="run a preset reproducing a seed study (CSV, PNG, report)",
+                doc=__doc__)
     p.add_argument("name", metavar="NAME", help="a preset, 'all', or 'list' to show the presets")
     p.add_argument("--out", type=Path, help="output directory (required unless NAME is list)")
     size = p.add_mutually_exclusive_group()

@@ -1,9 +1,16 @@
-"""Commands with sub-actions (`approxdist plan show`, `schedule list`, ...): one way to build them."""
+"""Commands, with or without sub-actions (`approxdist plan show`, `schedule list`): one way to build them."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+
+def command(sub: Any, name: str, help: str, doc: str | None, **kwargs: Any) -> Any:
+    """Add command `name` to the sub-parsers `sub`; its description is the first paragraph of
+    `doc` (the docstring of the module that implements it)."""
+    return sub.add_parser(name, help=help, description=doc.split("\n\n")[0] if doc else None,
+                          **kwargs)
 
 
 def command_group(sub: Any, name: str, help: str, description: str,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from approxdist.cli.groups import command_group
+from approxdist.cli.groups import command, command_group
 from approxdist.comm.exponents import TARGET_COVERAGE, ExponentReport, exponent_report
 from approxdist.errors import DataError
 from approxdist.train.snapshot import tensors_in
@@ -27,8 +27,7 @@ from approxdist.train.snapshot import tensors_in
 def register(sub: Any) -> None:
     kinds = command_group(sub, "inspect", "look inside saved tensors",
                           "Analyses of saved tensors.", metavar="WHAT")
-    e = kinds.add_parser("exponents", help="8-bit exponent histogram and a bit-scheme suggestion",
-                         description=__doc__.split("\n\n")[0] if __doc__ else None)
+    e = command(kinds, "exponents", help="8-bit exponent histogram and a bit-scheme suggestion", doc=__doc__)
     e.add_argument("file", type=Path, help="file written by torch.save")
     e.add_argument("--json", type=Path, help="write the report to this JSON file")
     e.set_defaults(func=run)

@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from approxdist.cli import plan_profile, plan_solve, plan_validate
+from approxdist.cli.groups import command
 from approxdist.config.loader import to_dict
 from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
@@ -29,18 +30,15 @@ from approxdist.topology import Mesh, from_plan, parse_ints, parse_mesh, parse_r
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="choose a partition plan; show a topology or plan file",
-                       description=plan_solve.__doc__.split("\n\n")[0] if plan_solve.__doc__
-                       else None, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="actions: show (a topology or plan file), profile (a model's "
-                              "blocks into a profile file), validate (predicted vs "
-                              "measured step times)")
+    p = command(sub, "plan", help="choose a partition plan; show a topology or plan file",
+                doc=plan_solve.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="actions: show (a topology or plan file), profile (a model's blocks into a "
+                       "profile file), validate (predicted vs measured step times)")
     kinds = p.add_subparsers(dest="plan_action", metavar="ACTION")
     plan_solve.add_flags(p)
     p.set_defaults(func=lambda args: plan_solve.run(args) if args.model or args.profile
                    else _help(p))
-    show = kinds.add_parser("show", help="print a mesh (or a plan file's) as a grid",
-                            description=__doc__.split("\n\n")[0] if __doc__ else None)
+    show = command(kinds, "show", help="print a mesh (or a plan file's) as a grid", doc=__doc__)
     show.add_argument("file", nargs="?", help="a plan file (JSON) to read the mesh from")
     show.add_argument("--mesh", help="named axes and their sizes, e.g. pp=2,dp=2, tp=2,dp=2, "
                                      "pp=2,dp=3/1 (ragged) or role=2,dp=1/3 (a parameter "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
+from approxdist.cli.groups import command
 from approxdist.config.loader import load_config, parse_overrides
 from approxdist.config.schema import Config
 from approxdist.data import DATASETS
@@ -26,8 +27,7 @@ from approxdist.planner.profiler import profile_run
 
 
 def register(actions: Any) -> None:
-    p = actions.add_parser("profile", help="measure a model's blocks into a profile file",
-                           description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(actions, "profile", help="measure a model's blocks into a profile file", doc=__doc__)
     add_model_flags(p)
     p.add_argument("--microbatch-size", type=int, required=True,
                    help="samples per micro-batch: the batch every block is timed at")

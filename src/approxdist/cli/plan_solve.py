@@ -48,7 +48,7 @@ from approxdist.planner.search import (
     search,
 )
 from approxdist.planner.tp_layout import layout_of, profiled_config
-from approxdist.text import comma_list
+from approxdist.text import positive_ints
 from approxdist.topology import Mesh, parse_mesh
 
 #: the schedules `plan` compares by default: every one whose stages are one block range per
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                           stages=1 if mesh else args.stages, overhead=cal.overhead)
     schedules = tuple(s.strip() for s in args.schedule.split(","))
     counts = auto_microbatches(cluster.ranks) if args.microbatches == "auto" \
-        else _ints(args.microbatches)
+        else positive_ints(args.microbatches, "--microbatches", word="auto")
     extra: dict[str, Any] = {}
     if args.objective == "pipedream":
         settings = PipeDreamSettings(cluster.pipedream_levels(), args.activation_compression_ratio,
@@ -207,7 +207,7 @@ def _tensor(args: argparse.Namespace, profile: Profile, world: int, mesh: Mesh |
     asked = mesh is not None or args.tp != "auto"
     sizes = (mesh.extent("tp"),) if mesh else \
         tuple(n for n in range(2, world + 1) if world % n == 0) if args.tp == "auto" \
-        else _ints(args.tp, "--tp")
+        else positive_ints(args.tp, "--tp", "2,4", word="auto")
     for n in sizes:
         if asked and world % n:
             raise ConfigError(f"--tp {n} does not divide the world of {world} rank(s); the "
@@ -248,14 +248,6 @@ def _bytes(text: str | None) -> int | None:
     if not value >= 1 or value != value or value == float("inf"):
         raise ConfigError(f"--memory {text!r} must be a number of bytes >= 1, e.g. 16e9")
     return int(value)
-
-
-def _ints(text: str, flag: str = "--microbatches") -> tuple[int, ...]:
-    values = comma_list(text, int, ConfigError(f"{flag} {text!r} must be auto or a "
-                                               f"comma list of integers, e.g. 4,8"))
-    if any(v < 1 for v in values):
-        raise ConfigError(f"{flag} {text!r} must list integers >= 1")
-    return values
 
 
 def _header(profile: Profile, cluster: ClusterSpec, s: SolverSettings, objective: str) -> str:

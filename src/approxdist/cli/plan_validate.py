@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.bench.host import HostWatch
+from approxdist.cli.groups import command
 from approxdist.cli.plan_validate_calibrate import OPTIMIZER, PROBE_REPEAT, calibrate
 from approxdist.cli.plan_validate_report import finite, print_report
 from approxdist.config.loader import build_config, merge
@@ -89,8 +90,7 @@ ROUNDS = 9
 
 
 def register(actions: Any) -> None:
-    p = actions.add_parser("validate", help="predicted vs measured step times of held-out plans",
-                           description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(actions, "validate", help="predicted vs measured step times of held-out plans", doc=__doc__)
     p.add_argument("--quick", action="store_true", help="the documented subset (5 settings)")
     p.add_argument("--tensor", action="store_true",
                    help="the tensor-parallel settings instead: mlp and gpt-tiny on 2 and 4 "

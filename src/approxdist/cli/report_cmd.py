@@ -13,14 +13,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from approxdist.cli.groups import command
 from approxdist.errors import DataError
 from approxdist.experiments import render_report
 from approxdist.experiments.runner import META_FILE
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("report", help="regenerate an experiment's plots and report from its CSVs",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "report", help="regenerate an experiment's plots and report from its CSVs", doc=__doc__)
     p.add_argument("dir", type=Path, metavar="DIR",
                    help="an experiment directory (holds experiment.json), or a folder of them")
     p.set_defaults(func=run)

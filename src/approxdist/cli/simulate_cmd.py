@@ -33,6 +33,7 @@ from typing import Any
 
 from approxdist.bench.report import Column, render
 from approxdist.cli import simulate_fit
+from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.cost.codecs import CodecCost
@@ -41,15 +42,14 @@ from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.scaling import TAILS, Input, ScalingModel, curve
 from approxdist.planner.simfit.points import read_points
 from approxdist.planner.tp_layout import layout_of, profiled_config
-from approxdist.text import comma_list
+from approxdist.text import comma_list, positive_ints
 from approxdist.topology import Mesh, parse_mesh
 
 NODES = "1,2,4,8,16,32,64,128,256"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("simulate", help="predict seed 001's data-parallel speed-up at scale",
-                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = command(sub, "simulate", help="predict seed 001's data-parallel speed-up at scale", doc=__doc__)
     p.add_argument("--model", help="the profile's model, checked against it (e.g. alexnet)")
     p.add_argument("--profile", type=Path, required=True,
                    help="profile file: ours, or a PipeDream graph.txt such as "
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
             args.json.write_text(json.dumps({"time_to_accuracy": tta} if args.time_to_accuracy
                                             else {}, indent=1) + "\n")
         return 0
-    nodes = [m.extent("dp") for m in meshes] or _ints(args.nodes or NODES, "--nodes")
+    nodes = [m.extent("dp") for m in meshes] or list(positive_ints(args.nodes or NODES, "--nodes", "1,2,4"))
     shards = [m.extent("tp") for m in meshes] or [1] * len(nodes)
-    batches = _ints(args.per_node_batch, "--per-node-batch")
+    batches = list(positive_ints(args.per_node_batch, "--per-node-batch", "256,64"))
     published = {(p.nodes, p.per_node_batch): p.speedup for p in read_points(args.points)[1]}
     rows: list[dict[str, Any]] = [
         {**r, "mesh": _label(int(r["tp"]), int(r["nodes"])),
@@ -223,9 +223,3 @@ def _input(name: str, text: str, note: str) -> Input:
     return Input(name, value, low, high, "assumed", note)
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    bad = ConfigError(f"{flag} {text!r} must be a comma list of integers >= 1, e.g. 1,2,4")
-    values = list(comma_list(text, int, bad))
-    if any(v < 1 for v in values):
-        raise bad
-    return values

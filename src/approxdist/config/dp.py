@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from approxdist.config.checks import one_of
 from approxdist.errors import ConfigError
 
 DP_REDUCERS = ("approxdist", "plain")
@@ -46,9 +47,7 @@ class DPConfig:
     gil_switch_ms: float = 0.5  # 0: leave Python's GIL switch interval (5 ms) alone
 
     def __post_init__(self) -> None:
-        if self.reducer not in DP_REDUCERS:
-            raise ConfigError(f"dp.reducer = {self.reducer!r} is not one of: "
-                              f"{', '.join(DP_REDUCERS)}")
+        one_of("dp", "reducer", self.reducer, DP_REDUCERS)
         if self.reducer == "plain":
             self._check_plain()
             return

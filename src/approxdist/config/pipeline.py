@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from approxdist.config.checks import one_of
 from approxdist.errors import ConfigError
 from approxdist.text import comma_list
 
@@ -65,12 +66,8 @@ class PipelineConfig:
             raise ConfigError(f"pipeline.microbatches = {self.microbatches} must be >= 1")
         if self.balance not in BALANCE_CHOICES:
             raise ConfigError(f"pipeline.balance = {self.balance!r} is not one of: params, time")
-        if self.comm_threads not in COMM_THREADS:
-            raise ConfigError(f"pipeline.comm_threads = {self.comm_threads!r} is not one of: "
-                              f"{', '.join(COMM_THREADS)}")
-        if self.fuse_accumulation not in FUSE_CHOICES:
-            raise ConfigError(f"pipeline.fuse_accumulation = {self.fuse_accumulation!r} is not "
-                              f"one of: {', '.join(FUSE_CHOICES)}")
+        one_of("pipeline", "comm_threads", self.comm_threads, COMM_THREADS)
+        one_of("pipeline", "fuse_accumulation", self.fuse_accumulation, FUSE_CHOICES)
         if self.split and self.balance:
             raise ConfigError(f"pipeline.split = {self.split!r} and pipeline.balance = "
                               f"{self.balance!r}: give one of them, not both")

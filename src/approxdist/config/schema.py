@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from approxdist.config.adaprec import AdaPrecConfig
+from approxdist.config.checks import non_negative, one_of, positive
 from approxdist.config.dp import DPConfig
 from approxdist.config.pipeline import PipelineConfig
 from approxdist.config.ps import PSConfig
@@ -15,21 +16,6 @@ from approxdist.errors import ConfigError
 
 LR_SCHEDULES = ("constant", "step", "cosine", "grow")
 SHORTCUTS = ("A", "B")
-
-
-def _positive(section: str, name: str, value: float, hint: str = "") -> None:
-    if value <= 0:
-        raise ConfigError(f"{section}.{name} = {value!r} must be > 0{hint}")
-
-
-def _non_negative(section: str, name: str, value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{section}.{name} = {value!r} must be >= 0")
-
-
-def _one_of(section: str, name: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ConfigError(f"{section}.{name} = {value!r} is not one of: {', '.join(valid)}")
 
 
 #: how each rank's threads are bound to cores (`launch/affinity.py`)
@@ -65,15 +51,15 @@ class TrainConfig:
     bind_cores: str = "none"
 
     def __post_init__(self) -> None:
-        _one_of("train", "bind_cores", self.bind_cores, BIND_POLICIES)
-        _one_of("train", "on_divergence", self.on_divergence, ("stop", "continue"))
-        _one_of("train", "device", self.device, ("auto", "cpu", "cuda"))
+        one_of("train", "bind_cores", self.bind_cores, BIND_POLICIES)
+        one_of("train", "on_divergence", self.on_divergence, ("stop", "continue"))
+        one_of("train", "device", self.device, ("auto", "cpu", "cuda"))
         if self.world_size < 1:
             raise ConfigError(f"train.world_size = {self.world_size} must be >= 1")
-        _positive("train", "epochs", self.epochs)
-        _positive("train", "log_every", self.log_every)
-        _non_negative("train", "threads", self.threads)
-        _positive("train", "timeout_s", self.timeout_s)
+        positive("train", "epochs", self.epochs)
+        positive("train", "log_every", self.log_every)
+        non_negative("train", "threads", self.threads)
+        positive("train", "timeout_s", self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -92,11 +78,11 @@ class DataConfig:
     seq_len: int = 64
 
     def __post_init__(self) -> None:
-        _positive("data", "batch_size", self.batch_size)
-        _positive("data", "test_batch_size", self.test_batch_size)
-        _positive("data", "synthetic_classes", self.synthetic_classes)
-        _positive("data", "synthetic_samples", self.synthetic_samples)
-        _positive("data", "seq_len", self.seq_len)
+        positive("data", "batch_size", self.batch_size)
+        positive("data", "test_batch_size", self.test_batch_size)
+        positive("data", "synthetic_classes", self.synthetic_classes)
+        positive("data", "synthetic_samples", self.synthetic_samples)
+        positive("data", "seq_len", self.seq_len)
         if not self.synthetic_shape or any(s <= 0 for s in self.synthetic_shape):
             raise ConfigError(
                 f"data.synthetic_shape = {list(self.synthetic_shape)} must be a non-empty list "
@@ -119,14 +105,14 @@ class ModelConfig:
     args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _one_of("model", "shortcut", self.shortcut, SHORTCUTS)
+        one_of("model", "shortcut", self.shortcut, SHORTCUTS)
         bad = [k for k in self.args if not k.isidentifier()]
         if bad:
             raise ConfigError(f"model.args key {bad[0]!r} is not a Python argument name; "
                               f"use e.g. --set model.args.hidden=64")
-        _positive("model", "width", self.width)
-        _positive("model", "hidden", self.hidden)
-        _positive("model", "depth", self.depth)
+        positive("model", "width", self.width)
+        positive("model", "hidden", self.hidden)
+        positive("model", "depth", self.depth)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout = {self.dropout} must be in [0, 1)")
 
@@ -156,19 +142,19 @@ class OptimConfig:
     delay_rule: str = "auto"
 
     def __post_init__(self) -> None:
-        _positive("optim", "lr", self.lr)
+        positive("optim", "lr", self.lr)
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"optim.momentum = {self.momentum} must be in [0, 1)")
-        _non_negative("optim", "weight_decay", self.weight_decay)
-        _one_of("optim", "schedule", self.schedule, LR_SCHEDULES)
-        _positive("optim", "step_size", self.step_size, " (iterations between LR drops)")
-        _positive("optim", "gamma", self.gamma)
-        _non_negative("optim", "warmup_epochs", self.warmup_epochs)
-        _positive("optim", "base_batch", self.base_batch)
+        non_negative("optim", "weight_decay", self.weight_decay)
+        one_of("optim", "schedule", self.schedule, LR_SCHEDULES)
+        positive("optim", "step_size", self.step_size, " (iterations between LR drops)")
+        positive("optim", "gamma", self.gamma)
+        non_negative("optim", "warmup_epochs", self.warmup_epochs)
+        positive("optim", "base_batch", self.base_batch)
         if self.nesterov and self.momentum == 0:
             raise ConfigError("optim.nesterov = true needs optim.momentum > 0")
-        _non_negative("optim", "grow_every_epochs", self.grow_every_epochs)
-        _non_negative("optim", "max_batch", self.max_batch)
+        non_negative("optim", "grow_every_epochs", self.grow_every_epochs)
+        non_negative("optim", "max_batch", self.max_batch)
         if self.schedule == "grow" and (self.grow_every_epochs < 1 or self.gamma >= 1):
             raise ConfigError(f"optim.schedule = 'grow' grows the batch by 1/gamma every "
                               f"optim.grow_every_epochs epochs: give grow_every_epochs >= 1 "

@@ -43,15 +43,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from approxdist.errors import ConfigError, DataError
 from approxdist.planner.cost.nnls import nonnegative_lstsq
-
-FIELDS = ("action_s", "pipeline_step_s", "dp_step_s", "dp_byte_s", "shared_action_s",
-          "loss_value_s")
 
 
 @dataclass(frozen=True)
@@ -81,6 +78,8 @@ class RuntimeOverhead:
         return self.loss_value_s * out_bytes / 4
 
 
+#: the names of its six numbers, the keys of its JSON form
+FIELDS = tuple(f.name for f in fields(RuntimeOverhead))
 NONE = RuntimeOverhead()
 
 
