@@ -5,11 +5,14 @@ budget (L-GreCo); and the bad input of these options (one line, exit 2)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from approxdist.adaptive.candidates import candidate_rules, check_candidates
 from approxdist.adaptive.controller import AdaPrecController
+from approxdist.adaptive.decide import Trial, assess
+from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.adaptive.per_layer import assign, mix_rules, mix_spec
 from approxdist.cli.main import main
 from approxdist.config.adaprec import AdaPrecConfig
@@ -82,6 +85,27 @@ def test_a_fall_every_candidate_shares_is_the_runs_and_one_its_own_is_the_codecs
     ctl, records = _drive(Sim(own, secs, error=errors, value=0.9), DEFAULTS, cands)
     assert [c for _, c in ctl.chosen] == ["fp8"] * 4
     assert all(r["candidates"]["table4"]["verdict"] == "falling" for r in records)
+
+
+def test_a_dip_of_the_codec_the_run_rose_with_is_the_runs_noise() -> None:
+    # fp8 held the run over its last phase (0.30 -> 0.50); its 4 speculative steps dip 0.02,
+    # twice the margin: not `falling` (K steps of the run outweigh S), so the slower fp32
+    # need not be speculated to show the fall is the run's; any other codec's dip is its own
+    cfg = DEFAULTS
+    curve = [(0, 0.30), (10, 0.50)]
+    dip = Trial("fp8", ((12, 0.49), (14, 0.48)), 0.5, True, {"w": (0.0025, 1.0, 10)})
+    other = replace(dip, candidate="table4")
+    model = LearningCurveModel()
+    assert assess(dip, curve, 20, 0.50, 0.1, cfg, model, held="fp8").verdict == "eligible"
+    assert assess(dip, curve, 20, 0.50, 0.1, cfg, model).verdict == "falling"
+    assert assess(other, curve, 20, 0.50, 0.1, cfg, model, held="fp8").verdict == "falling"
+    # the controller names the held codec only when the signal rose over the phase
+    sim = Sim({"fp32": 0.0}, {"fp32": 1.0})
+    ctl = AdaPrecController(("fp32", "fp8"), cfg, sim, None, sim.clock)  # type: ignore[arg-type]
+    ctl.current, ctl.curve = "fp8", list(curve)
+    assert ctl._held() == "fp8"
+    ctl.curve = [(0, 0.50), (10, 0.49)]
+    assert ctl._held() is None
 
 
 def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated() -> None:

@@ -34,67 +34,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from approxdist.adaptive.candidates import codec_bits
 from approxdist.adaptive.decide import Decision, Point, Trial, assess, collapsed, decide
 from approxdist.adaptive.learning_curve import LearningCurveModel
 from approxdist.adaptive.resting import Resting, damaging
-from approxdist.comm.update_error import Sums, relative
+from approxdist.adaptive.run import SpeculativeRun
+from approxdist.comm.update_error import relative
 from approxdist.config.adaprec import AdaPrecConfig
-
-T = TypeVar("T")
-
-
-class SpeculativeRun(Protocol):
-    """What the controller needs from a training run (collectives: every rank calls)."""
-
-    #: the run's last step, and the signal a model that guesses would score
-    total_steps: int
-    chance: float
-
-    def snapshot(self) -> None:
-        """Remember the run's state at its current position (the one before is kept too)."""
-
-    def restore(self) -> None:
-        """Back to the latest snapshot (any number of times)."""
-
-    def drop(self) -> None:
-        """Forget the latest snapshot: the one before it is the latest again."""
-
-    def rollback(self) -> None:
-        """The latest snapshot's state (model, optimiser, residuals), at the run's current
-        position (the steps since are undone, the data and learning rate go on)."""
-
-    def use(self, candidate: str) -> None:
-        """Send the gradients in `candidate`'s codecs from the next step on."""
-
-    def train(self, steps: int) -> tuple[list[float], bool]:
-        """Train `steps` steps on; (each step's seconds on the slowest rank, every loss
-        finite)."""
-
-    def signal(self) -> float:
-        """The validation signal of the model now, agreed by every rank."""
-
-    def watch(self, on: bool) -> None:
-        """Start (afresh) or stop measuring what the codecs do to this rank's gradients."""
-
-    def update_error(self) -> Sums:
-        """Per parameter, what the codecs did to every rank's gradients since `watch(True)`
-        (`comm.update_error`), agreed by every rank; the watch goes on."""
-
-    def agree(self, value: T) -> T:
-        """Rank 0's `value`, on every rank."""
-
-    #: whether this rank fits the curves and decides (rank 0; the others `agree`)
-    decides: bool
-
-    def keep(self) -> Any:
-        """The end of the speculation since the last restore (state, position, its steps),
-        or None where the run cannot go on from it; for `adopt`."""
-
-    def adopt(self, kept: Any) -> None:
-        """Go on from a kept speculation's end: its steps become the run's own."""
 
 
 @dataclass(frozen=True)
@@ -228,14 +176,21 @@ class AdaPrecController:
                     self.step_s.get(c, -1.0) >= spec.trial.s_per_step for c in rest):
                 continue
             safe = assess(spec.trial, self.curve, at, current, self.run.chance, self.cfg,
-                          self.model).eligible if self.run.decides else None
+                          self.model, self._held()).eligible if self.run.decides else None
             if self.run.agree(safe):
                 break
         return specs
 
     def _decide(self, trials: list[Trial], at: int, current: float) -> Decision:
         return decide(trials, self.curve, at, current, self.run.chance, self.cfg, self.model,
-                      self._fallback(), codec_bits)
+                      self._fallback(), codec_bits, self._held())
+
+    def _held(self) -> str | None:
+        """The codec the run trained its last phase in, if the signal rose over that phase
+        (the error rule does not call its speculation `falling`: `decide.assess_all`)."""
+        if len(self.curve) < 2 or self.curve[-1][1] < self.curve[-2][1]:
+            return None
+        return self.current
 
     def _switch(self, step: int, codec: str, kept: Any = None) -> str:
         self.run.use(codec)

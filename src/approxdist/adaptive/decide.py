@@ -20,7 +20,8 @@ get there is its measured seconds per step times the phase length. The guards th
   last speculative point did (`falling`: a fit over the run's rising curve may not see
   a decline that started at the snapshot; under the error rule relative to the others:
   when every safe candidate fell, the run fell, and those ending within `margin` of the
-  best end stay eligible, `fell_alike`);
+  best end stay eligible, `fell_alike`; nor is the codec the run held over its last phase
+  while the signal rose: its K steps outweigh a dip in its S);
 * the prediction is at most the candidate's own pace (`own_pace`): the run's curve so far
   dominates the fit, and a candidate that stalls must not inherit its rise;
 * optionally (`gain_share` > 0) a candidate predicted to gain less than that share of the
@@ -99,19 +100,22 @@ class Assessment:
 
 
 def assess(trial: Trial, curve: Sequence[Point], at: int, current: float, chance: float,
-           cfg: AdaPrecConfig, model: LearningCurveModel) -> Assessment:
+           cfg: AdaPrecConfig, model: LearningCurveModel, held: str | None = None
+           ) -> Assessment:
     """Judge one trial against the run's `curve` (ending at the boundary, value `current`)."""
-    return assess_all([trial], curve, at, current, chance, cfg, model)[0]
+    return assess_all([trial], curve, at, current, chance, cfg, model, held)[0]
 
 
 def assess_all(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: float,
-               chance: float, cfg: AdaPrecConfig,
-               model: LearningCurveModel) -> list[Assessment]:
+               chance: float, cfg: AdaPrecConfig, model: LearningCurveModel,
+               held: str | None = None) -> list[Assessment]:
     """`assess` for each trial; the trials' curves predicted in one `predict_many` (they
-    share the run's curve and, when whole, their steps: the fits share their arrays)."""
+    share the run's curve and, when whole, their steps: the fits share their arrays).
+    `held`: the codec the run trained its last phase in while the signal rose (the error
+    rule does not call its speculation `falling`: K steps of the run outweigh S)."""
     screened = [_screen(t, current, chance, cfg) for t in trials]
     if cfg.decide == "error":  # no curve: the safe candidates compared by their step time
-        return fell_alike([a if a is not None else _by_time(t, current, cfg)
+        return fell_alike([a if a is not None else _by_time(t, current, cfg, held)
                            for t, a in zip(trials, screened)], cfg.margin, cfg.first)
     fitted = [t for t, a in zip(trials, screened) if a is None]
     curves = [[*curve, *t.points] for t in fitted]
@@ -159,11 +163,14 @@ def _screen(trial: Trial, current: float, chance: float, cfg: AdaPrecConfig) -> 
     return None
 
 
-def _by_time(trial: Trial, current: float, cfg: AdaPrecConfig) -> Assessment:
-    """A safe trial under `decide = "error"`: eligible unless its own points fell; its
-    score the steps per second (the gain per step taken as equal within the budget)."""
+def _by_time(trial: Trial, current: float, cfg: AdaPrecConfig, held: str | None) -> Assessment:
+    """A safe trial under `decide = "error"`: eligible unless its own points fell (not the
+    `held` codec's: the run's last phase in it rose, and a dip over its S speculative
+    steps is the run's noise); its score the steps per second (the gain per step taken
+    as equal within the budget)."""
     gain = trial.points[-1][1] - current
-    verdict = "falling" if trial.points[-1][1] < current - cfg.margin else "eligible"
+    fell = trial.points[-1][1] < current - cfg.margin and trial.candidate != held
+    verdict = "falling" if fell else "eligible"
     return Assessment(trial, None, gain, -max(trial.s_per_step, 1e-9), verdict)
 
 
@@ -199,10 +206,12 @@ class Decision:
 
 def decide(trials: Sequence[Trial], curve: Sequence[Point], at: int, current: float,
            chance: float, cfg: AdaPrecConfig, model: LearningCurveModel, keep: str,
-           bits: Callable[[str], float | None] = lambda c: None) -> Decision:
-    """Judge every trial (`assess_all`) and choose (`choose`; `keep` when none is eligible;
-    with `choose = "layer"` a codec per parameter, `bits` giving a codec's bits per value)."""
-    judged = assess_all(trials, curve, at, current, chance, cfg, model)
+           bits: Callable[[str], float | None] = lambda c: None,
+           held: str | None = None) -> Decision:
+    """Judge every trial (`assess_all`, `held` as there) and choose (`choose`; `keep` when
+    none is eligible; with `choose = "layer"` a codec per parameter, `bits` giving a
+    codec's bits per value)."""
+    judged = assess_all(trials, curve, at, current, chance, cfg, model, held)
     fit_s = sum(a.prediction.fit_s for a in judged if a.prediction is not None)
     records = {a.trial.candidate: a.record() for a in judged}
     out = tuple(a.trial.candidate for a in judged if a.blacklisted)

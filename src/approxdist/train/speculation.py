@@ -1,4 +1,4 @@
-"""AdaPrec hooked into the one trainer: the trainer's side of `adaptive.SpeculativeRun`.
+"""AdaPrec hooked into the one trainer: the trainer's side of `adaptive.run.SpeculativeRun`.
 
 `attach_adaprec(trainer, wire, candidates, val_x, val_y)` adds a step hook that hands the
 run's position to an `AdaPrecController` before every step; the controller speculates
