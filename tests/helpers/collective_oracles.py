@@ -34,6 +34,16 @@ RELATIVE = {"fp32": (0.0, 0.0), "bf16": (2.0 ** -8, 0.0), "fp8-e5m2": (2.0 ** -3
 FP16 = (2.0 ** -11, 2.0 ** -25)
 
 
+def allreduce_relative(codec: str, world: int) -> float:
+    """An all-reduce of `world` inputs with `codec` on the wire is within this times
+    sum_i |x_i| of the exact sum, element-wise: each value is re-encoded at most world + 2
+    times on its way, each time within u of itself (docs/collectives.md; fp32 sums add
+    their own 2^-24 per addition, far below a lossy codec's u)."""
+    u, f = RELATIVE[codec]
+    assert f == 0.0, f"{codec} has an absolute term too; use scatter_bound"
+    return (world + 2) * u
+
+
 def coded(x: torch.Tensor, codec: str, world: int) -> torch.Tensor:
     """What every member holds of a block `x` that crossed the wire once (x itself when
     there is no wire: one member)."""
