@@ -72,9 +72,11 @@ check() {
 PYTEST=("$PY" -m pytest -m gpu -p no:cacheprovider)
 check codecs 90 "codecs on CUDA tensors == the CPU kernels, bit for bit" \
   "${PYTEST[@]}" tests/gpu/test_cuda_codecs.py
+check compressors 60 "top-k, random-k, TernGrad, signSGD on CUDA == CPU, bitwise" \
+  "${PYTEST[@]}" tests/gpu/test_cuda_compressors.py
 check link 90 "link layer + all-reduces on CUDA buffers over NCCL" \
   "${PYTEST[@]}" tests/gpu/test_cuda_link.py
-check train 300 "train --device cuda (single; dp, pipeline, ps, tp, hybrid)" \
+check train 240 "train --device cuda (single; dp, pipeline, ps, tp, hybrid)" \
   "${PYTEST[@]}" tests/gpu/test_cuda_train.py
 check bench-codec 60 "bench codec --device cuda (throughput, GB/s)" \
   "$PY" -m approxdist bench codec --device cuda --size 16M --repeats 3

@@ -36,12 +36,12 @@ FP16 = (2.0 ** -11, 2.0 ** -25)
 
 def allreduce_relative(codec: str, world: int) -> float:
     """An all-reduce of `world` inputs with `codec` on the wire is within this times
-    sum_i |x_i| of the exact sum, element-wise: each value is re-encoded at most world + 2
-    times on its way, each time within u of itself (docs/collectives.md; fp32 sums add
-    their own 2^-24 per addition, far below a lossy codec's u)."""
+    sum_i |x_i| of the exact sum, element-wise: each value is re-encoded (within u of itself)
+    and added in fp32 (within 2^-24) at most world + 2 times on its way
+    (docs/collectives.md); with fp32 on the wire, only the additions round."""
     u, f = RELATIVE[codec]
     assert f == 0.0, f"{codec} has an absolute term too; use scatter_bound"
-    return (world + 2) * u
+    return (world + 2) * (u + U32)
 
 
 def coded(x: torch.Tensor, codec: str, world: int) -> torch.Tensor:
