@@ -13,7 +13,7 @@ from approxdist.config.loader import build_config
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.train.build import build_trainer
-from tests.helpers.runs import full_and_resumed
+from tests.helpers.runs import full_and_resumed, full_resumed_and_moved, move_weights
 
 SECTIONS: dict[str, dict[str, Any]] = {
     "train": {"epochs": 2, "progress": False, "seed": 3},
@@ -52,6 +52,11 @@ def _sections(world: int) -> dict[str, dict[str, Any]]:
     return sec
 
 
+def _differs_everywhere(moved: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> bool:
+    return moved.keys() == ref.keys() and all(
+        not torch.equal(moved[k], ref[k]) for k in ref if ref[k].is_floating_point())
+
+
 def test_resume_is_bit_exact_single(tmp_path: Path) -> None:
     """1 epoch, then a resume to 3 that trains epochs 2 and 3 only, equals 3 straight."""
     full, resumed = full_and_resumed(DistContext(), _sections(1), str(tmp_path))
@@ -60,11 +65,16 @@ def test_resume_is_bit_exact_single(tmp_path: Path) -> None:
 
 
 def test_resume_is_bit_exact_dp(tmp_path: Path) -> None:
-    ranks = run_on_ranks(full_and_resumed, 2, _sections(2), str(tmp_path))
-    for full, resumed in ranks:
+    """As single, on 2 ranks; and the saved run resumed from a checkpoint whose weights were
+    moved by 0.01 ends elsewhere on both replicas, which still agree bitwise (rank 0 read
+    the moved weights and handed them to rank 1)."""
+    ranks = run_on_ranks(full_resumed_and_moved, 2, _sections(2), str(tmp_path))
+    for full, resumed, moved in ranks:
         for name, ref in ranks[0][0].items():
             assert torch.equal(full[name], ref), name
             assert torch.equal(resumed[name], ref), name
+            assert torch.equal(moved[name], ranks[0][2][name]), name
+        assert _differs_everywhere(moved, resumed)
 
 
 def test_a_resume_starts_from_the_saved_weights(tmp_path: Path) -> None:
@@ -74,12 +84,7 @@ def test_a_resume_starts_from_the_saved_weights(tmp_path: Path) -> None:
     ctx = DistContext()
     _train(ctx, str(tmp_path / "saved"), 1, False)
     shutil.copytree(tmp_path / "saved", tmp_path / "moved")
-    path = tmp_path / "moved" / "checkpoint.pt"
-    state = torch.load(path, weights_only=False)
-    state["model"] = {k: v + 0.01 if v.is_floating_point() else v
-                      for k, v in state["model"].items()}
-    torch.save(state, path)
+    move_weights(tmp_path / "moved")
     saved = _train(ctx, str(tmp_path / "saved"), 2, True)
     moved = _train(ctx, str(tmp_path / "moved"), 2, True)
-    assert saved.keys() == moved.keys()
-    assert all(not torch.equal(saved[k], moved[k]) for k in saved if saved[k].is_floating_point())
+    assert _differs_everywhere(moved, saved)

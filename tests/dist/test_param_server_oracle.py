@@ -47,11 +47,12 @@ from approxdist.launch.context import DistContext
 from approxdist.launch.group import new_group
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import build_model
+from approxdist.param_server import shard_by_bytes
 from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
 from approxdist.trace import NULL_RECORDER
 from approxdist.train.engines.param_server import build_param_server
-from tests.helpers.ps_replay import Setup, pushes_of, replay
+from tests.helpers.ps_replay import Setup, pushes_of, replay, replay_sharded
 from tests.helpers.waiting import Marks
 
 FEATURES, CLASSES, BATCH, STEPS, LR = 10, 4, 24, 3, 0.05
@@ -78,7 +79,7 @@ class Case:
 
 
 CASES = [Case(1), Case(2), Case(1, "backup:1", True), Case(1, "ssp:1", True, 8),
-         Case(1, "async", False, 6)]
+         Case(1, "async", False, 6), Case(2, "async", False, 4), Case(2, "ssp:1", False, 4)]
 SLOW_RANK = 3
 
 
@@ -316,16 +317,28 @@ def _engine_share(case: Case, worker: int, step: int, epoch: int = 0
 @pytest.mark.parametrize("index", [i for i, c in enumerate(CASES) if c.mode != "sync"])
 def test_the_trainers_engine_equals_the_replayed_push_order(
         four_ranks: list[list[dict[str, Any]]], index: int) -> None:
-    """N+b with its straggler, SSP and async through the trainer's engine: the server's
-    parameters equal the one-process replay of the push order it recorded (1e-5), as the
-    public class's runs below do; the bookkeeping checks above make the orders non-trivial."""
-    case, server = CASES[index], four_ranks[0][index]
+    """N+b with its straggler, SSP and async through the trainer's engine, on one server and
+    (async, SSP) on two: each server's shard equals the one-process replay of the push
+    orders the servers recorded (1e-5), as the public class's runs below do; with one server
+    the bookkeeping checks above make the orders non-trivial, with two every server applied
+    a stale gradient (the second push of step 0 is, whatever the order)."""
+    case = CASES[index]
+    model = _model(case)
+    servers = [four_ranks[k][index] for k in range(case.servers)]
+    orders = [pushes_of(s["records"]) for s in servers]
+    shards = shard_by_bytes([p.numel() * p.element_size() for p in model.parameters()],
+                            case.servers)
     setup = Setup(case.mode.partition(":")[0], case.workers, LR, 0.9, 1e-3)
-    want = replay(_model(case), partial(_engine_share, case), F.cross_entropy,
-                  pushes_of(server["records"]), setup)
-    assert not server["worker"] and len(pushes_of(server["records"])) >= case.steps
-    for name, p in want.items():
-        torch.testing.assert_close(server["params"][name], p, atol=1e-5, rtol=0, msg=name)
+    want = replay_sharded(model, partial(_engine_share, case), F.cross_entropy, orders,
+                          shards, setup)
+    names = list(want)
+    for server, order, shard in zip(servers, orders, shards):
+        assert not server["worker"] and len(order) >= case.steps
+        if case.servers > 1:
+            assert max(a - p.read for p in order if (a := p.at) is not None) >= 1, order
+        for name in (names[i] for i in shard):
+            torch.testing.assert_close(server["params"][name], want[name], atol=1e-5, rtol=0,
+                                       msg=name)
 
 
 def _replayed(spawned: list[dict[str, Any]], index: int) -> tuple[dict[str, Any], list[Any]]:

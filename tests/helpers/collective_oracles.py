@@ -34,6 +34,16 @@ RELATIVE = {"fp32": (0.0, 0.0), "bf16": (2.0 ** -8, 0.0), "fp8-e5m2": (2.0 ** -3
 FP16 = (2.0 ** -11, 2.0 ** -25)
 
 
+def allreduce_relative(codec: str, world: int) -> float:
+    """An all-reduce of `world` inputs with `codec` on the wire is within this times
+    sum_i |x_i| of the exact sum, element-wise: each value is re-encoded (within u of itself)
+    and added in fp32 (within 2^-24) at most world + 2 times on its way
+    (docs/collectives.md); with fp32 on the wire, only the additions round."""
+    u, f = RELATIVE[codec]
+    assert f == 0.0, f"{codec} has an absolute term too; use scatter_bound"
+    return (world + 2) * (u + U32)
+
+
 def coded(x: torch.Tensor, codec: str, world: int) -> torch.Tensor:
     """What every member holds of a block `x` that crossed the wire once (x itself when
     there is no wire: one member)."""

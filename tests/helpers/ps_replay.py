@@ -19,10 +19,12 @@ makes and, for update a (the one applied to version a, giving version a + 1):
 * on lossy wires, applies the push codec's round trip to each flat gradient a worker
   sends and the pull codec's to the flat parameters a worker computes at.
 
-One server, over one round (epoch) or several: versions count on across rounds (a round
-starts from the version the last one ended at), a worker's steps count from 0 in each,
-and an update steps at the learning rate its server step recorded (`lr`, the trainer's
-rule), where one is recorded.
+One server or, in async and SSP, several (`replay_sharded`: each server's versions of its
+shard, a gradient computed at the version of every shard its worker read for that step),
+over one round (epoch) or several: versions count on across rounds (a round starts from
+the version the last one ended at), a worker's steps count from 0 in each, and an update
+steps at the learning rate its server step recorded (`lr`, the trainer's rule), where one
+is recorded.
 """
 
 from __future__ import annotations
@@ -100,49 +102,94 @@ def steps_of(pushes: Sequence[Push], kind: str) -> list[int]:
 
 def replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Push],
            setup: Setup) -> dict[str, torch.Tensor]:
-    """`model` (the initial weights, left untouched) trained by the updates of `pushes`;
-    `batch(worker, step, epoch)` is that worker's share of the step's mini-batch."""
+    """`model` (the initial weights, left untouched) trained by the updates of `pushes`
+    (one server); `batch(worker, step, epoch)` is that worker's share of the step's
+    mini-batch."""
+    every = tuple(range(len(list(model.parameters()))))
+    return replay_sharded(model, batch, loss_fn, [pushes], [every], setup)
+
+
+def replay_sharded(model: nn.Module, batch: Batch, loss_fn: LossFn,
+                   orders: Sequence[Sequence[Push]], shards: Sequence[Sequence[int]],
+                   setup: Setup) -> dict[str, torch.Tensor]:
+    """As `replay`, with the parameters sharded over servers: server k holds the
+    parameters `shards[k]` (indices in `model.parameters()` order) and recorded `orders[k]`.
+    A gradient is computed at every shard's version its worker read for that step (a
+    worker's k-th push to each server is its step k: async and SSP)."""
+    assert len(orders) == len(shards) and (len(shards) == 1 or setup.kind != "backup"), \
+        "several servers replay async and SSP (an N+b worker's step is not its k-th push)"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the spawned ranks compute: the same sums in the same order
     try:
-        return _replay(model, batch, loss_fn, pushes, setup)
+        return _Replay(model, loss_fn, orders, shards, setup).run(batch)
     finally:
         torch.set_num_threads(threads)
 
 
-def _replay(model: nn.Module, batch: Batch, loss_fn: LossFn, pushes: Sequence[Push],
-            setup: Setup) -> dict[str, torch.Tensor]:
-    server, worker = copy.deepcopy(model), copy.deepcopy(model)
-    opt = torch.optim.SGD(server.parameters(), lr=setup.lr, momentum=setup.server_momentum,
-                          weight_decay=setup.decay)
-    push_codec, pull_codec = get_codec(setup.push), get_codec(setup.pull)
-    held, computing = list(server.parameters()), list(worker.parameters())
-    versions = [flat_values(held)]  # versions[v]: the parameters after v updates
-    steps = steps_of(pushes, setup.kind)
-    applied = [(p, s) for p, s in zip(pushes, steps) if p.at is not None]
-    updates = sorted({p.at for p, _ in applied if p.at is not None})
-    assert updates == list(range(len(updates))), f"updates {updates} are not 0, 1, 2, ..."
-    for a in updates:
-        group = sorted(((p, s) for p, s in applied if p.at == a), key=lambda ps: ps[0].worker)
+class _Replay:
+    """Every server's parameter versions, made update by update in an order the run's
+    causality allows (an update waits for the versions its pushes read)."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, orders: Sequence[Sequence[Push]],
+                 shards: Sequence[Sequence[int]], setup: Setup) -> None:
+        self.server, self.worker = copy.deepcopy(model), copy.deepcopy(model)
+        self.loss_fn, self.setup = loss_fn, setup
+        held, computing = list(self.server.parameters()), list(self.worker.parameters())
+        self.held = [[held[i] for i in s] for s in shards]
+        self.computing = [[computing[i] for i in s] for s in shards]
+        self.opts = [torch.optim.SGD(h, lr=setup.lr, momentum=setup.server_momentum,
+                                     weight_decay=setup.decay) for h in self.held]
+        self.push_codec, self.pull_codec = get_codec(setup.push), get_codec(setup.pull)
+        self.versions = [[flat_values(h)] for h in self.held]  # [k][v]: after v updates
+        self.reads: list[dict[tuple[int, int, int], int]] = []
+        self.updates: list[list[list[tuple[Push, int]]]] = []  # [k][a]: update a's pushes
+        for order in orders:
+            steps = steps_of(order, setup.kind)
+            self.reads.append({(p.worker, p.epoch, s): p.read for p, s in zip(order, steps)})
+            applied = [(p, s) for p, s in zip(order, steps) if p.at is not None]
+            ats = sorted({p.at for p, _ in applied if p.at is not None})
+            assert ats == list(range(len(ats))), f"updates {ats} are not 0, 1, 2, ..."
+            self.updates.append([sorted(((p, s) for p, s in applied if p.at == a),
+                                        key=lambda ps: ps[0].worker) for a in ats])
+
+    def run(self, batch: Batch) -> dict[str, torch.Tensor]:
+        while any(len(v) <= len(u) for v, u in zip(self.versions, self.updates)):
+            ready = [k for k, u in enumerate(self.updates)
+                     if len(self.versions[k]) <= len(u) and self._ready(u[len(self.versions[k]) - 1])]
+            assert ready, "no server's next update has the versions its pushes read"
+            for k in ready:
+                self._update(k, batch)
+        return {n: p.detach().clone() for n, p in self.server.named_parameters()}
+
+    def _ready(self, group: list[tuple[Push, int]]) -> bool:
+        return all(reads[p.worker, p.epoch, s] < len(made)
+                   for p, s in group for reads, made in zip(self.reads, self.versions))
+
+    def _update(self, k: int, batch: Batch) -> None:
+        a = len(self.versions[k]) - 1
+        group = self.updates[k][a]
         assert all(p.read <= a for p, _ in group), f"update {a} uses a version not yet made"
-        grads = []
-        for p, s in group:
-            load_flat(computing, pull_codec.roundtrip(versions[p.read]))
-            x, y = batch(p.worker, s, p.epoch)
-            worker.zero_grad(set_to_none=True)
-            loss_fn(worker(x), y).backward()
-            grads.append(push_codec.roundtrip(flat_grads(computing)))
+        grads = [self._gradient(k, p, s, batch) for p, s in group]
         mean = grads[0]
         for g in grads[1:]:
             mean.add_(g)
         if len(grads) > 1:
             mean.div_(len(grads))
         stale = max(a - p.read for p, _ in group)
-        base = setup.lr if group[0][0].lr is None else float(group[0][0].lr)
-        lr = base / max(1, stale) if setup.staleness_lr else base
-        for pg in opt.param_groups:
-            pg["lr"] = lr
-        load_flat(held, mean, into_grad=True)
-        opt.step()
-        versions.append(flat_values(held))
-    return {n: p.detach().clone() for n, p in server.named_parameters()}
+        base = self.setup.lr if group[0][0].lr is None else float(group[0][0].lr)
+        for pg in self.opts[k].param_groups:
+            pg["lr"] = base / max(1, stale) if self.setup.staleness_lr else base
+        load_flat(self.held[k], mean, into_grad=True)
+        self.opts[k].step()
+        self.versions[k].append(flat_values(self.held[k]))
+
+    def _gradient(self, k: int, p: Push, step: int, batch: Batch) -> torch.Tensor:
+        """Server k's shard of the gradient of `p`'s worker at `step`, computed at the
+        version of every shard it read, through the wires' codecs."""
+        for j, computing in enumerate(self.computing):
+            read = self.reads[j][p.worker, p.epoch, step]
+            load_flat(computing, self.pull_codec.roundtrip(self.versions[j][read]))
+        x, y = batch(p.worker, step, p.epoch)
+        self.worker.zero_grad(set_to_none=True)
+        self.loss_fn(self.worker(x), y).backward()
+        return self.push_codec.roundtrip(flat_grads(self.computing[k]))

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from approxdist.config.loader import build_config
 from approxdist.launch.context import DistContext
 from approxdist.train.build import build_trainer
+from approxdist.train.checkpoint import NAME
 
 Sections = dict[str, dict[str, Any]]
 State = dict[str, torch.Tensor]
@@ -52,17 +55,56 @@ def full_and_resumed(ctx: DistContext, sections: Sections, root: str) -> tuple[S
     The resumed run must train only epochs 2 and 3, with as many steps each as the
     straight run (a resume that trained from scratch and landed on the same weights, or
     skipped an epoch, fails here; the callers compare the weights)."""
+    full, resumed, _ = _runs(ctx, sections, Path(root), moved=False)
+    return full, resumed
+
+
+def full_resumed_and_moved(ctx: DistContext, sections: Sections, root: str
+                           ) -> tuple[State, State, State]:
+    """`full_and_resumed`, and a copy of the 1-epoch run resumed to 3 from checkpoints whose
+    weights were moved by 0.01 (`move_weights`): a resume that read other weights than it
+    was given (or none) would end where the plain resume does."""
+    full, resumed, moved = _runs(ctx, sections, Path(root), moved=True)
+    assert moved is not None
+    return full, resumed, moved
+
+
+def move_weights(run_dir: Path, by: float = 0.01) -> None:
+    """Every checkpoint of `run_dir` (one per part of the model) with its floating-point
+    weights moved by `by`."""
+    paths = sorted(run_dir.rglob(NAME))
+    assert paths, f"no {NAME} under {run_dir}"
+    for path in paths:
+        state = torch.load(path, weights_only=False)
+        state["model"] = {k: v + by if v.is_floating_point() else v
+                          for k, v in state["model"].items()}
+        torch.save(state, path)
+
+
+def _runs(ctx: DistContext, sections: Sections, root: Path, moved: bool
+          ) -> tuple[State, State, State | None]:
     full: dict[int, int] = {}
     part: dict[int, int] = {}
     resumed: dict[int, int] = {}
-    weights = train(ctx, sections, Path(root) / "full", 3, ran=full)
-    train(ctx, sections, Path(root) / "part", 1, ran=part)
-    out = train(ctx, sections, Path(root) / "part", 3, resume=True, ran=resumed)
+    weights = train(ctx, sections, root / "full", 3, ran=full)
+    train(ctx, sections, root / "part", 1, ran=part)
+    if moved:
+        _barrier(ctx)  # every part's checkpoint is written
+        if ctx.rank == 0:
+            shutil.copytree(root / "part", root / "moved")
+            move_weights(root / "moved")
+        _barrier(ctx)
+    out = train(ctx, sections, root / "part", 3, resume=True, ran=resumed)
     assert sorted(full) == [0, 1, 2] and all(n > 0 for n in full.values()), full
     assert part == {0: full[0]}, (part, full)
     assert resumed == {1: full[1], 2: full[2]}, \
         f"rank {ctx.rank}: the resumed run trained {resumed} (epoch: steps), not {full} less epoch 0"
-    return weights, out
+    return weights, out, train(ctx, sections, root / "moved", 3, resume=True) if moved else None
+
+
+def _barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
 
 
 def rank_dies(ctx: DistContext, sections: Sections, root: str, victim: int) -> None:
