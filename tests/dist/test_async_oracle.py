@@ -31,10 +31,10 @@ from approxdist.pipeline.microbatch import microbatch_sizes, split_batch
 from approxdist.pipeline.partition import Partition, stage_module
 from approxdist.pipeline.runtime import build_runtime
 from approxdist.pipeline.schedule.action import Kind
+from approxdist.pipeline.schedule.program import loss_weights_by_update
 from approxdist.pipeline.schedule.registry import build_async_schedule
 from approxdist.pipeline.schedule.stream_cut import step_cuts
 from approxdist.pipeline.schedule.versions import AsyncSchedule
-from approxdist.pipeline.schedule.program import loss_weights_by_update
 from tests.helpers.async_oracle import minibatch, oracle_model, sgd, snapshot, train_streams
 
 

@@ -120,7 +120,7 @@ def _pipeline(group: Any, schedule: str, lr: float, **kwargs: Any) -> dict[str, 
         for _ in range(STEPS):
             pipe.step(x, y)
     out = {"param": pipe.module[0].c.detach().clone(), "stage": pipe.stage,
-           "momentum": opt.param_groups[0]["momentum"], "line": getattr(pipe, "delay_line")}
+           "momentum": opt.param_groups[0]["momentum"], "line": pipe.delay_line}
     pipe.close()
     return out
 

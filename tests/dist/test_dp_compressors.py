@@ -21,7 +21,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSG
 from torch.nn import functional as F  # noqa: N812
 
 import approxdist
-
 from approxdist.comm.compressors import Where, get_compressor
 from approxdist.data_parallel import DataParallel
 from approxdist.errors import ConfigError

@@ -4,7 +4,6 @@ replica, and bad input through the CLI (exit 2, one line)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,10 @@ from approxdist.config.loader import build_config
 from approxdist.errors import LaunchError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.train.build import build_trainer
-from tests.helpers.runs import full_and_resumed, rank_dies
 from approxdist.trace import open_recorder, read_trace
 from approxdist.train.metrics import read_jsonl, write_summary
 from approxdist.train.worker import train_traced
+from tests.helpers.runs import full_and_resumed, rank_dies
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 

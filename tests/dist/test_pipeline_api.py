@@ -18,8 +18,8 @@ import approxdist
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
-from approxdist.trace.recorder import Recorder
 from approxdist.pipeline.errors import PipelineError
+from approxdist.trace.recorder import Recorder
 from tests.helpers.examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline_api.py"

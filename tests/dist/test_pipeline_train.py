@@ -19,8 +19,8 @@ from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models.mlp import mlp
 from approxdist.pipeline.runtime import build_runtime
-from approxdist.train.metrics import read_jsonl
 from approxdist.train.build import build_trainer
+from approxdist.train.metrics import read_jsonl
 from tests.helpers.runs import full_resumed_and_moved, rank_dies
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
@@ -85,7 +85,7 @@ def test_cli_pipeline_run_writes_per_link_metrics_and_stage_checkpoints(tmp_path
 def _stage_dies(ctx: DistContext) -> None:
     torch.manual_seed(0)
     model = mlp((12,), 5, hidden=16, depth=3)
-    x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    x = torch.randn(16, 12)
     rt = build_runtime(PipelineConfig(stages=3, microbatches=4), model, ctx, x[:2])
     if ctx.rank == 2:
         os._exit(3)  # the last stage dies before its first forward

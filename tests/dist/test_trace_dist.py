@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 import torch
 
+from approxdist.analysis.bottleneck import analyze
 from approxdist.cli import analyze_cmd
 from approxdist.comm.link import Link
 from approxdist.launch.context import DistContext
@@ -32,7 +33,6 @@ from approxdist.trace import (
     read_trace,
     save_rank_trace,
 )
-from approxdist.analysis.bottleneck import analyze
 from tests.helpers.trace_demo import run_demo
 
 
