@@ -124,11 +124,15 @@ def test_once_step_times_are_known_only_candidates_that_could_win_are_speculated
         assert list(r["candidates"]) == tried, r["candidates"].keys()
         assert r["skipped"] == ["fp32", "fp8"] and r["chosen"] == "table4"
     # the same choices as speculating every candidate (per parameter: all but the resting
-    # poison, over the budget on its one parameter)
+    # poison, over the budget on its one parameter, and the exact fp32, whose error is 0
+    # on every parameter without measuring it)
     full = AdaPrecConfig(**{**DEFAULTS.__dict__, "choose": "layer"})
     assert [c for _, c in ctl.chosen] == ["table4"] * 4
-    _, whole = _drive(Sim(rates, secs, error=errors), full, cands)
-    assert [set(r["candidates"]) | set(r["resting"]) for r in whole] == [set(cands)] * 4
+    per_layer, whole = _drive(Sim(rates, secs, error=errors), full, cands)
+    assert [c for _, c in per_layer.chosen] == ["table4"] * 4
+    assert [set(r["candidates"]) | set(r["resting"]) for r in whole] \
+        == [set(cands) - {"fp32"}] * 4
+    assert all(r["skipped"] == ["fp32"] for r in whole)
     # a safe candidate that turned out slower than measured before does not stop the
     # search: the next one, measured faster, is tried
     # (a first phase of 10 steps, so that the times set here are the ones measured before)

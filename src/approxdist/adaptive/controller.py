@@ -159,11 +159,16 @@ class AdaPrecController:
                 "reused_s": reused_s}
 
     def _speculate_all(self, step: int, at: int, current: float) -> dict[str, _Speculation]:
-        """Each candidate's speculation (not the resting ones). Under the error rule for one
+        """Each candidate's speculation (not the resting ones, nor per parameter the exact
+        `first`). Under the error rule for one
         codec, fastest first by the step times measured before (those never measured
         first), stopping at the first safe one all the rest were measured slower than."""
         resting = self.resting.resting(self.boundaries)
-        todo = [c for c in self.candidates if c not in self.blacklist and c not in resting]
+        # per parameter the exact codec needs no speculation: its error is 0 everywhere and
+        # the choice is by bits (`per_layer.assign` always has it), not by time
+        exact = self.cfg.first if self.cfg.choose == "layer" else None
+        todo = [c for c in self.candidates
+                if c not in self.blacklist and c not in resting and c != exact]
         greedy = self.cfg.decide == "error" and self.cfg.choose == "all"
         if greedy:
             todo.sort(key=lambda c: self.step_s.get(c, -1.0))  # stable: ties keep the order
