@@ -56,8 +56,16 @@ def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
         assert r["load_factor"] == pytest.approx((1 - w) + w * factors[1])
         assert len(r["load_rounds"][0]) == 2  # alone, both
     assert next(r for r in rows if r["mode"] == "dp")["busy_ranks"] == pytest.approx(2.0)
+    # ex ante: the same probe, three times on both ranks before any plan was built
+    for r in rows:
+        assert len(r["ante_rounds"]) == 3 and len(r["ante_load_factors"]) == 2
+        w = r["ante_busy_ranks"] - 1.0  # on the profile the plan was chosen on
+        assert r["ante_load_factor"] == pytest.approx((1 - w) + w * r["ante_load_factors"][1])
+        assert r["planned_alone_s"] > 0 and r["drift"] > 0
+    assert "median_signed" in got["ex_ante"] and got["drift"]["median"] == rows[0]["drift"]
     text = capsys.readouterr().out
     assert "median_ape" in text and "vs torchgpipe" in text and "host: CPU time stolen" in text
+    assert "machine drift (a pass alone in the rounds over before them" in text
     assert text.index("ex ante: each plan priced on the profile it was chosen on") < \
         text.index("in the rounds: priced on the profile taken in each timed round")
     assert "compute under its load x" in text
