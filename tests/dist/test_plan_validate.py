@@ -7,6 +7,7 @@ and the report's shape and arithmetic, never a timing."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,14 @@ def test_the_profile_probe_loads_every_number_of_busy_ranks() -> None:
     assert isinstance(first, ProbeRound) and len(first.partial_s) == 1
     assert len(first.factors) == 3 and first.factors[0] == 1.0
     assert all(f > 0 for f in first.factors) and first.profile.blocks
+
+
+def test_plan_prices_at_the_load_its_probe_measured(tmp_path: Path, capsys) -> None:
+    """`plan --load-probe`: the model probed on 2 local ranks before planning; the plan file
+    holds the step priced at the plan's load (no timing is asserted)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "mlp", "--world-size", "2", "--link", "bw=1gbit",
+                 "--microbatch-size", "8", "--load-probe", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"priced at each plan's load: .* \(1 x1\.000, 2 x\d\.\d{3}\)", text)
+    assert json.loads(out.read_text())["predicted"]["time_per_step_s"] > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
+from approxdist.cli.plan_load import load_line, ranked_at_load
 from approxdist.cli.plan_validate import sections
 from approxdist.cli.plan_validate_report import print_report
 from approxdist.config.loader import build_config
@@ -23,8 +24,9 @@ from approxdist.planner.cost.pipeline import pipeline_time, stage_durations
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level
 from approxdist.planner.profile import BlockProfile, Profile, scale_times
-from approxdist.planner.search import optimizer_s
+from approxdist.planner.search import optimizer_s, search
 from approxdist.planner.validation.candidates import (
+    Candidate,
     at_load,
     between,
     busy_ranks,
@@ -153,6 +155,22 @@ def test_a_plan_at_load_is_its_price_on_the_profiles_around_its_busy_ranks() -> 
     assert busy == pytest.approx(2.0) and factor == pytest.approx(2.0)
     assert step == pytest.approx(repriced(dp, slow, base).ranked.step_s)
     assert step > at_load(dp, (profile, profile), (1.0, 1.0), base)[0]
+
+
+def test_plan_ranks_its_plans_again_at_their_load() -> None:
+    """`plan --load-probe`: each plan priced at its own load, fastest per sample first."""
+    profile = toy([(1e-3, 2e-3)] * 4, [MB, MB, MB, 0])
+    base = SolverSettings(2, Network(LinkLevel.from_link("inter", "bw=1gbit")))
+    ranked = search(profile, base, ("1f1b",), (2, 4))
+    loads = ((profile, scale_times(profile, 3.0)), (1.0, 3.0))
+    again = ranked_at_load(ranked, loads, base)
+    assert {r.key for r in again} == {r.key for r in ranked} and len(again) == len(ranked)
+    assert [r.per_sample_s for r in again] == sorted(r.per_sample_s for r in again)
+    for r in again:
+        was = next(p for p in ranked if p.key == r.key)
+        assert r.step_s == pytest.approx(at_load(Candidate(was, ()), *loads, base)[0])
+        assert r.step_s > was.step_s  # every plan computes on >= 1 busy rank at x1 .. x3
+    assert "1 x1.000, 2 x3.000" in load_line(loads)
 
 
 def _row(setting: str, predicted: float, measured: float, *who: str,

@@ -77,7 +77,13 @@ from approxdist.planner.validation.configs import (
 )
 from approxdist.train.plan_layer import plan_sections
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans
-from approxdist.train.profile_probe import ProfileProbe, by_busy, drift, probe_before
+from approxdist.train.profile_probe import (
+    ANTE_ROUNDS,
+    ProfileProbe,
+    by_busy,
+    drift,
+    probe_before,
+)
 
 #: every model the cost model was designed on: a held-out setting may use none of them
 CALIBRATION_MODELS = (*MODELS.values(), *TENSOR_MODELS.values(), engine_runs.TINY,
@@ -85,10 +91,6 @@ CALIBRATION_MODELS = (*MODELS.values(), *TENSOR_MODELS.values(), engine_runs.TIN
 #: timed rounds per setting: with 5, tau over all configurations read 0.77-0.83 in six
 #: runs of the same code; with 9, 0.82 in two (2026-11-27, docs/planner.md), 15 minutes
 ROUNDS = 9
-#: probes the setting's ranks take before any plan is built (the ex-ante profile and load
-#: factors: each a profile of `PROBE_REPEAT` passes, so 12 timed pairs against the 9 of
-#: one profile taken at once, and three moments of a machine whose speed drifts)
-ANTE_ROUNDS = 3
 
 
 def register(actions: Any) -> None:

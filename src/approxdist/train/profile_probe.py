@@ -55,6 +55,10 @@ from approxdist.pipeline.profiler import REPEAT, pass_cpu_s
 from approxdist.planner.profile import Profile, median_profile, scale_times
 from approxdist.planner.profiler import model_and_sample, profile_built
 
+#: probes taken before the timed rounds or a plan (`probe_before`): three moments of a
+#: machine whose speed drifts, 12 timed pairs at 4 passes each against one profile's 9
+ANTE_ROUNDS = 3
+
 
 @dataclass(frozen=True)
 class ProbeRound:
