@@ -208,6 +208,12 @@ def test_summary_figures_by_hand() -> None:
                         "planned_alone_s": 0.5 * float(r["measured_s"])} for r in rows])
     assert moved["drift"] == {"median": pytest.approx(1.0), "min": 0.9, "max": 1.1}
     assert moved["ex_ante_alone"]["median_signed"] == pytest.approx(-0.5)
+    # per mode: the rows without a mode are one group, its signed median +10 %
+    assert s["bias_by_mode"] == {"-": {"count": 5, "in_round": pytest.approx(0.10)}}
+    modes = summarize([{**r, "mode": "dp" if r["setting"] == "a" else "pipeline",
+                        "planned_s": float(r["measured_s"])} for r in rows])["bias_by_mode"]
+    assert modes["dp"] == {"count": 3, "in_round": pytest.approx(0.10), "ex_ante": 0.0}
+    assert modes["pipeline"]["in_round"] == pytest.approx((-0.25 + 0.125) / 2)
 
 
 def test_the_report_gives_the_ex_ante_figures_first(capsys) -> None:
@@ -222,6 +228,8 @@ def test_the_report_gives_the_ex_ante_figures_first(capsys) -> None:
     assert "kendall_tau  -1.00 (target >= 0.80): NOT met" in out[ante:]
     # +50 % and -50 %: the median of the two, one of two predicted faster
     assert "bias         signed median +0.0 %, 1 of 2 predicted faster" in out[ante:]
+    assert "bias by mode (signed median, ex ante / in the rounds): - (2) +0.0 % / +5.0 %" \
+        in out
     assert summary["settings_set"] == "held-out" and summary["ex_ante"]["regret"] == 0.0
     assert "2 configurations in 1 held-out settings; Kendall's tau within settings -1.00 " \
            "(ex ante)" in out

@@ -68,6 +68,10 @@ def print_report(rows: list[dict[str, Any]], which: str) -> dict[str, Any]:
         print(f"ex ante without the load factors (the profile alone): median APE "
               f"{100 * alone['median_ape']:.1f} %, tau {alone['kendall_tau']:.2f}, signed "
               f"median {100 * alone['median_signed']:+.1f} %")
+    modes = summary["bias_by_mode"]
+    print("bias by mode (signed median, ex ante / in the rounds): " + "; ".join(
+        f"{m} ({v['count']}) " + (f"{100 * v['ex_ante']:+.1f} % / " if "ex_ante" in v else "")
+        + f"{100 * v['in_round']:+.1f} %" for m, v in modes.items()))
     if "drift" in summary:
         d = summary["drift"]
         print(f"machine drift (a pass alone in the rounds over before them, per setting): "

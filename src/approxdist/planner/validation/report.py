@@ -91,6 +91,7 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         summary["ex_ante"] = {**figures(rows, "planned_s"), **regret_figures}
     if rows and all("planned_alone_s" in r for r in rows):
         summary["ex_ante_alone"] = figures(rows, "planned_alone_s")
+    summary["bias_by_mode"] = bias_by_mode(rows)
     drifts = [float(g[0]["drift"]) for g in by_setting(rows).values() if "drift" in g[0]]
     if drifts:
         summary["drift"] = {"median": median(drifts), "min": min(drifts), "max": max(drifts)}
@@ -100,6 +101,23 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
             "differ": len(out), "ours_faster": sum(s > 1 for s in speedups),
             "median_speedup": median(speedups) if speedups else math.nan, "by_setting": out}
     return summary
+
+
+def bias_by_mode(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+    """Per mode (dp, pipeline, hybrid, ...): how many configurations and the signed median
+    error of the in-round prices (`in_round`) and, where the rows have them, the ex-ante
+    ones (`ex_ante`): which kind of plan the model prices short."""
+    modes: dict[str, list[Row]] = {}
+    for r in rows:
+        modes.setdefault(str(r.get("mode", "-")), []).append(r)
+    out: dict[str, dict[str, float]] = {}
+    for mode, group in sorted(modes.items()):
+        out[mode] = {"count": len(group), "in_round": median(
+            [float(r["predicted_s"]) / float(r["measured_s"]) - 1 for r in group])}
+        if all("planned_s" in r for r in group):
+            out[mode]["ex_ante"] = median(
+                [float(r["planned_s"]) / float(r["measured_s"]) - 1 for r in group])
+    return out
 
 
 def verdicts(summary: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
