@@ -7,6 +7,7 @@ and the report's shape and arithmetic, never a timing."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,16 @@ def test_one_setting_end_to_end(tmp_path: Path, capsys) -> None:
         assert r["load_factor"] == pytest.approx((1 - w) + w * factors[1])
         assert len(r["load_rounds"][0]) == 2  # alone, both
     assert next(r for r in rows if r["mode"] == "dp")["busy_ranks"] == pytest.approx(2.0)
+    # ex ante: the same probe, three times on both ranks before any plan was built
+    for r in rows:
+        assert len(r["ante_rounds"]) == 3 and len(r["ante_load_factors"]) == 2
+        w = r["ante_busy_ranks"] - 1.0  # on the profile the plan was chosen on
+        assert r["ante_load_factor"] == pytest.approx((1 - w) + w * r["ante_load_factors"][1])
+        assert r["planned_alone_s"] > 0 and r["drift"] > 0
+    assert "median_signed" in got["ex_ante"] and got["drift"]["median"] == rows[0]["drift"]
     text = capsys.readouterr().out
     assert "median_ape" in text and "vs torchgpipe" in text and "host: CPU time stolen" in text
+    assert "machine drift (a pass alone in the rounds over before them" in text
     assert text.index("ex ante: each plan priced on the profile it was chosen on") < \
         text.index("in the rounds: priced on the profile taken in each timed round")
     assert "compute under its load x" in text
@@ -149,3 +158,14 @@ def test_the_profile_probe_loads_every_number_of_busy_ranks() -> None:
     assert isinstance(first, ProbeRound) and len(first.partial_s) == 1
     assert len(first.factors) == 3 and first.factors[0] == 1.0
     assert all(f > 0 for f in first.factors) and first.profile.blocks
+
+
+def test_plan_prices_at_the_load_its_probe_measured(tmp_path: Path, capsys) -> None:
+    """`plan --load-probe`: the model probed on 2 local ranks before planning; the plan file
+    holds the step priced at the plan's load (no timing is asserted)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "mlp", "--world-size", "2", "--link", "bw=1gbit",
+                 "--microbatch-size", "8", "--load-probe", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"priced at each plan's load: .* \(1 x1\.000, 2 x\d\.\d{3}\)", text)
+    assert json.loads(out.read_text())["predicted"]["time_per_step_s"] > 0

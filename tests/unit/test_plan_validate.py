@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from approxdist.cli.main import main
-from approxdist.cli.plan_validate import between, sections
+from approxdist.cli.plan_load import load_line, ranked_at_load
+from approxdist.cli.plan_validate import sections
 from approxdist.cli.plan_validate_report import print_report
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError, DataError
@@ -22,9 +23,12 @@ from approxdist.planner.cost.calibration_file import CostCalibration, from_json
 from approxdist.planner.cost.pipeline import pipeline_time, stage_durations
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.pipedream_optimizer import Level
-from approxdist.planner.profile import BlockProfile, Profile
-from approxdist.planner.search import optimizer_s
+from approxdist.planner.profile import BlockProfile, Profile, scale_times
+from approxdist.planner.search import optimizer_s, search
 from approxdist.planner.validation.candidates import (
+    Candidate,
+    at_load,
+    between,
     busy_ranks,
     candidates,
     repriced,
@@ -139,6 +143,36 @@ def test_a_plan_is_priced_between_the_two_nearest_measured_loads(
     assert (w_lo, w_hi) == pytest.approx((want[0][1], want[1][1]))
 
 
+def test_a_plan_at_load_is_its_price_on_the_profiles_around_its_busy_ranks() -> None:
+    """Data parallelism keeps both ranks busy: priced on the second profile alone (at its
+    factor); the same plan on a profile twice as slow costs more, never less."""
+    profile = toy([(1e-3, 2e-3)] * 4, [MB, MB, MB, 0])
+    base = SolverSettings(2, Network(LinkLevel.from_link("inter", "bw=1gbit")))
+    dp = next(c for c in candidates(profile, base, (2,), (Level(2, 1.25e8),), keep=1)
+              if "dp" in c.choosers)
+    slow = scale_times(profile, 2.0)
+    step, busy, factor = at_load(dp, (profile, slow), (1.0, 2.0), base)
+    assert busy == pytest.approx(2.0) and factor == pytest.approx(2.0)
+    assert step == pytest.approx(repriced(dp, slow, base).ranked.step_s)
+    assert step > at_load(dp, (profile, profile), (1.0, 1.0), base)[0]
+
+
+def test_plan_ranks_its_plans_again_at_their_load() -> None:
+    """`plan --load-probe`: each plan priced at its own load, fastest per sample first."""
+    profile = toy([(1e-3, 2e-3)] * 4, [MB, MB, MB, 0])
+    base = SolverSettings(2, Network(LinkLevel.from_link("inter", "bw=1gbit")))
+    ranked = search(profile, base, ("1f1b",), (2, 4))
+    loads = ((profile, scale_times(profile, 3.0)), (1.0, 3.0))
+    again = ranked_at_load(ranked, loads, base)
+    assert {r.key for r in again} == {r.key for r in ranked} and len(again) == len(ranked)
+    assert [r.per_sample_s for r in again] == sorted(r.per_sample_s for r in again)
+    for r in again:
+        was = next(p for p in ranked if p.key == r.key)
+        assert r.step_s == pytest.approx(at_load(Candidate(was, ()), *loads, base)[0])
+        assert r.step_s > was.step_s  # every plan computes on >= 1 busy rank at x1 .. x3
+    assert "1 x1.000, 2 x3.000" in load_line(loads)
+
+
 def _row(setting: str, predicted: float, measured: float, *who: str,
          samples: int = 10) -> dict[str, object]:
     return {"setting": setting, "predicted_s": predicted, "measured_s": measured,
@@ -166,6 +200,20 @@ def test_summary_figures_by_hand() -> None:
     assert ante["regret"] == s["regret"]  # chosen on that profile either way
     assert {key: ok for key, _, ok in verdicts(ante)} == {
         "median_ape": False, "max_ape": False, "kendall_tau": True, "regret": False}
+    # the bias: signed errors +0, +10, +20, -25, +12.5 % -> median +10 %, one under
+    assert s["median_signed"] == pytest.approx(0.10) and s["under"] == 1
+    assert ante["median_signed"] == pytest.approx(1.0) and ante["under"] == 0
+    # the machine's drift, one per setting; the profile alone beside the ex-ante figures
+    moved = summarize([{**r, "drift": 1.1 if r["setting"] == "a" else 0.9,
+                        "planned_alone_s": 0.5 * float(r["measured_s"])} for r in rows])
+    assert moved["drift"] == {"median": pytest.approx(1.0), "min": 0.9, "max": 1.1}
+    assert moved["ex_ante_alone"]["median_signed"] == pytest.approx(-0.5)
+    # per mode: the rows without a mode are one group, its signed median +10 %
+    assert s["bias_by_mode"] == {"-": {"count": 5, "in_round": pytest.approx(0.10)}}
+    modes = summarize([{**r, "mode": "dp" if r["setting"] == "a" else "pipeline",
+                        "planned_s": float(r["measured_s"])} for r in rows])["bias_by_mode"]
+    assert modes["dp"] == {"count": 3, "in_round": pytest.approx(0.10), "ex_ante": 0.0}
+    assert modes["pipeline"]["in_round"] == pytest.approx((-0.25 + 0.125) / 2)
 
 
 def test_the_report_gives_the_ex_ante_figures_first(capsys) -> None:
@@ -174,9 +222,14 @@ def test_the_report_gives_the_ex_ante_figures_first(capsys) -> None:
     summary = print_report(rows, "held-out")
     out = capsys.readouterr().out
     ante = out.index("ex ante: each plan priced on the profile it was chosen on, taken before "
-                     "the timed rounds (as approxdist plan prices it); held-out settings:")
+                     "the timed rounds, at its load factor (a probe before any step); "
+                     "held-out settings:")
     assert ante < out.index("in the rounds: priced on the profile taken in each timed round")
     assert "kendall_tau  -1.00 (target >= 0.80): NOT met" in out[ante:]
+    # +50 % and -50 %: the median of the two, one of two predicted faster
+    assert "bias         signed median +0.0 %, 1 of 2 predicted faster" in out[ante:]
+    assert "bias by mode (signed median, ex ante / in the rounds): - (2) +0.0 % / +5.0 %" \
+        in out
     assert summary["settings_set"] == "held-out" and summary["ex_ante"]["regret"] == 0.0
     assert "2 configurations in 1 held-out settings; Kendall's tau within settings -1.00 " \
            "(ex ante)" in out

@@ -86,6 +86,7 @@ def test_plan_file_holds_the_contract_and_its_prediction(tmp_path: Path, capsys)
     (["--memory", "1e6"], "fits --memory 1000000 bytes per rank: block"),
     (["--model", "resnet20"], "is of model 'alexnet', not --model 'resnet20'"),
     (["--microbatches", "x"], "--microbatches 'x' is not auto or a comma list"),
+    (["--load-probe"], "--load-probe probes the model on this machine's ranks; --profile"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys) -> None:
     assert main(["plan", *AT_1GBS, *args]) == 2

@@ -14,7 +14,7 @@ from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.profiler import measure_blocks, pass_cpu_s
 from approxdist.planner.profile import read_profile, scale_times
 from approxdist.planner.profiler import profile_model
-from approxdist.train.profile_probe import ProbeRound, by_busy, under_load
+from approxdist.train.profile_probe import ProbeRound, by_busy, drift, under_load
 
 
 def test_blocks_report_their_output_parameter_and_stashed_bytes() -> None:
@@ -224,6 +224,16 @@ def test_probe_rounds_join_per_number_of_ranks_computing() -> None:
     assert under_load(rounds)[1] == pytest.approx(1.3)  # every rank computing
     with pytest.raises(DataError, match=r"probe rounds of different world sizes \(\[3, 4\]"):
         by_busy([*rounds, ProbeRound(one, 1.0, 1.2, (1.1,))])
+
+
+def test_the_drift_is_the_rounds_pass_alone_over_the_ex_ante_ones() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+    one = profile_model(model, torch.randn(3, 8), "tiny", threads=1, repeat=1)
+    before = [ProbeRound(one, 1.0, 1.2), ProbeRound(one, 1.2, 1.3), ProbeRound(one, 5.0, 5.0)]
+    during = [ProbeRound(one, 1.1, 1.2), ProbeRound(one, 1.32, 1.4)]
+    assert drift(before, during) == pytest.approx(1.21 / 1.2)  # medians: 1.21 over 1.2
+    with pytest.raises(DataError, match="probe rounds before and during"):
+        drift([], during)
 
 
 def test_profiling_holds_freed_memory_before_timing_as_the_ranks_do(monkeypatch) -> None:

@@ -20,12 +20,12 @@ of each mode and where its step goes), and writes the best as a plan file that
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 from approxdist.bench.report import Column, render
-from approxdist.cli.plan_profile import add_model_flags, measure, model_config
+from approxdist.cli.plan_load import load_line, planned_profile, ranked_at_load
+from approxdist.cli.plan_profile import add_model_flags, model_config
 from approxdist.config.schema import DataConfig
 from approxdist.data.registry import load_dataset
 from approxdist.errors import ConfigError
@@ -35,7 +35,6 @@ from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.kinds import stage_ranges
 from approxdist.planner.objective import SolverSettings
-from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.pipedream_optimizer import PipeDreamSettings
 from approxdist.planner.plan_file import write_plan
 from approxdist.planner.profile import Profile
@@ -65,6 +64,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="samples per micro-batch when profiling (default 32)")
     p.add_argument("--threads", type=int, help="torch threads per rank when profiling "
                                                "(default: this machine's cores / ranks)")
+    p.add_argument("--load-probe", action="store_true",
+                   help="probe the model on this machine's ranks first and price each plan at "
+                        "its load (with --model; docs/planner.md)")
     p.add_argument("--repeat", type=int, default=REPEAT,
                    help=f"timed passes when profiling (default {REPEAT})")
     c = p.add_argument_group("cluster")
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = ClusterSpec(mesh.world_size if mesh else args.world_size, args.nodes,
                           args.per_node, args.link, args.intra, args.inter,
                           CostCalibration.load(args.calibration) if args.calibration else None)
-    profile = _profile(args, cluster)
+    profile, loads = planned_profile(args, cluster)
     tensor, not_priced = _tensor(args, profile, cluster.ranks, mesh)
     fwd, bwd, grad = (cluster.codec(spec) for spec in _codecs(args))
     cal = cluster.calibration or CostCalibration()  # none: the optimizer and engines unpriced
@@ -141,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
         ranked = search(profile, base, schedules, counts, tensor)
         if mesh is not None:
             ranked = [p for p in ranked if p.tp == mesh.extent("tp")]
+    if loads is not None:
+        ranked = ranked_at_load(ranked, loads, base, tensor)
+        print(load_line(loads))
     print(_header(profile, cluster, base, args.objective))
     print(_describe(ranked[0], "best"))
     print(_table(ranked[:max(1, args.top)]))
@@ -164,21 +169,6 @@ def next_step(path: str, profile: Profile) -> str:
     shape = ",".join(map(str, profile.input_shape))
     return (f"{run} --dataset synthetic --set 'data.synthetic_shape=[{shape}]'; the profile "
             f"names no data set: these are random samples of the shape it was profiled on")
-
-
-def _profile(args: argparse.Namespace, cluster: ClusterSpec) -> Profile:
-    if args.profile:
-        profile = read_any_profile(args.profile)
-        if args.model and args.model != profile.model:
-            raise ConfigError(f"--profile {args.profile!r} is of model {profile.model!r}, not "
-                              f"--model {args.model!r}; profile {args.model} with approxdist "
-                              f"plan profile, or drop --model")
-        return profile
-    if not args.model:
-        raise ConfigError("give --model M (profiled now) or --profile FILE")
-    busy = cluster.network().busy(cluster.ranks)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // busy)
-    return measure(args, args.microbatch_size, threads)
 
 
 def _mesh(args: argparse.Namespace) -> Mesh | None:

@@ -10,17 +10,18 @@ For each setting (a model on 2-4 local gloo ranks, a link and a wire format:
 `planner/validation/configs.py`: by default the calibration settings, used while designing
 the cost model; `--held-out` a set of models and sizes none of them uses; `--quick` the
 documented subset of the calibration settings; `--tensor` the
-tensor-parallel ones, whose candidates are every tp x dp mesh and data parallelism) it
-profiles the model at the thread count each rank will use, prices the candidates (our best plans, data
+tensor-parallel ones, whose candidates are every tp x dp mesh and data parallelism) its
+N ranks first probe the model before any plan is built (`train/profile_probe.py`'s
+`probe_before`: profiled alone at the thread count each rank will use, and the CPU per pass
+with 1 .. N ranks computing, three times), it chooses the candidates (our best plans, data
 parallelism, torchgpipe's balance-by-time split, PipeDream's optimizer's split:
-`planner/validation/candidates.py`) on the cost model, then times every candidate on the
+`planner/validation/candidates.py`) on that profile and prices each at its load
+(`planned_s`, ex ante), then times every candidate on the
 ranks through the engines `train --plan` runs, interleaved (`train/plan_timing.py`),
-with the model profiled again in each round, in turn with the plans, alone and under the
-setting's load (`train/profile_probe.py`: with every rank computing and with fewer);
-each plan's prediction is its price on that profile (the machine the steps ran on) at
-the number of ranks its compute keeps busy (`candidates.busy_ranks`, between the two
-nearest measured), and its price on the profile it was chosen on is reported beside it
-(`planned_s`).
+with the same probe taken again in each round, in turn with the plans;
+each plan's in-round prediction is its price on that profile (the machine the steps ran
+on) at the number of ranks its compute keeps busy (`candidates.busy_ranks`, between the
+two nearest measured: `candidates.at_load`), `predicted_s`.
 It reports per configuration the predicted and measured step, and over all of them, first
 ex ante (each plan priced on the profile it was chosen on, before the timed rounds), then
 in the rounds, the
@@ -55,15 +56,13 @@ from approxdist.planner.cost.calibration_file import CostCalibration
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.plan_file import parse_plan
 from approxdist.planner.profile import Profile
-from approxdist.planner.profiler import profile_run
 from approxdist.planner.search import TensorSpace, auto_microbatches, plan_dict
 from approxdist.planner.tp_layout import layout_of
 from approxdist.planner.validation import engine_runs
 from approxdist.planner.validation.candidates import (
     Candidate,
-    busy_ranks,
+    at_load,
     candidates,
-    repriced,
     tensor_candidates,
 )
 from approxdist.planner.validation.configs import (
@@ -79,7 +78,13 @@ from approxdist.planner.validation.configs import (
 )
 from approxdist.train.plan_layer import plan_sections
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans
-from approxdist.train.profile_probe import ProfileProbe, by_busy
+from approxdist.train.profile_probe import (
+    ANTE_ROUNDS,
+    ProfileProbe,
+    by_busy,
+    drift,
+    probe_before,
+)
 
 #: every model the cost model was designed on: a held-out setting may use none of them
 CALIBRATION_MODELS = (*MODELS.values(), *TENSOR_MODELS.values(), engine_runs.TINY,
@@ -124,16 +129,6 @@ def _threads(cores: int, world: int) -> int:
     return max(1, cores // world)
 
 
-def _profile(setting: Setting, threads: int) -> Profile:
-    """The setting's model profiled now, just before its plans are timed: this machine's
-    speed drifts by 5-10 % over minutes (two profiles of one model minutes apart, 2-3 %
-    within one), so a profile taken for the first setting of a model would not be the
-    machine the later ones run on."""
-    cfg = build_config(setting.model.sections)
-    return profile_run(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
-                       fuse_accumulation=cfg.pipeline.fuse_accumulation)
-
-
 def sections(setting: Setting, c: Candidate, profile: Profile, threads: int
              ) -> dict[str, dict[str, Any]]:
     """The config sections that run candidate `c` as `train --plan` would."""
@@ -148,16 +143,22 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
                     cores: int) -> list[dict[str, Any]]:
     """Profile, predict and time every candidate of `setting`: one row per configuration.
 
-    The plans are chosen on a profile taken just before (`planned_s`: their price on it);
-    `predicted_s` prices the same plans on the profile taken in each timed round, in turn
-    with the plans, alone and under the setting's load (`train/profile_probe.py`: each
-    round's profile times its load factor, the median per block): this machine's speed
-    drifts by 5-10 % over minutes and a single process's passes read 52 or 62 ms from
-    one minute to the next (resnet20), so a profile taken apart from the steps prices
-    another machine."""
+    Ex ante: before any plan is built, the setting's N ranks take `ANTE_ROUNDS` probes
+    (`probe_before`: the profile alone and the load factors of 1 .. N ranks computing,
+    what a user's run can measure at plan time); the plans are chosen on the median
+    profile alone and `planned_s` prices each at its busy ranks on those (`at_load`;
+    `planned_alone_s`: on the profile alone, as a single profile prices it).
+    `predicted_s` prices the same plans on the probes taken in each timed round, in turn
+    with the plans: this machine's speed drifts by 5-10 % over minutes (`drift`: the
+    rounds' passes alone against the ex-ante ones, reported, never priced)."""
     n = setting.world_size
     threads = _threads(cores, n)
-    profile = _profile(setting, threads)
+    cfg = build_config(setting.model.sections)
+    probe = ProfileProbe(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
+                         PROBE_REPEAT, cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
+    before = run_on_ranks(probe_before, n, probe, ANTE_ROUNDS, timeout_s=600)[0]
+    ante_profiles, ante_factors = by_busy(before)
+    profile = ante_profiles[0]
     cluster = ClusterSpec(world_size=n, link=setting.link or None, calibration=cal)
     codec = cluster.codec(setting.codec)
     base = SolverSettings(n, cluster.network(), fwd_codec=codec, bwd_codec=codec,
@@ -170,28 +171,26 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
         candidates(profile, base, auto_microbatches(n), cluster.pipedream_levels(), keep)
     plans = [TimedPlan(str(i), sections(setting, c, profile, threads))
              for i, c in enumerate(found)]
-    cfg = build_config(setting.model.sections)
-    probe = ProfileProbe(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
-                         PROBE_REPEAT, cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
     times, probed = run_on_ranks(probe_plans, n, plans, timing, probe, timeout_s=900)[0]
     profiles, factors = by_busy(probed)
+    moved = drift(before, probed)
     rows = []
     for i, c in enumerate(found):
         measured = sorted(times[str(i)])[len(times[str(i)]) // 2]
-        busy = busy_ranks(c.ranked.plan, profiles[0]) * c.ranked.tp  # every shard computes
-        weights = [(k, w) for k, w in between(busy, len(profiles)) if w > 0]
-        predicted = sum(w * repriced(c, profiles[k - 1], base, tensor).ranked.step_s
-                        for k, w in weights)
+        predicted, busy, factor = at_load(c, profiles, factors, base, tensor)
+        planned, ante_busy, ante_factor = at_load(c, ante_profiles, ante_factors, base, tensor)
         rows.append({"setting": setting.key, "model": setting.model.label, "world_size": n,
                      "link": setting.link or "none", "codec": setting.codec,
                      "mode": c.ranked.mode, "plan": c.describe(), "choosers": list(c.choosers),
                      "samples_per_step": c.ranked.samples_per_step,
-                     "predicted_s": predicted, "planned_s": c.ranked.step_s,
+                     "predicted_s": predicted, "planned_s": planned,
+                     "planned_alone_s": c.ranked.step_s, "planned_parts": c.ranked.parts,
                      "measured_s": measured, "rounds_s": times[str(i)], "threads": threads,
-                     "busy_ranks": busy,
-                     "load_factor": sum(w * factors[k - 1] for k, w in weights),
-                     "load_factors": list(factors),
-                     "load_rounds": [[r.alone_s, *r.partial_s, r.loaded_s] for r in probed]})
+                     "busy_ranks": busy, "load_factor": factor, "load_factors": list(factors),
+                     "ante_busy_ranks": ante_busy, "ante_load_factor": ante_factor,
+                     "ante_load_factors": list(ante_factors), "drift": moved,
+                     "load_rounds": [[r.alone_s, *r.partial_s, r.loaded_s] for r in probed],
+                     "ante_rounds": [[r.alone_s, *r.partial_s, r.loaded_s] for r in before]})
     return rows
 
 
@@ -201,16 +200,6 @@ def _tensor_space(setting: Setting, profile: Profile) -> TensorSpace:
     sizes = tuple(t for t in range(2, setting.world_size + 1) if setting.world_size % t == 0)
     layout = layout_of(cfg.model, cfg.data, profile.micro_batch_size, "", sizes)
     return TensorSpace(layout, sizes)
-
-
-def between(busy: float, count: int) -> tuple[tuple[int, float], tuple[int, float]]:
-    """The whole numbers of busy ranks around `busy` (1 .. `count`) and their weights
-    (linear)."""
-    at = min(max(busy, 1.0), float(count))
-    lo = min(int(at), count - 1) if count > 1 else 1
-    hi = min(lo + 1, count)
-    w_hi = at - lo if hi != lo else 0.0
-    return (lo, 1.0 - w_hi), (hi, w_hi)
 
 
 def run(args: argparse.Namespace) -> int:

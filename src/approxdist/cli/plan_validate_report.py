@@ -51,7 +51,8 @@ def print_report(rows: list[dict[str, Any]], which: str) -> dict[str, Any]:
           f"({'ex ante' if 'ex_ante' in summary else 'in the rounds'}), worst regret "
           f"{100 * summary['max_regret']:.1f} %")
     for title, figures in (("ex ante: each plan priced on the profile it was chosen on, "
-                            "taken before the timed rounds (as approxdist plan prices it)",
+                            "taken before the timed rounds, at its load factor (a probe "
+                            "before any step)",
                             summary.get("ex_ante")),
                            ("in the rounds: priced on the profile taken in each timed round, "
                             "at its load factor (beside)", summary)):
@@ -60,6 +61,21 @@ def print_report(rows: list[dict[str, Any]], which: str) -> dict[str, Any]:
         print(f"{title}; {which} settings:")
         for key, text, met in report.verdicts(figures):
             print(f"  {key:12s} {text}: {'met' if met else 'NOT met'}")
+        print(f"  {'bias':12s} signed median {100 * figures['median_signed']:+.1f} %, "
+              f"{figures['under']} of {summary['configs_measured']} predicted faster")
+    if "ex_ante_alone" in summary:
+        alone = summary["ex_ante_alone"]
+        print(f"ex ante without the load factors (the profile alone): median APE "
+              f"{100 * alone['median_ape']:.1f} %, tau {alone['kendall_tau']:.2f}, signed "
+              f"median {100 * alone['median_signed']:+.1f} %")
+    modes = summary["bias_by_mode"]
+    print("bias by mode (signed median, ex ante / in the rounds): " + "; ".join(
+        f"{m} ({v['count']}) " + (f"{100 * v['ex_ante']:+.1f} % / " if "ex_ante" in v else "")
+        + f"{100 * v['in_round']:+.1f} %" for m, v in modes.items()))
+    if "drift" in summary:
+        d = summary["drift"]
+        print(f"machine drift (a pass alone in the rounds over before them, per setting): "
+              f"median x{d['median']:.3f}, x{d['min']:.3f} .. x{d['max']:.3f}")
     for line in _rivals(summary, rows):
         print(f"  {line}")
     return {**summary, "settings_set": which}

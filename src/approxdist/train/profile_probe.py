@@ -30,6 +30,13 @@ resnet20 at micro-batch 16 x0.98-1.01 on 2 ranks, x1.04-1.07 on 3 (2 of them com
 x1.02-1.03) and x1.09-1.12 on 4 (2: x1.02-1.05, 3: x1.06-1.09); mlp-wide at 32
 x1.04-1.06, x1.12-1.14 (x1.05-1.07) and x1.16-1.25 (x1.04-1.08, x1.11-1.15)
 (docs/planner.md).
+
+Before the rounds, `probe_before` takes the same probe `rounds` times on the ranks
+before any plan is built or stepped: the *ex-ante* profile and load factors, what a
+user's run could measure at plan time (the machine now, with the run's N processes),
+which `plan validate` chooses and prices its plans on. `drift` compares its passes alone
+with the rounds' (how much the machine's speed moved between the two; reported beside
+the figures, never used to price a plan).
 """
 
 from __future__ import annotations
@@ -42,11 +49,15 @@ import torch
 import torch.distributed as dist
 
 from approxdist.config.schema import DataConfig, ModelConfig
-from approxdist.errors import DataError
+from approxdist.errors import ConfigError, DataError
 from approxdist.launch.context import DistContext
 from approxdist.pipeline.profiler import REPEAT, pass_cpu_s
 from approxdist.planner.profile import Profile, median_profile, scale_times
 from approxdist.planner.profiler import model_and_sample, profile_built
+
+#: probes taken before the timed rounds or a plan (`probe_before`): three moments of a
+#: machine whose speed drifts, 12 timed pairs at 4 passes each against one profile's 9
+ANTE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,30 @@ class ProfileProbe:
         dist.all_gather_object(every, mine)
         got = [float(v) for v in every if v is not None]
         return sum(got) / len(got)
+
+
+def probe_before(ctx: DistContext, probe: ProfileProbe, rounds: int) -> list[ProbeRound]:
+    """`rounds` probes on every rank, between barriers, before anything else runs: rank
+    0's `ProbeRound`s (empty on the other ranks)."""
+    if rounds < 1:
+        raise ConfigError(f"ex-ante probe rounds = {rounds!r} must be >= 1")
+    got = []
+    for _ in range(rounds):
+        dist.barrier()
+        taken = probe(ctx)
+        if taken is not None:
+            got.append(taken)
+    return got
+
+
+def drift(before: Sequence[ProbeRound], during: Sequence[ProbeRound]) -> float:
+    """The median CPU seconds of a pass alone `during` the timed rounds over `before`
+    them: > 1 where the machine slowed down after the ex-ante probe."""
+    if not before or not during:
+        raise DataError("the machine's drift needs probe rounds before and during the "
+                        "timed rounds")
+    return statistics.median(r.alone_s for r in during) / \
+        statistics.median(r.alone_s for r in before)
 
 
 def under_load(rounds: Sequence[ProbeRound]) -> tuple[Profile, float]:

@@ -130,3 +130,26 @@ def busy_ranks(plan: PipelinePlan, profile: Profile) -> float:
         shares += [math.ceil(plan.microbatches / st.replicas) * work] * st.replicas
     total, squares = sum(shares), sum(c * c for c in shares)
     return total * total / squares if squares > 0 else float(len(shares))
+
+
+def between(busy: float, count: int) -> tuple[tuple[int, float], tuple[int, float]]:
+    """The whole numbers of busy ranks around `busy` (1 .. `count`) and their weights
+    (linear)."""
+    at = min(max(busy, 1.0), float(count))
+    lo = min(int(at), count - 1) if count > 1 else 1
+    hi = min(lo + 1, count)
+    w_hi = at - lo if hi != lo else 0.0
+    return (lo, 1.0 - w_hi), (hi, w_hi)
+
+
+def at_load(c: Candidate, profiles: tuple[Profile, ...], factors: tuple[float, ...],
+            base: SolverSettings, tensor: TensorSpace | None = None
+            ) -> tuple[float, float, float]:
+    """(step seconds, busy ranks, load factor) of `c` priced on `profiles` (the profile
+    with 1 .. N ranks computing, `factors` their load factors: `by_busy`'s) between the
+    two whole numbers of busy ranks around its own (`busy_ranks`, every tp shard busy)."""
+    busy = busy_ranks(c.ranked.plan, profiles[0]) * c.ranked.tp
+    weights = [(k, w) for k, w in between(busy, len(profiles)) if w > 0]
+    step = sum(w * repriced(c, profiles[k - 1], base, tensor).ranked.step_s
+               for k, w in weights)
+    return step, busy, sum(w * factors[k - 1] for k, w in weights)
