@@ -22,6 +22,7 @@
 #include "bitpack.h"
 #include "bytepack.h"
 #include "parallel.h"
+#include "ordered.h"
 #include "traffic.h"
 #include "stream.h"
 
@@ -112,31 +113,54 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
 
 typedef struct {
     const float *g;
-    float *e, *mag;
-    int stream;
+    float *e, *sums;
 } sum_t;
+
+/* m values (a multiple of SUM_LANES but at the end): e = g + e where g is given (else e is
+ * only read), and each |e| added to its lane (ordered.h) */
+static void add_feedback(const float *restrict g, float *restrict e, int64_t m,
+                         float *restrict lanes) {
+    float lane[SUM_LANES];
+    for (int j = 0; j < SUM_LANES; j++) lane[j] = lanes[j];
+    const int64_t whole = m / SUM_LANES * SUM_LANES;
+    if (g == NULL) {
+        for (int64_t r = 0; r < whole; r += SUM_LANES)
+            for (int j = 0; j < SUM_LANES; j++) lane[j] += fabsf(e[r + j]);
+    } else {
+        for (int64_t r = 0; r < whole; r += SUM_LANES)
+            for (int j = 0; j < SUM_LANES; j++) {
+                e[r + j] = g[r + j] + e[r + j];
+                lane[j] += fabsf(e[r + j]);
+            }
+    }
+    for (int j = 0; j < m - whole; j++) {
+        if (g != NULL) e[whole + j] = g[whole + j] + e[whole + j];
+        lane[j] += fabsf(e[whole + j]);
+    }
+    for (int j = 0; j < SUM_LANES; j++) lanes[j] = lane[j];
+}
 
 static void sum_range(const void *arg, int64_t lo, int64_t hi) {
     const sum_t *s = (const sum_t *)arg;
-    const float *restrict g = s->g;
-    float *restrict e = s->e;
-    float tmp[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
-        for (int64_t j = 0; j < m; j++) {
-            e[k + j] = g[k + j] + e[k + j];
-            tmp[j] = fabsf(e[k + j]);
+    for (int64_t c = lo; c < hi; c += SUM_CHUNK) { /* lo is a multiple of SUM_CHUNK */
+        const int64_t end = hi - c < SUM_CHUNK ? hi : c + SUM_CHUNK;
+        float lane[SUM_LANES] = {0.0f};
+        for (int64_t k = c, m; k < end; k += m) { /* AHEAD: a multiple of SUM_LANES */
+            m = ahead_block(s->e + k, end - k);
+            if (s->g != NULL) ahead_block(s->g + k, end - k);
+            add_feedback(s->g == NULL ? NULL : s->g + k, s->e + k, m, lane);
         }
-        store_values(s->mag + k, tmp, m, s->stream);
+        s->sums[c / SUM_CHUNK] = fold_lanes(lane);
     }
-    stream_done(s->stream);
 }
 
-/* Error feedback's first pass, in place: e = g + e (torch.add's fp32 sum) and mag = |e| (the
- * magnitudes a scale is summed from), one read of g and e. */
-void ad_feedback_sum(const float *g, float *e, float *mag, int64_t n, int threads) {
-    sum_t s = {g, e, mag, stream_output(n, 0, -1)};
+/* Error feedback's first pass, in place: e = g + e (torch.add's fp32 sum; g NULL: e only
+ * read) and the sum of |e| in the fixed order of ordered.h, returned (`sums`: sum_chunks(n) floats
+ * of work space). One read of g and e, one write of e. */
+float ad_feedback_sum(const float *g, float *e, float *sums, int64_t n, int threads) {
+    sum_t s = {g, e, sums};
     split_run(sum_range, &s, n, threads);
+    return fold_chunks(sums, sum_chunks(n));
 }
 
 typedef struct {
