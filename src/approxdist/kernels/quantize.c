@@ -27,8 +27,10 @@
 #include "stream.h"
 
 typedef struct quant quant_t;
-/* codes of values [k, k + m) into c */
-typedef void (*codes_fn)(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c);
+/* codes of values [k, k + m): one a byte into c8 (returns 1; codes of at most 8 bits on a
+ * little-endian host) or one a word into c (returns 0) */
+typedef int (*codes_fn)(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
+                        uint8_t *restrict c8);
 
 struct quant {
     codes_fn codes;
@@ -42,42 +44,65 @@ struct quant {
     int width;
 };
 
-static void qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+/* codes made a byte each: 1 where pack8 takes them (little-endian hosts), else widened into
+ * c for pack_words and 0 */
+static int byte_codes(const uint8_t *restrict c8, int64_t m, uint32_t *restrict c) {
+    if (BYTEPACK_LE) return 1;
+    for (int64_t j = 0; j < m; j++) c[j] = c8[j];
+    return 0;
+}
+
+/* QSGD's code of x (see above) */
+static inline uint32_t qsgd_code(float x, float scale, float top, int32_t s, uint32_t w) {
+    const float a = fabsf(x) * scale, low = (float)(int32_t)a; /* floor: 0 <= a <= ~s */
+    float level = low + (float)(uniform(w) < a - low);
+    level = level > top ? top : level;
+    const int32_t l = (int32_t)level;
+    return (uint32_t)(x < 0.0f ? s - l : s + l);
+}
+
+static int qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
+                      uint8_t *restrict c8) {
     const float *restrict x = q->x + k;
     const float scale = q->scale, top = (float)q->levels;
     const int32_t s = q->levels;
     uint32_t w = weyl(q->key, (uint32_t)k);
-    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
-        const float a = fabsf(x[j]) * scale, low = (float)(int32_t)a; /* floor: 0 <= a <= ~s */
-        float level = low + (float)(uniform(w) < a - low);
-        level = level > top ? top : level;
-        const int32_t l = (int32_t)level;
-        c[j] = (uint32_t)(x[j] < 0.0f ? s - l : s + l);
+    if (q->width <= 8 && BYTEPACK_LE) {
+        for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN)
+            c8[j] = (uint8_t)qsgd_code(x[j], scale, top, s, w);
+        return 1;
     }
+    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN)
+        c[j] = qsgd_code(x[j], scale, top, s, w);
+    return 0;
 }
 
-static void terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+static int terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
+                          uint8_t *restrict c8) {
     const float *restrict x = q->x + k;
     const float scale = q->scale;
     uint32_t w = weyl(q->key, (uint32_t)k);
     for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
         const uint32_t sign = x[j] < 0.0f ? 2u : 1u;
-        c[j] = uniform(w) * scale < fabsf(x[j]) ? sign : 0u; /* u < |x| / scale, no divide */
+        c8[j] = uniform(w) * scale < fabsf(x[j]) ? (uint8_t)sign : 0u; /* u < |x| / scale */
     }
+    return byte_codes(c8, m, c);
 }
 
-static void sign_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+static int sign_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c32,
+                      uint8_t *restrict c) {
     const float *restrict x = q->x + k;
     for (int64_t j = 0; j < m; j++) c[j] = x[j] < 0.0f;
-    if (q->values == NULL) return;
+    if (q->values == NULL) return byte_codes(c, m, c32);
     const float plus = q->values[0], minus = q->values[1];
     if (q->residual == q->x) { /* in place: the residual replaces the values it came from */
         float *restrict r = q->residual + k;
         for (int64_t j = 0; j < m; j++) r[j] = r[j] - (c[j] ? minus : plus);
-        return;
+        return byte_codes(c, m, c32);
     }
     float *restrict r = q->residual + k;
     for (int64_t j = 0; j < m; j++) r[j] = x[j] - (c[j] ? minus : plus);
+    return byte_codes(c, m, c32);
 }
 
 static void encode_range(const void *arg, int64_t lo, int64_t hi) {
@@ -88,8 +113,7 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     uint8_t c8[BLOCK];
     for (int64_t k = lo, m; k < hi; k += m) {
         m = ahead_block(q->x + k, hi - k);
-        q->codes(q, k, m, c32);
-        out += pack_words(c32, m, w, c8, out);
+        out += q->codes(q, k, m, c32, c8) ? pack8(c8, m, w, out) : pack_words(c32, m, w, c8, out);
     }
 }
 
