@@ -52,28 +52,29 @@ static int byte_codes(const uint8_t *restrict c8, int64_t m, uint32_t *restrict 
     return 0;
 }
 
-/* QSGD's code of x (see above) */
-static inline uint32_t qsgd_code(float x, float scale, float top, int32_t s, uint32_t w) {
-    const float a = fabsf(x) * scale, low = (float)(int32_t)a; /* floor: 0 <= a <= ~s */
-    float level = low + (float)(uniform(w) < a - low);
-    level = level > top ? top : level;
-    const int32_t l = (int32_t)level;
+/* QSGD's code of x (see above); u < a - low compared as (mix32(w) >> 8) < (a - low) * 2^24,
+ * both sides times 2^24 exactly, and the level in integers */
+static inline uint32_t qsgd_code(float x, float scale, int32_t s, uint32_t w) {
+    const float a = fabsf(x) * scale;
+    const int32_t low = (int32_t)a; /* floor: 0 <= a <= ~s */
+    int32_t l = low + ((float)(int32_t)(mix32(w) >> 8) < (a - (float)low) * 0x1p24f);
+    l = l > s ? s : l;
     return (uint32_t)(x < 0.0f ? s - l : s + l);
 }
 
 static int qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
                       uint8_t *restrict c8) {
     const float *restrict x = q->x + k;
-    const float scale = q->scale, top = (float)q->levels;
+    const float scale = q->scale;
     const int32_t s = q->levels;
     uint32_t w = weyl(q->key, (uint32_t)k);
     if (q->width <= 8 && BYTEPACK_LE) {
         for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN)
-            c8[j] = (uint8_t)qsgd_code(x[j], scale, top, s, w);
+            c8[j] = (uint8_t)qsgd_code(x[j], scale, s, w);
         return 1;
     }
     for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN)
-        c[j] = qsgd_code(x[j], scale, top, s, w);
+        c[j] = qsgd_code(x[j], scale, s, w);
     return 0;
 }
 
