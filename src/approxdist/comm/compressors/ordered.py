@@ -30,12 +30,14 @@ def ordered_sum(values: torch.Tensor) -> torch.Tensor:
     """The fixed-order sum of the flat fp32 `values` (non-negative: magnitudes), 0-d fp32."""
     n = values.numel()
     chunks = -(-n // CHUNK)
-    padded = torch.zeros(chunks * CHUNK, dtype=torch.float32, device=values.device)
-    padded[:n] = values.reshape(-1)
-    rows = padded.view(chunks, CHUNK // LANES, LANES)
+    flat = values.reshape(-1)
+    if n != chunks * CHUNK:
+        flat = torch.cat([flat, flat.new_zeros(chunks * CHUNK - n)])
+    # row r of every chunk side by side: each step below one contiguous addition
+    rows = flat.view(chunks, CHUNK // LANES, LANES).transpose(0, 1).contiguous()
     lanes = torch.zeros(chunks, LANES, dtype=torch.float32, device=values.device)
-    for r in range(CHUNK // LANES):
-        lanes += rows[:, r]
+    for row in rows:
+        lanes += row
     size = 1 << max(chunks - 1, 0).bit_length()
     sums = torch.zeros(size, dtype=torch.float32, device=values.device)
     sums[:chunks] = fold(lanes)
