@@ -24,6 +24,7 @@ from approxdist.comm.compressors import (
     is_compressor,
     run_alone,
 )
+from approxdist.comm.compressors.ordered import ordered_sum
 from approxdist.comm.compressors.spec import WORKER_STRIDE
 from approxdist.comm.compressors.stream import step_key, uniform
 from approxdist.errors import ConfigError, SpecError
@@ -101,8 +102,8 @@ def test_randomk_shares_indices_and_sums_in_compressed_form() -> None:
 
 
 def test_scaled_sign_with_feedback_equals_reference() -> None:
-    def scaled_sign(p: torch.Tensor, _: int) -> torch.Tensor:
-        return p.abs().sum() / p.numel() * torch.where(p < 0, -1.0, 1.0)
+    def scaled_sign(p: torch.Tensor, _: int) -> torch.Tensor:  # ||p||_1 in the fixed order
+        return ordered_sum(p.abs()) / p.numel() * torch.where(p < 0, -1.0, 1.0)
 
     assert_all_workers(run("sign+ef"), with_feedback(scaled_sign))
 

@@ -11,11 +11,12 @@ import torch
 
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors import Compressor, Where, get_compressor
+from approxdist.comm.compressors.ordered import CHUNK, LANES, ordered_sum
 from approxdist.comm.compressors.packed import Packed
 from approxdist.comm.compressors.stream import GOLDEN, MASK, mix32, step_key, uniform
 from approxdist.comm.compressors.topk import TopK
 from approxdist.kernels import kernel_status
-from approxdist.kernels.compress import CompressKernel
+from approxdist.kernels.compress import CompressKernel, sum_chunks
 from approxdist.kernels.table import TableKernel
 from tests.helpers.lockstep import lockstep
 
@@ -132,6 +133,24 @@ def test_a_zero_or_non_finite_gradient_sends_level_zero() -> None:
             assert torch.equal(sent, ops.message(x)), spec
             codes, _ = fused.codes.unpack(Payload(sent, torch.Size([100])))
             assert bool((codes == zero).all()), (spec, x[0])
+
+
+@needs_kernels
+def test_the_ordered_sum_is_the_kernels_and_within_its_rounding_bound() -> None:
+    """C and torch ops add in the same order; each sum within (additions on the longest path)
+    * 2^-24 of the float64 sum (all terms are magnitudes)."""
+    kernel = CompressKernel.create()
+    assert kernel is not None
+    for n in LENGTHS + [CHUNK * 5 + 17]:
+        x = values(n, n)
+        residual = x.clone()
+        got = kernel.feedback_sum(None, residual, torch.empty(sum_chunks(n)))
+        want = ordered_sum(x.abs())
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), f"n={n}"
+        exact = float(x.double().abs().sum())
+        depth = CHUNK // LANES + 4 + max(sum_chunks(n) - 1, 0).bit_length()
+        assert abs(float(want) - exact) <= depth * 2.0**-24 * exact, f"n={n}"
+        assert torch.equal(residual, x)  # only read without a gradient
 
 
 def test_the_stream_is_the_hash_of_seed_step_and_index() -> None:

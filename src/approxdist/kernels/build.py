@@ -27,7 +27,8 @@ from approxdist.cache import cache_dir as approxdist_cache
 #: compiled together into one library (public: the tests build variants of it)
 SOURCES = ("bitfield.c", "table.c", "quantize.c", "topk.c")
 #: included by the sources: part of the cache key, not compiled on their own
-_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "parallel.h", "traffic.h", "stream.h")
+_HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "ordered.h", "parallel.h", "traffic.h",
+            "stream.h")
 #: tried in order; -march=native is safe because the build runs on the machine that uses it;
 #: -fopenmp puts the threads of a call on torch's OpenMP team (parallel.h), pthreads without
 _FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3",))

@@ -18,6 +18,8 @@ from approxdist.kernels.table import need
 
 _VOID, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _F32, _I32, _U32 = ctypes.c_float, ctypes.c_int32, ctypes.c_uint32
+#: values a fixed-order sum's chunk holds (ordered.h's SUM_CHUNK)
+SUM_CHUNK = 2048
 
 
 class CompressKernel:
@@ -36,13 +38,14 @@ class CompressKernel:
         self._most.restype = _U32
         self._sum = lib.ad_feedback_sum
         self._sum.argtypes = [_VOID, _VOID, _VOID, _I64, _INT]
+        self._sum.restype = _F32
         self._topk = lib.ad_topk_select
         self._topk.argtypes = [_VOID, _I64, _I64, _VOID, _VOID, _VOID, _INT]
         self._topk.restype = _INT
         self._topk_feedback = lib.ad_topk_feedback
         self._topk_feedback.argtypes = [_VOID, _VOID, _I64, _I64, _VOID, _VOID, _INT]
         self._topk_feedback.restype = _INT
-        for f in (self._qsgd, self._terngrad, self._sign, self._sum):
+        for f in (self._qsgd, self._terngrad, self._sign):
             f.restype = None
 
     @staticmethod
@@ -92,15 +95,18 @@ class CompressKernel:
             return None
         return torch.tensor([most], dtype=torch.int32).view(torch.float32)[0]
 
-    def feedback_sum(self, grad: torch.Tensor, residual: torch.Tensor,
-                     magnitudes: torch.Tensor) -> None:
-        """In one pass: `residual = grad + residual` (torch.add's fp32 sums) and `magnitudes =
-        |residual|` (fp32, as many values each)."""
-        n = grad.numel()
-        for t in (grad, residual, magnitudes):
+    def feedback_sum(self, grad: torch.Tensor | None, residual: torch.Tensor,
+                     sums: torch.Tensor) -> torch.Tensor:
+        """In one pass: `residual = grad + residual` (torch.add's fp32 sums; `grad` None: the
+        residual only read) and the sum of `|residual|` in `comm.compressors.ordered`'s fixed
+        order, returned as a 0-d fp32 tensor (`sums`: fp32 work space, `sum_chunks(n)`)."""
+        n = residual.numel()
+        for t in (residual, *(() if grad is None else (grad,))):
             need(t, torch.float32, n, "feedback")
-        self._sum(grad.data_ptr(), residual.data_ptr(), magnitudes.data_ptr(), n,
-                  torch.get_num_threads())
+        need(sums, torch.float32, sum_chunks(n), "feedback")
+        total = self._sum(None if grad is None else grad.data_ptr(), residual.data_ptr(),
+                          sums.data_ptr(), n, torch.get_num_threads())
+        return torch.tensor(total, dtype=torch.float32)
 
     def topk(self, x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor,
              residual: torch.Tensor | None = None) -> bool:
@@ -130,6 +136,11 @@ def fused(slot: KernelSlot[CompressKernel], use: bool,
             or any(t.dtype != torch.float32 for t in tensors):
         return None
     return slot.get(CompressKernel.create)
+
+
+def sum_chunks(n: int) -> int:
+    """The fp32 work space `feedback_sum` needs for n values: one float per chunk."""
+    return -(-n // SUM_CHUNK)
 
 
 def _topk_args(k: int, values: torch.Tensor, indices: torch.Tensor,

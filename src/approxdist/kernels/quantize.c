@@ -22,12 +22,15 @@
 #include "bitpack.h"
 #include "bytepack.h"
 #include "parallel.h"
+#include "ordered.h"
 #include "traffic.h"
 #include "stream.h"
 
 typedef struct quant quant_t;
-/* codes of values [k, k + m) into c */
-typedef void (*codes_fn)(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c);
+/* codes of values [k, k + m): one a byte into c8 (returns 1; codes of at most 8 bits on a
+ * little-endian host) or one a word into c (returns 0) */
+typedef int (*codes_fn)(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
+                        uint8_t *restrict c8);
 
 struct quant {
     codes_fn codes;
@@ -41,42 +44,66 @@ struct quant {
     int width;
 };
 
-static void qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
-    const float *restrict x = q->x + k;
-    const float scale = q->scale, top = (float)q->levels;
-    const int32_t s = q->levels;
-    uint32_t w = weyl(q->key, (uint32_t)k);
-    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
-        const float a = fabsf(x[j]) * scale, low = (float)(int32_t)a; /* floor: 0 <= a <= ~s */
-        float level = low + (float)(uniform(w) < a - low);
-        level = level > top ? top : level;
-        const int32_t l = (int32_t)level;
-        c[j] = (uint32_t)(x[j] < 0.0f ? s - l : s + l);
-    }
+/* codes made a byte each: 1 where pack8 takes them (little-endian hosts), else widened into
+ * c for pack_words and 0 */
+static int byte_codes(const uint8_t *restrict c8, int64_t m, uint32_t *restrict c) {
+    if (BYTEPACK_LE) return 1;
+    for (int64_t j = 0; j < m; j++) c[j] = c8[j];
+    return 0;
 }
 
-static void terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+/* QSGD's code of x (see above); u < a - low compared as (mix32(w) >> 8) < (a - low) * 2^24,
+ * both sides times 2^24 exactly, and the level in integers */
+static inline uint32_t qsgd_code(float x, float scale, int32_t s, uint32_t w) {
+    const float a = fabsf(x) * scale;
+    const int32_t low = (int32_t)a; /* floor: 0 <= a <= ~s */
+    int32_t l = low + ((float)(int32_t)(mix32(w) >> 8) < (a - (float)low) * 0x1p24f);
+    l = l > s ? s : l;
+    return (uint32_t)(x < 0.0f ? s - l : s + l);
+}
+
+static int qsgd_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
+                      uint8_t *restrict c8) {
+    const float *restrict x = q->x + k;
+    const float scale = q->scale;
+    const int32_t s = q->levels;
+    uint32_t w = weyl(q->key, (uint32_t)k);
+    if (q->width <= 8 && BYTEPACK_LE) {
+        for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN)
+            c8[j] = (uint8_t)qsgd_code(x[j], scale, s, w);
+        return 1;
+    }
+    for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN)
+        c[j] = qsgd_code(x[j], scale, s, w);
+    return 0;
+}
+
+static int terngrad_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c,
+                          uint8_t *restrict c8) {
     const float *restrict x = q->x + k;
     const float scale = q->scale;
     uint32_t w = weyl(q->key, (uint32_t)k);
     for (int32_t j = 0; j < (int32_t)m; j++, w += STREAM_GOLDEN) {
         const uint32_t sign = x[j] < 0.0f ? 2u : 1u;
-        c[j] = uniform(w) * scale < fabsf(x[j]) ? sign : 0u; /* u < |x| / scale, no divide */
+        c8[j] = uniform(w) * scale < fabsf(x[j]) ? (uint8_t)sign : 0u; /* u < |x| / scale */
     }
+    return byte_codes(c8, m, c);
 }
 
-static void sign_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c) {
+static int sign_codes(const quant_t *q, int64_t k, int64_t m, uint32_t *restrict c32,
+                      uint8_t *restrict c) {
     const float *restrict x = q->x + k;
     for (int64_t j = 0; j < m; j++) c[j] = x[j] < 0.0f;
-    if (q->values == NULL) return;
+    if (q->values == NULL) return byte_codes(c, m, c32);
     const float plus = q->values[0], minus = q->values[1];
     if (q->residual == q->x) { /* in place: the residual replaces the values it came from */
         float *restrict r = q->residual + k;
         for (int64_t j = 0; j < m; j++) r[j] = r[j] - (c[j] ? minus : plus);
-        return;
+        return byte_codes(c, m, c32);
     }
     float *restrict r = q->residual + k;
     for (int64_t j = 0; j < m; j++) r[j] = x[j] - (c[j] ? minus : plus);
+    return byte_codes(c, m, c32);
 }
 
 static void encode_range(const void *arg, int64_t lo, int64_t hi) {
@@ -87,8 +114,7 @@ static void encode_range(const void *arg, int64_t lo, int64_t hi) {
     uint8_t c8[BLOCK];
     for (int64_t k = lo, m; k < hi; k += m) {
         m = ahead_block(q->x + k, hi - k);
-        q->codes(q, k, m, c32);
-        out += pack_words(c32, m, w, c8, out);
+        out += q->codes(q, k, m, c32, c8) ? pack8(c8, m, w, out) : pack_words(c32, m, w, c8, out);
     }
 }
 
@@ -112,31 +138,54 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
 
 typedef struct {
     const float *g;
-    float *e, *mag;
-    int stream;
+    float *e, *sums;
 } sum_t;
+
+/* m values (a multiple of SUM_LANES but at the end): e = g + e where g is given (else e is
+ * only read), and each |e| added to its lane (ordered.h) */
+static void add_feedback(const float *restrict g, float *restrict e, int64_t m,
+                         float *restrict lanes) {
+    float lane[SUM_LANES];
+    for (int j = 0; j < SUM_LANES; j++) lane[j] = lanes[j];
+    const int64_t whole = m / SUM_LANES * SUM_LANES;
+    if (g == NULL) {
+        for (int64_t r = 0; r < whole; r += SUM_LANES)
+            for (int j = 0; j < SUM_LANES; j++) lane[j] += fabsf(e[r + j]);
+    } else {
+        for (int64_t r = 0; r < whole; r += SUM_LANES)
+            for (int j = 0; j < SUM_LANES; j++) {
+                e[r + j] = g[r + j] + e[r + j];
+                lane[j] += fabsf(e[r + j]);
+            }
+    }
+    for (int j = 0; j < m - whole; j++) {
+        if (g != NULL) e[whole + j] = g[whole + j] + e[whole + j];
+        lane[j] += fabsf(e[whole + j]);
+    }
+    for (int j = 0; j < SUM_LANES; j++) lanes[j] = lane[j];
+}
 
 static void sum_range(const void *arg, int64_t lo, int64_t hi) {
     const sum_t *s = (const sum_t *)arg;
-    const float *restrict g = s->g;
-    float *restrict e = s->e;
-    float tmp[BLOCK];
-    for (int64_t k = lo; k < hi; k += BLOCK) {
-        const int64_t m = block_len(hi - k);
-        for (int64_t j = 0; j < m; j++) {
-            e[k + j] = g[k + j] + e[k + j];
-            tmp[j] = fabsf(e[k + j]);
+    for (int64_t c = lo; c < hi; c += SUM_CHUNK) { /* lo is a multiple of SUM_CHUNK */
+        const int64_t end = hi - c < SUM_CHUNK ? hi : c + SUM_CHUNK;
+        float lane[SUM_LANES] = {0.0f};
+        for (int64_t k = c, m; k < end; k += m) { /* AHEAD: a multiple of SUM_LANES */
+            m = ahead_block(s->e + k, end - k);
+            if (s->g != NULL) ahead_block(s->g + k, end - k);
+            add_feedback(s->g == NULL ? NULL : s->g + k, s->e + k, m, lane);
         }
-        store_values(s->mag + k, tmp, m, s->stream);
+        s->sums[c / SUM_CHUNK] = fold_lanes(lane);
     }
-    stream_done(s->stream);
 }
 
-/* Error feedback's first pass, in place: e = g + e (torch.add's fp32 sum) and mag = |e| (the
- * magnitudes a scale is summed from), one read of g and e. */
-void ad_feedback_sum(const float *g, float *e, float *mag, int64_t n, int threads) {
-    sum_t s = {g, e, mag, stream_output(n, 0, -1)};
+/* Error feedback's first pass, in place: e = g + e (torch.add's fp32 sum; g NULL: e only
+ * read) and the sum of |e| in the fixed order of ordered.h, returned (`sums`: sum_chunks(n) floats
+ * of work space). One read of g and e, one write of e. */
+float ad_feedback_sum(const float *g, float *e, float *sums, int64_t n, int threads) {
+    sum_t s = {g, e, sums};
     split_run(sum_range, &s, n, threads);
+    return fold_chunks(sums, sum_chunks(n));
 }
 
 typedef struct {

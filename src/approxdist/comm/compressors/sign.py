@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 
 from approxdist.comm.codecs.base import Payload
+from approxdist.comm.compressors.ordered import ordered_sum
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
+from approxdist.kernels.compress import sum_chunks
 
 
 class ScaledSign(Packed):
@@ -27,14 +29,18 @@ class ScaledSign(Packed):
                  device: torch.device | None = None) -> None:
         super().__init__("sign+ef", shape, device)
         self.codes = ScaledCodes(1, self.numel)
+        self._chunk_sums: torch.Tensor | None = None
 
     def encode(self, x: torch.Tensor) -> Payload:
         return self._encode(x, None)
 
-    def mean_magnitude(self, x: torch.Tensor, work: torch.Tensor | None = None) -> torch.Tensor:
-        """||x||_1 / d, |x| made in `work` where given (the residual, before it is written)."""
-        magnitudes = x.abs() if work is None else torch.abs(x, out=work)
-        return mean_of(magnitudes)
+    def mean_magnitude(self, x: torch.Tensor) -> torch.Tensor:
+        """||x||_1 / d, the sum in `ordered.py`'s fixed order (a kernel's one read of `x`, or
+        torch ops)."""
+        kernel = self.codes.encoder(x)
+        if kernel is None:
+            return mean_of(ordered_sum(x.abs()), self.numel)
+        return mean_of(kernel.feedback_sum(None, x, self._sums()), self.numel)
 
     def encode_feedback(self, x: torch.Tensor) -> Payload:
         residual = self.state["residual"]
@@ -44,23 +50,27 @@ class ScaledSign(Packed):
 
     def outgoing(self, grad: torch.Tensor, sent: torch.Tensor | None = None) -> Payload:
         """On CPU (and no `sent`), two kernel passes instead of five: gradient plus residual
-        and their magnitudes in one, then the codes and the new residual in place."""
+        and the sum of their magnitudes in one, then the codes and the new residual in place."""
         x, residual = grad.detach().reshape(-1), self.state["residual"]
         kernel = None if sent is not None or x.numel() != self.numel \
             else self.codes.encoder(x, residual)
         if kernel is None:
             return super().outgoing(grad, sent)
-        if self._sum is None:
-            self._sum = torch.empty(self.numel, device=self.device)
-        kernel.feedback_sum(x, residual, self._sum)  # residual = x + residual, _sum = |that|
-        return self._encode(residual, residual, mean_of(self._sum))
+        total = kernel.feedback_sum(x, residual, self._sums())  # residual = x + residual
+        return self._encode(residual, residual, mean_of(total, self.numel))
+
+    def _sums(self) -> torch.Tensor:
+        """The kernel's work space for a fixed-order sum (one fp32 per chunk), made once."""
+        if self._chunk_sums is None:
+            self._chunk_sums = torch.empty(sum_chunks(self.numel), device=self.device)
+        return self._chunk_sums
 
     def _encode(self, x: torch.Tensor, residual: torch.Tensor | None,
                 scale: torch.Tensor | None = None) -> Payload:
         """The payload of `x`; with `residual`, also `residual = x - decode(payload)` (kernel;
         `residual` may be `x`). `scale`: the mean magnitude of `x` where known."""
         if scale is None:
-            scale = self.mean_magnitude(x, residual)
+            scale = self.mean_magnitude(x)
         kernel = self.codes.encoder(x)
         if kernel is None:
             return self.codes.pack(x < 0, scale, self.shape)
@@ -108,6 +118,6 @@ def signs(codes: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.float32).mul_(-2.0).add_(1.0)
 
 
-def mean_of(magnitudes: torch.Tensor) -> torch.Tensor:
-    """The mean of the flat magnitudes (torch's sum over them, divided by their count)."""
-    return magnitudes.sum() / max(magnitudes.numel(), 1)
+def mean_of(total: torch.Tensor, count: int) -> torch.Tensor:
+    """A mean from its 0-d fp32 sum (fp32 division by the count)."""
+    return total / max(count, 1)
