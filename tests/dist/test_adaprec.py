@@ -236,13 +236,16 @@ def test_snapshot_and_controller(tmp_path: Path) -> None:
 
 
 #: AdaPrec on the other engines with a gradient wire: a parameter server's pushes (1 server,
-#: 2 workers, sync) and a hybrid's replica all-reduce (stage 0 on 1 rank, stage 1 on 2)
+#: 3 workers, sync), a hybrid's replica all-reduce (stage 0 on 1 rank, stage 1 on 3) and the
+#: replicas' all-reduce of a tensor-parallel run (tp 2 x dp 2: each shard's replicas)
 OTHER_MODES: dict[str, dict[str, Any]] = {
-    "ps": {"train": {"parallel": "ps", "world_size": 3},
-           "ps": {"servers": 1, "workers": 2, "mode": "sync"}, "wire": "push"},
-    "hybrid": {"train": {"parallel": "hybrid", "world_size": 3},
-               "pipeline": {"stages": 2, "replicas": [1, 2], "microbatches": 4,
+    "ps": {"train": {"parallel": "ps", "world_size": 4},
+           "ps": {"servers": 1, "workers": 3, "mode": "sync"}, "wire": "push"},
+    "hybrid": {"train": {"parallel": "hybrid", "world_size": 4},
+               "pipeline": {"stages": 2, "replicas": [1, 3], "microbatches": 4,
                             "schedule": "1f1b"}, "wire": "grad"},
+    "tensor": {"train": {"parallel": "tensor", "world_size": 4}, "tp": {"size": 2},
+               "wire": "grad"},
 }
 
 
@@ -255,7 +258,7 @@ def _other_modes(ctx: DistContext, root: str) -> dict[str, Any]:
             sec = {k: dict(v) for k, v in ADAPREC.items()}
             sec["train"].update(keys["train"], epochs=1)
             sec.update({k: v for k, v in keys.items() if k not in ("train", "wire")})
-            sec["data"] = {**sec["data"], "batch_size": 32}
+            sec["data"] = {**sec["data"], "batch_size": 48}
             sec["wire"] = {keys["wire"]: {"codec": f"adaprec:{codec}"}}
             if name == "plain":
                 sec["adaprec"] = {**sec["adaprec"], "phase_steps": 1000, "speculate_steps": 1,
@@ -269,11 +272,12 @@ def _other_modes(ctx: DistContext, root: str) -> dict[str, Any]:
     return out
 
 
-def test_adaprec_drives_a_parameter_servers_pushes_and_a_hybrids_replicas(
+def test_adaprec_drives_a_parameter_servers_pushes_and_the_replicas_of_hybrid_and_tp(
         tmp_path: Path) -> None:
     """Every speculation in the poison is rolled back exactly: the run equals plain fp32
-    training bit for bit on every rank (a server's shard, every worker, every stage)."""
-    ranks = run_on_ranks(_other_modes, 3, str(tmp_path), timeout_s=300)
+    training bit for bit on every rank (a server's shard, every worker, every stage, every
+    tensor-parallel shard)."""
+    ranks = run_on_ranks(_other_modes, 4, str(tmp_path), timeout_s=300)
     for mode, keys in OTHER_MODES.items():
         decided = ranks[0][f"{mode}-a"]["adaprec"]
         assert len(decided["chosen"]) > 1, mode  # it did reach decisions
@@ -286,6 +290,10 @@ def test_adaprec_drives_a_parameter_servers_pushes_and_a_hybrids_replicas(
             wires = rank[f"{mode}-a"]["wires"]
             if keys["wire"] in wires:  # the codec in force is the one decided
                 assert wires[keys["wire"]] == "fp32", (mode, wires)
-    records = [json.loads(s) for s in (tmp_path / "ps-a" / "metrics.jsonl").read_text()
-               .splitlines()]
-    assert {r["wire"] for r in records if r.get("kind") == "adaprec"} == {"push"}
+    for mode, keys in OTHER_MODES.items():  # the poison was tried, from step 0, and refused
+        records = [json.loads(s) for s in (tmp_path / f"{mode}-a" / "metrics.jsonl")
+                   .read_text().splitlines()]
+        bounds = [r for r in records if r.get("kind") == "adaprec"]
+        assert {r["wire"] for r in bounds} == {keys["wire"]}, mode
+        assert bounds[0]["step"] == 0, mode
+        assert bounds[0]["candidates"][POISON]["verdict"] == "damaging", (mode, bounds[0])

@@ -47,9 +47,12 @@ def _check(cfg: Config) -> None:
         raise ConfigError(f"tp.size = {size} does not divide the world of {world} ranks; the "
                           f"world is tp x replicas: use --world-size {size * max(1, world // size)}"
                           f" or another --tp")
-    if cfg.wire.grad.adaptive:
-        raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec on tensor "
-                          f"parallelism is not built; use a fixed codec")
+    if cfg.wire.grad.adaptive and (world == size or cfg.dp.reducer != "approxdist"
+                                   or cfg.dp.early_forward):
+        raise ConfigError(f"wire.grad.codec = {cfg.wire.grad.codec!r}: AdaPrec switches the "
+                          f"codecs of the replicas' gradient wire (wire.grad); a tensor-"
+                          f"parallel run has one with replicas: use --world-size {2 * size} "
+                          f"with --tp {size}, the approxdist engine and no --early-forward")
     check_tp(cfg)
     if cfg.tp.sequence_parallel:
         _check_sequence(cfg)
@@ -86,7 +89,8 @@ TENSOR = register(Mode(
     name="tensor", help="tensor parallelism: every layer the plan names split over --tp "
                         "ranks, replicated over the rest (docs/tensor_parallel.md)",
     axes=frozenset({"tp", "dp"}), mesh=_mesh, engine=build_tensor,
-    options=("comm.*", "tp.*", "dp.*", "wire.tp_fwd.*", "wire.tp_bwd.*", "wire.grad.*"),
+    options=("comm.*", "tp.*", "dp.*", "adaprec.*", "wire.tp_fwd.*", "wire.tp_bwd.*",
+             "wire.grad.*"),
     implied=_implied, check=_check, preflight=_preflight,
     batch_share=lambda cfg: max(1, cfg.train.world_size // cfg.tp.size),
     share_name="number of replicas (world / tp)",
