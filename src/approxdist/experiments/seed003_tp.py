@@ -1,7 +1,7 @@
 """`seed003-tp`: what each wire format costs tensor-parallel training, within a layer.
 
 Seed 003 names three ways to split a model: by layers, within a layer, by channel;
-issue 33 asks seed 000's question of the last two. `--parallel tensor --tp 2` trains
+this preset asks seed 000's question of the last two. `--parallel tensor --tp 2` trains
 gpt-tiny on the embedded text (heads and MLP pairs split) and the accuracy presets'
 CNN task (`experiments.task`: MNIST-1D with the narrow 1-D ResNet, CIFAR-10 with a
 ResNet from `--data-dir`; split by channel) with each format on the forward wire
@@ -9,7 +9,7 @@ ResNet from `--data-dir`; split by channel) with each format on the forward wire
 the column-parallel input gradients), each without and with error feedback, against an
 fp32 run of the same seed; the same formats on the activations of a 2-stage pipeline
 cut of the same model (between layers) against its own fp32 run; and one epoch of fp32,
-bf16 and fp8-e4m3 forward wires through an emulated 100 Mbit/s link (issue 33's figure).
+bf16 and fp8-e4m3 forward wires through an emulated 100 Mbit/s link (the step-time target).
 `--smoke` trains the digits' MLP with one format: it checks the machinery only.
 
 CSV `accuracy.csv`, one row per run: task, parallel (tensor, pipeline), direction (fwd,
@@ -53,7 +53,7 @@ Sections = dict[str, dict[str, Any]]
 FORMATS = ("bf16", "fp8-e4m3", "fp8-e5m2", "bits:s1e6m1", "bits:auto4", "table4")
 #: `--quick`: one format per width (16, 8, 4 bits)
 QUICK_FORMATS = ("bf16", "fp8-e4m3", "bits:auto4")
-#: the link of issue 33's figure, and the forward wires timed through it
+#: the link of the step-time target, and the forward wires timed through it
 LINK = "bw=100mbit"
 LINK_FORMATS = ("fp32", "bf16", "fp8-e4m3")
 TP = 2

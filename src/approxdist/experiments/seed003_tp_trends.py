@@ -24,7 +24,7 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments.csvio import Row
 from approxdist.experiments.seed003_tp_report import BUDGET, Finals, change, codecs_of
 
-#: issue 33's figure: the forward wire's speed-up of a TP step over fp32 at 100 Mbit/s
+#: the target: the forward wire's speed-up of a TP step over fp32 at 100 Mbit/s
 SPEEDUP = 1.6
 Place = tuple[str, str, int]  # parallel mode, wire direction, error feedback
 FWD: Place = ("tensor", "fwd", 0)
@@ -95,7 +95,7 @@ def feedback(fin: Finals, task: str) -> md.Trend:
 
 
 def layer_or_cut(fin: Finals, task: str) -> md.Trend:
-    claim = (f"{task}: issue 33 (seed 003's splits): the same formats cost less between "
+    claim = (f"{task}: seed 003's splits: the same formats cost less between "
              "layers (a pipeline cut's activations) than within a layer (the TP forward "
              "wire), mean over formats")
     per_step = {p: fin.get((task, p, "-", "fp32", 0), {}).get("bytes_per_step", math.nan)
@@ -124,7 +124,7 @@ def costs_more(fin: Finals, task: str, claim: str, dear: tuple[Place, str],
 
 
 def link_figure(fin: Finals, links: list[Row], task: str) -> md.Trend:
-    claim = (f"{task}: issue 33: at an emulated 100 Mbit/s link a bf16 or 8-bit forward "
+    claim = (f"{task}: approxdist's target: at an emulated 100 Mbit/s link a bf16 or 8-bit forward "
              f"wire makes the TP step >= {SPEEDUP}x faster than fp32, final accuracy "
              f"within {100 * BUDGET:.0f} point")
     mine = {str(r["codec"]): r for r in links if r["task"] == task}

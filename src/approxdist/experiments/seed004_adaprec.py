@@ -175,7 +175,7 @@ def _chosen(row: Row) -> list[tuple[int, str]]:
 
 
 def trend_rows(rows: list[Row]) -> list[md.Trend]:
-    """The issue's figures, computed from results.csv, for each AdaPrec variant run."""
+    """AdaPrec's target figures, computed from results.csv, for each AdaPrec variant run."""
     pts = points(rows)
     fixed = [p for p in FIXED_POLICIES if p in pts]
     out: list[md.Trend] = []

@@ -6,7 +6,7 @@ argument check, the slowest member's time: as the calibration and `bench allredu
 do), then asks, for each window of W consecutive rounds, which algorithm a calibration
 that saw only those rounds would pick (by the median, and by other estimators for
 comparison) and whether that pick's median over *all* rounds is within `--tolerance` of
-the best one (issue 19's figure: 1.15x). It prints, per estimator and W, the share of
+the best one (the target: 1.15x). It prints, per estimator and W, the share of
 windows whose pick meets the tolerance, per size, and the worst ratio. `autocal.MAX_ROUNDS`
 is chosen from this table (docs/collectives.md, "Why 80 rounds").
 """

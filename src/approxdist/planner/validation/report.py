@@ -121,7 +121,7 @@ def bias_by_mode(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
 
 
 def verdicts(summary: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
-    """(figure, measured vs target, met) for each of the issue's figures (`summary`: the
+    """(figure, measured vs target, met) for each of the held-out figures' targets (`summary`: the
     in-round figures at its top, or its `ex_ante`)."""
     out = []
     for key, target in TARGETS.items():
