@@ -10,7 +10,16 @@ later in-place `step()` continue from them) but writes each parameter's new valu
 `targets[i]` and points the parameter there (`p.data = target`): the storage it held
 before keeps the old weights, untouched. The values are SGD's: the same operations in
 the same order (bit for bit against its single-tensor path, `tests/unit/test_step_into.py`),
-only the last one writes elsewhere.
+only the last one writes elsewhere. A target may be the parameter's own storage (a stage
+whose weights from before the step no action uses): then the step is SGD's in-place one.
+
+A parameter's gradient may also come as *rows* (`rows[id(p)] = (x, g)`: the gradient is
+`g^T x`, a linear layer's weight gradient not yet computed; `accumulate.DeferredWeightGrads`).
+Without momentum and weight decay the GEMM then writes the step itself,
+`target = p - lr * g^T x` (one `addmm`: no gradient tensor, one pass over the weights less
+than a GEMM followed by SGD's update; equal to it up to float rounding); otherwise the
+gradient is computed first (`torch.mm`, what autograd computes for one micro-batch) and the
+step runs as above.
 
 `steps_into(optimizer)` says whether an optimizer can: a plain `torch.optim.SGD` whose
 `step` is neither wrapped (a learning-rate scheduler's counter) nor hooked, without
@@ -20,7 +29,7 @@ place after a copy (`pipeline.weights`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch.optim import optimizer as torch_optimizer
@@ -42,23 +51,40 @@ def steps_into(optimizer: torch.optim.Optimizer) -> bool:
             for key in ("lr", "weight_decay", "momentum", "dampening"))
 
 
+#: a weight gradient as its rows: `(x, g)` with gradient `g^T x`
+Rows = tuple[torch.Tensor, torch.Tensor]
+
+
 @torch.no_grad()
 def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
-              targets: Sequence[torch.Tensor]) -> None:
+              targets: Sequence[torch.Tensor], rows: Mapping[int, Rows] | None = None) -> None:
     """One SGD step of `params` written into `targets` (same shapes), each parameter then
-    pointing at its target. A parameter without a gradient, or one `optimizer` does not
-    hold, keeps its value (copied into its target); `optimizer` holds no other tensors."""
+    pointing at its target; `rows[id(p)]`: `p`'s gradient as rows instead of `p.grad`
+    (module docstring). A parameter without a gradient, or one `optimizer` does not hold,
+    keeps its value (copied into its target); `optimizer` holds no other tensors."""
     where = {id(p): (p, t) for p, t in zip(params, targets, strict=True)}
+    rows = rows or {}
     for group in optimizer.param_groups:
         decay, momentum, dampening = group["weight_decay"], group["momentum"], group["dampening"]
         for p in group["params"]:
             if id(p) not in where:
                 raise ValueError(f"the optimizer holds a parameter of shape {tuple(p.shape)} "
                                  f"that step_into was not given; pass all of its parameters")
-            if p.grad is None:
+            factors = rows.get(id(p))
+            if p.grad is None and factors is None:
                 continue
             _, target = where.pop(id(p))
-            grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
+            if factors is not None and momentum == 0 and decay == 0:
+                x, g = factors
+                if _same(target, p):
+                    target.addmm_(g.t(), x, alpha=-group["lr"])
+                else:
+                    torch.addmm(p, g.t(), x, alpha=-group["lr"], out=target)
+                p.data = target
+                continue
+            grad = p.grad if factors is None else torch.mm(factors[1].t(), factors[0])
+            if decay != 0:
+                grad = grad.add(p, alpha=decay)
             if momentum != 0:
                 state = optimizer.state[p]
                 buf = state.get("momentum_buffer")
@@ -70,5 +96,11 @@ def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
             torch.add(p, grad, alpha=-group["lr"], out=target)
             p.data = target
     for p, target in where.values():  # SGD leaves it as it is
-        target.copy_(p)
+        if not _same(target, p):
+            target.copy_(p)
         p.data = target
+
+
+def _same(target: torch.Tensor, p: torch.Tensor) -> bool:
+    """Whether `target` is `p`'s own storage (an in-place step)."""
+    return target.data_ptr() == p.data_ptr()

@@ -130,19 +130,24 @@ class DeferredWeightGrads:
     def keep(self, key: int, layer: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         self.pending.setdefault(key, []).append((layer, x, g))
 
-    @torch.no_grad()
-    def flush(self, keys: Iterable[int]) -> None:
-        """Accumulate the kept gradients of micro-batches `keys` into `.grad`: one GEMM per
-        layer over all of their rows."""
+    def take(self, keys: Iterable[int]) -> list[tuple[nn.Linear, torch.Tensor, torch.Tensor]]:
+        """The kept rows of micro-batches `keys`, taken out: per layer, its input rows and
+        output-gradient rows over all of them (its weight gradient is `g^T x`)."""
         rows: dict[int, tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]] = {}
         for key in keys:
             for layer, x, g in self.pending.pop(key, []):
                 _, xs, gs = rows.setdefault(id(layer), (layer, [], []))
                 xs.append(x)
                 gs.append(g)
-        for layer, xs, gs in rows.values():
-            _accumulate(layer.weight, layer.bias, xs[0] if len(xs) == 1 else torch.cat(xs),
-                        gs[0] if len(gs) == 1 else torch.cat(gs))
+        return [(layer, xs[0] if len(xs) == 1 else torch.cat(xs),
+                 gs[0] if len(gs) == 1 else torch.cat(gs)) for layer, xs, gs in rows.values()]
+
+    @torch.no_grad()
+    def flush(self, keys: Iterable[int]) -> None:
+        """Accumulate the kept gradients of micro-batches `keys` into `.grad`: one GEMM per
+        layer over all of their rows."""
+        for layer, x, g in self.take(keys):
+            _accumulate(layer.weight, layer.bias, x, g)
 
 
 def _accumulates_plainly(p: torch.Tensor | None, dtype: torch.dtype) -> bool:

@@ -187,6 +187,12 @@ class StageCompute:
         self.memory.release(sum(self._unflushed.values()))
         self._unflushed = {}
 
+    def defer_weights(self, on: bool) -> None:
+        """With `on`, `backward` leaves the fused layers' weight gradients as rows in
+        `deferred` for the caller to take (an asynchronous stream's step: `stream_state`)."""
+        if not self.split and self.fusion is not None:
+            self.deferred = DeferredWeightGrads() if on else None
+
     def _take(self, m: int) -> tuple[_InFlight, torch.Tensor, int]:
         """Micro-batch m's kept state, the tensor its backward starts from (recomputed
         first with `recompute`) and the bytes it holds."""
