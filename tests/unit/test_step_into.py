@@ -66,12 +66,12 @@ def test_an_in_place_step_continues_from_its_momentum() -> None:
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("config", CONFIGS[:2], ids=["plain", "momentum+decay"])
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c) for c in CONFIGS])
 @pytest.mark.parametrize("in_place", [False, True], ids=["into a slot", "in place"])
 def test_a_gradient_as_rows_steps_as_sgd_on_its_product(config: dict[str, Any],
                                                         in_place: bool) -> None:
-    """rows (x, g) stand for the gradient g^T x: plain SGD's GEMM writes the step (equal up to
-    rounding), any other computes the gradient first; a target that is the parameter's own
+    """rows (x, g) stand for the gradient g^T x: the GEMM runs inside SGD's step (equal up to
+    rounding; Nesterov computes the gradient first); a target that is the parameter's own
     storage is an in-place step."""
     ref, ours = _params()[:2], _params()[:2]
     ref_opt, opt = torch.optim.SGD(ref, **config), torch.optim.SGD(ours, **config)

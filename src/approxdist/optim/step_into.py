@@ -15,11 +15,11 @@ whose weights from before the step no action uses): then the step is SGD's in-pl
 
 A parameter's gradient may also come as *rows* (`rows[id(p)] = (x, g)`: the gradient is
 `g^T x`, a linear layer's weight gradient not yet computed; `accumulate.DeferredWeightGrads`).
-Without momentum and weight decay the GEMM then writes the step itself,
-`target = p - lr * g^T x` (one `addmm`: no gradient tensor, one pass over the weights less
-than a GEMM followed by SGD's update; equal to it up to float rounding); otherwise the
-gradient is computed first (`torch.mm`, what autograd computes for one micro-batch) and the
-step runs as above.
+The GEMM then runs inside the step (`_step_rows`): without momentum it writes the step
+itself, `target = (1 - lr*decay) p - lr g^T x` (one `addmm`: no gradient tensor, one pass
+over the weights where a GEMM and SGD's update take three); with momentum it adds into the
+buffer, `buf = momentum buf + (1 - dampening) (g^T x + decay p)`. Equal to SGD on the
+computed gradient up to float rounding; Nesterov computes the gradient first (`torch.mm`).
 
 `steps_into(optimizer)` says whether an optimizer can: a plain `torch.optim.SGD` whose
 `step` is neither wrapped (a learning-rate scheduler's counter) nor hooked, without
@@ -30,6 +30,7 @@ place after a copy (`pipeline.weights`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.optim import optimizer as torch_optimizer
@@ -74,12 +75,8 @@ def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
             if p.grad is None and factors is None:
                 continue
             _, target = where.pop(id(p))
-            if factors is not None and momentum == 0 and decay == 0:
-                x, g = factors
-                if _same(target, p):
-                    target.addmm_(g.t(), x, alpha=-group["lr"])
-                else:
-                    torch.addmm(p, g.t(), x, alpha=-group["lr"], out=target)
+            if factors is not None and not group["nesterov"]:
+                _step_rows(optimizer, group, p, target, *factors)
                 p.data = target
                 continue
             grad = p.grad if factors is None else torch.mm(factors[1].t(), factors[0])
@@ -99,6 +96,29 @@ def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
         if not _same(target, p):
             target.copy_(p)
         p.data = target
+
+
+def _step_rows(optimizer: torch.optim.SGD, group: dict[str, Any], p: torch.Tensor,
+               target: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
+    """SGD's step of `p` into `target` with the gradient `g^T x`, its GEMM inside the update."""
+    lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+    if momentum == 0:
+        if _same(target, p):
+            target.addmm_(g.t(), x, beta=1 - lr * decay, alpha=-lr)
+        else:
+            torch.addmm(p, g.t(), x, beta=1 - lr * decay, alpha=-lr, out=target)
+        return
+    state, damp = optimizer.state[p], 1 - group["dampening"]
+    buf = state.get("momentum_buffer")
+    if buf is None:  # SGD's first buffer is the gradient, undamped
+        buf = state["momentum_buffer"] = torch.mm(g.t(), x)
+        if decay != 0:
+            buf.add_(p, alpha=decay)
+    else:
+        buf.addmm_(g.t(), x, beta=momentum, alpha=damp)
+        if decay != 0:
+            buf.add_(p, alpha=damp * decay)
+    torch.add(p, buf, alpha=-lr, out=target)
 
 
 def _same(target: torch.Tensor, p: torch.Tensor) -> bool:
