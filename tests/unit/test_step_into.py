@@ -70,20 +70,22 @@ def test_an_in_place_step_continues_from_its_momentum() -> None:
 @pytest.mark.parametrize("in_place", [False, True], ids=["into a slot", "in place"])
 def test_a_gradient_as_rows_steps_as_sgd_on_its_product(config: dict[str, Any],
                                                         in_place: bool) -> None:
-    """rows (x, g) stand for the gradient g^T x: the GEMM runs inside SGD's step (equal up to
-    rounding; Nesterov computes the gradient first); a target that is the parameter's own
-    storage is an in-place step."""
+    """rows [(x1, g1), (x2, g2)] stand for the gradient g1^T x1 + g2^T x2: the GEMMs run
+    inside SGD's step (equal up to rounding; Nesterov computes the gradient first); a
+    target that is the parameter's own storage is an in-place step."""
     ref, ours = _params()[:2], _params()[:2]
     ref_opt, opt = torch.optim.SGD(ref, **config), torch.optim.SGD(ours, **config)
     gen = torch.Generator().manual_seed(2)
     for _ in range(3):
-        x, g, bias_grad = (torch.randn(4, 3, generator=gen), torch.randn(4, 5, generator=gen),
-                           torch.randn(3, generator=gen))
-        ref[0].grad, ref[1].grad, ours[1].grad = g.t() @ x, bias_grad, bias_grad.clone()
+        pairs = [(torch.randn(4, 3, generator=gen), torch.randn(4, 5, generator=gen))
+                 for _ in range(2)]  # two micro-batches' rows
+        bias_grad = torch.randn(3, generator=gen)
+        ref[0].grad = sum(g.t() @ x for x, g in pairs)  # type: ignore[assignment]
+        ref[1].grad, ours[1].grad = bias_grad, bias_grad.clone()
         ref_opt.step()
         old = ours[0].detach().clone()
         targets = [p.data if in_place else torch.empty_like(p) for p in ours]
-        step_into(opt, ours, targets, rows={id(ours[0]): (x, g)})
+        step_into(opt, ours, targets, rows={id(ours[0]): pairs})
         for p, q in zip(ref, ours):
             torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
         assert ours[0].data_ptr() == targets[0].data_ptr()

@@ -13,12 +13,14 @@ the same order (bit for bit against its single-tensor path, `tests/unit/test_ste
 only the last one writes elsewhere. A target may be the parameter's own storage (a stage
 whose weights from before the step no action uses): then the step is SGD's in-place one.
 
-A parameter's gradient may also come as *rows* (`rows[id(p)] = (x, g)`: the gradient is
-`g^T x`, a linear layer's weight gradient not yet computed; `accumulate.DeferredWeightGrads`).
-The GEMM then runs inside the step (`_step_rows`): without momentum it writes the step
-itself, `target = (1 - lr*decay) p - lr g^T x` (one `addmm`: no gradient tensor, one pass
-over the weights where a GEMM and SGD's update take three); with momentum it adds into the
-buffer, `buf = momentum buf + (1 - dampening) (g^T x + decay p)`. Equal to SGD on the
+A parameter's gradient may also come as *rows* (`rows[id(p)] = [(x1, g1), (x2, g2), ...]`:
+the gradient is `g1^T x1 + g2^T x2 + ...`, a linear layer's weight gradient over its
+micro-batches, not yet computed; `accumulate.DeferredWeightGrads`). The GEMMs then run
+inside the step (`_step_rows`): without momentum the first writes the step itself,
+`target = (1 - lr*decay) p - lr g1^T x1` (`addmm`: no gradient tensor, one pass over the
+weights where a GEMM and SGD's update take three), and the others add into the target in
+place; with momentum they add into the buffer,
+`buf = momentum buf + (1 - dampening) (sum gi^T xi + decay p)`. Equal to SGD on the
 computed gradient up to float rounding; Nesterov computes the gradient first (`torch.mm`).
 
 `steps_into(optimizer)` says whether an optimizer can: a plain `torch.optim.SGD` whose
@@ -52,13 +54,14 @@ def steps_into(optimizer: torch.optim.Optimizer) -> bool:
             for key in ("lr", "weight_decay", "momentum", "dampening"))
 
 
-#: a weight gradient as its rows: `(x, g)` with gradient `g^T x`
+#: one share of a weight gradient as rows: `(x, g)`, the share being `g^T x`
 Rows = tuple[torch.Tensor, torch.Tensor]
 
 
 @torch.no_grad()
 def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
-              targets: Sequence[torch.Tensor], rows: Mapping[int, Rows] | None = None) -> None:
+              targets: Sequence[torch.Tensor],
+              rows: Mapping[int, Sequence[Rows]] | None = None) -> None:
     """One SGD step of `params` written into `targets` (same shapes), each parameter then
     pointing at its target; `rows[id(p)]`: `p`'s gradient as rows instead of `p.grad`
     (module docstring). A parameter without a gradient, or one `optimizer` does not hold,
@@ -76,10 +79,10 @@ def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
                 continue
             _, target = where.pop(id(p))
             if factors is not None and not group["nesterov"]:
-                _step_rows(optimizer, group, p, target, *factors)
+                _step_rows(optimizer, group, p, target, factors)
                 p.data = target
                 continue
-            grad = p.grad if factors is None else torch.mm(factors[1].t(), factors[0])
+            grad = p.grad if factors is None else rows_product(factors)
             if decay != 0:
                 grad = grad.add(p, alpha=decay)
             if momentum != 0:
@@ -98,24 +101,39 @@ def step_into(optimizer: torch.optim.SGD, params: Sequence[torch.Tensor],
         p.data = target
 
 
+def rows_product(rows: Sequence[Rows]) -> torch.Tensor:
+    """The gradient `rows` stand for: the sum of their `g^T x`."""
+    (x, g), rest = rows[0], rows[1:]
+    out = torch.mm(g.t(), x)
+    for x, g in rest:
+        out.addmm_(g.t(), x)
+    return out
+
+
 def _step_rows(optimizer: torch.optim.SGD, group: dict[str, Any], p: torch.Tensor,
-               target: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
-    """SGD's step of `p` into `target` with the gradient `g^T x`, its GEMM inside the update."""
+               target: torch.Tensor, rows: Sequence[Rows]) -> None:
+    """SGD's step of `p` into `target` with the gradient `rows` stand for, its GEMMs inside
+    the update."""
     lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+    (x, g), rest = rows[0], rows[1:]
     if momentum == 0:
         if _same(target, p):
             target.addmm_(g.t(), x, beta=1 - lr * decay, alpha=-lr)
         else:
             torch.addmm(p, g.t(), x, beta=1 - lr * decay, alpha=-lr, out=target)
+        for x, g in rest:
+            target.addmm_(g.t(), x, alpha=-lr)
         return
     state, damp = optimizer.state[p], 1 - group["dampening"]
     buf = state.get("momentum_buffer")
     if buf is None:  # SGD's first buffer is the gradient, undamped
-        buf = state["momentum_buffer"] = torch.mm(g.t(), x)
+        buf = state["momentum_buffer"] = rows_product(rows)
         if decay != 0:
             buf.add_(p, alpha=decay)
     else:
         buf.addmm_(g.t(), x, beta=momentum, alpha=damp)
+        for x, g in rest:
+            buf.addmm_(g.t(), x, alpha=damp)
         if decay != 0:
             buf.add_(p, alpha=damp * decay)
     torch.add(p, buf, alpha=-lr, out=target)

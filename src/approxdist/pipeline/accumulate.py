@@ -46,6 +46,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from approxdist.optim.step_into import Rows
+
 _FLAG = "_approxdist_fused_accumulation"
 #: `auto` fuses layers of at least this many weights (2 MiB of fp32 gradient): below it
 #: the accumulation pass stays in a core's L2 cache and the Python of a custom autograd
@@ -130,24 +132,28 @@ class DeferredWeightGrads:
     def keep(self, key: int, layer: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         self.pending.setdefault(key, []).append((layer, x, g))
 
-    def take(self, keys: Iterable[int]) -> list[tuple[nn.Linear, torch.Tensor, torch.Tensor]]:
-        """The kept rows of micro-batches `keys`, taken out: per layer, its input rows and
-        output-gradient rows over all of them (its weight gradient is `g^T x`)."""
-        rows: dict[int, tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]] = {}
+    def take(self, keys: Iterable[int]) -> list[tuple[nn.Linear, list[Rows]]]:
+        """The kept rows of micro-batches `keys`, taken out: per layer, the `(x, g)` of each
+        (its weight gradient is the sum of their `g^T x`)."""
+        rows: dict[int, tuple[nn.Linear, list[Rows]]] = {}
         for key in keys:
             for layer, x, g in self.pending.pop(key, []):
-                _, xs, gs = rows.setdefault(id(layer), (layer, [], []))
-                xs.append(x)
-                gs.append(g)
-        return [(layer, xs[0] if len(xs) == 1 else torch.cat(xs),
-                 gs[0] if len(gs) == 1 else torch.cat(gs)) for layer, xs, gs in rows.values()]
+                rows.setdefault(id(layer), (layer, []))[1].append((x, g))
+        return list(rows.values())
+
+    def nbytes(self, key: int) -> int:
+        """Bytes of the rows kept for micro-batch `key`."""
+        return sum(t.nelement() * t.element_size() for _, x, g in self.pending.get(key, [])
+                   for t in (x, g))
 
     @torch.no_grad()
     def flush(self, keys: Iterable[int]) -> None:
         """Accumulate the kept gradients of micro-batches `keys` into `.grad`: one GEMM per
         layer over all of their rows."""
-        for layer, x, g in self.take(keys):
-            _accumulate(layer.weight, layer.bias, x, g)
+        for layer, pairs in self.take(keys):
+            xs, gs = [x for x, _ in pairs], [g for _, g in pairs]
+            _accumulate(layer.weight, layer.bias, xs[0] if len(xs) == 1 else torch.cat(xs),
+                        gs[0] if len(gs) == 1 else torch.cat(gs))
 
 
 def _accumulates_plainly(p: torch.Tensor | None, dtype: torch.dtype) -> bool:

@@ -156,12 +156,10 @@ class StreamState:
         self._step = 0
 
     def _defers(self) -> bool:
-        """Whether the fused layers' weight gradients wait for the `U` as rows, which SGD's
-        GEMM then writes the step with (`optim.step_into`): each step applies one
-        micro-batch's gradient (PipeDream), taken at its backward, stepped out of place, on a
-        stage no replica sums."""
-        return self.weights.out_of_place and self.reduce is None and \
-            all(len(u.items) == 1 for u in self.program.takes.values())
+        """Whether the fused layers' weight gradients wait for the `U` as rows, whose GEMMs
+        then write the step (`optim.step_into`): stepped out of place, on a stage no
+        replica sums."""
+        return self.weights.out_of_place and self.reduce is None
 
     # -- the weights' actions ----------------------------------------------------------------
     def select(self, version: int) -> None:
@@ -173,7 +171,7 @@ class StreamState:
         step's gradient out when it completes it, drop the versions no later action uses."""
         self.weights.backward_done(microbatch)
         update = self.program.takes.get(position)
-        grad = self.weights.take_gradient(update, self.compute.deferred) \
+        grad = self.weights.take_gradient(update, self.compute.take_rows(update.items)) \
             if update is not None else None
         for v in self.program.drops.get(position, []):  # before the U makes a new one
             self.weights.drop(v)

@@ -21,21 +21,21 @@ other optimiser the step runs in place and a version later actions use is copied
 slot (`copies` / `copied_bytes` count them). When no version holds the module's weights
 any more (PipeDream's last stage, whose gradient has no delay), the step writes them in
 place. A step's gradient (`StepGradient`) may keep a fused layer's weight gradient as its
-rows `(x, g)` (`accumulate.DeferredWeightGrads`), so that SGD's GEMM writes the step itself
-(`optim.step_into`). A stage holds what the schedule's
+micro-batches' rows `(x, g)` (`accumulate.DeferredWeightGrads`), so that SGD's GEMMs write
+the step themselves (`optim.step_into`). A stage holds what the schedule's
 `version_limit` allows on top of the module's own weights; `peak_bytes` reports that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from approxdist.optim.step_into import Rows, step_into, steps_into
-from approxdist.pipeline.accumulate import DeferredWeightGrads
+from approxdist.optim.step_into import Rows, rows_product, step_into, steps_into
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.schedule.versions import Update
 
@@ -47,20 +47,20 @@ Slot = list[torch.Tensor]
 @dataclass
 class StepGradient:
     """One step's gradient per parameter (module order): a tensor or None, and, for a fused
-    layer's weight whose gradient was deferred, its rows (parameter index -> `(x, g)`, the
-    gradient being `g^T x`)."""
+    layer's weight whose gradient was deferred, its rows (parameter index -> `[(x, g), ...]`
+    over the step's micro-batches, the gradient being the sum of their `g^T x`)."""
 
     grads: list[torch.Tensor | None]
-    rows: dict[int, Rows]
+    rows: dict[int, list[Rows]]
 
     def scale(self, factor: float) -> None:
         """Multiply the gradient by `factor` (the rows through their `g`)."""
         self.grads = [g.mul_(factor) if g is not None else None for g in self.grads]
-        self.rows = {i: (x, g * factor) for i, (x, g) in self.rows.items()}
+        self.rows = {i: [(x, g * factor) for x, g in pairs] for i, pairs in self.rows.items()}
 
     def dense(self) -> list[torch.Tensor | None]:
         """Every gradient as a tensor (the rows' GEMMs run)."""
-        return [torch.mm(self.rows[i][1].t(), self.rows[i][0]) if i in self.rows else g
+        return [rows_product(self.rows[i]) if i in self.rows else g
                 for i, g in enumerate(self.grads)]
 
 
@@ -192,10 +192,10 @@ class WeightVersions:
         self.accumulated.setdefault(self.current, []).append(microbatch)
 
     def take_gradient(self, step: Update,
-                      deferred: DeferredWeightGrads | None = None) -> StepGradient:
+                      rows: Sequence[tuple[nn.Linear, list[Rows]]] = ()) -> StepGradient:
         """The gradient `step` applies: what its micro-batches' backwards added into version
-        `step.computed_at` (taken out of it, so the version can be dropped), and the rows
-        `deferred` kept for them."""
+        `step.computed_at` (taken out of it, so the version can be dropped), and the `rows`
+        of its fused layers (`StageCompute.take_rows`)."""
         got = self.accumulated.pop(step.computed_at, [])
         if tuple(got) != step.items:
             raise PipelineError(f"update {step} on stage {step.stage} expected the gradients of "
@@ -205,14 +205,16 @@ class WeightVersions:
         for leaf in self.versions[step.computed_at].values():
             grads.append(leaf.grad)
             leaf.grad = None
-        rows: dict[int, Rows] = {}
+        kept: dict[int, list[Rows]] = {}
         index = {id(p): i for i, p in enumerate(self._params)}
-        for layer, x, g in deferred.take(step.items) if deferred is not None else []:
-            rows[index[id(layer.weight)]] = (x, g)
+        for layer, pairs in rows:
+            kept[index[id(layer.weight)]] = pairs
             if layer.bias is not None:
-                i, b, had = index[id(layer.bias)], g.sum(0), grads[index[id(layer.bias)]]
-                grads[i] = b if had is None else had + b
-        return StepGradient(grads, rows)
+                i = index[id(layer.bias)]
+                for _, g in pairs:
+                    had = grads[i]
+                    grads[i] = g.sum(0) if had is None else had + g.sum(0)
+        return StepGradient(grads, kept)
 
     def load_gradient(self, grads: list[torch.Tensor | None]) -> None:
         """Put `grads` (from `take_gradient`) into the module's `.grad`, where a replicated
