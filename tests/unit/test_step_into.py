@@ -110,3 +110,25 @@ def test_optimizers_it_cannot_stand_in_for() -> None:
     scheduled = torch.optim.SGD(params, lr=0.1)
     torch.optim.lr_scheduler.StepLR(scheduled, step_size=1)  # wraps `step` to count calls
     assert not steps_into(scheduled)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.01])
+def test_a_step_from_rows_by_blocks_equals_one_gemm(monkeypatch: pytest.MonkeyPatch,
+                                                    decay: float) -> None:
+    """On a CPU the out-of-place step from rows goes by blocks of rows that fit in a cache;
+    blocks of 2 rows of a 7 x 3 weight give the values of one GEMM over the whole weight."""
+    from approxdist.optim import step_into as module
+    gen = torch.Generator().manual_seed(3)
+    pairs = [(torch.randn(4, 3, generator=gen), torch.randn(4, 7, generator=gen))
+             for _ in range(3)]
+    results = []
+    for block_bytes in (1 << 21, 2 * 3 * 4):
+        monkeypatch.setattr(module, "BLOCK_BYTES", block_bytes)
+        p = torch.randn(7, 3, generator=torch.Generator().manual_seed(4)).requires_grad_()
+        old = p.detach().clone()
+        step_into(torch.optim.SGD([p], lr=0.1, weight_decay=decay), [p], [torch.empty_like(p)],
+                  rows={id(p): pairs})
+        want = old * (1 - 0.1 * decay) - 0.1 * sum(g.t() @ x for x, g in pairs)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-6)
+        results.append(p.detach().clone())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)
