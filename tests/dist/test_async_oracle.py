@@ -73,10 +73,7 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
         assert weights.out_of_place != case.in_place
         assert (weights.copies > 0) == case.in_place, f"{case}: {weights.copies} copies"
         steps = 2 * len(rt.executor.stream.program.takes)  # two streams
-        # the tiny layers fuse with "all" only; the first stage's first layer (its input
-        # needs no gradient) accumulates as it goes
-        linears = sum(isinstance(m, torch.nn.Linear) for m in rt.module.modules())
-        rows = case.fuse == "all" and not case.in_place and linears > rt.transport.is_first
+        rows = case.fuse == "all" and not case.in_place  # the tiny layers fuse with "all" only
         assert weights.row_steps == (steps if rows else 0), f"{case}: {weights.row_steps}"
         if case.schedule == "pipedream" and rt.transport.is_last and not case.in_place:
             assert weights.in_place_steps == steps, f"{case}: {weights.in_place_steps} in place"

@@ -238,7 +238,7 @@ class StageCompute:
     def _fused(self, m: int) -> contextlib.AbstractContextManager[None]:
         if self.fusion is None:
             return contextlib.nullcontext()
-        return self.fusion.active(self.deferred, m)
+        return self.fusion.active(self.deferred, m, every=not self.split)
 
     def close(self) -> None:
         """Give the module's layers back their own forward (see `fuse_accumulation`)."""
