@@ -11,7 +11,11 @@ weights: 2BW's W(t+1) = W(t) - lr * grad f(W(t-1)), PipeDream's stashed gradient
 micro-batch. Every parameter after both streams and the loss of every step must agree
 within 1e-5; a stage never holds more versions than the schedule's limit. The SGD steps
 out of place into a free slot (`optim.step_into`: no weight copy at all) except in the
-`in_place` cases, whose hooked SGD steps in place and each kept version is a copy.
+`in_place` cases, whose hooked SGD steps in place and each kept version is a copy. In the
+`fuse="all"` cases the steps take the fused layers' weight gradients as their micro-batches'
+rows, whose GEMMs run inside the step (with momentum and weight decay; in the `plain` case,
+SGD without either, they write the step), and PipeDream's last stage, which keeps no
+version from before a step, steps its weights in place.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Case:
     threads: str = "inline"
     fuse: str = "auto"  # "all": fused Linear accumulation into each version's .grad
     in_place: bool = False  # the optimiser steps in place and versions are copies
+    plain: bool = False  # SGD without momentum and weight decay
 
     def config(self) -> PipelineConfig:
         return PipelineConfig(stages=self.stages, microbatches=self.microbatches,
@@ -62,10 +67,16 @@ def _run_cases(ctx: DistContext, cases: list[Case]) -> list[dict[str, Any]]:
     for case in cases:
         x0, _ = minibatch(case, 0, 0)
         rt = build_runtime(case.config(), oracle_model(), ctx, x0[:2], minibatches=case.minibatches)
-        losses = train_streams(rt, case, case.minibatches, in_place=case.in_place)
+        losses = train_streams(rt, case, case.minibatches, in_place=case.in_place,
+                               optimizer=sgd(rt.module, plain=True) if case.plain else None)
         weights = rt.executor.stream.weights
         assert weights.out_of_place != case.in_place
         assert (weights.copies > 0) == case.in_place, f"{case}: {weights.copies} copies"
+        steps = 2 * len(rt.executor.stream.program.takes)  # two streams
+        rows = case.fuse == "all" and not case.in_place  # the tiny layers fuse with "all" only
+        assert weights.row_steps == (steps if rows else 0), f"{case}: {weights.row_steps}"
+        if case.schedule == "pipedream" and rt.transport.is_last and not case.in_place:
+            assert weights.in_place_steps == steps, f"{case}: {weights.in_place_steps} in place"
         params = {n: p.detach().clone() for n, p in rt.module.named_parameters()}
         stage_bytes = sum(p.nelement() * p.element_size() for p in rt.module.parameters())
         out.append({"params": params, "losses": losses, "partition": rt.partition,
@@ -82,7 +93,7 @@ def _oracle(case: Case, partition: Partition) -> tuple[dict[str, torch.Tensor],
     p, m, k = case.stages, case.microbatches, case.minibatches
     sched = build_async_schedule(case.schedule, p, m, k)
     stages = [stage_module(model, partition, s) for s in range(p)]
-    opts = [sgd(s) for s in stages]
+    opts = [sgd(s, plain=case.plain) for s in stages]
     forward_version = {(r, a.microbatch): sched.versions[(r, i)]
                        for r, actions in sched.order.items()
                        for i, a in enumerate(actions) if a.kind is Kind.FORWARD}
@@ -150,9 +161,10 @@ def _check(case: Case, ranks: list[dict[str, Any]]) -> None:
 
 CASES_2 = [
     Case(2, "2bw", 2, 4),
-    Case(2, "2bw", 3, 3, recompute=True),
+    Case(2, "2bw", 3, 3, recompute=True, fuse="all"),  # the recomputed forward keeps rows
     Case(2, "pipedream", 2, 3, in_place=True),
     Case(2, "pipedream", 1, 5, fuse="all"),
+    Case(2, "pipedream", 2, 3, fuse="all", plain=True),
     Case(2, "2bw", 2, 3, fuse="all"),
     Case(2, "pipedream-vsync", 2, 3, threads="sa"),
 ]

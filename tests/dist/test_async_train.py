@@ -57,8 +57,9 @@ def test_async_runs_resume_bit_exact_and_log_their_weight_versions(tmp_path: Pat
         if name == "2bw":  # mini-batch b's loss comes from version max(b - 1, 0) everywhere
             assert [r["weight_versions"][1] for r in steps[:steps_per_epoch] if r["loss"]] == \
                 [[max(b - 1, 0), max(b - 1, 0)] for b in range(steps_per_epoch)]
-        for e in epochs:
-            assert all(row["peak_weight_version_bytes"] > 0 for row in e["ranks"])
+        for e in epochs:  # pipedream's last stage keeps no version past a step: in place
+            peaks = [row["peak_weight_version_bytes"] for row in e["ranks"]]
+            assert peaks[0] > 0 and (peaks[-1] == 0) == (name == "pipedream"), (name, peaks)
             assert e["train_loss"] > 0
 
 

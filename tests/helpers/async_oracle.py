@@ -32,7 +32,10 @@ def minibatch(case: HasBatch, epoch: int, b: int) -> tuple[torch.Tensor, torch.T
             torch.randint(0, CLASSES, (case.batch,), generator=gen))
 
 
-def sgd(module: nn.Module) -> torch.optim.SGD:
+def sgd(module: nn.Module, plain: bool = False) -> torch.optim.SGD:
+    """The oracles' SGD (momentum, weight decay); `plain`: neither (the GEMM-written step)."""
+    if plain:
+        return torch.optim.SGD(module.parameters(), lr=LR)
     return torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
 
 

@@ -66,6 +66,32 @@ def test_an_in_place_step_continues_from_its_momentum() -> None:
         assert torch.equal(p, q)
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c) for c in CONFIGS])
+@pytest.mark.parametrize("in_place", [False, True], ids=["into a slot", "in place"])
+def test_a_gradient_as_rows_steps_as_sgd_on_its_product(config: dict[str, Any],
+                                                        in_place: bool) -> None:
+    """rows [(x1, g1), (x2, g2)] stand for the gradient g1^T x1 + g2^T x2: the GEMMs run
+    inside SGD's step (equal up to rounding; Nesterov computes the gradient first); a
+    target that is the parameter's own storage is an in-place step."""
+    ref, ours = _params()[:2], _params()[:2]
+    ref_opt, opt = torch.optim.SGD(ref, **config), torch.optim.SGD(ours, **config)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        pairs = [(torch.randn(4, 3, generator=gen), torch.randn(4, 5, generator=gen))
+                 for _ in range(2)]  # two micro-batches' rows
+        bias_grad = torch.randn(3, generator=gen)
+        ref[0].grad = sum(g.t() @ x for x, g in pairs)  # type: ignore[assignment]
+        ref[1].grad, ours[1].grad = bias_grad, bias_grad.clone()
+        ref_opt.step()
+        old = ours[0].detach().clone()
+        targets = [p.data if in_place else torch.empty_like(p) for p in ours]
+        step_into(opt, ours, targets, rows={id(ours[0]): pairs})
+        for p, q in zip(ref, ours):
+            torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
+        assert ours[0].data_ptr() == targets[0].data_ptr()
+        assert in_place or not torch.equal(old, ours[0])
+
+
 def test_a_parameter_of_the_optimizer_not_given_is_refused() -> None:
     params = _params()
     opt = torch.optim.SGD(params, lr=0.1)
@@ -84,3 +110,25 @@ def test_optimizers_it_cannot_stand_in_for() -> None:
     scheduled = torch.optim.SGD(params, lr=0.1)
     torch.optim.lr_scheduler.StepLR(scheduled, step_size=1)  # wraps `step` to count calls
     assert not steps_into(scheduled)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.01])
+def test_a_step_from_rows_by_blocks_equals_one_gemm(monkeypatch: pytest.MonkeyPatch,
+                                                    decay: float) -> None:
+    """On a CPU the out-of-place step from rows goes by blocks of rows that fit in a cache;
+    blocks of 2 rows of a 7 x 3 weight give the values of one GEMM over the whole weight."""
+    from approxdist.optim import step_into as module
+    gen = torch.Generator().manual_seed(3)
+    pairs = [(torch.randn(4, 3, generator=gen), torch.randn(4, 7, generator=gen))
+             for _ in range(3)]
+    results = []
+    for block_bytes in (1 << 21, 2 * 3 * 4):
+        monkeypatch.setattr(module, "BLOCK_BYTES", block_bytes)
+        p = torch.randn(7, 3, generator=torch.Generator().manual_seed(4)).requires_grad_()
+        old = p.detach().clone()
+        step_into(torch.optim.SGD([p], lr=0.1, weight_decay=decay), [p], [torch.empty_like(p)],
+                  rows={id(p): pairs})
+        want = old * (1 - 0.1 * decay) - 0.1 * sum(g.t() @ x for x, g in pairs)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-6, atol=1e-6)
+        results.append(p.detach().clone())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-7)

@@ -168,3 +168,16 @@ def test_bubble_line_of_an_asynchronous_run_uses_the_stream_length() -> None:
     hybrid = _bubble(analysis, RunInfo(2, 4, "2bw", {"epoch": 2, "step": 20}, replicated=True))
     assert ("(a flush per mini-batch: 0.200); with one rank per stage: replicated stages step "
             "in lockstep and remove less (docs/pipeline.md); measured bubble 0.150") in hybrid[0]
+
+
+def test_phase_times_split_each_step_by_its_innermost_span() -> None:
+    from approxdist.analysis.phase_times import format_phase_times, phase_times
+    times = phase_times(_hand_built())
+    # rank 0 (one 10 ms step): run_for [0,3], send_for [3,4], receive_back [4,5] (wait is
+    # innermost in [5,8]), run_back [8,9], the comm thread's sync [8.5,9.5]; `step` keeps
+    # what nothing inside covers on its thread: [9,10]
+    assert times[0] == pytest.approx({"run_for": 3e-3, "wait": 3e-3, "send_for": 1e-3,
+                                      "receive_back": 1e-3, "run_back": 1e-3, "sync": 1e-3,
+                                      "step": 1e-3})
+    assert list(times[1])[0] == "wait" and sum(times[1].values()) == pytest.approx(10e-3)
+    assert format_phase_times(times).splitlines()[1].startswith("  rank 0: run_for 3.00 (27%)")

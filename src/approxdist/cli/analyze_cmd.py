@@ -3,7 +3,8 @@
 Reads `trace.json` (or merges `trace.rank<N>.json`), `metrics.jsonl` and `config.toml`
 from the run directory; prints per-rank compute / communication / waiting / bubble
 fractions, per-link bytes, time and effective bandwidth, the slowest stage and what it
-waits for, the pipeline bubble against theory; writes a PNG timeline chart. The
+waits for, the pipeline bubble against theory, each rank's time per step by phase
+(`analysis.phase_times`); writes a PNG timeline chart. The
 definitions are in `approxdist.analysis.bottleneck` and docs/tracing.md.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.analysis import RunInfo, analyze, format_report, report_dict
+from approxdist.analysis.phase_times import format_phase_times, phase_times
 from approxdist.trace.errors import TraceError
 from approxdist.trace.gather import load_run_trace
 
@@ -49,9 +51,12 @@ def run_analyze(args: argparse.Namespace) -> int:
     stages = args.stages if args.stages is not None else info.stages
     microbatches = args.microbatches if args.microbatches is not None else info.microbatches
     result = analyze(trace, stages, microbatches, skip=args.skip_steps)
+    phases = phase_times(trace, skip=args.skip_steps)
     print(format_report(result, info, f"approxdist analyze {run_dir}"))
+    print("\n" + format_phase_times(phases))
     if args.json:
-        Path(args.json).write_text(json.dumps(report_dict(result, info), indent=2) + "\n")
+        figures = {**report_dict(result, info), "phase_s_per_step": phases}
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
     if not args.no_png:
         from approxdist.analysis.chart import draw_timeline

@@ -33,6 +33,11 @@ there at once. `store.flush(keys)` is `W`: one GEMM per layer
 over the concatenated rows of every micro-batch in `keys` (`grad += cat(g)^T cat(x)`), so
 `W`s that follow each other in a schedule cost one pass over each weight gradient, not one
 per micro-batch.
+
+An asynchronous stream's step takes the rows too (`active(defer=store, key=m, every=True)`,
+`StageCompute.defer_weights`): there every fused layer keeps its rows, the first one of the
+first stage included (its node enters the graph through its weight, which gets no
+`.grad`), and the step runs the GEMMs (`optim.step_into`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+
+from approxdist.optim.step_into import Rows
 
 _FLAG = "_approxdist_fused_accumulation"
 #: `auto` fuses layers of at least this many weights (2 MiB of fp32 gradient): below it
@@ -101,7 +108,8 @@ class _LinearDefer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, layer: nn.Linear, store: DeferredWeightGrads,
-                key: int) -> torch.Tensor:
+                key: int, anchor: torch.Tensor | None = None) -> torch.Tensor:
+        # `anchor` (the weight, when `x` needs no gradient) only puts the node in the graph
         weight = layer.weight.detach()  # shares the version counter: an update raises
         ctx.save_for_backward(x, weight)
         ctx.layer, ctx.store, ctx.key = layer, store, key
@@ -109,7 +117,8 @@ class _LinearDefer(torch.autograd.Function):
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+    def backward(ctx: Any,
+                 grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
         if torch.is_grad_enabled():
             raise RuntimeError("a deferred weight gradient cannot build a graph of the "
                                "gradients (create_graph=True); run this stage with "
@@ -117,7 +126,7 @@ class _LinearDefer(torch.autograd.Function):
         x, w = ctx.saved_tensors
         ctx.store.keep(ctx.key, ctx.layer, x.detach().reshape(-1, x.shape[-1]),
                        grad.reshape(-1, grad.shape[-1]))
-        return (grad.matmul(w) if ctx.needs_input_grad[0] else None), None, None, None
+        return (grad.matmul(w) if ctx.needs_input_grad[0] else None), None, None, None, None
 
 
 class DeferredWeightGrads:
@@ -130,17 +139,26 @@ class DeferredWeightGrads:
     def keep(self, key: int, layer: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> None:
         self.pending.setdefault(key, []).append((layer, x, g))
 
+    def take(self, keys: Iterable[int]) -> list[tuple[nn.Linear, list[Rows]]]:
+        """The kept rows of micro-batches `keys`, taken out: per layer, the `(x, g)` of each
+        (its weight gradient is the sum of their `g^T x`)."""
+        rows: dict[int, tuple[nn.Linear, list[Rows]]] = {}
+        for key in keys:
+            for layer, x, g in self.pending.pop(key, []):
+                rows.setdefault(id(layer), (layer, []))[1].append((x, g))
+        return list(rows.values())
+
+    def nbytes(self, key: int) -> int:
+        """Bytes of the rows kept for micro-batch `key`."""
+        return sum(t.nelement() * t.element_size() for _, x, g in self.pending.get(key, [])
+                   for t in (x, g))
+
     @torch.no_grad()
     def flush(self, keys: Iterable[int]) -> None:
         """Accumulate the kept gradients of micro-batches `keys` into `.grad`: one GEMM per
         layer over all of their rows."""
-        rows: dict[int, tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]] = {}
-        for key in keys:
-            for layer, x, g in self.pending.pop(key, []):
-                _, xs, gs = rows.setdefault(id(layer), (layer, [], []))
-                xs.append(x)
-                gs.append(g)
-        for layer, xs, gs in rows.values():
+        for layer, pairs in self.take(keys):
+            xs, gs = [x for x, _ in pairs], [g for _, g in pairs]
             _accumulate(layer.weight, layer.bias, xs[0] if len(xs) == 1 else torch.cat(xs),
                         gs[0] if len(gs) == 1 else torch.cat(gs))
 
@@ -162,7 +180,9 @@ def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     mode = module.__dict__[_FLAG]
     if mode and torch.is_grad_enabled() and x.dtype == module.weight.dtype:
         if isinstance(mode, tuple) and x.requires_grad:  # else no I reaches the layer
-            return _LinearDefer.apply(x, module, *mode)
+            return _LinearDefer.apply(x, module, *mode[:2])
+        if isinstance(mode, tuple) and mode[2]:  # a stream's step: rows of every layer
+            return _LinearDefer.apply(x, module, *mode[:2], module.weight)
         return _LinearAccumulate.apply(x, module.weight, module.bias)
     return nn.Linear.forward(module, x)
 
@@ -185,14 +205,17 @@ class WeightGradFusion:
         return sum(m.weight.numel() for m in self.layers)
 
     @contextlib.contextmanager
-    def active(self, defer: DeferredWeightGrads | None = None, key: int = 0) -> Iterator[None]:
+    def active(self, defer: DeferredWeightGrads | None = None, key: int = 0,
+               every: bool = False) -> Iterator[None]:
         """Forwards inside the block record fused backward nodes (for the layers whose
         parameters `AccumulateGrad` would treat plainly right now); with `defer`, nodes
-        that keep their weight gradients in `defer` under `key` (module docstring)."""
+        that keep their weight gradients in `defer` under `key` (module docstring); with
+        `every` too, the layers whose input needs no gradient also keep theirs (an
+        asynchronous stream's step takes every layer's rows) instead of accumulating."""
         for m in self.layers:
             dtype = m.weight.dtype
             plain = _accumulates_plainly(m.weight, dtype) and _accumulates_plainly(m.bias, dtype)
-            setattr(m, _FLAG, (defer, key) if plain and defer is not None else plain)
+            setattr(m, _FLAG, (defer, key, every) if plain and defer is not None else plain)
         try:
             yield
         finally:

@@ -27,7 +27,7 @@ random numbers and frozen batch-norm statistics of a recomputed forward are `rec
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from approxdist.errors import ConfigError
+from approxdist.optim.step_into import Rows
 from approxdist.pipeline.accumulate import MODES as FUSION_MODES
 from approxdist.pipeline.accumulate import DeferredWeightGrads, WeightGradFusion
 from approxdist.pipeline.recompute import RngState, frozen_batchnorm_stats, replayed_rng, rng_state
@@ -96,6 +97,8 @@ class StageCompute:
         self._weights: dict[int, tuple[WeightGrad, int]] = {}
         #: micro-batches whose `W` ran but whose deferred GEMMs wait for `flush_weights`
         self._unflushed: dict[int, int] = {}
+        #: micro-batch -> bytes of the rows its `backward` kept (`defer_weights`)
+        self._rows_bytes: dict[int, int] = {}
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.correct = torch.zeros((), dtype=torch.int64)
         #: evaluation only: the true class's probability summed (a loss with `soft_sum`)
@@ -157,6 +160,9 @@ class StageCompute:
         item, root, nbytes = self._take(m)
         torch.autograd.backward(root, grad)
         self.memory.release(nbytes)
+        if self.deferred is not None and not self.split:  # rows kept for the step
+            self._rows_bytes[m] = self.deferred.nbytes(m)
+            self.memory.add(self._rows_bytes[m])
         return None if self.is_first else item.inputs.grad
 
     def backward_input(self, m: int, grad: torch.Tensor | None) -> torch.Tensor | None:
@@ -186,6 +192,20 @@ class StageCompute:
             self.deferred.flush(self._unflushed)
         self.memory.release(sum(self._unflushed.values()))
         self._unflushed = {}
+
+    def defer_weights(self, on: bool) -> None:
+        """With `on`, `backward` leaves the fused layers' weight gradients as rows (counted
+        as held activations) until `take_rows` (an asynchronous stream's step: `stream_state`)."""
+        if not self.split and self.fusion is not None:
+            self.deferred = DeferredWeightGrads() if on else None
+            self._rows_bytes = {}
+
+    def take_rows(self, keys: Sequence[int]) -> list[tuple[nn.Linear, list[Rows]]]:
+        """The rows `backward` kept for micro-batches `keys` (`defer_weights`), per layer."""
+        if self.split or self.deferred is None:
+            return []
+        self.memory.release(sum(self._rows_bytes.pop(m, 0) for m in keys))
+        return list(self.deferred.take(keys))
 
     def _take(self, m: int) -> tuple[_InFlight, torch.Tensor, int]:
         """Micro-batch m's kept state, the tensor its backward starts from (recomputed
@@ -218,7 +238,7 @@ class StageCompute:
     def _fused(self, m: int) -> contextlib.AbstractContextManager[None]:
         if self.fusion is None:
             return contextlib.nullcontext()
-        return self.fusion.active(self.deferred, m)
+        return self.fusion.active(self.deferred, m, every=not self.split)
 
     def close(self) -> None:
         """Give the module's layers back their own forward (see `fuse_accumulation`)."""

@@ -44,9 +44,8 @@ from approxdist.pipeline.schedule.versions import Update
 from approxdist.pipeline.stage import StageCompute
 from approxdist.pipeline.step import Piece, StepState
 from approxdist.pipeline.transport import StageTransport
-from approxdist.pipeline.weights import WeightVersions
+from approxdist.pipeline.weights import StepGradient, WeightVersions
 
-Gradient = list[torch.Tensor | None]
 #: the optimiser of a stage, from its parameters
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
@@ -68,7 +67,7 @@ class StreamState:
         self._scale: dict[int, float] = {}
         #: steps whose gradient is complete and not applied yet (a replicated one meets its
         #: `AR` first), oldest first
-        self._pending: deque[tuple[Update, Gradient]] = deque()
+        self._pending: deque[tuple[Update, StepGradient]] = deque()
         self._state: StepState | None = None
         self._step = 0  # the stream's next mini-batch
         self._pos = 0   # the next action of the program
@@ -141,6 +140,7 @@ class StreamState:
         self.weights.begin(self.optimizer, keep_initial=0 in self.program.used)
         if 0 in self.weights.versions:
             self.compute.memory.exclude(self.weights.tensors(0))
+        self.compute.defer_weights(self._defers())
         self._state = StepState(sizes={}, weights={}, inputs={}, labels={})
         self._pos = 0
 
@@ -149,10 +149,17 @@ class StreamState:
         assert self._pos == len(self.program.actions), "the last step runs the rest"
         assert not self._pending, "every step of the stream met its U"
         self._scale.clear()
+        self.compute.defer_weights(False)
         self.weights.end()
         self.transport.window = 0
         self._state = None
         self._step = 0
+
+    def _defers(self) -> bool:
+        """Whether the fused layers' weight gradients wait for the `U` as rows, whose GEMMs
+        then write the step (`optim.step_into`): stepped out of place, on a stage no
+        replica sums."""
+        return self.weights.out_of_place and self.reduce is None
 
     # -- the weights' actions ----------------------------------------------------------------
     def select(self, version: int) -> None:
@@ -164,33 +171,34 @@ class StreamState:
         step's gradient out when it completes it, drop the versions no later action uses."""
         self.weights.backward_done(microbatch)
         update = self.program.takes.get(position)
-        grads = self.weights.take_gradient(update) if update is not None else []
+        grad = self.weights.take_gradient(update, self.compute.take_rows(update.items)) \
+            if update is not None else None
         for v in self.program.drops.get(position, []):  # before the U makes a new one
             self.weights.drop(v)
-        if update is None:
+        if update is None or grad is None:
             return
         scale = self._scale.pop(update.items[0], 1.0)
         for n in update.items[1:]:
             assert abs(self._scale.pop(n, 1.0) - scale) < 1e-12, "one scale per replica step"
         if scale != 1.0:
-            grads = [g.mul_(scale) if g is not None else None for g in grads]
-        self._pending.append((update, grads))
+            grad.scale(scale)
+        self._pending.append((update, grad))
 
     def all_reduce(self) -> None:
         """`AR`: sum the oldest pending step's gradient over the stage's replicas."""
         assert self.reduce is not None and self._pending, "an AR without a step"
-        update, grads = self._pending[0]
-        self.weights.load_gradient(grads)
+        update, grad = self._pending[0]
+        self.weights.load_gradient(grad.dense())
         self.reduce.reduce_gradients()
         self.reduce.finish()
-        self._pending[0] = (update, self.weights.module_gradient())
+        self._pending[0] = (update, StepGradient(self.weights.module_gradient(), {}))
 
     def update(self, version: int) -> None:
         """`U`: step the optimiser with the oldest pending gradient, making `version`."""
         assert self.optimizer is not None
-        update, grads = self._pending.popleft()
+        update, grad = self._pending.popleft()
         assert update.version == version, f"U{version} meets the gradient of step {update}"
-        self.weights.update(update, grads, self.optimizer, keep=version in self.program.used)
+        self.weights.update(update, grad, self.optimizer, keep=version in self.program.used)
         if version in self.weights.versions:
             self.compute.memory.exclude(self.weights.tensors(version))
 
@@ -198,6 +206,8 @@ class StreamState:
         return {"buffer_window": self.program.window,
                 "peak_weight_version_bytes": self.weights.peak_bytes,
                 "weight_steps_out_of_place": self.weights.out_of_place,
+                "weight_steps_in_place": self.weights.in_place_steps,
+                "weight_steps_from_rows": self.weights.row_steps,
                 "weight_copy_bytes": self.weights.copied_bytes}
 
 

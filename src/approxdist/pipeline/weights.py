@@ -18,23 +18,50 @@ step itself writes W(t+1) into a free slot and points the module's parameters th
 slot of W(t) keeps W(t) for the micro-batches stashed on it, and nothing is copied; the
 newest version is the module's own storage (version 0 too, when a stream starts). With any
 other optimiser the step runs in place and a version later actions use is copied into a
-slot (`copies` / `copied_bytes` count them). A stage holds what the schedule's
+slot (`copies` / `copied_bytes` count them). When no version holds the module's weights
+any more (PipeDream's last stage, whose gradient has no delay), the step writes them in
+place. A step's gradient (`StepGradient`) may keep a fused layer's weight gradient as its
+micro-batches' rows `(x, g)` (`accumulate.DeferredWeightGrads`), so that SGD's GEMMs write
+the step themselves (`optim.step_into`). A stage holds what the schedule's
 `version_limit` allows on top of the module's own weights; `peak_bytes` reports that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from approxdist.optim.step_into import step_into, steps_into
+from approxdist.optim.step_into import Rows, rows_product, step_into, steps_into
 from approxdist.pipeline.errors import PipelineError
 from approxdist.pipeline.schedule.versions import Update
 
 Version = dict[str, torch.Tensor]
 #: storage for one copy of a stage's parameters, in parameter order
 Slot = list[torch.Tensor]
+
+
+@dataclass
+class StepGradient:
+    """One step's gradient per parameter (module order): a tensor or None, and, for a fused
+    layer's weight whose gradient was deferred, its rows (parameter index -> `[(x, g), ...]`
+    over the step's micro-batches, the gradient being the sum of their `g^T x`)."""
+
+    grads: list[torch.Tensor | None]
+    rows: dict[int, list[Rows]]
+
+    def scale(self, factor: float) -> None:
+        """Multiply the gradient by `factor` (the rows through their `g`)."""
+        self.grads = [g.mul_(factor) if g is not None else None for g in self.grads]
+        self.rows = {i: [(x, g * factor) for x, g in pairs] for i, pairs in self.rows.items()}
+
+    def dense(self) -> list[torch.Tensor | None]:
+        """Every gradient as a tensor (the rows' GEMMs run)."""
+        return [rows_product(self.rows[i]) if i in self.rows else g
+                for i, g in enumerate(self.grads)]
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -85,6 +112,8 @@ class WeightVersions:
         self.peak_bytes = 0
         self.copies = 0  # versions copied from the module's weights (in-place optimisers)
         self.copied_bytes = 0
+        self.row_steps = 0  # steps given a fused layer's weight gradient as rows
+        self.in_place_steps = 0  # out-of-place steps that wrote the module's weights in place
         #: micro-batches whose backward added into each version's `.grad` since its last update
         self.accumulated: dict[int, list[int]] = {}
 
@@ -162,9 +191,11 @@ class WeightVersions:
         """Micro-batch `microbatch`'s backward added its gradient into version `current`."""
         self.accumulated.setdefault(self.current, []).append(microbatch)
 
-    def take_gradient(self, step: Update) -> list[torch.Tensor | None]:
+    def take_gradient(self, step: Update,
+                      rows: Sequence[tuple[nn.Linear, list[Rows]]] = ()) -> StepGradient:
         """The gradient `step` applies: what its micro-batches' backwards added into version
-        `step.computed_at` (taken out of it, so the version can be dropped)."""
+        `step.computed_at` (taken out of it, so the version can be dropped), and the `rows`
+        of its fused layers (`StageCompute.take_rows`)."""
         got = self.accumulated.pop(step.computed_at, [])
         if tuple(got) != step.items:
             raise PipelineError(f"update {step} on stage {step.stage} expected the gradients of "
@@ -174,7 +205,16 @@ class WeightVersions:
         for leaf in self.versions[step.computed_at].values():
             grads.append(leaf.grad)
             leaf.grad = None
-        return grads
+        kept: dict[int, list[Rows]] = {}
+        index = {id(p): i for i, p in enumerate(self._params)}
+        for layer, pairs in rows:
+            kept[index[id(layer.weight)]] = pairs
+            if layer.bias is not None:
+                i = index[id(layer.bias)]
+                for _, g in pairs:
+                    had = grads[i]
+                    grads[i] = g.sum(0) if had is None else had + g.sum(0)
+        return StepGradient(grads, kept)
 
     def load_gradient(self, grads: list[torch.Tensor | None]) -> None:
         """Put `grads` (from `take_gradient`) into the module's `.grad`, where a replicated
@@ -185,16 +225,22 @@ class WeightVersions:
     def module_gradient(self) -> list[torch.Tensor | None]:
         return [p.grad for p in self._params]
 
-    def update(self, step: Update, grads: list[torch.Tensor | None],
-               optimizer: torch.optim.Optimizer, keep: bool) -> None:
-        """Apply `step` with `grads` (from `take_gradient`) to the module's (newest) weights;
+    def update(self, step: Update, grad: StepGradient, optimizer: torch.optim.Optimizer,
+               keep: bool) -> None:
+        """Apply `step` with `grad` (from `take_gradient`) to the module's (newest) weights;
         `keep` holds the result as version `step.version` for later actions."""
-        for p, g in zip(self._params, grads):
+        dense = grad.grads if self.out_of_place else grad.dense()
+        for p, g in zip(self._params, dense):
             p.grad = g
         if self.out_of_place:
-            before, slot = self._module_slot, self._slot()
+            before = self._module_slot
+            held = any(s is before for s in self._slot_of.values())
+            slot = self._slot() if held or before is None else before  # else: in place
+            self.in_place_steps += slot is before
+            self.row_steps += bool(grad.rows)
             self._account(slot)  # both are alive while the step writes
-            step_into(optimizer, self._params, slot)  # type: ignore[arg-type]
+            step_into(optimizer, self._params, slot,  # type: ignore[arg-type]
+                      {id(self._params[i]): r for i, r in grad.rows.items()})
             self._module_slot = slot
             self._release(before)
             if keep:
