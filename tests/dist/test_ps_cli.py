@@ -4,16 +4,12 @@ straggler, a straggler in data parallelism, and a killed worker or server."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
-from tests.helpers.waiting import wait_for_file
+from tests.helpers.killed_runs import KilledRun, run_and_kill
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
@@ -85,23 +81,22 @@ def test_a_persistent_straggler_applies_to_data_parallelism(
     assert 'stragglers = [\n    "1:1ms",\n]' in cfg or 'stragglers = ["1:1ms"]' in cfg
 
 
-@pytest.mark.parametrize(("mode", "victim", "name"), [
-    ("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)"),
-    ("backup:1", 2, "worker 1 (rank 2)")])
-def test_a_killed_rank_ends_the_run_naming_it(tmp_path: Path, mode: str, victim: int,
-                                              name: str) -> None:
-    out = tmp_path / mode
-    proc = subprocess.Popen([sys.executable, "-m", "approxdist", "train", "--parallel", "ps",
-                             "--workers", "2", "--ps-mode", mode, "--epochs", "500",
-                             "--out", str(out), *FAST], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_file(out / "workers" / f"rank{victim}.json", 60, proc)
-        wait_for_file(out / "checkpoint.pt", 60, proc)
-        pid = json.loads((out / "workers" / f"rank{victim}.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and name in err, err
+KILLS = [("sync", 2, "worker 1 (rank 2)"), ("async", 0, "server 0 (rank 0)"),
+         ("backup:1", 2, "worker 1 (rank 2)")]
+
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    """Per mode, (exit code, stderr) of a run whose victim was killed after epoch 1; the
+    three runs start together (tests/helpers/killed_runs.py)."""
+    root = tmp_path_factory.mktemp("killed")
+    return run_and_kill({mode: KilledRun(root / mode, victim, (
+        "--parallel", "ps", "--workers", "2", "--ps-mode", mode, "--epochs", "500", *FAST))
+        for mode, victim, _ in KILLS})
+
+
+@pytest.mark.parametrize(("mode", "victim", "name"), KILLS)
+def test_a_killed_rank_ends_the_run_naming_it(killed_runs: dict[str, tuple[int, str]],
+                                              mode: str, victim: int, name: str) -> None:
+    code, err = killed_runs[mode]
+    assert code != 0 and name in err, err
