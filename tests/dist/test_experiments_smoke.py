@@ -8,6 +8,7 @@ has those). `report` must then rebuild the plots and the page from the CSVs alon
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,24 @@ def _report(path: Path) -> None:
     assert args.func(args) == 0
 
 
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """Run a preset at smoke size once in this module: (its directory, its report)."""
+    done: dict[str, tuple[Path, Path]] = {}
+
+    def run(name: str) -> tuple[Path, Path]:
+        if name not in done:
+            out = tmp_path_factory.mktemp("smoke") / name
+            done[name] = out, run_experiment(name, Settings(out, size="smoke"))
+        return done[name]
+
+    return run
+
+
 @pytest.mark.parametrize("name", MULTI_RANK)
-def test_smoke_run_writes_csvs_plots_and_report(name: str, tmp_path: Path) -> None:
-    out = tmp_path / name
-    report = run_experiment(name, Settings(out, size="smoke"))
+def test_smoke_run_writes_csvs_plots_and_report(
+        name: str, smoke_run: Callable[[str], tuple[Path, Path]]) -> None:
+    out, report = smoke_run(name)
     preset = get_preset(name)
     for csv_name, columns in preset.csv_columns.items():
         rows = read_csv(out / csv_name, columns)
@@ -52,10 +67,10 @@ def test_smoke_run_writes_csvs_plots_and_report(name: str, tmp_path: Path) -> No
     assert all(p.stat().st_size > 10_000 for p in pngs) and report.read_text() == text
 
 
-def test_finished_runs_are_reused(tmp_path: Path) -> None:
-    """Re-running a preset into the same directory skips training runs already done."""
-    out = tmp_path / "bits"
-    run_experiment("seed000-bits", Settings(out, size="smoke"))
+def test_finished_runs_are_reused(smoke_run: Callable[[str], tuple[Path, Path]]) -> None:
+    """Re-running a preset into the same directory skips training runs already done (the
+    first run is the smoke test's above, or made here when this test runs alone)."""
+    out, _ = smoke_run("seed000-bits")
     summaries = sorted(out.glob("runs/*/summary.json"))
     stamps = [p.stat().st_mtime_ns for p in summaries]
     assert len(summaries) == 2

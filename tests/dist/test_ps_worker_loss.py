@@ -5,48 +5,50 @@ refused. The victim is slowed (`--straggler`) so that the kill lands while it tr
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from approxdist.cli.main import main
-from tests.helpers.waiting import wait_for_file
+from tests.helpers.killed_runs import KilledRun, run_and_kill
 
 FAST = ["--model", "mlp", "--set", "model.hidden=32", "--set", "train.progress=false"]
 
 
-def _kill_during_run(out: Path, victim: int, *args: str) -> tuple[int, str]:
-    """Start a PS run, SIGKILL rank `victim` once epoch 1's checkpoint exists; (exit code,
-    stderr). Every rank's process is gone afterwards."""
-    proc = subprocess.Popen([sys.executable, "-m", "approxdist", "train", "--parallel", "ps",
-                             "--out", str(out), "--straggler", f"{victim}:20ms", *args, *FAST],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_file(out / "checkpoint.pt", 120, proc)
-        pid = json.loads((out / "workers" / f"rank{victim}.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    for info in (out / "workers").glob("rank*.json"):
-        pid = json.loads(info.read_text())["pid"]
-        assert not Path(f"/proc/{pid}").exists(), f"{info.name}'s process {pid} is still there"
-    return proc.returncode, err
+LEFT_BEHIND = [("async", 2), ("backup:1", 3)]  # (mode, workers): the last worker is killed
 
 
-@pytest.mark.parametrize(("mode", "workers"), [("async", 2), ("backup:1", 3)])
-def test_a_killed_worker_is_left_behind_and_named(tmp_path: Path, mode: str,
-                                                  workers: int) -> None:
-    out, victim = tmp_path / "run", workers  # the last worker (servers: rank 0)
-    code, err = _kill_during_run(out, victim, "--workers", str(workers), "--ps-mode", mode,
-                                 "--batch-size", str(21 * workers), "--epochs", "6",
-                                 "--tolerate-worker-loss")
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
+    """Per case, (run directory, exit code, stderr) of a PS run whose victim was SIGKILLed
+    once epoch 1's checkpoint existed; the victim is slowed (`--straggler`) so that the kill
+    lands while it trains. The four runs start together (tests/helpers/killed_runs.py);
+    every rank's process is gone afterwards."""
+    root = tmp_path_factory.mktemp("loss")
+    tolerant = ("--tolerate-worker-loss", *FAST)
+    runs = {f"{mode}-{workers}": KilledRun(root / mode, workers, (
+        "--parallel", "ps", "--straggler", f"{workers}:20ms", "--workers", str(workers),
+        "--ps-mode", mode, "--batch-size", str(21 * workers), "--epochs", "6", *tolerant))
+        for mode, workers in LEFT_BEHIND}
+    runs["server"] = KilledRun(root / "server", 0, (
+        "--parallel", "ps", "--straggler", "0:20ms", "--workers", "2", "--ps-mode", "async",
+        "--epochs", "500", *tolerant))
+    runs["last"] = KilledRun(root / "last", 1, (
+        "--parallel", "ps", "--straggler", "1:20ms", "--workers", "1", "--ps-mode", "async",
+        "--epochs", "500", *tolerant))
+    ended = run_and_kill(runs)
+    for run in runs.values():
+        for info in (run.out / "workers").glob("rank*.json"):
+            pid = json.loads(info.read_text())["pid"]
+            assert not Path(f"/proc/{pid}").exists(), f"{info}'s process {pid} is still there"
+    return {name: (runs[name].out, *ended[name]) for name in runs}
+
+
+@pytest.mark.parametrize(("mode", "workers"), LEFT_BEHIND)
+def test_a_killed_worker_is_left_behind_and_named(
+        killed: dict[str, tuple[Path, int, str]], mode: str, workers: int) -> None:
+    out, code, err = killed[f"{mode}-{workers}"]
+    victim = workers  # the last worker (servers: rank 0)
     name = f"worker {workers - 1} (rank {victim})"
     assert code == 0, err
     assert f"approxdist: warning: the run lost {name} at step" in err, err
@@ -69,9 +71,9 @@ def test_a_killed_worker_is_left_behind_and_named(tmp_path: Path, mode: str,
     assert pushes[victim - 1] < min(pushes[:victim - 1])
 
 
-def test_a_killed_server_still_ends_a_tolerant_run(tmp_path: Path) -> None:
-    code, err = _kill_during_run(tmp_path / "run", 0, "--workers", "2", "--ps-mode", "async",
-                                 "--epochs", "500", "--tolerate-worker-loss")
+def test_a_killed_server_still_ends_a_tolerant_run(
+        killed: dict[str, tuple[Path, int, str]]) -> None:
+    _, code, err = killed["server"]
     assert code != 0 and "server 0 (rank 0) failed with exit code -9" in err, err
 
 
@@ -85,9 +87,9 @@ def test_tolerate_worker_loss_under_torchrun_is_refused(
     assert "available with the local launcher only" in err and len(err.strip().splitlines()) == 1
 
 
-def test_losing_the_last_worker_ends_the_run_naming_it(tmp_path: Path) -> None:
-    code, err = _kill_during_run(tmp_path / "run", 1, "--workers", "1", "--ps-mode", "async",
-                                 "--epochs", "500", "--tolerate-worker-loss")
+def test_losing_the_last_worker_ends_the_run_naming_it(
+        killed: dict[str, tuple[Path, int, str]]) -> None:
+    _, code, err = killed["last"]
     assert code != 0, err
     assert "lost worker 0 (rank 1) (exit code -9 (SIGKILL))" in err, err  # the warning
     assert "server 0 (rank 0) failed" in err and "0 worker(s) left" in err, err

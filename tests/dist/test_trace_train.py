@@ -3,10 +3,10 @@ that `approxdist analyze` reads; without the flag nothing is recorded or written
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -132,18 +132,18 @@ def test_pipeline_executor_phases_in_one_process() -> None:
                                     "replicas": [1]}
 
 
-# -- dp and pipeline, two ranks each, run side by side ------------------------------------
+# -- dp and pipeline, two ranks each, one run each ------------------------------------
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each mode's traced run, in this process (its ranks fork from the suite's fork server:
+    no interpreter to start)."""
     root = tmp_path_factory.mktemp("traced")
-    procs = {mode: subprocess.Popen(
-        [sys.executable, "-m", "approxdist", "train", *args, *FAST, "--trace",
-         "--out", str(root / mode)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for mode, args in MODES.items()}
-    for mode, proc in procs.items():
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, f"{mode}: {err}"
-        assert f"trace: {root / mode / 'trace.json'}" in out
+    for mode, args in MODES.items():
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = main(["train", *args, *FAST, "--trace", "--out", str(root / mode)])
+        assert code == 0, f"{mode}: {printed.getvalue()}"
+        assert f"trace: {root / mode / 'trace.json'}" in printed.getvalue()
     return {mode: root / mode for mode in MODES}
 
 

@@ -139,7 +139,7 @@ def test_output_into_a_closed_pipe_ends_quietly() -> None:
 
     cmd = [sys.executable, "-c", "from approxdist.cli.main import main; raise SystemExit(main())",
            "schedule", "show", "pipedream", "--stages", "4", "--microbatches", "8",
-           "--minibatches", "120"]  # ~115 KB: more than a pipe holds
+           "--minibatches", "60"]  # ~100 KB: more than a pipe's 64 KB holds
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()
