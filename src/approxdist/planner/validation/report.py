@@ -21,7 +21,7 @@ from approxdist.planner.validation.metrics import ape, kendall_tau, median, regr
 
 Row = Mapping[str, Any]
 
-#: the issue's figures (fractions): median and max APE, Kendall's tau, regret
+#: the targets (fractions): median and max APE, Kendall's tau, regret
 TARGETS = {"median_ape": 0.15, "max_ape": 0.35, "kendall_tau": 0.8, "regret": 0.10}
 
 
