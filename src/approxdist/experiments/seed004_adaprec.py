@@ -15,11 +15,7 @@ speculation. The report is the Pareto view (`seed004_pareto.py`): each policy a 
 (time, accuracy) with its spread, whether a fixed policy dominates AdaPrec, and AdaPrec's
 choices per parameter over the steps.
 
-CSVs: `results.csv`, one row per (policy, seed): policy, seed, final_accuracy,
-wall_time_s (training time of every epoch, speculation included), best_accuracy,
-bytes_sent, speculation_s, fit_s, decision_s, chosen (AdaPrec's `step:codec` per
-boundary, `;`-separated), blacklist; `curves.csv`, one row per (policy, seed, epoch):
-elapsed_s, test_accuracy.
+CSVs: `results.csv` (per policy and seed), `curves.csv` (per epoch); docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -230,9 +226,8 @@ def _why(acc_ok: bool, ratio: float) -> str:
                 "as equally good and the fastest wins; a lower adaprec.error_budget trades "
                 "time for accuracy")
     if ratio > 0.5:
-        out += ("; the time misses: the first boundary (at step 0 under the error rule) "
-                "trains every candidate S steps, fp32 on the slow link among them, and each "
-                "later one measures the signal and tries the damaging candidates that are "
+        out += ("; the time misses: the first boundary trains every candidate S steps (fp32 "
+                "on the slow link too), each later one the signal and the damaging candidates "
                 "not resting; longer phases amortise the boundaries")
     return out
 
