@@ -229,10 +229,22 @@ def versions_alive(schedule: AsyncSchedule) -> dict[int, list[tuple[int, ...]]]:
             if (rank, i) in schedule.versions:
                 last_use[schedule.versions[(rank, i)]] = i
         afters = sorted(u.after for u in schedule.updates.get(rank, []))
+        # version v is kept at points afters[v] + 1 .. its last use (older than the newest,
+        # still used): one sweep adds and drops each once (linear in the actions)
+        enter: dict[int, list[int]] = {}
+        leave: dict[int, list[int]] = {}
+        for v, last in last_use.items():
+            if 0 <= v < len(afters) and afters[v] < last:
+                enter.setdefault(afters[v] + 1, []).append(v)
+                leave.setdefault(last + 1, []).append(v)
         points: list[tuple[int, ...]] = []
+        kept: set[int] = set()
+        newest = 0
         for j in range(len(actions) + 1):
-            newest = sum(1 for after in afters if after < j)
-            kept = {v for v, last in last_use.items() if 0 <= v < newest and last >= j}
+            while newest < len(afters) and afters[newest] < j:
+                newest += 1
+            kept.update(enter.get(j, ()))
+            kept.difference_update(leave.get(j, ()))
             points.append(tuple(sorted(kept | {newest})))
         alive[rank] = points
     return alive
