@@ -23,8 +23,9 @@ from approxdist.comm.link import Link
 from approxdist.errors import LaunchError
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
+from tests.helpers.collective_oracles import RELATIVE, U32
 
-UNIT = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8}
+UNIT = {"fp32": U32, "bf16": RELATIVE["bf16"][0]}
 LARGE = 70_001  # several 64 KiB segments
 
 

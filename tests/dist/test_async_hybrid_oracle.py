@@ -59,11 +59,12 @@ from tests.helpers.async_oracle import (
     snapshot,
     train_streams,
 )
+from tests.helpers.collective_oracles import RELATIVE
 
 #: fp32: the replay adds the micro-batches' gradients in another order than the stages
 FP32 = 1e-5
 #: bf16's unit roundoff: round to nearest with 8 significant bits
-BF16 = 2.0 ** -8
+BF16 = RELATIVE["bf16"][0]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from torch.nn import functional as F  # noqa: N812
 from approxdist.data_parallel import DataParallel
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
+from tests.helpers.collective_oracles import RELATIVE
 
 STEPS, BATCH = 3, 12
 SMALL = {"bucket_mb": 0.002, "first_bucket_mb": 0.001, "solo_mb": 0.004}  # several buckets
@@ -98,7 +99,7 @@ def _check(per_rank: list[dict[str, dict[str, torch.Tensor]]], cases: list[tuple
 
 #: algorithms that carry a lossy codec: one backward of each with bf16 on the wire
 LOSSY = ("ring", "brb", "brd", "vhd")
-U_BF16 = 2.0 ** -8
+U_BF16 = RELATIVE["bf16"][0]
 
 
 def _lossy_grads(ctx: DistContext) -> dict[str, dict[str, torch.Tensor]]:

@@ -32,6 +32,7 @@ from approxdist.models.mlp import mlp
 from approxdist.pipeline.microbatch import split_microbatches
 from approxdist.topology import Mesh
 from approxdist.topology.groups import make_groups
+from tests.helpers.collective_oracles import RELATIVE
 from tests.helpers.lockstep import lockstep
 
 FEATURES, CLASSES, HIDDEN, BATCH = 12, 5, 16, 24
@@ -226,7 +227,7 @@ def _lossy_bound(case: Case, count: int, name: str) -> torch.Tensor:
     case's lossy codec: (N + 2) u sum_i |g_i| (docs/collectives.md: a value is re-encoded at
     most N + 2 times; u = 2^-8 for bf16). The first step's error-feedback residuals are
     zero, so the step sends the gradients themselves."""
-    u = {"bf16": 2.0 ** -8}[case.grad["codec"]]
+    u = RELATIVE[case.grad["codec"]][0]
     mag = sum(g[name].abs() for g in _replica_grads(case, count))
     return (count + 2) * u * mag  # type: ignore[return-value]
 

@@ -18,11 +18,11 @@ from approxdist.comm.collectives.base import bounds, ceil_log2, largest_power_of
 from approxdist.comm.collectives.brb import children, parent
 from approxdist.comm.collectives.fold import core_members
 from approxdist.errors import CommError, SpecError
-from tests.helpers.collective_oracles import FP16, U32
+from tests.helpers.collective_oracles import FP16, RELATIVE, U32
 from tests.helpers.sim_world import SimWorld, simulate
 
 ALGOS = ["native", "ring", "brb", "brd", "vhd", "auto"]
-UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+UNIT_ROUNDOFF = {"fp32": U32, "bf16": RELATIVE["bf16"][0], "fp16": FP16[0]}
 
 
 def _inputs(world: int, n: int, seed: int = 0) -> list[torch.Tensor]:
