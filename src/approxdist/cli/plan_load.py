@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from approxdist.cli.plan_profile import measure, model_config
 from approxdist.cli.plan_validate_calibrate import PROBE_REPEAT
+from approxdist.config.schema import Config
 from approxdist.errors import ConfigError
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.planner.cluster import ClusterSpec
@@ -27,7 +28,13 @@ from approxdist.planner.pipedream_format import read_any_profile
 from approxdist.planner.profile import Profile
 from approxdist.planner.search import RankedPlan, TensorSpace
 from approxdist.planner.validation.candidates import Candidate, at_load
-from approxdist.train.profile_probe import ANTE_ROUNDS, ProfileProbe, by_busy, probe_before
+from approxdist.train.profile_probe import (
+    ANTE_ROUNDS,
+    ProbeRound,
+    ProfileProbe,
+    by_busy,
+    probe_before,
+)
 
 Loads = tuple[tuple[Profile, ...], tuple[float, ...]]
 
@@ -60,10 +67,16 @@ def planned_profile(args: argparse.Namespace, cluster: ClusterSpec
 def probe_load(args: argparse.Namespace, ranks: int, threads: int) -> Loads:
     """The model the flags name probed on `ranks` local ranks: `by_busy`'s profiles and
     load factors for 1 .. `ranks` of them computing."""
-    cfg = model_config(args)
-    probe = ProfileProbe(cfg.model, cfg.data, args.microbatch_size, threads, PROBE_REPEAT,
+    return by_busy(ante_probe(model_config(args), args.microbatch_size, threads, ranks)[1])
+
+
+def ante_probe(cfg: Config, microbatch: int, threads: int, ranks: int
+               ) -> tuple[ProfileProbe, list[ProbeRound]]:
+    """`cfg`'s model's probe (`plan validate` takes it again in its timed rounds) and its
+    `ANTE_ROUNDS` rounds on `ranks` local ranks, before anything else runs (rank 0's)."""
+    probe = ProfileProbe(cfg.model, cfg.data, microbatch, threads, PROBE_REPEAT,
                          cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
-    return by_busy(run_on_ranks(probe_before, ranks, probe, ANTE_ROUNDS, timeout_s=600)[0])
+    return probe, run_on_ranks(probe_before, ranks, probe, ANTE_ROUNDS, timeout_s=600)[0]
 
 
 def ranked_at_load(ranked: list[RankedPlan], loads: Loads, base: SolverSettings,

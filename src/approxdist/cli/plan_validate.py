@@ -46,7 +46,8 @@ from typing import Any
 
 from approxdist.bench.host import HostWatch
 from approxdist.cli.groups import command
-from approxdist.cli.plan_validate_calibrate import OPTIMIZER, PROBE_REPEAT, calibrate
+from approxdist.cli.plan_load import ante_probe
+from approxdist.cli.plan_validate_calibrate import OPTIMIZER, calibrate
 from approxdist.cli.plan_validate_report import finite, print_report
 from approxdist.config.loader import build_config, merge
 from approxdist.errors import ConfigError
@@ -78,13 +79,7 @@ from approxdist.planner.validation.configs import (
 )
 from approxdist.train.plan_layer import plan_sections
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans
-from approxdist.train.profile_probe import (
-    ANTE_ROUNDS,
-    ProfileProbe,
-    by_busy,
-    drift,
-    probe_before,
-)
+from approxdist.train.profile_probe import by_busy, drift
 
 #: every model the cost model was designed on: a held-out setting may use none of them
 CALIBRATION_MODELS = (*MODELS.values(), *TENSOR_MODELS.values(), engine_runs.TINY,
@@ -154,9 +149,7 @@ def measure_setting(setting: Setting, cal: CostCalibration, timing: StepTiming, 
     n = setting.world_size
     threads = _threads(cores, n)
     cfg = build_config(setting.model.sections)
-    probe = ProfileProbe(cfg.model, cfg.data, setting.model.micro_batch_size, threads,
-                         PROBE_REPEAT, cfg.pipeline.fuse_accumulation, 2 * PROBE_REPEAT)
-    before = run_on_ranks(probe_before, n, probe, ANTE_ROUNDS, timeout_s=600)[0]
+    probe, before = ante_probe(cfg, setting.model.micro_batch_size, threads, n)
     ante_profiles, ante_factors = by_busy(before)
     profile = ante_profiles[0]
     cluster = ClusterSpec(world_size=n, link=setting.link or None, calibration=cal)
