@@ -102,4 +102,4 @@ def test_a_compressor_sends_the_vectors_in_fp32_and_signsgd_its_own_rate(tmp_pat
     assert "rules" not in base["wire"]["grad"]
     assert sign["optim"]["lr"] == pytest.approx(base["optim"]["lr"] * 0.01)
     four = sections(by[("mnist1d", "bits4+ef")][0], SLOW, by[("mnist1d", "bits4+ef")][1], 0)
-    assert four["wire"]["grad"] == {"codec": "bits:s0e2+2m0", "error_feedback": True}
+    assert four["wire"]["grad"] == {"codec": "bits:auto4", "error_feedback": True}

@@ -2,8 +2,9 @@
 fp32, bf16 and the 4-bit bit-field with error feedback, behind emulated links.
 
 Two data-parallel gloo ranks train each task once per (link, wire, seed), the wire on the
-gradient all-reduce (`--codec`, docs/compressors.md): `fp32`, `bf16`, `bits:s0e2+2m0` with
-error feedback, `powersgd:2`, `topk:0.01`, `randomk:0.01`, `qsgd:7` (4 bits a value),
+gradient all-reduce (`--codec`, docs/compressors.md): `fp32`, `bf16`, the signed data-aware
+4-bit field `bits:auto4` with error feedback (seed 000's `bits:s0e2+2m0` drops the sign, which a
+gradient needs), `powersgd:2`, `topk:0.01`, `randomk:0.01`, `qsgd:7` (4 bits a value),
 `terngrad`, `sign+ef` and `signsgd`. A compressor leaves the model's vectors (biases,
 LayerNorm) in fp32, as torch's `powerSGD_hook` does. Tasks: the unsaturated image task
 (an MLP on MNIST-1D, as `seed004-adaprec`; the digits at smoke size) and gpt-tiny on
@@ -58,7 +59,7 @@ class WireRun:
 
 
 BASELINES = (WireRun("fp32", "fp32", compressor=False), WireRun("bf16", "bf16", compressor=False),
-             WireRun("bits4+ef", "bits:s0e2+2m0", True, compressor=False))
+             WireRun("bits4+ef", "bits:auto4", True, compressor=False))
 COMPRESSORS = (WireRun("powersgd:2", "powersgd:2"), WireRun("topk:0.01", "topk:0.01"),
                WireRun("randomk:0.01", "randomk:0.01"), WireRun("qsgd:7", "qsgd:7"),
                WireRun("terngrad", "terngrad"), WireRun("sign+ef", "sign+ef"),
