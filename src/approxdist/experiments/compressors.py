@@ -158,5 +158,5 @@ PRESET = Preset(
             "2 ranks; each paper's claim with a verdict",
     csv_columns={"runs.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
     collect=collect, render=render,
-    run_time={"quick": "~17 min (2 tasks x 2 links x 10 wires, 1 seed)",
-              "full": "~2 h (2 tasks x 2 links x 10 wires x 3 seeds, 12 and 4 epochs)"})
+    run_time={"quick": "~5 min (2 tasks x 2 links x 10 wires, 1 seed)",
+              "full": "~35 min (2 tasks x 2 links x 10 wires x 3 seeds, 12 and 4 epochs)"})

@@ -243,5 +243,5 @@ PRESET = Preset(
             "error feedback, vs the same formats on a pipeline cut; step time at 100 Mbit/s",
     csv_columns={"accuracy.csv": ACCURACY_COLUMNS, "link.csv": LINK_COLUMNS},
     collect=collect, render=render,
-    run_time={"quick": "~25 min (2 tasks x 17 runs x 1 seed, + 6 link runs)",
+    run_time={"quick": "~3 min (2 tasks x 17 runs x 1 seed, + 6 link runs)",
               "full": "~4 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"})
