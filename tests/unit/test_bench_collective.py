@@ -39,7 +39,9 @@ def test_sizes_round_down_to_the_world() -> None:
                    "K/M/G = 2^10/2^20/2^30 (default 4K,64K,1M,16M)"),
 ])
 def test_each_bench_of_sizes_says_what_it_sizes_and_the_one_syntax(
-        kind: str, text: str, capsys: pytest.CaptureFixture[str]) -> None:
+        kind: str, text: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # one help line a flag: no break inside a word
     with pytest.raises(SystemExit):
         main(["bench", kind, "--help"])
     assert text in " ".join(capsys.readouterr().out.split())
