@@ -1,4 +1,5 @@
-"""`approxdist bench collective`: the summary rows from per-rank times, and its bad flags."""
+"""`approxdist bench collective`: the summary rows from per-rank times, its bad flags, and the
+`--sizes` flag it shares with `bench allreduce` and `bench p2p`."""
 
 from __future__ import annotations
 
@@ -29,6 +30,21 @@ def test_rows_take_the_slowest_rank_and_compare_with_native() -> None:
 
 def test_sizes_round_down_to_the_world() -> None:
     assert values(4096, 4) == 1024 and values(4096, 3) == 1023 and values(4, 4) == 4
+
+
+@pytest.mark.parametrize(("kind", "text"), [
+    ("allreduce", "message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default 4K,64K,1M,16M,64M)"),
+    ("p2p", "message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default 4K,64K,1M,4M,16M)"),
+    ("collective", "whole tensor in fp32 bytes (all-gather result, reduce-scatter input), "
+                   "K/M/G = 2^10/2^20/2^30 (default 4K,64K,1M,16M)"),
+])
+def test_each_bench_of_sizes_says_what_it_sizes_and_the_one_syntax(
+        kind: str, text: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # one help line a flag: no break inside a word
+    with pytest.raises(SystemExit):
+        main(["bench", kind, "--help"])
+    assert text in " ".join(capsys.readouterr().out.split())
 
 
 def test_algorithms_are_checked_per_op() -> None:

@@ -52,8 +52,7 @@ _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def register(sub: Any) -> None:
     p = command(sub, "allreduce", help="all-reduce algorithms vs dist.all_reduce", doc=__doc__)
     p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
-    p.add_argument("--sizes", default="4K,64K,1M,16M,64M",
-                   help="message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
+    add_sizes_flag(p, "4K,64K,1M,16M,64M")
     p.add_argument("--algorithms", default="all",
                    help=f"all or a comma list of {', '.join(algorithm_names())}")
     p.add_argument("--codec", default="fp32", help="comma list of codec specs (default fp32)")
@@ -72,6 +71,13 @@ def register(sub: Any) -> None:
                         f"default {DEFAULT_PATH} there), off (the alpha-beta model) or auto "
                         f"(default: this machine's cached calibration, measured on first use)")
     p.set_defaults(func=run)
+
+
+def add_sizes_flag(p: argparse.ArgumentParser, default: str,
+                   what: str = "message sizes in bytes") -> None:
+    """`--sizes`, the comma list `parse_sizes` reads (`bench allreduce`, `collective`, `p2p`)."""
+    p.add_argument("--sizes", default=default,
+                   help=f"{what}, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:

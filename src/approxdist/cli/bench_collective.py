@@ -16,7 +16,7 @@ from typing import Any
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import add_json_flag, check_counts, finish
 from approxdist.benchmarks.collective import OPS, CollectivePlan, measure_rank, rows, table
-from approxdist.cli.bench_allreduce import parse_sizes
+from approxdist.cli.bench_allreduce import add_sizes_flag, parse_sizes
 from approxdist.cli.groups import command
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.collectives import (
@@ -36,9 +36,8 @@ def register(sub: Any) -> None:
                 doc=__doc__)
     p.add_argument("--op", required=True, choices=OPS, help="the collective to measure")
     p.add_argument("--world-size", type=int, default=4, help="local ranks (default 4)")
-    p.add_argument("--sizes", default="4K,64K,1M,16M",
-                   help="whole tensor in fp32 bytes (all-gather result, reduce-scatter input), "
-                        "K/M/G = 2^10/2^20/2^30 (default %(default)s)")
+    add_sizes_flag(p, "4K,64K,1M,16M",
+                   "whole tensor in fp32 bytes (all-gather result, reduce-scatter input)")
     p.add_argument("--algorithms", default="auto",
                    help="comma list of ours: auto, direct and ring (all-gather, reduce-scatter) "
                         "or tree (broadcast) (default auto)")

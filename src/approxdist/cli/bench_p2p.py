@@ -17,7 +17,7 @@ from typing import Any
 from approxdist.bench.host import HostWatch
 from approxdist.bench.report import Column, add_json_flag, check_counts, finish, render
 from approxdist.benchmarks.p2p import P2PPlan, measure_rank, rows
-from approxdist.cli.bench_allreduce import parse_sizes
+from approxdist.cli.bench_allreduce import add_sizes_flag, parse_sizes
 from approxdist.cli.groups import command
 from approxdist.comm.codecs import get_codec
 from approxdist.comm.netem import parse_link
@@ -34,8 +34,7 @@ COLUMNS = (Column("engine", 11, "engine", left=True), Column("codec", 6, "codec"
 
 def register(sub: Any) -> None:
     p = command(sub, "p2p", help="one message: our link layer vs gloo send/recv", doc=__doc__)
-    p.add_argument("--sizes", default="4K,64K,1M,4M,16M",
-                   help="message sizes in bytes, K/M/G = 2^10/2^20/2^30 (default %(default)s)")
+    add_sizes_flag(p, "4K,64K,1M,4M,16M")
     p.add_argument("--codec", default="fp32", help="our wire format (default fp32: raw)")
     p.add_argument("--link", default=None, help="emulated link of ours, e.g. bw=1gbit,lat=100us")
     p.add_argument("--rounds", type=int, default=20, help="ping-pongs per size and engine")

@@ -62,9 +62,8 @@ def bian(fin: Finals, task: str) -> md.Trend:
     within = {c: v for c, v in fwd.items() if c not in hurt}
     ok = 2 * len(hurt) >= len(fwd)
     return (claim, f"{len(hurt)} of {len(fwd)} lose more: {_listed(fwd)}", ok,
-            md.why(ok, f"within a point: {', '.join(within) or 'none'}",
-                   f"within a point: {', '.join(within)}; they cut the forward wire's "
-                   f"bytes to their bits / 32 at no accuracy cost"))
+            md.join(f"within a point: {', '.join(within) or 'none'}", md.why(
+                ok, "", "they cut the forward wire's bytes to their bits / 32 at no accuracy cost")))
 
 
 def gradients(fin: Finals, task: str) -> md.Trend:
@@ -89,9 +88,8 @@ def feedback(fin: Finals, task: str) -> md.Trend:
     best = max(gains, key=lambda k: gains[k])
     ok = mean <= BUDGET
     return (claim, f"mean gain {md.points(mean)} over {len(gains)} (format, wire) pairs", ok,
-            md.why(ok, f"the largest gain: {best} {md.points(gains[best])}",
-                   f"error feedback recovers what the formats lose; the largest gain: "
-                   f"{best} {md.points(gains[best])}"))
+            md.join(md.why(ok, "", "error feedback recovers what the formats lose"),
+                    f"the largest gain: {best} {md.points(gains[best])}"))
 
 
 def layer_or_cut(fin: Finals, task: str) -> md.Trend:
