@@ -1,0 +1,74 @@
+"""The first training step of `approxdist train --parallel single` as the product takes it.
+
+The CLI's own parser and `train_cmd.resolve` make the config from the command's flags,
+`init_from_env` the context on the asked device, `engine_for` the single-process engine
+(the model from the seed, moved to the device, and its SGD) and the engine's `train_step`
+takes the first mini-batch of epoch 1 (`ShardedBatches`, as the trainer draws it). What
+backward wrote into each parameter's `.grad` is caught by a hook before the optimiser reads
+it; the initial model (fp32, on the CPU) and the batch come back with it, for
+`step_oracle.step_reference`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from approxdist.cli.main import build_parser
+from approxdist.cli.train_cmd import resolve
+from approxdist.data import ShardedBatches, load_dataset
+from approxdist.launch.context import init_from_env
+from approxdist.train.build import engine_for
+
+#: the run `tests/gpu/test_cuda_train.py` checks (an MLP on the digits: no convolution)
+MLP = ("--model", "mlp", "--epochs", "1", "--seed", "3")
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """The model before the step (fp32, CPU), the batch (CPU) and the step's gradients by
+    parameter name (CPU), with the device they were computed on."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    device: torch.device
+
+
+def first_step(device: str, *flags: str) -> FirstStep:
+    """One step of `approxdist train --parallel single --device DEVICE` with `MLP` and
+    `flags`, through the engine `train` runs."""
+    args = build_parser().parse_args(["train", *MLP, *flags, "--parallel", "single",
+                                      "--device", device])
+    cfg, _, _ = resolve(args)
+    ctx = init_from_env(cfg.train.device, cfg.train.timeout_s)
+    data = load_dataset(cfg.data)
+    engine, _ = engine_for(cfg, ctx, data)
+    try:
+        engine.start()
+        start = copy.deepcopy(engine.module).cpu()
+        caught: dict[str, torch.Tensor] = {}
+        hooks = [p.register_post_accumulate_grad_hook(_catch(caught, name))
+                 for name, p in engine.module.named_parameters()]
+        batches = ShardedBatches(data, cfg.data.batch_size, *engine.shard, cfg.train.seed,
+                                 cfg.data.augment and engine.feeds_inputs)
+        x, y = next(iter(batches.epoch(0)))
+        engine.train_step(x.to(ctx.device), y.to(ctx.device), batches.local_batch)
+        for hook in hooks:
+            hook.remove()
+    finally:
+        engine.close()
+    return FirstStep(start, x, y, caught, ctx.device)
+
+
+def _catch(into: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor], None]:
+    """A hook that copies parameter `name`'s gradient to the CPU once backward wrote it."""
+    def hook(p: torch.Tensor) -> None:
+        assert p.grad is not None
+        into[name] = p.grad.detach().cpu().clone()
+    return hook
