@@ -3,10 +3,10 @@
 The CLI's own parser and `train_cmd.resolve` make the config from the command's flags,
 `init_from_env` the context on the asked device, `engine_for` the single-process engine
 (the model from the seed, moved to the device, and its SGD) and the engine's `train_step`
-takes the first mini-batch of epoch 1 (`ShardedBatches`, as the trainer draws it). What
-backward wrote into each parameter's `.grad` is caught by a hook before the optimiser reads
-it; the initial model (fp32, on the CPU) and the batch come back with it, for
-`step_oracle.step_reference`.
+takes the first mini-batch of epoch 1 (`ShardedBatches`, as the trainer draws it) at the
+optimiser's configured rate. What backward wrote into each parameter's `.grad` is caught by
+a hook before the optimiser reads it; the initial model (fp32, on the CPU), the batch and
+the weights after the step come back with it, for `step_oracle.step_reference`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ MLP = ("--model", "mlp", "--epochs", "1", "--seed", "3")
 
 @dataclass(frozen=True)
 class FirstStep:
-    """The model before the step (fp32, CPU), the batch (CPU) and the step's gradients by
-    parameter name (CPU), with the device they were computed on."""
+    """The model before the step (fp32, CPU), the batch (CPU), the step's gradients and the
+    weights after the optimiser's step by parameter name (CPU), with the device they were
+    computed on."""
 
     model: nn.Module
     x: torch.Tensor
     y: torch.Tensor
     grads: dict[str, torch.Tensor]
+    after: dict[str, torch.Tensor]
     device: torch.device
 
 
@@ -61,9 +63,10 @@ def first_step(device: str, *flags: str) -> FirstStep:
         engine.train_step(x.to(ctx.device), y.to(ctx.device), batches.local_batch)
         for hook in hooks:
             hook.remove()
+        after = {name: p.detach().cpu().clone() for name, p in engine.module.named_parameters()}
     finally:
         engine.close()
-    return FirstStep(start, x, y, caught, ctx.device)
+    return FirstStep(start, x, y, caught, after, ctx.device)
 
 
 def _catch(into: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor], None]:
