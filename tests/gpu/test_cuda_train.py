@@ -9,9 +9,13 @@ by element and in the Frobenius norm: Higham's gamma_n = n u / (1 - n u) of each
 and sum's length n times the magnitudes (|A||B|, computed in float64 alongside), layer by
 layer, at fp32's u = 2^-24; the CPU's fp32 step passes them too (as in CI,
 `tests/unit/test_step_oracle.py`, which also shows what fails them: twice the bound, the
-weights rounded to bf16 or TF32, a changed label, a left-out sample). The step runs with TF32 off
-(`torch.backends.cuda.matmul.allow_tf32 = False`, `torch.backends.cudnn.allow_tf32 = False`):
-TF32 keeps 10 mantissa bits, not fp32's 23, and its error is not within this bound.
+weights rounded to bf16 or TF32, a changed label, a left-out sample). And each operation of
+that step (each layer's forward, its input and weight gradients, the loss gradient; hooks
+record them, `tests/helpers/op_oracle.py`) must lie within its own rounding bound of
+float64 on the GPU's own inputs: nothing compounds there, the CPU's fp32 step uses at most
+a third of it (mostly a few per cent), and a matmul on TF32 operands misses it by 6 to 200
+times. The step runs with TF32 off (`torch.backends.cuda.matmul.allow_tf32 = False`,
+`torch.backends.cudnn.allow_tf32 = False`): TF32 keeps 10 mantissa bits, not fp32's 23.
 
 **An epoch in every mode, against the CPU** (the NCCL modes need 2 GPUs, the hybrid 4).
 No bound on the difference follows from the format over a whole epoch: training
@@ -48,6 +52,7 @@ from approxdist.config.schema import OptimConfig
 from approxdist.models.mlp import mlp, tp_plan
 from tests.helpers.collective_oracles import U32
 from tests.helpers.first_step import MLP, first_step
+from tests.helpers.op_oracle import op_excess, op_outside
 from tests.helpers.step_oracle import excess, outside, step_reference
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -93,8 +98,9 @@ def test_the_first_step_on_the_gpu_is_within_the_fp32_bound_of_float64(no_tf32: 
     start, same = gpu.model.state_dict(), cpu.model.state_dict()
     assert all(torch.equal(start[k], same[k]) for k in start)
     ref = step_reference(gpu.model, gpu.x, gpu.y)
-    assert outside(cpu.grads, ref) == {}
+    assert outside(cpu.grads, ref) == {} and op_outside(cpu) == {}
     assert outside(gpu.grads, ref) == {}, f"|GPU - float64| / bound: {excess(gpu.grads, ref)}"
+    assert op_outside(gpu) == {}, f"|GPU - float64| / bound per operation: {op_excess(gpu)}"
 
 
 def _train(tmp_path: Path, name: str, args: list[str]) -> dict[str, float]:

@@ -6,7 +6,10 @@ The CLI's own parser and `train_cmd.resolve` make the config from the command's 
 takes the first mini-batch of epoch 1 (`ShardedBatches`, as the trainer draws it) at the
 optimiser's configured rate. What backward wrote into each parameter's `.grad` is caught by
 a hook before the optimiser reads it; the initial model (fp32, on the CPU), the batch and
-the weights after the step come back with it, for `step_oracle.step_reference`.
+the weights after the step come back with it, for `step_oracle.step_reference`. Hooks on
+the model's leaf layers also record what each one computed (its input and output, and the
+gradient backward brought to its output), for `op_oracle`: hooks only copy, the step's
+numbers are the product's.
 """
 
 from __future__ import annotations
@@ -40,6 +43,19 @@ class FirstStep:
     grads: dict[str, torch.Tensor]
     after: dict[str, torch.Tensor]
     device: torch.device
+    #: each leaf layer's call in forward order, as the device computed it
+    ops: list[Op]
+
+
+@dataclass
+class Op:
+    """One leaf layer's call: its name, input, output and the gradient of the loss with
+    respect to its output (None where backward brought none, e.g. a layer of the inputs)."""
+
+    name: str
+    inp: torch.Tensor
+    out: torch.Tensor
+    grad_out: torch.Tensor | None = None
 
 
 def first_step(device: str, *flags: str) -> FirstStep:
@@ -57,6 +73,9 @@ def first_step(device: str, *flags: str) -> FirstStep:
         caught: dict[str, torch.Tensor] = {}
         hooks = [p.register_post_accumulate_grad_hook(_catch(caught, name))
                  for name, p in engine.module.named_parameters()]
+        ops: list[Op] = []
+        hooks += [layer.register_forward_hook(_record(ops, name))
+                  for name, layer in engine.module.named_modules() if not list(layer.children())]
         batches = ShardedBatches(data, cfg.data.batch_size, *engine.shard, cfg.train.seed,
                                  cfg.data.augment and engine.feeds_inputs)
         x, y = next(iter(batches.epoch(0)))
@@ -66,7 +85,7 @@ def first_step(device: str, *flags: str) -> FirstStep:
         after = {name: p.detach().cpu().clone() for name, p in engine.module.named_parameters()}
     finally:
         engine.close()
-    return FirstStep(start, x, y, caught, after, ctx.device)
+    return FirstStep(start, x, y, caught, after, ctx.device, ops)
 
 
 def _catch(into: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor], None]:
@@ -74,4 +93,16 @@ def _catch(into: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor],
     def hook(p: torch.Tensor) -> None:
         assert p.grad is not None
         into[name] = p.grad.detach().cpu().clone()
+    return hook
+
+
+def _record(into: list[Op], name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...],
+                                                    torch.Tensor], None]:
+    """A forward hook that appends the call to `into` and, once backward reaches the output,
+    the gradient there."""
+    def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        op = Op(name, args[0].detach().cpu().clone(), out.detach().cpu().clone())
+        into.append(op)
+        if out.requires_grad:
+            out.register_hook(lambda g: setattr(op, "grad_out", g.detach().cpu().clone()))
     return hook

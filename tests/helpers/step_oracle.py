@@ -17,7 +17,7 @@ caps the other (|e_ij| <= ||e_i||).
   (|g| + E_g) is the bound (r: plus the 2-norm of those gradients);
 * cross-entropy: the log-softmax of the computed logits is within |e_j| + max_k |e_k| of
   the exact one (logsumexp is 1-Lipschitz in the max-norm), plus its own rounding
-  (`_logit_gradient`); exp and log within `ELEMENTARY` u (2 ulps: CUDA's documented maximum
+  (`logit_gradient`); exp and log within `ELEMENTARY` u (2 ulps: CUDA's documented maximum
   for expf and logf; the CPU's vectorised ones are within 1); the gradient (softmax - onehot)
   / B follows;
 * backward Linear: grad W = g^T a (B terms), grad b = sum over the batch (B terms), grad a
@@ -136,7 +136,7 @@ def _forward(model: nn.Module, x: torch.Tensor, u: float) -> tuple[torch.Tensor,
     return a, err, tape
 
 
-def _logit_gradient(z: torch.Tensor, err: Err, y: torch.Tensor, u: float
+def logit_gradient(z: torch.Tensor, err: Err, y: torch.Tensor, u: float
                     ) -> tuple[torch.Tensor, Err]:
     """d(mean cross-entropy)/dz = (softmax(z) - onehot) / B and its bound. The computed
     log-softmax is d_j - log S with d = z - max z and S = sum_k exp(d_k) (or z_j - (max z +
@@ -217,7 +217,7 @@ def step_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     on an fp32 step's gradients (unit roundoff `u`); `model`'s weights are read, not
     changed."""
     z, ez, tape = _forward(model, x, u)
-    g, eg = _logit_gradient(z, ez, y.detach().cpu(), u)
+    g, eg = logit_gradient(z, ez, y.detach().cpu(), u)
     return _backward(tape, g, eg, u)
 
 

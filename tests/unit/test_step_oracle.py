@@ -1,16 +1,19 @@
-"""The first-step oracle of the GPU check (`tests/helpers/step_oracle.py`), proven on the CPU.
+"""The first-step oracles of the GPU check, proven on the CPU.
 
-Its bound (Higham's gamma_n layer by layer, fp32's u) must hold for the fp32 step the
-product takes on the CPU (`tests/helpers/first_step.py`, the engine `train` runs) and for
-the same step summed in another order (as a GPU's kernels sum), and must not be vacuous: a
-gradient moved by twice its bound fails it, and so do the gradients of steps that went
-wrong by one rounding of another format (the weights as TF32 or bf16 read them) or by one
-sample (a label changed, a sample left out).
+`step_oracle`'s bound on the whole step (Higham's gamma_n layer by layer, fp32's u) must
+hold for the fp32 step the product takes on the CPU (`tests/helpers/first_step.py`, the
+engine `train` runs) and for the same step summed in another order (as a GPU's kernels
+sum), and must not be vacuous: a gradient moved by twice its bound fails it, and so do the
+gradients of steps that went wrong by one rounding of another format (the weights as TF32
+or bf16 read them) or by one sample (a label changed, a sample left out). `op_oracle`'s
+bounds on each operation of the recorded step must hold for that step too, and a matmul
+whose operands were rounded to TF32 fails them, as does a record that is not one chain.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from approxdist.config.schema import ModelConfig
 from approxdist.models.registry import build_model
 from tests.helpers.collective_oracles import U32
 from tests.helpers.first_step import FirstStep, first_step
+from tests.helpers.op_oracle import op_excess, op_outside
 from tests.helpers.step_oracle import StepReference, gamma, outside, step_reference
 
 
@@ -136,3 +140,33 @@ def test_the_twin_is_the_mlp_one_ulp_up() -> None:
     assert plain.keys() == twin.keys()
     for k, w in plain.items():
         assert torch.equal(twin[k], torch.nextafter(w, torch.full_like(w, float("inf"))))
+
+
+def test_every_operation_of_the_fp32_step_is_within_its_bound(step: FirstStep) -> None:
+    checks = op_excess(step)
+    linears = [n for n, m in step.model.named_modules() if isinstance(m, nn.Linear)]
+    assert {f"{n} forward" for n in linears} | set(step.grads) | {"loss", "chain"} <= set(checks)
+    assert op_outside(step) == {}
+    assert max(checks.values()) > 0  # fp32 rounded somewhere
+
+
+def test_a_matmul_on_tf32_operands_is_outside_its_bound(step: FirstStep) -> None:
+    """Each Linear's output, and its weight gradient, computed from operands rounded to
+    TF32 (as a GPU with TF32 on computes them) instead of the recorded fp32 ones."""
+    layers = dict(step.model.named_modules())
+    for i, op in enumerate(step.ops):
+        layer = layers[op.name]
+        if not isinstance(layer, nn.Linear):
+            continue
+        assert op.grad_out is not None
+        ops = [copy.copy(o) for o in step.ops]
+        ops[i].out = F.linear(_tf32(op.inp), _tf32(layer.weight.detach()), layer.bias.detach())
+        grads = {**step.grads, f"{op.name}.weight": _tf32(op.grad_out).T @ _tf32(op.inp)}
+        failed = op_outside(dataclasses.replace(step, ops=ops, grads=grads))
+        assert {f"{op.name} forward", f"{op.name}.weight"} <= set(failed), op.name
+
+
+def test_a_record_that_is_not_one_chain_fails(step: FirstStep) -> None:
+    ops = [copy.copy(o) for o in step.ops]
+    ops[3].inp = ops[3].inp.flip(0)  # another sample order than the layer before gave
+    assert "chain" in op_outside(dataclasses.replace(step, ops=ops))
