@@ -76,7 +76,7 @@ check compressors 60 "top-k, random-k, TernGrad, signSGD on CUDA == CPU, bitwise
   "${PYTEST[@]}" tests/gpu/test_cuda_compressors.py
 check link 90 "link layer + all-reduces on CUDA buffers over NCCL" \
   "${PYTEST[@]}" tests/gpu/test_cuda_link.py
-check train 240 "train --device cuda (single; dp, pipeline, ps, tp, hybrid)" \
+check train 240 "train --device cuda: step 1 vs float64, an epoch vs CPU" \
   "${PYTEST[@]}" tests/gpu/test_cuda_train.py
 check bench-codec 60 "bench codec --device cuda (throughput, GB/s)" \
   "$PY" -m approxdist bench codec --device cuda --size 16M --repeats 3

@@ -15,6 +15,19 @@ def small_mlp(input_shape: tuple[int, ...], classes: int, hidden: int = 8) -> nn
                          nn.Linear(hidden, classes))
 
 
+def nudged_mlp(input_shape: tuple[int, ...], classes: int) -> nn.Sequential:
+    """`--model mlp` (its default sizes, the weights the run's seed gives) with every weight
+    one ulp up (`torch.nextafter`): the same run one rounding away, the twin whose distance
+    `tests/gpu/test_cuda_train.py` measures."""
+    from approxdist.models.mlp import mlp
+
+    model = mlp(input_shape, classes)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
+    return model
+
+
 def as_list(hidden: int = 4) -> list[nn.Module]:
     return [nn.Flatten(), nn.Linear(16, hidden)]
 
