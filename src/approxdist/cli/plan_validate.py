@@ -226,10 +226,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--calibration {str(args.calibration)!r} has no 'loopback' level "
                               f"(it has {', '.join(sorted(cal.levels)) or 'none'}); fit one on "
                               f"this machine, or drop --calibration to fit it now")
-        if args.tensor and cal.overhead.tp_collective_s == 0:
-            print("note: the calibration prices no tensor-engine work per tp collective "
-                  "(engine.tp_collective_s is 0 or absent: a file written before it); refit "
-                  "with --calibrate-only --save-calibration FILE to price it")
+        if args.tensor and args.calibration and cal.overhead.tp_collective_s == 0:
+            print(f"note: --calibration {str(args.calibration)!r} prices no tensor-engine work "
+                  f"per tp collective (engine.tp_collective_s is 0 or absent, as in files "
+                  f"written before it); refit with --calibrate-only --save-calibration FILE "
+                  f"to price it")
         rows: list[dict[str, Any]] = []
         for i, setting in enumerate(settings):
             got = measure_setting(setting, cal, timing, args.keep, cores)
