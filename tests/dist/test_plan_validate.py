@@ -128,12 +128,15 @@ def test_the_calibration_is_fitted_and_saved(tmp_path: Path, capsys) -> None:
     # every tiny run stepped through the engines (a run that failed would raise) and the
     # fit is in seconds (no timing is asserted: only what a fit of step times can give)
     for value in (got.action_s, got.pipeline_step_s, got.dp_step_s, got.dp_byte_s * 1e6,
-                  got.shared_action_s):
+                  got.shared_action_s, got.tp_collective_s):
         assert 0 <= value < 0.5
     cores = cal.level("loopback").cores
     assert cores and cal.optimizer_s_per_byte("momentum") > 0
     text = capsys.readouterr().out
     assert "engine overhead (8 steps of MLPs of width 16 and 2048 on 2 ranks)" in text
+    # the tensor engine's runs: the width-16 MLP at depths 2 and 8 on tp = 2
+    assert ("tensor engine (2 steps of MLPs of width 16 at tp = 2, 1 and 7 collectives a "
+            "step): ") in text
     # the held-out shared runs where the validation puts more ranks than cores (3, 4 on 2)
     worlds = engine_runs.shared_worlds(cores)
     assert ("shared cores (8 steps of an MLP of width 512 on 3 and 4 ranks, 2 cores; its "

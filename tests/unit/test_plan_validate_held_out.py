@@ -21,7 +21,7 @@ from approxdist.planner.validation.configs import (
 def test_held_out_models_are_none_of_the_calibration_models_and_build() -> None:
     assert set(map(id, CALIBRATION_MODELS)) == set(map(id, (
         *MODELS.values(), *TENSOR_MODELS.values(), engine_runs.TINY, engine_runs.WIDE,
-        engine_runs.SHARED)))  # every model the design was judged or fitted on
+        engine_runs.SHARED, engine_runs.DEEP)))  # every model the design was judged or fitted on
     assert check_held_out(HELD_OUT, CALIBRATION_MODELS) == HELD_OUT
     assert not {s.key for s in HELD_OUT} & {s.key for s in CALIBRATION}
     assert {s.world_size for s in HELD_OUT} == {2, 3, 4}

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from approxdist.cli import plan_validate
 from approxdist.cli.main import main
 from approxdist.cli.plan_validate import sections
 from approxdist.config.loader import build_config
 from approxdist.errors import ConfigError
 from approxdist.planner.cost import LinkLevel, Network
+from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.cost.overhead import RuntimeOverhead
 from approxdist.planner.objective import SolverSettings
 from approxdist.planner.profile import BlockProfile, Profile
 from approxdist.planner.search import TensorSpace
@@ -75,3 +78,22 @@ def test_tensor_and_quick_together_is_one_line_exit_2(capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert "--tensor and --quick pick two sets of settings" in err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("tp_collective_s", "noted"), [(0.0, True), (4e-4, False)])
+def test_a_calibration_without_the_tp_term_is_named_in_one_line(
+        tmp_path, monkeypatch, capsys, tp_collective_s: float, noted: bool) -> None:
+    path = CostCalibration.of(levels=(LinkLevel("loopback", 1e-4, 1e-9, 1e-9, cores=2),),
+                              overhead=RuntimeOverhead(dp_step_s=1e-3,
+                                                       tp_collective_s=tp_collective_s)
+                              ).save(tmp_path / "cost.json")
+
+    def stop(*args, **kwargs):
+        raise ConfigError("stopped before timing")
+
+    monkeypatch.setattr(plan_validate, "measure_setting", stop)
+    assert main(["plan", "validate", "--tensor", "--only", "mlp/N2", "--calibration",
+                 str(path)]) == 2
+    out = capsys.readouterr().out
+    assert ("prices no tensor-engine work per tp collective" in out) == noted
+    assert ("refit with --calibrate-only --save-calibration FILE" in out) == noted

@@ -31,9 +31,10 @@ chosen plan (measured, against the best measured candidate of its setting) and h
 chosen plans fare against torchgpipe's and PipeDream's where they differ. Without
 `--calibration` it first fits this machine's loopback level (alpha, beta, gamma) from
 all-reduces of 2 and 4 ranks and messages between 2 (`bench p2p`), the optimizer's
-seconds per parameter byte, and the engines' own work per pipeline action and per step
-from a tiny model's steps on 2 ranks (`planner/validation/engine_runs.py`): no
-configuration is timed to fit the model.
+seconds per parameter byte, and the engines' own work per pipeline action, per step and
+per tp collective from a tiny model's steps on 2 ranks
+(`planner/validation/engine_runs.py`, `tp_overhead.py`): no configuration is timed to fit
+the model.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from approxdist.train.profile_probe import by_busy, drift
 
 #: every model the cost model was designed on: a held-out setting may use none of them
 CALIBRATION_MODELS = (*MODELS.values(), *TENSOR_MODELS.values(), engine_runs.TINY,
-                      engine_runs.WIDE, engine_runs.SHARED)
+                      engine_runs.WIDE, engine_runs.SHARED, engine_runs.DEEP)
 #: timed rounds per setting: with 5, tau over all configurations read 0.77-0.83 in six
 #: runs of the same code; with 9, 0.82 in two (2026-11-27, docs/planner.md), 15 minutes
 ROUNDS = 9
@@ -225,6 +226,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--calibration {str(args.calibration)!r} has no 'loopback' level "
                               f"(it has {', '.join(sorted(cal.levels)) or 'none'}); fit one on "
                               f"this machine, or drop --calibration to fit it now")
+        if args.tensor and args.calibration and cal.overhead.tp_collective_s == 0:
+            print(f"note: --calibration {str(args.calibration)!r} prices no tensor-engine work "
+                  f"per tp collective (engine.tp_collective_s is 0 or absent, as in files "
+                  f"written before it); refit with --calibrate-only --save-calibration FILE "
+                  f"to price it")
         rows: list[dict[str, Any]] = []
         for i, setting in enumerate(settings):
             got = measure_setting(setting, cal, timing, args.keep, cores)

@@ -2,8 +2,9 @@
 
 Fitted before any setting is timed, on all-reduces of 2 and 4 ranks, `bench p2p` messages
 between 2, the optimizer's seconds per byte, and the engine-overhead models' runs
-(`planner/validation/engine_runs.py`: models no setting uses), so no configuration's step
-time fits the cost model.
+(`planner/validation/engine_runs.py`: models no setting uses; the tensor engine's per
+collective by `planner/validation/tp_overhead.py`), so no configuration's step time fits
+the cost model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from approxdist.launch.spawn import run_on_ranks
 from approxdist.planner.cluster import ClusterSpec
 from approxdist.planner.cost.calibration import fit_level
 from approxdist.planner.cost.calibration_file import CostCalibration
+from approxdist.planner.cost.links import Network
 from approxdist.planner.cost.overhead import RuntimeOverhead
 from approxdist.planner.profile import Profile
 from approxdist.planner.profiler import (
@@ -28,7 +30,8 @@ from approxdist.planner.profiler import (
     optimizer_s_per_tensor,
     profile_run,
 )
-from approxdist.planner.validation import engine_runs
+from approxdist.planner.tp_layout import layout_of
+from approxdist.planner.validation import engine_runs, tp_overhead
 from approxdist.train.plan_timing import StepTiming, TimedPlan, probe_plans, time_plans
 from approxdist.train.profile_probe import ProfileProbe, under_load
 from approxdist.train.task import task_named
@@ -66,7 +69,8 @@ def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
           f"{OPTIMIZER} step {step * 1e12:.0f} ps/B and {per_tensor * 1e6:.1f} us per tensor; "
           f"loss {loss * 1e9:.2f} ns per output value")
     optimizer = CostCalibration.of((fit,), optimizers={OPTIMIZER: step},
-                                   optimizer_tensors={OPTIMIZER: per_tensor})
+                                   optimizer_tensors={OPTIMIZER: per_tensor},
+                                   overhead=RuntimeOverhead(loss_value_s=loss))
     overhead = engine_overhead(optimizer, timing, cores)
     return replace(optimizer, overhead=replace(overhead, loss_value_s=loss))
 
@@ -74,12 +78,13 @@ def calibrate(cores: int, timing: StepTiming) -> CostCalibration:
 def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> RuntimeOverhead:
     """The engines' CPU work per action, per step and per gradient byte, fitted on the tiny
     models' runs (`planner/validation/engine_runs.py`) timed through the engines on 2
-    ranks; and where the validation puts more ranks than `cores` on this machine, what an
-    action adds there, fitted on the shared runs of a model no setting uses, priced on
-    that model's profile under each world's load, as the settings are
-    (`train/profile_probe.py`)."""
+    ranks; the tensor engine's per tp collective on their tp runs, priced with the rest
+    and `cal`'s loss (`tp_overhead.fit`); and where the validation puts more ranks than
+    `cores` on this machine, what an action adds there, fitted on the shared runs of a
+    model no setting uses, priced on that model's profile under each world's load, as the
+    settings are (`train/profile_probe.py`)."""
     profiles = {}
-    for spec in (engine_runs.TINY, engine_runs.WIDE, engine_runs.SHARED):
+    for spec in (engine_runs.TINY, engine_runs.WIDE, engine_runs.SHARED, engine_runs.DEEP):
         cfg = build_config(spec.sections)
         profiles[spec.label] = profile_run(cfg.model, cfg.data, spec.micro_batch_size,
                                            threads=1)
@@ -94,6 +99,9 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Run
           f"{overhead.pipeline_step_s * 1e6:.0f} us per pipeline step (rms error "
           f"{rms['pipeline']:.0%}); data-parallel {overhead.dp_step_s * 1e6:.0f} us per step "
           f"and {overhead.dp_byte_s * 1e12:.0f} ps per gradient byte")
+    overhead = replace(overhead, tp_collective_s=tp_collective_s(
+        profiles, network, replace(overhead, loss_value_s=cal.overhead.loss_value_s), measured,
+        step, per_tensor))
     worlds = engine_runs.shared_worlds(cores)
     if not worlds:
         return overhead
@@ -117,3 +125,21 @@ def engine_overhead(cal: CostCalibration, timing: StepTiming, cores: int) -> Run
           f"load x{' and x'.join(f'{factors[n]:.3f}' for n in worlds)}): "
           f"{value * 1e6:.0f} us per pipeline action (rms error {shared_rms:.0%})")
     return replace(overhead, shared_action_s=value)
+
+
+def tp_collective_s(profiles: dict[str, Profile], network: Network, overhead: RuntimeOverhead,
+                    measured: dict[str, float], step: float, per_tensor: float) -> float:
+    """The tensor engine's seconds per tp collective, fitted on the tp runs in `measured`
+    (`tp_overhead.fit`) with `overhead` and the optimizer's prices known; printed."""
+    layouts = {}
+    for spec in engine_runs.TP_MODELS.values():
+        cfg = build_config(spec.sections)
+        layouts[spec.label] = layout_of(cfg.model, cfg.data, spec.micro_batch_size, "",
+                                        (engine_runs.WORLD,))
+    value, rms, rows = tp_overhead.fit(profiles, layouts, network, overhead, measured, step,
+                                       per_tensor)
+    counts = " and ".join(f"{r.slope:.0f}" for r in sorted(rows, key=lambda r: r.slope))
+    print(f"tensor engine ({len(rows)} steps of MLPs of width 16 at tp = "
+          f"{engine_runs.WORLD}, {counts} collectives a step): {value * 1e6:.0f} us per tp "
+          f"collective (rms error {rms:.0%})")
+    return value

@@ -189,13 +189,15 @@ def tensor_plan(profile: Profile, tensor: TensorSpace, settings: SolverSettings,
     if settings.memory_bytes is not None and memory[0].total_bytes > settings.memory_bytes:
         return None
     t = tp_time(profile, tensor.layout, replicas, settings.network,
-                TPOptions(tp, settings.fwd_codec, settings.bwd_codec, tensor.algorithm),
+                TPOptions(tp, settings.fwd_codec, settings.bwd_codec, tensor.algorithm,
+                          engine_s=settings.overhead.tp_collective_s),
                 DPOptions(algorithm=settings.algorithm, codec=settings.grad_codec,
                           optimizer_s=optimizer_s(shard, settings, plan.stages),
                           step_overhead_s=replica_step_overhead_s(profile, settings),
                           byte_overhead_s=settings.overhead.dp_byte_s if replicas > 1 else 0.0))
     parts = {"compute_s": t.compute_s, "tp_allreduce_s": sum(t.collective_s.values()),
              "tp_allreduce_count": t.collectives, "tp_sent_bytes": sum(t.wire_bytes.values()),
+             "tp_engine_s": t.engine_s,
              "exposed_allreduce_s": t.dp.exposed_comm_s}
     return RankedPlan(plan, t.step_s, t.samples_per_step, memory, parts, tp=tp,
                       tp_plan=",".join(f"{k}={v}" for k, v in tensor.layout.plan))

@@ -21,9 +21,11 @@ needs none); `codecs` maps a codec spec to its seconds per fp32 byte; `optimizer
 (optional) maps an optimizer (`sgd`, `momentum`, `adam`) to the seconds its step takes
 per byte of parameters and `optimizer_tensors` (optional) per parameter tensor
 (`cost.optimizer_step`; `planner.profiler` measures both); `engine` (optional) the
-engines' own CPU work per pipeline action and per step (`overhead.RuntimeOverhead`,
-fitted on a tiny model's runs by `approxdist plan validate`) and the loss's per output
-value (measured). A file that is
+engines' own CPU work per pipeline action, per step and per tp collective
+(`overhead.RuntimeOverhead`, fitted on a tiny model's runs by `approxdist plan validate`)
+and the loss's per output value (measured); a key of it a file lacks (one written before
+`shared_action_s`, `loss_value_s` or `tp_collective_s` existed) is 0: not priced. A file
+that is
 missing, not JSON, someone else's JSON or holds a bad value gives one `DataError` line
 naming the file, the key and the value.
 """

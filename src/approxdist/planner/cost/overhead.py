@@ -7,7 +7,7 @@ link layer, the loss of the last stage) and each engine's per-step work (zero_gr
 the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). On this
 2-core machine these are not small: a 2-stage pipeline of a 3-block MLP of width 16
 (0.2 ms of forward + backward for the whole model) takes about 0.6 ms per micro-batch.
-`RuntimeOverhead` holds six numbers, all CPU seconds on one rank:
+`RuntimeOverhead` holds seven numbers, all CPU seconds on one rank:
 
 - `action_s`: one forward or one backward of one micro-batch on one pipeline stage
   (charged to every such action of a pipeline or hybrid schedule);
@@ -26,7 +26,13 @@ the flush, the optimizer's wrapper, the data-parallel hooks and bucket copies). 
   backward add to each micro-batch where the loss is computed (a pipeline's last stage,
   every data-parallel replica): a profile times the blocks from a gradient of ones, not
   the loss (`planner.profiler.loss_s_per_value` measures it directly, not fitted; its
-  fixed part, tens of microseconds, stays in `action_s` and `dp_step_s`).
+  fixed part, tens of microseconds, stays in `action_s` and `dp_step_s`);
+- `tp_collective_s`: per collective a tensor-parallel rank runs (each tp all-reduce of a
+  split layer, forward or backward), the tensor engine's own work around the link time:
+  the autograd region, `TPComm`, the wire's codec path, the link layer's call and the
+  hand-off that blocks both shards until both arrive (`cost.tensor.tp_time` charges it to
+  every site; the engine's fixed work per step stays `dp_step_s`, as `tp_time` charges
+  it).
 
 They are measured, not fitted to the configurations a model is judged on: `fit_linear`
 takes step times of a *tiny* pipeline (any model whose compute is small next to its
@@ -36,13 +42,15 @@ prediction at zero overhead (`base_s`) and its growth per second of `action_s`
 solves `measured = base + slope x action_s + pipeline_step_s` by non-negative least
 squares on the relative error; the same fit of a tiny and a wide data-parallel step
 (slope: the growth per second of `dp_byte_s`, about the gradient bytes) gives
-`dp_byte_s` and `dp_step_s`.
+`dp_byte_s` and `dp_step_s`. `fit_one` solves for one unknown with the rest known
+(`shared_action_s`, `tp_collective_s`), `refine` takes its secant slopes again at the value
+found until it settles.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -61,6 +69,7 @@ class RuntimeOverhead:
     dp_byte_s: float = 0.0
     shared_action_s: float = 0.0
     loss_value_s: float = 0.0
+    tp_collective_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in FIELDS:
@@ -78,7 +87,7 @@ class RuntimeOverhead:
         return self.loss_value_s * out_bytes / 4
 
 
-#: the names of its six numbers, the keys of its JSON form
+#: the names of its seven numbers, the keys of its JSON form
 FIELDS = tuple(f.name for f in fields(RuntimeOverhead))
 NONE = RuntimeOverhead()
 
@@ -87,7 +96,8 @@ NONE = RuntimeOverhead()
 class OverheadRow:
     """One timed configuration of a tiny model: what was measured, what the cost model
     predicts at zero overhead, and how many seconds the prediction grows per second of
-    the per-unit overhead being fitted (`action_s` or `dp_byte_s`)."""
+    the per-unit overhead being fitted (`action_s`, `dp_byte_s`, `shared_action_s` or
+    `tp_collective_s`)."""
 
     key: str
     measured_s: float
@@ -121,3 +131,30 @@ def fit_linear(rows: Sequence[OverheadRow]) -> tuple[float, float, float]:
     coef = found if found is not None else np.zeros(2)
     errors = (x @ coef - y)
     return float(coef[0]), float(coef[1]), float(math.sqrt(float(np.mean(errors ** 2))))
+
+
+def fit_one(rows: Sequence[OverheadRow]) -> tuple[float, float]:
+    """(per-unit seconds >= 0, rms relative error) solving measured = base + slope x
+    per-unit over `rows` by least squares on the relative error (the fixed part is in
+    `base`); 0 where no row grows with it."""
+    if not rows:
+        raise DataError("no overhead row to fit: time the runs of the term before fitting it")
+    x = np.array([r.slope / r.measured_s for r in rows])
+    y = np.array([(r.measured_s - r.base_s) / r.measured_s for r in rows])
+    found = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
+    return found, float(math.sqrt(float(np.mean((x * found - y) ** 2))))
+
+
+def refine(rows_at: Callable[[float], list[OverheadRow]], probe: float, rounds: int
+           ) -> tuple[float, float, list[OverheadRow]]:
+    """(`fit_one`'s value, its rms, the rows of the last round): the rows' slopes are
+    secants between 0 and `probe`, taken again at the value found (`rounds` times at
+    most, until it settles): a simulated step is piecewise linear in an overhead."""
+    found, rms, rows = 0.0, 0.0, []
+    for _ in range(1 + rounds):
+        rows = rows_at(probe)
+        found, rms = fit_one(rows)
+        if found <= 0 or math.isclose(found, probe, rel_tol=1e-6):
+            break
+        probe = found
+    return found, rms, rows

@@ -17,7 +17,10 @@ One shard of a replica runs the profile's blocks at
 
 and waits in place for each of its all-reduces (`collectives.allreduce_time` of the
 site's values x the micro-batch, on the level joining the tp ranks, with the wire's codec:
-its bytes per value from the codec registry and its encode / decode seconds). Those
+its bytes per value from the codec registry and its encode / decode seconds), plus the
+tensor engine's own work per collective (`TPOptions.engine_s`, the calibration's
+`overhead.RuntimeOverhead.tp_collective_s`: the autograd region, the codec path, the link
+layer's call, the hand-off; CPU work, slowed by shared cores as compute is). Those
 seconds enter `dp_time` as the blocks' `serial` work, and the replicas (the `dp` axis: tp
 ranks apart, Megatron's layout with `tp` innermost) all-reduce their shard's gradients
 there, bucketed and overlapped with backward as data parallelism does. The job keeps every
@@ -110,13 +113,23 @@ class TPLayout:
 
 @dataclass(frozen=True)
 class TPOptions:
-    """The tp axis: its size, the wires' codecs and the collectives' algorithm (`tp.algorithm`)."""
+    """The tp axis: its size, the wires' codecs, the collectives' algorithm (`tp.algorithm`)
+    and the engine's CPU seconds per collective on one rank (`engine_s`, before core
+    sharing; `RuntimeOverhead.tp_collective_s`)."""
 
     tp: int
     fwd_codec: CodecCost = FP32
     bwd_codec: CodecCost = FP32
     algorithm: str = "auto"
     segment_bytes: int | None = None
+    engine_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.engine_s, bool) or not isinstance(self.engine_s, (int, float)) \
+                or not math.isfinite(self.engine_s) or self.engine_s < 0:
+            raise ConfigError(f"tp engine_s = {self.engine_s!r} must be a finite number of "
+                              f"seconds >= 0 per collective (the calibration's "
+                              f"tp_collective_s)")
 
     def codec(self, direction: str) -> CodecCost:
         return self.fwd_codec if direction == "fwd" else self.bwd_codec
@@ -124,14 +137,21 @@ class TPOptions:
 
 @dataclass(frozen=True)
 class SiteCost:
-    """One collective at one micro-batch: the algorithm run, its seconds and the bytes one
-    rank sends on its critical path (the codec's payload per message)."""
+    """One collective at one micro-batch: the algorithm run, its seconds, the bytes one
+    rank sends on its critical path (the codec's payload per message) and the engine's own
+    seconds around it (`engine_s`, at the job's load)."""
 
     site: TPSite
     values: int
     algorithm: str
     seconds: float
     wire_bytes: int
+    engine_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        """What the shard waits in place: the all-reduce and the engine's work."""
+        return self.seconds + self.engine_s
 
 
 @dataclass(frozen=True)
@@ -144,6 +164,7 @@ class TPTime:
     collective_s: dict[str, float]  # per direction, seconds of the tp all-reduces per step
     collectives: int  # tp all-reduces per step
     wire_bytes: dict[str, int]  # per direction, bytes one rank sends on the tp wires per step
+    engine_s: float = 0.0  # the engine's own work around the tp collectives per step
 
     @property
     def step_s(self) -> float:
@@ -155,9 +176,10 @@ class TPTime:
 
 
 def site_costs(layout: TPLayout, micro_batch: int, options: TPOptions, level: LinkLevel,
-               busy: int) -> list[SiteCost]:
+               busy: int, load: float = 1.0) -> list[SiteCost]:
     """Every collective of a micro-batch of `micro_batch` samples on the tp ranks' `level`
-    (`busy`: the ranks sharing its cores)."""
+    (`busy`: the ranks sharing its cores; `load`: their compute's slow-down, which the
+    engine's work per collective takes too)."""
     out = []
     for site in layout.sites:
         values, codec = site.values * micro_batch, options.codec(site.direction)
@@ -168,7 +190,7 @@ def site_costs(layout: TPLayout, micro_batch: int, options: TPOptions, level: Li
                                  busy)
         sent = sum(s.wire_bytes for s in allreduce_steps(name, options.tp, values, codec,
                                                           options.segment_bytes))
-        out.append(SiteCost(site, values, name, seconds, sent))
+        out.append(SiteCost(site, values, name, seconds, sent, load * options.engine_s))
     return out
 
 
@@ -199,15 +221,17 @@ def tp_time(profile: Profile, layout: TPLayout, replicas: int, network: Network,
     shard = shard_profile(profile, layout, tp)
     world = tp * replicas
     busy = network.busy(world)
-    costs = site_costs(layout, profile.micro_batch_size, options, network.level(range(tp)), busy)
-    serial = [(sum(c.seconds for c in costs if c.site.block == i and c.site.direction == "fwd"),
-               sum(c.seconds for c in costs if c.site.block == i and c.site.direction == "bwd"))
+    load = network.compute_load(world)
+    costs = site_costs(layout, profile.micro_batch_size, options, network.level(range(tp)), busy,
+                       load)
+    serial = [(sum(c.total_s for c in costs if c.site.block == i and c.site.direction == "fwd"),
+               sum(c.total_s for c in costs if c.site.block == i and c.site.direction == "bwd"))
               for i in range(len(shard.blocks))]
     timed = dp_time(shard, replicas, network, dp, group=range(0, world, tp), world=world,
                     serial=serial)
-    load = network.compute_load(world)
     return TPTime(tp, timed, load * sum(b.compute_s for b in shard.blocks),
                   {d: sum(c.seconds for c in costs if c.site.direction == d) for d in DIRECTIONS},
                   len(costs),
                   {d: sum(c.wire_bytes for c in costs if c.site.direction == d)
-                   for d in DIRECTIONS})
+                   for d in DIRECTIONS},
+                  sum(c.engine_s for c in costs))

@@ -14,17 +14,18 @@ for `RuntimeOverhead`. Where the validation runs more ranks than the machine has
 backward per micro-batch of 32 here) with one stage per rank on those world sizes,
 GPipe and 1F1B at N and 4N micro-batches, for `shared_action_s`: what each action adds
 when ranks share cores (fitted after the rest, on the processor-sharing simulation).
+`TP_MODELS` are `TINY` and `DEEP` (the same MLP with 8 hidden layers) split over 2 ranks
+by their own column-row plan, one sample a step: 1 and 7 tp all-reduces a step, for the
+tensor engine's work per collective (`tp_collective_s`, fitted after the rest by
+`tp_overhead`).
 Pure: the timing is the caller's (`train/plan_timing.py`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
-
-import numpy as np
 
 from approxdist.config.loader import merge
 from approxdist.errors import DataError
@@ -35,6 +36,7 @@ from approxdist.planner.cost.overhead import (
     OverheadRow,
     RuntimeOverhead,
     fit_linear,
+    refine,
 )
 from approxdist.planner.cost.pipeline import (
     PipelinePlan,
@@ -48,6 +50,9 @@ TINY = ModelSpec("tiny-mlp", {"model": {"name": "mlp", "hidden": 16, "depth": 2}
                              "data": synthetic(16)}, 1)
 WIDE = ModelSpec("wide-mlp", merge(TINY.sections, {"model": {"hidden": 2048}}), 1)
 MODELS = {"dp": TINY, "dp-wide": WIDE}
+DEEP = ModelSpec("deep-mlp", merge(TINY.sections, {"model": {"depth": 8}}), 1)
+#: tensor-parallel runs: tp = 2 ranks, one replica, by the model's own plan
+TP_MODELS = {"tp/D2": TINY, "tp/D8": DEEP}
 SHARED = ModelSpec("shared-mlp", {"model": {"name": "mlp", "hidden": 512, "depth": 5},
                                  "data": synthetic(256)}, 32)
 #: the validation's largest world: the shared runs cover the sizes above the cores up to it
@@ -64,7 +69,8 @@ REFINE = 4
 
 
 def plans(threads: int = 1) -> list[tuple[str, dict[str, dict[str, Any]]]]:
-    """(key, config sections) of every timed run: `pipe/<schedule>/M<m>` and `dp`."""
+    """(key, config sections) of every timed run: `pipe/<schedule>/M<m>`, `dp`, `dp-wide`
+    and `tp/D<depth>`."""
     base = merge(TINY.sections, {"train": {"threads": threads, "seed": 0,
                                            "world_size": WORLD}})
     out = [(f"pipe/{s}/M{m}", merge(base, {
@@ -76,6 +82,10 @@ def plans(threads: int = 1) -> list[tuple[str, dict[str, dict[str, Any]]]]:
         out.append((key, merge(base, {"train": {"parallel": "dp"},
                                       "model": spec.sections["model"],
                                       "data": {"batch_size": WORLD * spec.micro_batch_size}})))
+    for key, spec in TP_MODELS.items():
+        out.append((key, merge(base, {"train": {"parallel": "tensor"}, "tp": {"size": WORLD},
+                                      "model": spec.sections["model"],
+                                      "data": {"batch_size": spec.micro_batch_size}})))
     return out
 
 
@@ -119,7 +129,7 @@ def rows(profiles: dict[str, Profile], network: Network, measured: dict[str, flo
     at = probe or RuntimeOverhead(action_s=PROBE_S, dp_byte_s=PROBE_S * 1e-6)
     out = []
     for key, seconds in measured.items():
-        if key.startswith("shared/"):
+        if key.startswith(("shared/", "tp/")):
             continue
         if key in MODELS:
             profile = profiles[MODELS[key].label]
@@ -176,23 +186,15 @@ def fit_shared(profiles: Mapping[int, Profile], networks: Mapping[int, Network],
                ) -> tuple[float, float, list[OverheadRow]]:
     """(`shared_action_s`, rms relative error, the rows of the last round): the one
     unknown >= 0 by least squares on the relative error, its slopes refined by secants."""
-    probe, found = PROBE_S, 0.0
-    rows_: list[OverheadRow] = []
-    for _ in range(1 + REFINE):
-        rows_ = shared_rows(profiles, networks, measured, optimizer_s_per_byte, overhead,
-                            probe, optimizer_s_per_tensor)
-        if not rows_:
+    def rows_at(probe: float) -> list[OverheadRow]:
+        found = shared_rows(profiles, networks, measured, optimizer_s_per_byte, overhead, probe,
+                            optimizer_s_per_tensor)
+        if not found:
             raise DataError("no shared run was measured: time shared_plans on the world "
                             "sizes above the cores before fitting shared_action_s")
-        x = np.array([r.slope / r.measured_s for r in rows_])
-        y = np.array([(r.measured_s - r.base_s) / r.measured_s for r in rows_])
-        found = max(0.0, float(x @ y / (x @ x))) if float(x @ x) > 0 else 0.0
-        if found <= 0 or math.isclose(found, probe, rel_tol=1e-6):
-            break
-        probe = found
-    errors = np.array([(r.base_s + r.slope * found - r.measured_s) / r.measured_s
-                       for r in rows_])
-    return found, float(math.sqrt(float(np.mean(errors ** 2)))), rows_
+        return found
+
+    return refine(rows_at, PROBE_S, REFINE)
 
 
 def fit(profiles: dict[str, Profile], network: Network, measured: dict[str, float],
