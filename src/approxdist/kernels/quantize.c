@@ -14,7 +14,8 @@
  *   also residual = x - values[code] (EF-SignSGD's error feedback, one pass).
  * The callers pass finite positive scales only (so QSGD's a is in [0, s] and truncation is
  * floor). Decoding is a lookup of each code's value: ad_table_decode (table.c). Every
- * encoder splits over `threads` threads (parallel.h).
+ * encoder splits over `threads` threads (parallel.h). QSGD's norm, ad_norm2, is torch's
+ * own sum in torch's own order (one chain per lane, so one thread), with prefetch.
  */
 #include <math.h>
 #include <stdint.h>
@@ -134,6 +135,57 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
                     uint8_t *out, int threads) {
     quant_t q = {sign_codes, x, values, residual, out, 0.0f, 0, 0, 1};
     split_run(encode_range, &q, n, threads);
+}
+
+/* acc[j] (+)= x[r + j]^2 over the m values (a multiple of `lanes`), r = 0, lanes, ...:
+ * `fuse`, each square and its addition as one fma, else a product and a sum */
+static void square_lanes(const float *restrict x, int64_t m, float *restrict acc, int lanes,
+                         int fuse) {
+#if defined(__AVX512F__)
+    if (lanes == 16) {
+        __m512 a = _mm512_loadu_ps(acc);
+        for (int64_t r = 0; r < m; r += 16) {
+            const __m512 v = _mm512_loadu_ps(x + r);
+            a = fuse ? _mm512_fmadd_ps(v, v, a) : _mm512_add_ps(a, _mm512_mul_ps(v, v));
+        }
+        _mm512_storeu_ps(acc, a);
+        return;
+    }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (lanes == 8) {
+        __m256 a = _mm256_loadu_ps(acc);
+        for (int64_t r = 0; r < m; r += 8) {
+            const __m256 v = _mm256_loadu_ps(x + r);
+            a = fuse ? _mm256_fmadd_ps(v, v, a) : _mm256_add_ps(a, _mm256_mul_ps(v, v));
+        }
+        _mm256_storeu_ps(acc, a);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < m; r += lanes)
+        for (int j = 0; j < lanes; j++)
+            acc[j] = fuse ? fmaf(x[r + j], x[r + j], acc[j]) : acc[j] + x[r + j] * x[r + j];
+}
+
+/* torch.linalg.vector_norm of n fp32 values as torch computes it on CPU, bit for bit: one
+ * thread and one vector of `lanes` (4, 8 or 16) accumulators from +0, lane j adding x[j]^2,
+ * x[j + lanes]^2, ... in turn over the whole vectors; lanes 1, 2, ... added in turn onto
+ * lane 0; the squares of the values past the whole vectors added one at a time; sqrtf.
+ * `fused` bit 0: the vector steps as fma, bit 1: the last values' (CompressKernel.norm finds
+ * torch's lanes and fused by comparing with torch). Prefetched ahead (traffic.h). */
+float ad_norm2(const float *x, int64_t n, int lanes, int fused) {
+    float acc[16] = {0.0f};
+    const int64_t whole = n / lanes * lanes;
+    for (int64_t k = 0, m; k < whole; k += m) { /* AHEAD: a multiple of 8 and 16 */
+        m = ahead_block(x + k, whole - k);
+        square_lanes(x + k, m, acc, lanes, fused & 1);
+    }
+    float total = acc[0];
+    for (int j = 1; j < lanes; j++) total = total + acc[j];
+    for (int64_t k = whole; k < n; k++)
+        total = fused & 2 ? fmaf(x[k], x[k], total) : total + x[k] * x[k];
+    return sqrtf(total);
 }
 
 typedef struct {
