@@ -4,8 +4,9 @@
  * byte per code, which keeps the code buffers small and lets the compiler vectorize the
  * loops: for widths dividing 8 each group of 8/w code bytes, read as one 16-, 32- or
  * 64-bit word, folds into one packed byte with shifts and ORs (no per-code branch, no
- * table); other widths fold 8 code bytes into w packed bytes. Little-endian hosts only
- * (the kernels' callers check `BYTEPACK_LE`); header-only.
+ * table); other widths fold 8 code bytes into w packed bytes, and where the CPU has AVX-512
+ * VBMI unpack 64 codes at once (unpack_vbmi). Little-endian hosts only (the kernels'
+ * callers check `BYTEPACK_LE`); header-only.
  */
 #ifndef APPROXDIST_BYTEPACK_H
 #define APPROXDIST_BYTEPACK_H
@@ -14,6 +15,10 @@
 #include <string.h>
 
 #include "bitpack.h" /* BLOCK */
+
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 #define BYTEPACK_LE (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
 
@@ -100,6 +105,33 @@ static int64_t pack_words(const uint32_t *restrict c, int64_t n, int w, uint8_t 
     return pack8(c8, n, w, out);
 }
 
+/* The first groups (of 8 codes of w < 8 bits, w bytes each) of `full`, 8 groups at a time where
+ * the CPU has AVX-512 VBMI: the 8w bytes loaded exactly (a masked load), each group's w bytes
+ * moved into a 64-bit lane of its own (vpermb), code k of a lane taken from its bits
+ * [kw, kw + 8) (vpmultishiftqb) and masked to w bits; returns the groups done (0 without). */
+static int64_t unpack_vbmi(const uint8_t *restrict in, int64_t full, int w,
+                           uint8_t *restrict c) {
+    int64_t g = 0;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    uint8_t from[64], bit[64];
+    for (int k = 0; k < 64; k++) {
+        from[k] = (uint8_t)(k / 8 * w + k % 8); /* at most 7w + 7 < 64 */
+        bit[k] = (uint8_t)(k % 8 * w);
+    }
+    const __m512i perm = _mm512_loadu_si512(from), shift = _mm512_loadu_si512(bit);
+    const __m512i mask = _mm512_set1_epi8((char)((1 << w) - 1));
+    const __mmask64 load = (1ull << (8 * w)) - 1;
+    for (; g + 8 <= full; g += 8) {
+        const __m512i v = _mm512_maskz_loadu_epi8(load, in + g * w);
+        const __m512i codes = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(perm, v));
+        _mm512_storeu_si512(c + 8 * g, _mm512_and_si512(codes, mask));
+    }
+#else
+    (void)in, (void)full, (void)w, (void)c;
+#endif
+    return g;
+}
+
 /* Unpack n <= BLOCK codes of w bits from `in` into one byte each; returns bytes consumed. */
 static int64_t unpack8(const uint8_t *restrict in, int64_t n, int w, uint8_t *restrict c) {
     int64_t b = 0, full = n / 8;
@@ -130,13 +162,14 @@ static int64_t unpack8(const uint8_t *restrict in, int64_t n, int w, uint8_t *re
         }
         b = full * 8;
     } else {
-        /* 8 bytes read per group, w used (exact reads where 8 would pass the end of the
-         * codes), then all groups unfolded in a vectorized loop */
+        /* the groups unpack_vbmi leaves: 8 bytes read per group, w used (exact reads where
+         * 8 would pass the end of the codes), then unfolded in a vectorized loop */
         uint64_t packed[BLOCK / 8];
-        const int64_t spill = full - (8 + w - 1) / w, safe = spill > 0 ? spill : 0;
-        for (int64_t g = 0; g < safe; g++) memcpy(&packed[g], in + g * w, 8);
+        const int64_t done = unpack_vbmi(in, full, w, c);
+        const int64_t spill = full - (8 + w - 1) / w, safe = spill > done ? spill : done;
+        for (int64_t g = done; g < safe; g++) memcpy(&packed[g], in + g * w, 8);
         for (int64_t g = safe; g < full; g++) packed[g] = load_n(in + g * w, w);
-        for (int64_t g = 0; g < full; g++) {
+        for (int64_t g = done; g < full; g++) {
             uint64_t u = unfold8(packed[g], w);
             memcpy(c + 8 * g, &u, 8);
         }
