@@ -5,7 +5,7 @@
  * loops: for widths dividing 8 each group of 8/w code bytes, read as one 16-, 32- or
  * 64-bit word, folds into one packed byte with shifts and ORs (no per-code branch, no
  * table); other widths fold 8 code bytes into w packed bytes, and where the CPU has AVX-512
- * VBMI unpack 64 codes at once (unpack_vbmi). Little-endian hosts only (the kernels'
+ * VBMI pack (widths 3, 5, 6: pack_vbmi) and unpack (unpack_vbmi) 64 codes at once. Little-endian hosts only (the kernels'
  * callers check `BYTEPACK_LE`); header-only.
  */
 #ifndef APPROXDIST_BYTEPACK_H
@@ -45,6 +45,35 @@ static uint64_t unfold8(uint64_t u, int w) {
     return (u & lo) | ((u & hi) << (8 - w));
 }
 
+/* The first groups (of 8 codes of w = 3, 5 or 6 bits) of `full` packed 8 groups at a time
+ * where the CPU has AVX-512 VBMI: neighbouring codes joined by multiply-adds (c0 + c1 * 2^w,
+ * then pairs of those times 2^2w), pairs of 32-bit halves into each 64-bit lane (its 8w-bit
+ * stream), the lanes' w bytes moved together (vpermb) and stored exactly (a masked store);
+ * returns the groups done (0 without, and for other widths). */
+static int64_t pack_vbmi(const uint8_t *restrict c, int64_t full, int w, uint8_t *restrict out) {
+    int64_t g = 0;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    if (w != 3 && w != 5 && w != 6) return 0; /* 2^w must fit a signed byte: w <= 6 */
+    uint8_t from[64] = {0};
+    for (int k = 0; k < 8 * w; k++) from[k] = (uint8_t)(k / w * 8 + k % w);
+    const __m512i perm = _mm512_loadu_si512(from), low = _mm512_set1_epi64(0xFFFFFFFF);
+    const __m512i pairs = _mm512_set1_epi16((short)((1 << w) << 8 | 1));
+    const __m512i quads = _mm512_set1_epi32((1 << 2 * w) << 16 | 1);
+    const __m128i half = _mm_cvtsi32_si128(4 * w);
+    const __mmask64 store = (1ull << (8 * w)) - 1;
+    for (; g + 8 <= full; g += 8) {
+        const __m512i d = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_loadu_si512(c + 8 * g),
+                                                                  pairs), quads);
+        const __m512i q = _mm512_or_si512(_mm512_and_si512(d, low),
+                                          _mm512_sll_epi64(_mm512_srli_epi64(d, 32), half));
+        _mm512_mask_storeu_epi8(out + g * w, store, _mm512_permutexvar_epi8(perm, q));
+    }
+#else
+    (void)c, (void)full, (void)w, (void)out;
+#endif
+    return g;
+}
+
 /* Pack n <= BLOCK code bytes into `out`; returns bytes written ((n*w + 7) / 8, the last
  * byte zero-padded). */
 static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restrict out) {
@@ -81,9 +110,10 @@ static int64_t pack8(const uint8_t *restrict c, int64_t n, int w, uint8_t *restr
          * w are kept (the next group overwrites the rest); the groups whose 8 bytes would
          * pass this call's end are stored exactly: another thread may write the next bytes */
         uint64_t folded[BLOCK / 8];
-        for (int64_t g = 0; g < full; g++) folded[g] = fold8(load_n(c + 8 * g, 8), w);
-        const int64_t spill = full - (8 + w - 1) / w, safe = spill > 0 ? spill : 0;
-        for (int64_t g = 0; g < safe; g++) memcpy(out + g * w, &folded[g], 8);
+        const int64_t done = pack_vbmi(c, full, w, out);
+        for (int64_t g = done; g < full; g++) folded[g] = fold8(load_n(c + 8 * g, 8), w);
+        const int64_t spill = full - (8 + w - 1) / w, safe = spill > done ? spill : done;
+        for (int64_t g = done; g < safe; g++) memcpy(out + g * w, &folded[g], 8);
         for (int64_t g = safe; g < full; g++) memcpy(out + g * w, &folded[g], (size_t)w);
         b = full * 8;
     }
