@@ -53,9 +53,19 @@ static uint64_t unfold8(uint64_t u, int w) {
 static int64_t pack_vbmi(const uint8_t *restrict c, int64_t full, int w, uint8_t *restrict out) {
     int64_t g = 0;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-    if (w != 3 && w != 5 && w != 6) return 0; /* 2^w must fit a signed byte: w <= 6 */
-    uint8_t from[64] = {0};
-    for (int k = 0; k < 8 * w; k++) from[k] = (uint8_t)(k / w * 8 + k % w);
+    /* output byte k <- byte k mod w of lane k / w (w <= 6: 2^w fits a signed byte) */
+    static const uint8_t from3[64] = {
+        0, 1, 2, 8, 9, 10, 16, 17, 18, 24, 25, 26, 32, 33, 34, 40, 41, 42, 48, 49, 50, 56, 57,
+        58};
+    static const uint8_t from5[64] = {
+        0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 16, 17, 18, 19, 20, 24, 25, 26, 27, 28, 32, 33, 34, 35,
+        36, 40, 41, 42, 43, 44, 48, 49, 50, 51, 52, 56, 57, 58, 59, 60};
+    static const uint8_t from6[64] = {
+        0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, 16, 17, 18, 19, 20, 21, 24, 25, 26, 27, 28, 29,
+        32, 33, 34, 35, 36, 37, 40, 41, 42, 43, 44, 45, 48, 49, 50, 51, 52, 53, 56, 57, 58, 59,
+        60, 61};
+    const uint8_t *from = w == 3 ? from3 : w == 5 ? from5 : w == 6 ? from6 : NULL;
+    if (from == NULL) return 0;
     const __m512i perm = _mm512_loadu_si512(from), low = _mm512_set1_epi64(0xFFFFFFFF);
     const __m512i pairs = _mm512_set1_epi16((short)((1 << w) << 8 | 1));
     const __m512i quads = _mm512_set1_epi32((1 << 2 * w) << 16 | 1);
