@@ -138,28 +138,20 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
 }
 
 /* acc[j] (+)= x[r + j]^2 over the m values (a multiple of `lanes`), r = 0, lanes, ...:
- * `fuse`, each square and its addition as one fma, else a product and a sum */
-static void square_lanes(const float *restrict x, int64_t m, float *restrict acc, int lanes,
-                         int fuse) {
-#if defined(__AVX512F__)
-    if (lanes == 16) {
-        __m512 a = _mm512_loadu_ps(acc);
-        for (int64_t r = 0; r < m; r += 16) {
-            const __m512 v = _mm512_loadu_ps(x + r);
-            a = fuse ? _mm512_fmadd_ps(v, v, a) : _mm512_add_ps(a, _mm512_mul_ps(v, v));
-        }
-        _mm512_storeu_ps(acc, a);
-        return;
-    }
-#endif
+ * `fuse`, each square and its addition as one fma, else a product and a sum. Called with a
+ * constant `lanes`: 8 and 16 lanes are one and two AVX2 registers (AVX-512 hosts have AVX2). */
+static inline void square_lanes(const float *restrict x, int64_t m, float *restrict acc,
+                                const int lanes, int fuse) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (lanes == 8) {
-        __m256 a = _mm256_loadu_ps(acc);
-        for (int64_t r = 0; r < m; r += 8) {
-            const __m256 v = _mm256_loadu_ps(x + r);
-            a = fuse ? _mm256_fmadd_ps(v, v, a) : _mm256_add_ps(a, _mm256_mul_ps(v, v));
-        }
-        _mm256_storeu_ps(acc, a);
+    if (lanes == 8 || lanes == 16) {
+        __m256 a[2];
+        for (int h = 0; h < lanes / 8; h++) a[h] = _mm256_loadu_ps(acc + 8 * h);
+        for (int64_t r = 0; r < m; r += lanes)
+            for (int h = 0; h < lanes / 8; h++) {
+                const __m256 v = _mm256_loadu_ps(x + r + 8 * h);
+                a[h] = fuse ? _mm256_fmadd_ps(v, v, a[h]) : _mm256_add_ps(a[h], _mm256_mul_ps(v, v));
+            }
+        for (int h = 0; h < lanes / 8; h++) _mm256_storeu_ps(acc + 8 * h, a[h]);
         return;
     }
 #endif
@@ -179,7 +171,9 @@ float ad_norm2(const float *x, int64_t n, int lanes, int fused) {
     const int64_t whole = n / lanes * lanes;
     for (int64_t k = 0, m; k < whole; k += m) { /* AHEAD: a multiple of 8 and 16 */
         m = ahead_block(x + k, whole - k);
-        square_lanes(x + k, m, acc, lanes, fused & 1);
+        if (lanes == 16) square_lanes(x + k, m, acc, 16, fused & 1);
+        else if (lanes == 8) square_lanes(x + k, m, acc, 8, fused & 1);
+        else square_lanes(x + k, m, acc, 4, fused & 1);
     }
     float total = acc[0];
     for (int j = 1; j < lanes; j++) total = total + acc[j];
