@@ -153,12 +153,12 @@ static int64_t unpack_vbmi(const uint8_t *restrict in, int64_t full, int w,
                            uint8_t *restrict c) {
     int64_t g = 0;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-    uint8_t from[64], bit[64];
-    for (int k = 0; k < 64; k++) {
-        from[k] = (uint8_t)(k / 8 * w + k % 8); /* at most 7w + 7 < 64 */
-        bit[k] = (uint8_t)(k % 8 * w);
-    }
-    const __m512i perm = _mm512_loadu_si512(from), shift = _mm512_loadu_si512(bit);
+    /* byte j of lane g: from byte gw + j (at most 7w + 7 < 64), its code from bit jw */
+    const long long ones = 0x0101010101010101ll, w8 = w * ones;
+    const __m512i perm = _mm512_add_epi8(_mm512_set1_epi64(0x0706050403020100ll),
+                                         _mm512_set_epi64(7 * w8, 6 * w8, 5 * w8, 4 * w8,
+                                                          3 * w8, 2 * w8, w8, 0));
+    const __m512i shift = _mm512_set1_epi64(w * 0x0706050403020100ll);
     const __m512i mask = _mm512_set1_epi8((char)((1 << w) - 1));
     const __mmask64 load = (1ull << (8 * w)) - 1;
     for (; g + 8 <= full; g += 8) {
