@@ -14,7 +14,8 @@
  *   also residual = x - values[code] (EF-SignSGD's error feedback, one pass).
  * The callers pass finite positive scales only (so QSGD's a is in [0, s] and truncation is
  * floor). Decoding is a lookup of each code's value: ad_table_decode (table.c). Every
- * encoder splits over `threads` threads (parallel.h).
+ * encoder splits over `threads` threads (parallel.h). QSGD's norm, ad_norm2, is torch's
+ * own sum in torch's own order (one chain per lane, so one thread), with prefetch.
  */
 #include <math.h>
 #include <stdint.h>
@@ -134,6 +135,51 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
                     uint8_t *out, int threads) {
     quant_t q = {sign_codes, x, values, residual, out, 0.0f, 0, 0, 1};
     split_run(encode_range, &q, n, threads);
+}
+
+/* acc[j] (+)= x[r + j]^2 over the m values (a multiple of `lanes`), r = 0, lanes, ...:
+ * `fuse`, each square and its addition as one fma, else a product and a sum. Called with a
+ * constant `lanes`: 8 and 16 lanes are one and two AVX2 registers (AVX-512 hosts have AVX2). */
+static inline void square_lanes(const float *restrict x, int64_t m, float *restrict acc,
+                                const int lanes, int fuse) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (lanes == 8 || lanes == 16) {
+        __m256 a[2];
+        for (int h = 0; h < lanes / 8; h++) a[h] = _mm256_loadu_ps(acc + 8 * h);
+        for (int64_t r = 0; r < m; r += lanes)
+            for (int h = 0; h < lanes / 8; h++) {
+                const __m256 v = _mm256_loadu_ps(x + r + 8 * h);
+                a[h] = fuse ? _mm256_fmadd_ps(v, v, a[h]) : _mm256_add_ps(a[h], _mm256_mul_ps(v, v));
+            }
+        for (int h = 0; h < lanes / 8; h++) _mm256_storeu_ps(acc + 8 * h, a[h]);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < m; r += lanes)
+        for (int j = 0; j < lanes; j++)
+            acc[j] = fuse ? fmaf(x[r + j], x[r + j], acc[j]) : acc[j] + x[r + j] * x[r + j];
+}
+
+/* torch.linalg.vector_norm of n fp32 values as torch computes it on CPU, bit for bit: one
+ * thread and one vector of `lanes` (4, 8 or 16) accumulators from +0, lane j adding x[j]^2,
+ * x[j + lanes]^2, ... in turn over the whole vectors; lanes 1, 2, ... added in turn onto
+ * lane 0; the squares of the values past the whole vectors added one at a time; sqrtf.
+ * `fused` bit 0: the vector steps as fma, bit 1: the last values' (CompressKernel.norm finds
+ * torch's lanes and fused by comparing with torch). Prefetched ahead (traffic.h). */
+float ad_norm2(const float *x, int64_t n, int lanes, int fused) {
+    float acc[16] = {0.0f};
+    const int64_t whole = n / lanes * lanes;
+    for (int64_t k = 0, m; k < whole; k += m) { /* AHEAD: a multiple of 8 and 16 */
+        m = ahead_block(x + k, whole - k);
+        if (lanes == 16) square_lanes(x + k, m, acc, 16, fused & 1);
+        else if (lanes == 8) square_lanes(x + k, m, acc, 8, fused & 1);
+        else square_lanes(x + k, m, acc, 4, fused & 1);
+    }
+    float total = acc[0];
+    for (int j = 1; j < lanes; j++) total = total + acc[j];
+    for (int64_t k = whole; k < n; k++)
+        total = fused & 2 ? fmaf(x[k], x[k], total) : total + x[k] * x[k];
+    return sqrtf(total);
 }
 
 typedef struct {

@@ -5,7 +5,8 @@ l_i = floor(a_i) and b_i = 1 with probability a_i - l_i (else 0): E[Q_s(v)] = v.
 sends the norm (fp32) and one code per value, sign * level + s in [0, 2s], bit-packed in
 ceil(log2(2s + 1)) bits. The norm differs between workers, so payloads are gathered. The
 draws come from the compressor's counter-based stream (`stream.py`); a zero or non-finite
-norm sends level 0 everywhere.
+norm sends level 0 everywhere. The norm is torch's `linalg.vector_norm`, bit for bit (with the
+kernels, their copy of its order: `CompressKernel.norm`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ class QSGD(Packed):
         self.stream = Stream(seed, self.state)
 
     def encode(self, x: torch.Tensor) -> Payload:
-        norm = torch.linalg.vector_norm(x)
         key = self.stream.next_key()
         kernel = self.codes.encoder(x)
+        norm = torch.linalg.vector_norm(x) if kernel is None else kernel.norm(x)
         scale = self.levels / norm
         if kernel is None or not _positive(norm) or not _positive(scale):
             return self.codes.pack(self.reference_codes(x, norm, key), norm, self.shape)
