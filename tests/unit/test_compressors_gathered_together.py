@@ -9,7 +9,7 @@ from approxdist.comm.compressors import Compressor, Gathered, Where, get_compres
 from approxdist.comm.compressors.gathered_together import GatheredTogether
 from approxdist.comm.compressors.together import Member
 from approxdist.errors import ConfigError
-from tests.helpers.lockstep import lockstep
+from tests.helpers.lockstep import check_bundle_steps, lockstep
 
 WORKERS = 3
 STEPS = 3
@@ -39,29 +39,8 @@ def test_gathered_together_equals_each_member_alone_bit_for_bit(spec: str) -> No
     """Each member's part of the one payload is its own payload, its result its own
     exchange's; the exact members are the worker-order mean; residuals and streams follow
     each member over the steps; what AdaPrec measures is each member's contribution."""
-    gen = torch.Generator().manual_seed(7)
-    together = [GatheredTogether(_members(spec, w)) for w in range(WORKERS)]
-    alone = [_alone(spec, w) for w in range(WORKERS)]
-    for _ in range(STEPS):
-        grads = [[torch.randn(s, generator=gen) for s in SHAPES] for _ in range(WORKERS)]
-        sent = [0] * WORKERS
-        shares = [torch.full((together[0].numel,), float("nan")) for _ in range(WORKERS)]
-        got = lockstep(together, [torch.cat([g.reshape(-1) for g in gs]) for gs in grads],
-                       sent, shares)
-        at = 0
-        for i, shape in enumerate(SHAPES):
-            n = torch.Size(shape).numel()
-            pair = [grads[w][i] for w in range(WORKERS)]
-            comps = [alone[w][i] for w in range(WORKERS)]
-            own = [torch.empty(n) for _ in range(WORKERS)]
-            want = lockstep(comps, pair, shares=own) if comps[0] is not None \
-                else [sum(pair[1:], pair[0].clone()).div_(WORKERS)] * WORKERS
-            for w in range(WORKERS):
-                assert torch.equal(got[w][at:at + n].view(shape), want[w]), (spec, i, w)
-                share = own[w] if comps[0] is not None else pair[w].reshape(-1)
-                assert torch.equal(shares[w][at:at + n], share), (spec, i, w)
-            at += n
-        assert sent == [together[0].wire_bytes()] * WORKERS
+    check_bundle_steps([GatheredTogether(_members(spec, w)) for w in range(WORKERS)],
+                       [_alone(spec, w) for w in range(WORKERS)], SHAPES, STEPS, seed=7)
 
 
 def test_the_payload_is_the_exact_bytes_then_each_members_payload() -> None:
@@ -90,5 +69,5 @@ def test_members_of_two_specs_or_a_summed_one_are_refused() -> None:
     with pytest.raises(ConfigError, match="one compressor spec"):
         GatheredTogether(mixed)
     summed = [Member("a", 0, torch.Size((4, 4)), get_compressor("powersgd:1", Where((4, 4))))]
-    with pytest.raises(ConfigError, match="sums"):
+    with pytest.raises(ConfigError, match="by all-gather, but powersgd:1 does not"):
         GatheredTogether(summed)

@@ -33,7 +33,7 @@ import torch
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.codecs.framed import typed
 from approxdist.comm.compressors.base import Compressor, Gathered, GatherExchange, in_order
-from approxdist.comm.compressors.together import Member
+from approxdist.comm.compressors.together import Member, exact_positions, member_spec
 from approxdist.errors import ConfigError
 
 
@@ -43,23 +43,12 @@ class GatheredTogether(Compressor):
     collective = "all-gather"
 
     def __init__(self, members: Sequence[Member], device: torch.device | None = None) -> None:
-        specs = {m.compressor.spec for m in members if m.compressor is not None}
-        summed = [m.name for m in members
-                  if m.compressor is not None and not isinstance(m.compressor, Gathered)]
-        if summed:
-            raise ConfigError(f"GatheredTogether gathers its members' payloads, but "
-                              f"{', '.join(sorted(specs))} sums ({summed[0]!r}); put an "
-                              f"all-reduce compatible compressor in a `Together`")
-        if len(specs) != 1:
-            raise ConfigError(f"GatheredTogether needs one compressor spec among its members, "
-                              f"got {sorted(specs) or 'none'}; plan one bucket per compressor")
-        super().__init__(specs.pop(), (sum(m.numel for m in members),), device)
+        super().__init__(member_spec(members, "all-gather", "GatheredTogether", "a Together"),
+                         (sum(m.numel for m in members),), device)
         self.members = list(members)
         self.gathered = [m for m in members if m.compressor is not None]
-        spans = [torch.arange(m.offset, m.offset + m.numel) for m in members
-                 if m.compressor is None]
         #: the exact members' positions, one block at the head of the payload
-        self.exact = torch.cat(spans).to(self.device) if spans else None
+        self.exact = exact_positions(members, self.device)
         self.exact_bytes = 4 * self.exact.numel() if self.exact is not None else 0
 
     def wire_bytes(self) -> int:
