@@ -52,3 +52,33 @@ def lockstep(compressors: Sequence[Compressor], grads: Sequence[torch.Tensor],
     if sent is not None:
         sent[:] = totals
     return [r for r in results if r is not None]
+
+
+def check_bundle_steps(bundles: Sequence[Compressor],
+                       alone: Sequence[Sequence[Compressor | None]],
+                       shapes: Sequence[tuple[int, ...]], steps: int, seed: int) -> None:
+    """`steps` exchanges of one bundle a worker (`Together`, `GatheredTogether`) over random
+    gradients equal, bit for bit, each member's own exchange (`alone[w][i]`: worker w's
+    compressor of tensor i, None: exact, the worker-order mean); so does what each member
+    contributes (AdaPrec's `sent`); each worker's message holds the bundle's `wire_bytes()`."""
+    world, gen = len(bundles), torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(world)]
+        sent = [0] * world
+        shares = [torch.full((bundles[0].numel,), float("nan")) for _ in range(world)]
+        got = lockstep(bundles, [torch.cat([g.reshape(-1) for g in gs]) for gs in grads],
+                       sent, shares)
+        at = 0
+        for i, shape in enumerate(shapes):
+            n = torch.Size(shape).numel()
+            own = [grads[w][i] for w in range(world)]
+            comps = [alone[w][i] for w in range(world)]
+            mine = [torch.empty(n) for _ in range(world)]
+            want = lockstep([c for c in comps if c is not None], own, shares=mine) \
+                if comps[0] is not None else [sum(own[1:], own[0].clone()).div_(world)] * world
+            for w in range(world):
+                assert torch.equal(got[w][at:at + n].view(shape), want[w]), (i, w)
+                share = mine[w] if comps[0] is not None else own[w].reshape(-1)
+                assert torch.equal(shares[w][at:at + n], share), (i, w)
+            at += n
+        assert sent == [bundles[0].wire_bytes()] * world

@@ -49,13 +49,33 @@ def test_bad_sizes_are_named(args: tuple[float, float, float, int], message: str
         check_sizes(*args)
 
 
-def test_an_all_gather_compressor_gets_a_bucket_of_its_own() -> None:
+def test_an_all_gather_compressor_shares_its_bucket_with_exact_fp32() -> None:
+    """top-k's matrices and the fp32 vectors between them: one bucket (one all-gather a
+    step, `gathered_together`), where a bucket per matrix and per run of vectors made 5;
+    another compressor closes the bucket."""
     infos = [ParamInfo("0.weight", 100, "topk:0.1", 0), ParamInfo("0.bias", 10, "fp32", 1),
-             ParamInfo("1.weight", 100, "topk:0.1", 2), ParamInfo("1.bias", 10, "fp32", 3)]
+             ParamInfo("1.weight", 100, "topk:0.1", 2), ParamInfo("1.bias", 10, "fp32", 3),
+             ParamInfo("2.weight", 100, "qsgd:7", 4)]
     plans = plan_buckets(infos, bucket_bytes=1 << 20)
-    by_codec = {p.names: p.codec for p in plans}
-    assert by_codec[("0.weight",)] == by_codec[("1.weight",)] == "topk:0.1"
-    assert sorted(n for p in plans if p.codec == "fp32" for n in p.names) == ["0.bias", "1.bias"]
+    assert [(p.names, p.codec) for p in plans] == [
+        (("1.bias", "2.weight"), "qsgd:7"), (("0.weight", "0.bias", "1.weight"), "topk:0.1")]
+    assert [plans[1].codec_of(i) for i in range(3)] == ["topk:0.1", "fp32", "topk:0.1"]
+    assert [plans[0].codec_of(i) for i in range(2)] == ["fp32", "qsgd:7"]
+
+
+def test_gpt_tiny_under_an_all_gather_compressor_is_bucketed_as_under_fp32() -> None:
+    """`bench dp --model gpt-tiny --codec topk:0.01` (vectors in fp32, DataParallel's default
+    caps): as many buckets as fp32's, where a bucket per matrix (11) and per run of vectors
+    between them (10) made 21 collectives a step."""
+    from approxdist.models.gpt import SIZES, gpt
+
+    model = gpt(SIZES["gpt-tiny"], vocab=256, seq_len=64)
+    for spec in ("topk:0.01", "fp32"):
+        infos = [ParamInfo(n, p.numel(), spec if p.dim() > 1 else "fp32", i)
+                 for i, (n, p) in enumerate(model.named_parameters())]
+        plans = plan_buckets(infos, 1 << 20, 1 << 18, 1 << 20)
+        assert len(plans) == 2, spec
+        assert sum(len(p.names) for p in plans) == len(infos) == 29
 
 
 def test_a_summed_compressor_shares_its_bucket_with_exact_fp32() -> None:

@@ -226,3 +226,31 @@ def test_topk_floor_from_a_misleading_sample_falls_back_to_every_value() -> None
         for step in range(2):  # error feedback: gradient plus residual in the first pass
             assert torch.equal(fused.outgoing(x).data, ops.outgoing(x).data), (ratio, step)
             assert torch.equal(fused.state["residual"], ops.state["residual"]), (ratio, step)
+
+
+@needs_kernels
+def test_topk_on_small_tensors_selects_as_the_torch_ops() -> None:
+    """Below 65536 values topk.c finds the k-th largest pattern by three small histograms
+    (11, 10, 10 bits) instead of the two large ones: ties of integer values, patterns that
+    share their top bits (values near 1.0) and a constant tensor, with error feedback,
+    against the torch path and a stable sort; and across the size where the method changes."""
+    gen = torch.Generator().manual_seed(11)
+    cases = {"ties": torch.randint(-20, 21, (5003,), generator=gen).float(),
+             "near one": 1.0 + torch.rand(40000, generator=gen) * 1e-5,
+             "constant": torch.full((4096,), -0.25),
+             "below": values((1 << 16) - 1, 12), "at": values(1 << 16, 13)}
+    for name, x in cases.items():
+        n = x.numel()
+        for ratio in ("0.01", "0.3", "1"):
+            fused, ops = get_compressor(f"topk:{ratio}", Where((n,))), \
+                get_compressor(f"topk:{ratio}", Where((n,)))
+            assert isinstance(fused, TopK) and isinstance(ops, TopK)
+            use_kernels(ops, False)
+            oracle = torch.sort(x.abs(), descending=True, stable=True).indices[:fused.k]
+            sent = fused.encode(x).data
+            assert torch.equal(sent, ops.encode(x).data), (name, ratio)
+            assert torch.equal(sent[4 * fused.k:].view(torch.int32).long(),
+                               oracle.sort().values), (name, ratio)
+            for step in range(2):  # error feedback: gradient plus residual made first
+                assert torch.equal(fused.outgoing(x).data, ops.outgoing(x).data), (name, step)
+                assert torch.equal(fused.state["residual"], ops.state["residual"]), (name, step)

@@ -11,12 +11,13 @@ plan for both (no torch.distributed, testable in one process):
   message). The first bucket is capped at `first_bucket_bytes` so communication starts
   early. A parameter of at least `solo_bytes` gets a bucket of its own: its gradient is
   big enough to be a good message alone and is then reduced in place, with no copy
-  (`reducer.BucketState.hold`). So does a parameter whose compressor needs all-gather
-  (docs/compressors.md: top-k's payload is one tensor's). An all-reduce compatible
-  compressor (PowerSGD, random-k) shares its bucket with parameters of the same
-  compressor and with exact fp32 ones (a rule's `*.bias=fp32`), as a DDP bucket under
-  torch's `powerSGD_hook` holds matrices and vectors alike: the bucket's exchange sends
-  every member's round in one all-reduce (`comm.compressors.together`). Inside a bucket
+  (`reducer.BucketState.hold`). A compressor shares its bucket with parameters of the
+  same compressor and with exact fp32 ones (a rule's `*.bias=fp32`), as a DDP bucket
+  under torch's `powerSGD_hook` holds matrices and vectors alike: an all-reduce
+  compatible one's (PowerSGD, random-k) exchange sends every member's round in one
+  all-reduce (`comm.compressors.together`), an all-gather one's (top-k, QSGD, TernGrad,
+  the sign methods) every member's payload in one all-gather
+  (`comm.compressors.gathered_together`). Inside a bucket
   the parameters are laid out in *forward* order, so the values the next forward reads
   first lead the message and its first fragments.
 * `fragments(numel, chunk_numel)` cuts a bucket into contiguous fragments.
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from approxdist.comm.compressors import check_compressor, is_compressor
+from approxdist.comm.compressors import is_compressor
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def plan_buckets(params: Sequence[ParamInfo], bucket_bytes: int,
     for info in sorted(params, key=lambda p: -p.position):
         cap = first if len(groups) <= 1 else bucket_bytes
         nbytes = info.numel * bytes_per_value
-        alone = (solo is not None and nbytes >= solo) or _gathered(info.codec)
+        alone = solo is not None and nbytes >= solo
         fits = open_ and not alone and _mixes(groups[-1], info.codec) and size + nbytes <= cap
         if not fits:
             groups.append([])
@@ -92,13 +93,9 @@ def plan_buckets(params: Sequence[ParamInfo], bucket_bytes: int,
     return [_bucket(i, g) for i, g in enumerate(groups)]
 
 
-def _gathered(codec: str) -> bool:
-    return is_compressor(codec) and check_compressor(codec) == "all-gather"
-
-
 def _mixes(group: list[ParamInfo], codec: str) -> bool:
     """Whether a parameter sent in `codec` may join `group`: the same codec, or exact fp32
-    and one all-reduce compatible compressor together."""
+    and one compressor together."""
     codecs = {p.codec for p in group} | {codec}
     if len(codecs) == 1:
         return True

@@ -5,10 +5,11 @@ are summed by the thread's exact fp32 all-reduce; an all-gather one's payload (t
 values and indices, QSGD's norm and codes, ...) is gathered byte for byte by the thread's
 all-gather, the counterpart of the run's all-reduce algorithm (`GATHERS`). Either way the
 link counts the real bytes, and what the compressor returns (the replicas' average, or
-signSGD's vote) replaces the bucket. A bucket of an all-gather compressor holds one
-parameter; an all-reduce compatible one's holds its matrices and exact fp32 values
-(`buckets.plan_buckets`), exchanged together (`comm.compressors.together`: one all-reduce
-a round for the whole bucket, as torch's `powerSGD_hook` sends a DDP bucket's P and Q).
+signSGD's vote) replaces the bucket. A compressor's bucket holds its tensors and exact
+fp32 values (`buckets.plan_buckets`), exchanged together: an all-reduce compatible one's
+in one all-reduce a round for the whole bucket (`comm.compressors.together`, as torch's
+`powerSGD_hook` sends a DDP bucket's P and Q), an all-gather one's in one all-gather
+(`comm.compressors.gathered_together`).
 While AdaPrec watches the bucket (`probe`), this rank's contribution is measured against
 its exact gradient (`comm.update_error`).
 """

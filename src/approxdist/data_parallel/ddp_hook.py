@@ -22,7 +22,9 @@ its own, reduced by `compressed.reduce_compressed` exactly as `DataParallel` red
 parameter name, so its residual, warm-start factor and random stream survive DDP's
 bucket rebuild. The runs of the bucket's (first) all-reduce compatible compressor and
 its fp32 runs form one exchange (`comm.compressors.together`): one all-reduce a round
-for all of them, as torch's `powerSGD_hook` sends a bucket's P and Q. `start_step` sends
+for all of them, as torch's `powerSGD_hook` sends a bucket's P and Q; a bucket with no
+such compressor sends its first all-gather compressor's runs and its fp32 runs in one
+all-gather (`comm.compressors.gathered_together`). `start_step` sends
 every bucket in exact fp32 for the first steps, as torch's `powerSGD_hook` does before
 `start_powerSGD_iter`.
 
@@ -43,8 +45,9 @@ import torch.distributed as dist
 from torch import nn
 
 from approxdist.comm.codecs import Codec
-from approxdist.comm.collectives import Calibration
+from approxdist.comm.collectives import AllGather, Calibration
 from approxdist.comm.compressors import Compressor, Where, get_compressor, is_compressor
+from approxdist.comm.compressors.gathered_together import GatheredTogether
 from approxdist.comm.compressors.spec import check_compressor
 from approxdist.comm.compressors.together import Member, Together
 from approxdist.comm.error_feedback import ErrorFeedback
@@ -119,17 +122,17 @@ class HookState:
         starts = dict(zip(_offsets(params), params))
         runs = self.runs(flat.numel(), params)
         together = self._together(runs, starts, flat.device)
-        if together is not None:  # the bucket's summed compressors and fp32 values at once
-            reduce_compressed(together, flat, thread.reducer("fp32"), None, "mean")
+        if together is not None:  # the bucket's compressor and fp32 values at once
+            reduce_compressed(together, flat, thread.reducer("fp32"), self._gather(together,
+                                                                                  thread), "mean")
         for start, stop, codec in runs:
             if together is not None and _rides(codec, together.spec):
                 continue
             part = flat[start:stop]
             if is_compressor(codec):
                 comp = self._compressor(codec, starts[start], flat.device)
-                gather = thread.gatherer(GATHERS[self.algorithm]) \
-                    if comp.collective == "all-gather" else None
-                reduce_compressed(comp, part, thread.reducer("fp32"), gather, "mean")
+                reduce_compressed(comp, part, thread.reducer("fp32"), self._gather(comp, thread),
+                                  "mean")
                 continue
             reducer = thread.reducer(codec)
             if self.error_feedback and not reducer.codec.lossless:
@@ -137,18 +140,27 @@ class HookState:
             reducer(part, op="mean")
 
     def _together(self, runs: list[tuple[int, int, str]], starts: Mapping[int, torch.Tensor],
-                  device: torch.device) -> Together | None:
-        """The runs of the bucket's first all-reduce compatible compressor and its fp32 runs
-        as one exchange (`comm.compressors.together`), or None if it has no such compressor."""
-        spec = next((c for _, _, c in runs if is_compressor(c)
-                     and check_compressor(c) == "all-reduce"), None)
+                  device: torch.device) -> Together | GatheredTogether | None:
+        """The runs of the bucket's first all-reduce compatible compressor (else its first
+        all-gather one) and its fp32 runs as one exchange (`comm.compressors.together`,
+        `comm.compressors.gathered_together`), or None if it has no compressor."""
+        specs = [c for _, _, c in runs if is_compressor(c)]
+        spec = next((c for c in specs if check_compressor(c) == "all-reduce"),
+                    specs[0] if specs else None)
         if spec is None:
             return None
         members = [Member(self.names[id(starts[a])] if c == spec else f"fp32@{a}", a,
                           torch.Size((b - a,)) if c != spec else starts[a].shape,
                           self._compressor(c, starts[a], device) if c == spec else None)
                    for a, b, c in runs if _rides(c, spec)]
+        if check_compressor(spec) == "all-gather":
+            return GatheredTogether(members, device)
         return Together(members, device)
+
+    def _gather(self, comp: Compressor, thread: CommThread) -> AllGather | None:
+        """The thread's all-gather beside the run's algorithm, for a compressor that needs it."""
+        return thread.gatherer(GATHERS[self.algorithm]) if comp.collective == "all-gather" \
+            else None
 
     def _compensate(self, flat: torch.Tensor, params: list[torch.Tensor], codec: Codec,
                     start: int = 0, stop: int | None = None) -> None:
@@ -269,7 +281,7 @@ def register_hook(ddp: nn.parallel.DistributedDataParallel, ctx: DistContext,
 
 
 def _rides(codec: str, spec: str) -> bool:
-    """Whether a run in `codec` travels in the exchange of the summed compressor `spec`."""
+    """Whether a run in `codec` travels in the exchange of the compressor `spec`."""
     return codec in (spec, "fp32")
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from approxdist.comm.compressors import Compressor, Where, check_compressor, get_compressor, is_compressor
+from approxdist.comm.compressors.gathered_together import GatheredTogether
 from approxdist.comm.compressors.together import Member, Together
 from approxdist.comm.error_feedback import ErrorFeedback
 from approxdist.comm.update_error import UpdateError, sent_values
@@ -50,8 +51,9 @@ class BucketState:
         self.flat, self.views = self._own, list(self._own_views)
         self.solo = len(self.params) == 1 and self.params[0].dtype == torch.float32
         #: the bucket's compressor (its members keep their own residuals), or None: one
-        #: parameter's that needs all-gather, or several parameters' all-reduce compatible
-        #: ones and exact fp32 values as one exchange (`comm.compressors.together`)
+        #: parameter's that needs all-gather, or several parameters' compressors and exact
+        #: fp32 values as one exchange (`comm.compressors.together`: one all-reduce a
+        #: round; `comm.compressors.gathered_together`: one all-gather)
         self.compressor = _compressor(plan, self.params, device, worker)
         #: whether the compressor's state is more than its first (it ran, or was loaded)
         self.compressor_used = False
@@ -96,7 +98,7 @@ class BucketState:
 
     def named_compressors(self) -> list[tuple[str, Compressor]]:
         """Each compressed parameter's name and compressor (what `wire_state` keeps)."""
-        if isinstance(self.compressor, Together):
+        if isinstance(self.compressor, (Together, GatheredTogether)):
             return [(m.name, m.compressor) for m in self.compressor.members
                     if m.compressor is not None]
         return [(self.plan.names[0], self.compressor)] if self.compressor is not None else []
@@ -116,8 +118,8 @@ def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.devi
                 worker: int) -> Compressor | None:
     if not is_compressor(plan.codec):
         return None
-    if check_compressor(plan.codec) == "all-gather":
-        assert len(params) == 1
+    gathered = check_compressor(plan.codec) == "all-gather"
+    if gathered and len(params) == 1:
         return get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
                                                 worker=worker, device=device))
     members = []
@@ -126,7 +128,7 @@ def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.devi
                                                 device=device)) \
             if is_compressor(plan.codec_of(slot)) else None
         members.append(Member(name, offset, p.shape, comp))
-    return Together(members, device)
+    return GatheredTogether(members, device) if gathered else Together(members, device)
 
 
 class Reducer:

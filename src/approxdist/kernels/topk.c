@@ -8,7 +8,10 @@
  * T; a last pass writes every value above T and the first ties at T, and, given a residual,
  * residual = x - (selected ? x : 0) (error feedback, the torch path's x - decode). Each pass
  * splits over `threads` threads (parallel.h); each range keeps its own histograms and counts,
- * from which the ranges' output offsets follow.
+ * from which the ranges' output offsets follow. Below SMALL_N values (one range) T comes from
+ * three histograms of 11, 10 and 10 bits on the stack: the two large ones' allocation, zeroing
+ * and scans cost a fixed 0.1-0.5 ms a call, more than a small tensor's values
+ * (docs/compressors.md, "Many small tensors").
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,6 +29,8 @@
 #define SUM_BLOCK 2048
 /* values of the sample the first histogram's floor is estimated from */
 #define SAMPLE (1 << 14)
+/* below this many values the k-th largest pattern is found by three small histograms */
+#define SMALL_N (1 << 16)
 
 typedef struct {
     const uint32_t *x;
@@ -206,10 +211,56 @@ static uint32_t kth_bin(const uint32_t *h, int parts, int bins, int64_t k, int64
     return 0;
 }
 
+/* The k-th largest 31-bit pattern of x[0, n) by three histograms of 11, 10 and 10 bits on
+ * the stack (the radix select of select_top with 2048 bins a level instead of 65536 and
+ * 32768, which cost more to clear and scan than a small tensor's values); *greater gets
+ * how many patterns lie above it. One thread. */
+static uint32_t kth_pattern_small(const uint32_t *x, int64_t n, int64_t k, int64_t *greater) {
+    static const int shift[3] = {20, 10, 0};
+    static const uint32_t bins[3] = {1u << 11, 1u << 10, 1u << 10};
+    uint32_t h[1u << 11];
+    uint32_t prefix = 0, mask = 0;
+    int64_t above = 0;
+    for (int level = 0; level < 3; level++) {
+        const uint32_t top = bins[level] - 1;
+        memset(h, 0, sizeof(uint32_t) * bins[level]);
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t a = x[i] & ABS_BITS;
+            if ((a & mask) == prefix) h[(a >> shift[level]) & top]++;
+        }
+        uint32_t b = top;
+        for (; b > 0 && above + (int64_t)h[b] < k; b--) above += h[b];
+        prefix |= b << shift[level];
+        mask |= top << shift[level];
+    }
+    *greater = above;
+    return prefix;
+}
+
+/* select_top for n < SMALL_N (one range): x made (error feedback), the pattern T found on
+ * the stack, then the one selection pass. */
+static void select_small(topk_t *j, int64_t n, int64_t k) {
+    if (j->g != NULL) { /* x = g + residual, written over the residual, as high_range does */
+        float *e = j->residual;
+        for (int64_t i = 0; i < n; i++) e[i] = j->g[i] + e[i];
+    }
+    int64_t greater = 0;
+    j->t = kth_pattern_small(j->x, n, k, &greater);
+    j->parts = 1;
+    j->bounds[0] = 0, j->bounds[1] = n;
+    j->take[0] = k - greater, j->offset[0] = 0;
+    select_range(j, 0, n);
+}
+
 /* The selection of j->x's k largest magnitudes (j->g: of g + residual, made by the first pass)
  * into j->val and j->idx. Returns 0, or -1 if the histograms could not be allocated (nothing
  * written). Frees j. */
 static int select_top(topk_t *j, int64_t n, int64_t k, int threads) {
+    if (n < SMALL_N) {
+        select_small(j, n, k);
+        free(j);
+        return 0;
+    }
     j->parts = split_bounds(n, threads, j->bounds);
     j->high = (uint32_t *)calloc((size_t)j->parts * HIGH_BINS, sizeof(uint32_t));
     j->low = (uint32_t *)calloc((size_t)j->parts * LOW_BINS, sizeof(uint32_t));

@@ -45,28 +45,39 @@ class Member:
         return self.shape.numel()
 
 
+def member_spec(members: Sequence[Member], collective: str, owner: str, instead: str) -> str:
+    """The one compressor spec of a bucket's members, all of whose compressors use
+    `collective`; `ConfigError` otherwise (`owner`: the class asking, `instead`: where a
+    member of the other collective belongs)."""
+    specs = {m.compressor.spec for m in members if m.compressor is not None}
+    other = [m.name for m in members
+             if m.compressor is not None and m.compressor.collective != collective]
+    if other:
+        raise ConfigError(f"{owner} combines its members' messages by {collective}, but "
+                          f"{', '.join(sorted(specs))} does not ({other[0]!r}); put such a "
+                          f"parameter in {instead}")
+    if len(specs) != 1:
+        raise ConfigError(f"{owner} needs one compressor spec among its members, got "
+                          f"{sorted(specs) or 'none'}; plan one bucket per compressor")
+    return specs.pop()
+
+
+def exact_positions(members: Sequence[Member], device: torch.device) -> torch.Tensor | None:
+    """The positions of the exact (uncompressed) members' values, in member order, or None."""
+    spans = [torch.arange(m.offset, m.offset + m.numel) for m in members if m.compressor is None]
+    return torch.cat(spans).to(device) if spans else None
+
+
 class Together(Summed):
     """The members' exchanges as one, over a flat tensor holding every member's values."""
 
     def __init__(self, members: Sequence[Member], device: torch.device | None = None) -> None:
-        specs = {m.compressor.spec for m in members if m.compressor is not None}
-        gathered = [m.name for m in members
-                    if m.compressor is not None and m.compressor.collective != "all-reduce"]
-        if gathered:
-            raise ConfigError(f"Together sums its members' messages, but {', '.join(specs)} "
-                              f"needs all-gather ({gathered[0]!r}); give such a parameter a "
-                              f"bucket of its own")
-        if len(specs) != 1:
-            raise ConfigError(f"Together needs one compressor spec among its members, got "
-                              f"{sorted(specs) or 'none'}; plan one bucket per compressor")
-        total = sum(m.numel for m in members)
-        super().__init__(specs.pop(), (total,), device)
+        super().__init__(member_spec(members, "all-reduce", "Together", "a GatheredTogether"),
+                         (sum(m.numel for m in members),), device)
         self.members = list(members)
         #: the exact members' positions, gathered into one block of the first message (a
         #: bucket's biases and norms: one copy in and one out, not a step per vector)
-        spans = [torch.arange(m.offset, m.offset + m.numel) for m in members
-                 if m.compressor is None]
-        self.exact = torch.cat(spans).to(self.device) if spans else None
+        self.exact = exact_positions(members, self.device)
 
     def wire_bytes(self) -> int:
         return sum(m.compressor.wire_bytes() if m.compressor is not None else 4 * m.numel
