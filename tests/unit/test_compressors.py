@@ -124,8 +124,9 @@ def terngrad_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def qsgd_ref(v: torch.Tensor, u: torch.Tensor, s: int) -> torch.Tensor:
-    """Alistarh et al. (2017), section 3.1: ||v|| sign(v_i) xi_i(v, s) with xi = (l + b) / s."""
-    norm = torch.linalg.vector_norm(v)
+    """Alistarh et al. (2017), section 3.1: ||v|| sign(v_i) xi_i(v, s) with xi = (l + b) / s;
+    ||v|| the root of the squares summed in the wire's fixed order (as sign+ef's scale)."""
+    norm = ordered_sum(v * v).sqrt()
     a = s * v.abs() / norm
     low = a.floor()
     return norm * torch.sign(v) * (low + (u < a - low)) / s

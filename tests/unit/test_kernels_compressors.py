@@ -16,7 +16,7 @@ from approxdist.comm.compressors.packed import Packed
 from approxdist.comm.compressors.stream import GOLDEN, MASK, mix32, step_key, uniform
 from approxdist.comm.compressors.topk import TopK
 from approxdist.kernels import kernel_status
-from approxdist.kernels.compress import NORM_FORMS, CompressKernel, norm_probes, sum_chunks
+from approxdist.kernels.compress import CompressKernel, sum_chunks
 from approxdist.kernels.table import TableKernel
 from tests.helpers.lockstep import lockstep
 
@@ -154,28 +154,28 @@ def test_the_ordered_sum_is_the_kernels_and_within_its_rounding_bound() -> None:
 
 
 @needs_kernels
-def test_the_kernels_norm_is_torchs_bit_for_bit() -> None:
-    """QSGD's norm by the kernel (torch's one-thread order, prefetched) is torch.linalg's:
-    lengths around the vector widths and blocks, squares that underflow, sums that overflow
-    (then torch's own), one value (torch's |x|)."""
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_the_squares_sum_is_the_ordered_sum_on_any_thread_count(threads: int) -> None:
+    """QSGD's squared norm by the kernel, split over the threads, has the bits of torch ops'
+    `ordered_sum(x * x)`: lengths around the lanes, chunks and thread ranges, squares that
+    underflow and sums that overflow (inf either way); within (additions on the longest
+    path + 1 for the square) * 2^-24 of the float64 sum where finite."""
     kernel = CompressKernel.create()
     assert kernel is not None
-    assert kernel.norm_form() is not None, "torch's 2-norm adds in none of NORM_FORMS' orders"
-    for n in LENGTHS + [4 * 512 + 15, 3 * (1 << 17) + 13]:
-        for scale in (1.0, 1e-22, 1e19):
-            x = values(n, n) * scale
-            got, want = kernel.norm(x), torch.linalg.vector_norm(x)
-            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, scale)
-
-
-@needs_kernels
-def test_the_norm_probes_tell_every_form_apart() -> None:
-    """Each (lanes, fused) gives other norms of the probes, so at most one matches torch's."""
-    kernel = CompressKernel.create()
-    assert kernel is not None
-    probes = norm_probes()
-    norms = {tuple(kernel.form_norm(p, form) for p in probes) for form in NORM_FORMS}
-    assert len(norms) == len(NORM_FORMS)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in LENGTHS + [CHUNK * 5 + 17, 3 * (1 << 17) + 13]:
+            for scale in (1.0, 1e-22, 1e19):
+                x = values(n, n) * scale
+                got, want = kernel.square_sum(x), ordered_sum(x * x)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, scale)
+                if scale == 1.0:
+                    exact = float((x.double() ** 2).sum())
+                    depth = 1 + CHUNK // LANES + 4 + max(sum_chunks(n) - 1, 0).bit_length()
+                    assert abs(float(got) - exact) <= depth * 2.0**-24 * exact, f"n={n}"
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_the_stream_is_the_hash_of_seed_step_and_index() -> None:

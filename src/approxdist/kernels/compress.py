@@ -9,7 +9,6 @@ their decoders look each code's value up with `TableKernel.decode`.
 from __future__ import annotations
 
 import ctypes
-import math
 
 import torch
 
@@ -21,8 +20,6 @@ _VOID, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _F32, _I32, _U32 = ctypes.c_float, ctypes.c_int32, ctypes.c_uint32
 #: values a fixed-order sum's chunk holds (ordered.h's SUM_CHUNK)
 SUM_CHUNK = 2048
-#: the ways torch may add a 2-norm's squares (`ad_norm2`): (lanes, fused)
-NORM_FORMS = tuple((lanes, fused) for lanes in (16, 8, 4) for fused in range(4))
 
 
 class CompressKernel:
@@ -42,10 +39,9 @@ class CompressKernel:
         self._sum = lib.ad_feedback_sum
         self._sum.argtypes = [_VOID, _VOID, _VOID, _I64, _INT]
         self._sum.restype = _F32
-        self._norm = lib.ad_norm2
-        self._norm.argtypes = [_VOID, _I64, _INT, _INT]
-        self._norm.restype = _F32
-        self._form: tuple[tuple[int, int] | None] | None = None  # found on first use
+        self._squares = lib.ad_square_sum
+        self._squares.argtypes = [_VOID, _VOID, _I64, _INT]
+        self._squares.restype = _F32
         self._topk = lib.ad_topk_select
         self._topk.argtypes = [_VOID, _I64, _I64, _VOID, _VOID, _VOID, _INT]
         self._topk.restype = _INT
@@ -93,36 +89,13 @@ class CompressKernel:
             pointers = (values.data_ptr(), residual.data_ptr())
         self._sign(x.data_ptr(), x.numel(), *pointers, codes.data_ptr(), torch.get_num_threads())
 
-    def norm(self, x: torch.Tensor) -> torch.Tensor:
-        """`torch.linalg.vector_norm(x)` of fp32 `x`, the same bits (a 0-d fp32 tensor): by
-        the kernel, which reads x faster than torch's one-thread pass, where `norm_form` found
-        torch's order; by torch where it found none, for one value (torch's |x|, not the root
-        of its square) and where the norm is not finite (NaN's bits)."""
-        form = self.norm_form() if x.numel() > 1 else None
-        value = math.nan if form is None else self.form_norm(x, form)
-        if not math.isfinite(value):
-            return torch.linalg.vector_norm(x)
-        return torch.tensor(value, dtype=torch.float32)
-
-    def norm_form(self) -> tuple[int, int] | None:
-        """The (lanes, fused) of NORM_FORMS whose norms of `norm_probes` are torch's, or None
-        (compared once; torch's CPU build fixes its vector width and whether it fuses)."""
-        if self._form is None:
-            self._form = (self._find_form(),)
-        return self._form[0]
-
-    def _find_form(self) -> tuple[int, int] | None:
-        probes = norm_probes()
-        want = [float(torch.linalg.vector_norm(p)) for p in probes]
-        return next((f for f in NORM_FORMS if [self.form_norm(p, f) for p in probes] == want),
-                    None)
-
-    def form_norm(self, x: torch.Tensor, form: tuple[int, int]) -> float:
-        """The kernel's norm of fp32 `x` added in `form` (one of NORM_FORMS)."""
+    def square_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of fp32 `x`'s squares in `ordered.py`'s fixed order (a 0-d fp32 tensor):
+        `ordered_sum(x * x)`'s bits, with any thread count."""
         need(x, torch.float32, x.numel(), "norm")
-        if form not in NORM_FORMS:
-            raise ValueError(f"norm form {form} is not one of {NORM_FORMS}")
-        return float(self._norm(x.data_ptr(), x.numel(), *form))
+        sums = torch.empty(sum_chunks(x.numel()), dtype=torch.float32)
+        total = self._squares(x.data_ptr(), sums.data_ptr(), x.numel(), torch.get_num_threads())
+        return torch.tensor(total, dtype=torch.float32)
 
     def max_magnitude(self, x: torch.Tensor) -> torch.Tensor | None:
         """max |x| of fp32 `x` as a 0-d fp32 tensor (one of the values, so the same bits as
@@ -174,23 +147,6 @@ def fused(slot: KernelSlot[CompressKernel], use: bool,
             or any(t.dtype != torch.float32 for t in tensors):
         return None
     return slot.get(CompressKernel.create)
-
-
-def norm_probes() -> list[torch.Tensor]:
-    """The samples `norm_form` compares with torch; no two NORM_FORMS give all the same norms.
-    Two of 4111 values over many magnitudes (whole vectors of 16, 8 or 4 and a tail of 15, 7
-    or 3: the vector width), and two of 67 zeros but two values whose squares' sum rounds
-    otherwise when fused (found by trying): at 0 and 16, lane 0 of the first two vectors of
-    any width (fused vector steps), and at 0 and 64, before and in the tail (a fused tail)."""
-    probes = []
-    for seed in range(2):
-        g = torch.Generator().manual_seed(seed)
-        probes.append(torch.randn(4111, generator=g) * torch.exp(torch.randn(4111, generator=g) * 2))
-    for second in (16, 64):
-        x = torch.zeros(67)
-        x[0], x[second] = float.fromhex("0x1.16a674p+0"), float.fromhex("0x1.21ccc0p+0")
-        probes.append(x)
-    return probes
 
 
 def sum_chunks(n: int) -> int:

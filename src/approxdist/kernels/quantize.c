@@ -14,8 +14,8 @@
  *   also residual = x - values[code] (EF-SignSGD's error feedback, one pass).
  * The callers pass finite positive scales only (so QSGD's a is in [0, s] and truncation is
  * floor). Decoding is a lookup of each code's value: ad_table_decode (table.c). Every
- * encoder splits over `threads` threads (parallel.h). QSGD's norm, ad_norm2, is torch's
- * own sum in torch's own order (one chain per lane, so one thread), with prefetch.
+ * encoder splits over `threads` threads (parallel.h), and so does QSGD's squared norm,
+ * ad_square_sum, summed in the fixed order of ordered.h.
  */
 #include <math.h>
 #include <stdint.h>
@@ -137,49 +137,43 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
     split_run(encode_range, &q, n, threads);
 }
 
-/* acc[j] (+)= x[r + j]^2 over the m values (a multiple of `lanes`), r = 0, lanes, ...:
- * `fuse`, each square and its addition as one fma, else a product and a sum. Called with a
- * constant `lanes`: 8 and 16 lanes are one and two AVX2 registers (AVX-512 hosts have AVX2). */
-static inline void square_lanes(const float *restrict x, int64_t m, float *restrict acc,
-                                const int lanes, int fuse) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (lanes == 8 || lanes == 16) {
-        __m256 a[2];
-        for (int h = 0; h < lanes / 8; h++) a[h] = _mm256_loadu_ps(acc + 8 * h);
-        for (int64_t r = 0; r < m; r += lanes)
-            for (int h = 0; h < lanes / 8; h++) {
-                const __m256 v = _mm256_loadu_ps(x + r + 8 * h);
-                a[h] = fuse ? _mm256_fmadd_ps(v, v, a[h]) : _mm256_add_ps(a[h], _mm256_mul_ps(v, v));
+typedef struct {
+    const float *x;
+    float *sums;
+} squares_t;
+
+/* each chunk's sum of x^2 in the fixed order of ordered.h (every square rounded to fp32 on
+ * its own, then added to its lane: -std=c99 contracts no multiply-add) */
+static void squares_range(const void *arg, int64_t lo, int64_t hi) {
+    const squares_t *s = (const squares_t *)arg;
+    for (int64_t c = lo; c < hi; c += SUM_CHUNK) { /* lo is a multiple of SUM_CHUNK */
+        const int64_t end = hi - c < SUM_CHUNK ? hi : c + SUM_CHUNK;
+        float lane[SUM_LANES] = {0.0f};
+        for (int64_t k = c, m; k < end; k += m) { /* AHEAD: a multiple of SUM_LANES */
+            m = ahead_block(s->x + k, end - k);
+            const float *restrict x = s->x + k;
+            const int64_t whole = m / SUM_LANES * SUM_LANES;
+            for (int64_t r = 0; r < whole; r += SUM_LANES)
+                for (int j = 0; j < SUM_LANES; j++) {
+                    const float q = x[r + j] * x[r + j];
+                    lane[j] += q;
+                }
+            for (int j = 0; j < m - whole; j++) {
+                const float q = x[whole + j] * x[whole + j];
+                lane[j] += q;
             }
-        for (int h = 0; h < lanes / 8; h++) _mm256_storeu_ps(acc + 8 * h, a[h]);
-        return;
+        }
+        s->sums[c / SUM_CHUNK] = fold_lanes(lane);
     }
-#endif
-    for (int64_t r = 0; r < m; r += lanes)
-        for (int j = 0; j < lanes; j++)
-            acc[j] = fuse ? fmaf(x[r + j], x[r + j], acc[j]) : acc[j] + x[r + j] * x[r + j];
 }
 
-/* torch.linalg.vector_norm of n fp32 values as torch computes it on CPU, bit for bit: one
- * thread and one vector of `lanes` (4, 8 or 16) accumulators from +0, lane j adding x[j]^2,
- * x[j + lanes]^2, ... in turn over the whole vectors; lanes 1, 2, ... added in turn onto
- * lane 0; the squares of the values past the whole vectors added one at a time; sqrtf.
- * `fused` bit 0: the vector steps as fma, bit 1: the last values' (CompressKernel.norm finds
- * torch's lanes and fused by comparing with torch). Prefetched ahead (traffic.h). */
-float ad_norm2(const float *x, int64_t n, int lanes, int fused) {
-    float acc[16] = {0.0f};
-    const int64_t whole = n / lanes * lanes;
-    for (int64_t k = 0, m; k < whole; k += m) { /* AHEAD: a multiple of 8 and 16 */
-        m = ahead_block(x + k, whole - k);
-        if (lanes == 16) square_lanes(x + k, m, acc, 16, fused & 1);
-        else if (lanes == 8) square_lanes(x + k, m, acc, 8, fused & 1);
-        else square_lanes(x + k, m, acc, 4, fused & 1);
-    }
-    float total = acc[0];
-    for (int j = 1; j < lanes; j++) total = total + acc[j];
-    for (int64_t k = whole; k < n; k++)
-        total = fused & 2 ? fmaf(x[k], x[k], total) : total + x[k] * x[k];
-    return sqrtf(total);
+/* QSGD's squared norm: the sum of x^2 in the fixed order of ordered.h, split over `threads`
+ * (`sums`: sum_chunks(n) floats of work space); the same bits with any thread count and as
+ * comm/compressors/ordered.py's ordered_sum(x * x). */
+float ad_square_sum(const float *x, float *sums, int64_t n, int threads) {
+    squares_t s = {x, sums};
+    split_run(squares_range, &s, n, threads);
+    return fold_chunks(sums, sum_chunks(n));
 }
 
 typedef struct {

@@ -5,8 +5,9 @@ l_i = floor(a_i) and b_i = 1 with probability a_i - l_i (else 0): E[Q_s(v)] = v.
 sends the norm (fp32) and one code per value, sign * level + s in [0, 2s], bit-packed in
 ceil(log2(2s + 1)) bits. The norm differs between workers, so payloads are gathered. The
 draws come from the compressor's counter-based stream (`stream.py`); a zero or non-finite
-norm sends level 0 everywhere. The norm is torch's `linalg.vector_norm`, bit for bit (with the
-kernels, their copy of its order: `CompressKernel.norm`).
+norm sends level 0 everywhere. The norm is the root of the squares' sum in `ordered.py`'s
+fixed order, so its bits do not depend on the thread count and the kernel (which splits it
+over the threads, `CompressKernel.square_sum`) and torch ops give the same payload.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from approxdist.comm.codecs.base import Payload
+from approxdist.comm.compressors.ordered import ordered_sum
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
 from approxdist.comm.compressors.stream import Stream, uniform
 from approxdist.errors import SpecError
@@ -34,7 +36,8 @@ class QSGD(Packed):
     def encode(self, x: torch.Tensor) -> Payload:
         key = self.stream.next_key()
         kernel = self.codes.encoder(x)
-        norm = torch.linalg.vector_norm(x) if kernel is None else kernel.norm(x)
+        squares = ordered_sum(x * x) if kernel is None else kernel.square_sum(x)
+        norm = squares.sqrt()
         scale = self.levels / norm
         if kernel is None or not _positive(norm) or not _positive(scale):
             return self.codes.pack(self.reference_codes(x, norm, key), norm, self.shape)
