@@ -138,57 +138,26 @@ void ad_sign_encode(const float *x, int64_t n, const float *values, float *resid
 }
 
 typedef struct {
-    const float *x;
-    float *sums;
-} squares_t;
-
-/* each chunk's sum of x^2 in the fixed order of ordered.h (every square rounded to fp32 on
- * its own, then added to its lane: -std=c99 contracts no multiply-add) */
-static void squares_range(const void *arg, int64_t lo, int64_t hi) {
-    const squares_t *s = (const squares_t *)arg;
-    for (int64_t c = lo; c < hi; c += SUM_CHUNK) { /* lo is a multiple of SUM_CHUNK */
-        const int64_t end = hi - c < SUM_CHUNK ? hi : c + SUM_CHUNK;
-        float lane[SUM_LANES] = {0.0f};
-        for (int64_t k = c, m; k < end; k += m) { /* AHEAD: a multiple of SUM_LANES */
-            m = ahead_block(s->x + k, end - k);
-            const float *restrict x = s->x + k;
-            const int64_t whole = m / SUM_LANES * SUM_LANES;
-            for (int64_t r = 0; r < whole; r += SUM_LANES)
-                for (int j = 0; j < SUM_LANES; j++) {
-                    const float q = x[r + j] * x[r + j];
-                    lane[j] += q;
-                }
-            for (int j = 0; j < m - whole; j++) {
-                const float q = x[whole + j] * x[whole + j];
-                lane[j] += q;
-            }
-        }
-        s->sums[c / SUM_CHUNK] = fold_lanes(lane);
-    }
-}
-
-/* QSGD's squared norm: the sum of x^2 in the fixed order of ordered.h, split over `threads`
- * (`sums`: sum_chunks(n) floats of work space); the same bits with any thread count and as
- * comm/compressors/ordered.py's ordered_sum(x * x). */
-float ad_square_sum(const float *x, float *sums, int64_t n, int threads) {
-    squares_t s = {x, sums};
-    split_run(squares_range, &s, n, threads);
-    return fold_chunks(sums, sum_chunks(n));
-}
-
-typedef struct {
     const float *g;
     float *e, *sums;
+    int square; /* add e^2, not |e| (g NULL) */
 } sum_t;
 
 /* m values (a multiple of SUM_LANES but at the end): e = g + e where g is given (else e is
- * only read), and each |e| added to its lane (ordered.h) */
-static void add_feedback(const float *restrict g, float *restrict e, int64_t m,
+ * only read), and each |e| added to its lane (ordered.h); with `square` (g NULL) each e^2
+ * instead, rounded to fp32 on its own before its addition (-std=c99 contracts no fma) */
+static void add_feedback(const float *restrict g, float *restrict e, int64_t m, int square,
                          float *restrict lanes) {
     float lane[SUM_LANES];
     for (int j = 0; j < SUM_LANES; j++) lane[j] = lanes[j];
     const int64_t whole = m / SUM_LANES * SUM_LANES;
-    if (g == NULL) {
+    if (square) {
+        for (int64_t r = 0; r < whole; r += SUM_LANES)
+            for (int j = 0; j < SUM_LANES; j++) {
+                const float q = e[r + j] * e[r + j];
+                lane[j] += q;
+            }
+    } else if (g == NULL) {
         for (int64_t r = 0; r < whole; r += SUM_LANES)
             for (int j = 0; j < SUM_LANES; j++) lane[j] += fabsf(e[r + j]);
     } else {
@@ -200,7 +169,8 @@ static void add_feedback(const float *restrict g, float *restrict e, int64_t m,
     }
     for (int j = 0; j < m - whole; j++) {
         if (g != NULL) e[whole + j] = g[whole + j] + e[whole + j];
-        lane[j] += fabsf(e[whole + j]);
+        const float q = square ? e[whole + j] * e[whole + j] : fabsf(e[whole + j]);
+        lane[j] += q;
     }
     for (int j = 0; j < SUM_LANES; j++) lanes[j] = lane[j];
 }
@@ -213,7 +183,7 @@ static void sum_range(const void *arg, int64_t lo, int64_t hi) {
         for (int64_t k = c, m; k < end; k += m) { /* AHEAD: a multiple of SUM_LANES */
             m = ahead_block(s->e + k, end - k);
             if (s->g != NULL) ahead_block(s->g + k, end - k);
-            add_feedback(s->g == NULL ? NULL : s->g + k, s->e + k, m, lane);
+            add_feedback(s->g == NULL ? NULL : s->g + k, s->e + k, m, s->square, lane);
         }
         s->sums[c / SUM_CHUNK] = fold_lanes(lane);
     }
@@ -223,7 +193,16 @@ static void sum_range(const void *arg, int64_t lo, int64_t hi) {
  * read) and the sum of |e| in the fixed order of ordered.h, returned (`sums`: sum_chunks(n) floats
  * of work space). One read of g and e, one write of e. */
 float ad_feedback_sum(const float *g, float *e, float *sums, int64_t n, int threads) {
-    sum_t s = {g, e, sums};
+    sum_t s = {g, e, sums, 0};
+    split_run(sum_range, &s, n, threads);
+    return fold_chunks(sums, sum_chunks(n));
+}
+
+/* QSGD's squared norm: the sum of x^2 in the fixed order of ordered.h, split over `threads`
+ * (`sums`: sum_chunks(n) floats of work space); the same bits with any thread count and as
+ * comm/compressors/ordered.py's ordered_sum(x * x). x is only read. */
+float ad_square_sum(const float *x, float *sums, int64_t n, int threads) {
+    sum_t s = {NULL, (float *)x, sums, 1};
     split_run(sum_range, &s, n, threads);
     return fold_chunks(sums, sum_chunks(n));
 }
