@@ -244,4 +244,4 @@ PRESET = Preset(
     csv_columns={"accuracy.csv": ACCURACY_COLUMNS, "link.csv": LINK_COLUMNS},
     collect=collect, render=render,
     run_time={"quick": "~3 min (2 tasks x 17 runs x 1 seed, + 6 link runs)",
-              "full": "~4 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"})
+              "full": "~1.5 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"})
