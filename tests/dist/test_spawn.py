@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from approxdist.errors import LaunchError
-from approxdist.launch.context import DistContext
+from approxdist.launch.context import DistContext, shutdown
 from approxdist.launch.spawn import run_on_ranks
 
 
@@ -53,3 +55,23 @@ def test_failure_names_rank() -> None:
 def test_dead_rank_is_reported_not_hung() -> None:
     with pytest.raises(LaunchError, match="rank 2"):
         run_on_ranks(_rank2_dies, 3, comm_timeout_s=5, timeout_s=60)
+
+
+def _late_rank1_shutdown(ctx: DistContext, board: str) -> tuple[float, float]:
+    """(when this rank entered `shutdown`, when it left it); rank 1 gets there last."""
+    if ctx.rank == 1:
+        time.sleep(1.0)
+    entered = time.monotonic()
+    shutdown(dataclasses.replace(ctx, board=board), finished=True)
+    return entered, time.monotonic()
+
+
+def test_a_finished_rank_tears_down_only_when_every_rank_has_finished() -> None:
+    """The flake it fixes: on two hosts one rank destroyed its group while the other's gloo
+    threads still carried the group's last messages (SIGABRT at exit). A finished rank
+    leaves `shutdown` only after the last rank entered it; with lost ranks tolerated
+    (`board` set) it does not wait (a lost rank never arrives)."""
+    (_, left0), (entered1, _) = run_on_ranks(_late_rank1_shutdown, 2, "")
+    assert left0 >= entered1
+    (_, left0), (entered1, _) = run_on_ranks(_late_rank1_shutdown, 2, "127.0.0.1:1")
+    assert left0 < entered1

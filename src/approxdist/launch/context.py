@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -97,7 +98,18 @@ def current_context(device: torch.device) -> DistContext:
     return DistContext(dist.get_rank(), dist.get_world_size(), 0, device, str(dist.get_backend()))
 
 
-def shutdown(ctx: DistContext) -> None:
-    """Leave the process group if this context joined one."""
-    if ctx.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(ctx: DistContext, finished: bool = False) -> None:
+    """Leave the process group if this context joined one.
+
+    `finished`: this rank ended without an error, so every rank first waits at a barrier
+    (bounded by the group's timeout) until all are done with their traffic: without it, on
+    two hosts one rank could tear its group down while a peer's gloo threads still carried
+    that group's last messages, and the peer died at exit with `terminate called without
+    an active exception`. Skipped after an error (a peer may be gone) and when lost ranks
+    are tolerated (`ctx.board`: a lost rank never arrives)."""
+    if not (ctx.distributed and dist.is_initialized()):
+        return
+    if finished and not ctx.board:
+        with contextlib.suppress(Exception):  # a peer lost at the very end: tear down anyway
+            dist.barrier()
+    dist.destroy_process_group()

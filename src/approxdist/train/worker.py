@@ -93,6 +93,7 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
     `board`: where the tolerant launcher posts lost ranks (`launch/tolerant.py`)."""
     cfg = build_config(cfg_sections)
     ctx = dataclasses.replace(init_from_env(cfg.train.device, cfg.train.timeout_s), board=board)
+    finished = False
     try:
         set_threads(ctx, cfg.train.threads)
         bind_cores(cfg, ctx)
@@ -100,11 +101,14 @@ def run_worker(cfg_sections: dict[str, Any], run_dir: str, resume: bool,
         path = agree_on_run_dir(ctx, run_dir)
         path.mkdir(parents=True, exist_ok=True)
         record_worker(path, ctx)
-        return train_rank(cfg, ctx, path, resume)
+        summary = train_rank(cfg, ctx, path, resume)
+        finished = True
+        return summary
     except AgreedError as exc:
+        finished = True  # every rank stopped with it together
         return exc
     finally:
-        shutdown(ctx)
+        shutdown(ctx, finished)
 
 
 def train_rank(cfg: Config, ctx: DistContext, path: Path, resume: bool) -> dict[str, Any]:
