@@ -57,8 +57,8 @@ def test_smoke_run_writes_csvs_plots_and_report(
     assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
     text = report.read_text()
     assert text.startswith(f"# {name}: ") and "## Trends of the seed" in text
-    study = get_study(preset.study)  # the report names its study and links its description
-    assert f"Reproduces {preset.reproduces} of {study.cite()}" in text and study.link in text
+    study = get_study(preset.listing.study)  # the report names its study and links it
+    assert f"Reproduces {preset.listing.reproduces} of {study.cite()}" in text and study.link in text
     for png in pngs:
         assert f"]({png.name})" in text
         png.unlink()

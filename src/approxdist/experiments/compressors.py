@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.compressors_report import report
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
@@ -148,15 +149,5 @@ def render(out: Path, meta: Meta) -> str:
                   read_csv(out / "curves.csv", CURVE_COLUMNS), [w.label for w in WIRES])
 
 
-PRESET = Preset(
-    name=NAME, title="Gradient compressors against fp32, bf16 and 4 bits: time to accuracy",
-    study="seed004",
-    reproduces="the gradient compressors the field compares against, beside its low-precision "
-               "gradient wires (not a figure of the study)",
-    summary="PowerSGD, top-k, random-k, QSGD, TernGrad, sign+ef, signSGD vs fp32, bf16 and 4 "
-            "bits + EF: time to accuracy at 100 Mbit/s and 1 Gbit/s, MNIST-1D and gpt-tiny, "
-            "2 ranks; each paper's claim with a verdict",
-    csv_columns={"runs.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~5 min (2 tasks x 2 links x 10 wires, 1 seed)",
-              "full": "~35 min (2 tasks x 2 links x 10 wires x 3 seeds, 12 and 4 epochs)"})
+PRESET = Preset(listing(NAME), csv_columns={"runs.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
+                collect=collect, render=render)

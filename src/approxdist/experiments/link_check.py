@@ -29,6 +29,7 @@ from approxdist.errors import ClusterError
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.shaping import on_cluster
@@ -231,16 +232,8 @@ def render(out: Path, meta: Meta) -> str:
         "here has no netem (bandwidth only, no added latency).", trends_title="Trends")
 
 
-PRESET = Preset(
-    name=NAME, title="In-process link emulation against the kernel's traffic shaper (tc)",
-    study="seed000",
-    reproduces="the tc-shaped links of Table 1 (a check of our emulator against them, not a "
-               "figure of the study)",
-    summary="all-reduce / exchange times and a training epoch at 10 Mbit/s-1 Gbit/s through "
-            "--link and through tc on namespaced hosts (root)",
-    csv_columns={"links.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~2 min (10 and 100 Mbit/s)", "full": "~10 min (10 Mbit/s-1 Gbit/s)"},
-    unavailable=lambda: _unavailable())
+PRESET = Preset(listing(NAME), csv_columns={"links.csv": COLUMNS}, collect=collect, render=render,
+                unavailable=lambda: _unavailable())
 
 
 def _unavailable() -> str:

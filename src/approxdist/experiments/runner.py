@@ -154,9 +154,10 @@ def render_report(out: Path) -> Path:
 
 def header(meta: Meta, preset: Preset) -> str:
     m, s = meta["machine"], meta["settings"]
-    study = get_study(preset.study)
-    lines = [f"# {meta['experiment']}: {preset.title}", "",
-             f"Reproduces {preset.reproduces} of {study.cite()}; the study is described in "
+    listed = preset.listing
+    study = get_study(listed.study)
+    lines = [f"# {meta['experiment']}: {listed.title}", "",
+             f"Reproduces {listed.reproduces} of {study.cite()}; the study is described in "
              f"approxdist's {study.link}.", "",
              f"Command: `{meta['command']}` "
              f"(size `{s['size']}`), {meta['duration_s']:.0f} s on {m['cpus']} CPU cores "

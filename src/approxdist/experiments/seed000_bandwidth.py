@@ -25,6 +25,7 @@ from approxdist.comm.netem import parse_link
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of
 from approxdist.experiments.shaping import train_on_link
@@ -254,11 +255,5 @@ def render(out: Path, meta: Meta) -> str:
         "at a lower bandwidth than the seed's 100 Mbit/s.", figure_title="Figures")
 
 
-PRESET = Preset(
-    name=NAME, title="Time per epoch vs link bandwidth (Table 1)",
-    study="seed000", reproduces="section 4.5, Table 1",
-    summary="time per epoch and per-step compute/transfer vs emulated link bandwidth",
-    csv_columns={"bandwidth.csv": COLUMNS}, collect=collect, render=render,
-    shapers=("inproc", "kernel"),
-    run_time={"quick": "~2 min (3 links x 3 wire formats, 1 epoch each)",
-              "full": "~7.5 min (8 links x 3 wire formats, 3 epochs each)"})
+PRESET = Preset(listing(NAME), csv_columns={"bandwidth.csv": COLUMNS}, collect=collect, render=render,
+                shapers=("inproc", "kernel"))

@@ -20,6 +20,7 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import EPOCH_COLUMNS, Stats, curves, epoch_rows, finals, noise
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.task import task_for
@@ -170,10 +171,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(rows, str(meta.get("task", {}).get("cut", "?"))))
 
 
-PRESET = Preset(
-    name=NAME, title="Accuracy vs protected top bits under bit errors (Fig. 2)",
-    study="seed000", reproduces="section 4.2, Fig. 2",
-    summary="accuracy vs protected top bits of fp32 activations at bit-error rates 1e-5, 1e-4",
-    csv_columns={"ber.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1.5 min (5 runs x 4 epochs, rate 1e-5, 1 seed)",
-              "full": "~14 min (2 rates x 5 protections + reference, 3 seeds, 10 epochs)"})
+PRESET = Preset(listing(NAME), csv_columns={"ber.csv": COLUMNS}, collect=collect, render=render)

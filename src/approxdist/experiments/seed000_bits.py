@@ -18,6 +18,7 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import EPOCH_COLUMNS, Stats, curves, epoch_rows, finals, noise
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.task import task_for
@@ -199,10 +200,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(fin, str(task.get("cut", "?"))), figure_title="Figures")
 
 
-PRESET = Preset(
-    name=NAME, title="Accuracy of seed 000's bit-field wire formats (Figs. 3-4)",
-    study="seed000", reproduces="section 4.3, Figs. 3-4",
-    summary="train/test accuracy per epoch: fp32, the six bit-field schemes, bits:auto4",
-    csv_columns={"curves.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~2.5 min (8 runs x 4 epochs, 1 seed)",
-              "full": "~25 min (8 schemes x 3 seeds x 10 epochs)"})
+PRESET = Preset(listing(NAME), csv_columns={"curves.csv": COLUMNS}, collect=collect, render=render)

@@ -27,6 +27,7 @@ from approxdist.config.loader import build_config
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.experiments.task import task_for
 
@@ -239,10 +240,5 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(cover))
 
 
-PRESET = Preset(
-    name=NAME, title="Exponent histogram of the transferred activations (Fig. 5)",
-    study="seed000", reproduces="section 4.4, Fig. 5",
-    summary="8-bit exponent histogram of the values crossing the cut; scheme coverage",
-    csv_columns={"histogram.csv": HIST_COLUMNS, "coverage.csv": COVER_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~20 s (4 epochs, one process)", "full": "~40 s (10 epochs)"})
+PRESET = Preset(listing(NAME), csv_columns={"histogram.csv": HIST_COLUMNS, "coverage.csv": COVER_COLUMNS},
+                collect=collect, render=render)

@@ -40,6 +40,7 @@ from approxdist.comm.collectives import algorithm_names, fit
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.experiments.shaping import on_cluster, shaped_cluster
 from approxdist.launch.spawn import run_on_ranks
@@ -273,11 +274,5 @@ def render(out: Path, meta: Meta) -> str:
            else ""))
 
 
-PRESET = Preset(
-    name=NAME, title="All-reduce time vs message size per algorithm",
-    study="seed001", reproduces="section 3.2, Table 1 (BRB / BRD / VHD and the hybrid by size)",
-    summary="all-reduce time vs size for native, ring, brb, brd, vhd, auto on N = 2 and 4",
-    csv_columns={"allreduce.csv": COLUMNS}, collect=collect, render=render,
-    shapers=("inproc", "kernel"), takes_link=True,
-    run_time={"quick": "~1 min (4 sizes up to 16 MiB, two runs per world)",
-              "full": "~3 min (8 sizes up to 64 MiB, two runs per world)"})
+PRESET = Preset(listing(NAME), csv_columns={"allreduce.csv": COLUMNS}, collect=collect, render=render,
+                shapers=("inproc", "kernel"), takes_link=True)

@@ -30,6 +30,7 @@ from approxdist.config.schema import ModelConfig
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
@@ -277,9 +278,4 @@ def render(out: Path, meta: Meta) -> str:
         f"affordable on a CPU.")
 
 
-PRESET = Preset(
-    name=NAME, title="Data-parallel speed-up s(N,b) (seed 001, eq. 1)",
-    study="seed001", reproduces="sections 5.2.1 and 6.1, eq. (1), Fig. 6",
-    summary="measured speed-up s(N,b) for N = 1, 2, 4 and two per-node batch sizes",
-    csv_columns={"scaling.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1 min (b = 32, 8)", "full": "~1.5 min (b = 64, 16; 10 steps)"})
+PRESET = Preset(listing(NAME), csv_columns={"scaling.csv": COLUMNS}, collect=collect, render=render)

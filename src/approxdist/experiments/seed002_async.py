@@ -39,6 +39,7 @@ from approxdist.experiments.accuracy import (
     time_to,
 )
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed002_async_time import (
@@ -285,13 +286,4 @@ def render(out: Path, meta: Meta) -> str:
         "micro-batch of the mini-batch.")
 
 
-PRESET = Preset(
-    name=NAME, title="Asynchronous and zero-bubble pipeline schedules: PipeDream, 2BW, ZB-H1, "
-                     "ZB-H2, ZB-V vs GPipe and 1F1B",
-    study="seed002", reproduces="section 7, the related schedules (PipeDream, PipeDream-2BW, GPipe)",
-    summary="samples/s, accuracy at the same epochs, time to accuracy, where the step goes "
-            "(bubble, extra compute) and weight memory of GPipe, 1F1B-flush, ZB-H1, ZB-H2, "
-            "ZB-V, PipeDream and 2BW",
-    csv_columns={"async.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1.5 min (9 runs x 1 seed x 4 epochs, MNIST-1D)",
-              "full": "~12 min (9 runs x 3 seeds x 10 epochs, MNIST-1D)"})
+PRESET = Preset(listing(NAME), csv_columns={"async.csv": COLUMNS}, collect=collect, render=render)

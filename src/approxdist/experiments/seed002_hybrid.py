@@ -34,6 +34,7 @@ from approxdist.bench.stats import median, paired_ratio
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, write_csv
 from approxdist.experiments.runs import train_run
 from approxdist.trace.gather import load_run_trace
@@ -324,11 +325,4 @@ def render(out: Path, meta: Meta) -> str:
         "non-blocking gloo request and waits for it, not in GPU streams.")
 
 
-PRESET = Preset(
-    name=NAME, title="Bottlenecks of hybrid pipeline x data-parallel training (PipeDream)",
-    study="seed002", reproduces="section 4.2's timeline analysis and Table 4 (impl-SA / impl-SRA)",
-    summary="time per step and its split over phases for DP, a 4-stage pipeline, 3+1 and 2x2 "
-            "hybrids, with each communication-thread strategy",
-    csv_columns={"hybrid.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~3 min (3 repeats x 2 models x 13 runs of 10 steps)",
-              "full": "~8 min (5 repeats x 2 models x 13 runs of 16 steps)"})
+PRESET = Preset(listing(NAME), csv_columns={"hybrid.csv": COLUMNS}, collect=collect, render=render)

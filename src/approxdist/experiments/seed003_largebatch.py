@@ -35,6 +35,7 @@ from approxdist.experiments import plots
 from approxdist.experiments import seed003_largebatch_report as rep
 from approxdist.experiments.accuracy import epoch_rows
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.models import build_model
@@ -230,11 +231,4 @@ def _setup_text(setup: dict[str, Any]) -> str:
             f"reference's final accuracy (smallest batch, unscaled). {why}")
 
 
-PRESET = Preset(
-    name=NAME, title="Large batches: linear scaling with warm-up, batch growth vs rate decay",
-    study="seed003", reproduces="the large-batch problem (Goyal et al. 2017; Smith et al. 2018)",
-    summary="accuracy and time to accuracy vs global batch, unscaled and with linear scaling "
-            "+ warm-up; step decay vs batch growth with their noise scale",
-    csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1 min (10 runs x 1 seed x 8 epochs, MNIST-1D, 2 ranks)",
-              "full": "~3 min (14 runs x 3 seeds x 10 epochs)"})
+PRESET = Preset(listing(NAME), csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render)

@@ -22,6 +22,7 @@ from typing import Any
 from approxdist.config.loader import build_config
 from approxdist.experiments import markdown as md
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_ps_report import (
@@ -243,16 +244,6 @@ def render(out: Path, meta: Meta) -> str:
     ])
 
 
-PRESET = Preset(
-    name=NAME, title="Parameter server vs all-reduce: sync, async, SSP, N+b and stragglers",
-    study="seed003",
-    reproduces="synchronous vs asynchronous updates, parameter server vs peer-to-peer, "
-               "staleness and N+b workers",
-    summary="time per epoch, time to accuracy, final accuracy, bytes and staleness of "
-            "all-reduce, sync PS (S = 1 and S = W), async, SSP and N+b, without / with a "
-            "persistent / with random stragglers; sync PS vs all-reduce time per step",
-    csv_columns={"epochs.csv": EPOCH_COLUMNS, "runs.csv": RUN_COLUMNS,
-                 "staleness.csv": STALENESS_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~5 min (19 runs x 1 seed x 3 epochs, MNIST-1D)",
-              "full": "~25 min (25 runs x 3 seeds x 10 epochs, MNIST-1D)"})
+PRESET = Preset(listing(NAME), csv_columns={"epochs.csv": EPOCH_COLUMNS, "runs.csv": RUN_COLUMNS,
+                                            "staleness.csv": STALENESS_COLUMNS},
+                collect=collect, render=render)

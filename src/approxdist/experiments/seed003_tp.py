@@ -29,6 +29,7 @@ from typing import Any
 from approxdist.comm.codecs import get_codec
 from approxdist.experiments import markdown as md
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_tp_report import (
@@ -234,14 +235,5 @@ def _differences(meta: Meta) -> str:
             "bit-fields, Table-N), each with its own error bound (docs/codecs.md).")
 
 
-PRESET = Preset(
-    name=NAME, title="Wire formats inside a layer: tensor-parallel activations and gradients",
-    study="seed003", reproduces="the split within a layer and by channel, with seed 000's question "
-               "of what an approximate transfer costs asked there",
-    summary="tp = 2 on gpt-tiny and a channel-split CNN: accuracy of bf16, fp8, 8- and 4-bit "
-            "bit-fields and Table-4 on the forward or backward tp wire, with and without "
-            "error feedback, vs the same formats on a pipeline cut; step time at 100 Mbit/s",
-    csv_columns={"accuracy.csv": ACCURACY_COLUMNS, "link.csv": LINK_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~3 min (2 tasks x 17 runs x 1 seed, + 6 link runs)",
-              "full": "~1.5 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"})
+PRESET = Preset(listing(NAME), csv_columns={"accuracy.csv": ACCURACY_COLUMNS, "link.csv": LINK_COLUMNS},
+                collect=collect, render=render)

@@ -32,6 +32,7 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import time_curve
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
 from approxdist.experiments.runs import epochs_of, records_of, train_run
 from approxdist.experiments.seed004_pareto import pareto_table, plot_pareto, points, verdict
@@ -287,13 +288,5 @@ def render(out: Path, meta: Meta) -> str:
         "ImageNet's. The seed's AdaPrec has no poison candidate or rollback.")
 
 
-PRESET = Preset(
-    name=NAME, title="AdaPrec and seed 004's precision policies for data-parallel gradients",
-    study="seed004", reproduces="its CaffeNet results (float, fp8, Table-N, Fastest, the benchmark rule, "
-               "AdaPrec)",
-    summary="final accuracy and wall time of float, fp8, Table-1, Table-4, Fastest, the "
-            "seed004 rule and AdaPrec (with a poison candidate), 4 ranks, slow link",
-    csv_columns={"results.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~2 min (8 runs x 1 seed x 4 epochs, MNIST-1D, 4 ranks)",
-              "full": "~15 min (8 runs x 3 seeds x 12 epochs)"})
+PRESET = Preset(listing(NAME), csv_columns={"results.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
+                collect=collect, render=render)

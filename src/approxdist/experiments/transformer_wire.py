@@ -26,6 +26,7 @@ from typing import Any
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.csvio import Row, read_csv, write_csv
 from approxdist.experiments.runs import epochs_of, train_run
 
@@ -171,13 +172,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(ch))
 
 
-PRESET = Preset(
-    name=NAME, title="What each wire format costs a transformer (validation loss)",
-    study="seed000",
-    reproduces="the wire formats of section 4.3, applied to a transformer (not a figure of the "
-               "study)",
-    summary="gpt-tiny on stdlib-text: validation loss of bf16, fp16, fp8, table4 on "
-            "activations, activation gradients and weight gradients vs fp32",
-    csv_columns={"wire.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~6 min (18 runs x 1 epoch, 1 seed)",
-              "full": "~30 min (18 runs x 2 epochs x 3 seeds)"})
+PRESET = Preset(listing(NAME), csv_columns={"wire.csv": COLUMNS}, collect=collect, render=render)
