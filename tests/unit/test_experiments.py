@@ -40,7 +40,7 @@ def test_registry_lists_the_presets() -> None:
     for name in NAMES:
         preset = get_preset(name)
         listed = preset.listing
-        assert preset.name == name and preset.csv_columns and listed.reproduces
+        assert preset.name == name and preset.files and listed.reproduces
         assert get_study(listed.study).link == f"docs/studies.md#{listed.study}"
         assert all(expected_s(text) > 0 for text in listed.run_time.values()), name
 

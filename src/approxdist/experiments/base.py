@@ -19,6 +19,7 @@ from typing import Any
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
 from approxdist.experiments.catalog import Listing
+from approxdist.experiments.csvio import CsvFile
 
 #: run sizes: `smoke` checks the machinery in seconds (tests), `quick` is CI-size,
 #: `full` is the documented reproduction
@@ -72,7 +73,7 @@ class Preset:
     its CSVs hold."""
 
     listing: Listing  # name, study, title, summary, run times (`experiments.catalog`)
-    csv_columns: dict[str, tuple[str, ...]]  # file name -> documented columns
+    files: tuple[CsvFile, ...]  # the CSV files it writes, with their documented columns
     collect: Callable[[Settings], Meta]  # runs; writes the CSVs into settings.out
     render: Callable[[Path, Meta], str]  # CSVs -> PNGs, returns the report's Markdown body
     #: why this machine cannot run the preset ("" when it can); `experiment all` skips it

@@ -21,13 +21,14 @@ from approxdist.experiments import plots
 from approxdist.experiments.accuracy import EPOCH_COLUMNS, Stats, curves, epoch_rows, finals, noise
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.task import task_for
 
 NAME = "seed000-ber"
 NO_ERRORS = 32  # every bit of an fp32 code protected: the error-free reference
 COLUMNS = ("protected_bits", "ber", "channel", *EPOCH_COLUMNS)
+BER_CSV = CsvFile("ber.csv", COLUMNS)
 SEED_CLAIM = "protecting the top 5 bits or more keeps (train) accuracy unchanged"
 
 
@@ -54,7 +55,7 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"{spec.replace(':', '-')}-seed{seed}"
             train_run(task.sections(seed, fwd_channel=spec), run_dir)
             rows += epoch_rows(run_dir, seed, {"protected_bits": p, "ber": rate, "channel": spec})
-    write_csv(settings.out / "ber.csv", COLUMNS, rows)
+    BER_CSV.write(settings.out, rows)
     return {"task": task.describe(), "seeds": seeds, "rates": rates}
 
 
@@ -153,7 +154,7 @@ def _rate_trends(rate: float, fin: dict[float, Stats], ref: Stats,
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "ber.csv", COLUMNS)
+    rows = BER_CSV.read(out)
     task = meta["task"]
     rates = ", ".join(f"{r:g}" for r in sorted({float(r["ber"]) for r in rows if r["ber"] > 0}))
     title = (f"{NAME}: fp32 activations, bit-error rate(s) {rates}, {task['dataset']} / "
@@ -171,4 +172,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(rows, str(meta.get("task", {}).get("cut", "?"))))
 
 
-PRESET = Preset(listing(NAME), csv_columns={"ber.csv": COLUMNS}, collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(BER_CSV,), collect=collect, render=render)

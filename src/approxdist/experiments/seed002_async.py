@@ -40,7 +40,7 @@ from approxdist.experiments.accuracy import (
 )
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed002_async_time import (
     ZERO_BUBBLE,
@@ -66,6 +66,7 @@ MICROBATCHES = 4
 NO_MOMENTUM = ("1f1b", "2bw")
 COLUMNS = ("schedule", *EPOCH_COLUMNS, "elapsed_s", "samples_per_s", "weight_version_bytes",
            "step_s", "compute_s", "bubble")
+ASYNC_CSV = CsvFile("async.csv", COLUMNS)
 
 
 def collect(settings: Settings) -> Meta:
@@ -90,7 +91,7 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"{label.replace(' m=0', '-m0')}-s{seed}"
             train_run(sections, run_dir)
             rows += _rows(run_dir, label, seed)
-    write_csv(settings.out / "async.csv", COLUMNS, rows)
+    ASYNC_CSV.write(settings.out, rows)
     return {"task": task.describe(), "seeds": seeds, "stages": 2, "microbatches": MICROBATCHES,
             "stage_param_bytes": _stage_bytes(task.sections(seeds[0])),
             "momentum": build_config(task.sections(seeds[0])).optim.momentum,
@@ -263,7 +264,7 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "async.csv", COLUMNS)
+    rows = ASYNC_CSV.read(out)
     target = _target(rows)
     task: dict[str, Any] = meta.get("task", {})
     title = (f"{NAME}: {task.get('dataset', '?')}, 2 stages, {MICROBATCHES} micro-batches, "
@@ -286,4 +287,4 @@ def render(out: Path, meta: Meta) -> str:
         "micro-batch of the mini-batch.")
 
 
-PRESET = Preset(listing(NAME), csv_columns={"async.csv": COLUMNS}, collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(ASYNC_CSV,), collect=collect, render=render)

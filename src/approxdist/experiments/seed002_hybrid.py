@@ -35,7 +35,7 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, group, read_csv, write_csv
+from approxdist.experiments.csvio import CsvFile, Row, group
 from approxdist.experiments.runs import train_run
 from approxdist.trace.gather import load_run_trace
 
@@ -52,6 +52,7 @@ PLANS: dict[str, tuple[str, int, tuple[int, ...], dict[str, str]]] = {
 COLUMNS = ("model", "plan", "threads", "repeat", "stages", "replicas", "step_ms", "compute",
            "comm", "waiting", "bubble", "congested_rank", "congested_stage",
            "congested_wait_ms", "stage_wait_ms", "stage_compute_ms", "host_steal")
+HYBRID_CSV = CsvFile("hybrid.csv", COLUMNS)
 #: columns averaged by their median over repeats in the report
 NUMERIC = ("step_ms", "compute", "comm", "waiting", "bubble", "congested_wait_ms", "host_steal")
 SKIP = 2  # traced steps per rank left out as warm-up
@@ -108,7 +109,7 @@ def collect(settings: Settings) -> Meta:
                 rows.append({**_row(run_dir, model, plan, threads, stages, replicas),
                              "repeat": repeat,
                              "host_steal": -1.0 if host.steal is None else host.steal})
-    write_csv(settings.out / "hybrid.csv", COLUMNS, rows)
+    HYBRID_CSV.write(settings.out, rows)
     return {"models": models(settings), "plans": list(PLANS), "threads": list(THREADS),
             "skip_steps": SKIP, "repeats": repeats(settings)}
 
@@ -300,7 +301,7 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "hybrid.csv", COLUMNS)
+    rows = HYBRID_CSV.read(out)
     names = list(dict.fromkeys(str(r["model"]) for r in rows))
     model_a = "alexnet" if "alexnet" in names else names[0]
     model_r = "resnet20" if "resnet20" in names else names[-1]
@@ -325,4 +326,4 @@ def render(out: Path, meta: Meta) -> str:
         "non-blocking gloo request and waits for it, not in GPU streams.")
 
 
-PRESET = Preset(listing(NAME), csv_columns={"hybrid.csv": COLUMNS}, collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(HYBRID_CSV,), collect=collect, render=render)

@@ -36,7 +36,7 @@ from approxdist.experiments import seed003_largebatch_report as rep
 from approxdist.experiments.accuracy import epoch_rows
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.csvio import Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.models import build_model
 
@@ -114,7 +114,7 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"{rule.replace('+', '-')}-b{batch}-s{seed}"
             train_run(sections, run_dir)
             rows += _rows(run_dir, rule, batch, seed)
-    write_csv(settings.out / "largebatch.csv", rep.COLUMNS, rows)
+    rep.LARGEBATCH_CSV.write(settings.out, rows)
     sec = task(settings, 0, BASE_BATCH)
     return {"seeds": seeds, "ranks": RANKS, "cores": os.cpu_count() or 0,
             "dataset": cfg.data.dataset, "model": sec["model"],
@@ -193,7 +193,7 @@ def plot_schedules(out: Path, rows: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "largebatch.csv", rep.COLUMNS)
+    rows = rep.LARGEBATCH_CSV.read(out)
     setup = rep.describe(meta)
     title = (f"{NAME}: {setup['dataset']}, {setup['ranks']} data-parallel ranks, "
              f"{setup['epochs']} epochs, {len(meta.get('seeds', [0]))} seed(s)")
@@ -231,4 +231,4 @@ def _setup_text(setup: dict[str, Any]) -> str:
             f"reference's final accuracy (smallest batch, unscaled). {why}")
 
 
-PRESET = Preset(listing(NAME), csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(rep.LARGEBATCH_CSV,), collect=collect, render=render)

@@ -23,18 +23,18 @@ from approxdist.config.loader import build_config
 from approxdist.experiments import markdown as md
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.csvio import Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_ps_report import (
-    EPOCH_COLUMNS,
+    EPOCHS_CSV,
     MODES,
     NAME,
     NB_CUT,
     NB_POINTS,
     PS_RATIO,
-    RUN_COLUMNS,
+    RUNS_CSV,
     SETTING_TITLES,
-    STALENESS_COLUMNS,
+    STALENESS_CSV,
     plot_accuracy,
     plot_staleness,
     select,
@@ -135,9 +135,9 @@ def collect(settings: Settings) -> Meta:
             runs.append(_run_row(run_dir, keys, summary, sec))
             stale += [{**keys, "staleness": int(k), "count": int(v)} for k, v in
                       summary.get("ps", {}).get("staleness_histogram", {}).items()]
-    write_csv(settings.out / "epochs.csv", EPOCH_COLUMNS, epochs)
-    write_csv(settings.out / "runs.csv", RUN_COLUMNS, runs)
-    write_csv(settings.out / "staleness.csv", STALENESS_COLUMNS, stale)
+    EPOCHS_CSV.write(settings.out, epochs)
+    RUNS_CSV.write(settings.out, runs)
+    STALENESS_CSV.write(settings.out, stale)
     return {"setup": {"dataset": task.dataset, "lr": task.lr,
                       "why": MNIST1D_WHY if task.key == "mnist1d" else task.why},
             "task_model": label, "seeds": seeds,
@@ -196,9 +196,9 @@ def _run_row(run_dir: Path, keys: dict[str, Any], summary: dict[str, Any],
 
 # -- report ------------------------------------------------------------------------------
 def render(out: Path, meta: Meta) -> str:
-    epochs = read_csv(out / "epochs.csv", EPOCH_COLUMNS)
-    runs = read_csv(out / "runs.csv", RUN_COLUMNS)
-    stale = select(read_csv(out / "staleness.csv", STALENESS_COLUMNS), model=meta["task_model"])
+    epochs = EPOCHS_CSV.read(out)
+    runs = RUNS_CSV.read(out)
+    stale = select(STALENESS_CSV.read(out), model=meta["task_model"])
     matrix = select(epochs, model=meta["task_model"], workers=float(meta["workers"]))
     mruns = select(runs, model=meta["task_model"], workers=float(meta["workers"]))
     goal = target(matrix)
@@ -244,6 +244,4 @@ def render(out: Path, meta: Meta) -> str:
     ])
 
 
-PRESET = Preset(listing(NAME), csv_columns={"epochs.csv": EPOCH_COLUMNS, "runs.csv": RUN_COLUMNS,
-                                            "staleness.csv": STALENESS_COLUMNS},
-                collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(EPOCHS_CSV, RUNS_CSV, STALENESS_CSV), collect=collect, render=render)

@@ -30,12 +30,12 @@ from approxdist.comm.codecs import get_codec
 from approxdist.experiments import markdown as md
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.csvio import Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_tp_report import (
-    ACCURACY_COLUMNS,
+    ACCURACY_CSV,
     BUDGET,
-    LINK_COLUMNS,
+    LINK_CSV,
     NAME,
     STUDIES,
     accuracy_table,
@@ -144,8 +144,8 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"link-{run.slug(task.key, 0)}"
             train_run(run.sections(task, 0, link=LINK, epochs=1), run_dir)
             links.append(_link_row(task, codec, run_dir))
-    write_csv(settings.out / "accuracy.csv", ACCURACY_COLUMNS, rows)
-    write_csv(settings.out / "link.csv", LINK_COLUMNS, links)
+    ACCURACY_CSV.write(settings.out, rows)
+    LINK_CSV.write(settings.out, links)
     return {"tasks": {t.key: {**t.describe(), "model": t.model} for t in tasks(settings)},
             "seeds": seeds, "formats": list(dict.fromkeys(r.codec for r in runs(settings))),
             "link": LINK, "tp": TP}
@@ -180,8 +180,8 @@ def _link_row(task: Task, codec: str, run_dir: Path) -> Row:
 
 # -- report ------------------------------------------------------------------------------
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "accuracy.csv", ACCURACY_COLUMNS)
-    links = read_csv(out / "link.csv", LINK_COLUMNS)
+    rows = ACCURACY_CSV.read(out)
+    links = LINK_CSV.read(out)
     fin = finals(rows)
     tasks: dict[str, Any] = meta["tasks"]
     title = f"{NAME}: tp = {meta['tp']}, {len(meta['seeds'])} seed(s)"
@@ -235,5 +235,4 @@ def _differences(meta: Meta) -> str:
             "bit-fields, Table-N), each with its own error bound (docs/codecs.md).")
 
 
-PRESET = Preset(listing(NAME), csv_columns={"accuracy.csv": ACCURACY_COLUMNS, "link.csv": LINK_COLUMNS},
-                collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(ACCURACY_CSV, LINK_CSV), collect=collect, render=render)

@@ -27,12 +27,13 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.catalog import listing
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import epochs_of, train_run
 
 NAME = "transformer-wire"
 COLUMNS = ("place", "codec", "bits_per_value", "seed", "epochs", "val_loss", "val_accuracy",
            "train_loss", "bytes_sent")
+WIRE_CSV = CsvFile("wire.csv", COLUMNS)
 FORMATS = (("bf16", 16), ("fp16", 16), ("fp8-e4m3", 8), ("fp8-e5m2", 8), ("table4", 4))
 PLACES = ("activations", "activation gradients", "weight gradients")
 #: a format within this share of its reference's validation loss "costs nothing"
@@ -88,7 +89,7 @@ def collect(settings: Settings) -> Meta:
                          "val_accuracy": last["test_accuracy"],
                          "train_loss": last["train_loss"],
                          "bytes_sent": summary.get("bytes_sent", 0)})
-    write_csv(settings.out / "wire.csv", COLUMNS, rows)
+    WIRE_CSV.write(settings.out, rows)
     return {"seeds": seeds, "epochs": epochs, "seq_len": seq_len, "batch_size": batch,
             "model": "gpt-tiny", "dataset": "stdlib-text"}
 
@@ -159,7 +160,7 @@ def plot(out: Path, ch: dict[tuple[str, str], dict[str, float]], title: str) -> 
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "wire.csv", COLUMNS)
+    rows = WIRE_CSV.read(out)
     ch = changes(rows)
     title = (f"{NAME}: {meta['model']} on {meta['dataset']} (seq {meta['seq_len']}, batch "
              f"{meta['batch_size']}), {meta['epochs']} epoch(s), {len(meta['seeds'])} seed(s)")
@@ -172,4 +173,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(ch))
 
 
-PRESET = Preset(listing(NAME), csv_columns={"wire.csv": COLUMNS}, collect=collect, render=render)
+PRESET = Preset(listing(NAME), files=(WIRE_CSV,), collect=collect, render=render)
