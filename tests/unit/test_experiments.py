@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,14 @@ def test_registry_lists_the_presets() -> None:
         assert preset.name == name and preset.files and listed.reproduces
         assert get_study(listed.study).link == f"docs/studies.md#{listed.study}"
         assert all(expected_s(text) > 0 for text in listed.run_time.values()), name
+
+
+def test_experiment_list_imports_no_preset_module() -> None:
+    """The list comes from the catalog: none of the torch-heavy preset modules is loaded."""
+    code = ("import sys; from approxdist.cli.experiment_cmd import list_presets; list_presets(); "
+            "print(sorted(m for m in sys.modules if m.startswith('approxdist.experiments.seed')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_every_study_has_its_section_in_the_docs() -> None:

@@ -2,8 +2,8 @@
 
 One entry a preset: its study, what of it the preset reproduces, its title, a one-line
 summary and its expected run times, read without importing the preset's module (which
-imports torch and the trainer); the module (`experiments.<name>`) holds how it runs and
-reports (`base.Preset`) and takes its entry here by name.
+imports torch and the trainer); the module (`experiments/<name>.py`, dashes as underscores)
+holds how the preset runs and reports (`base.Preset`) and takes its entry here by name.
 """
 
 from __future__ import annotations
