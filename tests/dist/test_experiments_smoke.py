@@ -15,7 +15,6 @@ import pytest
 
 from approxdist.cli import report_cmd
 from approxdist.experiments import Settings, get_preset, run_experiment
-from approxdist.experiments.csvio import read_csv
 from approxdist.experiments.studies import get_study
 
 MULTI_RANK = ["seed000-bits", "seed000-ber", "seed000-bandwidth", "seed001-allreduce",
@@ -50,15 +49,15 @@ def test_smoke_run_writes_csvs_plots_and_report(
         name: str, smoke_run: Callable[[str], tuple[Path, Path]]) -> None:
     out, report = smoke_run(name)
     preset = get_preset(name)
-    for csv_name, columns in preset.csv_columns.items():
-        rows = read_csv(out / csv_name, columns)
-        assert rows and list(rows[0]) == list(columns)
+    for file in preset.files:
+        rows = file.read(out)
+        assert rows and list(rows[0]) == list(file.columns)
     pngs = sorted(out.glob("*.png"))
     assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
     text = report.read_text()
     assert text.startswith(f"# {name}: ") and "## Trends of the seed" in text
-    study = get_study(preset.study)  # the report names its study and links its description
-    assert f"Reproduces {preset.reproduces} of {study.cite()}" in text and study.link in text
+    study = get_study(preset.listing.study)  # the report names its study and links it
+    assert f"Reproduces {preset.listing.reproduces} of {study.cite()}" in text and study.link in text
     for png in pngs:
         assert f"]({png.name})" in text
         png.unlink()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,9 +41,18 @@ def test_registry_lists_the_presets() -> None:
     assert preset_names() == NAMES
     for name in NAMES:
         preset = get_preset(name)
-        assert preset.name == name and preset.csv_columns and preset.reproduces
-        assert get_study(preset.study).link == f"docs/studies.md#{preset.study}"
-        assert set(preset.run_time) == {"quick", "full"}
+        listed = preset.listing
+        assert preset.name == name and preset.files and listed.reproduces
+        assert get_study(listed.study).link == f"docs/studies.md#{listed.study}"
+        assert all(expected_s(text) > 0 for text in listed.run_time.values()), name
+
+
+def test_experiment_list_imports_no_preset_module() -> None:
+    """The list comes from the catalog: none of the torch-heavy preset modules is loaded."""
+    code = ("import sys; from approxdist.cli.experiment_cmd import list_presets; list_presets(); "
+            "print(sorted(m for m in sys.modules if m.startswith('approxdist.experiments.seed')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_every_study_has_its_section_in_the_docs() -> None:
@@ -77,8 +88,8 @@ def test_cli_list_and_missing_out(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert all(name in out for name in NAMES) and "quick" in out
     presets = [get_preset(name) for name in NAMES]
-    quick = sum(expected_s(p.run_time["quick"]) for p in presets) / 60
-    full = sum(expected_s(p.run_time["full"]) for p in presets) / 60
+    quick = sum(expected_s(p.listing.quick) for p in presets) / 60
+    full = sum(expected_s(p.listing.full) for p in presets) / 60
     assert out.strip().splitlines()[-1].startswith(
         f"all                  quick ~{quick:.0f} min, full ~{full:.0f} min")
     with pytest.raises(ConfigError, match="needs --out DIR"):
@@ -444,10 +455,10 @@ def test_the_run_times_table_of_the_docs_lists_every_preset_as_registered() -> N
     rows = {cells[0].strip("|` "): cells[1:3] for line in table.splitlines()
             if line.startswith("| ") and len(cells := line.split(" | ")) >= 4}
     for name in NAMES:
-        run_time = get_preset(name).run_time
-        assert rows.get(name) == [run_time["quick"], run_time["full"]], name
-    quick = sum(expected_s(get_preset(n).run_time["quick"]) for n in NAMES) / 60
-    full = sum(expected_s(get_preset(n).run_time["full"]) for n in NAMES) / 60
+        listed = get_preset(name).listing
+        assert rows.get(name) == [listed.quick, listed.full], name
+    quick = sum(expected_s(get_preset(n).listing.quick) for n in NAMES) / 60
+    full = sum(expected_s(get_preset(n).listing.full) for n in NAMES) / 60
     assert rows["all"] == [f"~{quick:.0f} min", f"~{full:.0f} min"]
 
 

@@ -11,6 +11,7 @@ from torch.nn import functional as F  # noqa: N812
 from approxdist.comm.codecs import get_codec
 from approxdist.config.loader import load_config
 from approxdist.config.pipeline import PipelineConfig
+from approxdist.config.wire import Wire
 from approxdist.errors import ConfigError
 from approxdist.launch.context import DistContext
 from approxdist.pipeline.errors import PipelineError
@@ -19,7 +20,7 @@ from approxdist.pipeline.microbatch import split_microbatches
 from approxdist.pipeline.runtime import build_runtime, check_run
 from approxdist.pipeline.schedule import Kind, build_schedule
 from approxdist.pipeline.stage import StageCompute
-from approxdist.pipeline.timed_codec import TimedCodec
+from approxdist.pipeline.transport import _Direction
 from approxdist.train.check import check_parts
 
 
@@ -89,14 +90,17 @@ def test_one_stage_pipeline_matches_the_oracle() -> None:
     rt.close()
 
 
-def test_timed_codec_delegates_and_counts_time() -> None:
-    codec = TimedCodec(get_codec("bits:s0e2+2m0"))
-    x = torch.rand(100)
-    payload = codec.encode(x)
-    assert payload.wire_bytes == codec.payload_nbytes(100) == get_codec("bits:s0e2+2m0") \
-        .payload_nbytes(100)
-    assert codec.decode(payload).shape == x.shape and codec.code_bits == 4
-    assert codec.seconds > 0
+def test_a_direction_codes_into_its_buffers_as_its_codec_does_and_counts_the_time() -> None:
+    d, codec = _Direction.build(Wire(codec="bits:s0e2+2m0"), seed=0), get_codec("bits:s0e2+2m0")
+    x = torch.rand(4, 25)
+    buf = torch.empty(codec.payload_nbytes(100), dtype=torch.uint8)
+    payload = d.encode(x, buf)
+    assert payload.data.data_ptr() == buf.data_ptr()  # encoded in place
+    assert torch.equal(payload.data, codec.encode(x).data)
+    out = torch.empty(4, 25)
+    assert d.decode(payload, out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, codec.decode(codec.encode(x)))
+    assert d.encode_s > 0 and d.decode_s > 0
 
 
 @pytest.mark.parametrize("section, message", [

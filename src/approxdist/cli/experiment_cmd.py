@@ -21,6 +21,7 @@ from approxdist.cli.groups import command
 from approxdist.errors import ConfigError
 from approxdist.experiments import Settings, get_preset, preset_names, run_experiment
 from approxdist.experiments.base import expected_s
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.runner import mismatch
 from approxdist.experiments.studies import get_study
 
@@ -55,13 +56,13 @@ def register(sub: Any) -> None:
 def list_presets() -> str:
     """One entry per preset with its study and expected times, then the sum per size."""
     lines, totals = [], {"quick": 0.0, "full": 0.0}
-    for name in preset_names():
-        preset = get_preset(name)
-        times = ", ".join(f"{k} {v}" for k, v in preset.run_time.items())
-        lines.append(f"{name:<20} {preset.summary}\n{'':<20} ({get_study(preset.study).number}, "
-                     f"{preset.reproduces}; {times})")
+    for name in preset_names():  # from the catalog: no preset module is imported
+        entry = listing(name)
+        times = ", ".join(f"{k} {v}" for k, v in entry.run_time.items())
+        lines.append(f"{name:<20} {entry.summary}\n{'':<20} ({get_study(entry.study).number}, "
+                     f"{entry.reproduces}; {times})")
         for size in totals:
-            totals[size] += expected_s(preset.run_time[size])
+            totals[size] += expected_s(entry.run_time[size])
     lines.append(f"{'all':<20} quick ~{totals['quick'] / 60:.0f} min, full ~"
                  f"{totals['full'] / 60:.0f} min (the sums of the estimates above, on 2 cores)")
     return "\n".join(lines)

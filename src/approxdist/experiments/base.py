@@ -18,6 +18,8 @@ from typing import Any
 
 from approxdist.comm.netem import parse_link
 from approxdist.errors import ConfigError
+from approxdist.experiments.catalog import Listing
+from approxdist.experiments.csvio import CsvFile
 
 #: run sizes: `smoke` checks the machinery in seconds (tests), `quick` is CI-size,
 #: `full` is the documented reproduction
@@ -67,17 +69,13 @@ class Settings:
 
 @dataclass(frozen=True)
 class Preset:
-    """A named experiment: how to run it, how to report it, what its CSVs hold."""
+    """A named experiment: its entry in the catalog, how to run it, how to report it, what
+    its CSVs hold."""
 
-    name: str
-    title: str
-    study: str  # the key of its study in `experiments.studies`, e.g. "seed000"
-    reproduces: str  # what of the study, e.g. "section 4.3, Figs. 3-4"
-    summary: str  # one line for `experiment list`
-    csv_columns: dict[str, tuple[str, ...]]  # file name -> documented columns
+    listing: Listing  # name, study, title, summary, run times (`experiments.catalog`)
+    files: tuple[CsvFile, ...]  # the CSV files it writes, with their documented columns
     collect: Callable[[Settings], Meta]  # runs; writes the CSVs into settings.out
     render: Callable[[Path, Meta], str]  # CSVs -> PNGs, returns the report's Markdown body
-    run_time: dict[str, str] = field(default_factory=dict)  # size -> expected time on 2 cores
     #: why this machine cannot run the preset ("" when it can); `experiment all` skips it
     unavailable: Callable[[], str] = field(default=lambda: "")
     #: the link shapers it runs with (`--link-shaper`); only presets that vary the link
@@ -86,6 +84,10 @@ class Preset:
     #: whether it takes `--link SPEC`, one link for all its measurements (presets that
     #: vary the rate themselves take none); under the kernel shaper it needs one
     takes_link: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.listing.name
 
 
 def expected_s(run_time: str) -> float:

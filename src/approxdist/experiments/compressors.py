@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from approxdist.experiments.base import Meta, Preset, Settings
+from approxdist.experiments.catalog import listing
 from approxdist.experiments.compressors_report import report
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed004_adaprec import task as adaprec_task
 from approxdist.experiments.transformer_wire import Run as TextRun
@@ -34,7 +35,9 @@ from approxdist.experiments.transformer_wire import Run as TextRun
 NAME = "compressors"
 COLUMNS = ("task", "link", "wire", "seed", "final_accuracy", "final_loss", "wall_time_s",
            "bytes_sent", "lr")
+RUNS_CSV = CsvFile("runs.csv", COLUMNS)
 CURVE_COLUMNS = ("task", "link", "wire", "seed", "epoch", "elapsed_s", "test_accuracy")
+CURVES_CSV = CsvFile("curves.csv", CURVE_COLUMNS)
 LINKS = ("bw=100mbit", "bw=1gbit")
 #: signSGD's update is lr x (+-1) per value, far above a gradient's: the papers give it a
 #: learning rate of its own; here the task's rate times this (one setting, not tuned)
@@ -135,8 +138,8 @@ def collect(settings: Settings) -> Meta:
                 elapsed += float(rec["epoch_time_s"])
                 curves.append({**keys, "epoch": rec["epoch"], "elapsed_s": elapsed,
                                "test_accuracy": rec["test_accuracy"]})
-    write_csv(settings.out / "runs.csv", COLUMNS, rows)
-    write_csv(settings.out / "curves.csv", CURVE_COLUMNS, curves)
+    RUNS_CSV.write(settings.out, rows)
+    CURVES_CSV.write(settings.out, curves)
     return {"seeds": seeds, "ranks": 2, "sign_lr": SIGN_LR,
             "tasks": {t.name: {**{k: t.base(0)[k] for k in ("data", "model", "optim")},
                                "epochs": t.base(0)["train"]["epochs"],
@@ -144,19 +147,7 @@ def collect(settings: Settings) -> Meta:
 
 
 def render(out: Path, meta: Meta) -> str:
-    return report(out, meta, read_csv(out / "runs.csv", COLUMNS),
-                  read_csv(out / "curves.csv", CURVE_COLUMNS), [w.label for w in WIRES])
+    return report(out, meta, RUNS_CSV.read(out), CURVES_CSV.read(out), [w.label for w in WIRES])
 
 
-PRESET = Preset(
-    name=NAME, title="Gradient compressors against fp32, bf16 and 4 bits: time to accuracy",
-    study="seed004",
-    reproduces="the gradient compressors the field compares against, beside its low-precision "
-               "gradient wires (not a figure of the study)",
-    summary="PowerSGD, top-k, random-k, QSGD, TernGrad, sign+ef, signSGD vs fp32, bf16 and 4 "
-            "bits + EF: time to accuracy at 100 Mbit/s and 1 Gbit/s, MNIST-1D and gpt-tiny, "
-            "2 ranks; each paper's claim with a verdict",
-    csv_columns={"runs.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~5 min (2 tasks x 2 links x 10 wires, 1 seed)",
-              "full": "~35 min (2 tasks x 2 links x 10 wires x 3 seeds, 12 and 4 epochs)"})
+PRESET = Preset(listing(NAME), files=(RUNS_CSV, CURVES_CSV), collect=collect, render=render)

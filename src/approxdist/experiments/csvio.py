@@ -11,6 +11,7 @@ import csv
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,21 @@ def read_csv(path: Path, columns: Sequence[str]) -> list[Row]:
             raise DataError(f"{path.name} lacks column(s) {', '.join(missing)}; "
                             f"expected: {', '.join(columns)}")
         return [{k: _cell(v) for k, v in row.items()} for row in reader]
+
+
+@dataclass(frozen=True)
+class CsvFile:
+    """One CSV file of an experiment: its name in the output directory and its documented
+    columns, which `collect` writes, `render` reads and the runner checks."""
+
+    name: str
+    columns: tuple[str, ...]
+
+    def write(self, out: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+        return write_csv(out / self.name, self.columns, rows)
+
+    def read(self, out: Path) -> list[Row]:
+        return read_csv(out / self.name, self.columns)
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

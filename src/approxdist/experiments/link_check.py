@@ -29,13 +29,15 @@ from approxdist.errors import ClusterError
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.shaping import on_cluster
 from approxdist.launch.spawn import run_on_ranks
 
 NAME = "link-emulation-check"
 COLUMNS = ("kind", "link", "shaper", "what", "size_bytes", "median_s", "p10_s", "repeats")
+LINKS_CSV = CsvFile("links.csv", COLUMNS)
 ALGORITHMS = ("brd", "ring")
 K, M = 1 << 10, 1 << 20
 TOLERANCE = 0.15  # the check passes within 15 % at 10 and 100 Mbit/s for messages >= 1 MB
@@ -82,7 +84,7 @@ def collect(settings: Settings) -> Meta:
         rows.append(_train_row(link, "inproc", settings, summary))
         print(f"[{NAME}] {link}: kernel (tc) on a 2-host cluster", flush=True)
         rows += _kernel_rows(settings, link, sizes)
-    write_csv(settings.out / "links.csv", COLUMNS, rows)
+    LINKS_CSV.write(settings.out, rows)
     return {"links": list(links(settings)), "algorithms": list(ALGORITHMS),
             "tolerance": TOLERANCE}
 
@@ -217,7 +219,7 @@ def plot(out: Path, matched: list[dict[str, Any]], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    matched = pairs(read_csv(out / "links.csv", COLUMNS))
+    matched = pairs(LINKS_CSV.read(out))
     png = plot(out, matched, f"{NAME}: 2 ranks, tc vs in-process link emulation")
     return md.report(
         ["Median time per operation on 2 ranks (the slower rank's), in-process emulator (one "
@@ -231,16 +233,8 @@ def render(out: Path, meta: Meta) -> str:
         "here has no netem (bandwidth only, no added latency).", trends_title="Trends")
 
 
-PRESET = Preset(
-    name=NAME, title="In-process link emulation against the kernel's traffic shaper (tc)",
-    study="seed000",
-    reproduces="the tc-shaped links of Table 1 (a check of our emulator against them, not a "
-               "figure of the study)",
-    summary="all-reduce / exchange times and a training epoch at 10 Mbit/s-1 Gbit/s through "
-            "--link and through tc on namespaced hosts (root)",
-    csv_columns={"links.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~2 min (10 and 100 Mbit/s)", "full": "~10 min (10 Mbit/s-1 Gbit/s)"},
-    unavailable=lambda: _unavailable())
+PRESET = Preset(listing(NAME), files=(LINKS_CSV,), collect=collect, render=render,
+                unavailable=lambda: _unavailable())
 
 
 def _unavailable() -> str:

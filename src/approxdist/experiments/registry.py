@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from approxdist.errors import ConfigError
+from approxdist.experiments import catalog
 from approxdist.experiments.base import Preset
 from approxdist.registry import Registry
 
@@ -27,22 +28,19 @@ def _register_all() -> None:
     from approxdist.experiments.seed004_adaprec import PRESET as ADAPREC
     from approxdist.experiments.transformer_wire import PRESET as TRANSFORMER_WIRE
 
-    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, ALLREDUCE, SCALING, HYBRID, ASYNC,
-                   PS, ADAPREC, LINK_CHECK):
-        if preset.name not in PRESETS:
-            PRESETS.add(preset.name, preset)
-    for preset in (TRANSFORMER_WIRE,
-                   LARGEBATCH, TP, COMPRESSORS):
+    for preset in (BITS, BER, BANDWIDTH, HISTOGRAM, LINK_CHECK, TRANSFORMER_WIRE, ALLREDUCE,
+                   SCALING, HYBRID, ASYNC, LARGEBATCH, PS, TP, ADAPREC, COMPRESSORS):
         if preset.name not in PRESETS:
             PRESETS.add(preset.name, preset)
 
 
 def get_preset(name: str) -> Preset:
     """The preset called `name`; `ConfigError` listing the valid names otherwise."""
+    catalog.listing(name)  # an unknown name fails here, before the modules are imported
     _register_all()
     return PRESETS.get(name)
 
 
 def preset_names() -> list[str]:
-    _register_all()
-    return PRESETS.names()
+    """Every preset's name, sorted, from the catalog (no preset module is imported)."""
+    return catalog.names()

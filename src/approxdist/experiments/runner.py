@@ -22,7 +22,6 @@ import torch
 
 from approxdist.errors import ConfigError, DataError
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import read_csv
 from approxdist.experiments.registry import get_preset, preset_names
 from approxdist.experiments.shaping import check_shaper
 from approxdist.experiments.studies import get_study
@@ -144,8 +143,8 @@ def render_report(out: Path) -> Path:
     """Regenerate the plots and report.md of `out` from its CSVs and experiment.json."""
     meta = load_meta(out)
     preset = get_preset(meta["experiment"])
-    for name, columns in preset.csv_columns.items():
-        read_csv(out / name, columns)  # fails early, naming a missing file or column
+    for file in preset.files:
+        file.read(out)  # fails early, naming a missing file or column
     body = preset.render(out, meta)
     path = out / REPORT_FILE
     path.write_text(header(meta, preset) + "\n\n" + body + "\n")
@@ -154,9 +153,10 @@ def render_report(out: Path) -> Path:
 
 def header(meta: Meta, preset: Preset) -> str:
     m, s = meta["machine"], meta["settings"]
-    study = get_study(preset.study)
-    lines = [f"# {meta['experiment']}: {preset.title}", "",
-             f"Reproduces {preset.reproduces} of {study.cite()}; the study is described in "
+    listed = preset.listing
+    study = get_study(listed.study)
+    lines = [f"# {meta['experiment']}: {listed.title}", "",
+             f"Reproduces {listed.reproduces} of {study.cite()}; the study is described in "
              f"approxdist's {study.link}.", "",
              f"Command: `{meta['command']}` "
              f"(size `{s['size']}`), {meta['duration_s']:.0f} s on {m['cpus']} CPU cores "

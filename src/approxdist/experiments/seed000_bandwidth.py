@@ -25,7 +25,8 @@ from approxdist.comm.netem import parse_link
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 from approxdist.experiments.runs import epochs_of
 from approxdist.experiments.shaping import train_on_link
 from approxdist.experiments.task import task_for
@@ -38,6 +39,7 @@ STAGE_KEYS = ("compute_s", "comm_s", "wait_s")
 COLUMNS = ("link", "bw_bps", "config", "fwd_codec", "bwd_codec", "epochs", "epoch_time_s",
            "step_time_s", *(f"{k}_stage{s}" for k in STAGE_KEYS for s in (0, 1)),
            "bytes_fwd_per_step", "bytes_bwd_per_step", "link_time_s_per_step")
+BANDWIDTH_CSV = CsvFile("bandwidth.csv", COLUMNS)
 
 
 def links(settings: Settings) -> list[str]:
@@ -61,7 +63,7 @@ def collect(settings: Settings) -> Meta:
             train_on_link(task.sections(0, epochs=epochs, fwd_codec=fwd, bwd_codec=bwd),
                           run_dir, link, settings.link_shaper)
             rows.append(_row(link, name, epochs_of(run_dir)))
-    write_csv(settings.out / "bandwidth.csv", COLUMNS, rows)
+    BANDWIDTH_CSV.write(settings.out, rows)
     return {"task": {**task.describe(), "epochs": epochs}, "seeds": [0], "epochs_per_run": epochs,
             "link_shaper": settings.link_shaper}
 
@@ -226,7 +228,7 @@ def trend_rows(rows: list[Row], batch_size: int | None = None) -> list[md.Trend]
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "bandwidth.csv", COLUMNS)
+    rows = BANDWIDTH_CSV.read(out)
     task = meta["task"]
     kernel = meta.get("link_shaper", "inproc") == "kernel"
     shaped = "tc-shaped links between namespaced hosts" if kernel else "emulated links"
@@ -254,11 +256,5 @@ def render(out: Path, meta: Meta) -> str:
         "at a lower bandwidth than the seed's 100 Mbit/s.", figure_title="Figures")
 
 
-PRESET = Preset(
-    name=NAME, title="Time per epoch vs link bandwidth (Table 1)",
-    study="seed000", reproduces="section 4.5, Table 1",
-    summary="time per epoch and per-step compute/transfer vs emulated link bandwidth",
-    csv_columns={"bandwidth.csv": COLUMNS}, collect=collect, render=render,
-    shapers=("inproc", "kernel"),
-    run_time={"quick": "~2 min (3 links x 3 wire formats, 1 epoch each)",
-              "full": "~7.5 min (8 links x 3 wire formats, 3 epochs each)"})
+PRESET = Preset(listing(NAME), files=(BANDWIDTH_CSV,), collect=collect, render=render,
+                shapers=("inproc", "kernel"))

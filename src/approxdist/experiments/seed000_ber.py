@@ -20,13 +20,15 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import EPOCH_COLUMNS, Stats, curves, epoch_rows, finals, noise
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.task import task_for
 
 NAME = "seed000-ber"
 NO_ERRORS = 32  # every bit of an fp32 code protected: the error-free reference
 COLUMNS = ("protected_bits", "ber", "channel", *EPOCH_COLUMNS)
+BER_CSV = CsvFile("ber.csv", COLUMNS)
 SEED_CLAIM = "protecting the top 5 bits or more keeps (train) accuracy unchanged"
 
 
@@ -53,7 +55,7 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"{spec.replace(':', '-')}-seed{seed}"
             train_run(task.sections(seed, fwd_channel=spec), run_dir)
             rows += epoch_rows(run_dir, seed, {"protected_bits": p, "ber": rate, "channel": spec})
-    write_csv(settings.out / "ber.csv", COLUMNS, rows)
+    BER_CSV.write(settings.out, rows)
     return {"task": task.describe(), "seeds": seeds, "rates": rates}
 
 
@@ -152,7 +154,7 @@ def _rate_trends(rate: float, fin: dict[float, Stats], ref: Stats,
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "ber.csv", COLUMNS)
+    rows = BER_CSV.read(out)
     task = meta["task"]
     rates = ", ".join(f"{r:g}" for r in sorted({float(r["ber"]) for r in rows if r["ber"] > 0}))
     title = (f"{NAME}: fp32 activations, bit-error rate(s) {rates}, {task['dataset']} / "
@@ -170,10 +172,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(rows, str(meta.get("task", {}).get("cut", "?"))))
 
 
-PRESET = Preset(
-    name=NAME, title="Accuracy vs protected top bits under bit errors (Fig. 2)",
-    study="seed000", reproduces="section 4.2, Fig. 2",
-    summary="accuracy vs protected top bits of fp32 activations at bit-error rates 1e-5, 1e-4",
-    csv_columns={"ber.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1.5 min (5 runs x 4 epochs, rate 1e-5, 1 seed)",
-              "full": "~14 min (2 rates x 5 protections + reference, 3 seeds, 10 epochs)"})
+PRESET = Preset(listing(NAME), files=(BER_CSV,), collect=collect, render=render)

@@ -18,12 +18,14 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import EPOCH_COLUMNS, Stats, curves, epoch_rows, finals, noise
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import train_run
 from approxdist.experiments.task import task_for
 
 NAME = "seed000-bits"
 COLUMNS = ("scheme", "codec", "bits_per_value", *EPOCH_COLUMNS)
+CURVES_CSV = CsvFile("curves.csv", COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def collect(settings: Settings) -> Meta:
             train_run(task.sections(seed, fwd_codec=scheme.codec), run_dir)
             rows += epoch_rows(run_dir, seed, {"scheme": scheme.name, "codec": scheme.codec,
                                                "bits_per_value": scheme.bits})
-    write_csv(settings.out / "curves.csv", COLUMNS, rows)
+    CURVES_CSV.write(settings.out, rows)
     return {"task": task.describe(), "seeds": seeds}
 
 
@@ -183,7 +185,7 @@ def one_bit_why(cut: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "curves.csv", COLUMNS)
+    rows = CURVES_CSV.read(out)
     task = meta["task"]
     title = (f"{NAME}: {task['dataset']} / {task['model']['name']}, 2-stage GPipe, 4 micro-batches,"
              f" {task['epochs']} epochs, {len(meta['seeds'])} seed(s)")
@@ -199,10 +201,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(fin, str(task.get("cut", "?"))), figure_title="Figures")
 
 
-PRESET = Preset(
-    name=NAME, title="Accuracy of seed 000's bit-field wire formats (Figs. 3-4)",
-    study="seed000", reproduces="section 4.3, Figs. 3-4",
-    summary="train/test accuracy per epoch: fp32, the six bit-field schemes, bits:auto4",
-    csv_columns={"curves.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~2.5 min (8 runs x 4 epochs, 1 seed)",
-              "full": "~25 min (8 schemes x 3 seeds x 10 epochs)"})
+PRESET = Preset(listing(NAME), files=(CURVES_CSV,), collect=collect, render=render)

@@ -27,13 +27,16 @@ from approxdist.config.loader import build_config
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, group, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group
 from approxdist.experiments.task import task_for
 
 NAME = "seed000-histogram"
 LIMIT = 1_000_000
 HIST_COLUMNS = ("epoch", "exponent", "count")
+HISTOGRAM_CSV = CsvFile("histogram.csv", HIST_COLUMNS)
 COVER_COLUMNS = ("epoch", "total_values", "zero_fraction", "scheme", "bits", "coverage")
+COVERAGE_CSV = CsvFile("coverage.csv", COVER_COLUMNS)
 SEED_SCHEME = "bits:s0e2+2m0"
 
 
@@ -110,8 +113,8 @@ def collect(settings: Settings) -> Meta:
         h, c = _rows(epoch, x)
         hist += h
         cover += c
-    write_csv(settings.out / "histogram.csv", HIST_COLUMNS, hist)
-    write_csv(settings.out / "coverage.csv", COVER_COLUMNS, cover)
+    HISTOGRAM_CSV.write(settings.out, hist)
+    COVERAGE_CSV.write(settings.out, cover)
     return meta
 
 
@@ -222,8 +225,8 @@ def _kept(stride: int) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    hist = read_csv(out / "histogram.csv", HIST_COLUMNS)
-    cover = read_csv(out / "coverage.csv", COVER_COLUMNS)
+    hist = HISTOGRAM_CSV.read(out)
+    cover = COVERAGE_CSV.read(out)
     task = meta["task"]
     title = (f"{NAME}: exponents of activations at the cut, {task['dataset']} / "
              f"{task['model']['name']} (split {task['split']})")
@@ -239,10 +242,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(cover))
 
 
-PRESET = Preset(
-    name=NAME, title="Exponent histogram of the transferred activations (Fig. 5)",
-    study="seed000", reproduces="section 4.4, Fig. 5",
-    summary="8-bit exponent histogram of the values crossing the cut; scheme coverage",
-    csv_columns={"histogram.csv": HIST_COLUMNS, "coverage.csv": COVER_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~20 s (4 epochs, one process)", "full": "~40 s (10 epochs)"})
+PRESET = Preset(listing(NAME), files=(HISTOGRAM_CSV, COVERAGE_CSV), collect=collect, render=render)

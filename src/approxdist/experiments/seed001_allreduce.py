@@ -40,13 +40,15 @@ from approxdist.comm.collectives import algorithm_names, fit
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
-from approxdist.experiments.csvio import Row, group, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group
 from approxdist.experiments.shaping import on_cluster, shaped_cluster
 from approxdist.launch.spawn import run_on_ranks
 
 NAME = "seed001-allreduce"
 COLUMNS = ("world_size", "algorithm", "codec", "size_bytes", "median_s", "p10_s", "busbw_gbps",
            "ratio_vs_native", "paired_ratio", "repeats")
+ALLREDUCE_CSV = CsvFile("allreduce.csv", COLUMNS)
 SEED_ALGOS = ("brb", "brd", "vhd", "ring")  # the point-to-point algorithms compared
 K, M = 1 << 10, 1 << 20
 TIE = 0.05  # within 5 % of the fastest counts as winning: repeated runs move rows by more
@@ -81,7 +83,7 @@ def collect(settings: Settings) -> Meta:
             js = r.as_json()
             rows.append({c: js.get(c, math.nan) if js.get(c) is not None else math.nan
                          for c in COLUMNS})
-    write_csv(settings.out / "allreduce.csv", COLUMNS, rows)
+    ALLREDUCE_CSV.write(settings.out, rows)
     return {"sizes": list(plan.sizes), "budget_s": plan.budget_s, "link": settings.link,
             "link_shaper": settings.link_shaper}
 
@@ -253,7 +255,7 @@ def link_of(meta: Meta) -> tuple[str, str]:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "allreduce.csv", COLUMNS)
+    rows = ALLREDUCE_CSV.read(out)
     short, sentence = link_of(meta)
     title = f"{NAME}: all-reduce of fp32 vectors, {short}, medians ({meta['budget_s']} s/size)"
     png = plot(out, rows, title, short)
@@ -273,11 +275,5 @@ def render(out: Path, meta: Meta) -> str:
            else ""))
 
 
-PRESET = Preset(
-    name=NAME, title="All-reduce time vs message size per algorithm",
-    study="seed001", reproduces="section 3.2, Table 1 (BRB / BRD / VHD and the hybrid by size)",
-    summary="all-reduce time vs size for native, ring, brb, brd, vhd, auto on N = 2 and 4",
-    csv_columns={"allreduce.csv": COLUMNS}, collect=collect, render=render,
-    shapers=("inproc", "kernel"), takes_link=True,
-    run_time={"quick": "~1 min (4 sizes up to 16 MiB, two runs per world)",
-              "full": "~3 min (8 sizes up to 64 MiB, two runs per world)"})
+PRESET = Preset(listing(NAME), files=(ALLREDUCE_CSV,), collect=collect, render=render,
+                shapers=("inproc", "kernel"), takes_link=True)

@@ -30,7 +30,8 @@ from approxdist.config.schema import ModelConfig
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
-from approxdist.experiments.csvio import Row, group, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group
 from approxdist.launch.context import DistContext
 from approxdist.launch.spawn import run_on_ranks
 from approxdist.models import build_model
@@ -45,6 +46,7 @@ SHAPE = (3, 32, 32)
 CLASSES = 10
 COLUMNS = ("nodes", "per_node_batch", "ref_batch", "median_step_s", "p10_step_s", "steps",
            "speedup", "ideal")
+SCALING_CSV = CsvFile("scaling.csv", COLUMNS)
 SEED_POINTS = {256: [(64, 60.4), (256, 217.0)], 64: [(64, 30.5)], 32: [(64, 15.5)]}
 
 
@@ -110,7 +112,7 @@ def collect(settings: Settings) -> Meta:
         rows.append({"nodes": n, "per_node_batch": b, "ref_batch": ref, "median_step_s": med,
                      "p10_step_s": p10(ts), "steps": len(ts),
                      "speedup": speedup(t_ref, med, n, b, ref), "ideal": n})
-    write_csv(settings.out / "scaling.csv", COLUMNS, rows)
+    SCALING_CSV.write(settings.out, rows)
     _write_profile(settings.out, ref)
     return {"model": "alexnet", "input_shape": list(SHAPE), "ref_batch": ref}
 
@@ -261,7 +263,7 @@ def _grad_bytes(meta: Meta) -> int:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "scaling.csv", COLUMNS)
+    rows = SCALING_CSV.read(out)
     title = (f"{NAME}: s(N,b) = t(1,B)/t(N,b) x b/B x N, {meta['model']} on synthetic "
              f"{'x'.join(map(str, meta['input_shape']))}, B = {meta['ref_batch']}")
     png = plot(out, rows, title, cores_of(meta), simulated(out, cores_of(meta)))
@@ -277,9 +279,4 @@ def render(out: Path, meta: Meta) -> str:
         f"affordable on a CPU.")
 
 
-PRESET = Preset(
-    name=NAME, title="Data-parallel speed-up s(N,b) (seed 001, eq. 1)",
-    study="seed001", reproduces="sections 5.2.1 and 6.1, eq. (1), Fig. 6",
-    summary="measured speed-up s(N,b) for N = 1, 2, 4 and two per-node batch sizes",
-    csv_columns={"scaling.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1 min (b = 32, 8)", "full": "~1.5 min (b = 64, 16; 10 steps)"})
+PRESET = Preset(listing(NAME), files=(SCALING_CSV,), collect=collect, render=render)

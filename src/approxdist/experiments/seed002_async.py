@@ -39,7 +39,8 @@ from approxdist.experiments.accuracy import (
     time_to,
 )
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed002_async_time import (
     ZERO_BUBBLE,
@@ -65,6 +66,7 @@ MICROBATCHES = 4
 NO_MOMENTUM = ("1f1b", "2bw")
 COLUMNS = ("schedule", *EPOCH_COLUMNS, "elapsed_s", "samples_per_s", "weight_version_bytes",
            "step_s", "compute_s", "bubble")
+ASYNC_CSV = CsvFile("async.csv", COLUMNS)
 
 
 def collect(settings: Settings) -> Meta:
@@ -89,7 +91,7 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"{label.replace(' m=0', '-m0')}-s{seed}"
             train_run(sections, run_dir)
             rows += _rows(run_dir, label, seed)
-    write_csv(settings.out / "async.csv", COLUMNS, rows)
+    ASYNC_CSV.write(settings.out, rows)
     return {"task": task.describe(), "seeds": seeds, "stages": 2, "microbatches": MICROBATCHES,
             "stage_param_bytes": _stage_bytes(task.sections(seeds[0])),
             "momentum": build_config(task.sections(seeds[0])).optim.momentum,
@@ -262,7 +264,7 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "async.csv", COLUMNS)
+    rows = ASYNC_CSV.read(out)
     target = _target(rows)
     task: dict[str, Any] = meta.get("task", {})
     title = (f"{NAME}: {task.get('dataset', '?')}, 2 stages, {MICROBATCHES} micro-batches, "
@@ -285,13 +287,4 @@ def render(out: Path, meta: Meta) -> str:
         "micro-batch of the mini-batch.")
 
 
-PRESET = Preset(
-    name=NAME, title="Asynchronous and zero-bubble pipeline schedules: PipeDream, 2BW, ZB-H1, "
-                     "ZB-H2, ZB-V vs GPipe and 1F1B",
-    study="seed002", reproduces="section 7, the related schedules (PipeDream, PipeDream-2BW, GPipe)",
-    summary="samples/s, accuracy at the same epochs, time to accuracy, where the step goes "
-            "(bubble, extra compute) and weight memory of GPipe, 1F1B-flush, ZB-H1, ZB-H2, "
-            "ZB-V, PipeDream and 2BW",
-    csv_columns={"async.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1.5 min (9 runs x 1 seed x 4 epochs, MNIST-1D)",
-              "full": "~12 min (9 runs x 3 seeds x 10 epochs, MNIST-1D)"})
+PRESET = Preset(listing(NAME), files=(ASYNC_CSV,), collect=collect, render=render)

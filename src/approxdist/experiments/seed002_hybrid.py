@@ -34,7 +34,8 @@ from approxdist.bench.stats import median, paired_ratio
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings, cores_of
-from approxdist.experiments.csvio import Row, group, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group
 from approxdist.experiments.runs import train_run
 from approxdist.trace.gather import load_run_trace
 
@@ -51,6 +52,7 @@ PLANS: dict[str, tuple[str, int, tuple[int, ...], dict[str, str]]] = {
 COLUMNS = ("model", "plan", "threads", "repeat", "stages", "replicas", "step_ms", "compute",
            "comm", "waiting", "bubble", "congested_rank", "congested_stage",
            "congested_wait_ms", "stage_wait_ms", "stage_compute_ms", "host_steal")
+HYBRID_CSV = CsvFile("hybrid.csv", COLUMNS)
 #: columns averaged by their median over repeats in the report
 NUMERIC = ("step_ms", "compute", "comm", "waiting", "bubble", "congested_wait_ms", "host_steal")
 SKIP = 2  # traced steps per rank left out as warm-up
@@ -107,7 +109,7 @@ def collect(settings: Settings) -> Meta:
                 rows.append({**_row(run_dir, model, plan, threads, stages, replicas),
                              "repeat": repeat,
                              "host_steal": -1.0 if host.steal is None else host.steal})
-    write_csv(settings.out / "hybrid.csv", COLUMNS, rows)
+    HYBRID_CSV.write(settings.out, rows)
     return {"models": models(settings), "plans": list(PLANS), "threads": list(THREADS),
             "skip_steps": SKIP, "repeats": repeats(settings)}
 
@@ -299,7 +301,7 @@ def plot(out: Path, rows: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "hybrid.csv", COLUMNS)
+    rows = HYBRID_CSV.read(out)
     names = list(dict.fromkeys(str(r["model"]) for r in rows))
     model_a = "alexnet" if "alexnet" in names else names[0]
     model_r = "resnet20" if "resnet20" in names else names[-1]
@@ -324,11 +326,4 @@ def render(out: Path, meta: Meta) -> str:
         "non-blocking gloo request and waits for it, not in GPU streams.")
 
 
-PRESET = Preset(
-    name=NAME, title="Bottlenecks of hybrid pipeline x data-parallel training (PipeDream)",
-    study="seed002", reproduces="section 4.2's timeline analysis and Table 4 (impl-SA / impl-SRA)",
-    summary="time per step and its split over phases for DP, a 4-stage pipeline, 3+1 and 2x2 "
-            "hybrids, with each communication-thread strategy",
-    csv_columns={"hybrid.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~3 min (3 repeats x 2 models x 13 runs of 10 steps)",
-              "full": "~8 min (5 repeats x 2 models x 13 runs of 16 steps)"})
+PRESET = Preset(listing(NAME), files=(HYBRID_CSV,), collect=collect, render=render)

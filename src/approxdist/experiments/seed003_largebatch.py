@@ -35,7 +35,8 @@ from approxdist.experiments import plots
 from approxdist.experiments import seed003_largebatch_report as rep
 from approxdist.experiments.accuracy import epoch_rows
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.models import build_model
 
@@ -113,7 +114,7 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"{rule.replace('+', '-')}-b{batch}-s{seed}"
             train_run(sections, run_dir)
             rows += _rows(run_dir, rule, batch, seed)
-    write_csv(settings.out / "largebatch.csv", rep.COLUMNS, rows)
+    rep.LARGEBATCH_CSV.write(settings.out, rows)
     sec = task(settings, 0, BASE_BATCH)
     return {"seeds": seeds, "ranks": RANKS, "cores": os.cpu_count() or 0,
             "dataset": cfg.data.dataset, "model": sec["model"],
@@ -192,7 +193,7 @@ def plot_schedules(out: Path, rows: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "largebatch.csv", rep.COLUMNS)
+    rows = rep.LARGEBATCH_CSV.read(out)
     setup = rep.describe(meta)
     title = (f"{NAME}: {setup['dataset']}, {setup['ranks']} data-parallel ranks, "
              f"{setup['epochs']} epochs, {len(meta.get('seeds', [0]))} seed(s)")
@@ -230,11 +231,4 @@ def _setup_text(setup: dict[str, Any]) -> str:
             f"reference's final accuracy (smallest batch, unscaled). {why}")
 
 
-PRESET = Preset(
-    name=NAME, title="Large batches: linear scaling with warm-up, batch growth vs rate decay",
-    study="seed003", reproduces="the large-batch problem (Goyal et al. 2017; Smith et al. 2018)",
-    summary="accuracy and time to accuracy vs global batch, unscaled and with linear scaling "
-            "+ warm-up; step decay vs batch growth with their noise scale",
-    csv_columns={"largebatch.csv": rep.COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~1 min (10 runs x 1 seed x 8 epochs, MNIST-1D, 2 ranks)",
-              "full": "~3 min (14 runs x 3 seeds x 10 epochs)"})
+PRESET = Preset(listing(NAME), files=(rep.LARGEBATCH_CSV,), collect=collect, render=render)

@@ -19,7 +19,7 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments.accuracy import EPOCH_COLUMNS, seconds
 from approxdist.experiments.accuracy import time_to as _time_to
 from approxdist.experiments.base import Meta
-from approxdist.experiments.csvio import Row, group, spread
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 
 #: the sweep's rules and the two schedules of the same noise-scale path
 UNSCALED, SCALED = "unscaled", "linear+warmup"
@@ -28,6 +28,7 @@ RULES = (UNSCALED, SCALED)
 SCHEDULES = (DECAY, GROWTH)
 COLUMNS = ("rule", "global_batch", *EPOCH_COLUMNS, "batch_size", "lr", "noise_scale",
            "updates", "samples_seen", "elapsed_s")
+LARGEBATCH_CSV = CsvFile("largebatch.csv", COLUMNS)
 #: time to accuracy is measured to this share of the reference run's final accuracy
 TARGET_SHARE = 0.9
 #: Goyal et al. 2017 kept ResNet-50's ImageNet accuracy up to a batch of 8192 of the

@@ -22,18 +22,19 @@ from typing import Any
 from approxdist.config.loader import build_config
 from approxdist.experiments import markdown as md
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_ps_report import (
-    EPOCH_COLUMNS,
+    EPOCHS_CSV,
     MODES,
     NAME,
     NB_CUT,
     NB_POINTS,
     PS_RATIO,
-    RUN_COLUMNS,
+    RUNS_CSV,
     SETTING_TITLES,
-    STALENESS_COLUMNS,
+    STALENESS_CSV,
     plot_accuracy,
     plot_staleness,
     select,
@@ -134,9 +135,9 @@ def collect(settings: Settings) -> Meta:
             runs.append(_run_row(run_dir, keys, summary, sec))
             stale += [{**keys, "staleness": int(k), "count": int(v)} for k, v in
                       summary.get("ps", {}).get("staleness_histogram", {}).items()]
-    write_csv(settings.out / "epochs.csv", EPOCH_COLUMNS, epochs)
-    write_csv(settings.out / "runs.csv", RUN_COLUMNS, runs)
-    write_csv(settings.out / "staleness.csv", STALENESS_COLUMNS, stale)
+    EPOCHS_CSV.write(settings.out, epochs)
+    RUNS_CSV.write(settings.out, runs)
+    STALENESS_CSV.write(settings.out, stale)
     return {"setup": {"dataset": task.dataset, "lr": task.lr,
                       "why": MNIST1D_WHY if task.key == "mnist1d" else task.why},
             "task_model": label, "seeds": seeds,
@@ -195,9 +196,9 @@ def _run_row(run_dir: Path, keys: dict[str, Any], summary: dict[str, Any],
 
 # -- report ------------------------------------------------------------------------------
 def render(out: Path, meta: Meta) -> str:
-    epochs = read_csv(out / "epochs.csv", EPOCH_COLUMNS)
-    runs = read_csv(out / "runs.csv", RUN_COLUMNS)
-    stale = select(read_csv(out / "staleness.csv", STALENESS_COLUMNS), model=meta["task_model"])
+    epochs = EPOCHS_CSV.read(out)
+    runs = RUNS_CSV.read(out)
+    stale = select(STALENESS_CSV.read(out), model=meta["task_model"])
     matrix = select(epochs, model=meta["task_model"], workers=float(meta["workers"]))
     mruns = select(runs, model=meta["task_model"], workers=float(meta["workers"]))
     goal = target(matrix)
@@ -243,16 +244,4 @@ def render(out: Path, meta: Meta) -> str:
     ])
 
 
-PRESET = Preset(
-    name=NAME, title="Parameter server vs all-reduce: sync, async, SSP, N+b and stragglers",
-    study="seed003",
-    reproduces="synchronous vs asynchronous updates, parameter server vs peer-to-peer, "
-               "staleness and N+b workers",
-    summary="time per epoch, time to accuracy, final accuracy, bytes and staleness of "
-            "all-reduce, sync PS (S = 1 and S = W), async, SSP and N+b, without / with a "
-            "persistent / with random stragglers; sync PS vs all-reduce time per step",
-    csv_columns={"epochs.csv": EPOCH_COLUMNS, "runs.csv": RUN_COLUMNS,
-                 "staleness.csv": STALENESS_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~5 min (19 runs x 1 seed x 3 epochs, MNIST-1D)",
-              "full": "~25 min (25 runs x 3 seeds x 10 epochs, MNIST-1D)"})
+PRESET = Preset(listing(NAME), files=(EPOCHS_CSV, RUNS_CSV, STALENESS_CSV), collect=collect, render=render)

@@ -21,7 +21,7 @@ from approxdist.bench.stats import median
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import time_curve, time_to
-from approxdist.experiments.csvio import Row, group, spread
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 
 NAME = "seed003-ps"
 #: mode key -> label and `--ps-mode` ("" for all-reduce data parallelism)
@@ -37,9 +37,12 @@ SSP_BOUND = 2
 KEYS = ("model", "setting", "mode", "servers", "workers", "seed")
 EPOCH_COLUMNS = (*KEYS, "epoch", "test_accuracy", "train_loss", "epoch_time_s", "elapsed_s",
                  "step_time_s", "steps", "bytes_sent", "busiest_bytes")
+EPOCHS_CSV = CsvFile("epochs.csv", EPOCH_COLUMNS)
 RUN_COLUMNS = (*KEYS, "final_accuracy", "wall_time_s", "steps", "updates", "dropped",
                "max_lead", "straggler_sleep_s", "straggler")
+RUNS_CSV = CsvFile("runs.csv", RUN_COLUMNS)
 STALENESS_COLUMNS = (*KEYS, "staleness", "count")
+STALENESS_CSV = CsvFile("staleness.csv", STALENESS_COLUMNS)
 SETTING_TITLES = {"none": "no straggler", "persistent": "a persistent straggler",
                   "random": "random stragglers"}
 #: our targets that quantify seed 003's claims (the lecture gives no numbers)

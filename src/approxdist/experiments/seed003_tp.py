@@ -29,12 +29,13 @@ from typing import Any
 from approxdist.comm.codecs import get_codec
 from approxdist.experiments import markdown as md
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import Row
 from approxdist.experiments.runs import epochs_of, train_run
 from approxdist.experiments.seed003_tp_report import (
-    ACCURACY_COLUMNS,
+    ACCURACY_CSV,
     BUDGET,
-    LINK_COLUMNS,
+    LINK_CSV,
     NAME,
     STUDIES,
     accuracy_table,
@@ -143,8 +144,8 @@ def collect(settings: Settings) -> Meta:
             run_dir = settings.out / "runs" / f"link-{run.slug(task.key, 0)}"
             train_run(run.sections(task, 0, link=LINK, epochs=1), run_dir)
             links.append(_link_row(task, codec, run_dir))
-    write_csv(settings.out / "accuracy.csv", ACCURACY_COLUMNS, rows)
-    write_csv(settings.out / "link.csv", LINK_COLUMNS, links)
+    ACCURACY_CSV.write(settings.out, rows)
+    LINK_CSV.write(settings.out, links)
     return {"tasks": {t.key: {**t.describe(), "model": t.model} for t in tasks(settings)},
             "seeds": seeds, "formats": list(dict.fromkeys(r.codec for r in runs(settings))),
             "link": LINK, "tp": TP}
@@ -179,8 +180,8 @@ def _link_row(task: Task, codec: str, run_dir: Path) -> Row:
 
 # -- report ------------------------------------------------------------------------------
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "accuracy.csv", ACCURACY_COLUMNS)
-    links = read_csv(out / "link.csv", LINK_COLUMNS)
+    rows = ACCURACY_CSV.read(out)
+    links = LINK_CSV.read(out)
     fin = finals(rows)
     tasks: dict[str, Any] = meta["tasks"]
     title = f"{NAME}: tp = {meta['tp']}, {len(meta['seeds'])} seed(s)"
@@ -234,14 +235,4 @@ def _differences(meta: Meta) -> str:
             "bit-fields, Table-N), each with its own error bound (docs/codecs.md).")
 
 
-PRESET = Preset(
-    name=NAME, title="Wire formats inside a layer: tensor-parallel activations and gradients",
-    study="seed003", reproduces="the split within a layer and by channel, with seed 000's question "
-               "of what an approximate transfer costs asked there",
-    summary="tp = 2 on gpt-tiny and a channel-split CNN: accuracy of bf16, fp8, 8- and 4-bit "
-            "bit-fields and Table-4 on the forward or backward tp wire, with and without "
-            "error feedback, vs the same formats on a pipeline cut; step time at 100 Mbit/s",
-    csv_columns={"accuracy.csv": ACCURACY_COLUMNS, "link.csv": LINK_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~3 min (2 tasks x 17 runs x 1 seed, + 6 link runs)",
-              "full": "~1.5 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"})
+PRESET = Preset(listing(NAME), files=(ACCURACY_CSV, LINK_CSV), collect=collect, render=render)

@@ -13,14 +13,16 @@ from typing import Any
 
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
-from approxdist.experiments.csvio import Row, group, spread
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 
 NAME = "seed003-tp"
 ACCURACY_COLUMNS = ("task", "parallel", "direction", "codec", "bits_per_value",
                     "error_feedback", "seed", "epochs", "test_accuracy", "test_loss",
                     "train_loss", "step_time_s", "bytes_per_step")
+ACCURACY_CSV = CsvFile("accuracy.csv", ACCURACY_COLUMNS)
 LINK_COLUMNS = ("task", "link", "codec", "bits_per_value", "seed", "steps", "step_time_s",
                 "bytes_per_step", "test_accuracy")
+LINK_CSV = CsvFile("link.csv", LINK_COLUMNS)
 #: where a format sits: (parallel mode, wire direction, error feedback) -> label
 PLACES: dict[tuple[str, str, int], str] = {
     ("tensor", "fwd", 0): "TP forward", ("tensor", "fwd", 1): "TP forward + EF",

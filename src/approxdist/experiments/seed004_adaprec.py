@@ -32,7 +32,8 @@ from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.accuracy import time_curve
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, group, read_csv, spread, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row, group, spread
 from approxdist.experiments.runs import epochs_of, records_of, train_run
 from approxdist.experiments.seed004_pareto import pareto_table, plot_pareto, points, verdict
 from approxdist.launch.spawn import run_on_ranks
@@ -59,7 +60,9 @@ FIXED_POLICIES = ("float", "fp8", "table1", "table4", "fastest", "seed004")
 SEED = {"float": 73.6, "fp8": 71.9, "table1": 60.1, "fastest": 72.3, "adaprec": 74.4}
 COLUMNS = ("policy", "seed", "final_accuracy", "wall_time_s", "best_accuracy", "bytes_sent",
            "speculation_s", "fit_s", "decision_s", "chosen", "blacklist", "poison_error")
+RESULTS_CSV = CsvFile("results.csv", COLUMNS)
 CURVE_COLUMNS = ("policy", "seed", "epoch", "elapsed_s", "test_accuracy")
+CURVES_CSV = CsvFile("curves.csv", CURVE_COLUMNS)
 WHY = ("MNIST-1D (Greydanus 2020; generated locally) with an MLP of 3 hidden layers of 256: "
        "on the 8x8 digits every format saturates near 99 %, while an MLP on MNIST-1D stays "
        "well below saturation, so wire precisions can separate; its ~144 K parameters "
@@ -131,8 +134,8 @@ def collect(settings: Settings) -> Meta:
                 elapsed += float(rec["epoch_time_s"])
                 curves.append({"policy": policy, "seed": seed, "epoch": rec["epoch"],
                                "elapsed_s": elapsed, "test_accuracy": rec["test_accuracy"]})
-    write_csv(settings.out / "results.csv", COLUMNS, rows)
-    write_csv(settings.out / "curves.csv", CURVE_COLUMNS, curves)
+    RESULTS_CSV.write(settings.out, rows)
+    CURVES_CSV.write(settings.out, curves)
     sec = task(settings, 0)
     return {"seeds": seeds, "ranks": RANKS, "cores": os.cpu_count() or 0,
             "setup": {"dataset": sec["data"]["dataset"], "model": sec["model"],
@@ -255,8 +258,8 @@ def plot(out: Path, rows: list[Row], curves: list[Row], title: str) -> str:
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "results.csv", COLUMNS)
-    curves = read_csv(out / "curves.csv", CURVE_COLUMNS)
+    rows = RESULTS_CSV.read(out)
+    curves = CURVES_CSV.read(out)
     task_meta: dict[str, Any] = meta.get("setup", {})
     title = (f"{NAME}: {task_meta.get('dataset', '?')}, {RANKS} ranks, "
              f"{task_meta.get('link', '?')}, {len(meta.get('seeds', [0]))} seed(s)")
@@ -287,13 +290,4 @@ def render(out: Path, meta: Meta) -> str:
         "ImageNet's. The seed's AdaPrec has no poison candidate or rollback.")
 
 
-PRESET = Preset(
-    name=NAME, title="AdaPrec and seed 004's precision policies for data-parallel gradients",
-    study="seed004", reproduces="its CaffeNet results (float, fp8, Table-N, Fastest, the benchmark rule, "
-               "AdaPrec)",
-    summary="final accuracy and wall time of float, fp8, Table-1, Table-4, Fastest, the "
-            "seed004 rule and AdaPrec (with a poison candidate), 4 ranks, slow link",
-    csv_columns={"results.csv": COLUMNS, "curves.csv": CURVE_COLUMNS},
-    collect=collect, render=render,
-    run_time={"quick": "~2 min (8 runs x 1 seed x 4 epochs, MNIST-1D, 4 ranks)",
-              "full": "~15 min (8 runs x 3 seeds x 12 epochs)"})
+PRESET = Preset(listing(NAME), files=(RESULTS_CSV, CURVES_CSV), collect=collect, render=render)

@@ -26,12 +26,14 @@ from typing import Any
 from approxdist.experiments import markdown as md
 from approxdist.experiments import plots
 from approxdist.experiments.base import Meta, Preset, Settings
-from approxdist.experiments.csvio import Row, read_csv, write_csv
+from approxdist.experiments.catalog import listing
+from approxdist.experiments.csvio import CsvFile, Row
 from approxdist.experiments.runs import epochs_of, train_run
 
 NAME = "transformer-wire"
 COLUMNS = ("place", "codec", "bits_per_value", "seed", "epochs", "val_loss", "val_accuracy",
            "train_loss", "bytes_sent")
+WIRE_CSV = CsvFile("wire.csv", COLUMNS)
 FORMATS = (("bf16", 16), ("fp16", 16), ("fp8-e4m3", 8), ("fp8-e5m2", 8), ("table4", 4))
 PLACES = ("activations", "activation gradients", "weight gradients")
 #: a format within this share of its reference's validation loss "costs nothing"
@@ -87,7 +89,7 @@ def collect(settings: Settings) -> Meta:
                          "val_accuracy": last["test_accuracy"],
                          "train_loss": last["train_loss"],
                          "bytes_sent": summary.get("bytes_sent", 0)})
-    write_csv(settings.out / "wire.csv", COLUMNS, rows)
+    WIRE_CSV.write(settings.out, rows)
     return {"seeds": seeds, "epochs": epochs, "seq_len": seq_len, "batch_size": batch,
             "model": "gpt-tiny", "dataset": "stdlib-text"}
 
@@ -158,7 +160,7 @@ def plot(out: Path, ch: dict[tuple[str, str], dict[str, float]], title: str) -> 
 
 
 def render(out: Path, meta: Meta) -> str:
-    rows = read_csv(out / "wire.csv", COLUMNS)
+    rows = WIRE_CSV.read(out)
     ch = changes(rows)
     title = (f"{NAME}: {meta['model']} on {meta['dataset']} (seq {meta['seq_len']}, batch "
              f"{meta['batch_size']}), {meta['epochs']} epoch(s), {len(meta['seeds'])} seed(s)")
@@ -171,13 +173,4 @@ def render(out: Path, meta: Meta) -> str:
         trend_rows(ch))
 
 
-PRESET = Preset(
-    name=NAME, title="What each wire format costs a transformer (validation loss)",
-    study="seed000",
-    reproduces="the wire formats of section 4.3, applied to a transformer (not a figure of the "
-               "study)",
-    summary="gpt-tiny on stdlib-text: validation loss of bf16, fp16, fp8, table4 on "
-            "activations, activation gradients and weight gradients vs fp32",
-    csv_columns={"wire.csv": COLUMNS}, collect=collect, render=render,
-    run_time={"quick": "~6 min (18 runs x 1 epoch, 1 seed)",
-              "full": "~30 min (18 runs x 2 epochs x 3 seeds)"})
+PRESET = Preset(listing(NAME), files=(WIRE_CSV,), collect=collect, render=render)

@@ -223,9 +223,7 @@ static void codes_range(const job_t *j, int64_t lo, int64_t hi, float *y0) {
                 lookup16(c8, m, tab, y, add);
                 continue;
             }
-            int64_t i = mid ? lookup64_simd(c8, m, tab, y, add) : 0;
-            if (add) for (; i < m; i++) y[i] += values[c8[i]];
-            else for (; i < m; i++) y[i] = values[c8[i]];
+            lookup_rest(c8, mid ? lookup64_simd(c8, m, tab, y, add) : 0, m, values, y, add);
         } else {
             in += unpack(in, m, bits, c32);
             if (add) for (int64_t i = 0; i < m; i++) y[i] += values[c32[i]];

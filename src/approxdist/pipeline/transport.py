@@ -40,13 +40,13 @@ import torch
 
 from approxdist.comm.buffers import BufferPool
 from approxdist.comm.channel import Channel, get_channel
-from approxdist.comm.codecs import Payload, get_codec
+from approxdist.comm.codecs import Codec, Payload, get_codec
+from approxdist.comm.codecs.framed import FramedCodec
 from approxdist.comm.link import Link
 from approxdist.comm.transfer import SHAPE_WORDS, LinkStats, parse_header, shape_header
 from approxdist.config.wire import Wire
 from approxdist.pipeline.couriers import Courier
 from approxdist.pipeline.handover import Handed, Handover
-from approxdist.pipeline.timed_codec import TimedCodec
 from approxdist.topology.dealing import Dealing
 from approxdist.trace.phases import DECODE, ENCODE
 from approxdist.trace.recorder import NULL_RECORDER, Recorder
@@ -58,31 +58,35 @@ class PendingRecv:
     """A posted sized receive; `wait()` returns the decoded fp32 tensor (non-finite values
     set to 0 and counted in `stats.nonfinite` when a channel is set, like `Link.irecv`)."""
 
-    def __init__(self, handle: Any, out: torch.Tensor,
-                 codec: TimedCodec | None, channel: Channel | None, stats: LinkStats,
-                 rec: Recorder = NULL_RECORDER) -> None:
-        self.handle, self.out, self.codec = handle, out, codec
-        self.channel, self.stats, self.rec = channel, stats, rec
+    def __init__(self, handle: Any, out: torch.Tensor, direction: _Direction | None,
+                 stats: LinkStats, rec: Recorder = NULL_RECORDER) -> None:
+        self.handle, self.out, self.direction = handle, out, direction
+        self.stats, self.rec = stats, rec
 
     def wait(self) -> torch.Tensor:
         data = self.handle.wait()
-        if self.codec is None:  # raw: the bytes landed in `out` itself
+        d = self.direction
+        if d is None:  # raw: the bytes landed in `out` itself
             return self.out
         with self.rec.span(DECODE):
-            x = self.codec.decode(Payload(data, self.out.shape), out=self.out)
-            if self.channel is not None:
-                x, bad = self.channel.guard(x)
+            x = d.decode(Payload(data, self.out.shape), self.out)
+            if d.channel is not None:
+                x, bad = d.channel.guard(x)
                 self.stats.nonfinite += bad
         return x
 
 
 @dataclass
 class _Direction:
-    """This rank's codec instances (one to send, one to receive) and channel of one direction."""
+    """This rank's codec instances (one to send, one to receive) and channel of one
+    direction, and the seconds its encodes and decodes took (`codec_seconds`, charged to
+    communication)."""
 
-    send_codec: TimedCodec
-    recv_codec: TimedCodec
+    send_codec: Codec
+    recv_codec: Codec
     channel: Channel | None
+    encode_s: float = 0.0
+    decode_s: float = 0.0
 
     @property
     def raw(self) -> bool:
@@ -92,8 +96,22 @@ class _Direction:
     @classmethod
     def build(cls, wire: Wire, seed: int) -> _Direction:
         channel = get_channel(wire.channel if wire.has_channel else "none", seed)
-        return cls(TimedCodec(get_codec(wire.codec)), TimedCodec(get_codec(wire.codec)),
+        return cls(get_codec(wire.codec), get_codec(wire.codec),
                    None if channel.is_identity else channel)
+
+    def encode(self, x: torch.Tensor, out: torch.Tensor) -> Payload:
+        """`x` through the send codec, into `out` (`payload_nbytes` bytes) where it can."""
+        t0, codec = time.perf_counter(), self.send_codec
+        payload = codec.encode(x, out=out) if isinstance(codec, FramedCodec) else codec.encode(x)
+        self.encode_s += time.perf_counter() - t0
+        return payload
+
+    def decode(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
+        """`payload` through the receive codec, into `out` (contiguous fp32) where it can."""
+        t0, codec = time.perf_counter(), self.recv_codec
+        x = codec.decode(payload, out=out) if isinstance(codec, FramedCodec) else codec.decode(payload)
+        self.decode_s += time.perf_counter() - t0
+        return x
 
 
 class StageTransport:
@@ -209,12 +227,11 @@ class StageTransport:
         flat = self._pool.get(f"out-{name}", numel, torch.float32, index=self._slot(m))
         if d.raw:
             handle = self.courier.recv(self.peer(stage, m), flat.view(torch.uint8))
-            return PendingRecv(handle, flat.view(shape), None, None, self.link.stats, self.rec)
+            return PendingRecv(handle, flat.view(shape), None, self.link.stats, self.rec)
         data = self._pool.get(f"recv-{name}", d.recv_codec.payload_nbytes(numel), torch.uint8,
                               index=self._slot(m))
         handle = self.courier.recv(self.peer(stage, m), data)
-        return PendingRecv(handle, flat.view(shape), d.recv_codec, d.channel, self.link.stats,
-                           self.rec)
+        return PendingRecv(handle, flat.view(shape), d, self.link.stats, self.rec)
 
     def send_act(self, m: int, x: torch.Tensor) -> None:
         self._send("act", m, x, self.stage + 1, self.fwd)
@@ -235,13 +252,12 @@ class StageTransport:
                                 self.courier.send(self.peer(stage, m), values.view(torch.uint8))))
             self.send_seconds += time.perf_counter() - t0
             return
-        codec = d.send_codec
-        buf = self._pool.get(f"send-{name}", codec.payload_nbytes(x.numel()), torch.uint8,
+        buf = self._pool.get(f"send-{name}", d.send_codec.payload_nbytes(x.numel()), torch.uint8,
                              index=self._slot(m))
         with self.rec.span(ENCODE):
-            payload = codec.encode(x.detach(), out=buf)
+            payload = d.encode(x.detach(), buf)
             if d.channel is not None:
-                payload = d.channel.corrupt(payload, codec.inner)
+                payload = d.channel.corrupt(payload, d.send_codec)
         self._sends.append(((name, m), self.courier.send(self.peer(stage, m), payload.data)))
         self.send_seconds += time.perf_counter() - t0
 
@@ -264,8 +280,8 @@ class StageTransport:
     @property
     def codec_seconds(self) -> float:
         """Seconds spent encoding and decoding, both directions, since start."""
-        return sum(c.seconds for d in (self.fwd, self.bwd) for c in (d.send_codec, d.recv_codec))
+        return sum(d.encode_s + d.decode_s for d in (self.fwd, self.bwd))
 
     @property
     def decode_seconds(self) -> float:
-        return self.fwd.recv_codec.seconds + self.bwd.recv_codec.seconds
+        return self.fwd.decode_s + self.bwd.decode_s
