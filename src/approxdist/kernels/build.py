@@ -25,7 +25,7 @@ from pathlib import Path
 from approxdist.cache import cache_dir as approxdist_cache
 
 #: compiled together into one library (public: the tests build variants of it)
-SOURCES = ("bitfield.c", "table.c", "quantize.c", "topk.c")
+SOURCES = ("bitfield.c", "table.c", "quantize.c", "topk.c", "bucket.c")
 #: included by the sources: part of the cache key, not compiled on their own
 _HEADERS = ("bitpack.h", "bytepack.h", "lookup.h", "ordered.h", "parallel.h", "traffic.h",
             "stream.h")

@@ -18,7 +18,9 @@ side by side:
   does, and the exact values are summed in worker order and divided by the world size.
 
 Each member's maths is its own, unchanged, and so are its bytes: the payloads and the
-results are bit for bit those of one exchange per member. The exact values' mean is
+results are bit for bit those of one exchange per member. Members of one bit-packed
+compressor (QSGD, TernGrad, the sign methods) are encoded and combined all at once where
+the kernels run (`packed_bucket.py`), not one tensor at a time. The exact values' mean is
 the worker-order sum that a 2-member all-reduce makes (a + b = b + a); with more members
 an all-reduce may add them in another order (float rounding), as in `together.py`.
 Pure: no torch.distributed here.
@@ -33,6 +35,7 @@ import torch
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.codecs.framed import typed
 from approxdist.comm.compressors.base import Compressor, Gathered, GatherExchange, in_order
+from approxdist.comm.compressors.packed_bucket import PackedBucket
 from approxdist.comm.compressors.together import Member, exact_positions, member_spec
 from approxdist.errors import ConfigError
 
@@ -50,6 +53,9 @@ class GatheredTogether(Compressor):
         #: the exact members' positions, one block at the head of the payload
         self.exact = exact_positions(members, self.device)
         self.exact_bytes = 4 * self.exact.numel() if self.exact is not None else 0
+        #: every compressed member at once (bit-packed compressors on CPU), or None
+        self.packed = PackedBucket.of([m.offset for m in self.gathered],
+                                      [m.compressor for m in self.gathered], self.exact_bytes)
 
     def wire_bytes(self) -> int:
         return self.exact_bytes + sum(m.compressor.wire_bytes() for m in self.gathered
@@ -62,26 +68,38 @@ class GatheredTogether(Compressor):
         head = [] if where is None else [flat.index_select(0, where).view(torch.uint8)]
         if sent is not None and where is not None:
             sent.index_copy_(0, where, flat.index_select(0, where))
-        parts = [self._compressor(m).outgoing(
-            flat[m.offset:m.offset + m.numel].view(m.shape),
-            None if sent is None else sent[m.offset:m.offset + m.numel])
-            for m in self.gathered]  # every value is read before `out` (maybe grad) is written
-        sizes = [self.exact_bytes] + [p.data.numel() for p in parts]
-        gathered = yield Payload(torch.cat(head + [p.data.reshape(-1) for p in parts]),
-                                 self.shape)
+        # every value is read before `out` (maybe grad) is written
+        data = self.packed.outgoing(flat, head[0] if head else None) \
+            if self.packed is not None and sent is None else None
+        if data is None:
+            data = torch.cat(head + [p.data.reshape(-1) for p in self._outgoing(flat, sent)])
+        gathered = yield Payload(data, self.shape)
         if len(gathered) != world:
             raise ConfigError(f"{self.spec}: gathered {len(gathered)} payloads for a world of "
                               f"{world}")
-        split = [g.data.reshape(-1).split(sizes) for g in gathered]
+        received = [g.data.reshape(-1) for g in gathered]
         result = out.view(-1) if out is not None else torch.empty_like(flat, dtype=torch.float32)
-        for i, m in enumerate(self.gathered, start=1):
-            comp = self._compressor(m)
-            comp.combine([Payload(s[i], m.shape) for s in split],
-                         result[m.offset:m.offset + m.numel])
+        if self.packed is None or not self.packed.combine(received, result):
+            self._combine(received, result)
         if where is not None:  # their sum in worker order, then the mean (as fp32's)
-            mean = in_order([typed(s[0], torch.float32) for s in split])
+            mean = in_order([typed(r[:self.exact_bytes], torch.float32) for r in received])
             result.index_copy_(0, where, mean.div_(world) if world > 1 else mean)
         return result
+
+    def _outgoing(self, flat: torch.Tensor, sent: torch.Tensor | None) -> list[Payload]:
+        """Each compressed member's own payload, one member at a time."""
+        return [self._compressor(m).outgoing(
+            flat[m.offset:m.offset + m.numel].view(m.shape),
+            None if sent is None else sent[m.offset:m.offset + m.numel])
+            for m in self.gathered]
+
+    def _combine(self, received: list[torch.Tensor], result: torch.Tensor) -> None:
+        """Each compressed member's own `combine` of its parts of the workers' payloads."""
+        sizes = [self.exact_bytes] + [self._compressor(m).wire_bytes() for m in self.gathered]
+        split = [r.split(sizes) for r in received]
+        for i, m in enumerate(self.gathered, start=1):
+            self._compressor(m).combine([Payload(s[i], m.shape) for s in split],
+                                        result[m.offset:m.offset + m.numel])
 
     @staticmethod
     def _compressor(member: Member) -> Gathered:

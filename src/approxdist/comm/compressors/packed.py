@@ -9,6 +9,7 @@ False` forces them).
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from approxdist.comm.compressors.base import Gathered
 from approxdist.kernels.compress import CompressKernel, fused
 from approxdist.kernels.slot import KernelSlot
 from approxdist.kernels.table import TableKernel
+
+if TYPE_CHECKING:
+    from approxdist.comm.compressors.packed_bucket import Members
 
 
 class ScaledCodes:
@@ -91,10 +95,21 @@ class Packed(Gathered):
     def wire_bytes(self) -> int:
         return self.codes.nbytes()
 
-    @abstractmethod
     def values(self, scale: torch.Tensor | None) -> torch.Tensor:
-        """The fp32 value of every code 0 .. 2**width - 1: the torch ops of `from_codes`, so
-        a lookup gives its bits."""
+        """The fp32 value of every code 0 .. 2**width - 1 of one payload of scale `scale`."""
+        return self.tables(None if scale is None else scale.reshape(1, 1), 1)[0]
+
+    def tables(self, scales: torch.Tensor | None, count: int) -> torch.Tensor:
+        """`values` of `count` payloads at once (`scales`: their fp32 scales, one a row; a
+        row of code values each): the torch ops of `from_codes`, elementwise, so a lookup
+        gives its bits."""
+        codes = torch.arange(1 << self.codes.width, dtype=torch.int32).repeat(count, 1)
+        return self.from_codes(codes, scales)
+
+    @abstractmethod
+    def encode_members(self, members: Members) -> None:
+        """Every member's `outgoing` of a bucket (`packed_bucket.py`; this compressor is its
+        first member): its payload written into the bucket's, its state updated."""
 
     @abstractmethod
     def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:

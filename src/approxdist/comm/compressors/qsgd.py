@@ -12,6 +12,8 @@ over the threads, `CompressKernel.square_sum`) and torch ops give the same paylo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from approxdist.comm.codecs.base import Payload
@@ -19,6 +21,9 @@ from approxdist.comm.compressors.ordered import ordered_sum
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
 from approxdist.comm.compressors.stream import Stream, uniform
 from approxdist.errors import SpecError
+
+if TYPE_CHECKING:
+    from approxdist.comm.compressors.packed_bucket import Members
 
 MAX_LEVELS = 1 << 15
 
@@ -34,7 +39,10 @@ class QSGD(Packed):
         self.stream = Stream(seed, self.state)
 
     def encode(self, x: torch.Tensor) -> Payload:
-        key = self.stream.next_key()
+        return self.encode_keyed(x, self.stream.next_key())
+
+    def encode_keyed(self, x: torch.Tensor, key: int) -> Payload:
+        """The payload of `x` with the draws of the step keyed `key`."""
         kernel = self.codes.encoder(x)
         squares = ordered_sum(x * x) if kernel is None else kernel.square_sum(x)
         norm = squares.sqrt()
@@ -59,18 +67,35 @@ class QSGD(Packed):
         level.clamp_(max=s)
         return torch.where(x < 0, -level, level).add_(s)
 
-    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
-        codes = torch.arange(1 << self.codes.width, dtype=torch.int32)
-        return self.from_codes(codes, scale)
+    def encode_members(self, members: Members) -> None:
+        """Every member's norm in one kernel call, its scale by `encode`'s torch ops on all of
+        them at once, every member's codes in one more call (each with its own draws); a member
+        whose norm or scale is zero or not finite by its torch path."""
+        own = [c for c in members.comps if isinstance(c, QSGD)]
+        assert len(own) == members.count, "a bucket holds one compressor class"
+        keys = [c.stream.next_key() for c in own]
+        lengths = members.layout.lengths
+        norms = members.kernel.square_sums(members.inputs, lengths).sqrt()
+        scales = self.levels / norms
+        kept = positive(norms) & positive(scales)
+        members.put_scales(norms)
+        members.kernel.qsgd(members.inputs, lengths, scales, self.levels, keys,
+                            self.codes.width, members.codes_where(kept))
+        members.by_torch(~kept, lambda i, x: own[i].encode_keyed(x, keys[i]))
 
     def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         assert scale is not None
         return codes.sub_(self.levels).to(torch.float32).mul_(scale / self.levels)
 
 
+def positive(values: torch.Tensor) -> torch.Tensor:
+    """Where `values` are finite and above zero."""
+    return torch.isfinite(values) & (values > 0)
+
+
 def _positive(value: torch.Tensor) -> bool:
     """Whether a 0-d tensor is finite and above zero."""
-    return bool(torch.isfinite(value)) and bool(value > 0)
+    return bool(positive(value))
 
 
 def parse_levels(text: str | None) -> int:

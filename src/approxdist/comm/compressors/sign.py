@@ -12,12 +12,17 @@ pass packs the bits and, for `sign+ef`, writes the new residual (`kernels/quanti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors.ordered import ordered_sum
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
 from approxdist.kernels.compress import sum_chunks
+
+if TYPE_CHECKING:
+    from approxdist.comm.compressors.packed_bucket import Members
 
 
 class ScaledSign(Packed):
@@ -79,8 +84,15 @@ class ScaledSign(Packed):
         kernel.sign(x, region, values, residual)
         return payload
 
-    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
-        return self.from_codes(torch.arange(2, dtype=torch.int32), scale)
+    def encode_members(self, members: Members) -> None:
+        """`outgoing`'s two kernel passes for every member in two calls: each residual plus
+        gradient and its magnitudes' sum, then the codes and the new residuals in place."""
+        residuals = members.addresses([c.state["residual"] for c in members.comps])
+        totals = members.kernel.feedback_sums(members.inputs, residuals, members.layout.lengths)
+        scales = mean_of(totals, members.layout.counts)
+        members.put_scales(scales)
+        members.kernel.sign(residuals, members.layout.lengths, members.codes,
+                            self.tables(scales[:, None], members.count).contiguous(), residuals)
 
     def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         assert scale is not None
@@ -103,8 +115,8 @@ class MajorityVote(Packed):
         kernel.sign(x, region)
         return payload
 
-    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
-        return signs(torch.arange(2, dtype=torch.int32))
+    def encode_members(self, members: Members) -> None:
+        members.kernel.sign(members.inputs, members.layout.lengths, members.codes)
 
     def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         return signs(codes)
@@ -118,6 +130,7 @@ def signs(codes: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.float32).mul_(-2.0).add_(1.0)
 
 
-def mean_of(total: torch.Tensor, count: int) -> torch.Tensor:
-    """A mean from its 0-d fp32 sum (fp32 division by the count)."""
-    return total / max(count, 1)
+def mean_of(total: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
+    """A mean from its fp32 sum (fp32 division by the count; a tensor of counts, each at
+    least 1, divides a tensor of sums elementwise)."""
+    return total / (count if isinstance(count, torch.Tensor) else max(count, 1))

@@ -10,11 +10,19 @@ wanted).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
 from approxdist.comm.compressors.stream import Stream, uniform
+
+if TYPE_CHECKING:
+    from approxdist.comm.compressors.packed_bucket import Members
+
+#: the bit pattern of +inf: max |x| patterns from here on are not finite
+_INF = 0x7F800000
 
 
 class TernGrad(Packed):
@@ -27,10 +35,13 @@ class TernGrad(Packed):
         self.stream = Stream(seed, self.state)
 
     def encode(self, x: torch.Tensor) -> Payload:
+        return self.encode_keyed(x, self.stream.next_key())
+
+    def encode_keyed(self, x: torch.Tensor, key: int) -> Payload:
+        """The payload of `x` with the draws of the step keyed `key`."""
         kernel = self.codes.encoder(x)
         found = None if kernel is None else kernel.max_magnitude(x)  # finite and > 0 only
         scale = max_magnitude(x) if found is None else found
-        key = self.stream.next_key()
         if kernel is None or found is None:
             return self.codes.pack(self.reference_codes(x, scale, key), scale, self.shape)
         payload, region = self.codes.blank(scale, self.shape, x.device)
@@ -46,10 +57,24 @@ class TernGrad(Packed):
             keep = torch.zeros_like(x, dtype=torch.bool)
         return keep.to(torch.uint8) * torch.where(x < 0, 2, 1).to(torch.uint8)
 
-    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
-        assert scale is not None
-        zero = torch.zeros_like(scale)
-        return torch.stack([zero, scale, -scale, zero])
+    def encode_members(self, members: Members) -> None:
+        """Every member's max |x| in one kernel call and its codes in one more (each with its
+        own draws); a member whose max is zero or not finite by its torch path."""
+        own = [c for c in members.comps if isinstance(c, TernGrad)]
+        assert len(own) == members.count, "a bucket holds one compressor class"
+        most = members.kernel.max_magnitudes(members.inputs, members.layout.lengths)
+        keys = [c.stream.next_key() for c in own]
+        kept = (most != 0) & (most < _INF)
+        scales = most.view(torch.float32)
+        members.put_scales(scales)
+        members.kernel.terngrad(members.inputs, members.layout.lengths, scales, keys,
+                                members.codes_where(kept))
+        members.by_torch(~kept, lambda i, x: own[i].encode_keyed(x, keys[i]))
+
+    def tables(self, scales: torch.Tensor | None, count: int) -> torch.Tensor:
+        assert scales is not None
+        zero = torch.zeros_like(scales)
+        return torch.cat([zero, scales, -scales, zero], dim=1)
 
     def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         return self.values(scale)[codes.long()]
