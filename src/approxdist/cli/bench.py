@@ -6,6 +6,7 @@ from typing import Any
 
 from approxdist.cli import (
     bench_allreduce,
+    bench_bucket,
     bench_codec,
     bench_collective,
     bench_dp,
@@ -19,9 +20,9 @@ from approxdist.cli import (
 from approxdist.cli.groups import command_group
 
 #: each module has `register(subparsers)`: one `approxdist bench KIND` each
-BENCHES: tuple[Any, ...] = (bench_codec, bench_allreduce, bench_collective, bench_p2p, bench_dp,
-                            bench_pipeline, bench_stage, bench_hybrid, bench_tp,
-                            bench_trace)
+BENCHES: tuple[Any, ...] = (bench_codec, bench_bucket, bench_allreduce, bench_collective,
+                            bench_p2p, bench_dp, bench_pipeline, bench_stage, bench_hybrid,
+                            bench_tp, bench_trace)
 
 
 def register(sub: Any) -> None:
