@@ -112,6 +112,7 @@ class PackedBucket:
         self.comps = list(comps)
         self.first = self.comps[0]
         self.layout = Layout(starts, self.comps, head)
+        self.on_cpu = all(c.device.type == "cpu" for c in self.comps)
         self._kernel: KernelSlot[BucketKernel] = KernelSlot()
 
     @staticmethod
@@ -126,7 +127,7 @@ class PackedBucket:
     def kernel(self, *tensors: torch.Tensor) -> BucketKernel | None:
         """The bucket kernels if every member uses its kernels and these tensors are CPU and
         contiguous; else None."""
-        if not all(c.codes.use_kernels and c.device.type == "cpu" for c in self.comps) \
+        if not self.on_cpu or not all(c.codes.use_kernels for c in self.comps) \
                 or not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
             return None
         return self._kernel.get(BucketKernel.create)

@@ -19,7 +19,7 @@ import torch
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors.ordered import ordered_sum
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
-from approxdist.comm.compressors.stream import Stream, uniform
+from approxdist.comm.compressors.stream import Stream, next_keys, uniform
 from approxdist.errors import SpecError
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class QSGD(Packed):
         whose norm or scale is zero or not finite by its torch path."""
         own = [c for c in members.comps if isinstance(c, QSGD)]
         assert len(own) == members.count, "a bucket holds one compressor class"
-        keys = [c.stream.next_key() for c in own]
+        keys = next_keys([c.stream for c in own])
         lengths = members.layout.lengths
         norms = members.kernel.square_sums(members.inputs, lengths).sqrt()
         scales = self.levels / norms

@@ -11,6 +11,8 @@ no product overflows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 MASK = 0xFFFFFFFF
@@ -64,3 +66,11 @@ class Stream:
         key = step_key(self.seed, int(self.steps))
         self.steps += 1
         return key
+
+
+def next_keys(streams: Sequence[Stream]) -> list[int]:
+    """Each stream's `next_key`, the steps read and counted in one op each (a bucket's)."""
+    counters = [s.steps for s in streams]
+    steps = torch.stack(counters).tolist() if counters else []
+    torch._foreach_add_(counters, 1)
+    return [step_key(s.seed, t) for s, t in zip(streams, steps, strict=True)]

@@ -16,7 +16,7 @@ import torch
 
 from approxdist.comm.codecs.base import Payload
 from approxdist.comm.compressors.packed import Packed, ScaledCodes
-from approxdist.comm.compressors.stream import Stream, uniform
+from approxdist.comm.compressors.stream import Stream, next_keys, uniform
 
 if TYPE_CHECKING:
     from approxdist.comm.compressors.packed_bucket import Members
@@ -63,7 +63,7 @@ class TernGrad(Packed):
         own = [c for c in members.comps if isinstance(c, TernGrad)]
         assert len(own) == members.count, "a bucket holds one compressor class"
         most = members.kernel.max_magnitudes(members.inputs, members.layout.lengths)
-        keys = [c.stream.next_key() for c in own]
+        keys = next_keys([c.stream for c in own])
         kept = (most != 0) & (most < _INF)
         scales = most.view(torch.float32)
         members.put_scales(scales)
