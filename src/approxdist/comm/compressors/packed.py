@@ -96,13 +96,13 @@ class Packed(Gathered):
         return self.codes.nbytes()
 
     def values(self, scale: torch.Tensor | None) -> torch.Tensor:
-        """The fp32 value of every code 0 .. 2**width - 1 of one payload of scale `scale`."""
-        return self.tables(None if scale is None else scale.reshape(1, 1), 1)[0]
+        """The fp32 value of every code 0 .. 2**width - 1 of one payload of scale `scale`: the
+        torch ops of `from_codes`, so a lookup gives its bits."""
+        return self.from_codes(torch.arange(1 << self.codes.width, dtype=torch.int32), scale)
 
     def tables(self, scales: torch.Tensor | None, count: int) -> torch.Tensor:
         """`values` of `count` payloads at once (`scales`: their fp32 scales, one a row; a
-        row of code values each): the torch ops of `from_codes`, elementwise, so a lookup
-        gives its bits."""
+        row of code values each): the same elementwise ops, so the same bits."""
         codes = torch.arange(1 << self.codes.width, dtype=torch.int32).repeat(count, 1)
         return self.from_codes(codes, scales)
 

@@ -71,13 +71,22 @@ class TernGrad(Packed):
                                 members.codes_where(kept))
         members.by_torch(~kept, lambda i, x: own[i].encode_keyed(x, keys[i]))
 
+    def values(self, scale: torch.Tensor | None) -> torch.Tensor:
+        assert scale is not None
+        return ternary(scale)
+
     def tables(self, scales: torch.Tensor | None, count: int) -> torch.Tensor:
         assert scales is not None
-        zero = torch.zeros_like(scales)
-        return torch.cat([zero, scales, -scales, zero], dim=1)
+        return ternary(scales[:, 0])
 
     def from_codes(self, codes: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         return self.values(scale)[codes.long()]
+
+
+def ternary(scale: torch.Tensor) -> torch.Tensor:
+    """The values of codes 0-3 for each of `scale`'s values (a last dimension of 4)."""
+    zero = torch.zeros_like(scale)
+    return torch.stack([zero, scale, -scale, zero], dim=-1)
 
 
 def max_magnitude(x: torch.Tensor) -> torch.Tensor:
