@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -138,3 +141,15 @@ def test_the_fallback_gives_the_same_results_as_the_bucket_path() -> None:
             for a, b in zip(lockstep(fast, flats), lockstep(slow, [f.clone() for f in flats]),
                             strict=True):
                 assert torch.equal(a, b), spec
+
+
+def test_a_copied_bucket_encodes_the_members_it_saves() -> None:
+    """Pickled (a run's config to its ranks) or deep-copied, the bucket path still holds the
+    very compressors whose states the engine saves, and gives the original's results."""
+    bundle = _bundle(_compressors("qsgd:7", 0))
+    flat = torch.randn(bundle.numel, generator=torch.Generator().manual_seed(2))
+    for copied in (pickle.loads(pickle.dumps(bundle)), copy.deepcopy(bundle)):
+        assert copied.packed is not None
+        assert [id(c) for c in copied.packed.comps] == [id(m.compressor) for m in copied.gathered]
+        assert torch.equal(lockstep([copied], [flat])[0], lockstep([bundle], [flat])[0])
+        bundle = _bundle(_compressors("qsgd:7", 0))  # the same first step again
