@@ -15,6 +15,7 @@ from approxdist.comm.compressors.gathered_together import GatheredTogether
 from approxdist.comm.compressors.packed import Packed
 from approxdist.comm.compressors.together import Member
 from approxdist.kernels import kernel_status
+from approxdist.kernels.bucket import BucketKernel
 from tests.helpers.lockstep import lockstep
 
 needs_kernels = pytest.mark.skipif(not kernel_status().available,
@@ -122,6 +123,10 @@ def test_the_per_member_path_is_taken_where_the_kernels_cannot_run() -> None:
     assert packed.outgoing(flat, None) is None
     assert not packed.combine([torch.zeros(bundle.wire_bytes(), dtype=torch.uint8)],
                               torch.empty(bundle.numel))
+    member.codes.use_kernels = True
+    spread = torch.zeros(2 * bundle.wire_bytes(), dtype=torch.uint8)[::2]  # not contiguous
+    assert not packed.combine([spread], torch.empty(bundle.numel))
+    assert packed.combine([spread.contiguous()], torch.empty(bundle.numel))
     assert _bundle(_compressors("topk:0.5", 0)).packed is None
 
 
@@ -153,3 +158,19 @@ def test_a_copied_bucket_encodes_the_members_it_saves() -> None:
         assert [id(c) for c in copied.packed.comps] == [id(m.compressor) for m in copied.gathered]
         assert torch.equal(lockstep([copied], [flat])[0], lockstep([bundle], [flat])[0])
         bundle = _bundle(_compressors("qsgd:7", 0))  # the same first step again
+
+
+def test_without_the_kernels_each_member_takes_its_own_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the library cannot be built (no compiler, `APPROXDIST_KERNELS=off`) the bucket
+    path answers None and the exchange is each member's own, results unchanged."""
+    gen = torch.Generator().manual_seed(4)
+    flats = [torch.randn(_bundle(_compressors("terngrad", 0)).numel, generator=gen)
+             for _ in range(WORKERS)]
+    want = lockstep([_bundle(_compressors("terngrad", w)) for w in range(WORKERS)], flats)
+    monkeypatch.setattr(BucketKernel, "create", staticmethod(lambda: None))
+    bundles = [_bundle(_compressors("terngrad", w)) for w in range(WORKERS)]
+    assert all(b.packed is not None and b.packed.outgoing(f, None) is None
+               for b, f in zip(bundles, flats, strict=True))
+    for got, expected in zip(lockstep(bundles, flats), want, strict=True):
+        assert torch.equal(got, expected)
