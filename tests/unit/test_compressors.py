@@ -25,7 +25,6 @@ from approxdist.comm.compressors import (
     run_alone,
 )
 from approxdist.comm.compressors.ordered import ordered_sum
-from approxdist.comm.compressors.spec import WORKER_STRIDE
 from approxdist.comm.compressors.stream import step_key, uniform
 from approxdist.errors import ConfigError, SpecError
 from tests.helpers.lockstep import lockstep
@@ -90,7 +89,8 @@ def test_topk_with_feedback_equals_reference() -> None:
 def test_randomk_shares_indices_and_sums_in_compressed_form() -> None:
     n = math.prod(SHAPE)
     k = int(0.1 * n)
-    gen = torch.Generator().manual_seed(SEED)  # one stream, the same on every worker
+    # one stream, the same on every worker: seeded by the tensor's `Where.shared_seed`
+    gen = torch.Generator().manual_seed(Where(SHAPE, seed=SEED).shared_seed)
     picks = [torch.randperm(n, generator=gen)[:k] for _ in range(STEPS)]
 
     def randomk(p: torch.Tensor, step: int) -> torch.Tensor:
@@ -133,11 +133,12 @@ def qsgd_ref(v: torch.Tensor, u: torch.Tensor, s: int) -> torch.Tensor:
 
 
 def stochastic_ref(quantise) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    """Each worker draws from its own stream (seed * stride + worker), step s's draws keyed
-    by (seed, s)."""
+    """Each worker draws from its own stream (`Where.own_seed`: the tensor's seed times a
+    stride plus the worker), step s's draws keyed by (that seed, s)."""
     out = []
     for s in range(STEPS):
-        parts = [quantise(g.reshape(-1), uniform(step_key(SEED * WORKER_STRIDE + w, s), g.numel()))
+        seeds = [Where(SHAPE, seed=SEED, worker=w).own_seed for w in range(N)]
+        parts = [quantise(g.reshape(-1), uniform(step_key(seeds[w], s), g.numel()))
                  for w, g in enumerate(grads(s))]
         out.append(mean_in_order(parts).view(SHAPE))
     return out

@@ -70,7 +70,7 @@ def test_powersgd_equals_the_hook(rank: int, shape: tuple[int, ...]) -> None:
     grads = [[torch.randn(shape, generator=gen) for _ in range(WORKERS)] for _ in range(STEPS)]
     comps = [get_compressor(f"powersgd:{rank}", Where(shape, seed=11, worker=w))
              for w in range(WORKERS)]
-    expected = hook_steps(grads, rank, seed=11)
+    expected = hook_steps(grads, rank, seed=Where(shape, seed=11).shared_seed)  # our rule
     for step, (g, ref) in enumerate(zip(grads, expected, strict=True)):
         for w, got in enumerate(lockstep(comps, g)):
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5,

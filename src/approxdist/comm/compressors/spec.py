@@ -24,6 +24,7 @@ from approxdist.comm.compressors.qsgd import QSGD, parse_levels
 from approxdist.comm.compressors.randomk import RandomK
 from approxdist.comm.compressors.sign import MajorityVote, ScaledSign
 from approxdist.comm.compressors.sparse import parse_ratio
+from approxdist.comm.compressors.stream import named_seed
 from approxdist.comm.compressors.terngrad import TernGrad
 from approxdist.comm.compressors.topk import TopK
 from approxdist.errors import SpecError
@@ -35,7 +36,8 @@ WORKER_STRIDE = 1_000_003
 
 @dataclass(frozen=True)
 class Where:
-    """Which tensor of which worker a compressor is built for."""
+    """Which tensor (`name`) of which worker a compressor is built for, in a run seeded
+    `seed` (the run's seed, `train.seed`): the one place its random streams are seeded."""
 
     shape: tuple[int, ...]
     name: str = ""
@@ -44,9 +46,17 @@ class Where:
     device: torch.device | None = None
 
     @property
+    def shared_seed(self) -> int:
+        """What every worker draws alike for this tensor (random-k's indices, PowerSGD's
+        first Q): the run's seed and the tensor's name, hashed (`stream.named_seed`), in
+        [0, 2**32); two tensors of a run draw apart."""
+        return named_seed(self.seed, self.name)
+
+    @property
     def own_seed(self) -> int:
-        """A stream of this worker's own (unbiased quantisers must not share draws)."""
-        return self.seed * WORKER_STRIDE + self.worker
+        """A stream of this worker's own for this tensor (unbiased quantisers must not share
+        draws between workers, nor between tensors)."""
+        return self.shared_seed * WORKER_STRIDE + self.worker
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ COMPRESSORS: Registry[Family] = Registry("compressor", SpecError)
 COMPRESSORS.add("powersgd", Family(
     "powersgd:<r>", "PowerSGD rank r (error feedback, warm start); all-reduce",
     "all-reduce",
-    lambda t, w: PowerSGD(parse_rank(t), w.shape, seed=w.seed, name=w.name, device=w.device),
+    lambda t, w: PowerSGD(parse_rank(t), w.shape, seed=w.shared_seed, name=w.name, device=w.device),
     parse_rank))
 COMPRESSORS.add("topk", Family(
     "topk:<ratio>", "the largest ratio * n values + int32 indices (error feedback); all-gather",
@@ -81,7 +91,7 @@ COMPRESSORS.add("topk", Family(
 COMPRESSORS.add("randomk", Family(
     "randomk:<ratio>", "ratio * n values at shared random indices (error feedback); all-reduce",
     "all-reduce",
-    lambda t, w: RandomK(parse_ratio("randomk", t), w.shape, seed=w.seed, device=w.device),
+    lambda t, w: RandomK(parse_ratio("randomk", t), w.shape, seed=w.shared_seed, device=w.device),
     lambda t: parse_ratio("randomk", t)))
 COMPRESSORS.add("qsgd", Family(
     "qsgd:<s>", "QSGD, s levels, stochastic rounding, unbiased; all-gather",

@@ -6,11 +6,13 @@ integer arithmetic mod 2**32, with key = key(S, t) and mix32 the "lowbias32" int
 depends on (S, t, i) only: a compressor's stream state is its step count, and a kernel
 split over threads draws what one pass draws (`kernels/stream.h` is the C twin, tested
 equal). Torch ops hold the 32-bit words in int64 lanes and multiply in 16-bit halves, so
-no product overflows.
+no product overflows. A tensor's seed S comes from the run's seed and the tensor's name
+(`named_seed`, through `spec.Where`), so no two tensors of a run share draws.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +35,13 @@ def mix32(h: int) -> int:
 def step_key(seed: int, step: int) -> int:
     """The 32-bit key of one step of the stream seeded `seed` (any Python int)."""
     return mix32((seed & MASK) ^ mix32(((seed >> 32) & MASK) ^ mix32(step)))
+
+
+def named_seed(seed: int, name: str) -> int:
+    """A 32-bit seed of the tensor `name` in a run seeded `seed` (any Python int): the crc32
+    of the name mixed with the seed's words, the same in every process (Python's `hash()` of
+    a string is salted per process)."""
+    return mix32(zlib.crc32(name.encode()) ^ step_key(seed, 0))
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
