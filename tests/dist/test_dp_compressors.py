@@ -6,7 +6,9 @@ all-reduce does, or payloads handed to every worker, as the all-gather does) and
 the others exactly; 3 SGD steps of the engine must land on the same parameters, bit for
 bit. The last step's bytes are each compressed parameter's `wire_bytes()` plus the exact
 ones' fp32 values (2 ranks: every byte crosses once). A resumed engine continues exactly
-like the uninterrupted one (residuals and random streams in its state).
+like the uninterrupted one (residuals and random streams in its state). The run's seed
+is SEED: the engine, the DDP hook and the oracle each take every parameter's streams from it
+and the parameter's name by `Where`'s rule.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ CASES = {"powersgd": ("powersgd:2", ["*.bias=fp32"], "ring"),
          "sign+ef": ("sign+ef", ["2.*=fp32"], "auto"),
          "signsgd": ("signsgd", [], "ring")}
 STEPS = 3
+#: the run's seed (`DataParallel(seed=)`, the hook's `seed=`)
+SEED = 3
 
 
 def _run(ctx: DistContext, codec: str, rules: list[str], algorithm: str) -> dict[str, Any]:
-    kw: dict[str, Any] = {"codec": codec, "codec_rules": rules, "algorithm": algorithm}
+    kw: dict[str, Any] = {"codec": codec, "codec_rules": rules, "algorithm": algorithm,
+                          "seed": SEED}
     a = net()
     dp_a = DataParallel(a, ctx=ctx, **kw)
     opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
@@ -68,6 +73,7 @@ HOOK_START = 2
 #: 0.weight (32 x 10) is compressed by both hooks; torch's min_compression_rate=2 leaves
 #: 2.weight (4 x 32: 72 x 2 >= 128 values) uncompressed, which our rule says too
 TORCH_LIKE = ["*.bias=fp32", "2.weight=fp32"]
+COMPRESSED_BY_BOTH = "0.weight"
 
 
 def _ddp(ctx: DistContext, codec: str, rules: list[str], algorithm: str,
@@ -75,7 +81,7 @@ def _ddp(ctx: DistContext, codec: str, rules: list[str], algorithm: str,
     m = net()
     ddp = nn.parallel.DistributedDataParallel(m)
     state, hook = approxdist.ddp_hook(codec, ddp, ctx=ctx, codec_rules=rules,
-                                      algorithm=algorithm, **options)
+                                      algorithm=algorithm, seed=SEED, **options)
     ddp.register_comm_hook(state, hook)
     return m, ddp, state
 
@@ -100,16 +106,19 @@ def _hook(ctx: DistContext, name: str, codec: str, rules: list[str],
 
 
 def _torch_powersgd(ctx: DistContext) -> dict[str, Any]:
-    """DDP with torch's powerSGD_hook and DDP with ours, both rank 2, seed 0, error
-    feedback and warm start, exact fp32 before step HOOK_START."""
+    """DDP with torch's powerSGD_hook and DDP with ours, both rank 2, error feedback and warm
+    start, exact fp32 before step HOOK_START; torch's `random_seed` is the one our rule
+    (`Where`) gives the matrix both compress, so both draw its first Q alike."""
     ours, ddp, state = _ddp(ctx, "powersgd:2", TORCH_LIKE, "ring", start_step=HOOK_START)
     sgd_steps(ddp, torch.optim.SGD(ours.parameters(), lr=0.1), ctx.rank, range(HOOK_START + 3))
     state.close()
     theirs = net()
+    matrix = dict(theirs.named_parameters())[COMPRESSED_BY_BOTH]
     ddp_t = nn.parallel.DistributedDataParallel(theirs)
     hook_state = powerSGD.PowerSGDState(
         None, matrix_approximation_rank=2, start_powerSGD_iter=HOOK_START,
-        min_compression_rate=2, use_error_feedback=True, warm_start=True, random_seed=0)
+        min_compression_rate=2, use_error_feedback=True, warm_start=True,
+        random_seed=Where(tuple(matrix.shape), COMPRESSED_BY_BOTH, SEED).shared_seed)
     ddp_t.register_comm_hook(hook_state, powerSGD.powerSGD_hook)
     sgd_steps(ddp_t, torch.optim.SGD(theirs.parameters(), lr=0.1), ctx.rank,
               range(HOOK_START + 3))
@@ -143,7 +152,7 @@ def oracle(codec: str, rules: list[str], algorithm: str) -> dict[str, torch.Tens
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     named = list(model.named_parameters())
     compressed = _compressed(model, rules)
-    comps = {n: [get_compressor(codec, Where(tuple(p.shape), n, worker=w)) for w in range(2)]
+    comps = {n: [get_compressor(codec, Where(tuple(p.shape), n, SEED, w)) for w in range(2)]
              for n, p in named if n in compressed}
     for s in range(STEPS):
         grads = []

@@ -8,7 +8,9 @@ servers and one worker: each push is applied alone (signSGD: the worker's own si
 random-k: the server's copy of the shared index stream follows the worker's pushes across
 both shards). Each push holds the version word and exactly the compressors' `wire_bytes()`,
 and a run resumed from `state_dict()` (the workers' residuals and streams, the server's
-copies of random-k's streams) continues bit for bit. One set of processes runs every case.
+copies of random-k's streams) continues bit for bit. The run's seed is SEED, and the
+oracle's compressors take their streams from it by `Where`'s rule, as the workers' and the
+server's do. One set of processes runs every case.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ CASES = {"topk": ("topk:0.25", "sync", 1),
          "randomk async": ("randomk:0.25", "async", 2),
          "signsgd async": ("signsgd", "async", 2)}
 STEPS, SAVED_AT, RANKS = 3, 2, 3
+#: the run's seed: every compressor's streams derive from it and the parameter's name
+SEED = 7
 
 
 def _ps(codec: str, mode: str, servers: int) -> approxdist.ParameterServer:
     return approxdist.ParameterServer(net(), servers=servers, mode=mode, steps=1,
-                                      push_codec=codec,
+                                      push_codec=codec, seed=SEED,
                                       optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
 
 
@@ -85,7 +89,7 @@ def oracle(codec: str, workers: int) -> dict[str, torch.Tensor]:
     model = net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     named = list(model.named_parameters())
-    comps = {n: [get_compressor(codec, Where(tuple(p.shape), n, worker=w))
+    comps = {n: [get_compressor(codec, Where(tuple(p.shape), n, SEED, w))
                  for w in range(workers)] for n, p in named}
     for s in range(STEPS):
         grads = []

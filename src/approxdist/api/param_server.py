@@ -87,7 +87,9 @@ class ParameterServer:
                  error_feedback: bool = False, link: str = "", staleness_lr: bool = False,
                  scheduler: SchedulerFactory | None = None, group: Group | None = None,
                  tolerate_worker_loss: bool = False, delay_rule: str = "auto",
-                 recorder: Recorder | None = None) -> None:
+                 seed: int = 0, recorder: Recorder | None = None) -> None:
+        """`seed`: the run's seed, which a push compressor's random streams derive from with
+        each parameter's name (docs/compressors.md); the rest: docs/api.md."""
         ctx = context_of(model)
         check_rule(delay_rule, "delay_rule")
         check_arguments(ctx, model, optimizer, steps, scheduler)
@@ -102,17 +104,18 @@ class ParameterServer:
                        steps, loss_fn, recorder or NULL_RECORDER, error_feedback=error_feedback,
                        staleness_lr=staleness_lr, tolerate_worker_loss=tolerate_worker_loss,
                        scheduler=None if scheduler is None else stepping(scheduler),
-                       servers_name="servers", delay_rule=delay_rule)
+                       servers_name="servers", delay_rule=delay_rule, seed=seed)
 
     @classmethod
     def from_config(cls, model: nn.Module, *, ps: PSConfig, push: Wire, pull: Wire,
                     optimizer: OptimizerFactory, steps: int, group: Group, link: str = "",
                     loss_fn: LossFn = F.cross_entropy, delay_rule: str = "auto",
-                    recorder: Recorder = NULL_RECORDER) -> ParameterServer:
+                    seed: int = 0, recorder: Recorder = NULL_RECORDER) -> ParameterServer:
         """The servers and workers of a checked `[ps]` section on `group` (servers on its
         first ranks), gradients on the `push` wire and parameters on `pull`; the trainer's
         engine builds it so (`approxdist.train.check` checked the sections, and every rank
-        built the same model from the same seed)."""
+        built the same model from the same `seed`, the run's, which also seeds a push
+        compressor's streams)."""
         ctx = context_of(model)
         roles = Roles(ps.servers, ps.workers, group.ranks)
         mode = parse_mode(ps.mode, roles.workers)
@@ -122,7 +125,7 @@ class ParameterServer:
                       link_shaping(link), optimizer, steps, loss_fn, recorder,
                       error_feedback=push.error_feedback, staleness_lr=ps.staleness_lr,
                       tolerate_worker_loss=ps.tolerate_worker_loss, servers_name="--servers",
-                      delay_rule=delay_rule)
+                      delay_rule=delay_rule, seed=seed)
         return obj
 
     def _assemble(self, model: nn.Module, ctx: DistContext, group: Group, roles: Roles,

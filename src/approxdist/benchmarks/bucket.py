@@ -59,7 +59,8 @@ def bucket(spec: str, shapes: list[torch.Size], packed: bool) -> GatheredTogethe
     """One bucket of `spec` over `shapes` (worker 0); `packed` False: one member at a time."""
     members, at = [], 0
     for i, shape in enumerate(shapes):
-        members.append(Member(f"m{i}", at, shape, get_compressor(spec, Where(tuple(shape)))))
+        name = f"m{i}"  # its own streams, as a run's parameters (`Where`)
+        members.append(Member(name, at, shape, get_compressor(spec, Where(tuple(shape), name))))
         at += shape.numel()
     made = GatheredTogether(members)
     if made.packed is None:

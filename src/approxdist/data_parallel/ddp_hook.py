@@ -73,8 +73,10 @@ class HookState:
                  seed: int = 0) -> None:
         """`group`: the ranks of DDP's process group (default the world); `owners`: id(param)
         -> the module registering it, for `type:` rules (`register_hook` passes them);
-        `start_step`: steps sent in exact fp32 first; `seed`: the compressors' (shared or
-        per-worker) random streams, as `powerSGD_hook`'s `random_seed`."""
+        `start_step`: steps sent in exact fp32 first; `seed`: the run's seed, which each
+        parameter's compressor streams (shared or per-worker) derive from with its name
+        (`Where`; torch's `powerSGD_hook` draws a parameter's first Q alike for
+        `random_seed=Where(shape, name, seed).shared_seed`)."""
         group = group if group is not None else world_group(ctx)
         self.error_feedback = error_feedback
         self.names = dict(names)  # id(param) -> name
@@ -188,8 +190,8 @@ class HookState:
         name = self.names[id(param)]
         comp = self.compressors.get(name)
         if comp is None:
-            comp = get_compressor(spec, Where(tuple(param.shape), name, seed=self.seed,
-                                              worker=self.worker, device=device))
+            comp = get_compressor(spec, Where(tuple(param.shape), name, self.seed, self.worker,
+                                              device))
             if name in self._saved_comps:
                 comp.load_state_dict(self._saved_comps.pop(name))
             self.compressors[name] = comp

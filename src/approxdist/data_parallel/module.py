@@ -66,7 +66,9 @@ class DataParallel(nn.Module):
                  calibration: Calibration | str | Path | None = None,
                  gil_switch_ms: float | None = GIL_SWITCH_MS,
                  hold_freed_memory: bool = True, op: str = "mean", wait_in_backward: bool = True,
-                 recorder: Recorder = NULL_RECORDER) -> None:
+                 seed: int = 0, recorder: Recorder = NULL_RECORDER) -> None:
+        """`seed`: the run's seed, which each compressed parameter's random streams derive
+        from with its name (docs/compressors.md); the other arguments: docs/data_parallel.md."""
         super().__init__()
         check_sizes(bucket_mb, first_bucket_mb, chunk_kb, threads)
         if op not in ("mean", "sum"):
@@ -90,6 +92,7 @@ class DataParallel(nn.Module):
         self.recorder = recorder
         self._waits = Waits(recorder)  # the caller's thread waiting for communication
         self._byte_offset = 0
+        self._seed = seed
         self._sizes = (bucket_mb, first_bucket_mb, solo_mb, error_feedback)
         self._buckets = self._make_buckets(*self._sizes)
         self._parked = Parked()  # wire state no bucket uses now (`wire_state.py`)
@@ -114,7 +117,7 @@ class DataParallel(nn.Module):
                  for p in plan_buckets(infos, int(bucket_mb * MB), int(first_mb * MB),
                                        int(solo_mb * MB))]
         return [BucketState(plan, [named[i][1] for i in plan.positions], self.ctx.device, ef,
-                            worker=self.group.rank) for plan in plans]
+                            worker=self.group.rank, seed=self._seed) for plan in plans]
 
     def _backward_pass(self) -> BackwardPass:
         """The backward pass (reducer, usage flags, gradient hooks) of the current buckets."""

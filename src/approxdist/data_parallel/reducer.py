@@ -43,7 +43,7 @@ class BucketState:
     """One bucket's flat fp32 buffer, per-parameter views, and this step's progress."""
 
     def __init__(self, plan: BucketPlan, params: Sequence[nn.Parameter], device: torch.device,
-                 error_feedback: bool, worker: int = 0) -> None:
+                 error_feedback: bool, worker: int = 0, seed: int = 0) -> None:
         self.plan, self.params = plan, list(params)
         self._own = torch.zeros(plan.numel, dtype=torch.float32, device=device)
         self._own_views = [self._own[o:o + n].view(p.shape)
@@ -54,10 +54,10 @@ class BucketState:
         #: parameter's that needs all-gather, or several parameters' compressors and exact
         #: fp32 values as one exchange (`comm.compressors.together`: one all-reduce a
         #: round; `comm.compressors.gathered_together`: one all-gather)
-        self.compressor = _compressor(plan, self.params, device, worker)
+        self.compressor = _compressor(plan, self.params, device, worker, seed)
         #: whether the compressor's state is more than its first (it ran, or was loaded)
         self.compressor_used = False
-        self._worker = worker
+        self._worker, self._seed = worker, seed
         self.residuals = ErrorFeedback(list(zip(plan.names, plan.offsets, plan.numels)),
                                        plan.numel, device) \
             if error_feedback and self.compressor is None else None
@@ -93,7 +93,8 @@ class BucketState:
 
     def fresh_compressor(self) -> None:
         """The bucket's compressor rebuilt with its first state (a restore that holds none)."""
-        self.compressor = _compressor(self.plan, self.params, self._own.device, self._worker)
+        self.compressor = _compressor(self.plan, self.params, self._own.device, self._worker,
+                                      self._seed)
         self.compressor_used = False
 
     def named_compressors(self) -> list[tuple[str, Compressor]]:
@@ -115,17 +116,18 @@ class BucketState:
 
 
 def _compressor(plan: BucketPlan, params: list[nn.Parameter], device: torch.device,
-                worker: int) -> Compressor | None:
+                worker: int, seed: int) -> Compressor | None:
+    """The bucket's compressor(s), each parameter's streams from the run's `seed`, its name
+    and `worker` (`Where`)."""
     if not is_compressor(plan.codec):
         return None
     gathered = check_compressor(plan.codec) == "all-gather"
     if gathered and len(params) == 1:
-        return get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0],
-                                                worker=worker, device=device))
+        return get_compressor(plan.codec, Where(tuple(params[0].shape), plan.names[0], seed,
+                                                worker, device))
     members = []
     for slot, (name, offset, p) in enumerate(zip(plan.names, plan.offsets, params)):
-        comp = get_compressor(plan.codec, Where(tuple(p.shape), name, worker=worker,
-                                                device=device)) \
+        comp = get_compressor(plan.codec, Where(tuple(p.shape), name, seed, worker, device)) \
             if is_compressor(plan.codec_of(slot)) else None
         members.append(Member(name, offset, p.shape, comp))
     return GatheredTogether(members, device) if gathered else Together(members, device)

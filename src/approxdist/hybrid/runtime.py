@@ -49,7 +49,7 @@ def build_hybrid_runtime(pcfg: PipelineConfig, dp: DPConfig, wire: WireConfig,
 
     def reducer(module: nn.Module) -> ReplicaReducer:
         return build_reducer(dp, module, groups.replicas, wire=wire.grad, ctx=ctx, link=link,
-                             rec=rec, op="sum", wait_in_backward=False)
+                             rec=rec, op="sum", wait_in_backward=False, seed=seed)
 
     assert groups.pipeline is not None
     return build_runtime(pcfg, model, ctx, sample, group=groups.pipeline,

@@ -8,8 +8,9 @@ unpacks each push into the shard's flat gradient as it arrives and combines the 
 update applies with the compressor's own aggregation (`Compressor.aggregate`: their mean in
 worker order, or signSGD's majority vote), so a sync server's update equals data
 parallelism with the same compressor. Each worker keeps its compressors' state (residuals,
-random streams); the server keeps only what unpacking draws from: a copy of random-k's
-shared index stream per worker, which advances with that worker's pushes in every mode.
+random streams, each from the run's seed and the parameter's name: `spec.Where`); the
+server keeps only what unpacking draws from: a copy of random-k's shared index stream per
+worker, which advances with that worker's pushes in every mode.
 
 PowerSGD is refused: its workers' P must be summed and orthogonalised before any worker
 can compute Q, a second round trip each step plus the averaged Q back for the warm start
@@ -47,8 +48,10 @@ def check_push_compressor(spec: str, channel: bool) -> None:
 
 
 def _build(spec: str, params: Sequence[nn.Parameter], names: Sequence[str], worker: int,
-           device: torch.device) -> list[Compressor]:
-    return [get_compressor(spec, Where(tuple(p.shape), n, worker=worker, device=device))
+           device: torch.device, seed: int) -> list[Compressor]:
+    """`worker`'s compressor of each parameter, its streams from the run's `seed` and the
+    parameter's name (`Where`)."""
+    return [get_compressor(spec, Where(tuple(p.shape), n, seed, worker, device))
             for p, n in zip(params, names)]
 
 
@@ -56,9 +59,9 @@ class PushCompressors:
     """One worker's compressors of one server's shard, one per parameter."""
 
     def __init__(self, spec: str, params: Sequence[nn.Parameter], names: Sequence[str],
-                 worker: int, device: torch.device) -> None:
+                 worker: int, device: torch.device, seed: int = 0) -> None:
         self.params, self.names = list(params), list(names)
-        self.comps = _build(spec, params, names, worker, device)
+        self.comps = _build(spec, params, names, worker, device, seed)
         self.nbytes = sum(c.wire_bytes() for c in self.comps)
 
     def message(self) -> torch.Tensor:
@@ -81,11 +84,11 @@ class PushDecoders:
     worker, or one per worker where unpacking draws from the sender's stream (random-k)."""
 
     def __init__(self, spec: str, params: Sequence[nn.Parameter], names: Sequence[str],
-                 workers: int, device: torch.device) -> None:
+                 workers: int, device: torch.device, seed: int = 0) -> None:
         self.names = list(names)
-        first = _build(spec, params, names, 0, device)
+        first = _build(spec, params, names, 0, device, seed)
         self.per_worker = first[0].per_sender if first else False
-        self.copies = [first] + [_build(spec, params, names, w, device)
+        self.copies = [first] + [_build(spec, params, names, w, device, seed)
                                  for w in range(1, workers if self.per_worker else 1)]
         for comps in self.copies:
             for c in comps:  # a receiver's copy sends nothing: no residual to keep

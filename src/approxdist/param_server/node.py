@@ -55,13 +55,15 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], Scheduler]
 class PSNode:
     """`model`'s parameters sharded over `roles`' servers; this rank (`link.me`) as a
     server or a worker of rounds of `steps` steps under `mode`. `group` holds every
-    server and worker (the end-of-round buffer average runs over it)."""
+    server and worker (the end-of-round buffer average runs over it); `seed`, the run's,
+    seeds a push compressor's random streams with each parameter's name."""
 
     def __init__(self, model: nn.Module, roles: Roles, mode: PSMode, link: Link, group: Group,
                  wire: WireFormats, optimizer: OptimizerFactory, steps: int, *,
                  error_feedback: bool = False, staleness_lr: bool = False,
                  tolerate_worker_loss: bool = False, servers_name: str = "--servers",
-                 scheduler: SchedulerFactory | None = None, delay_rule: str = "auto") -> None:
+                 scheduler: SchedulerFactory | None = None, delay_rule: str = "auto",
+                 seed: int = 0) -> None:
         self.module, self.roles, self.mode, self.link, self.group = model, roles, mode, link, group
         self.steps = steps
         named = list(model.named_parameters())
@@ -83,14 +85,14 @@ class PSNode:
             apply_delay_rule(opt, delay, delay_rule)
             self.server = Server(link, roles, k, params, opt,
                                  ServerRules(mode, roles.workers), wire, staleness_lr,
-                                 tolerate_worker_loss, [named[i][0] for i in self.shards[k]])
+                                 tolerate_worker_loss, [named[i][0] for i in self.shards[k]], seed)
             if scheduler is not None:
                 self.scheduler = scheduler(self.server.optimizer)
         else:
             self.worker = Worker(link, roles, roles.index(link.me),
                                  [[named[i][1] for i in s] for s in self.shards],
                                  [[named[i][0] for i in s] for s in self.shards], wire,
-                                 error_feedback)
+                                 error_feedback, seed)
         self.done = 0     # steps of this round taken or skipped
         self.skipped = 0  # steps this worker skipped over the run (N+b)
         self.steps_run = 0  # steps this rank has taken over the run (skips included)

@@ -54,12 +54,12 @@ _POLL_S = 0.05
 
 class Server:
     """Server `index` of `roles`, holding `params` (named `names`, for a push compressor's
-    state) and stepping `optimizer` on them."""
+    state and, with the run's `seed`, its streams) and stepping `optimizer` on them."""
 
     def __init__(self, link: Link, roles: Roles, index: int, params: Sequence[nn.Parameter],
                  optimizer: torch.optim.Optimizer, rules: ServerRules, wire: WireFormats,
                  staleness_lr: bool = False, tolerate_loss: bool = False,
-                 names: Sequence[str] = ()) -> None:
+                 names: Sequence[str] = (), seed: int = 0) -> None:
         self.link, self.roles, self.index, self.params = link, roles, index, list(params)
         self.optimizer, self.rules, self.wire = optimizer, rules, wire
         self.staleness_lr = staleness_lr
@@ -77,7 +77,7 @@ class Server:
         #: the push compressor's copies that unpack each worker's push (None: a codec)
         names = list(names) or [str(i) for i in range(len(self.params))]
         self.decoders = PushDecoders(wire.compressor, self.params, names, roles.workers,
-                                     link.device) if wire.compressor else None
+                                     link.device, seed) if wire.compressor else None
 
     # -- the wire --------------------------------------------------------------------------
     def _peer(self, worker: int) -> int:

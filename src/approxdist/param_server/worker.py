@@ -35,11 +35,12 @@ _Pull = tuple[int, RecvHandle[torch.Tensor], RecvHandle[torch.Tensor]]
 
 class Worker:
     """Worker `index` of `roles`; `shards[k]` are the parameters server k holds, named
-    `names[k]` (for error-feedback residuals)."""
+    `names[k]` (for error-feedback residuals, and with the run's `seed` for a push
+    compressor's random streams)."""
 
     def __init__(self, link: Link, roles: Roles, index: int,
                  shards: Sequence[Sequence[nn.Parameter]], names: Sequence[Sequence[str]],
-                 wire: WireFormats, error_feedback: bool = False) -> None:
+                 wire: WireFormats, error_feedback: bool = False, seed: int = 0) -> None:
         self.link, self.roles, self.index, self.wire = link, roles, index, wire
         self.shards = [list(s) for s in shards]
         self.numels = [sum(p.numel() for p in s) for s in self.shards]
@@ -50,7 +51,7 @@ class Worker:
                          for s, n in zip(self.shards, names)] \
             if error_feedback and not wire.compressor else None
         #: the push compressors of each server's shard (None: the push codec carries them)
-        self.compressors = [PushCompressors(wire.compressor, s, n, index, link.device)
+        self.compressors = [PushCompressors(wire.compressor, s, n, index, link.device, seed)
                             for s, n in zip(self.shards, names)] if wire.compressor else None
         self.names = [list(n) for n in names]
         #: what the push codec does to each shard's gradients, while AdaPrec measures it

@@ -143,7 +143,7 @@ def build_data_parallel(cfg: Config, ctx: DistContext, groups: MeshGroups, data:
     model = seeded_model(cfg, data, ctx)
     optimizer = make_sgd(model, cfg.optim)
     sync = build_reducer(cfg.dp, model, groups.replicas, wire=cfg.wire.grad, ctx=ctx,
-                         link=cfg.comm.link, optimizer=optimizer, rec=rec) \
+                         link=cfg.comm.link, optimizer=optimizer, rec=rec, seed=cfg.train.seed) \
         if groups.replicas.size > 1 else None
     return DataParallelEngine(model, optimizer, groups, sync, rec, task_named(data.task),
                             cfg.wire.grad.codec)

@@ -148,6 +148,7 @@ def build_param_server(cfg: Config, ctx: DistContext, groups: MeshGroups, data: 
                                      optimizer=sgd,
                                      steps=data.train_x.shape[0] // cfg.data.batch_size,
                                      group=groups.world, link=cfg.comm.link, loss_fn=task,
-                                     recorder=rec, delay_rule=cfg.optim.delay_rule)
+                                     recorder=rec, delay_rule=cfg.optim.delay_rule,
+                                     seed=cfg.train.seed)
     log.notice(ctx, ps.delay_line)
     return ParamServerEngine(ps, task)

@@ -67,5 +67,6 @@ def build_tensor(cfg: Config, ctx: DistContext, groups: MeshGroups, data: Tensor
     model = seeded_model(cfg, data, ctx)
     split = split_model(cfg, model, groups["tp"], groups["dp"], rec)
     sync = build_reducer(cfg.dp, split.tp, groups["dp"], wire=cfg.wire.grad, ctx=ctx,
-                         link=cfg.comm.link, rec=rec) if groups["dp"].size > 1 else None
+                         link=cfg.comm.link, rec=rec, seed=cfg.train.seed) \
+        if groups["dp"].size > 1 else None
     return TensorParallelEngine(split, groups, sync, rec, task_named(data.task), cfg)
