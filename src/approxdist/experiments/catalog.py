@@ -127,7 +127,7 @@ CATALOG: tuple[Listing, ...] = (
                     "bit-fields and Table-4 on the forward or backward tp wire, with and without error "
                     "feedback, vs the same formats on a pipeline cut; step time at 100 Mbit/s",
             quick="~3 min (2 tasks x 17 runs x 1 seed, + 6 link runs)",
-            full="~1.5 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"),
+            full="~2 h (2 tasks x 32 runs x 3 seeds, + 6 link runs)"),
 
     # seed 004: adaptive communication precision
     Listing("seed004-adaprec", "seed004",
