@@ -23,6 +23,7 @@ import torch
 from approxdist.errors import ConfigError, DataError
 from approxdist.experiments.base import Meta, Preset, Settings
 from approxdist.experiments.registry import get_preset, preset_names
+from approxdist.experiments.runs import used_since
 from approxdist.experiments.shaping import check_shaper
 from approxdist.experiments.studies import get_study
 
@@ -121,12 +122,13 @@ def _alive(pid: int) -> bool:
 
 def _run(name: str, settings: Settings) -> Path:
     preset = get_preset(name)
-    start = time.perf_counter()
+    start, since = time.perf_counter(), time.time()
     meta: Meta = {"experiment": name, "settings": settings.as_dict(), "machine": machine(),
                   "command": command_line(name, settings),
                   "started": datetime.datetime.now().isoformat(timespec="seconds")}
     meta.update(preset.collect(settings))
     meta["duration_s"] = round(time.perf_counter() - start, 1)
+    meta["runs"] = used_since(settings.out, since - 1.0)  # file times have 1 s or better
     (settings.out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return render_report(settings.out)
 
@@ -151,6 +153,16 @@ def render_report(out: Path) -> Path:
     return path
 
 
+def reused_runs(runs: dict[str, float] | None) -> str:
+    """What the invocation's time leaves out when it reused runs of earlier invocations."""
+    if not runs or not runs.get("reused"):
+        return ""
+    return (f"; this invocation trained {runs['trained']:.0f} runs and reused "
+            f"{runs['reused']:.0f} that earlier invocations of the same command finished, so "
+            f"its time is not the study's: the {runs['trained'] + runs['reused']:.0f} runs' "
+            f"own training took {runs['train_s']:.0f} s")
+
+
 def header(meta: Meta, preset: Preset) -> str:
     m, s = meta["machine"], meta["settings"]
     listed = preset.listing
@@ -161,7 +173,8 @@ def header(meta: Meta, preset: Preset) -> str:
              f"Command: `{meta['command']}` "
              f"(size `{s['size']}`), {meta['duration_s']:.0f} s on {m['cpus']} CPU cores "
              f"(torch {m['torch']}, GPU: {'yes' if m['cuda'] else 'no'}, load average "
-             f"{m['load_avg_1min_at_start']} at start), started {meta['started']}. "
+             f"{m['load_avg_1min_at_start']} at start), started {meta['started']}"
+             f"{reused_runs(meta.get('runs'))}. "
              f"Regenerate this page and its plots with `approxdist report {s['out']}`."]
     task = meta.get("task")
     if task:

@@ -5,12 +5,16 @@ parallel mode) on N local gloo ranks started by `launch.spawn.run_on_ranks`
 (a fork server with torch preloaded: seconds instead of the elastic launcher's start-up).
 The run directory holds what `approxdist train` writes: `config.toml`, `metrics.jsonl`,
 `summary.json`. A directory whose `config.toml` equals the new config and that holds a
-`summary.json` is reused, so an interrupted experiment continues where it stopped.
+`summary.json` is reused, so an interrupted experiment continues where it stopped. Each
+run directory's time says when an invocation last used it (trained or reused), so that
+`used_since` tells a report how many runs this invocation trained and how many it took
+from earlier ones, and how long all of them trained.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,7 @@ def train_run(sections: Sections, run_dir: Path) -> dict[str, Any]:
     probe.unlink()
     done = _finished(run_dir, text)
     if done is not None:
+        os.utime(run_dir)  # used by this invocation (`used_since`)
         return done
     clear_run_outputs(run_dir)  # an unfinished or different earlier run's
     (run_dir / "config.toml").write_text(text)
@@ -68,7 +73,26 @@ def train_run(sections: Sections, run_dir: Path) -> dict[str, Any]:
                            comm_timeout_s=cfg.train.timeout_s)[0]
     _tidy(run_dir)
     write_summary(run_dir, summary)
+    os.utime(run_dir)
     return dict(summary)
+
+
+def used_since(out: Path, since: float) -> dict[str, float]:
+    """The runs under `out/runs` an invocation started at `since` (epoch seconds) used:
+    `trained` (their summary written since), `reused` (finished before it) and `train_s`,
+    every used run's own training time (`wall_time_s`). Runs left from other invocations
+    (another size's) do not count."""
+    trained = reused = 0
+    train_s = 0.0
+    for summary in sorted((out / "runs").glob("*/summary.json")):
+        if summary.parent.stat().st_mtime < since:
+            continue
+        if summary.stat().st_mtime >= since:
+            trained += 1
+        else:
+            reused += 1
+        train_s += float(json.loads(summary.read_text()).get("wall_time_s", 0.0))
+    return {"trained": trained, "reused": reused, "train_s": round(train_s, 1)}
 
 
 def _tidy(run_dir: Path) -> None:
