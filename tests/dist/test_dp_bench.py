@@ -21,7 +21,8 @@ from approxdist.models.bench_inputs import bench_input
 from tests.helpers.tiny_mlp import net, sgd_steps
 
 KEYS = {"engine", "codec", "link", "median_step_s", "ratio_vs_ddp", "hidden_comm_fraction",
-        "hidden_comm_fraction_wall", "comm_only_s", "blocked_s", "interference_s"}
+        "hidden_comm_fraction_wall", "comm_only_s", "blocked_s", "interference_s",
+        "cpu_over_local_s"}
 
 
 PLAN = DPBenchPlan(model="mlp", hidden=32, batch_size=8, codecs=("fp32", "bf16+ef"),

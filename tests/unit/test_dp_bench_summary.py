@@ -7,10 +7,13 @@ import pytest
 from approxdist.benchmarks.dp import DPBenchPlan, summarize
 
 
-def _rank(step: list[float], blocked: list[float]) -> dict[str, object]:
+def _rank(step: list[float], blocked: list[float],
+          cpu: list[float] | None = None) -> dict[str, object]:
     return {"times": {"local": [1.0, 1.0, 1.0], "ddp": [1.2, 1.2, 1.2], "approxdist:fp32": step},
             "blocked": {"approxdist:fp32": blocked},
-            "comm": {"fp32": [0.10, 0.10, 0.10]}, "bytes": {"fp32": 1000}}
+            "comm": {"fp32": [0.10, 0.10, 0.10]}, "bytes": {"fp32": 1000},
+            "cpu": {"local": [1.0, 1.0, 1.0], "ddp": [1.3, 1.3, 1.3],
+                    "approxdist:fp32": cpu or [1.0, 1.0, 1.0]}}
 
 
 def test_hidden_share_comes_from_the_last_ranks_wait_not_from_skew() -> None:
@@ -89,3 +92,12 @@ def test_extra_ddp_rows_are_compared_with_the_reference_ddp() -> None:
     rows = summarize([rank, rank], DPBenchPlan(ddp_codecs=("powersgd:2",)))  # type: ignore[arg-type]
     extra = [r for r in rows if r["engine"] == "ddp" and r["codec"] == "powersgd:2"]
     assert len(extra) == 1 and extra[0]["ratio_vs_ddp"] == pytest.approx(0.5)
+
+
+def test_cpu_over_local_is_the_median_of_the_ranks_mean_cpu_a_step_less_locals() -> None:
+    """Rank 0's communication used 40-60 ms of CPU a step, rank 1's 20-40 ms: the ranks'
+    mean per step is 30, 50, 40 ms, its median 40 ms over the local step's 1 s."""
+    per_rank = [_rank([1.09] * 3, [0.01] * 3, cpu=[1.04, 1.06, 1.05]),
+                _rank([1.09] * 3, [0.01] * 3, cpu=[1.02, 1.04, 1.03])]
+    ours = summarize(per_rank, DPBenchPlan())[-1]  # type: ignore[arg-type]
+    assert ours["cpu_over_local_s"] == pytest.approx(0.04)

@@ -25,12 +25,16 @@ estimate charges everything that made the step slower than `local` to communicat
 including the CPU the communication threads take from the compute on a machine with
 fewer cores than threads (`interference_s` = t_step - t_local - t_blocked) and the
 noise of the step; on a 2-core machine it can be 0 while nothing waits (docs).
+`cpu_over_local_s` measures that CPU directly: the median over steps of the process's CPU
+time in a step (every thread, gloo's included; the mean over ranks) minus the `local`
+step's. Where it is as large as `interference_s` the step paid for CPU, not for waiting.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,7 +175,7 @@ def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
             else _stepper(m, dp, x, y, inputs.loss)
         finish[f"approxdist:{codec}"] = dp.wait
         blocked[f"approxdist:{codec}"] = functools.partial(getattr, dp, "comm_seconds")
-    times, waits = _interleave(steps, finish, blocked, plan)
+    times, waits, cpu = _interleave(steps, finish, blocked, plan)
     comm = {codec: _comm_only(ctx, base, codec, plan, x, y) for codec in plan.codecs}
     n_steps = plan.warmup + plan.rounds * plan.steps
     sent = {codec: dp.bytes_sent // n_steps for codec, dp in engines.items()}
@@ -179,7 +183,7 @@ def measure_rank(ctx: DistContext, plan: DPBenchPlan) -> dict[str, Any]:
         dp.close()
     for close in closers:
         close()
-    return {"times": times, "blocked": waits, "comm": comm, "bytes": sent}
+    return {"times": times, "blocked": waits, "comm": comm, "bytes": sent, "cpu": cpu}
 
 
 def _ddp_key(plan: DPBenchPlan, label: str) -> str:
@@ -189,11 +193,14 @@ def _ddp_key(plan: DPBenchPlan, label: str) -> str:
 
 def _interleave(steps: dict[str, Step], finish: dict[str, Step],
                 blocked: dict[str, Callable[[], float]], plan: DPBenchPlan
-                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Step times per variant, and for engines the seconds each step (plus the round's
-    final `finish`, charged to its last step) waited for communication."""
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Step times per variant; for engines the seconds each step (plus the round's final
+    `finish`, charged to its last step) waited for communication; and per variant the CPU
+    seconds the whole process (every thread: compute, communication, gloo's) used in each
+    step and its `finish`."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     waits: dict[str, list[float]] = {name: [] for name in blocked}
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
     for name, step in steps.items():
         for _ in range(plan.warmup):
             step()
@@ -203,12 +210,14 @@ def _interleave(steps: dict[str, Step], finish: dict[str, Step],
             probe = blocked.get(name)
             for i in range(plan.steps):
                 w0 = probe() if probe else 0.0
+                c0 = time.process_time()
                 times[name].append(timed(step))
                 if i == plan.steps - 1:
                     finish.get(name, _noop)()
+                cpu[name].append(time.process_time() - c0)
                 if probe:
                     waits[name].append(probe() - w0)
-    return times, waits
+    return times, waits, cpu
 
 
 def _noop() -> None:
@@ -242,8 +251,13 @@ def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[st
     def last_rank(key: str, name: str) -> list[float]:
         return fastest([r[key][name] for r in per_rank])
 
+    def cpu(name: str) -> float:  # the median over steps of the ranks' mean
+        per_step = zip(*(r["cpu"][name] for r in per_rank), strict=True)
+        return median([sum(c) / len(c) for c in per_step])
+
     link = plan.link or "none"
     t_local = median(worst("times", "local"))
+    c_local = cpu("local")
     t_ddp = median(worst("times", "ddp"))
     rows = [_row("local", "-", link, t_local, t_ddp, None, 0),
             _row("ddp", plan.ddp_codec, link, t_ddp, t_ddp, None, None)]
@@ -262,7 +276,8 @@ def summarize(per_rank: list[dict[str, Any]], plan: DPBenchPlan) -> list[dict[st
                          paired_ratio_vs_ddp=paired_ratio(worst("times", name), worst("times", "ddp")),
                          comm_only_s=t_comm, blocked_s=t_blocked,
                          hidden_comm_fraction_wall=wall,
-                         interference_s=t - t_local - t_blocked))
+                         interference_s=t - t_local - t_blocked,
+                         cpu_over_local_s=cpu(name) - c_local))
     return rows
 
 

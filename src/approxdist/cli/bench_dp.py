@@ -14,7 +14,8 @@ from the step times (method and caveats: `approxdist.benchmarks.dp`). `--json`
 writes the rows with keys engine, codec, link, median_step_s, ratio_vs_ddp,
 hidden_comm_fraction (+ paired_ratio_vs_ddp: the median over steps of ours / DDP's at the
 same place in the same round, hidden_comm_fraction_wall, comm_only_s, blocked_s,
-interference_s, bytes_per_step_rank0, model, world_size).
+interference_s, cpu_over_local_s: the process's CPU seconds a step beyond the `local` step's,
+bytes_per_step_rank0, model, world_size).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ COLUMNS = (Column("engine", 11, "engine", left=True), Column("codec", 20, "codec
            Column("comm ms", 8, show=scaled("comm_only_s", 1e3, ".1f")),
            Column("hidden", 7, show=_pct("hidden_comm_fraction")),
            Column("wall est", 8, show=_pct("hidden_comm_fraction_wall")),
+           Column("+cpu ms", 8, show=scaled("cpu_over_local_s", 1e3, ".1f")),
            Column("bytes/step", 11, show=lambda r: f"{r['bytes_per_step_rank0'] / 1e6:.2f}MB"
                   if r.get("bytes_per_step_rank0") else "-"))
 
